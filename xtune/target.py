@@ -1,0 +1,112 @@
+"""Target descriptors: targets/*.toml in, frozen `Target` values out; also detects the host's target."""
+
+from __future__ import annotations
+
+import platform
+import tomllib
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
+
+from xtune.errors import InputError
+
+
+@dataclass(frozen=True)
+class Target:
+    """What codegen, features and boards need to know about one kind of CPU."""
+
+    name: str
+    description: str
+    arch: str  # x86_64 | aarch64 | riscv64: the ELF machine and the agent's architecture
+    triple: str
+    cpu: str
+    features: str
+    vector_bits: int  # 0 for a scalar-only FPU
+    vector_registers: int  # registers usable for fp32 accumulators (vector, or scalar FP if no vectors)
+    fp32_lanes: int  # fp32 elements per vector register; 1 without vectors
+    l1d_bytes: int
+    l2_bytes: int
+    clock_ghz: float  # nominal, for % of peak only
+    fp32_flops_per_cycle: int
+    qemu_binary: str
+    qemu_cpu: str
+    agent_triple: str
+    abi: str = ""  # LLVM abiname; "lp64d" for hard-float RISC-V (RISC-V ELF psABI)
+
+    @property
+    def peak_gflops(self) -> float:
+        """Nominal single-core fp32 peak, the denominator of "% of peak"."""
+        return self.clock_ghz * self.fp32_flops_per_cycle
+
+
+def _parse(text: str, origin: str) -> Target:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"{origin}: not valid TOML: {err}") from None
+    names = {f.name for f in fields(Target)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise InputError(f"{origin}: unknown keys {', '.join(unknown)}")
+    try:
+        return Target(**raw)
+    except TypeError as err:
+        raise InputError(f"{origin}: {err}") from None
+
+
+@cache
+def load_targets() -> dict[str, Target]:
+    """All targets shipped inside the package, by name."""
+    found: dict[str, Target] = {}
+    for entry in sorted(resources.files("xtune").joinpath("targets").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            target = _parse(entry.read_text(), entry.name)
+            found[target.name] = target
+    return found
+
+
+def get_target(name: str) -> Target:
+    targets = load_targets()
+    if name not in targets:
+        raise InputError(f"unknown target '{name}' (known: {', '.join(targets)})")
+    return targets[name]
+
+
+def host_target() -> Target:
+    """The shipped target that describes this machine's CPU best."""
+    machine = platform.machine()
+    if machine in ("x86_64", "AMD64"):
+        flags = _cpu_flags()
+        if {"avx2", "fma"} <= flags:
+            return get_target("x86-avx2")
+        if "sse4_2" in flags and "x86-sse42" in load_targets():
+            return get_target("x86-sse42")
+        raise InputError("this x86-64 host has no AVX2/FMA and no matching target is shipped")
+    if machine in ("aarch64", "arm64"):
+        return get_target("arm-a72-neon")
+    if machine == "riscv64":
+        return get_target("riscv64-gcv" if "v" in _riscv_isa_extensions() else "riscv64-gc")
+    raise InputError(f"no target is shipped for host architecture '{machine}'")
+
+
+def _cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _cpu_flags() -> set[str]:
+    for line in _cpuinfo().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _riscv_isa_extensions() -> str:
+    for line in _cpuinfo().splitlines():
+        if line.startswith("isa"):
+            isa = line.split(":", 1)[1].strip()
+            return isa.split("_")[0].removeprefix("rv64")
+    return ""
