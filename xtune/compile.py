@@ -53,8 +53,11 @@ def target_machine(target: Target) -> llvm.TargetMachine:
 
 def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
     pto = llvm.PipelineTuningOptions(speed_level=3)
-    # Our loop nests are already unrolled and vectorized where the config says; LLVM's own
-    # vectorizers would second-guess the schedule being measured.
+    # Our loop nests are already unrolled and vectorized where the config says. LLVM's own
+    # unroller and vectorizers would second-guess the schedule being measured, and its full
+    # unrolling of constant-trip loops doubled both compile time and code size (measured:
+    # docs/benchmarks.md, "compile time").
+    pto.loop_unrolling = False
     pto.loop_vectorization = False
     pto.slp_vectorization = False
     pb = llvm.create_pass_builder(tm, pto)

@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
+import signal
 import statistics
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
 from enum import Enum
+
+import numpy as np
+
+from xtune.agent import AgentSession, RunReply, RunRequest, RunStatus
+from xtune.board import Board
+from xtune.compile import compile_object
+from xtune.errors import BoardError, CompileError, LinkError
+from xtune.link import link_flat
+from xtune.lower import lower
+from xtune.target import Target, get_target
+from xtune.templates import template_for
+from xtune.workload import Workload, parse_workload, random_inputs
 
 
 class MeasureStatus(Enum):
@@ -47,3 +67,176 @@ class MeasureResult:
     def cost(self) -> float:
         """The figure of merit: median repeat cost; +inf for anything that is not OK."""
         return statistics.median(self.costs) if self.ok and self.costs else float("inf")
+
+
+ENTRY = "xt_kernel"  # the entry point name of a candidate image
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """What a compile worker sends back: a flat image, or the status and text of why there is none."""
+
+    status: MeasureStatus
+    image: bytes = b""
+    entry_offset: int = 0
+    compile_seconds: float = 0.0
+    error: str = ""
+
+
+def build_image(workload_key: str, target_name: str, config_index: int) -> BuiltImage:
+    """template -> loop nest -> LLVM IR -> object -> flat image; runs in a compile worker process."""
+    start = time.perf_counter()
+    try:
+        target = get_target(target_name)
+        template = template_for(parse_workload(workload_key), target)
+        kernel = template.kernel(template.space.config(config_index), ENTRY)
+        obj = compile_object(lower([kernel]), target, (ENTRY,))
+    except CompileError as err:
+        return BuiltImage(MeasureStatus.COMPILE_ERROR, error=str(err))
+    try:
+        image = link_flat(obj)
+    except LinkError as err:
+        return BuiltImage(MeasureStatus.LINK_ERROR, error=str(err))
+    return BuiltImage(MeasureStatus.OK, image.code, image.entry(ENTRY), time.perf_counter() - start)
+
+
+class CompilePool:
+    """Compile workers (spawned, so an LLVM abort() kills a worker, never the tuner)."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = workers or max(1, (os.cpu_count() or 2) - 1)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def submit(self, workload: Workload, target: Target, index: int) -> Future[BuiltImage]:
+        return self._executor().submit(build_image, workload.key, target.name, index)
+
+    def build_all(self, workload: Workload, target: Target, indices: Sequence[int]) -> Iterator[BuiltImage]:
+        """Built images in the order of `indices`, compiled ahead while the caller measures."""
+        futures = [self.submit(workload, target, i) for i in indices]
+        for pos, index in enumerate(indices):
+            try:
+                yield futures[pos].result()
+            except BrokenProcessPool:
+                # A worker died (LLVM abort): every pending future failed with it. Retry this
+                # candidate alone in a fresh pool; if it kills that one too, it is the culprit.
+                self.restart()
+                retry = self.submit(workload, target, index)
+                try:
+                    built = retry.result()
+                except BrokenProcessPool:
+                    self.restart()
+                    built = BuiltImage(MeasureStatus.COMPILE_ERROR, error="the compiler process died (LLVM abort)")
+                futures[pos + 1 :] = [self.submit(workload, target, i) for i in indices[pos + 1 :]]
+                yield built
+
+    def restart(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def check_output(workload: Workload, got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
+    """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
+    if not np.all(np.isfinite(got)):
+        bad = int(np.count_nonzero(~np.isfinite(got)))
+        return f"{bad} of {got.size} outputs are not finite (never written or overflowed)"
+    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    err = float(np.max(np.abs(got - expected))) if expected.size else 0.0
+    if err > rtol * scale:
+        where = np.unravel_index(int(np.argmax(np.abs(got - expected))), expected.shape)
+        return f"max abs error {err:.3g} > {rtol * scale:.3g} at {tuple(int(i) for i in where)}"
+    return ""
+
+
+class Measurer:
+    """Measures configs of one workload on one board: build (in workers), check against numpy, time."""
+
+    def __init__(self, board: Board, workload: Workload, options: MeasureOptions, pool: CompilePool | None = None):
+        self.board = board
+        self.workload = workload
+        self.options = options
+        self.pool = pool or CompilePool()
+        self._owns_pool = pool is None
+        self.inputs = random_inputs(workload)
+        self.expected = workload.reference(self.inputs).astype(np.float32)
+        tensors = workload.tensors()
+        self.out_slot = next(i for i, t in enumerate(tensors) if t.is_output)
+        self.out_shape = tensors[self.out_slot].shape
+        self._poison = np.full(self.out_shape, np.nan, dtype=np.float32).tobytes()
+        self._session: AgentSession | None = None
+
+    def session(self) -> AgentSession:
+        if self._session is None:
+            self._session = self.board.open()
+            inputs = iter(self.inputs)
+            for slot, tensor in enumerate(self.workload.tensors()):
+                data = self._poison if tensor.is_output else next(inputs).tobytes()
+                self._session.set_buffer(slot, data)
+        return self._session
+
+    def measure(self, indices: Sequence[int]) -> list[MeasureResult]:
+        return [self.run(built) for built in self.pool.build_all(self.workload, self.board.target, indices)]
+
+    def run(self, built: BuiltImage) -> MeasureResult:
+        if built.status is not MeasureStatus.OK:
+            return MeasureResult(built.status, error=built.error)
+        for attempt in (1, 2):  # a dead agent is restarted once; the candidate is then retried
+            try:
+                result = self._check_and_time(built)
+                return replace(result, compile_seconds=built.compile_seconds)
+            except BoardError as err:
+                self.close_session()
+                if attempt == 2:
+                    return MeasureResult(MeasureStatus.BOARD_ERROR, error=str(err))
+        raise AssertionError("unreachable")
+
+    def _check_and_time(self, built: BuiltImage) -> MeasureResult:
+        session, opts = self.session(), self.options
+        args = tuple(range(len(self.workload.tensors())))
+        session.load_image(built.image)
+        session.set_buffer(self.out_slot, self._poison)
+        reply = session.run(RunRequest.check(built.entry_offset, args, opts.timeout_ms))
+        if reply.status is not RunStatus.OK:
+            return _failed(reply)
+        got = np.frombuffer(session.read_buffer(self.out_slot), dtype=np.float32).reshape(self.out_shape)
+        mismatch = check_output(self.workload, got, self.expected, opts.rtol)
+        if mismatch:
+            return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
+        flush = 2 * self.board.target.l2_bytes if opts.flush_cache else 0
+        timed = RunRequest(
+            built.entry_offset, args, opts.number, opts.repeat, opts.min_repeat_ms, opts.warmup,
+            opts.timeout_ms, flush,
+        )  # fmt: skip
+        reply = session.run(timed)
+        if reply.status is not RunStatus.OK:
+            return _failed(reply)
+        return MeasureResult(MeasureStatus.OK, reply.seconds)
+
+    def close_session(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(BoardError):
+                self._session.close()
+            self._session = None
+
+    def close(self) -> None:
+        self.close_session()
+        if self._owns_pool:
+            self.pool.close()
+
+
+def _failed(reply: RunReply) -> MeasureResult:
+    if reply.status is RunStatus.TIMEOUT:
+        return MeasureResult(MeasureStatus.TIMEOUT, error="the kernel exceeded its deadline and was killed")
+    try:
+        name = signal.Signals(reply.signal).name
+    except ValueError:
+        name = f"signal {reply.signal}"
+    return MeasureResult(MeasureStatus.RUNTIME_ERROR, error=f"the kernel was killed by {name} ({reply.signal})")

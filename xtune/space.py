@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
+
 from xtune.errors import InputError
 
 KnobValue = int | str
@@ -72,6 +74,14 @@ class ConfigSpace:
             index, digit = divmod(index, len(knob.options))
             digits.append(digit)
         return tuple(digits)
+
+    def digits(self, indices: np.ndarray) -> np.ndarray:
+        """Vectorized `choices`: an (n,) int64 array of indices in, an (n, knobs) array of digits out."""
+        rest = np.asarray(indices, dtype=np.int64)
+        out = np.empty((rest.shape[0], len(self.knobs)), dtype=np.int64)
+        for col, knob in enumerate(self.knobs):
+            rest, out[:, col] = np.divmod(rest, len(knob.options))
+        return out
 
     def config(self, index: int) -> Config:
         digits = self.choices(index)

@@ -1,0 +1,130 @@
+"""Benchmarks: a workload, board and config in, a `BenchReport` (xtune vs single-thread numpy, same run) out."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from xtune.board import Board
+from xtune.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
+from xtune.space import KnobValue
+from xtune.templates import template_for
+from xtune.workload import Workload, random_inputs
+
+# Names under which OpenBLAS builds export their thread-count setter (numpy's wheels rename it).
+_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads")
+_BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads")
+
+
+def _openblas() -> ctypes.CDLL | None:
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        with contextlib.suppress(OSError):
+            return ctypes.CDLL(path)
+    return None
+
+
+@contextlib.contextmanager
+def single_thread_blas() -> Iterator[None]:
+    """Pin numpy's OpenBLAS to one thread for a fair single-core comparison, then restore it."""
+    lib = _openblas()
+    setter = next((getattr(lib, n) for n in _BLAS_SETTERS if lib is not None and hasattr(lib, n)), None)
+    getter = next((getattr(lib, n) for n in _BLAS_GETTERS if lib is not None and hasattr(lib, n)), None)
+    if setter is None or getter is None:
+        yield  # no OpenBLAS found: numpy's BLAS is already whatever OPENBLAS_NUM_THREADS says
+        return
+    before = int(getter())
+    setter(1)
+    try:
+        yield
+    finally:
+        setter(before)
+
+
+def numpy_seconds(workload: Workload, repeat: int = 5, min_repeat_s: float = 0.05) -> list[float]:
+    """Seconds per call of the numpy reference, one figure per repeat, on one thread."""
+    inputs = random_inputs(workload)
+    with single_thread_blas():
+        workload.reference(inputs)  # warm up: page in, let BLAS pick its kernels
+        number, costs = 1, []
+        while True:
+            start = time.perf_counter()
+            for _ in range(number):
+                workload.reference(inputs)
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_repeat_s:
+                break
+            number *= 2
+        costs.append(elapsed / number)
+        for _ in range(repeat - 1):
+            start = time.perf_counter()
+            for _ in range(number):
+                workload.reference(inputs)
+            costs.append((time.perf_counter() - start) / number)
+    return costs
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    workload: str
+    target: str
+    board: str
+    config_index: int
+    config: tuple[tuple[str, KnobValue], ...]
+    config_source: str  # "default", "given" or "log"
+    status: MeasureStatus
+    error: str
+    seconds: float  # median per call; inf unless OK
+    gflops: float
+    numpy_gflops: float
+    peak_gflops: float  # the target descriptor's nominal single-core peak
+
+    @property
+    def ratio(self) -> float:
+        return self.gflops / self.numpy_gflops if self.numpy_gflops else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "workload": self.workload, "target": self.target, "board": self.board,
+            "config_index": self.config_index, "config": dict(self.config), "config_source": self.config_source,
+            "status": self.status.value, "correct": self.status is MeasureStatus.OK, "error": self.error,
+            "seconds": self.seconds if self.status is MeasureStatus.OK else None,
+            "gflops": round(self.gflops, 3), "numpy_gflops": round(self.numpy_gflops, 3),
+            "ratio_vs_numpy": round(self.ratio, 4), "percent_of_peak": round(100 * self.gflops / self.peak_gflops, 2),
+        }  # fmt: skip
+
+
+def bench(
+    workload: Workload,
+    board: Board,
+    config_index: int | None = None,
+    config_source: str = "given",
+    options: MeasureOptions | None = None,
+    pool: CompilePool | None = None,
+) -> BenchReport:
+    """Measure one config (the template's default when `config_index` is None) and numpy, in one run."""
+    template = template_for(workload, board.target)
+    if config_index is None:
+        config_index, config_source = template.default_config().index, "default"
+    config = template.space.config(config_index)
+    measurer = Measurer(board, workload, options or MeasureOptions(repeat=5, min_repeat_ms=50), pool)
+    try:
+        result = measurer.measure([config_index])[0]
+    finally:
+        measurer.close()
+    np_seconds = float(np.median(numpy_seconds(workload)))
+    flops = workload.flops()
+    return BenchReport(
+        workload.key, board.target.name, board.name, config_index, config.values, config_source,
+        result.status, result.error, result.cost, flops / result.cost / 1e9 if result.ok else 0.0,
+        flops / np_seconds / 1e9, board.target.peak_gflops,
+    )  # fmt: skip

@@ -1,0 +1,94 @@
+"""Features: a template and config indices in, a float matrix out, relative to the target so that a model
+trained on one board's logs ranks configs for a similar board.
+
+Computed analytically from each config's resolved loop structure (block sizes, register tile,
+packing, order) rather than by building the nest, so that simulated annealing can score thousands
+of configs per batch (vectorized over indices with numpy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.templates import ScheduleTemplate
+from xtune.templates.matmul import ORDERS, parse_tile
+
+FEATURES_VERSION = 1
+
+MATMUL_FEATURES = (
+    "log2_m", "log2_n", "log2_k", "lanes_log2",
+    "acc_regs_frac", "regs_used_frac", "fma_per_load", "mr", "nv",
+    "b_strip_l1", "a_panel_l1", "a_block_l2", "b_panel_l2", "c_block_l2",
+    "m_waste", "n_waste", "k_blocks_log2", "unroll_k_log2", "unrolled_fmas_log2",
+    "pack_a", "pack_b", "inner_nm", "b_stride_log2", "a_stride_log2", "b_repacks_log2", "a_repacks_log2",
+    *(f"order_{o}" for o in ORDERS),
+)  # fmt: skip
+
+
+def _option_table(template: ScheduleTemplate, name: str, digits: np.ndarray) -> np.ndarray:
+    for col, knob in enumerate(template.space.knobs):
+        if knob.name == name:
+            return np.asarray(knob.options, dtype=object)[digits[:, col]]
+    raise KeyError(name)
+
+
+def _log2(x: np.ndarray) -> np.ndarray:
+    return np.log2(np.maximum(x.astype(np.float64), 1e-9))
+
+
+def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    t, wl = template.target, template.workload
+    m, n, k = float(wl["m"]), float(wl["n"]), float(wl["k"])
+    digits = template.space.digits(np.asarray(indices, dtype=np.int64))
+
+    def ints(name: str) -> np.ndarray:
+        return _option_table(template, name, digits).astype(np.float64)
+
+    tiles = np.array([parse_tile(str(s)) for s in _option_table(template, "tile", digits)], dtype=np.float64)
+    tiles = tiles.reshape(-1, 2)
+    mr, nv = tiles[:, 0], tiles[:, 1]
+    lanes = float(t.fp32_lanes)
+    nr = nv * lanes
+    # Effective blocks, as MatmulTemplate.schedule resolves them.
+    mc, nc, kc = ints("mc"), ints("nc"), ints("kc")
+    mc = np.where(mc >= m, m, np.maximum(mr, np.floor(mc / mr) * mr))
+    nc = np.where(nc >= n, n, np.maximum(nr, np.floor(nc / nr) * nr))
+    order = _option_table(template, "order", digits)
+    pack_a, pack_b, unroll = ints("pack_a"), ints("pack_b"), ints("unroll_k")
+    regs, l1, l2 = float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
+    # How often a panel is packed again: once per block of every loop outside the pair that fixes it.
+    m_out = np.array([o.index("m") < max(o.index("n"), o.index("k")) for o in order], dtype=np.float64)
+    n_out = np.array([o.index("n") < max(o.index("m"), o.index("k")) for o in order], dtype=np.float64)
+    cols = [
+        np.full_like(mr, np.log2(m)), np.full_like(mr, np.log2(n)), np.full_like(mr, np.log2(k)),
+        np.full_like(mr, np.log2(lanes)),
+        mr * nv / regs, (mr * nv + nv + 1) / regs, mr * nv / (mr + nv), mr, nv,
+        _log2(4 * kc * nr / l1), _log2(4 * kc * mr / l1), _log2(4 * mc * kc / l2), _log2(4 * kc * nc / l2),
+        _log2(4 * mc * nc / l2),
+        np.ceil(m / mr) * mr / m - 1, np.ceil(n / nr) * nr / n - 1, _log2(np.ceil(k / kc)), _log2(unroll),
+        _log2(unroll * mr * nv),
+        pack_a, pack_b, (_option_table(template, "inner", digits) == "nm").astype(np.float64),
+        np.where(pack_b > 0, 0.0, np.log2(n)), np.where(pack_a > 0, 0.0, np.log2(k)),
+        pack_b * m_out * _log2(np.ceil(m / mc)), pack_a * n_out * _log2(np.ceil(n / nc)),
+        *((order == o).astype(np.float64) for o in ORDERS),
+    ]  # fmt: skip
+    return np.stack(cols, axis=1)
+
+
+FEATURIZERS: dict[str, tuple[tuple[str, ...], Callable[[ScheduleTemplate, Sequence[int] | np.ndarray], np.ndarray]]] = {
+    "matmul": (MATMUL_FEATURES, matmul_features),
+}
+
+
+def feature_names(op: str) -> tuple[str, ...]:
+    return FEATURIZERS[op][0]
+
+
+def featurize(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """An (len(indices), n_features) float64 matrix for configs of one template."""
+    if template.workload.op not in FEATURIZERS:
+        raise InputError(f"no features defined for operator '{template.workload.op}'")
+    return FEATURIZERS[template.workload.op][1](template, indices)

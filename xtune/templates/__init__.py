@@ -1,0 +1,37 @@
+"""Schedule templates: a (workload, target) in, its config space, default config and loop nests out."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Protocol
+
+from xtune.errors import InputError
+from xtune.loopnest import Kernel
+from xtune.space import Config, ConfigSpace
+from xtune.target import Target
+from xtune.workload import Workload
+
+
+class ScheduleTemplate(Protocol):
+    workload: Workload
+    target: Target
+    space: ConfigSpace
+
+    def default_config(self) -> Config:
+        """A heuristic choice from the target descriptor, used when no log entry exists."""
+        ...
+
+    def kernel(self, config: Config, name: str) -> Kernel:
+        """The loop nest of one config, as an entry point called `name`."""
+        ...
+
+
+@cache
+def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
+    from xtune.templates.matmul import MatmulTemplate
+
+    templates: dict[str, type] = {"matmul": MatmulTemplate}
+    if workload.op not in templates:
+        raise InputError(f"no schedule template for operator '{workload.op}'")
+    template: ScheduleTemplate = templates[workload.op](workload, target)
+    return template

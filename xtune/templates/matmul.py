@@ -1,0 +1,278 @@
+"""The matmul template: matmul workload + target in, a BLIS-style blocked, packed, register-tiled nest out.
+
+C[m,n] = A[m,k] @ B[k,n]. Three block loops (mc, nc, kc) in a tunable order; B packed into kc x nr
+strips and A into mr x kc panels (each optional); an mr x (nv vectors) register tile of accumulators
+updated by broadcast(A) * B-vector FMAs, the k loop unrolled by `unroll_k`. Tails of every axis
+become constant-size tiles, so any shape is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xtune.loopnest import (
+    Affine,
+    Broadcast,
+    Buffer,
+    BufferKind,
+    Const,
+    Kernel,
+    Load,
+    LoopKind,
+    MulAdd,
+    NestBuilder,
+    Value,
+)
+from xtune.space import Config, ConfigSpace, Knob, KnobKind
+from xtune.target import Target
+from xtune.workload import Workload
+
+ORDERS = ("nkm", "nmk", "knm", "kmn", "mnk", "mkn")  # block loops, outermost first
+KC_OPTIONS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512)
+MC_OPTIONS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+NC_OPTIONS = (16, 32, 64, 128, 256, 512, 1024)
+UNROLL_OPTIONS = (1, 2, 4, 8)
+
+
+def register_tiles(target: Target) -> tuple[str, ...]:
+    """Tiles "MRxNV" whose accumulators, B vectors and one broadcast fit in the register file."""
+    tiles = []
+    for mr in range(1, 13):
+        for nv in range(1, 7):
+            if mr * nv + nv + 1 <= target.vector_registers and nv * target.fp32_lanes <= 64:
+                tiles.append(f"{mr}x{nv}")
+    return tuple(tiles)
+
+
+def clipped(options: tuple[int, ...], extent: int) -> tuple[int, ...]:
+    """Tile sizes no larger than the axis, plus the whole axis."""
+    return tuple(sorted({o for o in options if o < extent} | {extent}))
+
+
+def parse_tile(tile: str) -> tuple[int, int]:
+    mr, nv = tile.split("x")
+    return int(mr), int(nv)
+
+
+def div(index: Affine, d: int) -> Affine:
+    """index / d for an index that is a multiple of d (tile offsets are)."""
+    assert index.const % d == 0 and all(c % d == 0 for _, c in index.terms), (index, d)
+    return Affine(tuple((v, c // d) for v, c in index.terms), index.const // d)
+
+
+@dataclass(frozen=True)
+class MatmulSchedule:
+    """A config resolved against the shape: effective block sizes and switches."""
+
+    mr: int
+    nv: int
+    lanes: int
+    mc: int
+    nc: int
+    kc: int
+    order: str
+    inner: str  # "nm": column strips outside row panels (B strip stays in L1), or "mn"
+    pack_a: bool
+    pack_b: bool
+    unroll_k: int
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+class MatmulTemplate:
+    def __init__(self, workload: Workload, target: Target):
+        self.workload = workload
+        self.target = target
+        m, n, k = workload["m"], workload["n"], workload["k"]
+        self.space = ConfigSpace(
+            (
+                Knob("tile", KnobKind.CHOICE, register_tiles(target)),
+                Knob("mc", KnobKind.TILE, clipped(MC_OPTIONS, m)),
+                Knob("nc", KnobKind.TILE, clipped(NC_OPTIONS, n)),
+                Knob("kc", KnobKind.TILE, clipped(KC_OPTIONS, k)),
+                Knob("order", KnobKind.CHOICE, ORDERS),
+                Knob("inner", KnobKind.CHOICE, ("nm", "mn")),
+                Knob("pack_a", KnobKind.CHOICE, (0, 1)),
+                Knob("pack_b", KnobKind.CHOICE, (0, 1)),
+                Knob("unroll_k", KnobKind.UNROLL, UNROLL_OPTIONS),
+            )
+        )
+
+    def schedule(self, config: Config) -> MatmulSchedule:
+        m, n = self.workload["m"], self.workload["n"]
+        mr, nv = parse_tile(str(config["tile"]))
+        nr = nv * self.target.fp32_lanes
+        mc, nc = config.int("mc"), config.int("nc")
+        # Blocks hold whole register tiles, except a block that covers the whole axis.
+        mc = m if mc >= m else max(mr, mc // mr * mr)
+        nc = n if nc >= n else max(nr, nc // nr * nr)
+        return MatmulSchedule(
+            mr, nv, self.target.fp32_lanes, mc, nc, config.int("kc"), str(config["order"]),
+            str(config["inner"]), bool(config["pack_a"]), bool(config["pack_b"]), config.int("unroll_k"),
+        )  # fmt: skip
+
+    def default_config(self) -> Config:
+        t = self.target
+        tiles = [parse_tile(s) for s in register_tiles(t)]
+        # Most FMAs per loaded value (mr*nv / (mr+nv)), then the larger tile.
+        mr, nv = max(tiles, key=lambda p: (p[0] * p[1] / (p[0] + p[1]), p[0] * p[1]))
+        nr = nv * t.fp32_lanes
+        knobs = {k.name: k.options for k in self.space.knobs}
+        # kc: the B strip and A panel of one k block share half of L1; mc: the A block half of L2;
+        # nc: the packed B panel fits in L2 (BLIS' analytical model, Low et al., TOMS 2016).
+        kc = _largest(knobs["kc"], lambda v: 4 * v * (nr + mr) <= t.l1d_bytes // 2)
+        mc = _largest(knobs["mc"], lambda v: 4 * v * kc <= t.l2_bytes // 2)
+        nc = _largest(knobs["nc"], lambda v: 4 * v * kc <= t.l2_bytes)
+        values = {
+            "tile": f"{mr}x{nv}", "mc": mc, "nc": nc, "kc": kc, "order": "nkm", "inner": "nm",
+            "pack_a": 0, "pack_b": 1, "unroll_k": 4,
+        }  # fmt: skip
+        return self.space.config(self.space.index_of(values))
+
+    def kernel(self, config: Config, name: str) -> Kernel:
+        return _MatmulEmitter(self.workload, self.schedule(config)).kernel(name)
+
+
+def _largest(options: tuple[int | str, ...], fits: object) -> int:
+    ints = [int(o) for o in options]
+    good = [o for o in ints if fits(o)]  # type: ignore[operator]
+    return max(good) if good else min(ints)
+
+
+class _MatmulEmitter:
+    def __init__(self, workload: Workload, s: MatmulSchedule):
+        self.m, self.n, self.k = workload["m"], workload["n"], workload["k"]
+        self.s = s
+        self.b = NestBuilder()
+        self.multi_k = self.k > s.kc
+
+    def kernel(self, name: str) -> Kernel:
+        s, b = self.s, self.b
+        buffers = [
+            Buffer("A", self.m * self.k, BufferKind.INPUT),
+            Buffer("B", self.k * self.n, BufferKind.INPUT),
+            Buffer("C", self.m * self.n, BufferKind.OUTPUT),
+        ]
+        if s.pack_b:
+            buffers.append(Buffer("Bp", min(s.kc, self.k) * -(-min(s.nc, self.n) // s.nr) * s.nr, BufferKind.LOCAL))
+        if s.pack_a:
+            buffers.append(Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL))
+        if self.multi_k:
+            self.zero_c()  # every k block then accumulates into C
+        self.blocks(s.order, {})
+        return b.kernel(name, tuple(buffers))
+
+    def zero_c(self) -> None:
+        v = self.s.lanes
+        with self.b.loop(self.m, "zi") as i:
+            self.b.split(
+                self.n, v, lambda j, cols: self.b.store("C", i * self.n + j, Const(0.0, v), v, cols), "zj"
+            )
+
+    def blocks(self, order: str, ctx: dict[str, tuple[Affine, int]]) -> None:
+        if not order:
+            self.macro(ctx)
+            return
+        axis, rest = order[0], order[1:]
+        extent, tile = {"m": (self.m, self.s.mc), "n": (self.n, self.s.nc), "k": (self.k, self.s.kc)}[axis]
+
+        def body(offset: Affine, size: int) -> None:
+            inner = {**ctx, axis: (offset, size)}
+            # Pack a panel as soon as the loops that fix it are open (BLIS: B per (jc,pc), A per (ic,pc)).
+            if self.s.pack_b and axis in "nk" and ("k" if axis == "n" else "n") in ctx:
+                self.pack_b(inner)
+            if self.s.pack_a and axis in "mk" and ("k" if axis == "m" else "m") in ctx:
+                self.pack_a(inner)
+            self.blocks(rest, inner)
+
+        self.b.split(extent, tile, body, f"{axis}c")
+
+    def pack_b(self, ctx: dict[str, tuple[Affine, int]]) -> None:
+        """Bp[strip][kk][nr] = B[k0+kk, n0+strip*nr : +nr], zero-padded past the last column."""
+        s, b = self.s, self.b
+        (n0, ncur), (k0, kcur) = ctx["n"], ctx["k"]
+
+        def strip(js: Affine, ncols: int) -> None:
+            with b.loop(kcur, "pbk") as kk:
+                for c in range(s.nv):
+                    cols = min(max(ncols - c * s.lanes, 0), s.lanes)
+                    value: Value = (
+                        Load("B", (k0 + kk) * self.n + n0 + js + c * s.lanes, s.lanes, cols % s.lanes)
+                        if cols
+                        else Const(0.0, s.lanes)
+                    )
+                    b.store("Bp", div(js, s.nr) * (kcur * s.nr) + kk * s.nr + c * s.lanes, value, s.lanes)
+
+        b.split(ncur, s.nr, strip, "pbj")
+
+    def pack_a(self, ctx: dict[str, tuple[Affine, int]]) -> None:
+        """Ap[panel][kk][rows] = A[m0+panel*mr+r, k0+kk]: the broadcasts then stream contiguously."""
+        s, b = self.s, self.b
+        (m0, mcur), (k0, kcur) = ctx["m"], ctx["k"]
+
+        def panel(io: Affine, rows: int) -> None:
+            with b.loop(kcur, "pak") as kk:
+                for r in range(rows):
+                    src = Load("A", (m0 + io + r) * self.k + k0 + kk)
+                    b.store("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r, src)
+
+        b.split(mcur, s.mr, panel, "pai")
+
+    def macro(self, ctx: dict[str, tuple[Affine, int]]) -> None:
+        s, b = self.s, self.b
+        (_, mcur), (_, ncur) = ctx["m"], ctx["n"]
+
+        def rows(io: Affine, nrows: int, jo: Affine, ncols: int) -> None:
+            self.micro(ctx, io, nrows, jo, ncols)
+
+        if s.inner == "nm":
+            b.split(ncur, s.nr, lambda jo, nc: b.split(mcur, s.mr, lambda io, mr: rows(io, mr, jo, nc), "ir"), "jr")
+        else:
+            b.split(mcur, s.mr, lambda io, mr: b.split(ncur, s.nr, lambda jo, nc: rows(io, mr, jo, nc), "jr"), "ir")
+
+    def micro(self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, jo: Affine, ncols: int) -> None:
+        """The register tile: acc[r][c] += broadcast(A[i+r, kk]) * B[kk, j + c*lanes : +lanes]."""
+        s, b = self.s, self.b
+        (m0, _), (n0, _), (k0, kcur) = ctx["m"], ctx["n"], ctx["k"]
+        lanes, nvec = s.lanes, -(-ncols // s.lanes)
+        counts = [min(ncols - c * lanes, lanes) % lanes for c in range(nvec)]  # 0 = full vector
+        acc = [[b.register(f"acc{r}_{c}", lanes) for c in range(nvec)] for r in range(rows)]
+        breg = [b.register(f"b{c}", lanes) for c in range(nvec)]
+
+        def c_index(r: int, c: int) -> Affine:
+            return (m0 + io + r) * self.n + n0 + jo + c * lanes
+
+        for r in range(rows):
+            for c in range(nvec):
+                init = Load("C", c_index(r, c), lanes, counts[c]) if self.multi_k else Const(0.0, lanes)
+                b.assign(acc[r][c], init)
+
+        def step(kk: Affine) -> None:
+            for c in range(nvec):
+                if s.pack_b:
+                    src = Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
+                else:
+                    src = Load("B", (k0 + kk) * self.n + n0 + jo + c * lanes, lanes, counts[c])
+                b.assign(breg[c], src)
+            for r in range(rows):
+                if s.pack_a:
+                    a = Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r)
+                else:
+                    a = Load("A", (m0 + io + r) * self.k + k0 + kk)
+                bcast = Broadcast(a, lanes)
+                for c in range(nvec):
+                    b.assign(acc[r][c], MulAdd(bcast, breg[c], acc[r][c]))
+
+        unroll = min(s.unroll_k, kcur)
+        full, rest = divmod(kcur, unroll)
+        if full:
+            with b.loop(full, "ko") as ko, b.loop(unroll, "ku", LoopKind.UNROLLED) as ku:
+                step(ko * unroll + ku)
+        if rest:
+            with b.loop(rest, "kr", LoopKind.UNROLLED) as kr:
+                step(kr + full * unroll)
+        for r in range(rows):
+            for c in range(nvec):
+                b.store("C", c_index(r, c), acc[r][c], lanes, counts[c])
