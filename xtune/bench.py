@@ -1,4 +1,4 @@
-"""Benchmarks: a workload, board and config in, a `BenchReport` (xtune vs single-thread numpy, same run) out."""
+"""Benchmarks: a workload, board and config in, a `BenchReport` (xtune vs 1-thread numpy, same run) out."""
 
 from __future__ import annotations
 
@@ -17,8 +17,16 @@ from xtune.templates import template_for
 from xtune.workload import Workload, random_inputs
 
 # Names under which OpenBLAS builds export their thread-count setter (numpy's wheels rename it).
-_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads")
-_BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads")
+_BLAS_SETTERS = (
+    "scipy_openblas_set_num_threads64_",
+    "scipy_openblas_set_num_threads",
+    "openblas_set_num_threads",
+)
+_BLAS_GETTERS = (
+    "scipy_openblas_get_num_threads64_",
+    "scipy_openblas_get_num_threads",
+    "openblas_get_num_threads",
+)
 
 
 def _openblas() -> ctypes.CDLL | None:
@@ -95,11 +103,13 @@ class BenchReport:
     def as_dict(self) -> dict[str, object]:
         return {
             "workload": self.workload, "target": self.target, "board": self.board,
-            "config_index": self.config_index, "config": dict(self.config), "config_source": self.config_source,
+            "config_index": self.config_index, "config": dict(self.config),
+            "config_source": self.config_source,
             "status": self.status.value, "correct": self.status is MeasureStatus.OK, "error": self.error,
             "seconds": self.seconds if self.status is MeasureStatus.OK else None,
             "gflops": round(self.gflops, 3), "numpy_gflops": round(self.numpy_gflops, 3),
-            "ratio_vs_numpy": round(self.ratio, 4), "percent_of_peak": round(100 * self.gflops / self.peak_gflops, 2),
+            "ratio_vs_numpy": round(self.ratio, 4),
+            "percent_of_peak": round(100 * self.gflops / self.peak_gflops, 2),
         }  # fmt: skip
 
 

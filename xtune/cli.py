@@ -1,4 +1,4 @@
-"""The command line: argv in, library calls and one JSON object or a table out; errors are one line, exit 2."""
+"""The command line: argv in, library calls and a table or one JSON object out; errors: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -72,10 +72,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _emit_json(report.as_dict())
     else:
         d = report.as_dict()
-        print(f"{report.workload} on {report.board} ({report.target}), {report.config_source} config {report.config_index}")
+        print(
+            f"{report.workload} on {report.board} ({report.target}), "
+            f"{report.config_source} config {report.config_index}"
+        )
         print(f"  knobs: {', '.join(f'{k}={v}' for k, v in report.config)}")
         if report.status.value == "ok":
-            print(f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct")
+            print(
+                f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct"
+            )
         else:
             print(f"  xtune  {report.status.value}: {report.error}")
         print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread, same run)")

@@ -78,7 +78,9 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     return np.stack(cols, axis=1)
 
 
-FEATURIZERS: dict[str, tuple[tuple[str, ...], Callable[[ScheduleTemplate, Sequence[int] | np.ndarray], np.ndarray]]] = {
+FEATURIZERS: dict[
+    str, tuple[tuple[str, ...], Callable[[ScheduleTemplate, Sequence[int] | np.ndarray], np.ndarray]]
+] = {
     "matmul": (MATMUL_FEATURES, matmul_features),
 }
 

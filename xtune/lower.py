@@ -9,7 +9,6 @@ import llvmlite.ir as ir
 from xtune.loopnest import (
     Affine,
     Assign,
-    Binary,
     BinaryOp,
     Broadcast,
     BufferKind,
@@ -57,7 +56,7 @@ class _FunctionLowering:
         self.fn.attributes._known = self.fn.attributes._known | {'"no-builtins"'}
         self.fn.attributes.add('"no-builtins"')
         self.buffers: dict[str, ir.Value] = {}
-        for arg, buf in zip(self.fn.args, kernel.params):
+        for arg, buf in zip(self.fn.args, kernel.params, strict=True):
             arg.name = buf.name
             # The caller promises A, B and C do not overlap (documented in every header we emit);
             # without noalias LLVM must reload B after every store to C.
@@ -176,7 +175,11 @@ class _FunctionLowering:
             if isinstance(bound, int):
                 const += coeff * bound
                 continue
-            term = bound if coeff == 1 else self.builder.mul(bound, ir.Constant(I64, coeff), flags=("nuw", "nsw"))
+            term = (
+                bound
+                if coeff == 1
+                else self.builder.mul(bound, ir.Constant(I64, coeff), flags=("nuw", "nsw"))
+            )
             dynamic = term if dynamic is None else self.builder.add(dynamic, term, flags=("nuw", "nsw"))
         offset: ir.Value = ir.Constant(I64, const)
         if dynamic is not None:

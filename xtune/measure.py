@@ -8,7 +8,7 @@ import os
 import signal
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
@@ -19,7 +19,7 @@ import numpy as np
 from xtune.agent import AgentSession, RunReply, RunRequest, RunStatus
 from xtune.board import Board
 from xtune.compile import compile_object
-from xtune.errors import BoardError, CompileError, LinkError
+from xtune.errors import BoardError, LinkError, XtuneError
 from xtune.link import link_flat
 from xtune.lower import lower
 from xtune.target import Target, get_target
@@ -91,7 +91,7 @@ def build_image(workload_key: str, target_name: str, config_index: int) -> Built
         template = template_for(parse_workload(workload_key), target)
         kernel = template.kernel(template.space.config(config_index), ENTRY)
         obj = compile_object(lower([kernel]), target, (ENTRY,))
-    except CompileError as err:
+    except XtuneError as err:  # CompileError, or a config/workload the template rejects
         return BuiltImage(MeasureStatus.COMPILE_ERROR, error=str(err))
     try:
         image = link_flat(obj)
@@ -100,11 +100,17 @@ def build_image(workload_key: str, target_name: str, config_index: int) -> Built
     return BuiltImage(MeasureStatus.OK, image.code, image.entry(ENTRY), time.perf_counter() - start)
 
 
-class CompilePool:
-    """Compile workers (spawned, so an LLVM abort() kills a worker, never the tuner)."""
+BuildJob = Callable[[str, str, int], BuiltImage]
 
-    def __init__(self, workers: int | None = None):
+
+class CompilePool:
+    """Compile workers (spawned, so an LLVM abort() kills a worker, never the tuner).
+
+    One worker by default on a 2-core machine: the other core is the board's while it times."""
+
+    def __init__(self, workers: int | None = None, job: BuildJob = build_image):
         self.workers = workers or max(1, (os.cpu_count() or 2) - 1)
+        self.job = job  # a picklable module-level function; tests substitute one that aborts
         self._pool: ProcessPoolExecutor | None = None
 
     def _executor(self) -> ProcessPoolExecutor:
@@ -113,7 +119,7 @@ class CompilePool:
         return self._pool
 
     def submit(self, workload: Workload, target: Target, index: int) -> Future[BuiltImage]:
-        return self._executor().submit(build_image, workload.key, target.name, index)
+        return self._executor().submit(self.job, workload.key, target.name, index)
 
     def build_all(self, workload: Workload, target: Target, indices: Sequence[int]) -> Iterator[BuiltImage]:
         """Built images in the order of `indices`, compiled ahead while the caller measures."""
@@ -130,7 +136,9 @@ class CompilePool:
                     built = retry.result()
                 except BrokenProcessPool:
                     self.restart()
-                    built = BuiltImage(MeasureStatus.COMPILE_ERROR, error="the compiler process died (LLVM abort)")
+                    built = BuiltImage(
+                        MeasureStatus.COMPILE_ERROR, error="the compiler process died (LLVM abort)"
+                    )
                 futures[pos + 1 :] = [self.submit(workload, target, i) for i in indices[pos + 1 :]]
                 yield built
 
@@ -159,7 +167,9 @@ def check_output(workload: Workload, got: np.ndarray, expected: np.ndarray, rtol
 class Measurer:
     """Measures configs of one workload on one board: build (in workers), check against numpy, time."""
 
-    def __init__(self, board: Board, workload: Workload, options: MeasureOptions, pool: CompilePool | None = None):
+    def __init__(
+        self, board: Board, workload: Workload, options: MeasureOptions, pool: CompilePool | None = None
+    ):
         self.board = board
         self.workload = workload
         self.options = options
@@ -239,4 +249,6 @@ def _failed(reply: RunReply) -> MeasureResult:
         name = signal.Signals(reply.signal).name
     except ValueError:
         name = f"signal {reply.signal}"
-    return MeasureResult(MeasureStatus.RUNTIME_ERROR, error=f"the kernel was killed by {name} ({reply.signal})")
+    return MeasureResult(
+        MeasureStatus.RUNTIME_ERROR, error=f"the kernel was killed by {name} ({reply.signal})"
+    )

@@ -85,7 +85,7 @@ class ConfigSpace:
 
     def config(self, index: int) -> Config:
         digits = self.choices(index)
-        return Config(index, tuple((k.name, k.options[d]) for k, d in zip(self.knobs, digits)))
+        return Config(index, tuple((k.name, k.options[d]) for k, d in zip(self.knobs, digits, strict=True)))
 
     def index_of(self, values: dict[str, KnobValue]) -> int:
         index, radix = 0, 1
@@ -105,7 +105,7 @@ class ConfigSpace:
         digits = list(self.choices(index))
         digits[knob_number] = digit
         out, radix = 0, 1
-        for knob, d in zip(self.knobs, digits):
+        for knob, d in zip(self.knobs, digits, strict=True):
             out += d * radix
             radix *= len(knob.options)
         return out

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything xtune and its tests need on a Debian/Ubuntu machine, then xtune itself.
+# Idempotent and quick when everything is already there (no apt-get update then).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# qemu-user runs the agent for the emulated boards (7.2 loads TCG plugins; -static cannot).
+# Cross gcc builds the agent for aarch64/riscv64 and links firmware artifacts in the tests;
+# their binutils are the linker oracle. openssh-server is the real sshd of the SSH board tests.
+APT_PACKAGES=(
+  gcc libc6-dev make
+  qemu-user
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu
+  gcc-riscv64-linux-gnu libc6-dev-riscv64-cross binutils-riscv64-linux-gnu
+  openssh-server openssh-client
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing system packages: ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c "import xtune, llvmlite, paramiko, xgboost, elftools, pytest, ruff, mypy" 2>/dev/null \
+   || [ pyproject.toml -nt "$("$PYTHON" -c 'import xtune, os; print(os.path.dirname(xtune.__file__))')/__init__.py" ]; then
+  echo "setup: installing xtune and its Python dependencies" >&2
+  "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[dev,plot]" 2>&1 | grep -v -E "^(WARNING: Running pip as|WARNING: Location)" >&2 || true
+  "$PYTHON" -c "import xtune, llvmlite, paramiko, xgboost, elftools"
+fi

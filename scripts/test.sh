@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: set up (system packages included), then ruff, mypy and pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" -m ruff check xtune tests scripts
+"$PYTHON" -m mypy
+exec "$PYTHON" -m pytest -q "$@"

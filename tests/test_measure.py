@@ -1,0 +1,116 @@
+"""Measurement end to end on real boards: every candidate is checked against numpy before it is timed,
+and crashing, hanging, wrong and compiler-killing candidates become statuses while the run goes on."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from xtune.board import get_board
+from xtune.compile import compile_object
+from xtune.link import link_flat
+from xtune.measure import (
+    BuiltImage,
+    CompilePool,
+    MeasureOptions,
+    Measurer,
+    MeasureStatus,
+    build_image,
+)
+from xtune.target import get_target
+from xtune.templates import template_for
+from xtune.workload import parse_workload
+
+FAST = MeasureOptions(number=1, repeat=2, min_repeat_ms=1.0, warmup=0, timeout_ms=2000)
+SIG = "(ptr noalias %A, ptr noalias %B, ptr noalias %C)"
+
+
+def image_of(body: str, target_name: str = "x86-avx2") -> BuiltImage:
+    ir = f'define void @xt_kernel{SIG} nounwind "no-builtins" {{\nentry:\n{body}\n}}\n'
+    image = link_flat(compile_object(ir, get_target(target_name), ("xt_kernel",)))
+    return BuiltImage(MeasureStatus.OK, image.code, image.entry("xt_kernel"))
+
+
+SEGFAULT = "  store volatile float 1.0, ptr null\n  ret void"
+HANG = "  br label %spin\nspin:\n  %x = load volatile float, ptr %C\n  br label %spin"
+WRONG = "  store float 1.0, ptr %C\n  ret void"  # writes one element and leaves the rest
+
+
+@pytest.fixture(scope="module")
+def pool() -> CompilePool:
+    p = CompilePool()
+    yield p
+    p.close()
+
+
+def configs(workload: str, target_name: str, count: int, seed: int) -> list[int]:
+    template = template_for(parse_workload(workload), get_target(target_name))
+    rng = random.Random(seed)
+    return [template.default_config().index] + [rng.randrange(template.space.size) for _ in range(count)]
+
+
+@pytest.mark.parametrize("shape", ["matmul:m=127,n=255,k=63", "matmul:m=1,n=1,k=1", "matmul:m=3,n=1000,k=17",
+                                   "matmul:m=64,n=64,k=64", "matmul:m=33,n=7,k=300"])  # fmt: skip
+def test_local_board_candidates_match_numpy(shape: str, pool: CompilePool) -> None:
+    board = get_board("local")
+    measurer = Measurer(board, parse_workload(shape), FAST, pool)
+    try:
+        results = measurer.measure(configs(shape, board.target.name, 4, seed=len(shape)))
+    finally:
+        measurer.close()
+    assert [r.status for r in results] == [MeasureStatus.OK] * len(results), [r.error for r in results]
+    assert all(len(r.costs) == 2 and all(c > 0 for c in r.costs) for r in results)
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("board_name", ["qemu-aarch64", "qemu-riscv64", "qemu-riscv64-v"])
+def test_emulated_boards_candidates_match_numpy(board_name: str, pool: CompilePool) -> None:
+    board = get_board(board_name)
+    shape = "matmul:m=19,n=37,k=23"
+    measurer = Measurer(board, parse_workload(shape), FAST, pool)
+    try:
+        results = measurer.measure(configs(shape, board.target.name, 3, seed=3))
+    finally:
+        measurer.close()
+    assert [r.status for r in results] == [MeasureStatus.OK] * len(results), [r.error for r in results]
+
+
+def test_faulty_candidates_become_statuses_and_the_run_goes_on() -> None:
+    wl = parse_workload("matmul:m=8,n=8,k=8")
+    measurer = Measurer(get_board("local"), wl, FAST)
+    good = build_image(wl.key, "x86-avx2", template_for(wl, get_target("x86-avx2")).default_config().index)
+    try:
+        crashed = measurer.run(image_of(SEGFAULT))
+        hung = measurer.run(image_of(HANG))
+        wrong = measurer.run(image_of(WRONG))
+        after = measurer.run(good)
+    finally:
+        measurer.close()
+    assert crashed.status is MeasureStatus.RUNTIME_ERROR and "SIGSEGV" in crashed.error
+    assert hung.status is MeasureStatus.TIMEOUT
+    assert wrong.status is MeasureStatus.WRONG_ANSWER and "not finite" in wrong.error
+    assert after.status is MeasureStatus.OK and after.cost > 0
+    assert crashed.cost == hung.cost == wrong.cost == float("inf")  # never a best
+
+
+def abort_on_odd(workload_key: str, target_name: str, index: int) -> BuiltImage:
+    """A build job whose odd candidates kill the worker, as an LLVM abort() would."""
+    if index % 2:
+        os.abort()
+    return build_image(workload_key, target_name, index)
+
+
+def test_a_compiler_crash_is_a_status_not_the_end_of_the_run() -> None:
+    wl = parse_workload("matmul:m=8,n=8,k=8")
+    target = get_target("x86-avx2")
+    pool = CompilePool(workers=1, job=abort_on_odd)
+    try:
+        built = list(pool.build_all(wl, target, [2, 3, 4, 6]))
+    finally:
+        pool.close()
+    assert [b.status for b in built] == [MeasureStatus.OK, MeasureStatus.COMPILE_ERROR] + [
+        MeasureStatus.OK
+    ] * 2
+    assert "compiler process died" in built[1].error
