@@ -22,6 +22,7 @@ from xtune.loopnest import (
     Stmt,
     Store,
     Value,
+    walk,
 )
 
 F32 = ir.FloatType()
@@ -63,16 +64,15 @@ class _FunctionLowering:
             arg.add_attribute("noalias")
             self.buffers[buf.name] = arg
         self.builder = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        self.registers: dict[str, ir.AllocaInstr] = {}
+        # Registers are SSA values; a serial loop gets a phi for each register its body assigns.
+        self.lanes = dict(kernel.registers)
+        self.registers: dict[str, ir.Value] = {}
         for buf in kernel.buffers:
             if buf.kind is BufferKind.LOCAL:
                 slot = self.builder.alloca(F32, size=ir.Constant(I64, buf.size), name=buf.name)
                 slot.align = LOCAL_ALIGN
                 slot.type = PTR  # an opaque pointer like the params, so vector stores type-check
                 self.buffers[buf.name] = slot
-        for name, lanes in kernel.registers:
-            # Registers live in allocas that SROA/mem2reg promote to SSA values, as clang does.
-            self.registers[name] = self.builder.alloca(ftype(lanes), name=name)
         self._intrinsics: dict[str, ir.Function] = {}
 
     def lower(self) -> None:
@@ -85,7 +85,7 @@ class _FunctionLowering:
             if isinstance(stmt, For):
                 self.loop(stmt, env)
             elif isinstance(stmt, Assign):
-                self.builder.store(self.value(stmt.value, env), self.registers[stmt.reg])
+                self.registers[stmt.reg] = self.value(stmt.value, env)
             else:
                 self.store(stmt, env)
 
@@ -103,9 +103,17 @@ class _FunctionLowering:
         b.position_at_end(body)
         iv = b.phi(I64, name=loop.var)
         iv.add_incoming(ir.Constant(I64, 0), pre)
+        carried = {}
+        for name in sorted({st.reg for st, _ in walk(loop.body) if isinstance(st, Assign)}):
+            ty = ftype(self.lanes[name])
+            phi = b.phi(ty, name=f"{name}.{loop.var}")
+            phi.add_incoming(self.registers.get(name, ir.Constant(ty, ir.Undefined)), pre)
+            carried[name] = self.registers[name] = phi
         self.statements(loop.body, {**env, loop.var: iv})
         nxt = b.add(iv, ir.Constant(I64, 1), name=f"{loop.var}.next", flags=("nuw", "nsw"))
         iv.add_incoming(nxt, b.block)
+        for name, phi in carried.items():
+            phi.add_incoming(self.registers[name], b.block)
         done = b.icmp_unsigned("==", nxt, ir.Constant(I64, loop.extent))
         b.cbranch(done, exit_, body)
         b.position_at_end(exit_)
@@ -128,8 +136,7 @@ class _FunctionLowering:
         if isinstance(v, Const):
             return ir.Constant(ftype(v.lanes), [v.value] * v.lanes if v.lanes > 1 else v.value)
         if isinstance(v, Reg):
-            slot = self.registers[v.name]
-            return b.load(slot, typ=slot.allocated_type)
+            return self.registers[v.name]
         if isinstance(v, Broadcast):
             scalar = self.value(v.value, env)
             if v.lanes == 1:

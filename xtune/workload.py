@@ -4,7 +4,7 @@ numpy reference and flop count out."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -68,7 +68,7 @@ class Operator(Protocol):
 
     name: str
     keys: tuple[str, ...]  # in canonical order
-    defaults: dict[str, int]
+    defaults: ClassVar[dict[str, int]]
 
     def validate(self, params: dict[str, int]) -> None: ...
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]: ...
@@ -80,8 +80,8 @@ class Matmul:
     """C[m,n] = A[m,k] @ B[k,n], float32, row-major; the kernel overwrites C."""
 
     name = "matmul"
-    keys = ("m", "n", "k")
-    defaults: dict[str, int] = {}
+    keys: tuple[str, ...] = ("m", "n", "k")
+    defaults: ClassVar[dict[str, int]] = {}
 
     def validate(self, params: dict[str, int]) -> None:
         _require_positive(self.name, params, self.keys)

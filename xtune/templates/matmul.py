@@ -23,7 +23,7 @@ from xtune.loopnest import (
     NestBuilder,
     Value,
 )
-from xtune.space import Config, ConfigSpace, Knob, KnobKind
+from xtune.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 from xtune.workload import Workload
 
@@ -125,7 +125,7 @@ class MatmulTemplate:
         kc = _largest(knobs["kc"], lambda v: 4 * v * (nr + mr) <= t.l1d_bytes // 2)
         mc = _largest(knobs["mc"], lambda v: 4 * v * kc <= t.l2_bytes // 2)
         nc = _largest(knobs["nc"], lambda v: 4 * v * kc <= t.l2_bytes)
-        values = {
+        values: dict[str, KnobValue] = {
             "tile": f"{mr}x{nv}", "mc": mc, "nc": nc, "kc": kc, "order": "nkm", "inner": "nm",
             "pack_a": 0, "pack_b": 1, "unroll_k": 4,
         }  # fmt: skip
@@ -156,9 +156,13 @@ class _MatmulEmitter:
             Buffer("C", self.m * self.n, BufferKind.OUTPUT),
         ]
         if s.pack_b:
-            buffers.append(Buffer("Bp", min(s.kc, self.k) * -(-min(s.nc, self.n) // s.nr) * s.nr, BufferKind.LOCAL))
+            buffers.append(
+                Buffer("Bp", min(s.kc, self.k) * -(-min(s.nc, self.n) // s.nr) * s.nr, BufferKind.LOCAL)
+            )
         if s.pack_a:
-            buffers.append(Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL))
+            buffers.append(
+                Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL)
+            )
         if self.multi_k:
             self.zero_c()  # every k block then accumulates into C
         self.blocks(s.order, {})
@@ -228,11 +232,23 @@ class _MatmulEmitter:
             self.micro(ctx, io, nrows, jo, ncols)
 
         if s.inner == "nm":
-            b.split(ncur, s.nr, lambda jo, nc: b.split(mcur, s.mr, lambda io, mr: rows(io, mr, jo, nc), "ir"), "jr")
+            b.split(
+                ncur,
+                s.nr,
+                lambda jo, nc: b.split(mcur, s.mr, lambda io, mr: rows(io, mr, jo, nc), "ir"),
+                "jr",
+            )
         else:
-            b.split(mcur, s.mr, lambda io, mr: b.split(ncur, s.nr, lambda jo, nc: rows(io, mr, jo, nc), "jr"), "ir")
+            b.split(
+                mcur,
+                s.mr,
+                lambda io, mr: b.split(ncur, s.nr, lambda jo, nc: rows(io, mr, jo, nc), "jr"),
+                "ir",
+            )
 
-    def micro(self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, jo: Affine, ncols: int) -> None:
+    def micro(
+        self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, jo: Affine, ncols: int
+    ) -> None:
         """The register tile: acc[r][c] += broadcast(A[i+r, kk]) * B[kk, j + c*lanes : +lanes]."""
         s, b = self.s, self.b
         (m0, _), (n0, _), (k0, kcur) = ctx["m"], ctx["n"], ctx["k"]

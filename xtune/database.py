@@ -1,0 +1,263 @@
+"""The tuning log: `Record`s in, append-only JSON lines out, and back: resume sets and best configs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import xtune
+from xtune.errors import InputError
+from xtune.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.space import Config, KnobValue
+
+FORMAT_VERSION = 1
+DEFAULT_OPTIONS = MeasureOptions()
+
+
+class LogWarning(UserWarning):
+    """A log line was skipped: torn by a kill, corrupt, or written by another format version."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measurement of one config of one workload on one board; one JSON line in the log."""
+
+    workload: str  # Workload.key
+    target: str  # Target.name
+    board: str
+    index: int  # config index in the template's ConfigSpace
+    knobs: tuple[tuple[str, KnobValue], ...]  # the config's knob values, for humans and for checking
+    result: MeasureResult
+    options: MeasureOptions = DEFAULT_OPTIONS
+    fingerprint: tuple[tuple[str, str], ...] = ()  # the board's uname, cpu info, ... as recorded at deploy
+    version: int = FORMAT_VERSION
+    xtune_version: str = xtune.__version__
+    time: float = 0.0  # unix seconds when measured
+
+    @property
+    def cost(self) -> float:
+        return self.result.cost
+
+
+def make_record(
+    workload: str,
+    target: str,
+    board: str,
+    config: Config,
+    result: MeasureResult,
+    options: MeasureOptions = DEFAULT_OPTIONS,
+    fingerprint: tuple[tuple[str, str], ...] = (),
+) -> Record:
+    """A record of `result` for `config`, stamped with the current time and xtune version."""
+    return Record(workload, target, board, config.index, config.values, result, options, fingerprint,
+                  time=time.time())
+
+
+# ---- the JSON edge: dicts exist only here -------------------------------------------------------------
+
+
+def record_to_json(record: Record) -> str:
+    """One line of JSON (no newline) for `record`."""
+    result = record.result
+    data = {
+        "v": record.version,
+        "workload": record.workload,
+        "target": record.target,
+        "board": record.board,
+        "fingerprint": [list(pair) for pair in record.fingerprint],
+        "index": record.index,
+        "knobs": [list(pair) for pair in record.knobs],
+        "result": {
+            "status": result.status.value,
+            "costs": list(result.costs),
+            "error": result.error,
+            "compile_seconds": result.compile_seconds,
+            "cost_unit": result.cost_unit,
+            "extra": [list(pair) for pair in result.extra],
+        },
+        "options": asdict(record.options),
+        "xtune": record.xtune_version,
+        "time": record.time,
+    }
+    return json.dumps(data, separators=(",", ":"))
+
+
+def record_from_json(line: str) -> Record:
+    """The record of one log line; InputError if it is not a record of FORMAT_VERSION."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputError(f"not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError("not a JSON object")
+    if data.get("v") != FORMAT_VERSION:
+        raise InputError(f"format version {data.get('v')!r}, expected {FORMAT_VERSION}")
+    try:
+        return _record_from_dict(data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"malformed record: {type(e).__name__}: {e}") from None
+
+
+def _record_from_dict(data: dict[str, Any]) -> Record:
+    res = data["result"]
+    result = MeasureResult(
+        status=MeasureStatus(res["status"]),
+        costs=tuple(float(c) for c in res["costs"]),
+        error=str(res.get("error", "")),
+        compile_seconds=float(res.get("compile_seconds", 0.0)),
+        cost_unit=str(res.get("cost_unit", "s")),
+        extra=tuple((str(k), float(v)) for k, v in res.get("extra", ())),
+    )
+    # Fields added to MeasureOptions later keep their defaults; fields it lost are ignored.
+    known = {f.name for f in fields(MeasureOptions)}
+    options = MeasureOptions(**{k: v for k, v in data.get("options", {}).items() if k in known})
+    return Record(
+        workload=str(data["workload"]),
+        target=str(data["target"]),
+        board=str(data["board"]),
+        index=int(data["index"]),
+        knobs=tuple((str(k), _knob_value(v)) for k, v in data["knobs"]),
+        result=result,
+        options=options,
+        fingerprint=tuple((str(k), str(v)) for k, v in data.get("fingerprint", ())),
+        version=int(data["v"]),
+        xtune_version=str(data.get("xtune", "")),
+        time=float(data.get("time", 0.0)),
+    )
+
+
+def _knob_value(value: object) -> KnobValue:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"knob value {value!r} is neither int nor str")
+    return value
+
+
+# ---- the file -----------------------------------------------------------------------------------------
+
+
+class TuningLog:
+    """An append-only JSON-lines file of records; every `append` is flushed and fsync'ed once."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def append(self, records: Sequence[Record]) -> None:
+        """Write `records` as complete lines and make them durable before returning."""
+        if not records:
+            return
+        text = "".join(record_to_json(r) + "\n" for r in records)
+        with open(self.path, "a+b") as f:
+            # A run killed mid-write leaves a torn line without its newline; start on a fresh line so the
+            # torn fragment does not swallow our first record.
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    text = "\n" + text
+            f.write(text.encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read(self) -> list[Record]:
+        """Every readable record, in file order; torn, corrupt and unknown-version lines are warned about."""
+        if not self.path.exists():
+            return []
+        lines = self.path.read_bytes().decode(errors="replace").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        records: list[Record] = []
+        corrupt: list[int] = []
+        versions: dict[object, int] = {}
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(record_from_json(line))
+            except InputError:
+                version = _version_of(line)
+                if version is not None and version != FORMAT_VERSION:
+                    versions[version] = versions.get(version, 0) + 1
+                else:
+                    corrupt.append(number)
+        self._warn(corrupt, versions, len(lines))
+        return records
+
+    def _warn(self, corrupt: list[int], versions: dict[object, int], n_lines: int) -> None:
+        if corrupt == [n_lines]:
+            warnings.warn(f"{self.path}: skipped a torn last line {n_lines} (a killed run?)", LogWarning,
+                          stacklevel=3)
+        elif corrupt:
+            shown = ", ".join(map(str, corrupt[:5])) + (", ..." if len(corrupt) > 5 else "")
+            warnings.warn(f"{self.path}: skipped {len(corrupt)} unreadable line(s): {shown}", LogWarning,
+                          stacklevel=3)
+        for version, count in versions.items():
+            warnings.warn(f"{self.path}: skipped {count} record(s) of format version {version!r} "
+                          f"(this xtune reads version {FORMAT_VERSION})", LogWarning, stacklevel=3)
+
+    def measured(self, workload: str, target: str, board: str | None = None) -> dict[int, Record]:
+        return measured(self.read(), workload, target, board)
+
+    def best(self, workload: str, target: str, k: int = 1, cost_unit: str = "s",
+             board: str | None = None) -> list[Record]:
+        return best(self.read(), workload, target, k, cost_unit, board)
+
+
+def _version_of(line: str) -> object:
+    """The "v" of a line that is a JSON object, else None."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return data.get("v") if isinstance(data, dict) else None
+
+
+def read_logs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
+    """The records of several logs, concatenated in the order given (missing files count as empty)."""
+    records: list[Record] = []
+    for path in paths:
+        records.extend(TuningLog(path).read())
+    return records
+
+
+# ---- queries over records -----------------------------------------------------------------------------
+
+
+def measured(records: Iterable[Record], workload: str, target: str,
+             board: str | None = None) -> dict[int, Record]:
+    """Config index -> its latest record, for resume. Board errors do not count: the candidate was
+    never really measured, so a resumed run measures it again."""
+    out: dict[int, Record] = {}
+    for r in records:
+        if (r.workload == workload and r.target == target and (board is None or r.board == board)
+                and r.result.status is not MeasureStatus.BOARD_ERROR):
+            out[r.index] = r
+    return out
+
+
+def best(records: Iterable[Record], workload: str, target: str, k: int = 1, cost_unit: str = "s",
+         board: str | None = None) -> list[Record]:
+    """The `k` distinct configs with the lowest median cost among OK records in `cost_unit`, best first.
+
+    A config measured several times is represented by its best record. Ties go to the earlier record, then
+    to the lower index, so the answer does not depend on file order."""
+    per_index: dict[int, Record] = {}
+    for r in records:
+        if not (r.workload == workload and r.target == target and r.result.ok
+                and r.result.cost_unit == cost_unit and (board is None or r.board == board)):
+            continue
+        if not math.isfinite(r.cost) or r.cost <= 0:
+            continue
+        held = per_index.get(r.index)
+        if held is None or _rank(r) < _rank(held):
+            per_index[r.index] = r
+    return sorted(per_index.values(), key=_rank)[:max(k, 0)]
+
+
+def _rank(r: Record) -> tuple[float, float, int]:
+    return (r.cost, r.time, r.index)

@@ -1,0 +1,374 @@
+"""Tuners and the tuning loop: a ConfigSpace and a measure function in, proposed config indices and a
+`TuneSummary` (best config, best-so-far curve, counts by status) out."""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from xtune.costmodel import CostModel, XGBoostCostModel
+from xtune.errors import InputError
+from xtune.measure import MeasureResult, MeasureStatus
+from xtune.search import SpaceArrays, anneal, knob_featurizer, top_unvisited
+from xtune.space import ConfigSpace
+
+Featurize = Callable[[Sequence[int]], np.ndarray]  # config indices -> (n, features) float matrix
+
+
+class Tuner(ABC):
+    """Proposes batches of config indices and learns from their results.
+
+    Contract: `next_batch` never returns an index that was already proposed, measured (`update`) or loaded
+    (`load_history`), nor one twice; it returns fewer than `n` only when the space runs out. The same seed
+    and the same results give the same proposals."""
+
+    def __init__(self, space: ConfigSpace, seed: int = 0) -> None:
+        self.space = space
+        self.seed = seed
+        self.arrays = SpaceArrays(space)
+        self.rng = np.random.default_rng(seed)
+        self.visited: set[int] = set()  # proposed, measured or loaded
+        self.costs: dict[int, float] = {}  # measured index -> cost (+inf = failed); board errors left out
+
+    def next_batch(self, n: int) -> list[int]:
+        n = min(n, self.space.size - len(self.visited))
+        if n <= 0:
+            return []
+        batch = self._propose(n)
+        if len(set(batch)) != len(batch) or not self.visited.isdisjoint(batch) or len(batch) > n:
+            raise AssertionError(f"{type(self).__name__} broke the contract: repeated proposals")
+        self.visited.update(batch)
+        return batch
+
+    def update(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        """Learn from measured results (in the order of `indices`)."""
+        if len(indices) != len(results):
+            raise InputError(f"{len(indices)} indices but {len(results)} results")
+        for index, result in zip(indices, results, strict=True):
+            if not 0 <= index < self.space.size:
+                raise InputError(f"config index {index} is outside the space")
+            self.visited.add(index)
+            # A board error says nothing about the candidate: do not teach the model it is bad.
+            if result.status is not MeasureStatus.BOARD_ERROR:
+                self.costs[index] = min(result.cost, self.costs.get(index, math.inf))
+        self._observe([int(i) for i in indices])
+
+    def load_history(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        """Resume: learn from results of an earlier run; these indices are never proposed."""
+        self.update(indices, results)
+
+    def has_next(self) -> bool:
+        return len(self.visited) < self.space.size
+
+    @abstractmethod
+    def _propose(self, n: int) -> list[int]:
+        """`n` distinct indices outside `self.visited` (the space holds at least `n` of them)."""
+
+    def _observe(self, indices: list[int]) -> None:  # noqa: B027 — optional hook, no-op by default
+        """Called after `self.costs` took in new results."""
+
+    def _random_unvisited(self, n: int, exclude: Sequence[int] = ()) -> list[int]:
+        """`n` uniformly random distinct indices outside `visited` and `exclude`."""
+        taken = set(exclude)
+        out: list[int] = []
+        for _ in range(20):  # rejection sampling; fine until the space is nearly exhausted
+            if len(out) >= n:
+                return out[:n]
+            for i in self.rng.integers(self.space.size, size=2 * (n - len(out)) + 8).tolist():
+                if i not in self.visited and i not in taken:
+                    taken.add(i)
+                    out.append(i)
+        rest = [i for i in range(self.space.size) if i not in self.visited and i not in taken]
+        picked = self.rng.choice(len(rest), size=min(n - len(out), len(rest)), replace=False)
+        return (out + [rest[j] for j in sorted(picked.tolist())])[:n]
+
+    def _best_measured(self, k: int) -> list[int]:
+        """Up to `k` measured indices with finite cost, best first."""
+        ok = [(c, i) for i, c in self.costs.items() if math.isfinite(c)]
+        return [i for _, i in sorted(ok)[:k]]
+
+
+class RandomTuner(Tuner):
+    """Uniform sampling without replacement."""
+
+    def _propose(self, n: int) -> list[int]:
+        return self._random_unvisited(n)
+
+
+class GridTuner(Tuner):
+    """Index order 0, 1, 2, ..., skipping anything already measured."""
+
+    def __init__(self, space: ConfigSpace, seed: int = 0) -> None:
+        super().__init__(space, seed)
+        self._cursor = 0
+
+    def _propose(self, n: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n and self._cursor < self.space.size:
+            if self._cursor not in self.visited:
+                out.append(self._cursor)
+            self._cursor += 1
+        return out
+
+
+class GATuner(Tuner):
+    """Genetic search: the population is the `pop_size` best measured configs (so elites always survive);
+    children are uniform crossovers of two rank-weighted parents with per-knob mutation. The first
+    `elite_num` children of each batch have an elite as one parent."""
+
+    def __init__(self, space: ConfigSpace, seed: int = 0, pop_size: int = 64, elite_num: int = 3,
+                 mutation_prob: float = 0.1) -> None:
+        super().__init__(space, seed)
+        self.pop_size, self.elite_num, self.mutation_prob = pop_size, elite_num, mutation_prob
+
+    def _propose(self, n: int) -> list[int]:
+        population = self._best_measured(self.pop_size)
+        if len(self.costs) < min(self.pop_size, self.space.size // 2) or len(population) < 2:
+            return self._random_unvisited(n)  # the first generation
+        digits = self.arrays.digits(np.array(population, dtype=np.int64))
+        weights = np.arange(len(population), 0, -1, dtype=np.float64)  # by rank: robust to cost scale
+        weights /= weights.sum()
+        out: list[int] = []
+        taken: set[int] = set()
+        for _ in range(30 * n):
+            if len(out) == n:
+                break
+            elite = min(len(out), len(population) - 1)
+            a = elite if len(out) < self.elite_num else self.rng.choice(len(population), p=weights)
+            b = self.rng.choice(len(population), p=weights)
+            child = np.where(self.rng.random(len(self.arrays.radices)) < 0.5, digits[a], digits[b])
+            mutate = self.rng.random(len(child)) < self.mutation_prob
+            child = np.where(mutate, self.rng.integers(0, self.arrays.radices), child)
+            index = int(self.arrays.indices(child[None, :])[0])
+            if index not in self.visited and index not in taken:
+                taken.add(index)
+                out.append(index)
+        return out + self._random_unvisited(n - len(out), exclude=out)
+
+
+class ModelTuner(Tuner):
+    """A cost model plus simulated annealing over it (AutoTVM's XGBTuner).
+
+    Until `min_fit` results are in, batches are random — or, with a `pretrained` model, the top of an
+    annealing run over that model. Afterwards the model is refitted on all results before each batch and
+    the batch is the best unvisited configs the annealing chains scored, except an `epsilon` share drawn
+    at random (exploration, so a wrong model cannot trap the search)."""
+
+    def __init__(
+        self,
+        space: ConfigSpace,
+        featurize: Featurize,
+        model: CostModel,
+        seed: int = 0,
+        pretrained: CostModel | None = None,
+        n_chains: int = 256,
+        n_steps: int = 64,
+        epsilon: float = 0.1,
+        min_fit: int = 16,
+    ) -> None:
+        super().__init__(space, seed)
+        self.featurize, self.model, self.pretrained = featurize, model, pretrained
+        self.n_chains, self.n_steps, self.epsilon, self.min_fit = n_chains, n_steps, epsilon, min_fit
+        self._rows: list[np.ndarray] = []  # feature rows of `_data`, cached: featurize may be costly
+        self._data: list[int] = []  # measured indices in fit order
+        self._in_data: set[int] = set()
+        self._fitted_on = 0  # len(_data) at the last fit
+        self._chain_ends = np.zeros(0, dtype=np.int64)  # where the last annealing run stopped
+        self.last_fit_seconds = 0.0
+        self.last_search_seconds = 0.0
+
+    def _observe(self, indices: list[int]) -> None:
+        new = [i for i in dict.fromkeys(indices) if i in self.costs and i not in self._in_data]
+        if new:
+            self._data.extend(new)
+            self._in_data.update(new)
+            self._rows.append(np.asarray(self.featurize(new), dtype=np.float32))
+
+    def _score(self, indices: np.ndarray) -> np.ndarray:
+        scorer = self.model if self._fitted_on else self.pretrained
+        assert scorer is not None
+        return np.asarray(scorer.predict(self.featurize(indices.tolist())), dtype=np.float64)
+
+    def _fit(self) -> None:
+        costs = np.array([self.costs[i] for i in self._data], dtype=np.float64)
+        fresh = len(self._data) != self._fitted_on
+        if len(self._data) < self.min_fit or not fresh or not np.isfinite(costs).any():
+            return
+        start = time.perf_counter()
+        self.model.fit(np.concatenate(self._rows), costs)
+        self._fitted_on = len(self._data)
+        self.last_fit_seconds = time.perf_counter() - start
+
+    def _propose(self, n: int) -> list[int]:
+        self._fit()
+        if not self._fitted_on and self.pretrained is None:
+            return self._random_unvisited(n)
+        start = time.perf_counter()
+        n_explore = int(self.epsilon * n + self.rng.random())  # epsilon * n on average
+        starts = self._starts()
+        candidates, scores, self._chain_ends = anneal(self.arrays, self._score, starts, self.n_steps,
+                                                      self.rng)
+        picks = top_unvisited(candidates, scores, n - n_explore, self.visited)
+        picks += self._random_unvisited(n - len(picks), exclude=picks)
+        self.last_search_seconds = time.perf_counter() - start
+        return picks
+
+    def _starts(self) -> np.ndarray:
+        """Chains start from the best measured configs, where the last run ended, and random points."""
+        best = np.array(self._best_measured(self.n_chains // 4), dtype=np.int64)
+        ends = self._chain_ends[: self.n_chains // 2]
+        n_random = self.n_chains - len(best) - len(ends)
+        random = self.rng.integers(self.space.size, size=n_random)
+        return np.concatenate([best, ends, random]).astype(np.int64)
+
+
+TUNERS = ("xgb", "ga", "random", "grid")
+
+
+def make_tuner(
+    name: str,
+    space: ConfigSpace,
+    seed: int = 0,
+    featurize: Featurize | None = None,
+    pretrained: CostModel | None = None,
+    model: CostModel | None = None,
+) -> Tuner:
+    """The tuner called `name` ("xgb", "ga", "random", "grid"). For "xgb", `featurize` defaults to the
+    knob values and `model` to an XGBoostCostModel whose base is `pretrained` (transfer)."""
+    if name == "random":
+        return RandomTuner(space, seed)
+    if name == "grid":
+        return GridTuner(space, seed)
+    if name == "ga":
+        return GATuner(space, seed)
+    if name == "xgb":
+        model = model or XGBoostCostModel(seed=seed, base=pretrained)
+        return ModelTuner(space, featurize or knob_featurizer(space), model, seed, pretrained=pretrained)
+    raise InputError(f"unknown tuner '{name}' (known: {', '.join(TUNERS)})")
+
+
+# ---- the loop -----------------------------------------------------------------------------------------
+
+
+class StopReason(Enum):
+    TRIALS = "trials"  # n_trials measured
+    EXHAUSTED = "exhausted"  # every config of the space measured
+    EARLY_STOPPING = "early_stopping"  # `early_stopping` trials without improvement
+    INTERRUPTED = "interrupted"  # KeyboardInterrupt (Ctrl-C) during measuring or a callback
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    """Handed to every callback after each measured batch."""
+
+    batch: tuple[int, ...]  # config indices measured in this batch
+    results: tuple[MeasureResult, ...]  # their results, same order
+    trials: int  # measured so far, this batch included
+    n_trials: int
+    best_index: int | None  # None until a config measured OK
+    best_cost: float  # +inf until a config measured OK
+    since_improvement: int  # trials since best_cost last fell (all trials while nothing was OK)
+
+
+@dataclass(frozen=True)
+class TuneSummary:
+    best_index: int | None
+    best_cost: float
+    trials: int
+    curve: tuple[float, ...]  # best-so-far cost after each trial (+inf before the first OK)
+    counts: tuple[tuple[MeasureStatus, int], ...]  # trials by status, every status listed
+    stop: StopReason
+    seconds: float  # wall time of the whole loop
+    tuner_seconds: float  # of which proposing and learning (model fit + search)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop is StopReason.INTERRUPTED
+
+    def count(self, status: MeasureStatus) -> int:
+        return dict(self.counts)[status]
+
+
+@dataclass
+class _Loop:
+    """The loop's mutable state; every field is consistent after each `record` returns."""
+
+    best_index: int | None = None
+    best_cost: float = math.inf
+    since_improvement: int = 0
+    curve: list[float] = field(default_factory=list)
+    counts: dict[MeasureStatus, int] = field(default_factory=lambda: dict.fromkeys(MeasureStatus, 0))
+
+    def record(self, batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        # Compute into locals, then assign together: a Ctrl-C lands either before or after a whole batch.
+        curve, counts = list(self.curve), dict(self.counts)
+        best_index, best_cost, since = self.best_index, self.best_cost, self.since_improvement
+        for index, result in zip(batch, results, strict=True):
+            counts[result.status] += 1
+            if result.ok and result.cost < best_cost:
+                best_index, best_cost, since = index, result.cost, 0
+            else:
+                since += 1
+            curve.append(best_cost)
+        self.best_index, self.best_cost, self.since_improvement = best_index, best_cost, since
+        self.curve, self.counts = curve, counts
+
+
+def tune(
+    space: ConfigSpace,
+    tuner: Tuner,
+    measure_batch: Callable[[list[int]], list[MeasureResult]],
+    n_trials: int,
+    batch_size: int,
+    early_stopping: int | None = None,
+    callbacks: Sequence[Callable[[TuneProgress], None]] = (),
+) -> TuneSummary:
+    """Propose, measure, learn, report, until `n_trials`, the space is exhausted, or early stopping.
+
+    Ctrl-C (KeyboardInterrupt) while measuring or in a callback ends the loop and returns the summary of
+    every batch measured so far with `stop=INTERRUPTED` (a batch interrupted mid-measurement is dropped:
+    it was neither given to the tuner nor to callbacks). The caller decides what to do next, e.g. print the
+    best so far and exit 130."""
+    if n_trials < 0 or batch_size < 1:
+        raise InputError(f"need n_trials >= 0 and batch_size >= 1 (got {n_trials}, {batch_size})")
+    start = time.perf_counter()
+    tuner_seconds = 0.0
+    loop = _Loop()
+    stop = StopReason.TRIALS
+    trials = 0
+    try:
+        while trials < n_trials:
+            if not tuner.has_next():
+                stop = StopReason.EXHAUSTED
+                break
+            t0 = time.perf_counter()
+            batch = tuner.next_batch(min(batch_size, n_trials - trials))
+            tuner_seconds += time.perf_counter() - t0
+            if not batch:
+                stop = StopReason.EXHAUSTED
+                break
+            results = list(measure_batch(list(batch)))
+            if len(results) != len(batch):
+                raise InputError(f"measure_batch returned {len(results)} results for {len(batch)} configs")
+            t0 = time.perf_counter()
+            tuner.update(batch, results)
+            tuner_seconds += time.perf_counter() - t0
+            loop.record(batch, results)
+            trials += len(batch)
+            progress = TuneProgress(tuple(batch), tuple(results), trials, n_trials, loop.best_index,
+                                    loop.best_cost, loop.since_improvement)
+            for callback in callbacks:
+                callback(progress)
+            if early_stopping is not None and loop.since_improvement >= early_stopping:
+                stop = StopReason.EARLY_STOPPING
+                break
+    except KeyboardInterrupt:
+        stop = StopReason.INTERRUPTED
+    return TuneSummary(loop.best_index, loop.best_cost, len(loop.curve), tuple(loop.curve),
+                       tuple(loop.counts.items()), stop, time.perf_counter() - start, tuner_seconds)
