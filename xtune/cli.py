@@ -6,9 +6,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from xtune.errors import XtuneError
+from xtune.errors import InputError, XtuneError
+from xtune.tuner import TUNERS
+
+if TYPE_CHECKING:
+    from xtune.tuner import TuneProgress
+    from xtune.tuning import TuningReport
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -88,6 +93,139 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if report.status.value == "ok" else 1
 
 
+def cmd_build(args: argparse.Namespace) -> int:
+    from xtune.artifact import build
+
+    artifact = build(args.target, args.workload, args.log or (), args.prefix)
+    artifact.write(args.output, args.header, args.archive)
+    for warning in artifact.warnings:
+        print(f"xtune: warning: {warning}", file=sys.stderr)
+    if args.json:
+        _emit_json({
+            "target": artifact.target.name, "object": args.output, "header": args.header,
+            "archive": args.archive, "kernels": [k.as_dict() for k in artifact.kernels],
+            "warnings": list(artifact.warnings),
+        })  # fmt: skip
+        return 0
+    width = max(len("symbol"), *(len(k.symbol) for k in artifact.kernels))
+    print(f"{'symbol':<{width}}  {'source':<7} {'config':>10} {'code':>8} {'stack':>9} {'GFLOP/s':>8}")
+    for k in artifact.kernels:
+        gflops = f"{k.gflops:8.1f}" if k.gflops is not None else f"{'-':>8}"
+        print(
+            f"{k.symbol:<{width}}  {k.source:<7} {k.config_index:>10} {k.code_bytes:>6} B "
+            f"{k.stack_bytes:>7} B {gflops}"
+        )
+    wrote = ", ".join(p for p in (args.output, args.header, args.archive) if p)
+    print(f"{len(artifact.kernels)} kernel(s) for {artifact.target.name}: wrote {wrote}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from xtune.board import get_board
+    from xtune.database import TuningLog
+    from xtune.measure import MeasureOptions
+    from xtune.tuning import TuneOptions, local_numpy_gflops, run_tuning
+    from xtune.workload import parse_workload
+
+    workload = parse_workload(args.workload)
+    boards = [get_board(name) for name in (args.board or ["local"])]
+    if args.trials < 1:
+        raise InputError("--trials must be at least 1")
+    options = TuneOptions(
+        args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
+        MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms),
+    )  # fmt: skip
+    numpy_gflops = local_numpy_gflops(workload, boards)
+    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
+    try:
+        report = run_tuning(workload, boards, options, TuningLog(args.log), bar.update, numpy_gflops)
+    finally:
+        bar.close()
+    if args.json:
+        _emit_json({**report.as_dict(), "log": str(args.log)})
+    else:
+        _print_tuning(report, args.log)
+    if report.stop == "interrupted":
+        print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
+        return 130
+    return 0
+
+
+class _ProgressBar:
+    """tqdm on stderr: trials done, best GFLOP/s, % of numpy, failures, ETA."""
+
+    def __init__(self, total: int, flops: int, numpy_gflops: float | None):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
+        self.flops, self.numpy_gflops, self.failed = flops, numpy_gflops, 0
+
+    def update(self, progress: TuneProgress) -> None:
+        self.failed += sum(1 for r in progress.results if not r.ok)
+        post: dict[str, object] = {"failed": self.failed}
+        if progress.best_cost < float("inf") and progress.results[0].cost_unit == "s":
+            gflops = self.flops / progress.best_cost / 1e9
+            post["best"] = f"{gflops:.1f} GFLOP/s"
+            if self.numpy_gflops:
+                post["numpy"] = f"{100 * gflops / self.numpy_gflops:.0f}%"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(len(progress.batch))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _print_tuning(report: TuningReport, log: str) -> None:
+    counts = ", ".join(f"{k} {v}" for k, v in report.counts if v)
+    print(f"{report.workload} on {'+'.join(report.boards)} ({report.target}): {report.trials} trials"
+          f" ({counts}), {report.resumed} resumed from {log}, stopped: {report.stop}")  # fmt: skip
+    if report.best_index is None:
+        print("  no correct config yet")
+        return
+    knobs = ", ".join(f"{k}={v}" for k, v in report.best_knobs)
+    print(f"  best config #{report.best_index}: {knobs}")
+    if report.best_gflops is not None:
+        line = f"  best {report.best_gflops:.1f} GFLOP/s ({report.best_cost * 1e3:.3f} ms)"
+        if report.numpy_gflops:
+            line += (
+                f"; numpy {report.numpy_gflops:.1f} GFLOP/s; {report.best_gflops / report.numpy_gflops:.2f}x"
+            )
+        print(line)
+    else:
+        print(f"  best {report.best_cost:.0f} instructions per call (emulated board: not a wall-time figure)")
+    print(f"  {report.seconds:.1f} s wall, of which {report.tuner_seconds:.1f} s in the tuner")
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from xtune.database import read_logs
+    from xtune.report import format_table, summarize
+
+    rows = summarize(read_logs(args.log), args.workload, args.target)
+    if args.json:
+        _emit_json({"best": [row.as_dict() for row in rows]})
+    elif rows:
+        print(format_table(rows))
+    else:
+        raise InputError("no records match in " + ", ".join(args.log))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from xtune.database import read_logs
+    from xtune.report import format_table, plot_convergence, summarize
+
+    records = read_logs(args.log)
+    rows = summarize(records)
+    if args.json:
+        _emit_json({"workloads": [row.as_dict() for row in rows], "plot": args.plot})
+    else:
+        print(format_table(rows))
+    if args.plot:
+        plot_convergence(records, args.plot)
+        print(f"convergence plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="xtune", description="Auto-tune tensor kernels for embedded targets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -100,12 +238,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_boards)
 
+    p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
+    p.add_argument("--trials", type=int, default=64)
+    p.add_argument("--tuner", choices=TUNERS, default="xgb")
+    p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
+    p.add_argument(
+        "--early-stopping", type=int, default=None, metavar="N", help="stop after N trials without gain"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
+    p.add_argument("--min-repeat-ms", type=float, default=10.0)
+    p.add_argument("--timeout-ms", type=int, default=10_000, help="deadline per kernel call/repeat")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_tune)
+
+    p = sub.add_parser("best", help="the best correct config per workload and target in tuning logs")
+    p.add_argument("--log", required=True, action="append")
+    p.add_argument("--workload")
+    p.add_argument("--target")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_best)
+
+    p = sub.add_parser("report", help="summary table of a tuning log, and a convergence plot")
+    p.add_argument("log", nargs="+")
+    p.add_argument("--plot", metavar="PNG", help="write the convergence plot (needs xtune[plot])")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_report)
+
     p = sub.add_parser("bench", help="default (or given) config vs numpy, measured in one run")
     p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--board", default="local")
     p.add_argument("--config", type=int, default=None, help="config index (default: the template's default)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_bench)
+
+    p = sub.add_parser("build", help="one object + C header of the best (or default) kernels for firmware")
+    p.add_argument("--target", required=True, help="target name, see `xtune targets`")
+    p.add_argument("--workload", action="append", required=True, help="repeat for each kernel")
+    p.add_argument("--log", action="append", help="tuning log(s) to take the best configs from")
+    p.add_argument("-o", "--output", required=True, help="relocatable object to write, e.g. kernels.o")
+    p.add_argument("--header", required=True, help="C header to write, e.g. kernels.h")
+    p.add_argument("--archive", default=None, help="also write a static library, e.g. libkernels.a")
+    p.add_argument("--prefix", default="xt", help="entry point prefix (default: xt)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_build)
     return parser
 
 

@@ -115,7 +115,9 @@ class CompilePool:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
+            )
         return self._pool
 
     def submit(self, workload: Workload, target: Target, index: int) -> Future[BuiltImage]:
@@ -149,6 +151,11 @@ class CompilePool:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _ignore_sigint() -> None:
+    """Ctrl-C is for the tuner, which stops cleanly; workers must not die mid-job printing tracebacks."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def check_output(workload: Workload, got: np.ndarray, expected: np.ndarray, rtol: float) -> str:

@@ -1,0 +1,100 @@
+"""Tuning on the local board end to end: the log, resume, Ctrl-C, and the best/report commands."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xtune.board import get_board
+from xtune.database import TuningLog, read_logs
+from xtune.measure import MeasureOptions
+from xtune.tuning import TuneOptions, run_tuning
+from xtune.workload import parse_workload
+
+WORKLOAD = "matmul:m=64,n=48,k=40"
+QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
+
+
+def xtune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def tuned_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tune") / "log.jsonl"
+    out = xtune("tune", "--workload", WORKLOAD, "--trials", "12", "--batch-size", "4", "--log", str(path),
+                "--repeat", "2", "--min-repeat-ms", "2", "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["trials"] == 12 and report["counts"]["ok"] == 12
+    assert report["best_gflops"] > 0 and report["numpy_gflops"] > 0
+    assert len(report["curve_gflops"]) == 12
+    assert report["curve_gflops"] == sorted(report["curve_gflops"])  # best so far never drops
+    return path
+
+
+def test_every_trial_is_in_the_log_and_best_is_the_fastest_correct(tuned_log: Path) -> None:
+    records = read_logs([tuned_log])
+    assert len(records) == 12 and len({r.index for r in records}) == 12
+    best = TuningLog(tuned_log).best(parse_workload(WORKLOAD).key, "x86-avx2")[0]
+    assert best.cost == min(r.cost for r in records if r.result.ok)
+    assert all(dict(r.fingerprint) for r in records)  # the board fingerprint travels with every record
+
+
+def test_resume_learns_from_the_log_and_measures_only_new_configs(tuned_log: Path, tmp_path: Path) -> None:
+    log_copy = tmp_path / "log.jsonl"
+    log_copy.write_text(tuned_log.read_text())
+    board = get_board("local")
+    report = run_tuning(
+        parse_workload(WORKLOAD), [board], TuneOptions("xgb", 8, 4, None, 1, QUICK), TuningLog(log_copy)
+    )
+    assert report.resumed == 12 and report.trials == 8
+    indices = [r.index for r in read_logs([log_copy])]
+    assert len(indices) == 20 == len(set(indices))
+
+
+def test_best_and_report_commands(tuned_log: Path, tmp_path: Path) -> None:
+    out = xtune("best", "--log", str(tuned_log), "--workload", "matmul:k=40,m=64,n=48", "--json")
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["best"]
+    assert row["trials"] == 12 and row["best"]["gflops"] > 0
+    table = xtune("report", str(tuned_log))
+    assert table.returncode == 0 and WORKLOAD in table.stdout and "GFLOP/s" in table.stdout
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "curve.png"
+    assert xtune("report", str(tuned_log), "--plot", str(png)).returncode == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ctrl_c_stops_cleanly_with_the_log_intact(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xtune.cli", "tune", "--workload", "matmul:m=96,n=96,k=96", "--trials", "400",
+         "--batch-size", "4", "--log", str(log), "--repeat", "2", "--min-repeat-ms", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not log.exists() or log.read_text().count("\n") < 8):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "best config" in stdout  # the best so far is printed
+    records = read_logs([log])  # every line parses: nothing torn
+    assert 8 <= len(records) < 400
+
+
+def test_boards_of_different_targets_cannot_share_a_run() -> None:
+    out = xtune(
+        "tune", "--workload", WORKLOAD, "--board", "local", "--board", "qemu-aarch64", "--trials", "1"
+    )
+    assert out.returncode == 2 and "same target" in out.stderr

@@ -1,0 +1,124 @@
+"""Log reports: tuning-log records in, per-workload summary rows, text tables and a convergence plot out."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from xtune.database import Record, best
+from xtune.errors import InputError
+from xtune.workload import parse_workload
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One (workload, target) of a log: how much was measured, and the best correct config."""
+
+    workload: str
+    target: str
+    trials: int
+    counts: tuple[tuple[str, int], ...]
+    best: Record | None
+    cost_unit: str
+
+    @property
+    def best_gflops(self) -> float | None:
+        if self.best is None or self.cost_unit != "s":
+            return None
+        return parse_workload(self.workload).flops() / self.best.cost / 1e9
+
+    def as_dict(self) -> dict[str, object]:
+        b = self.best
+        return {
+            "workload": self.workload, "target": self.target, "trials": self.trials,
+            "counts": dict(self.counts),
+            "best": None if b is None else {
+                "index": b.index, "knobs": dict(b.knobs), "cost": b.cost, "cost_unit": self.cost_unit,
+                "gflops": self.best_gflops, "board": b.board, "time": b.time,
+            },
+        }  # fmt: skip
+
+
+def _groups(records: Iterable[Record]) -> dict[tuple[str, str], list[Record]]:
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        groups.setdefault((r.workload, r.target), []).append(r)
+    return groups
+
+
+def summarize(
+    records: Sequence[Record], workload: str | None = None, target: str | None = None
+) -> list[SummaryRow]:
+    """One row per (workload, target), optionally filtered; `workload` may be given in any key order."""
+    key = parse_workload(workload).key if workload else None
+    rows = []
+    for (wl, tg), group in sorted(_groups(records).items()):
+        if (key and wl != key) or (target and tg != target):
+            continue
+        unit = "s" if any(r.result.cost_unit == "s" for r in group) else "insn"
+        top = best(group, wl, tg, k=1, cost_unit=unit)
+        counts = Counter(r.result.status.value for r in group)
+        rows.append(
+            SummaryRow(wl, tg, len(group), tuple(sorted(counts.items())), top[0] if top else None, unit)
+        )
+    return rows
+
+
+def format_table(rows: Sequence[SummaryRow]) -> str:
+    lines = [f"{'workload':<44} {'target':<13} {'trials':>6} {'failed':>6} {'best':>14}  config"]
+    for row in rows:
+        failed = row.trials - dict(row.counts).get("ok", 0)
+        if row.best is None:
+            figure, config = "no correct run", "-"
+        else:
+            gf = row.best_gflops
+            figure = f"{gf:.1f} GFLOP/s" if gf is not None else f"{row.best.cost:.0f} insn"
+            config = f"#{row.best.index} " + ",".join(f"{k}={v}" for k, v in row.best.knobs)
+        lines.append(
+            f"{row.workload:<44} {row.target:<13} {row.trials:>6} {failed:>6} {figure:>14}  {config}"
+        )
+    return "\n".join(lines)
+
+
+def convergence(group: Sequence[Record]) -> tuple[list[float], list[float]]:
+    """Each trial's figure of merit (GFLOP/s, or 1/insn) and the best so far, in log order."""
+    flops = parse_workload(group[0].workload).flops()
+    per_trial, running, top = [], [], 0.0
+    for r in sorted(group, key=lambda rec: rec.time):
+        ok = r.result.ok and math.isfinite(r.cost) and r.cost > 0
+        value = (flops / r.cost / 1e9 if r.result.cost_unit == "s" else 1.0 / r.cost) if ok else 0.0
+        top = max(top, value)
+        per_trial.append(value)
+        running.append(top)
+    return per_trial, running
+
+
+def plot_convergence(records: Sequence[Record], path: str | Path) -> None:
+    """A PNG with one panel per (workload, target): each trial's GFLOP/s and the best so far."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("plotting needs matplotlib: pip install 'xtune[plot]'") from None
+    groups = _groups(records)
+    if not groups:
+        raise InputError("the log has no records to plot")
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.2 * len(groups)), squeeze=False)
+    for ax, ((wl, tg), group) in zip(axes[:, 0], sorted(groups.items()), strict=True):
+        per_trial, running = convergence(group)
+        trials = range(1, len(per_trial) + 1)
+        insn = group[0].result.cost_unit != "s"
+        ax.plot(trials, per_trial, ".", color="0.6", label="trial")
+        ax.plot(trials, running, "-", color="C0", label="best so far")
+        ax.set_title(f"{wl} on {tg}", fontsize=9)
+        ax.set_xlabel("trial")
+        ax.set_ylabel("1 / instructions" if insn else "GFLOP/s")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

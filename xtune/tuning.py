@@ -1,0 +1,190 @@
+"""Tuning runs: a workload, boards, options and a log in; log records and a `TuningReport` out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from xtune.bench import numpy_seconds
+from xtune.board import Board, LocalBoard
+from xtune.database import Record, TuningLog, make_record
+from xtune.errors import InputError
+from xtune.features import featurize
+from xtune.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
+from xtune.templates import ScheduleTemplate, template_for
+from xtune.tuner import TuneProgress, TuneSummary, make_tuner, tune
+from xtune.workload import Workload
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Everything a tuning run was asked to do; written into the report and (measure part) the log."""
+
+    tuner: str = "xgb"
+    trials: int = 64
+    batch_size: int = 16
+    early_stopping: int | None = None
+    seed: int = 0
+    measure: MeasureOptions = field(default_factory=MeasureOptions)
+
+
+@dataclass(frozen=True)
+class TuningReport:
+    workload: str
+    target: str
+    boards: tuple[str, ...]
+    options: TuneOptions
+    trials: int  # measured in this run
+    resumed: int  # configs already in the log, learned from and not measured again
+    counts: tuple[tuple[str, int], ...]  # this run's trials by status
+    best_index: int | None  # over the log's whole history and this run
+    best_knobs: tuple[tuple[str, object], ...]
+    best_cost: float  # seconds per call (or instructions, when cost_unit is "insn")
+    cost_unit: str
+    best_gflops: float | None
+    numpy_gflops: float | None  # single thread, measured in this run (local board only)
+    seconds: float
+    tuner_seconds: float
+    curve_gflops: tuple[float, ...]  # best-so-far GFLOP/s after each trial of this run (0 before any OK)
+    stop: str
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["options"] = {**asdict(self.options), "measure": asdict(self.options.measure)}
+        d["counts"] = dict(self.counts)
+        d["best_config"] = {"index": self.best_index, "knobs": dict(self.best_knobs)}
+        del d["best_knobs"], d["best_index"]
+        d["best_cost"] = self.best_cost if math.isfinite(self.best_cost) else None
+        ratio = self.best_gflops / self.numpy_gflops if self.best_gflops and self.numpy_gflops else None
+        d["ratio_vs_numpy"] = round(ratio, 4) if ratio else None
+        return d
+
+
+class _BoardsMeasurer:
+    """One Measurer per board; a batch is dealt round-robin and measured on the boards in parallel."""
+
+    def __init__(
+        self, boards: Sequence[Board], workload: Workload, options: MeasureOptions, pool: CompilePool
+    ):
+        self.measurers = [Measurer(board, workload, options, pool) for board in boards]
+        self.threads = ThreadPoolExecutor(len(boards)) if len(boards) > 1 else None
+
+    def __call__(self, batch: list[int]) -> list[MeasureResult]:
+        if self.threads is None:
+            return self.measurers[0].measure(batch)
+        n = len(self.measurers)
+        shares = [batch[i::n] for i in range(n)]
+        jobs = zip(self.measurers, shares, strict=True)
+        parts = list(self.threads.map(lambda job: job[0].measure(job[1]), jobs))
+        results: list[MeasureResult] = [MeasureResult(MeasureStatus.BOARD_ERROR)] * len(batch)
+        for i, part in enumerate(parts):
+            results[i::n] = part
+        return results
+
+    def close(self) -> None:
+        for measurer in self.measurers:
+            measurer.close()
+        if self.threads is not None:
+            self.threads.shutdown()
+
+
+def resume_history(log: TuningLog | None, template: ScheduleTemplate) -> dict[int, Record]:
+    """Records of this workload and target already in the log whose knobs still mean the same config."""
+    if log is None:
+        return {}
+    done = log.measured(template.workload.key, template.target.name)
+    space = template.space
+    return {i: r for i, r in done.items() if 0 <= i < space.size and space.config(i).values == r.knobs}
+
+
+def run_tuning(
+    workload: Workload,
+    boards: Sequence[Board],
+    options: TuneOptions,
+    log: TuningLog | None = None,
+    on_progress: Callable[[TuneProgress], None] | None = None,
+    numpy_gflops: float | None = None,
+) -> TuningReport:
+    """Tune `workload` on `boards` (all of one target); every finished batch is appended to `log`."""
+    if not boards:
+        raise InputError("no board to tune on")
+    target = boards[0].target
+    if any(b.target != target for b in boards):
+        raise InputError("all --board flags of one run must be boards of the same target")
+    template = template_for(workload, target)
+    history = resume_history(log, template)
+    tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx))
+    if history:
+        tuner.load_history(list(history), [r.result for r in history.values()])
+    fingerprint = tuple(sorted(boards[0].fingerprint().items()))
+
+    def append(progress: TuneProgress) -> None:
+        if log is not None:
+            label, space = _board_label(boards), template.space
+            records = [
+                make_record(
+                    workload.key, target.name, label, space.config(i), r, options.measure, fingerprint
+                )
+                for i, r in zip(progress.batch, progress.results, strict=True)
+            ]
+            log.append(records)
+
+    callbacks = [append] + ([on_progress] if on_progress else [])
+    pool = CompilePool()
+    measure = _BoardsMeasurer(boards, workload, options.measure, pool)
+    try:
+        summary = tune(
+            template.space,
+            tuner,
+            measure,
+            options.trials,
+            options.batch_size,
+            options.early_stopping,
+            callbacks,
+        )
+    finally:
+        measure.close()
+        pool.close()
+    return _report(workload, template, boards, options, summary, history, numpy_gflops)
+
+
+def _board_label(boards: Sequence[Board]) -> str:
+    return "+".join(b.name for b in boards)
+
+
+def _report(
+    workload: Workload,
+    template: ScheduleTemplate,
+    boards: Sequence[Board],
+    options: TuneOptions,
+    summary: TuneSummary,
+    history: dict[int, Record],
+    numpy_gflops: float | None,
+) -> TuningReport:
+    unit = "s" if all(b.wall_time_is_meaningful for b in boards) else "insn"
+    candidates = [(r.cost, i) for i, r in history.items() if r.result.ok and r.result.cost_unit == unit]
+    if summary.best_index is not None:
+        candidates.append((summary.best_cost, summary.best_index))
+    best_cost, best_index = min(candidates, default=(math.inf, None))
+    flops = workload.flops()
+    gflops = flops / best_cost / 1e9 if unit == "s" and math.isfinite(best_cost) else None
+    curve = tuple(flops / c / 1e9 if unit == "s" and math.isfinite(c) else 0.0 for c in summary.curve)
+    return TuningReport(
+        workload.key, template.target.name, tuple(b.name for b in boards), options,
+        summary.trials, len(history),
+        tuple((s.value, n) for s, n in summary.counts), best_index,
+        template.space.config(best_index).values if best_index is not None else (),
+        best_cost, unit, gflops,
+        numpy_gflops, summary.seconds, summary.tuner_seconds, curve, summary.stop.value,
+    )  # fmt: skip
+
+
+def local_numpy_gflops(workload: Workload, boards: Sequence[Board]) -> float | None:
+    """numpy's single-thread GFLOP/s on this host, when the boards are this host (else not comparable)."""
+    if not all(isinstance(b, LocalBoard) for b in boards):
+        return None
+    return workload.flops() / float(np.median(numpy_seconds(workload))) / 1e9
