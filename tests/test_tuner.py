@@ -273,3 +273,12 @@ def test_pretrained_model_ranks_the_first_batch_and_is_the_base_margin() -> None
     assert isinstance(model, XGBoostCostModel) and model.base is pretrained
     model.fit(featurize(first), np.where(COSTS[first] < 0, np.inf, COSTS[first]))
     assert 0 < model.current_base_weight() < 1.0
+
+
+@pytest.mark.parametrize("name", TUNERS)
+def test_configs_proposed_first_lead_the_first_batch_once(name: str) -> None:
+    tuner = fast_tuner(name, seed=0)
+    tuner.propose_first([17, 5, 17])
+    first = tuner.next_batch(4)
+    assert first[:2] == [17, 5] and len(set(first)) == 4
+    assert 17 not in tuner.next_batch(64) and 5 not in tuner.next_batch(64)

@@ -35,16 +35,24 @@ class Tuner(ABC):
         self.rng = np.random.default_rng(seed)
         self.visited: set[int] = set()  # proposed, measured or loaded
         self.costs: dict[int, float] = {}  # measured index -> cost (+inf = failed); board errors left out
+        self._first: list[int] = []  # proposed before anything the tuner chooses itself
+
+    def propose_first(self, indices: Sequence[int]) -> None:
+        """Measure these before the tuner's own picks (e.g. the template's default config)."""
+        self._first.extend(int(i) for i in indices)
 
     def next_batch(self, n: int) -> list[int]:
         n = min(n, self.space.size - len(self.visited))
         if n <= 0:
             return []
-        batch = self._propose(n)
-        if len(set(batch)) != len(batch) or not self.visited.isdisjoint(batch) or len(batch) > n:
+        head = [i for i in dict.fromkeys(self._first) if i not in self.visited][:n]
+        self._first = [i for i in self._first if i not in self.visited and i not in head]
+        self.visited.update(head)
+        batch = self._propose(n - len(head)) if n > len(head) else []
+        if len(set(batch)) != len(batch) or not self.visited.isdisjoint(batch) or len(batch) > n - len(head):
             raise AssertionError(f"{type(self).__name__} broke the contract: repeated proposals")
         self.visited.update(batch)
-        return batch
+        return head + batch
 
     def update(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
         """Learn from measured results (in the order of `indices`)."""

@@ -30,6 +30,9 @@ class TuneOptions:
     early_stopping: int | None = None
     seed: int = 0
     measure: MeasureOptions = field(default_factory=MeasureOptions)
+    # Measure the template's heuristic default first, so a tuned result is never worse than it.
+    # Benchmarks of search efficiency turn it off to compare tuners on their own picks.
+    start_from_default: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,8 @@ def run_tuning(
     tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx))
     if history:
         tuner.load_history(list(history), [r.result for r in history.values()])
+    if options.start_from_default:
+        tuner.propose_first([template.default_config().index])
     fingerprint = tuple(sorted(boards[0].fingerprint().items()))
 
     def append(progress: TuneProgress) -> None:
