@@ -53,7 +53,8 @@ def main() -> None:
             xs_ms = sorted(x * 1e3 for x in xs)
             return f"{statistics.median(xs_ms):.1f} ({xs_ms[int(0.9 * (len(xs_ms) - 1))]:.0f})"
 
-        print(f"| {name} | {fmt(cols[0])} | {fmt(cols[1])} | {fmt(cols[2])} | **{fmt(cols[3])}** | {fmt(cols[4])} |")
+        lower_, compile_, link_, total, cpu = (fmt(c) for c in cols)
+        print(f"| {name} | {lower_} | {compile_} | {link_} | **{total}** | {cpu} |")
 
 
 if __name__ == "__main__":

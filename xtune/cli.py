@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from xtune.errors import InputError, XtuneError
@@ -52,16 +53,49 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 def cmd_boards(args: argparse.Namespace) -> int:
     from xtune.board import board_names, get_board
+    from xtune.ssh import SshBoard, probe
 
     rows = []
-    for name in board_names():
-        board = get_board(name)
-        rows.append({"name": name, "target": board.target.name, "timing": board.wall_time_is_meaningful})
+    for name in board_names(args.boards):
+        board = get_board(name, args.boards)
+        row: dict[str, object] = {"name": name, "target": board.target.name, "kind": "built-in",
+                                  "timing": board.wall_time_is_meaningful, "cost_unit": board.cost_unit}
+        if isinstance(board, SshBoard):  # a short connect per SSH board: reachable, or why not
+            why = probe(board, timeout=args.timeout)
+            row.update(kind="ssh", host=board.config.host, reachable=not why, reason=why)
+        rows.append(row)
     if args.json:
         _emit_json({"boards": rows})
         return 0
     for row in rows:
-        print(f"{row['name']:<16} {row['target']:<14} {'wall time' if row['timing'] else 'correctness only'}")
+        cost = {"s": "wall time", "insn": "instructions (emulated)"}.get(str(row["cost_unit"]), "")
+        cost = cost if row["timing"] or row["cost_unit"] == "insn" else "correctness only (emulated)"
+        status = ""
+        if row["kind"] == "ssh":
+            state = "reachable" if row["reachable"] else f"unreachable: {row['reason']}"
+            status = f"  ssh {row['host']}: {state}"
+        print(f"{row['name']:<16} {row['target']:<14} {cost}{status}")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from xtune.board import get_board
+    from xtune.ssh import SshBoard, deploy
+
+    board = get_board(args.board, args.boards)
+    if not isinstance(board, SshBoard):
+        raise InputError(f"board '{args.board}' is built in and needs no deploy (only SSH boards do)")
+    where = f"{args.board} ({board.config.host})"
+    print(f"xtune: deploying the {board.target.arch} agent to {where}", file=sys.stderr)
+    result = deploy(board, accept_new_host_key=args.accept_new_host_key)
+    if args.json:
+        _emit_json(result)
+        return 0
+    fp = result["fingerprint"]
+    assert isinstance(fp, dict)
+    print(f"{args.board}: agent {result['agent_version']} at {result['agent']}, hello arch={result['arch']} "
+          f"exec={result['exec']} ({result['seconds']} s)")  # fmt: skip
+    print(f"  {fp['uname']}\n  cpu: {fp['cpu']}, {fp['cores']} cores")
     return 0
 
 
@@ -234,9 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_targets)
 
-    p = sub.add_parser("boards", help="list boards")
+    p = sub.add_parser("boards", help="list boards (SSH ones with their reachability)")
+    p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
+                   "then ~/.config/xtune/boards.toml)")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds per SSH reachability check")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_boards)
+
+    p = sub.add_parser("deploy", help="build and upload the agent to an SSH board, record its fingerprint")
+    p.add_argument("--board", required=True)
+    p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
+                   "then ~/.config/xtune/boards.toml)")  # fmt: skip
+    p.add_argument("--accept-new-host-key", action="store_true",
+                   help="trust the host key offered if known_hosts has none, and record it")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_deploy)
 
     p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
     p.add_argument("--workload", required=True)

@@ -1,0 +1,272 @@
+"""Firmware artifacts: a target, workloads and tuning logs in; one checked relocatable object, its C header
+and a build table out (`build`), written as .o, .h and optionally a .a archive (`Artifact.write`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import xtune
+from xtune.compile import compile_object
+from xtune.database import Record, best, read_logs
+from xtune.errors import CompileError, InputError
+from xtune.link import check_object
+from xtune.loopnest import Kernel
+from xtune.lower import lower
+from xtune.space import Config, KnobValue
+from xtune.target import Target, get_target
+from xtune.templates import ScheduleTemplate, template_for
+from xtune.workload import TensorSpec, Workload, parse_workload
+
+PathLike = str | os.PathLike[str]
+
+# The C calling convention each architecture's entry points follow: LLVM emits the platform ABI of
+# the triple (and abiname lp64d on RISC-V), and every kernel is a leaf function taking only pointers.
+ABIS = {
+    "x86_64": "System V AMD64 psABI (x86-64 SysV calling convention)",
+    "aarch64": "AAPCS64 (Procedure Call Standard for the Arm 64-bit Architecture)",
+    "riscv64": "RISC-V ELF psABI, LP64D (hard-float double calling convention)",
+}
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One row of the build table: which config an entry point was compiled from, and what it costs."""
+
+    symbol: str  # the C entry point, e.g. xt_matmul_m8_n16_k4
+    workload: str  # Workload.key
+    config_index: int
+    knobs: tuple[tuple[str, KnobValue], ...]
+    source: str  # "log" (best OK record of the logs) or "default" (the template's heuristic)
+    reason: str  # why the default was used; "" when source == "log"
+    code_bytes: int  # st_size of the function symbol in the object
+    stack_bytes: int  # packed panels the kernel keeps on the caller's stack (its frame adds a little)
+    gflops: float | None = None  # best measured in the log (wall-time boards only)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "symbol": self.symbol, "workload": self.workload, "config": self.config_index,
+            "knobs": dict(self.knobs), "source": self.source, "reason": self.reason,
+            "code_bytes": self.code_bytes, "stack_bytes": self.stack_bytes, "gflops": self.gflops,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """What a firmware build takes: the object (bytes), the header (text) and the table of kernels."""
+
+    target: Target
+    object: bytes
+    header: str
+    kernels: tuple[KernelEntry, ...]
+    warnings: tuple[str, ...] = ()
+
+    def archive(self, member: str = "kernels.o") -> bytes:
+        """A static library holding the object, with the symbol index GNU ld needs (`ar rcs`)."""
+        return ar_archive(member, self.object, [k.symbol for k in self.kernels])
+
+    def write(self, object_path: PathLike, header_path: PathLike,
+              archive_path: PathLike | None = None) -> None:
+        Path(object_path).write_bytes(self.object)
+        Path(header_path).write_text(self.header)
+        if archive_path is not None:
+            name = Path(object_path).name
+            # The SysV/GNU member name ends with '/' in a 16-byte field: longer names would need a
+            # "//" long-name table, which one fixed member never needs.
+            Path(archive_path).write_bytes(self.archive(name if len(name) <= 15 else "kernels.o"))
+
+
+@dataclass(frozen=True)
+class _Choice:
+    config: Config
+    source: str
+    reason: str
+    gflops: float | None
+
+
+def build(target: str | Target, workloads: Sequence[str | Workload], logs: Sequence[PathLike] = (),
+          prefix: str = "xt") -> Artifact:
+    """Compile each workload's best logged config for `target` (else its default) into one checked object.
+
+    Entry points are `{prefix}_{workload.symbol}`; duplicate workloads are built once. Raises InputError
+    for an unknown target or workload, a missing log or a bad prefix; LinkError if the object is unfit."""
+    tgt = target if isinstance(target, Target) else get_target(target)
+    if not _C_IDENTIFIER.match(prefix):
+        raise InputError(f"prefix '{prefix}' is not a C identifier")
+    wls = _unique([w if isinstance(w, Workload) else parse_workload(w) for w in workloads])
+    if not wls:
+        raise InputError("no workloads to build")
+    records, notes = _read(logs)
+    templates = [template_for(w, tgt) for w in wls]
+    choices = [_choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]
+    names = tuple(f"{prefix}_{w.symbol}" for w in wls)
+    kernels = [t.kernel(c.config, name) for t, c, name in zip(templates, choices, names, strict=True)]
+    for wl, kernel in zip(wls, kernels, strict=True):
+        _check_signature(wl, kernel)
+    # One LLVM module, so one object; lower() makes only the kernels external.
+    obj = compile_object(lower(kernels, module_name=f"{prefix}_kernels"), tgt, names)
+    sizes = dict(check_object(obj, tgt).functions)
+    entries = tuple(
+        KernelEntry(name, w.key, c.config.index, c.config.values, c.source, c.reason, sizes[name],
+                    k.stack_bytes, c.gflops)
+        for name, w, c, k in zip(names, wls, choices, kernels, strict=True)
+    )  # fmt: skip
+    fallbacks = [f"{e.workload} ({e.reason})" for e in entries if e.source == "default"]
+    if fallbacks:
+        notes.append(f"default config used for {len(fallbacks)} workload(s): " + "; ".join(fallbacks))
+    return Artifact(tgt, obj.data, render_header(tgt, wls, entries, prefix), entries, tuple(notes))
+
+
+def _check_signature(wl: Workload, kernel: Kernel) -> None:
+    """The header declares the workload's tensors in order; the code must take exactly those pointers."""
+    declared = [t.name for t in wl.tensors()]
+    taken = [p.name for p in kernel.params]
+    if declared != taken:
+        raise CompileError(f"{kernel.name}: the kernel takes ({', '.join(taken)}) but the workload's tensors "
+                           f"are ({', '.join(declared)})")
+
+
+def _unique(workloads: list[Workload]) -> list[Workload]:
+    seen: dict[str, Workload] = {}
+    for w in workloads:
+        seen.setdefault(w.key, w)
+    return list(seen.values())
+
+
+def _read(logs: Sequence[PathLike]) -> tuple[list[Record] | None, list[str]]:
+    """The records of every log (None if no log was given) and the reader's warnings, as text."""
+    if not logs:
+        return None, []
+    missing = [str(p) for p in logs if not Path(p).is_file()]
+    if missing:  # read_logs counts a missing file as empty; for a build that is almost always a typo
+        raise InputError(f"no such log: {', '.join(missing)}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = read_logs(logs)
+    return records, [str(w.message) for w in caught]
+
+
+def _choose(wl: Workload, target: Target, template: ScheduleTemplate,
+            records: list[Record] | None) -> _Choice:
+    """The best OK record of the whole history on this target, else the default config and why."""
+    default = template.default_config()
+    if records is None:
+        return _Choice(default, "default", "no log given", None)
+    mine = [r for r in records if r.workload == wl.key and r.target == target.name]
+    if not mine:
+        others = sorted({r.target for r in records if r.workload == wl.key})
+        elsewhere = f"; logged only for {', '.join(others)}" if others else ""
+        return _Choice(default, "default", f"never tuned on {target.name}{elsewhere}", None)
+    # Wall time from a real board beats QEMU instruction counts; the two are never compared.
+    units = sorted({r.result.cost_unit for r in mine if r.result.ok}, key=lambda u: (u != "s", u))
+    stale = 0
+    for unit in units:
+        for record in best(mine, wl.key, target.name, k=len(mine), cost_unit=unit):
+            config = _config_of(template, record)
+            if config is None:
+                stale += 1
+                continue
+            gflops = wl.flops() / record.cost / 1e9 if unit == "s" else None
+            return _Choice(config, "log", "", gflops)
+    if stale:
+        return _Choice(default, "default", "logged configs no longer match the template", None)
+    failures = Counter(r.result.status.value for r in mine)
+    shown = ", ".join(f"{n} {status}" for status, n in sorted(failures.items()))
+    return _Choice(default, "default", f"only failed records on {target.name} ({shown})", None)
+
+
+def _config_of(template: ScheduleTemplate, record: Record) -> Config | None:
+    """The record's config, if its index still means the same knobs (a changed template renumbers)."""
+    if not 0 <= record.index < template.space.size:
+        return None
+    config = template.space.config(record.index)
+    return config if config.values == record.knobs else None
+
+
+# ---- the header ---------------------------------------------------------------------------------------
+
+
+def render_header(target: Target, workloads: Sequence[Workload], entries: Sequence[KernelEntry],
+                  prefix: str) -> str:
+    """A C99/C++ header: guard, extern "C", and per kernel its layouts, config, stack and prototype."""
+    guard = f"{prefix.upper()}_KERNELS_H"
+    lines = [
+        f"/* Generated by xtune {xtune.__version__} for target {target.name} "
+        f"({target.triple}, cpu {target.cpu}). Do not edit.",
+        f" * ABI: {ABIS.get(target.arch, target.arch)}.",
+        " * The object is position-independent, has no undefined symbols and needs no GOT; it uses no",
+        " * libc, no heap and no writable data: every buffer is the caller's, scratch lives on the stack.",
+        f" * Code uses the ISA features '{target.features}': run it only on such a CPU. */",
+        f"#ifndef {guard}",
+        f"#define {guard}",
+        "",
+        "#ifdef __cplusplus",
+        'extern "C" {',
+        "#endif",
+        "",
+    ]
+    for wl, entry in zip(workloads, entries, strict=True):
+        lines += _kernel_block(wl, entry)
+    lines += ["#ifdef __cplusplus", "}", "#endif", "", f"#endif /* {guard} */", ""]
+    return "\n".join(lines)
+
+
+def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:
+    tensors = wl.tensors()
+    summary = (type(wl.operator).__doc__ or wl.op).strip().splitlines()[0]
+    knobs = " ".join(f"{k}={v}" for k, v in entry.knobs)
+    where = "best OK record in the log" if entry.source == "log" else f"template default: {entry.reason}"
+    speed = f", {entry.gflops:.1f} GFLOP/s measured" if entry.gflops is not None else ""
+    lines = [f"/* {entry.symbol}: {wl.key}", f" *   {summary}"]
+    for t in tensors:
+        dims = "".join(f"[{d}]" for d in t.shape)
+        role = "output, overwritten" if t.is_output else "input, read only"
+        lines.append(f" *   {t.name}: float{dims}, row-major, {role}")
+    names = ", ".join(t.name for t in tensors)
+    lines += [
+        f" *   config {entry.config_index} ({where}{speed}):",
+        f" *     {knobs}",
+        f" *   stack: {entry.stack_bytes} bytes of packed scratch buffers, plus the frame",
+        " *   (saved registers, spills, 64-byte realignment: allow 1 KiB more).",
+        f" *   {names} must not overlap (the parameters are noalias); any 4-byte alignment is fine.",
+        " */",
+        f"#define {entry.symbol.upper()}_STACK_BYTES {entry.stack_bytes}u",
+        f"void {entry.symbol}({_params(tensors)});",
+        "",
+    ]
+    return lines
+
+
+def _params(tensors: Sequence[TensorSpec]) -> str:
+    return ", ".join(f"float *{t.name}" if t.is_output else f"const float *{t.name}" for t in tensors)
+
+
+# ---- the archive --------------------------------------------------------------------------------------
+
+
+def ar_archive(member: str, data: bytes, symbols: Sequence[str]) -> bytes:
+    """A GNU/SysV `ar` archive of one member with its "/" symbol index, as `ar rcsD` writes it.
+
+    Format: "!<arch>\\n", then per member a 60-byte ASCII header and the data padded to an even length;
+    the "/" member lists big-endian u32 count, u32 member offsets and NUL-terminated names (ar(5))."""
+    if len(member) > 15 or "/" in member:
+        raise InputError(f"archive member name '{member}' must be at most 15 characters, without '/'")
+    names = b"".join(s.encode() + b"\0" for s in symbols)
+    index_size = 4 + 4 * len(symbols) + len(names)
+    member_offset = 8 + 60 + index_size + index_size % 2
+    index = struct.pack(f">I{len(symbols)}I", len(symbols), *([member_offset] * len(symbols))) + names
+    return b"!<arch>\n" + _ar_member("/", index) + _ar_member(member + "/", data)
+
+
+def _ar_member(name: str, data: bytes) -> bytes:
+    # Deterministic like `ar D`: mtime, uid and gid 0, mode 644, so builds are reproducible.
+    header = f"{name:<16}{0:<12}{0:<6}{0:<6}{0o644:<8o}{len(data):<10}`\n".encode()
+    assert len(header) == 60
+    return header + data + (b"\n" if len(data) % 2 else b"")
