@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shutil
 import subprocess
+import tempfile
 from functools import cache
+from importlib import resources
+from pathlib import Path
 from typing import Protocol
 
-from xtune.agent import AgentSession, SubprocessTransport
+from xtune import ssh
+from xtune.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
 from xtune.target import Target, get_target, host_target
@@ -24,6 +29,8 @@ class Board(Protocol):
     name: str
     target: Target
     wall_time_is_meaningful: bool  # False under emulation: qemu wall time inverts rankings (MEASURED.md §3)
+    cost_unit: str  # "s": Measurer times the kernel; "insn": open() gives an InsnCountingSession
+
 
     def open(self) -> AgentSession: ...
 
@@ -51,6 +58,7 @@ class LocalBoard:
     """The host itself: the agent runs as a plain subprocess and timings are real."""
 
     wall_time_is_meaningful = True
+    cost_unit = "s"
 
     def __init__(self, target: Target, name: str = "local") -> None:
         self.name = name
@@ -82,14 +90,80 @@ def _qemu_version(binary: str) -> str:
     return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
 
 
+# Guest code below this address is the static agent (gcc links it at 0x400000, zig at 0x1000000);
+# qemu-user 7.2 maps guest mmaps, hence the kernel image, from 0x5500000000 up (docs/qemu-insn-count.md).
+INSN_MIN_VADDR = 0x1000000000
+
+
+def build_insn_plugin() -> Path:
+    """The TCG plugin counting kernel instructions (board_agent/insncount.c), built once with host gcc."""
+    source = (resources.files("xtune") / "agent_src" / "insncount.c").read_bytes()
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise BoardError("the QEMU instruction-count plugin needs a host C compiler: apt-get install gcc")
+    key = hashlib.sha256(source + cc.encode()).hexdigest()[:12]
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    out = Path(base) / "xtune" / "agents" / f"insncount-{key}" / "libxtune-insncount.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="xtune-plugin-") as tmp:
+        src, partial = Path(tmp) / "insncount.c", Path(tmp) / "plugin.so"
+        src.write_bytes(source)
+        cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(partial), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            tail = proc.stderr.strip()[-2000:]
+            raise BoardError(f"building the QEMU instruction-count plugin failed: {tail}")
+        shutil.copyfile(partial, f"{out}.{os.getpid()}")
+        os.replace(f"{out}.{os.getpid()}", out)  # atomic: concurrent builders never load a half file
+    return out
+
+
+class InsnCountingSession(AgentSession):
+    """An agent under qemu with the insncount plugin: after each run, the run child's instruction count.
+
+    The plugin appends "pid count" when a guest process exits, which for a run child happens before
+    the agent's waitpid() returns, so the line is in the file when the RUN reply arrives."""
+
+    def __init__(self, transport: Transport, timeout: float, counts: Path) -> None:
+        self._counts = counts
+        self._offset = 0
+        self.last_insn_count: int | None = None  # of the last OK run: every call of it, warm-ups included
+        super().__init__(transport, timeout)
+
+    def run(self, req: RunRequest) -> RunReply:
+        self.last_insn_count = None
+        reply = super().run(req)
+        with open(self._counts, "rb") as f:
+            f.seek(self._offset)
+            lines = f.read().splitlines()
+            self._offset = f.tell()
+        children = [line.split() for line in lines if line.split()[:1] != [str(self.hello.pid).encode()]]
+        if children and len(children[-1]) == 2:
+            self.last_insn_count = int(children[-1][1])
+        return reply
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._counts.unlink(missing_ok=True)
+
+
 class QemuBoard:
-    """The agent under qemu-user: results are correct, but wall time is no performance signal."""
+    """The agent under qemu-user: results are correct, but wall time is no performance signal.
+
+    With `count_insns` (the default) the cost is the number of instructions one kernel call executes,
+    counted by a TCG plugin: deterministic, unlike emulated wall time (MEASURED.md §3, §7)."""
 
     wall_time_is_meaningful = False
 
-    def __init__(self, name: str, target: Target) -> None:
+    def __init__(self, name: str, target: Target, count_insns: bool = True) -> None:
         self.name = name
         self.target = target
+        self.count_insns = count_insns
+        self.cost_unit = "insn" if count_insns else "s"
 
     def _qemu(self) -> str:
         path = shutil.which(self.target.qemu_binary)
@@ -99,12 +173,25 @@ class QemuBoard:
             )
         return path
 
-    def argv(self) -> list[str]:
+    def argv(self, counts: Path | None = None) -> list[str]:
         agent = build_agent(self.target.arch)
-        return [self._qemu(), "-cpu", self.target.qemu_cpu, str(agent)]
+        plugin = []
+        if counts is not None:
+            # -plugin splits its argument at commas: the counts path must not contain one (mkstemp's won't).
+            plugin = ["-plugin", f"{build_insn_plugin()},min={INSN_MIN_VADDR:#x},out={counts}"]
+        return [self._qemu(), "-cpu", self.target.qemu_cpu, *plugin, str(agent)]
 
     def open(self) -> AgentSession:
-        return AgentSession(SubprocessTransport(self.argv()), timeout=QEMU_HELLO_TIMEOUT)
+        if not self.count_insns:
+            return AgentSession(SubprocessTransport(self.argv()), timeout=QEMU_HELLO_TIMEOUT)
+        fd, name = tempfile.mkstemp(prefix="xtune-insn-", suffix=".txt")
+        os.close(fd)
+        counts = Path(name)
+        try:
+            return InsnCountingSession(SubprocessTransport(self.argv(counts)), QEMU_HELLO_TIMEOUT, counts)
+        except BaseException:
+            counts.unlink(missing_ok=True)
+            raise
 
     def fingerprint(self) -> dict[str, str]:
         return {
@@ -114,21 +201,25 @@ class QemuBoard:
             "cpu": f"{_qemu_version(self._qemu())} -cpu {self.target.qemu_cpu}",
             "cores": "1",
             "agent": agent_version(),
+            "cost": "instructions per call (insncount plugin)" if self.count_insns else "emulated wall time",
         }
 
 
 _QEMU_BOARDS = {"qemu-aarch64": "arm-a72-neon", "qemu-riscv64": "riscv64-gc", "qemu-riscv64-v": "riscv64-gcv"}
 
 
-def board_names() -> list[str]:
-    """Built-in board names, for `xtune boards` and error messages."""
-    return ["local", *_QEMU_BOARDS]
+def board_names(boards_file: Path | None = None) -> list[str]:
+    """Built-in board names, then the SSH boards of boards.toml (see ssh.find_boards_file)."""
+    return ["local", *_QEMU_BOARDS, *ssh.load_boards(boards_file)]
 
 
-def get_board(name: str) -> Board:
-    """A built-in board by name: "local" or one of the qemu-user boards."""
+def get_board(name: str, boards_file: Path | None = None) -> Board:
+    """A board by name: "local", one of the qemu-user boards, or an SSH board from boards.toml."""
     if name == "local":
         return LocalBoard(host_target())
     if name in _QEMU_BOARDS:
         return QemuBoard(name, get_target(_QEMU_BOARDS[name]))
-    raise InputError(f"unknown board '{name}' (known: {', '.join(board_names())})")
+    configs = ssh.load_boards(boards_file)
+    if name in configs:
+        return ssh.SshBoard(configs[name], get_target(configs[name].target))
+    raise InputError(f"unknown board '{name}' (known: {', '.join(board_names(boards_file))})")

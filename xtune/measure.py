@@ -17,7 +17,7 @@ from enum import Enum
 import numpy as np
 
 from xtune.agent import AgentSession, RunReply, RunRequest, RunStatus
-from xtune.board import Board
+from xtune.board import Board, InsnCountingSession
 from xtune.compile import compile_object
 from xtune.errors import BoardError, LinkError, XtuneError
 from xtune.link import link_flat
@@ -227,6 +227,14 @@ class Measurer:
         mismatch = check_output(self.workload, got, self.expected, opts.rtol)
         if mismatch:
             return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
+        if self.board.cost_unit == "insn":
+            # QEMU boards: the check run was exactly one call and the insncount plugin counted its
+            # instructions: a deterministic cost. Emulated wall time is no signal (MEASURED.md §3),
+            # so no timed run follows.
+            count = session.last_insn_count if isinstance(session, InsnCountingSession) else None
+            if count is None:
+                raise BoardError(f"board {self.board.name} reported no instruction count for the run")
+            return MeasureResult(MeasureStatus.OK, (float(count),), cost_unit="insn")
         flush = 2 * self.board.target.l2_bytes if opts.flush_cache else 0
         timed = RunRequest(
             built.entry_offset, args, opts.number, opts.repeat, opts.min_repeat_ms, opts.warmup,
