@@ -58,8 +58,13 @@ def cmd_boards(args: argparse.Namespace) -> int:
     rows = []
     for name in board_names(args.boards):
         board = get_board(name, args.boards)
-        row: dict[str, object] = {"name": name, "target": board.target.name, "kind": "built-in",
-                                  "timing": board.wall_time_is_meaningful, "cost_unit": board.cost_unit}
+        row: dict[str, object] = {
+            "name": name,
+            "target": board.target.name,
+            "kind": "built-in",
+            "timing": board.wall_time_is_meaningful,
+            "cost_unit": board.cost_unit,
+        }
         if isinstance(board, SshBoard):  # a short connect per SSH board: reachable, or why not
             why = probe(board, timeout=args.timeout)
             row.update(kind="ssh", host=board.config.host, reachable=not why, reason=why)
@@ -105,7 +110,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from xtune.workload import parse_workload
 
     workload = parse_workload(args.workload)
-    board = get_board(args.board)
+    board = get_board(args.board, args.boards)
     report = bench(workload, board, args.config)
     if args.json:
         _emit_json(report.as_dict())
@@ -116,14 +121,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{report.config_source} config {report.config_index}"
         )
         print(f"  knobs: {', '.join(f'{k}={v}' for k, v in report.config)}")
-        if report.status.value == "ok":
+        if report.status.value != "ok":
+            print(f"  xtune  {report.status.value}: {report.error}")
+        elif not board.wall_time_is_meaningful or report.gflops == 0.0:
+            print(f"  xtune  correct on an emulated board; {report.error or 'wall time is not a speed here'}")
+        else:
             print(
                 f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct"
             )
-        else:
-            print(f"  xtune  {report.status.value}: {report.error}")
-        print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread, same run)")
-        print(f"  ratio  {report.ratio:8.2f}x numpy")
+        print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread on this host, same run)")
+        if board.wall_time_is_meaningful and report.gflops:
+            print(f"  ratio  {report.ratio:8.2f}x numpy")
     return 0 if report.status.value == "ok" else 1
 
 
@@ -162,7 +170,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.workload import parse_workload
 
     workload = parse_workload(args.workload)
-    boards = [get_board(name) for name in (args.board or ["local"])]
+    boards = [get_board(name, args.boards) for name in (args.board or ["local"])]
     if args.trials < 1:
         raise InputError("--trials must be at least 1")
     options = TuneOptions(
@@ -287,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
     p.add_argument("--workload", required=True)
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
+    p.add_argument("--boards", metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--tuner", choices=TUNERS, default="xgb")
     p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
@@ -317,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="default (or given) config vs numpy, measured in one run")
     p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--board", default="local")
+    p.add_argument("--boards", metavar="FILE", help="boards.toml for SSH boards")
     p.add_argument("--config", type=int, default=None, help="config index (default: the template's default)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_bench)

@@ -14,7 +14,10 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.templates import ScheduleTemplate
+from xtune.templates.conv2d import padded
+from xtune.templates.depthwise import phase_width
 from xtune.templates.matmul import ORDERS, parse_tile
+from xtune.workload import conv_shape
 
 FEATURES_VERSION = 1
 
@@ -78,10 +81,108 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     return np.stack(cols, axis=1)
 
 
+CONV2D_FEATURES = (
+    "log2_c", "log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation", "lanes_log2", "nhwc",
+    "acc_regs_frac", "regs_used_frac", "fma_per_load", "p", "nv",
+    "k_waste", "ow_waste", "pad_waste",
+    "input_block_l2", "input_rows_l1", "weight_strip_l1", "weight_block_l2",
+    "c_blocks_log2", "k_blocks_log2", "unroll_kw", "unroll_log2", "unrolled_fmas_log2",
+    "order_pk", "reduction_rsc", "pack_hwc", "scalar_pack", "nchw_scatter_per_fma", "pack_per_fma",
+)  # fmt: skip
+
+DEPTHWISE_FEATURES = (
+    "log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation", "multiplier", "lanes_log2",
+    "acc_regs_frac", "fma_per_load", "p", "nv", "ow_waste", "oh_waste", "pad_waste",
+    "plane_l1", "plane_l2", "block_cols_frac", "order_yx", "unroll_kh", "unrolled_fmas_log2",
+)  # fmt: skip
+
+
+def _tiles(template: ScheduleTemplate, digits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    tiles = np.array([parse_tile(str(s)) for s in _option_table(template, "tile", digits)], dtype=np.float64)
+    tiles = tiles.reshape(-1, 2)
+    return tiles[:, 0], tiles[:, 1]
+
+
+def conv2d_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    t, sh = template.target, conv_shape(template.workload)
+    digits = template.space.digits(np.asarray(indices, dtype=np.int64))
+
+    def ints(name: str) -> np.ndarray:
+        return _option_table(template, name, digits).astype(np.float64)
+
+    def flag(name: str, value: str | int) -> np.ndarray:
+        return (_option_table(template, name, digits) == value).astype(np.float64)
+
+    p, nv = _tiles(template, digits)
+    lanes, regs, l1, l2 = (
+        float(t.fp32_lanes),
+        float(t.vector_registers),
+        float(t.l1d_bytes),
+        float(t.l2_bytes),
+    )
+    nr = nv * lanes
+    hp, wp = (float(v) for v in padded(sh))
+    # Effective blocks, as Conv2dTemplate.schedule resolves them (its stack-budget clamp aside).
+    cb = np.minimum(ints("tile_ic"), sh.c)
+    kb = np.maximum(nr, np.ceil(np.minimum(ints("tile_oc"), sh.k) / nr) * nr)
+    ohb = np.minimum(ints("tile_oh"), sh.oh)
+    unroll_kw, unroll = ints("unroll_kw"), ints("unroll")
+    hwc = flag("pack_layout", "hwc")
+    rows = (ohb - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
+    fmas = float(sh.k * sh.oh * sh.ow * sh.c * sh.r * sh.s)
+    one = np.ones_like(p)
+    cols = [
+        one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow),
+        one * np.log2(sh.r * sh.s), one * sh.stride, one * sh.dilation, one * np.log2(lanes), one * sh.nhwc,
+        p * nv / regs, (p * nv + nv + 1) / regs, p * nv / (p + nv), p, nv,
+        np.ceil(sh.k / nr) * nr / sh.k - 1, np.ceil(sh.ow / p) * p / sh.ow - 1,
+        one * (hp * wp / (sh.h * sh.w) - 1),
+        _log2(4 * cb * hp * wp / l2), _log2(4 * rows * wp * cb / l1), _log2(4 * cb * sh.r * sh.s * nr / l1),
+        _log2(4 * cb * sh.r * sh.s * kb / l2),
+        _log2(np.ceil(sh.c / cb)), _log2(np.ceil(sh.k / kb)), unroll_kw, _log2(unroll),
+        _log2(p * nv * unroll * np.where(unroll_kw > 0, sh.s, 1)),
+        flag("order", "pk"), flag("reduction", "rsc"), hwc, (hwc != sh.nhwc).astype(np.float64),
+        one * (0.0 if sh.nhwc else 1.0 / (sh.c * sh.r * sh.s)), one * sh.c * hp * wp / fmas,
+    ]  # fmt: skip
+    return np.stack(cols, axis=1)
+
+
+def depthwise_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    t, sh = template.target, conv_shape(template.workload)
+    digits = template.space.digits(np.asarray(indices, dtype=np.int64))
+    p, nv = _tiles(template, digits)
+    lanes, regs, l1, l2 = (
+        float(t.fp32_lanes),
+        float(t.vector_registers),
+        float(t.l1d_bytes),
+        float(t.l2_bytes),
+    )
+    width = nv * lanes
+    owb = _option_table(template, "tile_ow", digits).astype(np.float64)
+    owb = np.where(owb >= sh.ow, sh.ow, np.maximum(width, np.floor(owb / width) * width))
+    unroll_kh = (_option_table(template, "unroll_kh", digits) == 1).astype(np.float64)
+    plane = 4.0 * (sh.h + 2 * sh.pad) * sh.stride * phase_width(sh, t.fp32_lanes)
+    loads = ((p - 1) * sh.stride + sh.r) * sh.s * nv + sh.r * sh.s
+    one = np.ones_like(p)
+    cols = [
+        one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow), one * np.log2(sh.r * sh.s),
+        one * sh.stride, one * sh.dilation, one * sh.multiplier, one * np.log2(lanes),
+        p * nv / regs, p * nv * sh.r * sh.s / loads, p, nv,
+        np.ceil(sh.ow / width) * width / sh.ow - 1, np.ceil(sh.oh / p) * p / sh.oh - 1,
+        one * ((sh.h + 2 * sh.pad) * (sh.w + 2 * sh.pad) / (sh.h * sh.w) - 1),
+        one * np.log2(plane / l1), one * np.log2(plane / l2), owb / sh.ow,
+        (_option_table(template, "order", digits) == "yx").astype(np.float64), unroll_kh,
+        _log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)),
+    ]  # fmt: skip
+    return np.stack(cols, axis=1)
+
+
 FEATURIZERS: dict[
     str, tuple[tuple[str, ...], Callable[[ScheduleTemplate, Sequence[int] | np.ndarray], np.ndarray]]
 ] = {
     "matmul": (MATMUL_FEATURES, matmul_features),
+    "conv2d": (CONV2D_FEATURES, conv2d_features),
+    "depthwise": (DEPTHWISE_FEATURES, depthwise_features),
 }
 
 

@@ -118,6 +118,8 @@ def run_tuning(
     target = boards[0].target
     if any(b.target != target for b in boards):
         raise InputError("all --board flags of one run must be boards of the same target")
+    if len({b.cost_unit for b in boards}) > 1:
+        raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
     template = template_for(workload, target)
     history = resume_history(log, template)
     tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx))
@@ -170,7 +172,7 @@ def _report(
     history: dict[int, Record],
     numpy_gflops: float | None,
 ) -> TuningReport:
-    unit = "s" if all(b.wall_time_is_meaningful for b in boards) else "insn"
+    unit = boards[0].cost_unit
     candidates = [(r.cost, i) for i, r in history.items() if r.result.ok and r.result.cost_unit == unit]
     if summary.best_index is not None:
         candidates.append((summary.best_cost, summary.best_index))

@@ -24,18 +24,31 @@ class TensorSpec:
         return int(np.prod(self.shape))
 
 
+ParamValue = int | str
+
+
 @dataclass(frozen=True)
 class Workload:
-    """An operator with all its sizes fixed; `key` is its canonical text and identity."""
+    """An operator with all its sizes fixed; `key` is its canonical text and identity.
+
+    `params` holds every key in the operator's canonical order, except optional keys at their
+    default value (so "matmul:m=8,n=8,k=8" and "matmul:m=8,n=8,k=8,bias=0" are one workload and
+    logs written before a key existed stay valid); lookups fall back to the operator's defaults."""
 
     op: str
-    params: tuple[tuple[str, int], ...]
+    params: tuple[tuple[str, ParamValue], ...]
 
-    def __getitem__(self, name: str) -> int:
+    def value(self, name: str) -> ParamValue:
         for key, value in self.params:
             if key == name:
                 return value
-        raise KeyError(name)
+        return self.operator.defaults[name]
+
+    def __getitem__(self, name: str) -> int:
+        value = self.value(name)
+        if not isinstance(value, int):
+            raise TypeError(f"{self.op}: '{name}' is the word {value!r}, not an integer")
+        return value
 
     @property
     def key(self) -> str:
@@ -66,47 +79,284 @@ class Workload:
 class Operator(Protocol):
     """What each op owns: its keys with defaults, validation, tensors, reference and flop count."""
 
-    name: str
-    keys: tuple[str, ...]  # in canonical order
-    defaults: ClassVar[dict[str, int]]
+    name: ClassVar[str]
+    keys: ClassVar[tuple[str, ...]]  # in canonical order
+    defaults: ClassVar[dict[str, ParamValue]]
+    optional: ClassVar[frozenset[str]]  # keys left out of the canonical text while at their default
+    words: ClassVar[dict[str, tuple[str, ...]]]  # keys whose values are words rather than integers
 
-    def validate(self, params: dict[str, int]) -> None: ...
+    def validate(self, params: dict[str, ParamValue]) -> None: ...
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]: ...
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray: ...
     def flops(self, wl: Workload) -> int: ...
 
 
+EPILOGUE = {"bias": 0, "relu": 0}  # the fused epilogue switches every operator takes
+
+
 class Matmul:
-    """C[m,n] = A[m,k] @ B[k,n], float32, row-major; the kernel overwrites C."""
+    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (then max(., 0)), float32, row-major; the kernel overwrites C."""
 
-    name = "matmul"
-    keys: tuple[str, ...] = ("m", "n", "k")
-    defaults: ClassVar[dict[str, int]] = {}
+    name: ClassVar[str] = "matmul"
+    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", "bias", "relu")
+    defaults: ClassVar[dict[str, ParamValue]] = dict(EPILOGUE)
+    optional: ClassVar[frozenset[str]] = frozenset(EPILOGUE)
+    words: ClassVar[dict[str, tuple[str, ...]]] = {}
 
-    def validate(self, params: dict[str, int]) -> None:
-        _require_positive(self.name, params, self.keys)
+    def validate(self, params: dict[str, ParamValue]) -> None:
+        _require_positive(self.name, params, ("m", "n", "k"))
+        _require_switches(self.name, params)
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         m, n, k = wl["m"], wl["n"], wl["k"]
-        return (TensorSpec("A", (m, k)), TensorSpec("B", (k, n)), TensorSpec("C", (m, n), is_output=True))
+        bias = (TensorSpec("bias", (n,)),) if wl["bias"] else ()
+        return (
+            TensorSpec("A", (m, k)),
+            TensorSpec("B", (k, n)),
+            *bias,
+            TensorSpec("C", (m, n), is_output=True),
+        )
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        a, b = inputs
-        return np.matmul(a, b, dtype=np.float32)
+        out = np.matmul(inputs[0], inputs[1], dtype=np.float32)
+        return _epilogue(wl, out, inputs[2] if wl["bias"] else None, axis=1)
 
     def flops(self, wl: Workload) -> int:
         return 2 * wl["m"] * wl["n"] * wl["k"]
 
 
-OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(),)}
+def _epilogue(wl: Workload, out: np.ndarray, bias: np.ndarray | None, axis: int) -> np.ndarray:
+    """out + bias along `axis`, then ReLU: the numpy side of the kernels' fused epilogue."""
+    if bias is not None:
+        shape = [1] * out.ndim
+        shape[axis] = bias.size
+        out = out + bias.reshape(shape)
+    if wl["relu"]:
+        out = np.maximum(out, np.float32(0))
+    return out
 
 
-def _require_positive(op: str, params: dict[str, int], keys: tuple[str, ...]) -> None:
+def _require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
     for key in keys:
         if key not in params:
             raise InputError(f"{op}: missing size '{key}'")
-        if params[key] <= 0:
-            raise InputError(f"{op}: '{key}' must be a positive integer, got {params[key]}")
+        value = params[key]
+        if not isinstance(value, int) or value <= 0:
+            raise InputError(f"{op}: '{key}' must be a positive integer, got {value}")
+
+
+def _require_switches(op: str, params: dict[str, ParamValue]) -> None:
+    for key in EPILOGUE:
+        if params[key] not in (0, 1):
+            raise InputError(f"{op}: '{key}' must be 0 or 1, got {params[key]}")
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """The geometry of a conv2d or depthwise workload, resolved once for references and templates."""
+
+    n: int
+    c: int  # input channels
+    h: int
+    w: int
+    k: int  # output channels (c * multiplier for depthwise)
+    r: int  # kernel height
+    s: int  # kernel width
+    stride: int
+    pad: int
+    dilation: int
+    nhwc: bool
+    multiplier: int = 1
+
+    @property
+    def oh(self) -> int:
+        return (self.h + 2 * self.pad - self.dilation * (self.r - 1) - 1) // self.stride + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + 2 * self.pad - self.dilation * (self.s - 1) - 1) // self.stride + 1
+
+
+def conv_shape(wl: Workload) -> ConvShape:
+    depthwise = wl.op == "depthwise"
+    mult = wl["multiplier"] if depthwise else 1
+    k = wl["c"] * mult if depthwise else wl["k"]
+    return ConvShape(
+        wl["n"], wl["c"], wl["h"], wl["w"], k, wl["r"], wl["s"], wl["stride"], wl["pad"], wl["dilation"],
+        not depthwise and wl.value("layout") == "nhwc", mult,
+    )  # fmt: skip
+
+
+def _validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...]) -> None:
+    _require_positive(op, params, (*sizes, "stride", "dilation"))
+    _require_switches(op, params)
+    pad = params["pad"]
+    if not isinstance(pad, int) or pad < 0:
+        raise InputError(f"{op}: 'pad' must be a non-negative integer, got {pad}")
+    for size, kernel in (("h", "r"), ("w", "s")):
+        span = int(params["dilation"]) * (int(params[kernel]) - 1) + 1
+        if span > int(params[size]) + 2 * pad:
+            raise InputError(
+                f"{op}: the kernel spans {span} along {size} (dilation {params['dilation']}), more than "
+                f"the padded input's {int(params[size]) + 2 * pad}"
+            )
+
+
+def _windows(x: np.ndarray, sh: ConvShape, axes: tuple[int, int]) -> np.ndarray:
+    """A view of the padded input with two (window, output) axis pairs per spatial axis, no copy."""
+    pads = [(0, 0)] * x.ndim
+    for axis in axes:
+        pads[axis] = (sh.pad, sh.pad)
+    x = np.pad(x, pads)
+    shape, strides = list(x.shape), list(x.strides)
+    ha, wa = axes
+    shape[ha : wa + 1] = [sh.r, sh.s]
+    strides[ha : wa + 1] = [x.strides[ha] * sh.dilation, x.strides[wa] * sh.dilation]
+    out_shape = (sh.oh, sh.ow)
+    out_strides = (x.strides[ha] * sh.stride, x.strides[wa] * sh.stride)
+    return np.lib.stride_tricks.as_strided(x, (*shape, *out_shape), (*strides, *out_strides), writeable=False)
+
+
+class Conv2d:
+    """2-D convolution (cross-correlation, as in every framework), float32, the kernel overwrites out.
+
+    layout=nchw: input (n,c,h,w), weights (k,c,r,s) [OIHW, PyTorch/ONNX], output (n,k,oh,ow).
+    layout=nhwc: input (n,h,w,c), weights (r,s,c,k) [HWIO, TensorFlow's tf.nn.conv2d], output (n,oh,ow,k).
+    bias=1 adds a (k,) tensor before the output; relu=1 clamps at 0. oh = (h+2pad-dil(r-1)-1)//stride+1."""
+
+    name: ClassVar[str] = "conv2d"
+    keys: ClassVar[tuple[str, ...]] = (
+        "n",
+        "c",
+        "h",
+        "w",
+        "k",
+        "r",
+        "s",
+        "stride",
+        "pad",
+        "dilation",
+        "layout",
+        "bias",
+        "relu",
+    )
+    defaults: ClassVar[dict[str, ParamValue]] = {
+        "stride": 1,
+        "pad": 0,
+        "dilation": 1,
+        "layout": "nchw",
+        **EPILOGUE,
+    }
+    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", *EPILOGUE))
+    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc")}
+
+    def validate(self, params: dict[str, ParamValue]) -> None:
+        _validate_conv(self.name, params, ("n", "c", "h", "w", "k", "r", "s"))
+
+    def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
+        sh = conv_shape(wl)
+        bias = (TensorSpec("bias", (sh.k,)),) if wl["bias"] else ()
+        if sh.nhwc:
+            io = (
+                TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
+                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k)),
+            )
+            out = TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True)
+        else:
+            io = (
+                TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)),
+                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s)),
+            )
+            out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
+        return (*io, *bias, out)
+
+    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+        """im2col + one np.matmul: also the "numpy" baseline that benchmarks compare against."""
+        sh = conv_shape(wl)
+        x, wt = inputs[0], inputs[1]
+        bias = inputs[2] if wl["bias"] else None
+        if sh.nhwc:  # view (n, r, s, c, oh, ow) -> columns (n, oh, ow, r, s, c) @ (r*s*c, k)
+            win = _windows(x, sh, (1, 2)).transpose(0, 4, 5, 1, 2, 3)
+            rows = win.reshape(sh.n * sh.oh * sh.ow, sh.r * sh.s * sh.c)
+            out = np.matmul(rows, wt.reshape(-1, sh.k)).reshape(sh.n, sh.oh, sh.ow, sh.k)
+            return _epilogue(wl, out, bias, axis=3)
+        cols = _windows(x, sh, (2, 3)).reshape(sh.n, sh.c * sh.r * sh.s, sh.oh * sh.ow)
+        out = np.matmul(wt.reshape(sh.k, -1), cols).reshape(sh.n, sh.k, sh.oh, sh.ow)
+        return _epilogue(wl, out, bias, axis=1)
+
+    def flops(self, wl: Workload) -> int:
+        sh = conv_shape(wl)
+        return 2 * sh.n * sh.k * sh.oh * sh.ow * sh.c * sh.r * sh.s
+
+
+class Depthwise:
+    """Depthwise 2-D convolution, NCHW: input (n,c,h,w), weights (c*multiplier,1,r,s), optional bias
+    (c*multiplier,), output (n,c*multiplier,oh,ow); output channel i reads input channel i // multiplier."""
+
+    name: ClassVar[str] = "depthwise"
+    keys: ClassVar[tuple[str, ...]] = (
+        "n",
+        "c",
+        "h",
+        "w",
+        "r",
+        "s",
+        "stride",
+        "pad",
+        "multiplier",
+        "dilation",
+        "bias",
+        "relu",
+    )
+    defaults: ClassVar[dict[str, ParamValue]] = {
+        "stride": 1,
+        "pad": 0,
+        "multiplier": 1,
+        "dilation": 1,
+        **EPILOGUE,
+    }
+    optional: ClassVar[frozenset[str]] = frozenset(("multiplier", "dilation", *EPILOGUE))
+    words: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def validate(self, params: dict[str, ParamValue]) -> None:
+        _validate_conv(self.name, params, ("n", "c", "h", "w", "r", "s", "multiplier"))
+
+    def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
+        sh = conv_shape(wl)
+        bias = (TensorSpec("bias", (sh.k,)),) if wl["bias"] else ()
+        return (
+            TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)), TensorSpec("weights", (sh.k, 1, sh.r, sh.s)),
+            *bias, TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True),
+        )  # fmt: skip
+
+    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+        sh = conv_shape(wl)
+        win = _windows(inputs[0], sh, (2, 3))  # (n, c, r, s, oh, ow)
+        wt = inputs[1].reshape(1, sh.c, sh.multiplier, sh.r, sh.s, 1, 1)
+        out = np.zeros((sh.n, sh.c, sh.multiplier, sh.oh, sh.ow), dtype=np.float32)
+        for i in range(sh.r):  # r*s whole-tensor multiply-adds: vectorized, and exact in fp32 order
+            for j in range(sh.s):
+                out += win[:, :, None, i, j] * wt[:, :, :, i, j]
+        return _epilogue(wl, out.reshape(sh.n, sh.k, sh.oh, sh.ow), inputs[2] if wl["bias"] else None, axis=1)
+
+    def flops(self, wl: Workload) -> int:
+        sh = conv_shape(wl)
+        return 2 * sh.n * sh.k * sh.oh * sh.ow * sh.r * sh.s
+
+
+OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(), Conv2d(), Depthwise())}
+
+
+def _parse_value(op: Operator, key: str, text: str) -> ParamValue:
+    text = text.strip()
+    if key in op.words:
+        if text not in op.words[key]:
+            raise InputError(f"{op.name}: '{key}' must be one of {', '.join(op.words[key])}, got '{text}'")
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"{op.name}: '{key}' must be an integer, got '{text}'") from None
 
 
 def parse_workload(text: str) -> Workload:
@@ -123,12 +373,14 @@ def parse_workload(text: str) -> Workload:
             raise InputError(f"{op_name}: expected key=value, got '{item}'")
         if key not in op.keys:
             raise InputError(f"{op_name}: unknown key '{key}' (known: {', '.join(op.keys)})")
-        try:
-            params[key] = int(value)
-        except ValueError:
-            raise InputError(f"{op_name}: '{key}' must be an integer, got '{value.strip()}'") from None
+        params[key] = _parse_value(op, key, value)
     op.validate(params)
-    return Workload(op_name, tuple((key, params[key]) for key in op.keys if key in params))
+    canonical = (
+        (key, params[key])
+        for key in op.keys
+        if key in params and not (key in op.optional and params[key] == op.defaults[key])
+    )
+    return Workload(op_name, tuple(canonical))
 
 
 def random_inputs(wl: Workload, seed: int = 0) -> list[np.ndarray]:

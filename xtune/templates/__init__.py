@@ -28,9 +28,13 @@ class ScheduleTemplate(Protocol):
 
 @cache
 def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
+    from xtune.templates.conv2d import Conv2dTemplate
+    from xtune.templates.depthwise import DepthwiseTemplate
     from xtune.templates.matmul import MatmulTemplate
 
-    templates: dict[str, type] = {"matmul": MatmulTemplate}
+    templates: dict[str, type] = {
+        "matmul": MatmulTemplate, "conv2d": Conv2dTemplate, "depthwise": DepthwiseTemplate,
+    }  # fmt: skip
     if workload.op not in templates:
         raise InputError(f"no schedule template for operator '{workload.op}'")
     template: ScheduleTemplate = templates[workload.op](workload, target)

@@ -3,15 +3,19 @@
 C[m,n] = A[m,k] @ B[k,n]. Three block loops (mc, nc, kc) in a tunable order; B packed into kc x nr
 strips and A into mr x kc panels (each optional); an mr x (nv vectors) register tile of accumulators
 updated by broadcast(A) * B-vector FMAs, the k loop unrolled by `unroll_k`. Tails of every axis
-become constant-size tiles, so any shape is exact.
+become constant-size tiles, so any shape is exact. bias=1 starts C (or the accumulators) at the
+bias row; relu=1 clamps the accumulators of the last k block before their store.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xtune.loopnest import (
     Affine,
+    Binary,
+    BinaryOp,
     Broadcast,
     Buffer,
     BufferKind,
@@ -52,6 +56,32 @@ def clipped(options: tuple[int, ...], extent: int) -> tuple[int, ...]:
 def parse_tile(tile: str) -> tuple[int, int]:
     mr, nv = tile.split("x")
     return int(mr), int(nv)
+
+
+def split_edges(
+    b: NestBuilder, extent: int, tile: int, body: Callable[[Affine, int, bool, bool], None], prefix: str = "t"
+) -> None:
+    """Like NestBuilder.split, but the first and last tiles are peeled into constant code and the body
+    is told which it is (first, last): an accumulation can then start and finish without a branch."""
+    tile = max(1, min(tile, extent))
+    full, tail = divmod(extent, tile)
+    if full + (tail > 0) == 1:
+        body(Affine(), extent, True, True)
+        return
+    body(Affine(), tile, True, False)
+    middle = full - 1 if tail else full - 2
+    if middle:
+        with b.loop(middle, prefix) as t:
+            body(t * tile + tile, tile, False, False)
+    if tail:
+        body(Affine.of(full * tile), tail, False, True)
+    else:
+        body(Affine.of((full - 1) * tile), tile, False, True)
+
+
+def epilogue(acc: Value, lanes: int, relu: bool) -> Value:
+    """The fused ReLU on the accumulators before their store (the bias is their initial value)."""
+    return Binary(BinaryOp.MAX, acc, Const(0.0, lanes)) if relu else acc
 
 
 def div(index: Affine, d: int) -> Affine:
@@ -147,12 +177,14 @@ class _MatmulEmitter:
         self.s = s
         self.b = NestBuilder()
         self.multi_k = self.k > s.kc
+        self.bias, self.relu = bool(workload["bias"]), bool(workload["relu"])
 
     def kernel(self, name: str) -> Kernel:
         s, b = self.s, self.b
         buffers = [
             Buffer("A", self.m * self.k, BufferKind.INPUT),
             Buffer("B", self.k * self.n, BufferKind.INPUT),
+            *([Buffer("bias", self.n, BufferKind.INPUT)] if self.bias else []),
             Buffer("C", self.m * self.n, BufferKind.OUTPUT),
         ]
         if s.pack_b:
@@ -169,11 +201,15 @@ class _MatmulEmitter:
         return b.kernel(name, tuple(buffers))
 
     def zero_c(self) -> None:
+        """C = 0 (or the bias row) before the k blocks accumulate into it."""
         v = self.s.lanes
+
+        def row(i: Affine, j: Affine, cols: int) -> None:
+            value: Value = Load("bias", j, v, cols % v) if self.bias else Const(0.0, v)
+            self.b.store("C", i * self.n + j, value, v, cols)
+
         with self.b.loop(self.m, "zi") as i:
-            self.b.split(
-                self.n, v, lambda j, cols: self.b.store("C", i * self.n + j, Const(0.0, v), v, cols), "zj"
-            )
+            self.b.split(self.n, v, lambda j, cols: row(i, j, cols), "zj")
 
     def blocks(self, order: str, ctx: dict[str, tuple[Affine, int]]) -> None:
         if not order:
@@ -182,8 +218,10 @@ class _MatmulEmitter:
         axis, rest = order[0], order[1:]
         extent, tile = {"m": (self.m, self.s.mc), "n": (self.n, self.s.nc), "k": (self.k, self.s.kc)}[axis]
 
-        def body(offset: Affine, size: int) -> None:
+        def body(offset: Affine, size: int, last: bool = True) -> None:
             inner = {**ctx, axis: (offset, size)}
+            if axis == "k" and not last:
+                inner["not_last_k"] = (offset, 0)  # ReLU waits for the last k block
             # Pack a panel as soon as the loops that fix it are open (BLIS: B per (jc,pc), A per (ic,pc)).
             if self.s.pack_b and axis in "nk" and ("k" if axis == "n" else "n") in ctx:
                 self.pack_b(inner)
@@ -191,7 +229,10 @@ class _MatmulEmitter:
                 self.pack_a(inner)
             self.blocks(rest, inner)
 
-        self.b.split(extent, tile, body, f"{axis}c")
+        if axis == "k" and self.relu and self.multi_k:
+            split_edges(self.b, extent, tile, lambda o, size, _first, last: body(o, size, last), "kc")
+        else:
+            self.b.split(extent, tile, body, f"{axis}c")
 
     def pack_b(self, ctx: dict[str, tuple[Affine, int]]) -> None:
         """Bp[strip][kk][nr] = B[k0+kk, n0+strip*nr : +nr], zero-padded past the last column."""
@@ -262,7 +303,11 @@ class _MatmulEmitter:
 
         for r in range(rows):
             for c in range(nvec):
-                init = Load("C", c_index(r, c), lanes, counts[c]) if self.multi_k else Const(0.0, lanes)
+                init: Value = Const(0.0, lanes)
+                if self.multi_k:
+                    init = Load("C", c_index(r, c), lanes, counts[c])
+                elif self.bias:
+                    init = Load("bias", n0 + jo + c * lanes, lanes, counts[c])
                 b.assign(acc[r][c], init)
 
         def step(kk: Affine) -> None:
@@ -289,6 +334,7 @@ class _MatmulEmitter:
         if rest:
             with b.loop(rest, "kr", LoopKind.UNROLLED) as kr:
                 step(kr + full * unroll)
+        relu = self.relu and "not_last_k" not in ctx
         for r in range(rows):
             for c in range(nvec):
-                b.store("C", c_index(r, c), acc[r][c], lanes, counts[c])
+                b.store("C", c_index(r, c), epilogue(acc[r][c], lanes, relu), lanes, counts[c])

@@ -1,0 +1,218 @@
+"""Convolution tests: conv2d/depthwise workloads and templates (and matmul's fused epilogue) in,
+parsing, numpy references, errors and checked kernel outputs on the local board and under QEMU out."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from xtune.board import get_board
+from xtune.compile import parse_verified
+from xtune.errors import InputError
+from xtune.features import feature_names, featurize
+from xtune.lower import lower
+from xtune.measure import MeasureOptions, Measurer, MeasureStatus, build_image
+from xtune.target import get_target
+from xtune.templates import template_for
+from xtune.workload import conv_shape, parse_workload, random_inputs
+
+FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0)
+
+# Odd sizes, stride 2, pad 0 and 3, 1x1, 7x7/2, channels not multiples of any vector width,
+# bias/relu on and off, both layouts, dilation, batch 2, depthwise with multiplier 1 and 2.
+HOST_SHAPES = (
+    "conv2d:n=1,c=5,h=9,w=11,k=13,r=3,s=3,stride=1,pad=1",
+    "conv2d:n=2,c=4,h=12,w=10,k=16,r=3,s=3,stride=2,pad=0,bias=1",
+    "conv2d:n=1,c=3,h=17,w=15,k=9,r=7,s=7,stride=2,pad=3,relu=1",
+    "conv2d:n=1,c=20,h=7,w=9,k=24,r=1,s=1,stride=1,pad=0,bias=1,relu=1",
+    "conv2d:n=1,c=6,h=8,w=7,k=10,r=3,s=3,stride=1,pad=1,layout=nhwc,bias=1,relu=1",
+    "conv2d:n=2,c=3,h=15,w=13,k=12,r=7,s=7,stride=2,pad=3,layout=nhwc",
+    "conv2d:n=1,c=4,h=11,w=11,k=8,r=3,s=3,stride=1,pad=2,dilation=2,bias=1",
+    "conv2d:n=1,c=7,h=6,w=5,k=3,r=1,s=1,stride=2,pad=0,layout=nhwc,relu=1",
+    "depthwise:n=1,c=5,h=9,w=11,r=3,s=3,stride=1,pad=1,bias=1,relu=1",
+    "depthwise:n=2,c=3,h=10,w=9,r=3,s=3,stride=2,pad=1,multiplier=2",
+    "depthwise:n=1,c=4,h=12,w=20,r=5,s=5,stride=1,pad=0,relu=1",
+    "depthwise:n=1,c=2,h=9,w=13,r=3,s=3,stride=2,pad=3,dilation=2,multiplier=2,bias=1",
+    "matmul:m=13,n=21,k=17,bias=1,relu=1",
+    "matmul:m=9,n=19,k=300,bias=1,relu=1",
+)
+BOARD_SHAPES = (
+    "conv2d:n=1,c=5,h=9,w=11,k=13,r=3,s=3,stride=1,pad=1,bias=1,relu=1",
+    "conv2d:n=1,c=3,h=13,w=11,k=6,r=7,s=7,stride=2,pad=3,layout=nhwc",
+    "conv2d:n=1,c=9,h=5,w=6,k=7,r=1,s=1,stride=1,pad=0,relu=1",
+    "conv2d:n=1,c=4,h=12,w=10,k=16,r=3,s=3,stride=2,pad=0,layout=nhwc,bias=1",
+    "depthwise:n=1,c=3,h=10,w=9,r=3,s=3,stride=2,pad=1,multiplier=2,bias=1",
+    "depthwise:n=1,c=5,h=9,w=11,r=5,s=3,stride=1,pad=2,relu=1",
+    "matmul:m=7,n=11,k=40,bias=1,relu=1",
+)
+RANDOM_CONFIGS = 2
+
+
+def configs(key: str, target_name: str, extra: int) -> list[int]:
+    """The default config and `extra` random ones (fixed seed per workload)."""
+    template = template_for(parse_workload(key), get_target(target_name))
+    rng = random.Random(key)
+    return [template.default_config().index] + [rng.randrange(template.space.size) for _ in range(extra)]
+
+
+def check(board_name: str, key: str, indices: list[int]) -> None:
+    """Compile in-process (no worker pool: a test may die with LLVM, a tuner may not) and compare."""
+    board = get_board(board_name)
+    measurer = Measurer(board, parse_workload(key), FAST)
+    try:
+        for index in indices:
+            result = measurer.run(build_image(key, board.target.name, index))
+            assert result.status is MeasureStatus.OK, (key, index, result.status, result.error)
+    finally:
+        measurer.close()
+
+
+# --- workloads: pure, no toolchain -----------------------------------------------------------------
+
+
+def test_keys_are_canonical_and_omit_default_options() -> None:
+    assert parse_workload("matmul:k=8,m=4,n=2,bias=0,relu=0").key == "matmul:m=4,n=2,k=8"
+    wl = parse_workload("conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,stride=1,pad=1")
+    assert wl.key == "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,stride=1,pad=1"
+    assert wl == parse_workload(wl.key + ",layout=nchw,dilation=1,bias=0")
+    assert parse_workload("conv2d:n=1,c=2,h=5,w=5,k=3,r=3,s=3").key.endswith("stride=1,pad=0")
+    nhwc = parse_workload("conv2d:n=1,c=2,h=5,w=5,k=3,r=3,s=3,layout=nhwc,relu=1")
+    assert nhwc.value("layout") == "nhwc" and nhwc["relu"] == 1 and nhwc["bias"] == 0
+    assert nhwc.symbol == "conv2d_n1_c2_h5_w5_k3_r3_s3_stride1_pad0_layoutnhwc_relu1"
+    assert parse_workload(nhwc.key) == nhwc
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("conv2d:n=1,c=3,h=2,w=8,k=4,r=5,s=3", "kernel spans 5"),
+        ("conv2d:n=1,c=3,h=8,w=8,k=4,r=3,s=3,dilation=4", "kernel spans 9"),
+        ("conv2d:n=1,c=3,h=8,w=8,k=4,r=3,s=3,stride=0", "'stride' must be a positive"),
+        ("conv2d:n=1,c=3,h=8,w=8,k=4,r=3,s=3,pad=-1", "'pad' must be a non-negative"),
+        ("conv2d:n=1,c=0,h=8,w=8,k=4,r=3,s=3", "'c' must be a positive"),
+        ("conv2d:n=1,c=3,h=8,w=8,r=3,s=3", "missing size 'k'"),
+        ("conv2d:n=1,c=3,h=8,w=8,k=4,r=3,s=3,layout=nchwc", "one of nchw, nhwc"),
+        ("conv2d:n=1,c=3,h=8,w=8,k=4,r=3,s=3,stride=two", "must be an integer"),
+        ("depthwise:n=1,c=3,h=8,w=8,r=3,s=3,multiplier=0", "'multiplier' must be a positive"),
+        ("depthwise:n=1,c=3,h=8,w=8,r=3,s=3,layout=nhwc", "unknown key 'layout'"),
+        ("matmul:m=2,n=2,k=2,relu=2", "'relu' must be 0 or 1"),
+    ],
+)
+def test_impossible_shapes_are_input_errors(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        parse_workload(text)
+
+
+def direct_conv(key: str, inputs: list[np.ndarray]) -> np.ndarray:
+    """The definition, loop by loop over the window in float64: the oracle for the im2col references."""
+    wl = parse_workload(key)
+    sh = conv_shape(wl)
+    x, w = inputs[0].astype(np.float64), inputs[1].astype(np.float64)
+    if sh.nhwc:
+        x, w = x.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1)
+    x = np.pad(x, ((0, 0), (0, 0), (sh.pad, sh.pad), (sh.pad, sh.pad)))
+    out = np.zeros((sh.n, sh.k, sh.oh, sh.ow))
+    for o in range(sh.k):
+        for ci in [o // sh.multiplier] if wl.op == "depthwise" else range(sh.c):
+            for i in range(sh.r):
+                for j in range(sh.s):
+                    y0, x0 = i * sh.dilation, j * sh.dilation
+                    patch = x[:, ci, y0 : y0 + sh.stride * (sh.oh - 1) + 1 : sh.stride,
+                              x0 : x0 + sh.stride * (sh.ow - 1) + 1 : sh.stride]  # fmt: skip
+                    out[:, o] += w[o, 0 if wl.op == "depthwise" else ci, i, j] * patch
+    if wl["bias"]:
+        out += inputs[2].reshape(1, -1, 1, 1)
+    if wl["relu"]:
+        out = np.maximum(out, 0)
+    return out.transpose(0, 2, 3, 1) if sh.nhwc else out
+
+
+@pytest.mark.parametrize("key", [k for k in HOST_SHAPES if not k.startswith("matmul")])
+def test_references_match_the_definition(key: str) -> None:
+    wl = parse_workload(key)
+    inputs = random_inputs(wl)
+    got = wl.reference(inputs)
+    out_spec = next(t for t in wl.tensors() if t.is_output)
+    assert got.dtype == np.float32 and got.shape == out_spec.shape
+    np.testing.assert_allclose(got, direct_conv(key, inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_flops_and_tensors() -> None:
+    wl = parse_workload("conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,stride=1,pad=1,bias=1")
+    assert wl.flops() == 2 * 64 * 56 * 56 * 64 * 9
+    assert [t.shape for t in wl.tensors()] == [(1, 64, 56, 56), (64, 64, 3, 3), (64,), (1, 64, 56, 56)]
+    nhwc = parse_workload("conv2d:n=1,c=3,h=224,w=224,k=64,r=7,s=7,stride=2,pad=3,layout=nhwc")
+    assert [t.shape for t in nhwc.tensors()] == [(1, 224, 224, 3), (7, 7, 3, 64), (1, 112, 112, 64)]
+    dw = parse_workload("depthwise:n=1,c=32,h=112,w=112,r=3,s=3,stride=2,pad=1,multiplier=2")
+    assert [t.shape for t in dw.tensors()] == [(1, 32, 112, 112), (64, 1, 3, 3), (1, 64, 56, 56)]
+    assert dw.flops() == 2 * 64 * 56 * 56 * 9
+    mm = parse_workload("matmul:m=4,n=5,k=6,bias=1")
+    assert [t.name for t in mm.tensors()] == ["A", "B", "bias", "C"]
+
+
+@pytest.mark.parametrize("target", ["x86-avx2", "arm-a72-neon", "riscv64-gc", "riscv64-gcv"])
+@pytest.mark.parametrize("key", [HOST_SHAPES[0], HOST_SHAPES[5], HOST_SHAPES[9]])
+def test_spaces_defaults_and_features(key: str, target: str) -> None:
+    template = template_for(parse_workload(key), get_target(target))
+    indices = configs(key, target, 40)
+    features = featurize(template, indices)
+    assert features.shape == (len(indices), len(feature_names(template.workload.op)))
+    assert np.all(np.isfinite(features))
+    kernel = template.kernel(template.default_config(), "k")
+    parse_verified(lower([kernel]), template.target)  # LLVM's verifier, for every target's vector width
+
+
+# --- host: compile and run on this machine ------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", HOST_SHAPES)
+def test_kernels_correct_on_host(key: str) -> None:
+    check("local", key, configs(key, get_board("local").target.name, RANDOM_CONFIGS))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_channel_blocks_accumulate_then_apply_relu(layout: str) -> None:
+    """Several input-channel blocks (first, middle loop, tail): bias once, ReLU only at the end."""
+    key = f"conv2d:n=1,c=9,h=6,w=7,k=11,r=3,s=3,stride=1,pad=1,layout={layout},bias=1,relu=1"
+    template = template_for(parse_workload(key), get_board("local").target)
+    values = {**template.default_config().as_dict(), "tile_ic": 2, "tile_oc": 8, "tile_ow": 4, "tile_oh": 2}
+    indices = [
+        template.space.index_of(values),
+        template.space.index_of({**values, "order": "kp", "tile_ic": 4}),
+    ]
+    check("local", key, indices)
+
+
+# --- boards: the same kernels under QEMU ------------------------------------------------------------
+
+
+@pytest.fixture(params=["qemu-aarch64", "qemu-riscv64", "qemu-riscv64-v"])
+def qemu_board(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield request.param
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("key", BOARD_SHAPES)
+def test_kernels_correct_under_qemu(qemu_board: str, key: str) -> None:
+    check(qemu_board, key, configs(key, get_board(qemu_board).target.name, 1))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_every_packing_and_reduction_order(layout: str) -> None:
+    """Packed CHW/HWC from either caller layout (vector copies or a transposition), both reduction
+    orders, kw rolled and unrolled, with a partial pixel tile and a partial channel strip."""
+    key = f"conv2d:n=1,c=3,h=7,w=9,k=10,r=3,s=3,stride=2,pad=1,layout={layout},bias=1"
+    template = template_for(parse_workload(key), get_board("local").target)
+    base = template.default_config().as_dict()
+    indices = [
+        template.space.index_of(
+            {**base, "pack_layout": pack, "reduction": red, "unroll_kw": unroll, "unroll": 2}
+        )
+        for pack in ("chw", "hwc")
+        for red in ("crs", "rsc")
+        for unroll in (0, 1)
+    ]
+    check("local", key, indices)

@@ -1,0 +1,396 @@
+"""The conv2d template: a conv2d workload + target in, a packed, channel-blocked, register-tiled nest out.
+
+Per image and block of `tile_ic` input channels, the input is copied once into a zero-padded local
+buffer (CHW or channel-blocked HWC, a knob), so padding costs no branch anywhere. Per block of
+`tile_oc` output channels the weights are packed into strips of nr = V vectors of output channels
+(zero past k). The register tile is P output pixels along a row x V channel vectors, updated by
+broadcast(input) x weight-vector FMAs over the (c, kh, kw) reduction in a tunable order, kw
+optionally unrolled (`unroll_kw`). Accumulators start from the bias (first channel block) or the
+output (later blocks); ReLU runs on registers in the last block; tails are constant-size tiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from xtune.loopnest import (
+    Affine,
+    Broadcast,
+    Buffer,
+    BufferKind,
+    Const,
+    Kernel,
+    Load,
+    LoopKind,
+    MulAdd,
+    NestBuilder,
+    Reg,
+    Value,
+)
+from xtune.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
+from xtune.target import Target
+from xtune.templates.matmul import clipped, epilogue, parse_tile, register_tiles, split_edges
+from xtune.workload import ConvShape, Workload, conv_shape
+
+IC_OPTIONS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+OC_OPTIONS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+OW_OPTIONS = (4, 8, 12, 16, 24, 32, 48, 64, 112, 224)
+OH_OPTIONS = (1, 2, 4, 8, 16)
+REDUCTIONS = ("crs", "rsc")  # reduction loops outermost first: c = input channel, r = kh, s = kw
+STACK_BUDGET = 2 << 20  # bytes of packed buffers on the kernel's stack (8 MiB default stacks, small boards)
+
+
+@dataclass(frozen=True)
+class ConvSchedule:
+    """A config resolved against the shape: effective block sizes and switches."""
+
+    p: int  # output pixels per register tile
+    nv: int  # output-channel vectors per register tile
+    lanes: int
+    cb: int  # input channels per block
+    kb: int  # output channels per block, a multiple of nr
+    ohb: int
+    owb: int  # a multiple of p unless it covers the whole row
+    order: str  # "pk": pixel tiles outside channel strips, "kp": strips outside
+    red: str
+    hwc: bool  # packed input layout: channel-minor (HWC) or planes (CHW)
+    unroll_kw: bool
+    unroll: int
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+def padded(sh: ConvShape) -> tuple[int, int]:
+    return sh.h + 2 * sh.pad, sh.w + 2 * sh.pad
+
+
+def ic_options(sh: ConvShape) -> tuple[int, ...]:
+    """Channel blocks whose padded input copy fits the stack budget (at least one channel)."""
+    hp, wp = padded(sh)
+    fits = tuple(o for o in clipped(IC_OPTIONS, sh.c) if 4 * o * hp * wp <= STACK_BUDGET // 2)
+    return fits or (1,)
+
+
+class Conv2dTemplate:
+    def __init__(self, workload: Workload, target: Target):
+        self.workload = workload
+        self.target = target
+        self.shape = sh = conv_shape(workload)
+        self.space = ConfigSpace(
+            (
+                Knob("tile", KnobKind.CHOICE, register_tiles(target)),
+                Knob("tile_ic", KnobKind.TILE, ic_options(sh)),
+                Knob("tile_oc", KnobKind.TILE, clipped(OC_OPTIONS, sh.k)),
+                Knob("tile_oh", KnobKind.TILE, clipped(OH_OPTIONS, sh.oh)),
+                Knob("tile_ow", KnobKind.TILE, clipped(OW_OPTIONS, sh.ow)),
+                Knob("order", KnobKind.CHOICE, ("pk", "kp")),
+                Knob("reduction", KnobKind.CHOICE, REDUCTIONS),
+                Knob("pack_layout", KnobKind.CHOICE, ("hwc", "chw")),
+                Knob("unroll_kw", KnobKind.CHOICE, (1, 0)),
+                Knob("unroll", KnobKind.UNROLL, (1, 2, 4)),
+            )
+        )
+
+    def schedule(self, config: Config) -> ConvSchedule:
+        sh, lanes = self.shape, self.target.fp32_lanes
+        p, nv = parse_tile(str(config["tile"]))
+        nr = nv * lanes
+        cb = min(config.int("tile_ic"), sh.c)
+        hp, wp = padded(sh)
+        # Output-channel blocks hold whole strips, and their packed weights share the stack budget.
+        kb = max(nr, -(-min(config.int("tile_oc"), sh.k) // nr) * nr)
+        while kb > nr and 4 * (cb * hp * wp + cb * sh.r * sh.s * kb) > STACK_BUDGET:
+            kb -= nr
+        owb = config.int("tile_ow")
+        owb = sh.ow if owb >= sh.ow else max(p, owb // p * p)
+        return ConvSchedule(
+            p, nv, lanes, cb, kb, min(config.int("tile_oh"), sh.oh), owb, str(config["order"]),
+            str(config["reduction"]), config["pack_layout"] == "hwc", bool(config["unroll_kw"]),
+            config.int("unroll"),
+        )  # fmt: skip
+
+    def default_config(self) -> Config:
+        sh, t = self.shape, self.target
+        knobs = {k.name: k.options for k in self.space.knobs}
+        ints = {name: [int(o) for o in opts] for name, opts in knobs.items() if name.startswith("tile_")}
+
+        def score(tile: str) -> float:
+            # FMAs per loaded value, discounted by the work wasted on partial pixel and channel tiles.
+            p, nv = parse_tile(tile)
+            nr = nv * t.fp32_lanes
+            waste = (sh.ow / (-(-sh.ow // p) * p)) * (sh.k / (-(-sh.k // nr) * nr))
+            return p * nv / (p + nv) * waste + 1e-3 * p * nv
+
+        # A spare register: a tile that fills the file exactly spills (measured: 4x3 vs 6x2 on AVX2).
+        roomy = [str(o) for o in knobs["tile"] if _fits(str(o), t.vector_registers - 1)]
+        tile = max(roomy or [str(o) for o in knobs["tile"]], key=score)
+        # unroll_kw: a 7-wide window unrolled doubles code and compile time for no measured gain.
+        values: dict[str, KnobValue] = {
+            "tile": tile, "tile_ic": max(ints["tile_ic"]), "tile_oc": max(ints["tile_oc"]),
+            "tile_oh": min(ints["tile_oh"]), "tile_ow": max(ints["tile_ow"]), "order": "pk",
+            "reduction": "rsc", "pack_layout": "hwc", "unroll_kw": int(sh.s <= 3), "unroll": 1,
+        }  # fmt: skip
+        return self.space.config(self.space.index_of(values))
+
+    def kernel(self, config: Config, name: str) -> Kernel:
+        return _ConvEmitter(self.workload, self.schedule(config)).kernel(name)
+
+
+def _fits(tile: str, registers: int) -> bool:
+    p, nv = parse_tile(tile)
+    return p * nv + nv + 1 <= registers
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Where the nest is: image, input-channel block (and whether it is the first/last), output block."""
+
+    n: Affine
+    c0: Affine
+    ccur: int
+    first: bool
+    last: bool
+    k0: Affine = field(default_factory=Affine)
+    kcur: int = 0
+
+
+class _ConvEmitter:
+    def __init__(self, workload: Workload, s: ConvSchedule):
+        self.sh = conv_shape(workload)
+        self.s = s
+        self.b = NestBuilder()
+        self.bias, self.relu = bool(workload["bias"]), bool(workload["relu"])
+        self.hp, self.wp = padded(self.sh)
+
+    def kernel(self, name: str) -> Kernel:
+        sh, s, b = self.sh, self.s, self.b
+        ip_size = -(-s.cb * self.hp * self.wp // s.lanes) * s.lanes
+        buffers = [
+            Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
+            Buffer("weights", sh.k * sh.c * sh.r * sh.s, BufferKind.INPUT),
+            *([Buffer("bias", sh.k, BufferKind.INPUT)] if self.bias else []),
+            Buffer("output", sh.n * sh.k * sh.oh * sh.ow, BufferKind.OUTPUT),
+            Buffer("Ip", ip_size, BufferKind.LOCAL),
+            Buffer("Wp", s.cb * sh.r * sh.s * s.kb, BufferKind.LOCAL),
+        ]
+        if not sh.nhwc:
+            buffers.append(Buffer("Ot", s.p * s.nr, BufferKind.LOCAL))  # transposes a tile for NCHW
+        if sh.pad:  # the border of the packed input is never written again: zero it once
+            with b.loop(ip_size // s.lanes, "z") as z:
+                b.store("Ip", z * s.lanes, Const(0.0, s.lanes), s.lanes)
+        with b.loop(sh.n, "n") as ni:
+
+            def cblock(c0: Affine, ccur: int, first: bool, last: bool) -> None:
+                self.cblock(_Block(ni, c0, ccur, first, last))
+
+            split_edges(b, sh.c, s.cb, cblock, "cb")
+        return b.kernel(name, tuple(buffers))
+
+    def ip_index(self, cc: Affine | int, row: Affine | int, col: Affine | int) -> Affine:
+        if self.s.hwc:
+            return (Affine.of(row) * self.wp + col) * self.s.cb + cc
+        return Affine.of(cc) * (self.hp * self.wp) + Affine.of(row) * self.wp + col
+
+    def cblock(self, ctx: _Block) -> None:
+        self.pack_input(ctx)
+
+        def kblock(k0: Affine, kcur: int) -> None:
+            inner = replace(ctx, k0=k0, kcur=kcur)
+            self.pack_weights(inner)
+            self.spatial(inner)
+
+        self.b.split(self.sh.k, self.s.kb, kblock, "kb")
+
+    def pack_input(self, ctx: _Block) -> None:
+        """Ip <- the block's input channels at offset (pad, pad); vectors along the contiguous axis."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+
+        def src(c: Affine, y: Affine, x: Affine) -> Affine:
+            if sh.nhwc:
+                return ((ctx.n * sh.h + y) * sh.w + x) * sh.c + ctx.c0 + c
+            return ((ctx.n * sh.c + ctx.c0 + c) * sh.h + y) * sh.w + x
+
+        def copy(c: Affine, y: Affine, x: Affine, n: int) -> None:  # n: floats of a vector, 0: a scalar
+            width = lanes if n else 1
+            value = Load("input", src(c, y, x), width, n % width)
+            b.store("Ip", self.ip_index(c, y + sh.pad, x + sh.pad), value, width, n)
+
+        if sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
+            with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x:
+                b.split(ctx.ccur, lanes, lambda c, n: copy(c, y, x, n), "pc")
+        elif sh.nhwc == s.hwc:
+            with b.loop(ctx.ccur, "pc") as c, b.loop(sh.h, "pi") as y:
+                b.split(sh.w, lanes, lambda x, n: copy(c, y, x, n), "pj")
+        else:  # a transposition: scalar copies
+            with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x, b.loop(ctx.ccur, "pc") as c:
+                copy(c, y, x, 0)
+
+    def wp_index(self, strip: Affine | int, cc: Affine | int, i: Affine | int, j: Affine | int) -> Affine:
+        sh, s = self.sh, self.s
+        if s.red == "crs":
+            inner = (Affine.of(cc) * sh.r + i) * sh.s + j
+        else:
+            inner = (Affine.of(i) * sh.s + j) * s.cb + cc
+        return Affine.of(strip) * (s.cb * sh.r * sh.s * s.nr) + inner * s.nr
+
+    def pack_weights(self, ctx: _Block) -> None:
+        """Wp[strip][reduction order][nr] <- weights of the block, zero past the last output channel."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        c0, k0, ccur = ctx.c0, ctx.k0, ctx.ccur
+
+        def strip(js: Affine, ncols: int) -> None:
+            st = Affine(tuple((v, c // s.nr) for v, c in js.terms), js.const // s.nr)
+            if sh.nhwc:  # HWIO: output channels are contiguous
+                with b.loop(sh.r, "wi") as i, b.loop(sh.s, "wj") as j, b.loop(ccur, "wc") as c:
+                    for v in range(s.nv):
+                        cols = min(max(ncols - v * lanes, 0), lanes)
+                        src = ((i * sh.s + j) * sh.c + c0 + c) * sh.k + k0 + js + v * lanes
+                        val: Value = Load("weights", src, lanes, cols % lanes) if cols else Const(0.0, lanes)
+                        b.store("Wp", self.wp_index(st, c, i, j) + v * lanes, val, lanes)
+                return
+            # OIHW: read contiguously, write strided.
+            with (
+                b.loop(ncols, "wk") as kk,
+                b.loop(ccur, "wc") as c,
+                b.loop(sh.r, "wi") as i,
+                b.loop(sh.s, "wj") as j,
+            ):
+                src = ((k0 + js + kk) * sh.c + c0 + c) * (sh.r * sh.s) + i * sh.s + j
+                b.store("Wp", self.wp_index(st, c, i, j) + kk, Load("weights", src))
+            if ncols < s.nr:
+                with b.loop(ccur, "wc") as c, b.loop(sh.r, "wi") as i, b.loop(sh.s, "wj") as j:
+                    for lane in range(ncols, s.nr):
+                        b.store("Wp", self.wp_index(st, c, i, j) + lane, Const(0.0))
+
+        b.split(ctx.kcur, s.nr, strip, "ws")
+
+    def spatial(self, ctx: _Block) -> None:
+        """Blocks of output rows x columns; inside, pixel tiles and channel strips in the config's order."""
+        sh, s, b = self.sh, self.s, self.b
+        kcur = ctx.kcur
+
+        def rows(y0: Affine, nrows: int, x0: Affine, ncols: int, js: Affine | None, nc: int) -> None:
+            with b.loop(nrows, "y") as y:
+                b.split(ncols, s.p, lambda x, np_: tiles(y0 + y, x0 + x, np_, js, nc), "px")
+
+        def tiles(y: Affine, x: Affine, np_: int, js: Affine | None, nc: int) -> None:
+            if js is None:  # pk: the pixels' input stays in L1 across the strips
+                b.split(kcur, s.nr, lambda j, n: self.micro(ctx, y, x, np_, j, n), "ks")
+            else:
+                self.micro(ctx, y, x, np_, js, nc)
+
+        def block(y0: Affine, nrows: int, x0: Affine, ncols: int) -> None:
+            if s.order == "pk":
+                rows(y0, nrows, x0, ncols, None, 0)
+            else:  # kp: one strip's packed weights stay in L1 across the block
+                b.split(kcur, s.nr, lambda js, nc: rows(y0, nrows, x0, ncols, js, nc), "ks")
+
+        b.split(
+            sh.oh,
+            s.ohb,
+            lambda y0, nrows: b.split(sh.ow, s.owb, lambda x0, ncols: block(y0, nrows, x0, ncols), "bx"),
+            "by",
+        )
+
+    def out_index(self, ctx: _Block, y: Affine, x: Affine | int, ch: Affine | int) -> Affine:
+        sh = self.sh
+        ni, k0 = ctx.n, ctx.k0
+        if sh.nhwc:
+            return ((ni * sh.oh + y) * sh.ow + x) * sh.k + k0 + ch
+        return ((ni * sh.k + k0 + ch) * sh.oh + y) * sh.ow + x
+
+    def micro(self, ctx: _Block, y: Affine, x: Affine, np_: int, js: Affine, nc: int) -> None:
+        """acc[p][v] (+)= sum over (c, kh, kw) of broadcast(Ip) * Wp-vector; then the epilogue and store."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        nvec = -(-nc // lanes)
+        counts = [min(nc - v * lanes, lanes) % lanes for v in range(nvec)]
+        acc = [[b.register(f"acc{p}_{v}", lanes) for v in range(nvec)] for p in range(np_)]
+        wreg = [b.register(f"w{v}", lanes) for v in range(nvec)]
+        bcast = b.register("bcast", lanes)
+        strip = Affine(tuple((var, c // s.nr) for var, c in js.terms), js.const // s.nr)
+        self.init(ctx, acc, y, x, js, nc, counts)
+
+        def step(env: dict[str, Affine]) -> None:
+            cc, i, j = env["c"], env["r"], env["s"]
+            for v in range(nvec):
+                b.assign(wreg[v], Load("Wp", self.wp_index(strip, cc, i, j) + v * lanes, lanes))
+            for p in range(np_):
+                col = (x + p) * sh.stride + j * sh.dilation
+                a = Load("Ip", self.ip_index(cc, y * sh.stride + i * sh.dilation, col))
+                b.assign(bcast, Broadcast(a, lanes))  # once into a register, not once per FMA
+                for v in range(nvec):
+                    b.assign(acc[p][v], MulAdd(bcast, wreg[v], acc[p][v]))
+
+        extents = {"c": ctx.ccur, "r": sh.r, "s": sh.s}
+        axes = [(a, extents[a]) for a in s.red]
+        # Tail tiles run rarely: their reduction stays rolled, which keeps tails x unrolling from
+        # doubling the code (and the compile time) of a kernel.
+        full = np_ == s.p and nc == s.nr
+        serial = [a for a, _ in axes if not (a == "s" and s.unroll_kw and full)]
+        self.reduce(axes, serial[-1] if serial and full else "", s.unroll_kw and full, {}, step)
+        relu = self.relu and ctx.last
+        if sh.nhwc:
+            for p in range(np_):
+                for v in range(nvec):
+                    idx = self.out_index(ctx, y, x + p, js + v * lanes)
+                    b.store("output", idx, epilogue(acc[p][v], lanes, relu), lanes, counts[v])
+            return
+        for p in range(np_):  # NCHW: channels are far apart in the output, so go through Ot
+            for v in range(nvec):
+                b.store("Ot", Affine.of(p * s.nr + v * lanes), epilogue(acc[p][v], lanes, relu), lanes)
+        with b.loop(nc, "oc") as ch:
+            for p in range(np_):
+                b.store("output", self.out_index(ctx, y, x + p, js + ch), Load("Ot", ch + p * s.nr))
+
+    def init(
+        self, ctx: _Block, acc: list[list[Reg]], y: Affine, x: Affine, js: Affine, nc: int, counts: list[int]
+    ) -> None:
+        """Accumulators start at the bias (or 0) in the first channel block, else at the partial output."""
+        s, b, lanes = self.s, self.b, self.s.lanes
+        k0 = ctx.k0
+        first = ctx.first
+        if not first and not self.sh.nhwc:
+            with b.loop(nc, "ic") as ch:
+                for p in range(len(acc)):
+                    b.store("Ot", ch + p * s.nr, Load("output", self.out_index(ctx, y, x + p, js + ch)))
+        for p, row in enumerate(acc):
+            for v, reg in enumerate(row):
+                init: Value = Const(0.0, lanes)
+                if not first and self.sh.nhwc:
+                    init = Load("output", self.out_index(ctx, y, x + p, js + v * lanes), lanes, counts[v])
+                elif not first:
+                    init = Load("Ot", Affine.of(p * s.nr + v * lanes), lanes)
+                elif self.bias:
+                    init = Load("bias", k0 + js + v * lanes, lanes, counts[v])
+                b.assign(reg, init)
+
+    def reduce(
+        self,
+        axes: list[tuple[str, int]],
+        innermost: str,
+        unroll_kw: bool,
+        env: dict[str, Affine],
+        step: Callable[[dict[str, Affine]], None],
+    ) -> None:
+        """The reduction loops in order; kw fully unrolled if asked, the innermost serial one by `unroll`."""
+        if not axes:
+            step(env)
+            return
+        (name, extent), rest = axes[0], axes[1:]
+        b, u = self.b, min(self.s.unroll, extent)
+        if name == "s" and unroll_kw:
+            with b.loop(extent, "rs", LoopKind.UNROLLED) as v:
+                self.reduce(rest, innermost, unroll_kw, {**env, name: v}, step)
+        elif name == innermost and u > 1:
+            full, tail = divmod(extent, u)
+            with b.loop(full, f"r{name}") as vo, b.loop(u, f"u{name}", LoopKind.UNROLLED) as vi:
+                self.reduce(rest, innermost, unroll_kw, {**env, name: vo * u + vi}, step)
+            if tail:
+                with b.loop(tail, f"t{name}", LoopKind.UNROLLED) as vt:
+                    self.reduce(rest, innermost, unroll_kw, {**env, name: vt + full * u}, step)
+        else:
+            with b.loop(extent, f"r{name}") as v:
+                self.reduce(rest, innermost, unroll_kw, {**env, name: v}, step)
