@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # Cross gcc builds the agent for aarch64/riscv64 and links firmware artifacts in the tests;
 # their binutils are the linker oracle. openssh-server is the real sshd of the SSH board tests.
 APT_PACKAGES=(
-  gcc libc6-dev make
+  gcc libc6-dev make cmake
   qemu-user
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu
   gcc-riscv64-linux-gnu libc6-dev-riscv64-cross binutils-riscv64-linux-gnu
@@ -28,9 +28,14 @@ if ((${#missing[@]})); then
 fi
 
 PYTHON="${PYTHON:-python3}"
-if ! "$PYTHON" -c "import xtune, llvmlite, paramiko, xgboost, elftools, pytest, ruff, mypy" 2>/dev/null \
-   || [ pyproject.toml -nt "$("$PYTHON" -c 'import xtune, os; print(os.path.dirname(xtune.__file__))')/__init__.py" ]; then
+# Install this checkout (editable) unless it is already the installed xtune with its dependencies.
+# The check runs from / so that the current directory cannot stand in for the installed package.
+here="$(pwd -P)/xtune/__init__.py"
+installed="$(cd / && "$PYTHON" -c 'import os, xtune, llvmlite, paramiko, xgboost, elftools, tqdm, pytest, ruff, mypy
+print(os.path.realpath(xtune.__file__))' 2>/dev/null || true)"
+if [ "$installed" != "$here" ]; then
   echo "setup: installing xtune and its Python dependencies" >&2
-  "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[dev,plot]" 2>&1 | grep -v -E "^(WARNING: Running pip as|WARNING: Location)" >&2 || true
-  "$PYTHON" -c "import xtune, llvmlite, paramiko, xgboost, elftools"
+  "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[dev,plot]" 2>&1 \
+    | grep -v -E "^(WARNING: Running pip as|WARNING: Location|.*Consider using a virtual environment)" >&2 || true
+  (cd / && "$PYTHON" -c "import xtune, llvmlite, paramiko, xgboost, elftools")
 fi
