@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from xtune.board import get_board
+from xtune.board import LocalBoard, get_board
 from xtune.database import TuningLog, read_logs
 from xtune.measure import MeasureOptions
 from xtune.tuning import TuneOptions, run_tuning
@@ -98,3 +98,12 @@ def test_boards_of_different_targets_cannot_share_a_run() -> None:
         "tune", "--workload", WORKLOAD, "--board", "local", "--board", "qemu-aarch64", "--trials", "1"
     )
     assert out.returncode == 2 and "same target" in out.stderr
+
+
+def test_two_boards_of_one_target_share_a_run(tmp_path: Path) -> None:
+    target = get_board("local").target
+    boards = [LocalBoard(target, "local"), LocalBoard(target, "local-2")]
+    log = TuningLog(tmp_path / "log.jsonl")
+    report = run_tuning(parse_workload(WORKLOAD), boards, TuneOptions("random", 8, 4, None, 0, QUICK), log)
+    assert report.trials == 8 and dict(report.counts)["ok"] == 8
+    assert {r.board for r in log.read()} == {"local+local-2"}
