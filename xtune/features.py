@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.target import Target
 from xtune.templates import ScheduleTemplate
 from xtune.templates.conv2d import padded
 from xtune.templates.depthwise import phase_width
@@ -36,6 +37,11 @@ def _option_table(template: ScheduleTemplate, name: str, digits: np.ndarray) -> 
         if knob.name == name:
             return np.asarray(knob.options, dtype=object)[digits[:, col]]
     raise KeyError(name)
+
+
+def _target_sizes(t: Target) -> tuple[float, float, float, float]:
+    """fp32 lanes, vector registers, L1d and L2 bytes: the denominators of the relative features."""
+    return float(t.fp32_lanes), float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
 
 
 def _log2(x: np.ndarray) -> np.ndarray:
@@ -114,12 +120,7 @@ def conv2d_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
         return (_option_table(template, name, digits) == value).astype(np.float64)
 
     p, nv = _tiles(template, digits)
-    lanes, regs, l1, l2 = (
-        float(t.fp32_lanes),
-        float(t.vector_registers),
-        float(t.l1d_bytes),
-        float(t.l2_bytes),
-    )
+    lanes, regs, l1, l2 = _target_sizes(t)
     nr = nv * lanes
     hp, wp = (float(v) for v in padded(sh))
     # Effective blocks, as Conv2dTemplate.schedule resolves them (its stack-budget clamp aside).
@@ -151,12 +152,7 @@ def depthwise_features(template: ScheduleTemplate, indices: Sequence[int] | np.n
     t, sh = template.target, conv_shape(template.workload)
     digits = template.space.digits(np.asarray(indices, dtype=np.int64))
     p, nv = _tiles(template, digits)
-    lanes, regs, l1, l2 = (
-        float(t.fp32_lanes),
-        float(t.vector_registers),
-        float(t.l1d_bytes),
-        float(t.l2_bytes),
-    )
+    lanes, regs, l1, l2 = _target_sizes(t)
     width = nv * lanes
     owb = _option_table(template, "tile_ow", digits).astype(np.float64)
     owb = np.where(owb >= sh.ow, sh.ow, np.maximum(width, np.floor(owb / width) * width))
