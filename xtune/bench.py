@@ -61,23 +61,19 @@ def single_thread_blas() -> Iterator[None]:
 def numpy_seconds(workload: Workload, repeat: int = 5, min_repeat_s: float = 0.05) -> list[float]:
     """Seconds per call of the numpy reference, one figure per repeat, on one thread."""
     inputs = random_inputs(workload)
+
+    def per_call(number: int) -> float:
+        start = time.perf_counter()
+        for _ in range(number):
+            workload.reference(inputs)
+        return (time.perf_counter() - start) / number
+
     with single_thread_blas():
         workload.reference(inputs)  # warm up: page in, let BLAS pick its kernels
-        number, costs = 1, []
-        while True:
-            start = time.perf_counter()
-            for _ in range(number):
-                workload.reference(inputs)
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_repeat_s:
-                break
-            number *= 2
-        costs.append(elapsed / number)
-        for _ in range(repeat - 1):
-            start = time.perf_counter()
-            for _ in range(number):
-                workload.reference(inputs)
-            costs.append((time.perf_counter() - start) / number)
+        number = 1
+        while (first := per_call(number)) * number < min_repeat_s:
+            number *= 2  # like the agent: calls per repeat grow until a repeat is long enough
+        costs = [first] + [per_call(number) for _ in range(repeat - 1)]
     return costs
 
 

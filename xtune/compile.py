@@ -87,10 +87,3 @@ def compile_object(llvm_ir: str, target: Target, entry_points: tuple[str, ...]) 
         raise CompileError(f"LLVM could not emit an object for {target.name}: {err}") from None
     return ObjectCode(target.name, target.arch, bytes(data), entry_points)
 
-
-def assembly(llvm_ir: str, target: Target) -> str:
-    """The optimized module as target assembly, for inspection (`xtune` never needs it itself)."""
-    tm = target_machine(target)
-    module = parse_verified(llvm_ir, target)
-    optimize(module, tm)
-    return str(tm.emit_assembly(module))

@@ -9,10 +9,12 @@ of configs per batch (vectorized over indices with numpy).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.space import ConfigSpace, KnobValue
 from xtune.target import Target
 from xtune.templates import ScheduleTemplate
 from xtune.templates.conv2d import padded
@@ -32,11 +34,39 @@ MATMUL_FEATURES = (
 )  # fmt: skip
 
 
-def _option_table(template: ScheduleTemplate, name: str, digits: np.ndarray) -> np.ndarray:
-    for col, knob in enumerate(template.space.knobs):
-        if knob.name == name:
-            return np.asarray(knob.options, dtype=object)[digits[:, col]]
-    raise KeyError(name)
+@cache
+def _knob_tables(space: ConfigSpace) -> dict[str, tuple[int, np.ndarray]]:
+    """Each knob's digit column and its options as an array, built once per space."""
+    return {k.name: (col, np.asarray(k.options, dtype=object)) for col, k in enumerate(space.knobs)}
+
+
+@cache
+def _tile_table(options: tuple[KnobValue, ...]) -> np.ndarray:
+    """(rows, vectors) of every "MRxNV" tile option: parsed once, not once per config."""
+    return np.array([parse_tile(str(o)) for o in options], dtype=np.float64).reshape(-1, 2)
+
+
+class _Configs:
+    """Knob values of many configs at once: one table lookup per knob (SA featurizes every step)."""
+
+    def __init__(self, template: ScheduleTemplate, indices: Sequence[int] | np.ndarray):
+        self.digits = template.space.digits(np.asarray(indices, dtype=np.int64))
+        self.tables = _knob_tables(template.space)
+
+    def values(self, name: str) -> np.ndarray:
+        col, table = self.tables[name]
+        return table[self.digits[:, col]]
+
+    def ints(self, name: str) -> np.ndarray:
+        return self.values(name).astype(np.float64)
+
+    def flag(self, name: str, value: KnobValue) -> np.ndarray:
+        return (self.values(name) == value).astype(np.float64)
+
+    def tiles(self) -> tuple[np.ndarray, np.ndarray]:
+        col, table = self.tables["tile"]
+        picked = _tile_table(tuple(table))[self.digits[:, col]]
+        return picked[:, 0], picked[:, 1]
 
 
 def _target_sizes(t: Target) -> tuple[float, float, float, float]:
@@ -51,21 +81,16 @@ def _log2(x: np.ndarray) -> np.ndarray:
 def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
     t, wl = template.target, template.workload
     m, n, k = float(wl["m"]), float(wl["n"]), float(wl["k"])
-    digits = template.space.digits(np.asarray(indices, dtype=np.int64))
-
-    def ints(name: str) -> np.ndarray:
-        return _option_table(template, name, digits).astype(np.float64)
-
-    tiles = np.array([parse_tile(str(s)) for s in _option_table(template, "tile", digits)], dtype=np.float64)
-    tiles = tiles.reshape(-1, 2)
-    mr, nv = tiles[:, 0], tiles[:, 1]
+    cfg = _Configs(template, indices)
+    ints = cfg.ints
+    mr, nv = cfg.tiles()
     lanes = float(t.fp32_lanes)
     nr = nv * lanes
     # Effective blocks, as MatmulTemplate.schedule resolves them.
     mc, nc, kc = ints("mc"), ints("nc"), ints("kc")
     mc = np.where(mc >= m, m, np.maximum(mr, np.floor(mc / mr) * mr))
     nc = np.where(nc >= n, n, np.maximum(nr, np.floor(nc / nr) * nr))
-    order = _option_table(template, "order", digits)
+    order = cfg.values("order")
     pack_a, pack_b, unroll = ints("pack_a"), ints("pack_b"), ints("unroll_k")
     regs, l1, l2 = float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
     # How often a panel is packed again: once per block of every loop outside the pair that fixes it.
@@ -79,7 +104,7 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
         _log2(4 * mc * nc / l2),
         np.ceil(m / mr) * mr / m - 1, np.ceil(n / nr) * nr / n - 1, _log2(np.ceil(k / kc)), _log2(unroll),
         _log2(unroll * mr * nv),
-        pack_a, pack_b, (_option_table(template, "inner", digits) == "nm").astype(np.float64),
+        pack_a, pack_b, cfg.flag("inner", "nm"),
         np.where(pack_b > 0, 0.0, np.log2(n)), np.where(pack_a > 0, 0.0, np.log2(k)),
         pack_b * m_out * _log2(np.ceil(m / mc)), pack_a * n_out * _log2(np.ceil(n / nc)),
         *((order == o).astype(np.float64) for o in ORDERS),
@@ -103,23 +128,11 @@ DEPTHWISE_FEATURES = (
 )  # fmt: skip
 
 
-def _tiles(template: ScheduleTemplate, digits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    tiles = np.array([parse_tile(str(s)) for s in _option_table(template, "tile", digits)], dtype=np.float64)
-    tiles = tiles.reshape(-1, 2)
-    return tiles[:, 0], tiles[:, 1]
-
-
 def conv2d_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
     t, sh = template.target, conv_shape(template.workload)
-    digits = template.space.digits(np.asarray(indices, dtype=np.int64))
-
-    def ints(name: str) -> np.ndarray:
-        return _option_table(template, name, digits).astype(np.float64)
-
-    def flag(name: str, value: str | int) -> np.ndarray:
-        return (_option_table(template, name, digits) == value).astype(np.float64)
-
-    p, nv = _tiles(template, digits)
+    cfg = _Configs(template, indices)
+    ints, flag = cfg.ints, cfg.flag
+    p, nv = cfg.tiles()
     lanes, regs, l1, l2 = _target_sizes(t)
     nr = nv * lanes
     hp, wp = (float(v) for v in padded(sh))
@@ -150,13 +163,13 @@ def conv2d_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
 
 def depthwise_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
     t, sh = template.target, conv_shape(template.workload)
-    digits = template.space.digits(np.asarray(indices, dtype=np.int64))
-    p, nv = _tiles(template, digits)
+    cfg = _Configs(template, indices)
+    p, nv = cfg.tiles()
     lanes, regs, l1, l2 = _target_sizes(t)
     width = nv * lanes
-    owb = _option_table(template, "tile_ow", digits).astype(np.float64)
+    owb = cfg.ints("tile_ow")
     owb = np.where(owb >= sh.ow, sh.ow, np.maximum(width, np.floor(owb / width) * width))
-    unroll_kh = (_option_table(template, "unroll_kh", digits) == 1).astype(np.float64)
+    unroll_kh = cfg.flag("unroll_kh", 1)
     plane = 4.0 * (sh.h + 2 * sh.pad) * sh.stride * phase_width(sh, t.fp32_lanes)
     loads = ((p - 1) * sh.stride + sh.r) * sh.s * nv + sh.r * sh.s
     one = np.ones_like(p)
@@ -167,7 +180,7 @@ def depthwise_features(template: ScheduleTemplate, indices: Sequence[int] | np.n
         np.ceil(sh.ow / width) * width / sh.ow - 1, np.ceil(sh.oh / p) * p / sh.oh - 1,
         one * ((sh.h + 2 * sh.pad) * (sh.w + 2 * sh.pad) / (sh.h * sh.w) - 1),
         one * np.log2(plane / l1), one * np.log2(plane / l2), owb / sh.ow,
-        (_option_table(template, "order", digits) == "yx").astype(np.float64), unroll_kh,
+        cfg.flag("order", "yx"), unroll_kh,
         _log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)),
     ]  # fmt: skip
     return np.stack(cols, axis=1)

@@ -233,16 +233,3 @@ def walk(stmts: tuple[Stmt, ...], loops: tuple[For, ...] = ()) -> Iterator[tuple
         if isinstance(stmt, For):
             yield from walk(stmt.body, (*loops, stmt))
 
-
-def values(value: Value) -> Iterator[Value]:
-    """A value and every value inside it."""
-    yield value
-    if isinstance(value, Broadcast):
-        yield from values(value.value)
-    elif isinstance(value, Binary):
-        yield from values(value.a)
-        yield from values(value.b)
-    elif isinstance(value, MulAdd):
-        yield from values(value.a)
-        yield from values(value.b)
-        yield from values(value.c)

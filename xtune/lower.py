@@ -73,7 +73,6 @@ class _FunctionLowering:
                 slot.align = LOCAL_ALIGN
                 slot.type = PTR  # an opaque pointer like the params, so vector stores type-check
                 self.buffers[buf.name] = slot
-        self._intrinsics: dict[str, ir.Function] = {}
 
     def lower(self) -> None:
         self.statements(self.kernel.body, {})
@@ -168,10 +167,8 @@ class _FunctionLowering:
 
     def fmuladd(self, ty: ir.Type) -> ir.Function:
         name = "llvm.fmuladd." + (f"v{_lanes_of(ty)}f32" if isinstance(ty, ir.VectorType) else "f32")
-        if name not in self._intrinsics:
-            existing = self.module.globals.get(name)
-            self._intrinsics[name] = existing or ir.Function(self.module, ir.FunctionType(ty, [ty] * 3), name)
-        return self._intrinsics[name]
+        declared: ir.Function | None = self.module.globals.get(name)  # shared by every kernel of the module
+        return declared or ir.Function(self.module, ir.FunctionType(ty, [ty] * 3), name)
 
     # --- addresses --------------------------------------------------------------------------
     def address(self, buffer: str, index: Affine, env: dict[str, ir.Value | int]) -> ir.Value:

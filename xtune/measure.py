@@ -132,20 +132,17 @@ class CompilePool:
             except BrokenProcessPool:
                 # A worker died (LLVM abort): every pending future failed with it. Retry this
                 # candidate alone in a fresh pool; if it kills that one too, it is the culprit.
-                self.restart()
+                self.close()
                 retry = self.submit(workload, target, index)
                 try:
                     built = retry.result()
                 except BrokenProcessPool:
-                    self.restart()
+                    self.close()
                     built = BuiltImage(
                         MeasureStatus.COMPILE_ERROR, error="the compiler process died (LLVM abort)"
                     )
                 futures[pos + 1 :] = [self.submit(workload, target, i) for i in indices[pos + 1 :]]
                 yield built
-
-    def restart(self) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -158,7 +155,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def check_output(workload: Workload, got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
+def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
     """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
     if not np.all(np.isfinite(got)):
         bad = int(np.count_nonzero(~np.isfinite(got)))
@@ -184,9 +181,10 @@ class Measurer:
         self._owns_pool = pool is None
         self.inputs = random_inputs(workload)
         self.expected = workload.reference(self.inputs).astype(np.float32)
-        tensors = workload.tensors()
-        self.out_slot = next(i for i, t in enumerate(tensors) if t.is_output)
-        self.out_shape = tensors[self.out_slot].shape
+        self.tensors = workload.tensors()
+        self.args = tuple(range(len(self.tensors)))  # buffer slot i is the kernel's i-th parameter
+        self.out_slot = next(i for i, t in enumerate(self.tensors) if t.is_output)
+        self.out_shape = self.tensors[self.out_slot].shape
         self._poison = np.full(self.out_shape, np.nan, dtype=np.float32).tobytes()
         self._session: AgentSession | None = None
 
@@ -194,7 +192,7 @@ class Measurer:
         if self._session is None:
             self._session = self.board.open()
             inputs = iter(self.inputs)
-            for slot, tensor in enumerate(self.workload.tensors()):
+            for slot, tensor in enumerate(self.tensors):
                 data = self._poison if tensor.is_output else next(inputs).tobytes()
                 self._session.set_buffer(slot, data)
         return self._session
@@ -216,15 +214,14 @@ class Measurer:
         raise AssertionError("unreachable")
 
     def _check_and_time(self, built: BuiltImage) -> MeasureResult:
-        session, opts = self.session(), self.options
-        args = tuple(range(len(self.workload.tensors())))
+        session, opts, args = self.session(), self.options, self.args
         session.load_image(built.image)
         session.set_buffer(self.out_slot, self._poison)
         reply = session.run(RunRequest.check(built.entry_offset, args, opts.timeout_ms))
         if reply.status is not RunStatus.OK:
             return _failed(reply)
         got = np.frombuffer(session.read_buffer(self.out_slot), dtype=np.float32).reshape(self.out_shape)
-        mismatch = check_output(self.workload, got, self.expected, opts.rtol)
+        mismatch = check_output(got, self.expected, opts.rtol)
         if mismatch:
             return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
         if self.board.cost_unit == "insn":

@@ -62,9 +62,6 @@ class ConfigSpace:
     def size(self) -> int:
         return math.prod(len(k.options) for k in self.knobs)
 
-    def __len__(self) -> int:
-        return self.size
-
     def choices(self, index: int) -> tuple[int, ...]:
         """The option number of every knob at `index` (the mixed-radix digits)."""
         if not 0 <= index < self.size:

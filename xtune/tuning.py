@@ -128,10 +128,10 @@ def run_tuning(
     if options.start_from_default:
         tuner.propose_first([template.default_config().index])
     fingerprint = tuple(sorted(boards[0].fingerprint().items()))
+    label, space = "+".join(b.name for b in boards), template.space
 
     def append(progress: TuneProgress) -> None:
         if log is not None:
-            label, space = _board_label(boards), template.space
             records = [
                 make_record(
                     workload.key, target.name, label, space.config(i), r, options.measure, fingerprint
@@ -157,10 +157,6 @@ def run_tuning(
         measure.close()
         pool.close()
     return _report(workload, template, boards, options, summary, history, numpy_gflops)
-
-
-def _board_label(boards: Sequence[Board]) -> str:
-    return "+".join(b.name for b in boards)
 
 
 def _report(
