@@ -54,6 +54,13 @@ def _uname() -> str:
     return f"{u.system} {u.release} {u.machine}"
 
 
+def _host_target_name() -> str:
+    try:
+        return host_target().name
+    except InputError:
+        return "unknown"
+
+
 class LocalBoard:
     """The host itself: the agent runs as a plain subprocess and timings are real."""
 
@@ -73,7 +80,8 @@ class LocalBoard:
     def fingerprint(self) -> dict[str, str]:
         return {
             "board": self.name,
-            "target": self.target.name,
+            "target": self.target.name,  # may be narrower than the host's own (e.g. x86-sse42 on AVX2)
+            "host_target": _host_target_name(),
             "uname": _uname(),
             "cpu": _cpu_model(),
             "cores": str(os.cpu_count() or 0),
@@ -213,13 +221,79 @@ def board_names(boards_file: Path | None = None) -> list[str]:
     return ["local", *_QEMU_BOARDS, *ssh.load_boards(boards_file)]
 
 
-def get_board(name: str, boards_file: Path | None = None) -> Board:
-    """A board by name: "local", one of the qemu-user boards, or an SSH board from boards.toml."""
+def get_board(name: str, boards_file: Path | None = None, target: str | None = None) -> Board:
+    """A board by name: "local", one of the qemu-user boards, or an SSH board from boards.toml.
+
+    `target` picks the code the local board runs (any target this host can execute, e.g. x86-sse42 on an
+    AVX2 host); for any other board it must be the board's own target."""
     if name == "local":
-        return LocalBoard(host_target())
+        return LocalBoard(local_target(target))
     if name in _QEMU_BOARDS:
-        return QemuBoard(name, get_target(_QEMU_BOARDS[name]))
-    configs = ssh.load_boards(boards_file)
-    if name in configs:
-        return ssh.SshBoard(configs[name], get_target(configs[name].target))
-    raise InputError(f"unknown board '{name}' (known: {', '.join(board_names(boards_file))})")
+        board: Board = QemuBoard(name, get_target(_QEMU_BOARDS[name]))
+    else:
+        configs = ssh.load_boards(boards_file)
+        if name not in configs:
+            raise InputError(f"unknown board '{name}' (known: {', '.join(board_names(boards_file))})")
+        board = ssh.SshBoard(configs[name], get_target(configs[name].target))
+    if target is not None and get_target(target) != board.target:
+        raise InputError(f"board '{name}' runs {board.target.name} code; --target {target} is only for the "
+                         f"local board")  # fmt: skip
+    return board
+
+
+# ---- which targets the host can run --------------------------------------------------------------------
+
+_HOST_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
+              "riscv64": "riscv64"}  # fmt: skip
+# LLVM feature name -> the /proc/cpuinfo flag that says the CPU has it, where the two spellings differ.
+_CPUINFO_FLAG = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "bmi": "bmi1", "neon": "asimd", "fp-armv8": "fp",
+                 "crc": "crc32"}  # fmt: skip
+
+
+def _host_cpu_flags() -> set[str]:
+    """The CPU's feature flags: "flags" (x86), "Features" (aarch64) or the single-letter ISA extensions."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+        if key.strip() == "isa":  # rv64imafdcv_zicsr_...: one letter per base extension
+            return set(value.strip().split("_")[0].removeprefix("rv64"))
+    return set()
+
+
+def host_cannot_run(target: Target) -> str | None:
+    """Why this host cannot execute `target`'s code natively, or None if it can.
+
+    Every feature the target enables (+avx2, +sse4.2, ...) must be in the host's cpuinfo flags; the host's
+    own target always qualifies. A feature whose flag we cannot check makes the answer "no": running code
+    for an ISA the CPU lacks dies with SIGILL mid-tuning, which is worse than refusing up front."""
+    machine = platform.machine()
+    if _HOST_ARCH.get(machine) != target.arch:
+        return f"this host is {machine}, target {target.name} is {target.arch}"
+    try:
+        if host_target() == target:
+            return None
+    except InputError:
+        pass
+    flags = _host_cpu_flags()
+    wanted = [f[1:] for f in target.features.split(",") if f.startswith("+")]
+    missing = [f for f in wanted if _CPUINFO_FLAG.get(f, f) not in flags]
+    if missing:
+        return f"this host's CPU lacks {', '.join(missing)}, which target {target.name} needs"
+    return None
+
+
+def local_target(name: str | None = None) -> Target:
+    """The target the local board runs: the host's own by default, or `name` if this host can execute it."""
+    if name is None:
+        return host_target()
+    target = get_target(name)
+    why = host_cannot_run(target)
+    if why is not None:
+        raise InputError(f"the local board cannot run {target.name}: {why}")
+    return target

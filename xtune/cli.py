@@ -110,7 +110,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from xtune.workload import parse_workload
 
     workload = parse_workload(args.workload)
-    board = get_board(args.board, args.boards)
+    board = get_board(args.board, args.boards, target=args.target)
     report = bench(workload, board, args.config)
     if args.json:
         _emit_json(report.as_dict())
@@ -170,7 +170,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.workload import parse_workload
 
     workload = parse_workload(args.workload)
-    boards = [get_board(name, args.boards) for name in (args.board or ["local"])]
+    boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     if args.trials < 1:
         raise InputError("--trials must be at least 1")
     options = TuneOptions(
@@ -296,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", required=True)
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
     p.add_argument("--boards", metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")
+    p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
+                   "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--tuner", choices=TUNERS, default="xgb")
     p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
@@ -328,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--board", default="local")
     p.add_argument("--boards", metavar="FILE", help="boards.toml for SSH boards")
     p.add_argument("--config", type=int, default=None, help="config index (default: the template's default)")
+    p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
+                   "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_bench)
 

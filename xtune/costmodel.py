@@ -37,6 +37,19 @@ def throughput_target(costs: np.ndarray) -> np.ndarray:
     return y
 
 
+def grouped_throughput_target(costs: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """`throughput_target` within each group: every (workload, target) is normalized by its own best, so
+    a pretrained model's labels are on the same [0, 1] scale as one tuning run's."""
+    costs, groups = np.asarray(costs, dtype=np.float64), np.asarray(groups)
+    ok = np.isfinite(costs) & (costs > 0)
+    _, inverse = np.unique(groups, return_inverse=True)
+    best = np.full(inverse.max(initial=-1) + 1, np.inf)
+    np.minimum.at(best, inverse[ok], costs[ok])
+    y = np.zeros(costs.shape, dtype=np.float32)
+    y[ok] = best[inverse[ok]] / costs[ok]
+    return y
+
+
 class XGBoostCostModel:
     """Gradient-boosted trees on normalized throughput.
 
@@ -109,15 +122,25 @@ class XGBoostCostModel:
             return None
         return (weight * np.asarray(self.base.predict(features), dtype=np.float32)).astype(np.float32)
 
-    def fit(self, features: np.ndarray, costs: np.ndarray) -> None:
+    def fit(self, features: np.ndarray, costs: np.ndarray, groups: np.ndarray | None = None) -> None:
+        """Fit on rows of one tuning run, or with `groups` (one id per row) on rows of many runs: labels are
+        normalized per group and "rank" compares configs only within a group (one query per group)."""
         x = np.asarray(features, dtype=np.float32)
-        if x.ndim != 2 or len(x) != len(costs):
-            raise InputError(f"features {x.shape} do not match {len(costs)} costs")
+        if x.ndim != 2 or len(x) != len(costs) or (groups is not None and len(groups) != len(costs)):
+            raise InputError(f"features {x.shape} do not match {len(costs)} costs (and groups)")
         self._fitted_rows = len(x)  # all local data, subsampled or not, fades the base model out
-        x, y = self._subsample(x, throughput_target(costs))
+        if groups is None:
+            g = np.zeros(len(x), dtype=np.int64)
+            y = throughput_target(costs)
+        else:
+            order = np.argsort(groups, kind="stable")  # xgboost's queries are runs of consecutive rows
+            x, g = x[order], np.unique(np.asarray(groups)[order], return_inverse=True)[1]
+            y = grouped_throughput_target(np.asarray(costs)[order], g)
+        keep = self._subsample(y)
+        x, y, g = x[keep], y[keep], g[keep]
         dtrain = xgb.DMatrix(x, label=y, nthread=int(self.params["nthread"]))
         if self.objective == "rank":
-            dtrain.set_group([len(x)])  # one query: every pair of configs is compared
+            dtrain.set_group(np.bincount(g)[np.unique(g)])  # sizes of the sorted groups subsampling left
         margin = self._base_margin(x)
         if margin is not None:
             dtrain.set_base_margin(margin)
@@ -125,16 +148,15 @@ class XGBoostCostModel:
         rounds = int(min(self.n_trees, max(30, len(x))))
         self._booster = xgb.train(self.params, dtrain, num_boost_round=rounds)
 
-    def _subsample(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """At most `max_rows` rows, keeping the best quarter and a seeded random sample of the rest: fit time
-        grows linearly with rows and the tuning loop refits after every batch."""
-        if len(x) <= self.max_rows:
-            return x, y
+    def _subsample(self, y: np.ndarray) -> np.ndarray:
+        """Sorted row numbers of at most `max_rows` rows, keeping the best quarter and a seeded random sample
+        of the rest: fit time grows linearly with rows and the tuning loop refits after every batch."""
+        if len(y) <= self.max_rows:
+            return np.arange(len(y))
         order = np.argsort(-y, kind="stable")
         top, rest = order[: self.max_rows // 4], order[self.max_rows // 4:]
-        rng = np.random.default_rng(self.seed + len(x))
-        keep = np.sort(np.concatenate([top, rng.choice(rest, self.max_rows - len(top), replace=False)]))
-        return x[keep], y[keep]
+        rng = np.random.default_rng(self.seed + len(y))
+        return np.sort(np.concatenate([top, rng.choice(rest, self.max_rows - len(top), replace=False)]))
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         x = np.asarray(features, dtype=np.float32)
@@ -146,6 +168,26 @@ class XGBoostCostModel:
         out = self._booster.inplace_predict(x, base_margin=margin) if margin is not None \
             else self._booster.inplace_predict(x)
         return np.asarray(out, dtype=np.float64)
+
+    def to_bytes(self) -> bytes:
+        """The booster as UBJSON bytes (xgboost's own model format, portable across its versions >= 1.6)."""
+        if self._booster is None:
+            raise InputError("cannot save a cost model that was never fitted")
+        return bytes(self._booster.save_raw(raw_format="ubj"))
+
+    @classmethod
+    def from_bytes(
+        cls, data: bytes, seed: int = 0, nthread: int = 1, objective: str = "reg"
+    ) -> XGBoostCostModel:
+        """A fitted model from `to_bytes` output; InputError if `data` is not an xgboost model."""
+        model = cls(seed=seed, nthread=nthread, objective=objective)
+        booster = xgb.Booster(params={"nthread": nthread})
+        try:
+            booster.load_model(bytearray(data))
+        except xgb.core.XGBoostError as e:
+            raise InputError(f"not an xgboost model: {str(e).splitlines()[0]}") from None
+        model._booster = booster
+        return model
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """The booster as JSON (".json") or UBJSON (any other suffix, e.g. ".ubj"); the base is not saved."""
