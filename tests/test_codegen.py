@@ -7,10 +7,25 @@ import numpy as np
 import pytest
 
 from tests.nest_interp import run_kernel
+from xtune.agent import RunRequest, RunStatus
+from xtune.board import get_board
 from xtune.compile import compile_object, parse_verified
 from xtune.link import check_object, link_flat
-from xtune.loopnest import Affine, Buffer, BufferKind, Const, Load, NestBuilder
-from xtune.lower import lower
+from xtune.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Buffer,
+    BufferKind,
+    Const,
+    Kernel,
+    Load,
+    LoopKind,
+    MulAdd,
+    NestBuilder,
+)
+from xtune.lower import float_literal, lower
 from xtune.target import get_target, load_targets
 from xtune.templates import template_for
 from xtune.workload import parse_workload, random_inputs
@@ -91,3 +106,59 @@ def test_every_target_gets_a_checked_object_that_links_flat(target_name: str) ->
         assert dict(info.functions)["xt_kernel"] > 0
         image = link_flat(obj)
         assert image.entry("xt_kernel") < len(image.code)
+
+
+def test_float_constants_are_the_exact_float_in_hex() -> None:
+    """LangRef: a hex float constant is the double holding the float's exact value."""
+    assert float_literal(0.1) == "0x3FB99999A0000000"  # 0.1f, not the double 0.1
+    assert float_literal(-0.0) == "0x8000000000000000"
+    assert float_literal(1.0) == "0x3FF0000000000000"
+
+
+def memory_kernel() -> Kernel:
+    """Loads that must not be reused across a store: out[0] is read back after each write, before
+    and inside loops, plus tails, broadcasts, max and non-zero constants."""
+    b = NestBuilder()
+    acc = b.register("acc", 1)
+    b.assign(acc, Load("out", Affine.of(0)))  # out[0] before any store: 0 from the caller
+    with b.loop(4, "u", LoopKind.UNROLLED) as u:  # out[0] += inp[u], one block, no loop edge
+        b.store("out", Affine.of(0), Binary(BinaryOp.ADD, Load("out", Affine.of(0)), Load("inp", u)))
+    with b.loop(5, "i") as i:  # out[0] = out[0] * 2 + inp[i]: the load before the loop is stale here
+        b.store("out", Affine.of(0), MulAdd(Load("out", Affine.of(0)), Const(2.0), Load("inp", i)))
+        b.assign(acc, Binary(BinaryOp.ADD, Load("out", Affine.of(0)), acc))
+    b.store("out", Affine.of(1), acc)
+    # out[2:21] = max(inp[0:19] * 0.1, bcast(inp[20])) in vectors of 8 and a tail of 3, lane by lane
+    splat = Broadcast(Load("inp", Affine.of(20)), 8)
+
+    def tile(j: Affine, n: int) -> None:
+        scaled = Binary(BinaryOp.MUL, Load("inp", j, 8, n % 8), Const(0.1, 8))
+        b.store("out", j + 2, Binary(BinaryOp.MAX, scaled, splat), 8, n)
+
+    b.split(19, 8, tile)
+    return b.kernel("xt_kernel", (Buffer("inp", 21, BufferKind.INPUT), Buffer("out", 21, BufferKind.OUTPUT)))
+
+
+def test_lowered_code_computes_what_the_nest_says() -> None:
+    """The emitter reuses addresses, broadcasts and loads; run on this machine against the interpreter."""
+    kernel = memory_kernel()
+    inp = np.linspace(-1.0, 1.0, 21, dtype=np.float32)
+    expected = np.zeros(21, dtype=np.float32)
+    run_kernel(kernel, [inp, expected])
+    board = get_board("local")
+    image = link_flat(compile_object(lower([kernel]), board.target, ("xt_kernel",)))
+    with board.open() as session:
+        session.load_image(image.code)
+        session.set_buffer(0, inp.tobytes())
+        session.set_buffer(1, np.zeros(21, dtype=np.float32).tobytes())
+        reply = session.run(RunRequest.check(image.entry("xt_kernel"), (0, 1)))
+        got = np.frombuffer(session.read_buffer(1), dtype=np.float32)
+    assert reply.status is RunStatus.OK
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_a_load_is_not_reused_across_a_store_or_a_loop_edge() -> None:
+    text = lower([memory_kernel()])
+    loads_of_out0 = [line for line in text.splitlines() if 'load float, ptr %"out"' in line]
+    # out[0]: once at the start (the first unrolled step reuses it), again after each of the other
+    # three unrolled stores, and twice in the loop body (not the value loaded before the loop)
+    assert len(loads_of_out0) == 1 + 3 + 2, text

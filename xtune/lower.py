@@ -1,14 +1,25 @@
-"""Lowering: loop-nest `Kernel`s in, LLVM IR text (llvmlite.ir) out, one external function per kernel."""
+"""Lowering: loop-nest `Kernel`s in, LLVM IR text out (written directly), one external function per kernel.
+
+The text follows the LLVM Language Reference (https://llvm.org/docs/LangRef.html) of LLVM 15+: opaque
+`ptr`, `poison`. `compile.parse_verified` runs LLVM's verifier on every module, since nothing here
+checks the text. Building it through llvmlite.ir's object model cost about half of the Python time
+per candidate (docs/benchmarks.md, "compile time").
+
+The control flow is straight-line code and rotated (do-while) loops, so every instruction dominates
+everything emitted after it: a pure value (address arithmetic, a broadcast, a constant) computed once
+is reused from a table by later statements. Loads are reused only up to the next store or loop edge.
+"""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
-
-import llvmlite.ir as ir
+from functools import cache
 
 from xtune.loopnest import (
     Affine,
     Assign,
+    Binary,
     BinaryOp,
     Broadcast,
     BufferKind,
@@ -25,178 +36,275 @@ from xtune.loopnest import (
     walk,
 )
 
-F32 = ir.FloatType()
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
-PTR = ir.PointerType()
 # Frame alignment of the packed panels: a cache line, and enough for any vector load we emit.
 LOCAL_ALIGN = 64
+# nounwind: no .eh_frame and no unwinder dependency. "no-builtins": LLVM's LoopIdiomRecognize would
+# otherwise turn our copy/zero loops into memcpy/memset calls, i.e. undefined symbols (measured on all
+# three architectures, see DESIGN.md).
+FUNCTION_ATTRIBUTES = 'attributes #0 = { nounwind "no-builtins" }'
+
+Operand = tuple[str, int]  # (LLVM operand text without its type, fp32 lanes)
+Env = dict[str, str | int]  # loop variable -> an i64 SSA name (serial loop) or a constant (unrolled)
 
 
-def ftype(lanes: int) -> ir.Type:
-    return F32 if lanes == 1 else ir.VectorType(F32, lanes)
+@cache
+def ftype(lanes: int) -> str:
+    return "float" if lanes == 1 else f"<{lanes} x float>"
 
 
-def _lanes_of(ty: ir.Type) -> int:
-    return ty.count if isinstance(ty, ir.VectorType) else 1
+@cache
+def float_literal(value: float) -> str:
+    """LangRef "Simple Constants": a float constant in hex is the 64-bit pattern of the double holding
+    the float's exact value; decimal would have to be exact too."""
+    exact = struct.unpack("<f", struct.pack("<f", value))[0]
+    return f"0x{struct.unpack('<Q', struct.pack('<d', exact))[0]:016X}"
+
+
+@cache
+def constant(value: float, lanes: int) -> str:
+    if value == 0.0 and not str(value).startswith("-"):
+        return "0.0" if lanes == 1 else "zeroinitializer"
+    scalar = float_literal(value)
+    return scalar if lanes == 1 else "<" + ", ".join([f"float {scalar}"] * lanes) + ">"
+
+
+def quoted(name: str) -> str:
+    """A quoted LLVM identifier (LangRef "Identifiers"): any name without a quote or backslash."""
+    if '"' in name or "\\" in name:
+        raise ValueError(f"name {name!r} cannot be an LLVM identifier")
+    return f'"{name}"'
 
 
 class _FunctionLowering:
-    """Lowers one kernel's statements into one function; loop variables map to i64 values or ints."""
+    """Lowers one kernel's statements into the lines of one function definition."""
 
-    def __init__(self, module: ir.Module, kernel: Kernel):
-        self.module = module
+    def __init__(self, kernel: Kernel, intrinsics: set[int]):
         self.kernel = kernel
-        fnty = ir.FunctionType(ir.VoidType(), [PTR] * len(kernel.params))
-        self.fn = ir.Function(module, fnty, kernel.name)
-        # nounwind: no .eh_frame and no unwinder dependency. "no-builtins": LLVM's LoopIdiomRecognize
-        # would otherwise turn our copy/zero loops into memcpy/memset calls, i.e. undefined symbols
-        # (measured on all three architectures, see DESIGN.md). llvmlite.ir refuses string
-        # attributes, so the attribute is admitted to this one function's known set.
-        self.fn.attributes.add("nounwind")
-        self.fn.attributes._known = self.fn.attributes._known | {'"no-builtins"'}
-        self.fn.attributes.add('"no-builtins"')
-        self.buffers: dict[str, ir.Value] = {}
-        for arg, buf in zip(self.fn.args, kernel.params, strict=True):
-            arg.name = buf.name
-            # The caller promises A, B and C do not overlap (documented in every header we emit);
-            # without noalias LLVM must reload B after every store to C.
-            arg.add_attribute("noalias")
-            self.buffers[buf.name] = arg
-        self.builder = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        # Registers are SSA values; a serial loop gets a phi for each register its body assigns.
+        self.intrinsics = intrinsics  # lane counts of the llvm.fmuladd variants the module must declare
+        self.lines: list[str] = ["entry:"]
+        self.block = "entry"  # the label of the block being filled, as referenced after '%'
+        self.counter = 0
         self.lanes = dict(kernel.registers)
-        self.registers: dict[str, ir.Value] = {}
+        self.registers: dict[str, str] = {}  # register -> its current SSA value
+        self.buffers: dict[str, str] = {}
+        self.pure: dict[tuple[object, ...], str] = {}  # address arithmetic, broadcasts (never invalid)
+        self.loads: dict[tuple[str, int, int], str] = {}  # (pointer, lanes, count) -> value, until a store
+        self.carried: dict[int, list[str]] = {}  # id(loop) -> the registers its body assigns
         for buf in kernel.buffers:
+            self.buffers[buf.name] = "%" + quoted(buf.name)
             if buf.kind is BufferKind.LOCAL:
-                slot = self.builder.alloca(F32, size=ir.Constant(I64, buf.size), name=buf.name)
-                slot.align = LOCAL_ALIGN
-                slot.type = PTR  # an opaque pointer like the params, so vector stores type-check
-                self.buffers[buf.name] = slot
+                self.emit(f"{self.buffers[buf.name]} = alloca float, i64 {buf.size}, align {LOCAL_ALIGN}")
 
-    def lower(self) -> None:
+    def fresh(self) -> str:
+        self.counter += 1
+        return f"%.{self.counter}"  # a leading '.' keeps temporaries apart from every quoted name
+
+    def emit(self, instruction: str) -> None:
+        self.lines.append("  " + instruction)
+
+    def define(self, instruction: str) -> str:
+        name = self.fresh()
+        self.lines.append(f"  {name} = {instruction}")
+        return name
+
+    def text(self) -> str:
         self.statements(self.kernel.body, {})
-        self.builder.ret_void()
+        self.emit("ret void")
+        # noalias: the caller promises A, B and C do not overlap (documented in every header we emit);
+        # without it LLVM must reload B after every store to C.
+        params = ", ".join(f"ptr noalias {self.buffers[b.name]}" for b in self.kernel.params)
+        head = f"define void @{quoted(self.kernel.name)}({params}) #0 {{"
+        return "\n".join([head, *self.lines, "}"])
 
     # --- statements -------------------------------------------------------------------------
-    def statements(self, stmts: Sequence[Stmt], env: dict[str, ir.Value | int]) -> None:
+    def statements(self, stmts: Sequence[Stmt], env: Env) -> None:
         for stmt in stmts:
-            if isinstance(stmt, For):
-                self.loop(stmt, env)
-            elif isinstance(stmt, Assign):
-                self.registers[stmt.reg] = self.value(stmt.value, env)
-            else:
+            if isinstance(stmt, Assign):
+                self.registers[stmt.reg] = self.value(stmt.value, env)[0]
+            elif isinstance(stmt, Store):
                 self.store(stmt, env)
+            elif stmt.kind is LoopKind.UNROLLED:
+                for i in range(stmt.extent):
+                    self.statements(stmt.body, {**env, stmt.var: i})
+            else:
+                self.loop(stmt, env)
 
-    def loop(self, loop: For, env: dict[str, ir.Value | int]) -> None:
-        if loop.kind is LoopKind.UNROLLED:
-            for i in range(loop.extent):
-                self.statements(loop.body, {**env, loop.var: i})
-            return
-        # Rotated (do-while) form: every extent here is a constant >= 2, so the body runs at least once.
-        b = self.builder
-        pre = b.block
-        body = b.append_basic_block(f"{loop.var}.body")
-        exit_ = b.append_basic_block(f"{loop.var}.exit")
-        b.branch(body)
-        b.position_at_end(body)
-        iv = b.phi(I64, name=loop.var)
-        iv.add_incoming(ir.Constant(I64, 0), pre)
-        carried = {}
-        for name in sorted({st.reg for st, _ in walk(loop.body) if isinstance(st, Assign)}):
-            ty = ftype(self.lanes[name])
-            phi = b.phi(ty, name=f"{name}.{loop.var}")
-            phi.add_incoming(self.registers.get(name, ir.Constant(ty, ir.Undefined)), pre)
-            carried[name] = self.registers[name] = phi
+    def loop(self, loop: For, env: Env) -> None:
+        """Rotated (do-while) form: every extent here is a constant >= 2, so the body runs at least once.
+        The phis are written once the latch block and the values leaving the body are known."""
+        self.counter += 1
+        name = f"{loop.var}.{self.counter}"
+        iv, body, exit_ = "%" + quoted(name), quoted(name + ".body"), quoted(name + ".exit")
+        pre = self.block
+        self.emit(f"br label %{body}")
+        self.start_block(body)
+        phi_line = len(self.lines)
+        carried = self.carried_registers(loop)
+        entering = {reg: self.registers.get(reg, "poison") for reg in carried}  # LangRef: poison, not undef
+        self.lines.extend([""] * (1 + len(carried)))
+        for reg in carried:
+            self.registers[reg] = "%" + quoted(f"{reg}.{name}")
         self.statements(loop.body, {**env, loop.var: iv})
-        nxt = b.add(iv, ir.Constant(I64, 1), name=f"{loop.var}.next", flags=("nuw", "nsw"))
-        iv.add_incoming(nxt, b.block)
-        for name, phi in carried.items():
-            phi.add_incoming(self.registers[name], b.block)
-        done = b.icmp_unsigned("==", nxt, ir.Constant(I64, loop.extent))
-        b.cbranch(done, exit_, body)
-        b.position_at_end(exit_)
+        nxt = "%" + quoted(name + ".next")
+        self.emit(f"{nxt} = add nuw nsw i64 {iv}, 1")
+        latch = self.block
+        self.lines[phi_line] = f"  {iv} = phi i64 [0, %{pre}], [{nxt}, %{latch}]"
+        for row, reg in enumerate(carried, phi_line + 1):
+            ty = ftype(self.lanes[reg])
+            incoming = f"[{entering[reg]}, %{pre}], [{self.registers[reg]}, %{latch}]"
+            self.lines[row] = f"  %{quoted(f'{reg}.{name}')} = phi {ty} {incoming}"
+        done = self.define(f"icmp eq i64 {nxt}, {loop.extent}")
+        self.emit(f"br i1 {done}, label %{exit_}, label %{body}")
+        self.start_block(exit_)
 
-    def store(self, stmt: Store, env: dict[str, ir.Value | int]) -> None:
-        value = self.value(stmt.value, env)
+    def start_block(self, label: str) -> None:
+        self.lines.append(f"{label}:")
+        self.block = label
+        self.loads.clear()  # another iteration's (or the loop's) stores may have run in between
+
+    def carried_registers(self, loop: For) -> list[str]:
+        """The registers the body assigns, each a phi. Cached: an unrolled loop repeats the same For."""
+        regs = self.carried.get(id(loop))
+        if regs is None:
+            regs = sorted({st.reg for st, _ in walk(loop.body) if isinstance(st, Assign)})
+            self.carried[id(loop)] = regs
+        return regs
+
+    def store(self, stmt: Store, env: Env) -> None:
+        value, lanes = self.value(stmt.value, env)
         ptr = self.address(stmt.buffer, stmt.index, env)
-        if stmt.valid == stmt.lanes:
-            self.builder.store(value, ptr, align=4)
+        self.loads.clear()
+        if stmt.valid == lanes:
+            self.emit(f"store {ftype(lanes)} {value}, ptr {ptr}, align 4")
             return
+        vty = ftype(lanes)
         for lane in range(stmt.valid):  # a partial vector: the tail of a row, lane by lane
-            elem = self.builder.extract_element(value, ir.Constant(I32, lane))
-            self.builder.store(elem, self.offset(ptr, lane), align=4)
+            elem = self.define(f"extractelement {vty} {value}, i64 {lane}")
+            self.emit(f"store float {elem}, ptr {self.lane_address(ptr, lane)}, align 4")
 
     # --- values -----------------------------------------------------------------------------
-    def value(self, v: Value, env: dict[str, ir.Value | int]) -> ir.Value:
-        b = self.builder
-        if isinstance(v, Load):
-            return self.load(v, env)
-        if isinstance(v, Const):
-            return ir.Constant(ftype(v.lanes), [v.value] * v.lanes if v.lanes > 1 else v.value)
+    def value(self, v: Value, env: Env) -> Operand:
         if isinstance(v, Reg):
-            return self.registers[v.name]
+            return self.registers[v.name], self.lanes[v.name]
+        if isinstance(v, Load):
+            return self.load(v, env), v.lanes
+        if isinstance(v, Const):
+            return constant(v.value, v.lanes), v.lanes
         if isinstance(v, Broadcast):
-            scalar = self.value(v.value, env)
-            if v.lanes == 1:
-                return scalar
-            vec = b.insert_element(ir.Constant(ftype(v.lanes), None), scalar, ir.Constant(I32, 0))
-            mask = ir.Constant(ir.VectorType(I32, v.lanes), [0] * v.lanes)
-            return b.shuffle_vector(vec, vec, mask)
+            return self.broadcast(self.value(v.value, env)[0], v.lanes), v.lanes
         if isinstance(v, MulAdd):
-            a, x, c = (self.value(part, env) for part in (v.a, v.b, v.c))
-            return b.call(self.fmuladd(a.type), [a, x, c])
-        lhs, rhs = self.value(v.a, env), self.value(v.b, env)
+            return self.muladd(v, env)
+        return self.binary(v, env)
+
+    def muladd(self, v: MulAdd, env: Env) -> Operand:
+        """llvm.fmuladd: one FMA where the target has it, mul + add elsewhere (never a libcall)."""
+        (a, lanes), (b, _), (c, _) = (self.value(part, env) for part in (v.a, v.b, v.c))
+        self.intrinsics.add(lanes)
+        ty = ftype(lanes)
+        return self.define(f"call {ty} @llvm.fmuladd.{_suffix(lanes)}({ty} {a}, {ty} {b}, {ty} {c})"), lanes
+
+    def binary(self, v: Binary, env: Env) -> Operand:
+        (lhs, lanes), (rhs, _) = self.value(v.a, env), self.value(v.b, env)
+        ty = ftype(lanes)
         if v.op is BinaryOp.ADD:
-            return b.fadd(lhs, rhs)
+            return self.define(f"fadd {ty} {lhs}, {rhs}"), lanes
         if v.op is BinaryOp.MUL:
-            return b.fmul(lhs, rhs)
+            return self.define(f"fmul {ty} {lhs}, {rhs}"), lanes
         # max via compare + select: llvm.maxnum would be a libcall (fmaxf) on some targets.
-        return b.select(b.fcmp_ordered(">", lhs, rhs), lhs, rhs)
+        greater = self.define(f"fcmp ogt {ty} {lhs}, {rhs}")
+        cond = "i1" if lanes == 1 else f"<{lanes} x i1>"
+        return self.define(f"select {cond} {greater}, {ty} {lhs}, {ty} {rhs}"), lanes
 
-    def load(self, v: Load, env: dict[str, ir.Value | int]) -> ir.Value:
-        b = self.builder
+    def broadcast(self, scalar: str, lanes: int) -> str:
+        """The splat idiom instcombine produces itself (insertelement into poison, zero shuffle mask)."""
+        if lanes == 1:
+            return scalar
+        key = ("splat", scalar, lanes)
+        splat = self.pure.get(key)
+        if splat is None:
+            ty = ftype(lanes)
+            one = self.define(f"insertelement {ty} poison, float {scalar}, i64 0")
+            splat = self.define(f"shufflevector {ty} {one}, {ty} poison, <{lanes} x i32> zeroinitializer")
+            self.pure[key] = splat
+        return splat
+
+    def load(self, v: Load, env: Env) -> str:
         ptr = self.address(v.buffer, v.index, env)
+        key = (ptr, v.lanes, v.valid)
+        value = self.loads.get(key)
+        if value is not None:
+            return value
         if v.valid == v.lanes:
-            return b.load(ptr, typ=ftype(v.lanes), align=4)
-        vec: ir.Value = ir.Constant(ftype(v.lanes), [0.0] * v.lanes)
-        for lane in range(v.valid):  # never read past the end of a row
-            elem = b.load(self.offset(ptr, lane), typ=F32, align=4)
-            vec = b.insert_element(vec, elem, ir.Constant(I32, lane))
-        return vec
-
-    def fmuladd(self, ty: ir.Type) -> ir.Function:
-        name = "llvm.fmuladd." + (f"v{_lanes_of(ty)}f32" if isinstance(ty, ir.VectorType) else "f32")
-        declared: ir.Function | None = self.module.globals.get(name)  # shared by every kernel of the module
-        return declared or ir.Function(self.module, ir.FunctionType(ty, [ty] * 3), name)
+            value = self.define(f"load {ftype(v.lanes)}, ptr {ptr}, align 4")
+        else:
+            vty, value = ftype(v.lanes), "zeroinitializer"
+            for lane in range(v.valid):  # never read past the end of a row
+                elem = self.define(f"load float, ptr {self.lane_address(ptr, lane)}, align 4")
+                value = self.define(f"insertelement {vty} {value}, float {elem}, i64 {lane}")
+        self.loads[key] = value
+        return value
 
     # --- addresses --------------------------------------------------------------------------
-    def address(self, buffer: str, index: Affine, env: dict[str, ir.Value | int]) -> ir.Value:
-        const = index.const
-        dynamic: ir.Value | None = None
+    def address(self, buffer: str, index: Affine, env: Env) -> str:
+        """&buffer[index] as one inbounds GEP over float; the loop-variable part is computed once."""
+        const, dynamic = index.const, []
         for var, coeff in index.terms:
             bound = env[var]
             if isinstance(bound, int):
                 const += coeff * bound
-                continue
-            term = (
-                bound
-                if coeff == 1
-                else self.builder.mul(bound, ir.Constant(I64, coeff), flags=("nuw", "nsw"))
-            )
-            dynamic = term if dynamic is None else self.builder.add(dynamic, term, flags=("nuw", "nsw"))
-        offset: ir.Value = ir.Constant(I64, const)
-        if dynamic is not None:
-            offset = self.builder.add(dynamic, offset, flags=("nuw", "nsw")) if const else dynamic
-        return self.builder.gep(self.buffers[buffer], [offset], inbounds=True, source_etype=F32)
+            else:
+                dynamic.append((bound, coeff))
+        if not dynamic and not const:
+            return self.buffers[buffer]
+        key = ("gep", buffer, tuple(dynamic), const)
+        ptr = self.pure.get(key)
+        if ptr is None:
+            offset = str(const)
+            if dynamic:
+                offset = self.offset(tuple(dynamic))
+                if const:
+                    # nuw only when adding a non-negative constant (LangRef "add": else the result is poison)
+                    flags = "nuw nsw" if const > 0 else "nsw"
+                    offset = self.define(f"add {flags} i64 {offset}, {const}")
+            ptr = self.define(f"getelementptr inbounds float, ptr {self.buffers[buffer]}, i64 {offset}")
+            self.pure[key] = ptr
+        return ptr
 
-    def offset(self, ptr: ir.Value, lane: int) -> ir.Value:
-        return self.builder.gep(ptr, [ir.Constant(I64, lane)], inbounds=True, source_etype=F32)
+    def offset(self, terms: tuple[tuple[str, int], ...]) -> str:
+        """sum(coeff * iv) in i64, each prefix of the sum shared with other indices."""
+        total = self.pure.get(("sum", terms))
+        if total is not None:
+            return total
+        iv, coeff = terms[-1]
+        term = iv if coeff == 1 else self.pure.get(("mul", iv, coeff))
+        if term is None:
+            term = self.pure[("mul", iv, coeff)] = self.define(f"mul nuw nsw i64 {iv}, {coeff}")
+        total = term if len(terms) == 1 else self.define(f"add nuw nsw i64 {self.offset(terms[:-1])}, {term}")
+        self.pure[("sum", terms)] = total
+        return total
+
+    def lane_address(self, ptr: str, lane: int) -> str:
+        if lane == 0:
+            return ptr
+        key = ("lane", ptr, lane)
+        addr = self.pure.get(key)
+        if addr is None:
+            addr = self.pure[key] = self.define(f"getelementptr inbounds float, ptr {ptr}, i64 {lane}")
+        return addr
+
+
+def _suffix(lanes: int) -> str:
+    """The overloaded intrinsic's name mangling (LangRef "Intrinsic Functions"): .f32 or .v8f32."""
+    return "f32" if lanes == 1 else f"v{lanes}f32"
 
 
 def lower(kernels: Sequence[Kernel], module_name: str = "xtune") -> str:
     """LLVM IR text of a module holding every kernel as an external function (the only externals)."""
-    module = ir.Module(name=module_name)
-    for kernel in kernels:
-        _FunctionLowering(module, kernel).lower()
-    return str(module)
+    intrinsics: set[int] = set()
+    functions = [_FunctionLowering(kernel, intrinsics).text() for kernel in kernels]
+    declarations = []
+    for lanes in sorted(intrinsics):
+        ty = ftype(lanes)
+        declarations.append(f"declare {ty} @llvm.fmuladd.{_suffix(lanes)}({ty}, {ty}, {ty})")
+    header = f"; ModuleID = {quoted(module_name)}"
+    return "\n\n".join([header, *functions, *declarations, FUNCTION_ATTRIBUTES]) + "\n"
