@@ -22,7 +22,7 @@ from xtune.templates.depthwise import phase_width
 from xtune.templates.matmul import ORDERS, parse_tile
 from xtune.workload import conv_shape
 
-FEATURES_VERSION = 1
+FEATURES_VERSION = 2  # 2: matmul gained the analytic cycle estimate (est_* columns)
 
 MATMUL_FEATURES = (
     "log2_m", "log2_n", "log2_k", "lanes_log2",
@@ -31,7 +31,21 @@ MATMUL_FEATURES = (
     "m_waste", "n_waste", "k_blocks_log2", "unroll_k_log2", "unrolled_fmas_log2",
     "pack_a", "pack_b", "inner_nm", "b_stride_log2", "a_stride_log2", "b_repacks_log2", "a_repacks_log2",
     *(f"order_{o}" for o in ORDERS),
+    "est_micro_eff", "est_call_overhead", "est_pack_a", "est_pack_b", "est_b_level", "est_a_level",
+    "est_mem_stall", "est_eff",
 )  # fmt: skip
+
+# Machine constants the estimate assumes for every target (none is in the descriptors; fitted by eye to
+# 512³ and three other shapes on Zen 3, see docs/design.md): FMA latency in cycles, vector loads and
+# broadcasts per cycle, cache line bytes, cache associativity, and the bytes per cycle that L2 and what
+# lies beyond it stream to one core.
+FMA_LATENCY, LOADS_PER_CYCLE, BROADCASTS_PER_CYCLE = 4.0, 2.0, 1.0
+# Instructions an out-of-order core keeps in flight: a short call's FMA chains overlap with the next call's.
+WINDOW = 128.0
+LINE, WAYS, L2_BW, L3_BW = 64.0, 8.0, 32.0, 20.0
+# An unpacked B strip jumps a whole row of B per k step: the prefetchers, which follow streams within a
+# page, fall behind, so beyond L1 it arrives at a fraction of the streaming bandwidth.
+STRIDED_L2_BW, STRIDED_L3_BW = 16.0, 4.0
 
 
 @cache
@@ -108,8 +122,120 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
         np.where(pack_b > 0, 0.0, np.log2(n)), np.where(pack_a > 0, 0.0, np.log2(k)),
         pack_b * m_out * _log2(np.ceil(m / mc)), pack_a * n_out * _log2(np.ceil(n / nc)),
         *((order == o).astype(np.float64) for o in ORDERS),
+        *_matmul_estimate(t, (m, n, k), (mr, nv, mc, nc, kc, unroll), (pack_a, pack_b), order,
+                          cfg.flag("inner", "nm")),
     ]  # fmt: skip
     return np.stack(cols, axis=1)
+
+
+def _tile_cycles(rows: np.ndarray, vecs: np.ndarray, fma_rate: float, kc: np.ndarray) -> np.ndarray:
+    """Cycles per k step of a rows x vecs register tile: bound by FMA issue, by one accumulator's FMA
+    latency chain (unless a call of kc steps is short enough for the next call's chains to overlap it),
+    by the loads (vecs B vectors + rows A values) or by the rows broadcasts of A. 0 for an empty tile."""
+    overlap = 1.0 + WINDOW / (kc * (rows * vecs + rows + vecs) + 1.0)
+    cycles = np.maximum.reduce([rows * vecs / fma_rate, FMA_LATENCY / overlap,
+                                (rows + vecs) / LOADS_PER_CYCLE, rows / BROADCASTS_PER_CYCLE])
+    return np.where((rows > 0) & (vecs > 0), cycles, 0.0)
+
+
+def _capacity(cache: float, row_bytes: np.ndarray | float, stride_bytes: float) -> np.ndarray:
+    """Bytes of a cache that a block of rows `stride_bytes` apart can use: a power-of-two stride maps
+    every row to the same few sets (set index = line address mod sets), the rest of the cache sits idle."""
+    sets = cache / (LINE * WAYS)
+    stride_lines = stride_bytes / LINE
+    if stride_lines != int(stride_lines) or stride_lines == 0:
+        return np.full_like(np.asarray(row_bytes, dtype=np.float64), cache)
+    reach = sets / np.gcd(int(stride_lines), int(sets))  # distinct starting sets of the rows
+    return np.minimum(1.0, reach * np.ceil(np.asarray(row_bytes) / LINE) / sets) * cache
+
+
+def _matmul_estimate(
+    t: Target,
+    shape: tuple[float, float, float],
+    blocks: tuple[np.ndarray, ...],
+    packs: tuple[np.ndarray, np.ndarray],
+    order: np.ndarray,
+    inner_nm: np.ndarray,
+) -> list[np.ndarray]:
+    """A first-order cycle model of the BLIS-style kernel, as fractions of the ideal cycle count: the
+    microkernel (with its tail tiles), per-call overhead (accumulators in and out of C), packing, and the
+    cache level each operand streams from. Crude on purpose: it orders configs across shapes and
+    targets, and the trees learn what it misses."""
+    m, n, k = shape
+    mr, nv, mc, nc, kc, unroll = blocks
+    pack_a, pack_b = packs
+    lanes, _, _, _ = _target_sizes(t)
+    fma_rate = max(t.fp32_flops_per_cycle / (2.0 * lanes), 1.0)  # vector FMAs issued per cycle
+    nr, kc = nv * lanes, np.minimum(kc, k)
+    ideal = m * n * k / (lanes * fma_rate)
+    full_r, full_v = np.floor(m / mr), np.floor(n / nr)
+    tail_r, tail_v = m - full_r * mr, np.ceil((n - full_v * nr) / lanes)
+    micro = k * (full_r * full_v * _tile_cycles(mr, nv, fma_rate, kc)
+                 + full_r * _tile_cycles(mr, tail_v, fma_rate, kc)
+                 + full_v * _tile_cycles(tail_r, nv, fma_rate, kc)
+                 + _tile_cycles(tail_r, tail_v, fma_rate, kc))
+    level_bw = np.array([LOADS_PER_CYCLE * 4.0 * lanes, L2_BW, L3_BW])
+    # Once per call the accumulators go out to C, and come in from it when k is blocked. Between two k
+    # blocks, C is swept over the extents of the m and n loops inside the k loop: that decides its level.
+    k_pos = np.array([o.index("k") for o in order])
+    m_in = np.array([o.index("m") for o in order]) > k_pos
+    n_in = np.array([o.index("n") for o in order]) > k_pos
+    c_sweep = 4.0 * np.where(m_in, m, mc) * np.where(n_in, n, nc)
+    c_l1, c_l2 = _capacity(t.l1d_bytes, 4.0 * nc, 4.0 * n), _capacity(t.l2_bytes, 4.0 * nc, 4.0 * n)
+    c_level = _level(c_sweep, c_l1, c_l2)
+    calls = np.ceil(m / mr) * np.ceil(n / nr) * np.ceil(k / kc)
+    c_bytes = 4.0 * mr * nr * (1.0 + (k > kc))
+    overhead = calls * (c_bytes / level_bw[c_level] + 8.0 + 0.5 * np.ceil(kc / unroll))
+    # Packing: B copied a vector per cycle, A a float per cycle, once per block of every outer loop.
+    m_out = np.array([o.index("m") < max(o.index("n"), o.index("k")) for o in order])
+    n_out = np.array([o.index("n") < max(o.index("m"), o.index("k")) for o in order])
+    pack_b_cycles = pack_b * k * np.ceil(n / nr) * nr / lanes * np.where(m_out, np.ceil(m / mc), 1.0)
+    pack_a_cycles = pack_a * k * np.ceil(m / mr) * mr * np.where(n_out, np.ceil(n / nc), 1.0)
+    b_level, a_level = _stream_levels(t, (n, k), (mr, nr, mc, nc, kc), packs, inner_nm)
+    # Per k step of a full tile: the bytes that come from beyond L1 against the tile's own cycles.
+    step = _tile_cycles(mr, nv, fma_rate, kc)
+    strided_bw = np.array([level_bw[0], STRIDED_L2_BW, STRIDED_L3_BW])
+    memory = 4.0 * nr / np.where(pack_b > 0, level_bw[b_level], strided_bw[b_level]) \
+        + 4.0 * mr / level_bw[a_level]
+    stall = np.maximum(memory - step, 0.0) / step
+    total = micro * (1.0 + stall) + overhead + pack_a_cycles + pack_b_cycles
+    return [ideal / micro, overhead / ideal, pack_a_cycles / ideal, pack_b_cycles / ideal,
+            b_level.astype(np.float64), a_level.astype(np.float64), stall, ideal / total]  # fmt: skip
+
+
+def _level(working_set: np.ndarray, l1: np.ndarray, l2: np.ndarray) -> np.ndarray:
+    """0 if the working set fits the usable L1, 1 if L2, else 2."""
+    return np.where(working_set <= l1, 0, np.where(working_set <= l2, 1, 2))
+
+
+def _stream_levels(
+    t: Target,
+    nk: tuple[float, float],
+    blocks: tuple[np.ndarray, ...],
+    packs: tuple[np.ndarray, np.ndarray],
+    inner_nm: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cache level (0 L1, 1 L2, 2 beyond) the microkernel streams B and A from.
+
+    inner "nm": one B strip meets every row panel of the A block, so the strip must stay in L1 and the A
+    block is re-read from L2 per strip; "mn": the A panel stays in L1 and the B block is re-read per
+    panel. An unpacked operand is rows of the source matrix, whose stride limits the usable cache."""
+    n, k = nk
+    mr, nr, mc, nc, kc = blocks
+    pack_a, pack_b = packs
+    l1, l2 = float(t.l1d_bytes), float(t.l2_bytes)
+    # Usable capacity for each operand's rows: packed panels are contiguous, unpacked rows are n (B) or
+    # k (A) floats apart.
+    b_l1 = np.where(pack_b > 0, l1, _capacity(l1, 4.0 * nr, 4.0 * n))
+    b_l2 = np.where(pack_b > 0, l2, _capacity(l2, 4.0 * nc, 4.0 * n))
+    a_l1 = np.where(pack_a > 0, l1, _capacity(l1, 4.0 * kc, 4.0 * k))
+    a_l2 = np.where(pack_a > 0, l2, _capacity(l2, 4.0 * kc, 4.0 * k))
+    strip, a_panel = 4.0 * kc * nr, 4.0 * kc * mr
+    b_block, a_block = 4.0 * kc * nc, 4.0 * mc * kc
+    b_nm = _level(strip + a_panel, b_l1, b_l2 - a_block)
+    a_nm = _level(a_block + strip, a_l1, a_l2 - b_block)
+    b_mn = _level(b_block + a_panel, b_l1, b_l2 - a_block)
+    return np.where(inner_nm > 0, b_nm, b_mn), np.where(inner_nm > 0, a_nm, 0)
 
 
 CONV2D_FEATURES = (
@@ -193,6 +319,28 @@ FEATURIZERS: dict[
     "conv2d": (CONV2D_FEATURES, conv2d_features),
     "depthwise": (DEPTHWISE_FEATURES, depthwise_features),
 }
+
+
+class EstimatePrior:
+    """A cost model that needs no data: the operator's analytic estimate column (`est_eff`) as the score.
+
+    A cold model-based tuner ranks its first batch with it instead of drawing at random, and the local
+    model starts from it as a fading base margin (XGBoostCostModel's `base`)."""
+
+    def __init__(self, column: int) -> None:
+        self.column = column
+
+    def fit(self, features: np.ndarray, costs: np.ndarray) -> None:
+        """Nothing to learn: the estimate is fixed."""
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return np.asarray(features, dtype=np.float64)[:, self.column]
+
+
+def estimate_prior(op: str) -> EstimatePrior | None:
+    """The analytic prior of `op`'s features, or None when its features have no estimate column."""
+    names = FEATURIZERS[op][0] if op in FEATURIZERS else ()
+    return EstimatePrior(names.index("est_eff")) if "est_eff" in names else None
 
 
 def feature_names(op: str) -> tuple[str, ...]:

@@ -11,9 +11,10 @@ import numpy as np
 
 from xtune.bench import numpy_seconds
 from xtune.board import Board, LocalBoard
+from xtune.costmodel import CostModel
 from xtune.database import Record, TuningLog, make_record
 from xtune.errors import InputError
-from xtune.features import featurize
+from xtune.features import estimate_prior, featurize
 from xtune.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuner import TuneProgress, TuneSummary, make_tuner, tune
@@ -111,10 +112,16 @@ def run_tuning(
     log: TuningLog | None = None,
     on_progress: Callable[[TuneProgress], None] | None = None,
     numpy_gflops: float | None = None,
+    pretrained: CostModel | None = None,
 ) -> TuningReport:
-    """Tune `workload` on `boards` (all of one target); every finished batch is appended to `log`."""
+    """Tune `workload` on `boards` (all of one target); every finished batch is appended to `log`.
+
+    `pretrained` (transfer learning, xgb tuner only) scores the configs of this workload's operator: it
+    ranks the first batches and is the fading base of the local model (see XGBoostCostModel)."""
     if not boards:
         raise InputError("no board to tune on")
+    if pretrained is not None and options.tuner != "xgb":
+        raise InputError(f"a pretrained model (--transfer-from) needs the xgb tuner, not {options.tuner}")
     target = boards[0].target
     if any(b.target != target for b in boards):
         raise InputError("all --board flags of one run must be boards of the same target")
@@ -122,7 +129,10 @@ def run_tuning(
         raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
     template = template_for(workload, target)
     history = resume_history(log, template)
-    tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx))
+    if pretrained is None and options.tuner == "xgb":
+        pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
+    tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx),
+                       pretrained=pretrained)
     if history:
         tuner.load_history(list(history), [r.result for r in history.values()])
     if options.start_from_default:
