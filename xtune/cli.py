@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Callable, Sequence
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -13,6 +16,9 @@ from xtune.errors import InputError, XtuneError
 from xtune.tuner import TUNERS
 
 if TYPE_CHECKING:
+    from xtune.costmodel import CostModel
+    from xtune.target import Target
+    from xtune.transfer import TransferSource
     from xtune.tuner import TuneProgress
     from xtune.tuning import TuningReport
 
@@ -173,6 +179,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     if args.trials < 1:
         raise InputError("--trials must be at least 1")
+    transfer, pretrained = _transfer_source(args, boards[0].target, workload.op)
     options = TuneOptions(
         args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
         MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms),
@@ -180,17 +187,48 @@ def cmd_tune(args: argparse.Namespace) -> int:
     numpy_gflops = local_numpy_gflops(workload, boards)
     bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
     try:
-        report = run_tuning(workload, boards, options, TuningLog(args.log), bar.update, numpy_gflops)
+        report = run_tuning(workload, boards, options, TuningLog(args.log), bar.update, numpy_gflops,
+                            pretrained)  # fmt: skip
     finally:
         bar.close()
     if args.json:
-        _emit_json({**report.as_dict(), "log": str(args.log)})
+        used = transfer.as_dict() if transfer else None
+        _emit_json({**report.as_dict(), "log": str(args.log), "transfer": used})
     else:
         _print_tuning(report, args.log)
     if report.stop == "interrupted":
         print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
         return 130
     return 0
+
+
+def _transfer_source(
+    args: argparse.Namespace, target: Target, op: str
+) -> tuple[TransferSource | None, CostModel | None]:
+    """The source of --transfer-from (trained here if logs are given) and its model for `op`, or Nones."""
+    if not args.transfer_from:
+        return None, None
+    from xtune.transfer import load_source
+
+    if args.tuner != "xgb":
+        raise InputError(f"--transfer-from needs the xgb tuner (--tuner {args.tuner} has no cost model)")
+    with _plain_warnings():
+        source = load_source(args.transfer_from, target, op)
+    pretrained = source.model.cost_model(op)
+    m = source.model.manifest
+    print(f"xtune: transfer from {source.kind} {', '.join(source.paths)} ({m.records_used} records of "
+          f"{', '.join(m.targets)}, trained {m.created})", file=sys.stderr)  # fmt: skip
+    return source, pretrained
+
+
+@contextlib.contextmanager
+def _plain_warnings() -> Iterator[None]:
+    """xtune's own warnings (skipped log lines or records) as one "xtune: warning:" line each."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        print(f"xtune: warning: {w.message}", file=sys.stderr)
 
 
 class _ProgressBar:
@@ -268,6 +306,55 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_train(args: argparse.Namespace) -> int:
+    from xtune.transfer import TrainOptions, train_from_logs
+
+    start = time.perf_counter()
+    with _plain_warnings():
+        model = train_from_logs(args.log, TrainOptions(objective=args.objective, seed=args.seed))
+    model.save(args.output)
+    seconds = time.perf_counter() - start
+    m = model.manifest
+    if args.json:
+        _emit_json({"model": args.output, "seconds": round(seconds, 3), "manifest": m.as_dict()})
+        return 0
+    print(f"wrote {args.output}: {', '.join(m.ops)} booster(s) on {m.records_used} records "
+          f"({len(m.groups)} workloads; targets {', '.join(m.targets)}; {m.records_skipped} skipped) "
+          f"in {seconds:.1f} s")  # fmt: skip
+    return 0
+
+
+def cmd_model_info(args: argparse.Namespace) -> int:
+    from xtune.features import FEATURES_VERSION
+    from xtune.transfer import format_manifest, read_model
+
+    # A model of another features version is shown (that is how one finds out), only tuning refuses it.
+    manifest = read_model(args.model, check_features=False).manifest
+    if args.json:
+        usable = manifest.features_version == FEATURES_VERSION
+        _emit_json({"model": args.model, "usable": usable, "manifest": manifest.as_dict()})
+    else:
+        print(format_manifest(manifest, args.model))
+    return 0
+
+
+def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser("model", help="pretrained cost models for transfer learning (train, info)")
+    model_sub = p.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
+    t = model_sub.add_parser("train", help="train a cost model on tuning logs of any workloads and targets")
+    t.add_argument("log", nargs="+", help="tuning log(s), JSON lines")
+    t.add_argument("-o", "--output", required=True, help="model file to write (JSON), e.g. model.json")
+    t.add_argument("--objective", choices=("reg", "rank"), default="reg",
+                   help="reg: squared error on normalized throughput (default); rank: pairwise ranking")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    t.set_defaults(handler=cmd_model_train)
+    i = model_sub.add_parser("info", help="print a model file's manifest")
+    i.add_argument("model")
+    i.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    i.set_defaults(handler=cmd_model_info)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="xtune", description="Auto-tune tensor kernels for embedded targets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -309,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
     p.add_argument("--min-repeat-ms", type=float, default=10.0)
     p.add_argument("--timeout-ms", type=int, default=10_000, help="deadline per kernel call/repeat")
+    p.add_argument("--transfer-from", action="extend", nargs="+", metavar="SOURCE",
+                   help="pretrained cost model: a model file, tuning log(s) to train on, or 'builtin'")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_tune)
 
@@ -345,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="xt", help="entry point prefix (default: xt)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_build)
+
+    _add_model_parser(sub)
     return parser
 
 

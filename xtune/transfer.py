@@ -1,0 +1,416 @@
+"""Transfer learning: tuning logs in, a pretrained model file (one booster per operator + a manifest) out;
+and back: a model file, logs or the shipped model in, a `CostModel` scoring one operator's configs out."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import os
+import re
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import xtune
+from xtune.costmodel import CostModel, XGBoostCostModel
+from xtune.database import Record, read_logs
+from xtune.errors import InputError
+from xtune.features import FEATURES_VERSION, feature_names, featurize
+from xtune.measure import MeasureStatus
+from xtune.target import Target, get_target
+from xtune.templates import ScheduleTemplate, template_for
+from xtune.workload import parse_workload
+
+MODEL_FORMAT = 1
+BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/models/ for the tuned target
+_MODEL_HEAD = re.compile(rb'^\s*\{\s*"manifest"\s*:')  # a log line starts {"v": ...
+
+
+class TransferWarning(UserWarning):
+    """Log records were left out of training (stale configs, unknown workloads or targets)."""
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How `xtune model train` fits; the model quality knobs live here, not in the CLI."""
+
+    objective: str = "reg"  # "reg": labels on tuning's [0, 1] scale, fit for a base margin; "rank": pairwise
+    n_trees: int = 300
+    max_depth: int = 8
+    learning_rate: float = 0.1
+    seed: int = 0
+    nthread: int = 0  # 0 = every core: training is offline, unlike the tuning loop's refits
+
+
+@dataclass(frozen=True)
+class GroupCount:
+    """What one (workload, target, cost unit) of the logs contributed to its operator's booster."""
+
+    op: str
+    workload: str
+    target: str
+    cost_unit: str
+    records: int  # log records used (repeats of a config included)
+    configs: int  # distinct configs = training rows
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a model file was trained on; `xtune model info` prints it."""
+
+    format: int
+    features_version: int
+    objective: str
+    feature_names: tuple[tuple[str, tuple[str, ...]], ...]  # op -> the columns its booster expects
+    targets: tuple[str, ...]
+    groups: tuple[GroupCount, ...]
+    records_used: int
+    skipped: tuple[tuple[str, int], ...]  # reason -> records left out
+    xtune_version: str
+    created: str  # UTC, ISO 8601
+    sources: tuple[str, ...]  # log file names (base names: paths are private and differ per machine)
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(op for op, _ in self.feature_names)
+
+    @property
+    def records_skipped(self) -> int:
+        return sum(n for _, n in self.skipped)
+
+    def as_dict(self) -> dict[str, Any]:
+        workloads: dict[str, list[dict[str, Any]]] = {op: [] for op in self.ops}
+        for g in self.groups:
+            workloads[g.op].append({k: v for k, v in asdict(g).items() if k != "op"})
+        return {
+            "format": self.format, "features_version": self.features_version, "objective": self.objective,
+            "feature_names": {op: list(names) for op, names in self.feature_names},
+            "targets": list(self.targets), "workloads": workloads,
+            "records_used": self.records_used, "records_skipped": self.records_skipped,
+            "skipped": dict(self.skipped), "xtune_version": self.xtune_version, "created": self.created,
+            "sources": list(self.sources),
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        groups = tuple(
+            GroupCount(op, str(g["workload"]), str(g["target"]), str(g["cost_unit"]), int(g["records"]),
+                       int(g["configs"]))
+            for op, rows in d["workloads"].items() for g in rows
+        )  # fmt: skip
+        return cls(
+            int(d["format"]), int(d["features_version"]), str(d["objective"]),
+            tuple((str(op), tuple(map(str, names))) for op, names in d["feature_names"].items()),
+            tuple(map(str, d["targets"])), groups, int(d["records_used"]),
+            tuple((str(k), int(v)) for k, v in d.get("skipped", {}).items()), str(d["xtune_version"]),
+            str(d["created"]), tuple(map(str, d["sources"])),
+        )  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        """The short form a tuning report carries."""
+        return {"features_version": self.features_version, "objective": self.objective,
+                "ops": list(self.ops), "targets": list(self.targets), "records": self.records_used,
+                "workloads": len(self.groups), "created": self.created, "xtune_version": self.xtune_version}
+
+
+@dataclass(frozen=True)
+class PretrainedModel:
+    """A trained model file in memory: its manifest and one serialized booster (UBJSON) per operator."""
+
+    manifest: Manifest
+    boosters: tuple[tuple[str, bytes], ...]
+
+    def cost_model(self, op: str, nthread: int = 1) -> CostModel:
+        """The model scoring feature rows of `op`; InputError if it has none or its columns differ."""
+        boosters = dict(self.boosters)
+        if op not in boosters:
+            have = ", ".join(self.manifest.ops) or "none"
+            raise InputError(f"the pretrained model has no booster for operator '{op}' (it has: {have}); "
+                             f"train one on {op} logs with `xtune model train`")  # fmt: skip
+        if dict(self.manifest.feature_names)[op] != feature_names(op):
+            raise InputError(f"the pretrained {op} booster was trained on other feature columns than this "
+                             "xtune computes: retrain with `xtune model train`")  # fmt: skip
+        return XGBoostCostModel.from_bytes(boosters[op], nthread=nthread, objective=self.manifest.objective)
+
+    def to_json(self) -> str:
+        # The manifest goes first, so that the file's first bytes say what it is (is_model_file).
+        boosters = {op: base64.b64encode(raw).decode("ascii") for op, raw in self.boosters}
+        return json.dumps({"manifest": self.manifest.as_dict(), "boosters": boosters}, separators=(",", ":"))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically: a concurrent reader sees the old file or the new one, never half of one."""
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        partial.write_text(self.to_json() + "\n", encoding="utf-8")
+        os.replace(partial, path)
+
+
+# ---- training -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpData:
+    """The training rows of one operator: features, min cost per config (+inf = failed), group ids."""
+
+    op: str
+    features: np.ndarray
+    costs: np.ndarray
+    groups: np.ndarray
+    counts: tuple[GroupCount, ...]
+
+
+@dataclass
+class _Group:
+    template: ScheduleTemplate
+    cost_unit: str
+    costs: dict[int, float] = field(default_factory=dict)  # config index -> min cost
+    records: int = 0
+
+
+GroupKey = tuple[str, str, str]  # (workload key, target name, cost unit): "s" and "insn" never mix
+
+
+def _run_units(records: Sequence[Record]) -> dict[tuple[object, ...], set[str]]:
+    """The cost units OK records of each run (workload, target, board, fingerprint) were measured in.
+
+    A failed result carries the default unit "s" even on an instruction-counting board (it never reached
+    the counter), so a failure belongs to the group of its run's OK records, not to its own unit."""
+    units: dict[tuple[object, ...], set[str]] = {}
+    for r in records:
+        if r.result.ok:
+            units.setdefault((r.workload, r.target, r.board, r.fingerprint), set()).add(r.result.cost_unit)
+    return units
+
+
+def _unit_of(r: Record, run_units: dict[tuple[object, ...], set[str]]) -> str:
+    if r.result.ok:
+        return r.result.cost_unit
+    units = run_units.get((r.workload, r.target, r.board, r.fingerprint), set())
+    return next(iter(units)) if len(units) == 1 else r.result.cost_unit
+
+
+def _template(key: GroupKey, cache: dict[GroupKey, ScheduleTemplate | None]) -> ScheduleTemplate | None:
+    if key not in cache:
+        try:
+            cache[key] = template_for(parse_workload(key[0]), get_target(key[1]))
+        except InputError:
+            cache[key] = None  # a workload or target this xtune does not know (another version's log)
+    return cache[key]
+
+
+def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[str]]:
+    """Records -> per-group min cost per config; board errors, stale configs and unknown names skipped."""
+    run_units = _run_units(records)
+    templates: dict[GroupKey, ScheduleTemplate | None] = {}
+    valid: dict[tuple[GroupKey, int, tuple[tuple[str, object], ...]], bool] = {}
+    groups: dict[GroupKey, _Group] = {}
+    skipped: Counter[str] = Counter()
+    for r in records:
+        if r.result.status is MeasureStatus.BOARD_ERROR:  # says nothing about the config itself
+            skipped["board_error"] += 1
+            continue
+        key = (r.workload, r.target, _unit_of(r, run_units))
+        template = _template(key, templates)
+        if template is None:
+            skipped["unknown_workload_or_target"] += 1
+            continue
+        check = (key, r.index, r.knobs)
+        if check not in valid:
+            space = template.space
+            valid[check] = 0 <= r.index < space.size and space.config(r.index).values == r.knobs
+        if not valid[check]:  # the template changed since: the index now means another config
+            skipped["stale_config"] += 1
+            continue
+        group = groups.setdefault(key, _Group(template, key[2]))
+        cost = r.cost if math.isfinite(r.cost) and r.cost > 0 else math.inf  # failed/wrong answer: worst
+        group.costs[r.index] = min(cost, group.costs.get(r.index, math.inf))
+        group.records += 1
+    return groups, skipped
+
+
+def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]:
+    """Training rows per operator (each group featurized in one vectorized call), and skip counts."""
+    groups, skipped = _group(records)
+    parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, GroupCount]]] = {}
+    for number, (key, g) in enumerate(sorted(groups.items())):
+        indices = np.fromiter(g.costs, dtype=np.int64, count=len(g.costs))
+        costs = np.fromiter(g.costs.values(), dtype=np.float64, count=len(g.costs))
+        op = g.template.workload.op
+        count = GroupCount(op, key[0], key[1], key[2], g.records, len(indices))
+        features = np.asarray(featurize(g.template, indices), dtype=np.float32)
+        parts.setdefault(op, []).append((features, costs, np.full(len(indices), number), count))
+    data = {
+        op: OpData(op, np.concatenate([p[0] for p in ps]), np.concatenate([p[1] for p in ps]),
+                   np.concatenate([p[2] for p in ps]), tuple(p[3] for p in ps))
+        for op, ps in sorted(parts.items())
+    }  # fmt: skip
+    return data, skipped
+
+
+def train(records: Sequence[Record], options: TrainOptions = TrainOptions(),
+          sources: Sequence[str] = ()) -> PretrainedModel:
+    """One booster per operator on every usable record (labels: throughput relative to the group's best)."""
+    data, skipped = collect(records)
+    if skipped["stale_config"] or skipped["unknown_workload_or_target"]:
+        warnings.warn(f"left out {skipped['stale_config']} record(s) whose config no longer matches its "
+                      f"template and {skipped['unknown_workload_or_target']} of unknown workloads or targets",
+                      TransferWarning, stacklevel=2)  # fmt: skip
+    if not data:
+        raise InputError(f"no usable records to train on in {', '.join(sources) or 'the logs'}")
+    nthread = options.nthread or os.cpu_count() or 1
+    boosters = []
+    for op, d in data.items():
+        model = XGBoostCostModel(seed=options.seed, objective=options.objective, n_trees=options.n_trees,
+                                 max_depth=options.max_depth, learning_rate=options.learning_rate,
+                                 max_rows=len(d.costs), nthread=nthread)  # fmt: skip
+        model.fit(d.features, d.costs, groups=d.groups)
+        boosters.append((op, model.to_bytes()))
+    counts = tuple(c for d in data.values() for c in d.counts)
+    manifest = Manifest(
+        MODEL_FORMAT, FEATURES_VERSION, options.objective,
+        tuple((op, feature_names(op)) for op in data), tuple(sorted({c.target for c in counts})), counts,
+        sum(c.records for c in counts), tuple(sorted(skipped.items())), xtune.__version__,
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), tuple(Path(s).name for s in sources),
+    )  # fmt: skip
+    return PretrainedModel(manifest, tuple(boosters))
+
+
+def train_from_logs(paths: Sequence[str | os.PathLike[str]],
+                    options: TrainOptions = TrainOptions()) -> PretrainedModel:
+    for path in paths:
+        if not Path(path).is_file():
+            raise InputError(f"no log file {path}")
+    return train(read_logs(paths), options, [os.fspath(p) for p in paths])
+
+
+# ---- loading ------------------------------------------------------------------------------------------
+
+
+def is_model_file(path: str | os.PathLike[str]) -> bool:
+    """A model file is one JSON object opening with its manifest; a log is JSON lines opening with "v"."""
+    with open(path, "rb") as f:
+        return bool(_MODEL_HEAD.match(f.read(4096)))
+
+
+def read_model(path: str | os.PathLike[str], check_features: bool = True) -> PretrainedModel:
+    """The model file at `path`; InputError if it is none, or (with `check_features`) if its features
+    version is not the one this xtune computes: its columns would mean other things."""
+    if not Path(path).is_file():
+        raise InputError(f"no model file {path}")
+    if not is_model_file(path):
+        raise InputError(f"{path} is not an xtune model file (expected the JSON that `xtune model train` "
+                         "writes)")  # fmt: skip
+    try:
+        data = json.loads(Path(path).read_bytes())
+        manifest = Manifest.from_dict(data["manifest"])
+        boosters = tuple((str(op), base64.b64decode(raw, validate=True))
+                         for op, raw in data["boosters"].items())
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
+        raise InputError(f"{path} is a damaged xtune model file ({type(e).__name__}: {e})") from None
+    if manifest.format != MODEL_FORMAT:
+        raise InputError(f"{path} is model format {manifest.format}; this xtune reads format {MODEL_FORMAT}")
+    if check_features and manifest.features_version != FEATURES_VERSION:
+        raise InputError(f"{path} was trained with features version {manifest.features_version}, this xtune "
+                         f"computes {FEATURES_VERSION}: retrain with `xtune model train`")  # fmt: skip
+    return PretrainedModel(manifest, boosters)
+
+
+def builtin_dir() -> Path:
+    return Path(str(resources.files("xtune").joinpath("data", "models")))
+
+
+def builtin_model_path(target: Target, op: str, directory: Path | None = None) -> Path:
+    """The shipped model for `target`'s `op`: one whose manifest lists the target, else one that lists a
+    target of the same architecture (its features are relative to the target, so it still ranks)."""
+    directory = builtin_dir() if directory is None else directory
+    near: list[Path] = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            manifest = read_model(path, check_features=False).manifest
+        except InputError:
+            continue
+        if op not in manifest.ops:
+            continue
+        if target.name in manifest.targets:
+            return path
+        if any(_arch(t) == target.arch for t in manifest.targets):
+            near.append(path)
+    if near:
+        return near[0]
+    raise InputError(f"no built-in {op} model for target {target.name} (nor for another {target.arch} "
+                     "target) ships with this xtune: train one with `xtune model train LOG ... -o MODEL` "
+                     "and pass --transfer-from MODEL")  # fmt: skip
+
+
+def _arch(target_name: str) -> str | None:
+    try:
+        return get_target(target_name).arch
+    except InputError:
+        return None
+
+
+@dataclass(frozen=True)
+class TransferSource:
+    """Where a tuning run's pretrained model came from, for its report."""
+
+    kind: str  # "model", "builtin" or "logs"
+    paths: tuple[str, ...]
+    model: PretrainedModel
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "paths": list(self.paths), "manifest": self.model.manifest.summary()}
+
+
+def load_source(sources: Iterable[str], target: Target, op: str,
+                options: TrainOptions = TrainOptions()) -> TransferSource:
+    """`builtin`, one model file, or log files (trained on the fly, as `xtune model train` would)."""
+    sources = list(sources)
+    if not sources:
+        raise InputError("--transfer-from needs a model file, log files or 'builtin'")
+    if BUILTIN in sources:
+        if len(sources) > 1:
+            raise InputError("--transfer-from builtin takes no other sources")
+        path = builtin_model_path(target, op)
+        return TransferSource("builtin", (str(path),), read_model(path))
+    missing = [s for s in sources if not Path(s).is_file()]
+    if missing:
+        raise InputError(f"--transfer-from: no such file {missing[0]}")
+    models = [s for s in sources if is_model_file(s)]
+    if models and len(sources) > 1:
+        raise InputError("--transfer-from takes one model file, or log files to train on; not both")
+    if models:
+        return TransferSource("model", (models[0],), read_model(models[0]))
+    return TransferSource("logs", tuple(sources), train_from_logs(sources, options))
+
+
+# ---- the manifest for humans --------------------------------------------------------------------------
+
+
+def format_manifest(manifest: Manifest, path: str = "") -> str:
+    """A few header lines and a table of the workloads the model saw."""
+    usable = manifest.features_version == FEATURES_VERSION
+    lines = [
+        f"model {path}".rstrip(),
+        f"  trained   {manifest.created} by xtune {manifest.xtune_version}, objective {manifest.objective}",
+        f"  features  version {manifest.features_version}"
+        + ("" if usable else f" (this xtune computes {FEATURES_VERSION}: retrain to use it)"),
+        f"  targets   {', '.join(manifest.targets)}",
+        f"  records   {manifest.records_used} used, {manifest.records_skipped} skipped"
+        + "".join(f"; {k} {v}" for k, v in manifest.skipped if v),
+        f"  sources   {', '.join(manifest.sources) or '-'}",
+        "",
+        f"{'op':<10} {'workload':<56} {'target':<12} {'unit':<5} {'records':>8} {'configs':>8}",
+    ]
+    for g in manifest.groups:
+        lines.append(f"{g.op:<10} {g.workload:<56} {g.target:<12} {g.cost_unit:<5} {g.records:>8} "
+                     f"{g.configs:>8}")  # fmt: skip
+    return "\n".join(lines)
