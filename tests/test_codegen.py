@@ -2,6 +2,7 @@
 target gets a clean relocatable object (pyelftools: machine, no undefined symbols) that links flat."""
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from tests.nest_interp import run_kernel
 from xtune.agent import RunRequest, RunStatus
 from xtune.board import get_board
-from xtune.compile import compile_object, parse_verified
+from xtune.compile import compile_object, optimize, parse_verified, target_machine
 from xtune.link import check_object, link_flat
 from xtune.loopnest import (
     Affine,
@@ -106,6 +107,17 @@ def test_every_target_gets_a_checked_object_that_links_flat(target_name: str) ->
         assert dict(info.functions)["xt_kernel"] > 0
         image = link_flat(obj)
         assert image.entry("xt_kernel") < len(image.code)
+
+
+def test_avx512_kernels_use_zmm_registers() -> None:
+    """x86-avx512 is worth having only if LLVM keeps its <16 x float> FMAs whole (docs/design.md)."""
+    target = get_target("x86-avx512")
+    template = template_for(parse_workload("matmul:m=64,n=64,k=64"), target)
+    module = parse_verified(lower([template.kernel(template.default_config(), "k")]), target)
+    machine = target_machine(target)
+    optimize(module, machine)
+    fmas = re.findall(r"vfmadd\w+\s+[^\n]*%(zmm|ymm|xmm)\d+$", machine.emit_assembly(module), re.MULTILINE)
+    assert fmas and set(fmas) == {"zmm"}
 
 
 def test_float_constants_are_the_exact_float_in_hex() -> None:

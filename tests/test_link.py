@@ -17,10 +17,11 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import SymbolTableSection
 
+from xtune.board import host_cannot_run
 from xtune.compile import ObjectCode, compile_object, parse_verified
-from xtune.errors import LinkError, XtuneError
+from xtune.errors import LinkError
 from xtune.link import FlatImage, check_object, inspect_object, link_flat
-from xtune.target import Target, host_target, load_targets
+from xtune.target import Target, load_targets
 
 BASE = 0x10000
 TARGETS = ("x86-avx2", "arm-a72-neon", "riscv64-gc", "riscv64-gcv")
@@ -371,11 +372,9 @@ def test_out_of_range_branch_is_refused(tmp_path: Path) -> None:
 
 def test_runs_on_host() -> None:
     """Relocations are right, not only identical to ld: map the x86 image executable and call it."""
-    try:
-        if host_target().name != "x86-avx2":
-            pytest.skip("host is not x86-64 with AVX2/FMA")
-    except XtuneError as err:
-        pytest.skip(str(err))
+    why = host_cannot_run(_target("x86-avx2"))
+    if why:
+        pytest.skip(why)
     image = link_flat(compile_object(KERNEL_IR, _target("x86-avx2"), ("kernel", "pick")))
     size = -(-len(image.code) // mmap.PAGESIZE) * mmap.PAGESIZE
     mem = mmap.mmap(-1, size, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)

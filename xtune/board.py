@@ -17,7 +17,7 @@ from xtune import ssh
 from xtune.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
-from xtune.target import Target, get_target, host_target
+from xtune.target import Target, get_target, host_target, missing_host_features
 
 LOCAL_HELLO_TIMEOUT = 10.0  # seconds; also the margin added to every request's own timeout
 QEMU_HELLO_TIMEOUT = 30.0  # qemu-user start-up is ~10 ms, but a loaded CI machine can be slow
@@ -245,25 +245,6 @@ def get_board(name: str, boards_file: Path | None = None, target: str | None = N
 
 _HOST_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
               "riscv64": "riscv64"}  # fmt: skip
-# LLVM feature name -> the /proc/cpuinfo flag that says the CPU has it, where the two spellings differ.
-_CPUINFO_FLAG = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "bmi": "bmi1", "neon": "asimd", "fp-armv8": "fp",
-                 "crc": "crc32"}  # fmt: skip
-
-
-def _host_cpu_flags() -> set[str]:
-    """The CPU's feature flags: "flags" (x86), "Features" (aarch64) or the single-letter ISA extensions."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-        if key.strip() == "isa":  # rv64imafdcv_zicsr_...: one letter per base extension
-            return set(value.strip().split("_")[0].removeprefix("rv64"))
-    return set()
 
 
 def host_cannot_run(target: Target) -> str | None:
@@ -280,9 +261,7 @@ def host_cannot_run(target: Target) -> str | None:
             return None
     except InputError:
         pass
-    flags = _host_cpu_flags()
-    wanted = [f[1:] for f in target.features.split(",") if f.startswith("+")]
-    missing = [f for f in wanted if _CPUINFO_FLAG.get(f, f) not in flags]
+    missing = missing_host_features(target)
     if missing:
         return f"this host's CPU lacks {', '.join(missing)}, which target {target.name} needs"
     return None

@@ -72,41 +72,47 @@ def get_target(name: str) -> Target:
     return targets[name]
 
 
+# x86 targets from the widest vectors down: the host's target is the first whose features its CPU has.
+_X86_PREFERENCE = ("x86-avx512", "x86-avx2", "x86-sse42")
+# LLVM feature name -> the /proc/cpuinfo flag that says the CPU has it, where the two spellings differ.
+_CPUINFO_FLAG = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "bmi": "bmi1", "neon": "asimd", "fp-armv8": "fp",
+                 "crc": "crc32"}  # fmt: skip
+
+
 def host_target() -> Target:
     """The shipped target that describes this machine's CPU best."""
     machine = platform.machine()
     if machine in ("x86_64", "AMD64"):
-        flags = _cpu_flags()
-        if {"avx2", "fma"} <= flags:
-            return get_target("x86-avx2")
-        if "sse4_2" in flags and "x86-sse42" in load_targets():
-            return get_target("x86-sse42")
-        raise InputError("this x86-64 host has no AVX2/FMA and no matching target is shipped")
+        targets = load_targets()
+        for name in _X86_PREFERENCE:
+            if name in targets and not missing_host_features(targets[name]):
+                return targets[name]
+        raise InputError("this x86-64 host has none of the features of the shipped x86 targets")
     if machine in ("aarch64", "arm64"):
         return get_target("arm-a72-neon")
     if machine == "riscv64":
-        return get_target("riscv64-gcv" if "v" in _riscv_isa_extensions() else "riscv64-gc")
+        return get_target("riscv64-gcv" if "v" in host_cpu_flags() else "riscv64-gc")
     raise InputError(f"no target is shipped for host architecture '{machine}'")
 
 
-def _cpuinfo() -> str:
+def missing_host_features(target: Target) -> list[str]:
+    """The LLVM features `target` enables (+avx2, +sse4.2, ...) that this CPU's cpuinfo flags lack."""
+    flags = host_cpu_flags()
+    wanted = [f[1:] for f in target.features.split(",") if f.startswith("+")]
+    return [f for f in wanted if _CPUINFO_FLAG.get(f, f) not in flags]
+
+
+def host_cpu_flags() -> set[str]:
+    """The CPU's feature flags: "flags" (x86), "Features" (aarch64) or the single-letter ISA extensions."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return f.read()
+            text = f.read()
     except OSError:
-        return ""
-
-
-def _cpu_flags() -> set[str]:
-    for line in _cpuinfo().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+        if key.strip() == "isa":  # rv64imafdcv_zicsr_...: one letter per base extension
+            return set(value.strip().split("_")[0].removeprefix("rv64"))
     return set()
-
-
-def _riscv_isa_extensions() -> str:
-    for line in _cpuinfo().splitlines():
-        if line.startswith("isa"):
-            isa = line.split(":", 1)[1].strip()
-            return isa.split("_")[0].removeprefix("rv64")
-    return ""
