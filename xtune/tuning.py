@@ -34,6 +34,9 @@ class TuneOptions:
     # Measure the template's heuristic default first, so a tuned result is never worse than it.
     # Benchmarks of search efficiency turn it off to compare tuners on their own picks.
     start_from_default: bool = True
+    # With no pretrained model, the xgb tuner ranks its first batch by the analytic estimate (features.py)
+    # and keeps it as a fading base; False makes it start blind (random first batch), as AutoTVM did.
+    analytic_prior: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ def run_tuning(
         raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
     template = template_for(workload, target)
     history = resume_history(log, template)
-    if pretrained is None and options.tuner == "xgb":
+    if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
         pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
     tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx),
                        pretrained=pretrained)

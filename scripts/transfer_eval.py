@@ -1,0 +1,135 @@
+"""How many trials transfer learning saves (issue 7), measured on this machine's local board.
+
+Usage: python scripts/transfer_eval.py [--seeds 3] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
+
+Held-out workloads are matmul shapes that are not in the corpus (scripts/make_transfer_corpus.py). For
+each one on x86-avx2:
+  1. a long cold xgb run (`--long` trials) gives the best-known GFLOP/s;
+  2. for each seed, four runs of `--cap` trials, none seeded with the template's default config:
+     blind  xgb with no prior knowledge at all: a random first batch, then its own model (AutoTVM's cold
+            start; TuneOptions(analytic_prior=False));
+     cold   xgb as `xtune tune` runs it without transfer: its first batch is ranked by the analytic cycle
+            estimate of features.py, which stays on as the fading base of the local model;
+     shapes xgb warm-started from a model trained on the corpus's x86-avx2 logs (other shapes, same target);
+     sse42  xgb warm-started from a model trained on the corpus's x86-sse42 logs only (other hardware:
+            128-bit vectors, no FMA) -- the new board has no log of its own at all;
+  3. each run's count is the trials it took to reach 90% of the best-known GFLOP/s.
+The table gives the count per seed and the median; the last rows give the median over held-out shapes
+and the warm/cold ratios the issue asks for (<= 1/4 across shapes, <= 1/2 across hardware), against
+both cold starts. All runs measure for real; nothing is cached between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from xtune.board import get_board
+from xtune.costmodel import CostModel
+from xtune.transfer import train_from_logs
+from xtune.tuning import TuneOptions, run_tuning
+from xtune.workload import parse_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "xtune" / "data" / "corpus"
+HELD_OUT = ((384, 384, 384), (128, 1024, 256), (640, 160, 320), (96, 768, 192))
+TARGET = "x86-avx2"
+MODES = ("blind", "cold", "shapes", "sse42")
+
+
+def trials_to(curve: tuple[float, ...], goal: float) -> int | None:
+    return next((i + 1 for i, g in enumerate(curve) if g >= goal), None)
+
+
+def pretrained_models() -> dict[str, CostModel | None]:
+    shapes = train_from_logs([CORPUS / f"{TARGET}.jsonl"]).cost_model("matmul")
+    sse42 = train_from_logs([CORPUS / "x86-sse42.jsonl"]).cost_model("matmul")
+    return {"blind": None, "cold": None, "shapes": shapes, "sse42": sse42}
+
+
+def median_count(counts: list[int | None], cap: int) -> float:
+    """Median with a run that never got there counted as cap + 1 (so the median is a lower bound)."""
+    return statistics.median(c if c is not None else cap + 1 for c in counts)
+
+
+def evaluate(shape: tuple[int, int, int], models: dict[str, CostModel | None], seeds: int, cap: int,
+             long: int) -> tuple[float, dict[str, list[int | None]], dict[str, tuple[float, ...]]]:
+    workload = parse_workload("matmul:m={},n={},k={}".format(*shape))
+    board = get_board("local", target=TARGET)
+    long_options = TuneOptions("xgb", long, 16, None, 1000, start_from_default=False)
+    reference = run_tuning(workload, [board], long_options)
+    best_known = reference.best_gflops or 0.0
+    counts: dict[str, list[int | None]] = {mode: [] for mode in MODES}
+    first_curves: dict[str, tuple[float, ...]] = {}
+    for seed in range(seeds):
+        for mode in MODES:
+            options = TuneOptions("xgb", cap, 16, None, seed, start_from_default=False,
+                                  analytic_prior=mode != "blind")
+            report = run_tuning(workload, [board], options, pretrained=models[mode])
+            counts[mode].append(trials_to(report.curve_gflops, 0.9 * best_known))
+            first_curves.setdefault(mode, report.curve_gflops)
+            print(f"  {workload.key} seed {seed} {mode}: {counts[mode][-1]}", file=sys.stderr, flush=True)
+    return best_known, counts, first_curves
+
+
+def plot(path: Path, curves: dict[str, tuple[float, dict[str, tuple[float, ...]]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3.2), sharey=True)
+    for ax, (key, (best, by_mode)) in zip(axes, curves.items(), strict=True):
+        for mode, curve in by_mode.items():
+            ax.plot(range(1, len(curve) + 1), [g / best for g in curve], label=mode)
+        ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(key.removeprefix("matmul:"), fontsize=9)
+        ax.set_xlabel("trial")
+        ax.set_xscale("log")
+    axes[0].set_ylabel("best so far / best known")
+    axes[0].set_ylim(0, 1.1)
+    axes[-1].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--cap", type=int, default=128, help="trials per cold/warm run")
+    parser.add_argument("--long", type=int, default=384, help="trials of the best-known run")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of seed 0's best-so-far curves")
+    args = parser.parse_args()
+    models = pretrained_models()
+    print(f"\n{TARGET}, trials to 90% of a {args.long}-trial cold run's best; {args.seeds} seeds, at most "
+          f"{args.cap} trials per run ('>{args.cap}': never)\n")
+    print("| held-out workload | best known GFLOP/s | cold, blind | cold, analytic prior "
+          "| warm: other shapes | warm: sse42 logs |")
+    print("|---|---|---|---|---|---|")
+    medians: dict[str, list[float]] = {mode: [] for mode in MODES}
+    curves = {}
+    for shape in HELD_OUT:
+        best, counts, first = evaluate(shape, models, args.seeds, args.cap, args.long)
+        cells = []
+        for mode in MODES:
+            med = median_count(counts[mode], args.cap)
+            medians[mode].append(med)
+            per_seed = ", ".join(str(c) if c is not None else f">{args.cap}" for c in counts[mode])
+            cells.append(f"{med:g} ({per_seed})")
+        key = "matmul:m={},n={},k={}".format(*shape)
+        curves[key] = (best, first)
+        print(f"| {key} | {best:.1f} | " + " | ".join(cells) + " |", flush=True)
+    overall = {mode: statistics.median(v) for mode, v in medians.items()}
+    print("| **median over held-out** | | " + " | ".join(f"**{overall[m]:g}**" for m in MODES) + " |")
+    for cold in ("blind", "cold"):
+        print(f"\nwarm/{cold}: across shapes {overall['shapes'] / overall[cold]:.2f} (goal <= 0.25), "
+              f"sse42 -> avx2 {overall['sse42'] / overall[cold]:.2f} (goal <= 0.5)")
+    if args.plot:
+        plot(args.plot, curves)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
