@@ -11,6 +11,7 @@ from xtune.templates import template_for
 from xtune.workload import parse_workload
 
 EST = MATMUL_FEATURES.index("est_eff")
+VECTOR_TARGETS = ("x86-avx2", "x86-sse42", "x86-avx512", "arm-a72-neon", "riscv64-gcv")
 SHAPES = ("matmul:m=512,n=512,k=512", "matmul:m=127,n=255,k=63", "matmul:m=1,n=1,k=1")
 
 
@@ -25,7 +26,7 @@ def test_features_are_finite_and_the_estimate_is_a_fraction_of_peak(workload: st
     assert ((x[:, EST] > 0) & (x[:, EST] <= 1.0)).all()
 
 
-@pytest.mark.parametrize("target_name", ["x86-avx2", "x86-sse42", "x86-avx512", "arm-a72-neon", "riscv64-gcv"])
+@pytest.mark.parametrize("target_name", VECTOR_TARGETS)
 def test_the_estimate_prefers_the_default_over_a_degenerate_schedule(target_name: str) -> None:
     """A 1x1 register tile, nothing packed, k in blocks of 8 and no unrolling is slow on any vector CPU:
     one FMA per two loads and a call per 8 k steps."""
