@@ -309,9 +309,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_model_train(args: argparse.Namespace) -> int:
     from xtune.transfer import TrainOptions, train_from_logs
 
+    if args.threads < 0:
+        raise InputError("--threads must be 0 (every core) or more")
+    if not Path(args.output).resolve().parent.is_dir():  # before training, not after
+        raise InputError(f"cannot write the model file {args.output}: no directory "
+                         f"{Path(args.output).resolve().parent}")  # fmt: skip
     start = time.perf_counter()
     with _plain_warnings():
-        model = train_from_logs(args.log, TrainOptions(objective=args.objective, seed=args.seed))
+        options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
+        model = train_from_logs(args.log, options)
     model.save(args.output)
     seconds = time.perf_counter() - start
     m = model.manifest
@@ -325,14 +331,14 @@ def cmd_model_train(args: argparse.Namespace) -> int:
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:
-    from xtune.features import FEATURES_VERSION
     from xtune.transfer import format_manifest, read_model
 
     # A model of another features version is shown (that is how one finds out), only tuning refuses it.
     manifest = read_model(args.model, check_features=False).manifest
     if args.json:
-        usable = manifest.features_version == FEATURES_VERSION
-        _emit_json({"model": args.model, "usable": usable, "manifest": manifest.as_dict()})
+        reason = manifest.unusable_reason()
+        _emit_json({"model": args.model, "usable": reason is None, "reason": reason,
+                    "manifest": manifest.as_dict()})
     else:
         print(format_manifest(manifest, args.model))
     return 0
@@ -347,6 +353,8 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     t.add_argument("--objective", choices=("reg", "rank"), default="reg",
                    help="reg: squared error on normalized throughput (default); rank: pairwise ranking")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="xgboost threads (default 1; 0 = every core, best on an otherwise idle machine)")
     t.add_argument("--json", action="store_true", help="one JSON object on stdout")
     t.set_defaults(handler=cmd_model_train)
     i = model_sub.add_parser("info", help="print a model file's manifest")

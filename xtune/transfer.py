@@ -48,7 +48,10 @@ class TrainOptions:
     max_depth: int = 8
     learning_rate: float = 0.1
     seed: int = 0
-    nthread: int = 0  # 0 = every core: training is offline, unlike the tuning loop's refits
+    # 1 by default: xgboost's OpenMP threads spin at every barrier, so with another process busy on a core
+    # (a board timing kernels on this host) 2 threads trained a small log 100-300x slower than 1 did, and
+    # stole that core from the timing. 0 = every core, for an otherwise idle machine.
+    nthread: int = 1
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,21 @@ class Manifest:
     @property
     def records_skipped(self) -> int:
         return sum(n for _, n in self.skipped)
+
+    def unusable_reason(self) -> str | None:
+        """Why this xtune cannot tune with the model (its features mean other things), or None."""
+        if self.features_version != FEATURES_VERSION:
+            return (f"trained with features version {self.features_version}, this xtune computes "
+                    f"{FEATURES_VERSION}: retrain it with `xtune model train`")  # fmt: skip
+        for op, names in self.feature_names:
+            try:
+                current = feature_names(op)
+            except KeyError:
+                continue  # an operator this xtune does not tune; the others may still be used
+            if names != current:
+                return (f"its {op} feature columns differ from this xtune's: retrain it with "
+                        "`xtune model train`")
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         workloads: dict[str, list[dict[str, Any]]] = {op: [] for op in self.ops}
@@ -136,10 +154,14 @@ class PretrainedModel:
             have = ", ".join(self.manifest.ops) or "none"
             raise InputError(f"the pretrained model has no booster for operator '{op}' (it has: {have}); "
                              f"train one on {op} logs with `xtune model train`")  # fmt: skip
-        if dict(self.manifest.feature_names)[op] != feature_names(op):
+        if dict(self.manifest.feature_names).get(op) != feature_names(op):
             raise InputError(f"the pretrained {op} booster was trained on other feature columns than this "
                              "xtune computes: retrain with `xtune model train`")  # fmt: skip
-        return XGBoostCostModel.from_bytes(boosters[op], nthread=nthread, objective=self.manifest.objective)
+        try:
+            return XGBoostCostModel.from_bytes(boosters[op], nthread=nthread,
+                                               objective=self.manifest.objective)
+        except InputError as e:
+            raise InputError(f"the pretrained model's {op} booster is damaged ({e})") from None
 
     def to_json(self) -> str:
         # The manifest goes first, so that the file's first bytes say what it is (is_model_file).
@@ -150,8 +172,12 @@ class PretrainedModel:
         """Write atomically: a concurrent reader sees the old file or the new one, never half of one."""
         path = Path(path)
         partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        partial.write_text(self.to_json() + "\n", encoding="utf-8")
-        os.replace(partial, path)
+        try:
+            partial.write_text(self.to_json() + "\n", encoding="utf-8")
+            os.replace(partial, path)
+        except OSError as e:
+            partial.unlink(missing_ok=True)
+            raise InputError(f"cannot write the model file {path}: {e.strerror or e}") from None
 
 
 # ---- training -----------------------------------------------------------------------------------------
@@ -259,13 +285,17 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
 def train(records: Sequence[Record], options: TrainOptions = TrainOptions(),
           sources: Sequence[str] = ()) -> PretrainedModel:
     """One booster per operator on every usable record (labels: throughput relative to the group's best)."""
+    if not records:
+        raise InputError(f"no log records in {', '.join(sources) or 'the logs'} (are they tuning logs?)")
     data, skipped = collect(records)
     if skipped["stale_config"] or skipped["unknown_workload_or_target"]:
         warnings.warn(f"left out {skipped['stale_config']} record(s) whose config no longer matches its "
                       f"template and {skipped['unknown_workload_or_target']} of unknown workloads or targets",
                       TransferWarning, stacklevel=2)  # fmt: skip
     if not data:
-        raise InputError(f"no usable records to train on in {', '.join(sources) or 'the logs'}")
+        why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items()))
+        raise InputError(f"no usable records to train on in {', '.join(sources) or 'the logs'} "
+                         f"({len(records)} left out: {why})")  # fmt: skip
     nthread = options.nthread or os.cpu_count() or 1
     boosters = []
     for op, d in data.items():
@@ -289,6 +319,8 @@ def train_from_logs(paths: Sequence[str | os.PathLike[str]],
     for path in paths:
         if not Path(path).is_file():
             raise InputError(f"no log file {path}")
+        if is_model_file(path):
+            raise InputError(f"{path} is a model file, not a tuning log")
     return train(read_logs(paths), options, [os.fspath(p) for p in paths])
 
 
@@ -297,8 +329,11 @@ def train_from_logs(paths: Sequence[str | os.PathLike[str]],
 
 def is_model_file(path: str | os.PathLike[str]) -> bool:
     """A model file is one JSON object opening with its manifest; a log is JSON lines opening with "v"."""
-    with open(path, "rb") as f:
-        return bool(_MODEL_HEAD.match(f.read(4096)))
+    try:
+        with open(path, "rb") as f:
+            return bool(_MODEL_HEAD.match(f.read(4096)))
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def read_model(path: str | os.PathLike[str], check_features: bool = True) -> PretrainedModel:
@@ -311,13 +346,17 @@ def read_model(path: str | os.PathLike[str], check_features: bool = True) -> Pre
                          "writes)")  # fmt: skip
     try:
         data = json.loads(Path(path).read_bytes())
+        # The format first: another format's manifest may not parse as this one's.
+        if data["manifest"].get("format") != MODEL_FORMAT:
+            raise InputError(f"{path} is model format {data['manifest'].get('format')!r}; this xtune reads "
+                             f"format {MODEL_FORMAT}")  # fmt: skip
         manifest = Manifest.from_dict(data["manifest"])
         boosters = tuple((str(op), base64.b64decode(raw, validate=True))
                          for op, raw in data["boosters"].items())
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
         raise InputError(f"{path} is a damaged xtune model file ({type(e).__name__}: {e})") from None
-    if manifest.format != MODEL_FORMAT:
-        raise InputError(f"{path} is model format {manifest.format}; this xtune reads format {MODEL_FORMAT}")
     if check_features and manifest.features_version != FEATURES_VERSION:
         raise InputError(f"{path} was trained with features version {manifest.features_version}, this xtune "
                          f"computes {FEATURES_VERSION}: retrain with `xtune model train`")  # fmt: skip
@@ -330,9 +369,11 @@ def builtin_dir() -> Path:
 
 def builtin_model_path(target: Target, op: str, directory: Path | None = None) -> Path:
     """The shipped model for `target`'s `op`: one whose manifest lists the target, else one that lists a
-    target of the same architecture (its features are relative to the target, so it still ranks)."""
+    target of the same architecture (its features are relative to the target, so it still ranks). Models of
+    this xtune's features version come first; one of another version is returned (and refused by
+    `read_model` with its reason) only when no other fits."""
     directory = builtin_dir() if directory is None else directory
-    near: list[Path] = []
+    ranked: list[tuple[int, Path]] = []  # (0 = lists the target, 1 = same arch; +2 = other features version)
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
             manifest = read_model(path, check_features=False).manifest
@@ -340,12 +381,13 @@ def builtin_model_path(target: Target, op: str, directory: Path | None = None) -
             continue
         if op not in manifest.ops:
             continue
+        stale = 2 * (manifest.features_version != FEATURES_VERSION)
         if target.name in manifest.targets:
-            return path
-        if any(_arch(t) == target.arch for t in manifest.targets):
-            near.append(path)
-    if near:
-        return near[0]
+            ranked.append((stale, path))
+        elif any(_arch(t) == target.arch for t in manifest.targets):
+            ranked.append((stale + 1, path))
+    if ranked:
+        return min(ranked)[1]
     raise InputError(f"no built-in {op} model for target {target.name} (nor for another {target.arch} "
                      "target) ships with this xtune: train one with `xtune model train LOG ... -o MODEL` "
                      "and pass --transfer-from MODEL")  # fmt: skip
@@ -397,16 +439,16 @@ def load_source(sources: Iterable[str], target: Target, op: str,
 
 def format_manifest(manifest: Manifest, path: str = "") -> str:
     """A few header lines and a table of the workloads the model saw."""
-    usable = manifest.features_version == FEATURES_VERSION
+    reason = manifest.unusable_reason()
     lines = [
         f"model {path}".rstrip(),
         f"  trained   {manifest.created} by xtune {manifest.xtune_version}, objective {manifest.objective}",
-        f"  features  version {manifest.features_version}"
-        + ("" if usable else f" (this xtune computes {FEATURES_VERSION}: retrain to use it)"),
+        f"  features  version {manifest.features_version}",
         f"  targets   {', '.join(manifest.targets)}",
         f"  records   {manifest.records_used} used, {manifest.records_skipped} skipped"
         + "".join(f"; {k} {v}" for k, v in manifest.skipped if v),
         f"  sources   {', '.join(manifest.sources) or '-'}",
+        f"  usable    {'yes' if reason is None else 'NO, ' + reason}",
         "",
         f"{'op':<10} {'workload':<56} {'target':<12} {'unit':<5} {'records':>8} {'configs':>8}",
     ]

@@ -1,0 +1,431 @@
+"""Transfer learning: `xtune model train/info`, the model file and its refusals, `--transfer-from`, and what
+a pretrained model buys a tuner (fewer trials to the optimum)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xtune
+from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
+from xtune.costmodel import XGBoostCostModel, grouped_throughput_target
+from xtune.database import Record, make_record, read_logs, record_to_json
+from xtune.errors import InputError
+from xtune.features import FEATURES_VERSION, feature_names, featurize
+from xtune.measure import MeasureResult, MeasureStatus
+from xtune.search import SpaceArrays, knob_featurizer
+from xtune.space import Config
+from xtune.target import get_target, missing_host_features
+from xtune.templates import ScheduleTemplate, template_for
+from xtune.transfer import (
+    PretrainedModel,
+    TrainOptions,
+    TransferWarning,
+    builtin_model_path,
+    collect,
+    load_source,
+    read_model,
+    train,
+    train_from_logs,
+)
+from xtune.tuner import ModelTuner, TuneProgress, make_tuner, tune
+from xtune.workload import parse_workload
+
+TUNED = "matmul:m=64,n=48,k=40"  # the workload tuned with transfer; the logs hold its neighbours
+NEIGHBOURS = ("matmul:m=64,n=64,k=48", "matmul:m=48,n=48,k=32")
+TARGETS = ("x86-avx2", "x86-sse42")
+ModelFile = tuple[Path, dict[str, object]]  # a model written by `xtune model train`, and its --json report
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
+
+
+def xtune_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_one_line_error(out: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.startswith("xtune: error: ")
+    for word in words:
+        assert word in out.stderr, out.stderr
+
+
+# ---- synthetic logs: real spaces and features, costs from the analytic estimate (nothing is measured) ------
+
+
+def template(workload: str, target: str) -> ScheduleTemplate:
+    return template_for(parse_workload(workload), get_target(target))
+
+
+def estimated_seconds(t: ScheduleTemplate, indices: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+    """Seconds per call if each config ran at its estimated efficiency (est_eff) of the target's peak, with
+    5% noise: a plausible machine, so that what the model learns can be checked."""
+    eff = featurize(t, indices)[:, feature_names("matmul").index("est_eff")]
+    peak = t.target.peak_gflops * 1e9
+    return t.workload.flops() / (eff * peak) * np.exp(rng.normal(0.0, 0.05, len(eff)))
+
+
+def ok(seconds: float) -> MeasureResult:
+    return MeasureResult(MeasureStatus.OK, (seconds, seconds * 1.01, seconds * 0.99))
+
+
+class Corpus:
+    """Two logs (one per target) of both neighbours, with what a correct training must make of them."""
+
+    def __init__(self, where: Path, per_group: int = 120) -> None:
+        rng = np.random.default_rng(7)
+        self.logs: list[Path] = []
+        self.records: list[Record] = []
+        self.expected: dict[tuple[str, str], tuple[int, int]] = {}  # (workload, target) -> (records, configs)
+        self.failed: dict[tuple[str, str], set[int]] = {}  # configs that only ever failed
+        self.repeated: list[Record] = []  # a config measured OK, then failed in a later run
+        for target in TARGETS:
+            records: list[Record] = []
+            for workload in NEIGHBOURS:
+                t = template(workload, target)
+                key = (t.workload.key, target)
+                indices = rng.choice(t.space.size, per_group, replace=False).tolist()
+                seconds = estimated_seconds(t, indices, rng)
+                bad = set(indices[: per_group // 10])  # 10% failed: half wrong answers, half compile errors
+                for n, (i, s) in enumerate(zip(indices, seconds.tolist(), strict=True)):
+                    status = (MeasureStatus.WRONG_ANSWER if n % 2 else MeasureStatus.COMPILE_ERROR) \
+                        if i in bad else MeasureStatus.OK
+                    result = ok(s) if status is MeasureStatus.OK else MeasureResult(status, error="synthetic")
+                    records.append(make_record(t.workload.key, target, "local", t.space.config(i), result))
+                records.append(make_record(t.workload.key, target, "local", t.space.config(indices[-1]),
+                                           MeasureResult(MeasureStatus.RUNTIME_ERROR, error="SIGSEGV")))
+                self.repeated += [records[-2], records[-1]]
+                self.failed[key] = bad
+                self.expected[key] = (per_group + 1, per_group)
+                # Neither of these may reach the model: a board error says nothing about the config, and a
+                # stale record's index now means other knobs than the ones it measured.
+                records.append(make_record(t.workload.key, target, "local", t.space.config(indices[1]),
+                                           MeasureResult(MeasureStatus.BOARD_ERROR, error="agent died")))
+                stale = Config(indices[2], t.space.config((indices[2] + 1) % t.space.size).values)
+                records.append(make_record(t.workload.key, target, "local", stale, ok(1e-5)))
+            path = where / f"{target}.jsonl"
+            path.write_text("".join(record_to_json(r) + "\n" for r in records))
+            self.logs.append(path)
+            self.records.extend(records)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    return Corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def model_file(corpus: Corpus) -> ModelFile:
+    """A model written by `xtune model train`, and the command's --json report."""
+    path = corpus.logs[0].parent / "model.json"
+    out = xtune_cli("model", "train", *map(str, corpus.logs), "-o", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    assert "left out" in out.stderr  # the stale records are warned about, as one "xtune: warning:" line
+    return path, json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def old_model(model_file: ModelFile) -> Path:
+    """The trained model, but claiming features of another version than this xtune computes."""
+    data = json.loads(model_file[0].read_text())
+    data["manifest"]["features_version"] = FEATURES_VERSION - 1
+    path = model_file[0].with_name("old.json")
+    path.write_text(json.dumps(data))
+    return path
+
+
+# ---- training and the model file -----------------------------------------------------------------------
+
+
+def test_model_train_writes_the_manifest_a_user_checks(corpus: Corpus, model_file: ModelFile) -> None:
+    path, report = model_file
+    data = json.loads(path.read_text())
+    assert list(data) == ["manifest", "boosters"] and list(data["boosters"]) == ["matmul"]
+    assert base64.b64decode(data["boosters"]["matmul"], validate=True)  # the booster, base64
+    m = read_model(path).manifest
+    assert report["manifest"] == m.as_dict() and report["model"] == str(path)
+    assert m.features_version == FEATURES_VERSION and m.ops == ("matmul",)
+    assert dict(m.feature_names)["matmul"] == feature_names("matmul")
+    assert m.targets == TARGETS and m.xtune_version == xtune.__version__
+    assert m.sources == tuple(p.name for p in corpus.logs)  # base names: paths are private to a machine
+    assert {(g.workload, g.target): (g.records, g.configs) for g in m.groups} == corpus.expected
+    assert {g.cost_unit for g in m.groups} == {"s"}
+    assert m.records_used == sum(r for r, _ in corpus.expected.values())
+    assert dict(m.skipped) == {"board_error": 4, "stale_config": 4}  # one of each per (workload, target)
+    assert m.records_used + m.records_skipped == len(corpus.records)
+
+
+@pytest.mark.parametrize("objective", ["reg", "rank"])
+def test_a_saved_model_predicts_what_the_trained_one_did(corpus: Corpus, tmp_path: Path,
+                                                         objective: str) -> None:
+    with pytest.warns(TransferWarning, match="no longer matches"):
+        trained = train(corpus.records, TrainOptions(objective=objective), [str(p) for p in corpus.logs])
+    trained.save(tmp_path / "m.json")
+    loaded = read_model(tmp_path / "m.json")
+    assert loaded.manifest == trained.manifest and loaded.manifest.objective == objective
+    t = template(TUNED, "x86-avx2")  # a workload the model never saw
+    rows = featurize(t, np.random.default_rng(0).integers(t.space.size, size=300))
+    before, after = trained.cost_model("matmul").predict(rows), loaded.cost_model("matmul").predict(rows)
+    np.testing.assert_allclose(after, before, rtol=1e-6)
+    # And it transfers: on the unseen workload it ranks configs like the estimate the logs were made from.
+    assert spearman(after, rows[:, feature_names("matmul").index("est_eff")]) > 0.7
+
+
+def test_failures_are_kept_as_the_worst_and_the_model_learns_the_order(corpus: Corpus,
+                                                                       model_file: ModelFile) -> None:
+    data, skipped = collect(corpus.records)
+    assert skipped == {"board_error": 4, "stale_config": 4}
+    d = data["matmul"]
+    labels = grouped_throughput_target(d.costs, d.groups)
+    assert len(np.unique(d.groups)) == len(corpus.expected) == len(d.counts)
+    model = read_model(model_file[0]).cost_model("matmul")
+    for g, count in zip(np.unique(d.groups), d.counts, strict=True):
+        key = (count.workload, count.target)
+        rows = d.groups == g
+        scores = model.predict(d.features[rows])
+        # Each group's configs, failures included, are training rows; failed ones have label 0.
+        assert rows.sum() == count.configs == corpus.expected[key][1]
+        assert labels[rows].max() == pytest.approx(1.0) and labels[rows].min() == 0.0
+        failed_rows = np.isinf(d.costs[rows])
+        assert failed_rows.sum() == len(corpus.failed[key])
+        assert (labels[rows][failed_rows] == 0).all() and (labels[rows][~failed_rows] > 0).all()
+        # What the model learned: failures score below the fast configs, and speed ranks like the labels.
+        fast = labels[rows] >= np.quantile(labels[rows][~failed_rows], 0.75)
+        assert scores[failed_rows].mean() < scores[fast].mean()
+        assert spearman(scores[~failed_rows], labels[rows][~failed_rows]) > 0.7
+
+
+def test_a_config_that_failed_in_one_run_and_not_another_counts_as_measured(corpus: Corpus) -> None:
+    ok_then_failed = corpus.repeated[:2]
+    assert ok_then_failed[0].result.ok and not ok_then_failed[1].result.ok
+    assert ok_then_failed[0].index == ok_then_failed[1].index
+    for records in (ok_then_failed, ok_then_failed[::-1]):
+        (d,) = collect(records)[0].values()
+        assert d.costs.tolist() == [ok_then_failed[0].cost]  # one row, the OK cost
+        assert d.counts[0].records == 2 and d.counts[0].configs == 1
+
+
+def test_unknown_targets_and_an_empty_log_are_not_trained_on(corpus: Corpus, tmp_path: Path) -> None:
+    unknown = [replace(r, target="x86-avx9") for r in corpus.records[:5]]
+    _, skipped = collect(unknown + corpus.records)
+    assert skipped["unknown_workload_or_target"] == 5
+    with pytest.warns(TransferWarning), pytest.raises(InputError, match="no usable records"):
+        train(unknown)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(InputError, match="no log records"):
+        train_from_logs([tmp_path / "empty.jsonl"])
+
+
+# ---- refusals: one line, exit 2 --------------------------------------------------------------------------
+
+
+def test_a_model_of_another_features_version_is_refused(old_model: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=f"features version {FEATURES_VERSION - 1}.*retrain"):
+        read_model(old_model)
+    assert read_model(old_model, check_features=False).manifest.features_version == FEATURES_VERSION - 1
+    data = json.loads(old_model.read_text())
+    data["manifest"]["format"] = 2
+    del data["manifest"]["targets"]  # a future format need not parse as this one
+    (tmp_path / "future.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match="model format 2"):
+        read_model(tmp_path / "future.json")
+
+
+def test_model_info_shows_an_old_model_and_says_to_retrain(old_model: Path) -> None:
+    out = xtune_cli("model", "info", str(old_model))
+    assert out.returncode == 0, out.stderr
+    assert "retrain" in out.stdout and NEIGHBOURS[0] in out.stdout and "x86-sse42" in out.stdout
+    info = json.loads(xtune_cli("model", "info", str(old_model), "--json").stdout)
+    assert info["usable"] is False and "retrain" in info["reason"]
+    assert info["manifest"]["features_version"] == FEATURES_VERSION - 1
+
+
+def test_model_info_of_a_good_model_says_usable(model_file: ModelFile) -> None:
+    info = json.loads(xtune_cli("model", "info", str(model_file[0]), "--json").stdout)
+    assert info["usable"] is True and info["reason"] is None
+    assert info["manifest"]["targets"] == list(TARGETS)
+
+
+@pytest.mark.parametrize("case", ["old", "garbage", "missing", "model_and_log", "damaged", "other_op"])
+def test_tune_refuses_a_bad_transfer_source_in_one_line(case: str, old_model: Path, corpus: Corpus,
+                                                        tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    if case == "garbage":
+        bad.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8)))
+    elif case == "damaged":  # a model's head, a truncated body
+        bad.write_text(old_model.read_text()[:200])
+    elif case == "other_op":
+        bad = tmp_path / "conv.json"
+        data = json.loads(old_model.read_text())
+        data["manifest"]["features_version"] = FEATURES_VERSION
+        data["boosters"] = {"conv2d": data["boosters"]["matmul"]}
+        data["manifest"]["feature_names"] = {"conv2d": list(feature_names("conv2d"))}
+        bad.write_text(json.dumps(data))
+    sources = {"old": [old_model], "garbage": [bad], "missing": [tmp_path / "nothere.json"],
+               "model_and_log": [old_model, corpus.logs[0]], "damaged": [bad], "other_op": [bad]}[case]
+    words = {"old": ("features version", "retrain"), "garbage": ("bad.json", "tuning log"),
+             "missing": ("nothere.json",), "model_and_log": ("not both",), "damaged": ("damaged",),
+             "other_op": ("no booster for operator 'matmul'",)}[case]  # fmt: skip
+    log = tmp_path / "log.jsonl"
+    out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "4", "--log", str(log),
+                    "--transfer-from", *map(str, sources))  # fmt: skip
+    assert_one_line_error(out, *words)
+    assert not log.exists()  # refused before anything was measured
+
+
+def test_a_log_is_not_a_model_nor_a_model_a_log(corpus: Corpus, model_file: ModelFile,
+                                                tmp_path: Path) -> None:
+    assert_one_line_error(xtune_cli("model", "info", str(corpus.logs[0])), "not an xtune model file")
+    assert_one_line_error(xtune_cli("model", "info", str(tmp_path / "nothere.json")), "no model file")
+    with pytest.raises(InputError, match="is a model file, not a tuning log"):
+        train_from_logs([model_file[0]])
+
+
+def test_transfer_needs_the_xgb_tuner(model_file: ModelFile, tmp_path: Path) -> None:
+    out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "4", "--tuner", "ga",
+                    "--log", str(tmp_path / "log.jsonl"), "--transfer-from", str(model_file[0]))  # fmt: skip
+    assert_one_line_error(out, "xgb")
+
+
+# ---- sources: logs, model files, the built-in models -------------------------------------------------------
+
+
+def test_logs_as_a_transfer_source_are_trained_on_the_fly(corpus: Corpus) -> None:
+    with pytest.warns(TransferWarning):
+        source = load_source(map(str, corpus.logs), get_target("x86-avx2"), "matmul")
+    assert source.kind == "logs" and source.paths == tuple(map(str, corpus.logs))
+    assert source.as_dict()["manifest"]["records"] == sum(r for r, _ in corpus.expected.values())
+    with pytest.raises(InputError, match="builtin takes no other"):
+        load_source(["builtin", str(corpus.logs[0])], get_target("x86-avx2"), "matmul")
+
+
+def test_builtin_picks_the_target_then_its_architecture(model_file: ModelFile,
+                                                        tmp_path: Path) -> None:
+    model = read_model(model_file[0])
+
+    def ship(name: str, targets: tuple[str, ...], version: int = FEATURES_VERSION) -> Path:
+        m = replace(model.manifest, targets=targets, features_version=version)
+        PretrainedModel(m, model.boosters).save(tmp_path / name)
+        return tmp_path / name
+
+    with pytest.raises(InputError, match="no built-in matmul model"):
+        builtin_model_path(get_target("x86-avx2"), "matmul", directory=tmp_path)  # nothing shipped
+    sse = ship("a-sse.json", ("x86-sse42",))
+    ship("b-old.json", ("x86-avx2",), version=FEATURES_VERSION - 1)
+    (tmp_path / "c-junk.json").write_text("not a model")  # ignored, not an error
+    # Only a model of the same architecture: it is the one (its features are relative to the target).
+    assert builtin_model_path(get_target("x86-avx512"), "matmul", directory=tmp_path) == sse
+    # A model of this xtune's features version ranks above one listing the target that would be refused.
+    assert builtin_model_path(get_target("x86-avx2"), "matmul", directory=tmp_path) == sse
+    avx2 = ship("d-avx2.json", ("x86-avx2", "arm-a72-neon"))
+    assert builtin_model_path(get_target("x86-avx2"), "matmul", directory=tmp_path) == avx2
+    assert builtin_model_path(get_target("x86-sse42"), "matmul", directory=tmp_path) == sse
+    assert builtin_model_path(get_target("arm-a53-neon"), "matmul", directory=tmp_path) == avx2
+    with pytest.raises(InputError, match="riscv64-gc"):
+        builtin_model_path(get_target("riscv64-gc"), "matmul", directory=tmp_path)
+    with pytest.raises(InputError, match="no built-in conv2d model"):
+        builtin_model_path(get_target("x86-avx2"), "conv2d", directory=tmp_path)
+
+
+# ---- what a pretrained model buys: fewer trials (synthetic space, fake measurer) ---------------------------
+
+
+class TrueThroughput:
+    """A pretrained model that is exactly right: the synthetic space's throughput relative to its optimum
+    (0 where a config fails), read back from the knob features."""
+
+    def __init__(self) -> None:
+        self.arrays = SpaceArrays(SPACE)
+        # knob_featurizer's columns: an int option's value, else the option's number (both ascending)
+        self.tables = [np.array([o if isinstance(o, int) else d for d, o in enumerate(k.options)], float)
+                       for k in SPACE.knobs]  # fmt: skip
+        good = COSTS > 0
+        self.throughput = np.where(good, OPTIMUM / np.where(good, COSTS, 1.0), 0.0)
+
+    def fit(self, features: np.ndarray, costs: np.ndarray) -> None:
+        """Pretrained: nothing to learn."""
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        f = np.asarray(features)
+        digits = np.stack([np.searchsorted(t, f[:, j]) for j, t in enumerate(self.tables)], axis=1)
+        return self.throughput[self.arrays.indices(digits)]
+
+
+def trials_to_reach(goal: float, seed: int, pretrained: XGBoostCostModel | TrueThroughput | None,
+                    cap: int = 640) -> int:
+    """Trials of an xgb tuner until a config of cost <= `goal` was measured (`cap` if never)."""
+    tuner = make_tuner("xgb", SPACE, seed, knob_featurizer(SPACE), pretrained=pretrained)
+    assert isinstance(tuner, ModelTuner) and tuner.pretrained is pretrained
+    tuner.n_chains, tuner.n_steps = 128, 40  # cheaper annealing, as in test_tuner
+
+    def stop(progress: TuneProgress) -> None:
+        if progress.best_cost <= goal:
+            raise KeyboardInterrupt  # the loop's own way of stopping early
+
+    summary = tune(SPACE, tuner, fake_measurer(COSTS), cap, 32, callbacks=[stop])
+    return next((t for t, c in enumerate(summary.curve, 1) if c <= goal), cap)
+
+
+def test_a_right_pretrained_model_finds_the_optimum_in_its_first_batch() -> None:
+    oracle = TrueThroughput()
+    rows = knob_featurizer(SPACE)(range(0, SPACE.size, 7))
+    assert np.array_equal(oracle.predict(rows), oracle.throughput[::7])  # it is the truth
+    goal = OPTIMUM * 1.01
+    cold = [trials_to_reach(goal, seed, None) for seed in range(3)]
+    warm = [trials_to_reach(goal, seed, oracle) for seed in range(3)]
+    assert statistics.median(warm) <= 32, warm  # the first batch is ranked by the pretrained model
+    assert statistics.median(warm) < statistics.median(cold), (warm, cold)
+
+
+def test_a_model_trained_on_another_board_saves_trials() -> None:
+    """Pretrained on 1,500 random configs measured on a similar board (each config 10% off, at random), as
+    `xtune model train` fits (same options, regression on throughput relative to the best)."""
+    rng = np.random.default_rng(0)
+    other_board = np.where(COSTS > 0, COSTS, np.inf) * np.exp(rng.normal(0.0, 0.1, SPACE.size))
+    seen = rng.choice(SPACE.size, 1500, replace=False)
+    o = TrainOptions()
+    pretrained = XGBoostCostModel(seed=o.seed, objective=o.objective, n_trees=o.n_trees,
+                                  max_depth=o.max_depth, learning_rate=o.learning_rate, max_rows=len(seen))
+    pretrained.fit(knob_featurizer(SPACE)(seen.tolist()), other_board[seen], groups=np.zeros(len(seen)))
+    goal = OPTIMUM * 1.05  # within 5% of the optimum (172 of 53,760 configs)
+    cold = [trials_to_reach(goal, seed, None) for seed in range(3)]
+    warm = [trials_to_reach(goal, seed, pretrained) for seed in range(3)]
+    assert statistics.median(warm) < statistics.median(cold), (warm, cold)
+
+
+# ---- end to end on the local board ------------------------------------------------------------------------
+
+
+def test_tune_with_a_trained_model_on_the_local_board(model_file: ModelFile, tmp_path: Path) -> None:
+    if missing_host_features(get_target("x86-avx2")):
+        pytest.skip("this machine cannot run x86-avx2 code")
+    log = tmp_path / "log.jsonl"
+    out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "8", "--batch-size", "4",
+                    "--repeat", "2", "--min-repeat-ms", "2", "--transfer-from", str(model_file[0]), "--json",
+                    "--log", str(log))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    transfer = report["transfer"]
+    assert transfer["kind"] == "model" and transfer["paths"] == [str(model_file[0])]
+    assert transfer["manifest"]["features_version"] == FEATURES_VERSION
+    assert "x86-avx2" in transfer["manifest"]["targets"]
+    assert f"transfer from model {model_file[0]}" in out.stderr
+    assert report["trials"] == 8 and report["target"] == "x86-avx2"
+    records = read_logs([log])
+    assert len(records) == 8 == len({r.index for r in records})
+    assert {r.workload for r in records} == {parse_workload(TUNED).key}
