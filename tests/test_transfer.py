@@ -429,3 +429,25 @@ def test_tune_with_a_trained_model_on_the_local_board(model_file: ModelFile, tmp
     records = read_logs([log])
     assert len(records) == 8 == len({r.index for r in records})
     assert {r.workload for r in records} == {parse_workload(TUNED).key}
+
+
+def test_the_shipped_model_is_usable_and_found_for_every_x86_target() -> None:
+    """`--transfer-from builtin` on any x86 target: the model in xtune/data/models matches these features."""
+    for name in ("x86-avx2", "x86-sse42", "x86-avx512"):
+        path = builtin_model_path(get_target(name), "matmul")
+        model = read_model(path)  # refuses a model of another features version
+        assert {"x86-avx2", "x86-sse42"} <= set(model.manifest.targets)
+        assert model.manifest.records_used > 1000
+    x = featurize(template(TUNED, "x86-avx2"), np.arange(64))
+    assert np.isfinite(model.cost_model("matmul").predict(x)).all()
+
+
+def test_tune_with_the_builtin_model(tmp_path: Path) -> None:
+    if missing_host_features(get_target("x86-sse42")):
+        pytest.skip("this machine cannot run x86-sse42 code")
+    out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-sse42", "--trials", "4", "--batch-size",
+                    "4", "--repeat", "2", "--min-repeat-ms", "2", "--transfer-from", "builtin", "--json",
+                    "--log", str(tmp_path / "log.jsonl"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["transfer"]["kind"] == "builtin" and report["trials"] == 4
