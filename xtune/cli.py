@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 import warnings
@@ -458,6 +459,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("xtune: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`xtune report log | head`): not an error of ours. Point stdout at
+        # /dev/null so that the interpreter's final flush does not raise again (Python docs, "SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
