@@ -123,7 +123,7 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
         pack_b * m_out * _log2(np.ceil(m / mc)), pack_a * n_out * _log2(np.ceil(n / nc)),
         *((order == o).astype(np.float64) for o in ORDERS),
         *_matmul_estimate(t, (m, n, k), (mr, nv, mc, nc, kc, unroll), (pack_a, pack_b), order,
-                          cfg.flag("inner", "nm")),
+                          (m_out, n_out), cfg.flag("inner", "nm")),
     ]  # fmt: skip
     return np.stack(cols, axis=1)
 
@@ -155,6 +155,7 @@ def _matmul_estimate(
     blocks: tuple[np.ndarray, ...],
     packs: tuple[np.ndarray, np.ndarray],
     order: np.ndarray,
+    outer: tuple[np.ndarray, np.ndarray],
     inner_nm: np.ndarray,
 ) -> list[np.ndarray]:
     """A first-order cycle model of the BLIS-style kernel, as fractions of the ideal cycle count: the
@@ -187,8 +188,7 @@ def _matmul_estimate(
     c_bytes = 4.0 * mr * nr * (1.0 + (k > kc))
     overhead = calls * (c_bytes / level_bw[c_level] + 8.0 + 0.5 * np.ceil(kc / unroll))
     # Packing: B copied a vector per cycle, A a float per cycle, once per block of every outer loop.
-    m_out = np.array([o.index("m") < max(o.index("n"), o.index("k")) for o in order])
-    n_out = np.array([o.index("n") < max(o.index("m"), o.index("k")) for o in order])
+    m_out, n_out = (x > 0 for x in outer)
     pack_b_cycles = pack_b * k * np.ceil(n / nr) * nr / lanes * np.where(m_out, np.ceil(m / mc), 1.0)
     pack_a_cycles = pack_a * k * np.ceil(m / mr) * mr * np.where(n_out, np.ceil(n / nc), 1.0)
     b_level, a_level = _stream_levels(t, (n, k), (mr, nr, mc, nc, kc), packs, inner_nm)
