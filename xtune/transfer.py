@@ -90,11 +90,14 @@ class Manifest:
     def records_skipped(self) -> int:
         return sum(n for _, n in self.skipped)
 
+    def version_mismatch(self) -> str:
+        return (f"trained with features version {self.features_version}, this xtune computes "
+                f"{FEATURES_VERSION}: retrain it with `xtune model train`")  # fmt: skip
+
     def unusable_reason(self) -> str | None:
         """Why this xtune cannot tune with the model (its features mean other things), or None."""
         if self.features_version != FEATURES_VERSION:
-            return (f"trained with features version {self.features_version}, this xtune computes "
-                    f"{FEATURES_VERSION}: retrain it with `xtune model train`")  # fmt: skip
+            return self.version_mismatch()
         for op, names in self.feature_names:
             try:
                 current = feature_names(op)
@@ -358,8 +361,7 @@ def read_model(path: str | os.PathLike[str], check_features: bool = True) -> Pre
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
         raise InputError(f"{path} is a damaged xtune model file ({type(e).__name__}: {e})") from None
     if check_features and manifest.features_version != FEATURES_VERSION:
-        raise InputError(f"{path} was trained with features version {manifest.features_version}, this xtune "
-                         f"computes {FEATURES_VERSION}: retrain with `xtune model train`")  # fmt: skip
+        raise InputError(f"{path} was {manifest.version_mismatch()}")
     return PretrainedModel(manifest, boosters)
 
 
