@@ -1,14 +1,18 @@
-"""Measure the transfer-learning corpus on this machine and train the shipped model (issue 7).
+"""Measure the transfer-learning corpus on this machine and train the shipped models (issue 7).
 
 Usage: python scripts/make_transfer_corpus.py [--random 48] [--xgb 144] [--targets x86-avx2,x86-sse42]
                                               [--only-train]
 
-For every training shape and target, one tuning log in xtune/data/corpus/<target>.jsonl gets `--random`
+For every training shape and target, one tuning log in xtune/data/corpus/<target>.jsonl.gz gets `--random`
 random configs and then `--xgb` configs of an xgb tuning run that resumes from them: a team's shared logs
 are tuning logs (mostly good configs, some exploration), and the random part shows the model the bad
 regions too. Shapes already in a log are resumed, not measured again, so the script can be re-run after
-an interruption. Then `xtune model train` on all corpus logs writes xtune/data/models/matmul-x86.json,
-which `xtune tune --transfer-from builtin` uses on x86 targets.
+an interruption; shapes measured on another machine (another cpu in the records' fingerprints) are
+measured again on this one and appended, so the corpus grows with every machine it is run on. The logs
+are kept gzipped (15x smaller; xtune reads .gz logs): each is unpacked to a working log beside it, tuned
+into, and packed again. Then one model per machine is trained on that machine's records of every target
+(as `xtune model train` would) into xtune/data/models/matmul-x86-<cpu>.json; `xtune tune --transfer-from
+builtin` on an x86 target uses the one of the board's cpu, else another x86 one.
 
 The held-out shapes of scripts/transfer_eval.py are deliberately not among TRAIN_SHAPES.
 """
@@ -16,13 +20,15 @@ The held-out shapes of scripts/transfer_eval.py are deliberately not among TRAIN
 from __future__ import annotations
 
 import argparse
+import gzip
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "xtune" / "data" / "corpus"
-MODEL = ROOT / "xtune" / "data" / "models" / "matmul-x86.json"
+MODELS = ROOT / "xtune" / "data" / "models"
 
 # Square, tall, wide, deep and shallow products between 64 and 1024: the shapes of dense and attention
 # layers of small models, none of them a held-out shape of scripts/transfer_eval.py.
@@ -32,14 +38,34 @@ TRAIN_SHAPES = (
 )
 
 
+def slug(cpu: str) -> str:
+    """"Intel(R) Xeon(R) Processor" -> "intel-xeon": the model file's name for a machine."""
+    words = re.sub(r"\((r|tm)\)|processor|cpu", " ", cpu.lower())
+    return re.sub(r"[^a-z0-9]+", "-", words).strip("-") or "unknown"
+
+
+def train_models(logs: list[Path]) -> None:
+    """One model per machine (cpu) in the corpus, trained on all its targets' logs: `--transfer-from
+    builtin` picks the one of the board's cpu, else any of the target's."""
+    from xtune.database import cpu_of, read_logs
+    from xtune.transfer import train
+
+    records = read_logs(logs)
+    for cpu in sorted({cpu_of(r) or "" for r in records}):
+        model = train([r for r in records if (cpu_of(r) or "") == cpu], sources=[str(p) for p in logs])
+        path = MODELS / f"matmul-x86-{slug(cpu)}.json"
+        model.save(path)
+        print(f"wrote {path.relative_to(ROOT)} from {model.manifest.records_used} records of {cpu!r}",
+              file=sys.stderr)
+
+
 def xtune(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "xtune.cli", *args], check=True, stdout=subprocess.DEVNULL)
 
 
-def measure(target: str, shape: tuple[int, int, int], n_random: int, n_xgb: int) -> None:
+def measure(log: Path, target: str, shape: tuple[int, int, int], n_random: int, n_xgb: int) -> None:
     m, n, k = shape
     workload = f"matmul:m={m},n={n},k={k}"
-    log = CORPUS / f"{target}.jsonl"
     print(f"{target} {workload}", file=sys.stderr, flush=True)
     common = ["tune", "--workload", workload, "--target", target, "--log", str(log), "--json"]
     # --trials counts new measurements; configs already in the log are resumed (and learned from).
@@ -47,10 +73,11 @@ def measure(target: str, shape: tuple[int, int, int], n_random: int, n_xgb: int)
     xtune(*common, "--tuner", "xgb", "--trials", str(n_xgb), "--seed", "1")
 
 
-def measured_shapes(log: Path) -> set[str]:
-    from xtune.database import read_logs
+def measured_shapes(log: Path, cpu: str) -> set[str]:
+    """Workloads the log already holds for this machine's cpu (the corpus keeps several machines')."""
+    from xtune.database import cpu_of, read_logs
 
-    return {r.workload for r in read_logs([log])} if log.exists() else set()
+    return {r.workload for r in read_logs([log]) if cpu_of(r) == cpu} if log.exists() else set()
 
 
 def main() -> None:
@@ -61,19 +88,25 @@ def main() -> None:
     parser.add_argument("--only-train", action="store_true", help="train the model on the logs as they are")
     args = parser.parse_args()
     CORPUS.mkdir(parents=True, exist_ok=True)
-    MODEL.parent.mkdir(parents=True, exist_ok=True)
+    MODELS.mkdir(parents=True, exist_ok=True)
     if not args.only_train:
+        from xtune.board import get_board
         from xtune.workload import parse_workload
 
         for target in args.targets.split(","):
-            done = measured_shapes(CORPUS / f"{target}.jsonl")
+            packed, work = CORPUS / f"{target}.jsonl.gz", CORPUS / f"{target}.jsonl"
+            if packed.exists() and not work.exists():  # a working log left by an interrupted run wins
+                work.write_bytes(gzip.decompress(packed.read_bytes()))
+            cpu = get_board("local", target=target).fingerprint()["cpu"]
+            done = measured_shapes(work, cpu)
             for shape in TRAIN_SHAPES:
                 key = parse_workload("matmul:m={},n={},k={}".format(*shape)).key
                 if key not in done:
-                    measure(target, shape, args.random, args.xgb)
-    logs = sorted(str(p) for p in CORPUS.glob("*.jsonl"))
-    xtune("model", "train", *logs, "-o", str(MODEL))
-    print(f"wrote {MODEL.relative_to(ROOT)} from {len(logs)} logs", file=sys.stderr)
+                    measure(work, target, shape, args.random, args.xgb)
+            if work.exists():
+                packed.write_bytes(gzip.compress(work.read_bytes(), mtime=0))
+                work.unlink()
+    train_models(sorted(CORPUS.glob("*.jsonl.gz")))
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,6 +142,32 @@ def test_measured_for_resume(tmp_path: Path) -> None:
     assert sorted(done) == [1, 2]  # a board error is measured again; other workloads do not count
     assert done[1].time == 5.0  # the latest record
     assert log.measured(WL, TARGET, board="pi4") == {}
+
+
+def test_resume_takes_only_this_cpus_records(tmp_path: Path) -> None:
+    """A shared log holds several machines' "local" boards: another cpu's costs are not this one's."""
+    log = TuningLog(tmp_path / "log.jsonl")
+    epyc, xeon = (("cpu", "AMD EPYC"),), (("cpu", "Intel Xeon"),)
+    log.append([replace(rec(1, (1.0,)), fingerprint=epyc), replace(rec(2, (1.0,)), fingerprint=xeon),
+                rec(3, (1.0,))])
+    assert sorted(log.measured(WL, TARGET, cpu="AMD EPYC")) == [1, 3]  # no fingerprint: taken as this cpu's
+    assert sorted(log.measured(WL, TARGET, cpu="Intel Xeon")) == [2, 3]
+    assert sorted(log.measured(WL, TARGET)) == [1, 2, 3]
+
+
+def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path) -> None:
+    plain, packed = TuningLog(tmp_path / "log.jsonl"), TuningLog(tmp_path / "log.jsonl.gz")
+    plain.append([rec(1, (2.0,)), rec(2, (1.0,))])
+    packed.path.write_bytes(gzip.compress(plain.path.read_bytes()))
+    assert packed.read() == plain.read() and [r.index for r in read_logs([packed.path])] == [1, 2]
+    with pytest.raises(InputError, match="compressed log"):
+        packed.append([rec(3, (1.0,))])
+    packed.path.write_bytes(b"not gzip")
+    with pytest.raises(InputError, match="not a readable gzip"):
+        packed.read()
+    out = subprocess.run([sys.executable, "-m", "xtune.cli", "tune", "--workload", "matmul:m=8,n=8,k=8",
+                          "--trials", "1", "--log", str(packed.path)], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "compressed log" in out.stderr
 
 
 def test_one_fsync_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

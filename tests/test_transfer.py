@@ -231,6 +231,51 @@ def test_unknown_targets_and_an_empty_log_are_not_trained_on(corpus: Corpus, tmp
         train_from_logs([tmp_path / "empty.jsonl"])
 
 
+def test_each_machine_is_a_group_normalized_by_its_own_best() -> None:
+    """A shared corpus holds several machines' logs of one workload and target; a slow machine's best is
+    its 1.0, and its costs never mix with a fast one's."""
+    t = template(NEIGHBOURS[0], "x86-avx2")
+
+    def on(cpu: str, index: int, seconds: float) -> Record:
+        return make_record(t.workload.key, "x86-avx2", "local", t.space.config(index), ok(seconds),
+                           fingerprint=(("cpu", cpu),))
+
+    records = [on("fast", 1, 1.0), on("fast", 2, 2.0), on("slow", 1, 4.0), on("slow", 3, 2.0)]
+    d = collect(records)[0]["matmul"]
+    assert sorted((c.cpu, c.configs) for c in d.counts) == [("fast", 2), ("slow", 2)]
+    labels = grouped_throughput_target(d.costs, d.groups)
+    assert sorted(labels.tolist()) == [0.5, 0.5, 1.0, 1.0]  # merged, config 3 would be 0.5 and 1's 4.0 lost
+
+
+def pack_b_penalty(t: ScheduleTemplate, indices: Sequence[int]) -> np.ndarray:
+    """A machine on which configs that leave B unpacked run 3x slower than the estimate says."""
+    return np.array([3.0 if dict(t.space.config(i).values)["pack_b"] == 0 else 1.0 for i in indices])
+
+
+def test_a_model_boosted_from_the_estimate_learns_where_the_estimate_is_wrong() -> None:
+    rng = np.random.default_rng(3)
+    records: list[Record] = []
+    for workload in NEIGHBOURS:
+        t = template(workload, "x86-avx2")
+        indices = rng.choice(t.space.size, 300, replace=False).tolist()
+        seconds = estimated_seconds(t, indices, rng) * pack_b_penalty(t, indices)
+        records += [make_record(t.workload.key, "x86-avx2", "local", t.space.config(i), ok(s))
+                    for i, s in zip(indices, seconds.tolist(), strict=True)]
+    trained = train(records)
+    assert trained.manifest.base_columns == (("matmul", "est_eff"),)
+    t = template(TUNED, "x86-avx2")  # unseen
+    indices = rng.choice(t.space.size, 400, replace=False).tolist()
+    rows = featurize(t, indices)
+    estimate = rows[:, feature_names("matmul").index("est_eff")]
+    truth = estimate / pack_b_penalty(t, indices)
+    model = trained.cost_model("matmul")
+    # The model is the estimate plus the booster's correction ...
+    booster_alone = XGBoostCostModel.from_bytes(dict(trained.boosters)["matmul"])
+    np.testing.assert_allclose(model.predict(rows) - booster_alone.predict(rows), estimate, atol=1e-5)
+    # ... and the correction is what the logs taught: the machine's order, not the estimate's.
+    assert spearman(model.predict(rows), truth) > spearman(estimate, truth) + 0.1
+
+
 # ---- refusals: one line, exit 2 --------------------------------------------------------------------------
 
 
@@ -336,6 +381,13 @@ def test_builtin_picks_the_target_then_its_architecture(model_file: ModelFile,
     assert builtin_model_path(get_target("x86-avx2"), "matmul", directory=tmp_path) == avx2
     assert builtin_model_path(get_target("x86-sse42"), "matmul", directory=tmp_path) == sse
     assert builtin_model_path(get_target("arm-a53-neon"), "matmul", directory=tmp_path) == avx2
+    # Among models for the target, the one trained on this board's cpu (its manifest's groups say which).
+    epyc = replace(model.manifest, targets=("x86-avx2",),
+                   groups=tuple(replace(g, cpu="AMD EPYC") for g in model.manifest.groups))
+    PretrainedModel(epyc, model.boosters).save(tmp_path / "e-epyc.json")
+    on_epyc = builtin_model_path(get_target("x86-avx2"), "matmul", tmp_path, cpu="AMD EPYC")
+    assert on_epyc == tmp_path / "e-epyc.json"
+    assert builtin_model_path(get_target("x86-avx2"), "matmul", tmp_path, cpu="Intel Xeon") == avx2
     with pytest.raises(InputError, match="riscv64-gc"):
         builtin_model_path(get_target("riscv64-gc"), "matmul", directory=tmp_path)
     with pytest.raises(InputError, match="no built-in conv2d model"):

@@ -17,8 +17,8 @@ from xtune.errors import InputError, XtuneError
 from xtune.tuner import TUNERS
 
 if TYPE_CHECKING:
+    from xtune.board import Board
     from xtune.costmodel import CostModel
-    from xtune.target import Target
     from xtune.transfer import TransferSource
     from xtune.tuner import TuneProgress
     from xtune.tuning import TuningReport
@@ -180,7 +180,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     if args.trials < 1:
         raise InputError("--trials must be at least 1")
-    transfer, pretrained = _transfer_source(args, boards[0].target, workload.op)
+    log = TuningLog(args.log)
+    log.check_appendable()
+    transfer, pretrained = _transfer_source(args, boards[0], workload.op)
     options = TuneOptions(
         args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
         MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms),
@@ -188,7 +190,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     numpy_gflops = local_numpy_gflops(workload, boards)
     bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
     try:
-        report = run_tuning(workload, boards, options, TuningLog(args.log), bar.update, numpy_gflops,
+        report = run_tuning(workload, boards, options, log, bar.update, numpy_gflops,
                             pretrained)  # fmt: skip
     finally:
         bar.close()
@@ -204,7 +206,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _transfer_source(
-    args: argparse.Namespace, target: Target, op: str
+    args: argparse.Namespace, board: Board, op: str
 ) -> tuple[TransferSource | None, CostModel | None]:
     """The source of --transfer-from (trained here if logs are given) and its model for `op`, or Nones."""
     if not args.transfer_from:
@@ -214,7 +216,7 @@ def _transfer_source(
     if args.tuner != "xgb":
         raise InputError(f"--transfer-from needs the xgb tuner (--tuner {args.tuner} has no cost model)")
     with _plain_warnings():
-        source = load_source(args.transfer_from, target, op)
+        source = load_source(args.transfer_from, board.target, op, cpu=board.fingerprint().get("cpu"))
     pretrained = source.model.cost_model(op)
     m = source.model.manifest
     print(f"xtune: transfer from {source.kind} {', '.join(source.paths)} ({m.records_used} records of "

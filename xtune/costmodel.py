@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Protocol, runtime_checkable
 
@@ -177,10 +178,12 @@ class XGBoostCostModel:
 
     @classmethod
     def from_bytes(
-        cls, data: bytes, seed: int = 0, nthread: int = 1, objective: str = "reg"
+        cls, data: bytes, seed: int = 0, nthread: int = 1, objective: str = "reg",
+        base: CostModel | None = None,
     ) -> XGBoostCostModel:
-        """A fitted model from `to_bytes` output; InputError if `data` is not an xgboost model."""
-        model = cls(seed=seed, nthread=nthread, objective=objective)
+        """A fitted model from `to_bytes` output; InputError if `data` is not an xgboost model. `base` is the
+        model it was boosted from, a fixed part of it that does not fade."""
+        model = cls(seed=seed, nthread=nthread, objective=objective, base=base, base_halflife=math.inf)
         booster = xgb.Booster(params={"nthread": nthread})
         try:
             booster.load_model(bytearray(data))

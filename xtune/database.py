@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -143,15 +144,28 @@ def _knob_value(value: object) -> KnobValue:
 
 
 class TuningLog:
-    """An append-only JSON-lines file of records; every `append` is flushed and fsync'ed once."""
+    """An append-only JSON-lines file of records; every `append` is flushed and fsync'ed once.
+
+    A log whose name ends in ".gz" is read (a shipped or shared log, compressed ~15x) but never appended to:
+    gzip members cannot be made durable line by line."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+
+    @property
+    def compressed(self) -> bool:
+        return self.path.suffix == ".gz"
+
+    def check_appendable(self) -> None:
+        if self.compressed:
+            raise InputError(f"{self.path} is a compressed log: xtune reads it but appends only to plain "
+                             "JSON-lines logs (give --log a name without .gz)")  # fmt: skip
 
     def append(self, records: Sequence[Record]) -> None:
         """Write `records` as complete lines and make them durable before returning."""
         if not records:
             return
+        self.check_appendable()
         text = "".join(record_to_json(r) + "\n" for r in records)
         with open(self.path, "a+b") as f:
             # A run killed mid-write leaves a torn line without its newline; start on a fresh line so the
@@ -168,7 +182,13 @@ class TuningLog:
         """Every readable record, in file order; torn, corrupt and unknown-version lines are warned about."""
         if not self.path.exists():
             return []
-        lines = self.path.read_bytes().decode(errors="replace").split("\n")
+        raw = self.path.read_bytes()
+        if self.compressed:
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError) as e:
+                raise InputError(f"{self.path} is not a readable gzip file ({e})") from None
+        lines = raw.decode(errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
         records: list[Record] = []
@@ -200,8 +220,9 @@ class TuningLog:
             warnings.warn(f"{self.path}: skipped {count} record(s) of format version {version!r} "
                           f"(this xtune reads version {FORMAT_VERSION})", LogWarning, stacklevel=3)
 
-    def measured(self, workload: str, target: str, board: str | None = None) -> dict[int, Record]:
-        return measured(self.read(), workload, target, board)
+    def measured(self, workload: str, target: str, board: str | None = None,
+                 cpu: str | None = None) -> dict[int, Record]:
+        return measured(self.read(), workload, target, board, cpu)
 
     def best(self, workload: str, target: str, k: int = 1, cost_unit: str = "s",
              board: str | None = None) -> list[Record]:
@@ -228,13 +249,21 @@ def read_logs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
 # ---- queries over records -----------------------------------------------------------------------------
 
 
-def measured(records: Iterable[Record], workload: str, target: str,
-             board: str | None = None) -> dict[int, Record]:
+def cpu_of(record: Record) -> str | None:
+    """The cpu its board reported when the record was measured (None in records without a fingerprint)."""
+    return dict(record.fingerprint).get("cpu")
+
+
+def measured(records: Iterable[Record], workload: str, target: str, board: str | None = None,
+             cpu: str | None = None) -> dict[int, Record]:
     """Config index -> its latest record, for resume. Board errors do not count: the candidate was
-    never really measured, so a resumed run measures it again."""
+    never really measured, so a resumed run measures it again. With `cpu`, records measured on another
+    cpu do not count either (a shared log or corpus holds several machines' "local" boards, and one
+    machine's costs say little about another's); records without a fingerprint are taken as this cpu's."""
     out: dict[int, Record] = {}
     for r in records:
         if (r.workload == workload and r.target == target and (board is None or r.board == board)
+                and (cpu is None or cpu_of(r) in (None, cpu))
                 and r.result.status is not MeasureStatus.BOARD_ERROR):
             out[r.index] = r
     return out

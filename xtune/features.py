@@ -337,10 +337,13 @@ class EstimatePrior:
         return np.asarray(features, dtype=np.float64)[:, self.column]
 
 
+ESTIMATE_COLUMN = "est_eff"  # the analytic estimate's share of peak throughput, in (0, 1]
+
+
 def estimate_prior(op: str) -> EstimatePrior | None:
     """The analytic prior of `op`'s features, or None when its features have no estimate column."""
     names = FEATURIZERS[op][0] if op in FEATURIZERS else ()
-    return EstimatePrior(names.index("est_eff")) if "est_eff" in names else None
+    return EstimatePrior(names.index(ESTIMATE_COLUMN)) if ESTIMATE_COLUMN in names else None
 
 
 def feature_names(op: str) -> tuple[str, ...]:

@@ -99,11 +99,13 @@ class _BoardsMeasurer:
             self.threads.shutdown()
 
 
-def resume_history(log: TuningLog | None, template: ScheduleTemplate) -> dict[int, Record]:
-    """Records of this workload and target already in the log whose knobs still mean the same config."""
+def resume_history(log: TuningLog | None, template: ScheduleTemplate,
+                   cpu: str | None = None) -> dict[int, Record]:
+    """Records of this workload and target already in the log, measured on `cpu` (any if None), whose
+    knobs still mean the same config."""
     if log is None:
         return {}
-    done = log.measured(template.workload.key, template.target.name)
+    done = log.measured(template.workload.key, template.target.name, cpu=cpu)
     space = template.space
     return {i: r for i, r in done.items() if 0 <= i < space.size and space.config(i).values == r.knobs}
 
@@ -131,7 +133,10 @@ def run_tuning(
     if len({b.cost_unit for b in boards}) > 1:
         raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
     template = template_for(workload, target)
-    history = resume_history(log, template)
+    if log is not None:
+        log.check_appendable()
+    fingerprint = tuple(sorted(boards[0].fingerprint().items()))
+    history = resume_history(log, template, dict(fingerprint).get("cpu"))
     if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
         pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
     tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx),
@@ -140,7 +145,6 @@ def run_tuning(
         tuner.load_history(list(history), [r.result for r in history.values()])
     if options.start_from_default:
         tuner.propose_first([template.default_config().index])
-    fingerprint = tuple(sorted(boards[0].fingerprint().items()))
     label, space = "+".join(b.name for b in boards), template.space
 
     def append(progress: TuneProgress) -> None:
