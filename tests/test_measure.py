@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -100,6 +104,34 @@ def abort_on_odd(workload_key: str, target_name: str, index: int) -> BuiltImage:
     if index % 2:
         os.abort()
     return build_image(workload_key, target_name, index)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited, unreaped
+    except FileNotFoundError:
+        return False
+
+
+def test_compile_workers_do_not_outlive_a_killed_tuner() -> None:
+    script = (
+        "import os, signal\n"
+        "from xtune.measure import CompilePool\n"
+        "from xtune.target import get_target\n"
+        "from xtune.workload import parse_workload\n"
+        "pool = CompilePool(workers=2)\n"
+        "list(pool.build_all(parse_workload('matmul:m=8,n=8,k=8'), get_target('x86-avx2'), [0, 1]))\n"
+        "print(*pool._pool._processes, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    workers = [int(pid) for pid in out.stdout.split()]
+    assert out.returncode == -signal.SIGKILL and workers, out.stderr
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, workers))
 
 
 def test_a_compiler_crash_is_a_status_not_the_end_of_the_run() -> None:

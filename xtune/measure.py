@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -116,7 +117,8 @@ class CompilePool:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+                initargs=(os.getpid(),),
             )
         return self._pool
 
@@ -150,9 +152,18 @@ class CompilePool:
             self._pool = None
 
 
-def _ignore_sigint() -> None:
-    """Ctrl-C is for the tuner, which stops cleanly; workers must not die mid-job printing tracebacks."""
+def _init_worker(parent: int) -> None:
+    """Ctrl-C is for the tuner, which stops cleanly; workers must not die mid-job printing tracebacks.
+    And a worker outlives no tuner: one killed by SIGKILL or SIGTERM cannot close its pool, and its spawned
+    workers, blocked on the pool's queue, were seen idling on for over 10 minutes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="exit-with-parent").start()
+
+
+def _exit_with(parent: int) -> None:
+    while os.getppid() == parent:  # re-parented (to init or a subreaper) once the tuner is gone
+        time.sleep(0.5)
+    os._exit(0)
 
 
 def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
