@@ -359,6 +359,14 @@ def test_logs_as_a_transfer_source_are_trained_on_the_fly(corpus: Corpus) -> Non
         load_source(["builtin", str(corpus.logs[0])], get_target("x86-avx2"), "matmul")
 
 
+def test_a_model_of_other_hardware_is_used_with_a_warning(corpus: Corpus) -> None:
+    sse42_log = str(corpus.logs[TARGETS.index("x86-sse42")])
+    with pytest.warns(TransferWarning, match="saw no x86-avx2 logs \\(only x86-sse42\\)"), \
+            pytest.warns(TransferWarning, match="no longer matches"):  # the corpus's stale records
+        source = load_source([sse42_log], get_target("x86-avx2"), "matmul")
+    assert source.model.manifest.targets == ("x86-sse42",)
+
+
 def test_builtin_picks_the_target_then_its_architecture(model_file: ModelFile,
                                                         tmp_path: Path) -> None:
     model = read_model(model_file[0])

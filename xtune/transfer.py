@@ -43,7 +43,8 @@ _MODEL_HEAD = re.compile(rb'^\s*\{\s*"manifest"\s*:')  # a log line starts {"v":
 
 
 class TransferWarning(UserWarning):
-    """Log records were left out of training (stale configs, unknown workloads or targets)."""
+    """Log records were left out of training (stale configs, unknown workloads or targets), or a model is
+    used on a target it never saw."""
 
 
 @dataclass(frozen=True)
@@ -446,8 +447,19 @@ class TransferSource:
 def load_source(sources: Iterable[str], target: Target, op: str, options: TrainOptions = TrainOptions(),
                 cpu: str | None = None) -> TransferSource:
     """`builtin` (the shipped model that fits `target` and the board's `cpu` best), one model file, or log
-    files (trained on the fly, as `xtune model train` would)."""
-    sources = list(sources)
+    files (trained on the fly, as `xtune model train` would). A TransferWarning if the model saw no log of
+    `target`: what it learned of other hardware can mislead (docs/benchmarks.md, issue 7)."""
+    source = _load_source(list(sources), target, op, options, cpu)
+    targets = source.model.manifest.targets
+    if target.name not in targets:
+        warnings.warn(f"the pretrained model saw no {target.name} logs (only {', '.join(targets)}); what it "
+                      "learned of other hardware can rank worse than no model (measured: x86-sse42 logs "
+                      "tuning x86-avx2)", TransferWarning, stacklevel=2)  # fmt: skip
+    return source
+
+
+def _load_source(sources: list[str], target: Target, op: str, options: TrainOptions,
+                 cpu: str | None) -> TransferSource:
     if not sources:
         raise InputError("--transfer-from needs a model file, log files or 'builtin'")
     if BUILTIN in sources:
