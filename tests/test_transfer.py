@@ -468,6 +468,29 @@ def test_a_model_trained_on_another_board_saves_trials() -> None:
     assert statistics.median(warm) < statistics.median(cold), (warm, cold)
 
 
+class Inverted(TrueThroughput):
+    """A pretrained model that is exactly wrong: it ranks the slowest configs first."""
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return -super().predict(features)
+
+
+def test_a_hedged_first_batch_alternates_the_model_and_the_hedge() -> None:
+    """A model of other hardware shares the first batch with the estimate (here: the truth), so that its
+    being wrong costs every other trial, not the whole batch."""
+    oracle = TrueThroughput()
+    scores: dict[str, np.ndarray] = {}
+    for name, hedge in (("alone", None), ("hedged", oracle)):
+        tuner = make_tuner("xgb", SPACE, 0, knob_featurizer(SPACE), pretrained=Inverted(), hedge=hedge)
+        assert isinstance(tuner, ModelTuner)
+        tuner.n_chains, tuner.n_steps, tuner.epsilon = 128, 40, 0.0
+        batch = tuner.next_batch(32)
+        scores[name] = oracle.throughput[batch]  # 1.0 = the optimum
+    assert scores["alone"].max() < 0.5  # the wrong model alone picks slow configs only
+    hedged = scores["hedged"]
+    assert hedged.max() >= 0.95 and hedged[1::2].min() > hedged[0::2].max()  # the hedge's picks, alternating
+
+
 # ---- end to end on the local board ------------------------------------------------------------------------
 
 

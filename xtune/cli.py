@@ -190,8 +190,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     numpy_gflops = local_numpy_gflops(workload, boards)
     bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
     try:
-        report = run_tuning(workload, boards, options, log, bar.update, numpy_gflops,
-                            pretrained)  # fmt: skip
+        report = run_tuning(workload, boards, options, log, bar.update, numpy_gflops, pretrained,
+                            hedge_with_estimate=transfer is not None and not transfer.saw(boards[0].target))
     finally:
         bar.close()
     if args.json:

@@ -440,6 +440,10 @@ class TransferSource:
     paths: tuple[str, ...]
     model: PretrainedModel
 
+    def saw(self, target: Target) -> bool:
+        """Whether the model was trained on logs of `target` (else it is another hardware's model)."""
+        return target.name in self.model.manifest.targets
+
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "paths": list(self.paths), "manifest": self.model.manifest.summary()}
 
@@ -450,11 +454,11 @@ def load_source(sources: Iterable[str], target: Target, op: str, options: TrainO
     files (trained on the fly, as `xtune model train` would). A TransferWarning if the model saw no log of
     `target`: what it learned of other hardware can mislead (docs/benchmarks.md, issue 7)."""
     source = _load_source(list(sources), target, op, options, cpu)
-    targets = source.model.manifest.targets
-    if target.name not in targets:
-        warnings.warn(f"the pretrained model saw no {target.name} logs (only {', '.join(targets)}); what it "
-                      "learned of other hardware can rank worse than no model (measured: x86-sse42 logs "
-                      "tuning x86-avx2)", TransferWarning, stacklevel=2)  # fmt: skip
+    if not source.saw(target):
+        warnings.warn(f"the pretrained model saw no {target.name} logs (only "
+                      f"{', '.join(source.model.manifest.targets)}); what it learned of other hardware can "
+                      "rank worse than no model, so the analytic estimate shares its first batches",
+                      TransferWarning, stacklevel=2)  # fmt: skip
     return source
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from abc import ABC, abstractmethod
@@ -164,9 +165,11 @@ class ModelTuner(Tuner):
     """A cost model plus simulated annealing over it (AutoTVM's XGBTuner).
 
     Until `min_fit` results are in, batches are random — or, with a `pretrained` model, the top of an
-    annealing run over that model. Afterwards the model is refitted on all results before each batch and
-    the batch is the best unvisited configs the annealing chains scored, except an `epsilon` share drawn
-    at random (exploration, so a wrong model cannot trap the search)."""
+    annealing run over that model; with a `hedge` model too, the tops of both, alternating (a model of
+    other hardware shares the first batches with the analytic estimate, so a wrong one cannot lead them
+    all). Afterwards the model is refitted on all results before each batch and the batch is the best
+    unvisited configs the annealing chains scored, except an `epsilon` share drawn at random
+    (exploration, so a wrong model cannot trap the search)."""
 
     def __init__(
         self,
@@ -175,13 +178,14 @@ class ModelTuner(Tuner):
         model: CostModel,
         seed: int = 0,
         pretrained: CostModel | None = None,
+        hedge: CostModel | None = None,
         n_chains: int = 256,
         n_steps: int = 64,
         epsilon: float = 0.1,
         min_fit: int = 16,
     ) -> None:
         super().__init__(space, seed)
-        self.featurize, self.model, self.pretrained = featurize, model, pretrained
+        self.featurize, self.model, self.pretrained, self.hedge = featurize, model, pretrained, hedge
         self.n_chains, self.n_steps, self.epsilon, self.min_fit = n_chains, n_steps, epsilon, min_fit
         self._rows: list[np.ndarray] = []  # feature rows of `_data`, cached: featurize may be costly
         self._data: list[int] = []  # measured indices in fit order
@@ -198,10 +202,15 @@ class ModelTuner(Tuner):
             self._in_data.update(new)
             self._rows.append(np.asarray(self.featurize(new), dtype=np.float32))
 
-    def _score(self, indices: np.ndarray) -> np.ndarray:
-        scorer = self.model if self._fitted_on else self.pretrained
-        assert scorer is not None
-        return np.asarray(scorer.predict(self.featurize(indices.tolist())), dtype=np.float64)
+    def _annealed_top(self, scorer: CostModel, n: int) -> list[int]:
+        """The `n` best unvisited configs an annealing run over `scorer` found."""
+
+        def score(indices: np.ndarray) -> np.ndarray:
+            return np.asarray(scorer.predict(self.featurize(indices.tolist())), dtype=np.float64)
+
+        candidates, scores, self._chain_ends = anneal(self.arrays, score, self._starts(), self.n_steps,
+                                                      self.rng)  # fmt: skip
+        return top_unvisited(candidates, scores, n, self.visited)
 
     def _fit(self) -> None:
         costs = np.array([self.costs[i] for i in self._data], dtype=np.float64)
@@ -219,10 +228,14 @@ class ModelTuner(Tuner):
             return self._random_unvisited(n)
         start = time.perf_counter()
         n_explore = int(self.epsilon * n + self.rng.random())  # epsilon * n on average
-        starts = self._starts()
-        candidates, scores, self._chain_ends = anneal(self.arrays, self._score, starts, self.n_steps,
-                                                      self.rng)
-        picks = top_unvisited(candidates, scores, n - n_explore, self.visited)
+        if self._fitted_on:
+            picks = self._annealed_top(self.model, n - n_explore)
+        else:
+            assert self.pretrained is not None
+            scorers = [self.pretrained] + ([self.hedge] if self.hedge is not None else [])
+            tops = [self._annealed_top(scorer, n - n_explore) for scorer in scorers]
+            alternating = (i for row in itertools.zip_longest(*tops) for i in row if i is not None)
+            picks = list(dict.fromkeys(alternating))[: n - n_explore]
         picks += self._random_unvisited(n - len(picks), exclude=picks)
         self.last_search_seconds = time.perf_counter() - start
         return picks
@@ -246,6 +259,7 @@ def make_tuner(
     featurize: Featurize | None = None,
     pretrained: CostModel | None = None,
     model: CostModel | None = None,
+    hedge: CostModel | None = None,
 ) -> Tuner:
     """The tuner called `name` ("xgb", "ga", "random", "grid"). For "xgb", `featurize` defaults to the
     knob values and `model` to an XGBoostCostModel whose base is `pretrained` (transfer)."""
@@ -257,7 +271,8 @@ def make_tuner(
         return GATuner(space, seed)
     if name == "xgb":
         model = model or XGBoostCostModel(seed=seed, base=pretrained)
-        return ModelTuner(space, featurize or knob_featurizer(space), model, seed, pretrained=pretrained)
+        return ModelTuner(space, featurize or knob_featurizer(space), model, seed, pretrained=pretrained,
+                          hedge=hedge)
     raise InputError(f"unknown tuner '{name}' (known: {', '.join(TUNERS)})")
 
 

@@ -118,11 +118,14 @@ def run_tuning(
     on_progress: Callable[[TuneProgress], None] | None = None,
     numpy_gflops: float | None = None,
     pretrained: CostModel | None = None,
+    hedge_with_estimate: bool = False,
 ) -> TuningReport:
     """Tune `workload` on `boards` (all of one target); every finished batch is appended to `log`.
 
     `pretrained` (transfer learning, xgb tuner only) scores the configs of this workload's operator: it
-    ranks the first batches and is the fading base of the local model (see XGBoostCostModel)."""
+    ranks the first batches and is the fading base of the local model (see XGBoostCostModel). With
+    `hedge_with_estimate` (for a model that saw no logs of this target) the analytic estimate shares those
+    first batches with it."""
     if not boards:
         raise InputError("no board to tune on")
     if pretrained is not None and options.tuner != "xgb":
@@ -139,8 +142,9 @@ def run_tuning(
     history = resume_history(log, template, dict(fingerprint).get("cpu"))
     if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
         pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
+    hedge = estimate_prior(workload.op) if hedge_with_estimate and pretrained is not None else None
     tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx),
-                       pretrained=pretrained)
+                       pretrained=pretrained, hedge=hedge)
     if history:
         tuner.load_history(list(history), [r.result for r in history.values()])
     if options.start_from_default:
