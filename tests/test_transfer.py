@@ -22,18 +22,17 @@ from xtune.database import Record, make_record, read_logs, record_to_json
 from xtune.errors import InputError
 from xtune.features import FEATURES_VERSION, feature_names, featurize
 from xtune.measure import MeasureResult, MeasureStatus
+from xtune.modelfile import PretrainedModel, read_model
 from xtune.search import SpaceArrays, knob_featurizer
 from xtune.space import Config
 from xtune.target import get_target, missing_host_features
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.transfer import (
-    PretrainedModel,
     TrainOptions,
     TransferWarning,
     builtin_model_path,
     collect,
     load_source,
-    read_model,
     train,
     train_from_logs,
 )

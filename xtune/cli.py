@@ -334,7 +334,7 @@ def cmd_model_train(args: argparse.Namespace) -> int:
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:
-    from xtune.transfer import format_manifest, read_model
+    from xtune.modelfile import format_manifest, read_model
 
     # A model of another features version is shown (that is how one finds out), only tuning refuses it.
     manifest = read_model(args.model, check_features=False).manifest

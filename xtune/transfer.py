@@ -1,19 +1,15 @@
-"""Transfer learning: tuning logs in, a pretrained model file (one booster per operator + a manifest) out;
-and back: a model file, logs or the shipped model in, a `CostModel` scoring one operator's configs out."""
+"""Transfer learning: tuning logs in, a pretrained model (xtune.modelfile) out; and back: a model file, logs
+or the shipped model in, the source a tuning run starts from."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import math
 import os
-import re
 import time
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,25 +17,23 @@ from typing import Any
 import numpy as np
 
 import xtune
-from xtune.costmodel import CostModel, XGBoostCostModel
+from xtune.costmodel import XGBoostCostModel
 from xtune.database import Record, cpu_of, read_logs
 from xtune.errors import InputError
 from xtune.features import (
     ESTIMATE_COLUMN,
     FEATURES_VERSION,
-    EstimatePrior,
     estimate_prior,
     feature_names,
     featurize,
 )
 from xtune.measure import MeasureStatus
+from xtune.modelfile import MODEL_FORMAT, GroupCount, Manifest, PretrainedModel, is_model_file, read_model
 from xtune.target import Target, get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.workload import parse_workload
 
-MODEL_FORMAT = 1
 BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/models/ for the tuned target
-_MODEL_HEAD = re.compile(rb'^\s*\{\s*"manifest"\s*:')  # a log line starts {"v": ...
 
 
 class TransferWarning(UserWarning):
@@ -65,141 +59,6 @@ class TrainOptions:
     # (a board timing kernels on this host) 2 threads trained a small log 100-300x slower than 1 did, and
     # stole that core from the timing. 0 = every core, for an otherwise idle machine.
     nthread: int = 1
-
-
-@dataclass(frozen=True)
-class GroupCount:
-    """What one (workload, target, cost unit, cpu) of the logs contributed to its operator's booster."""
-
-    op: str
-    workload: str
-    target: str
-    cost_unit: str
-    records: int  # log records used (repeats of a config included)
-    configs: int  # distinct configs = training rows
-    cpu: str = ""  # the cpu the board reported (fingerprint); "" in logs without one
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What a model file was trained on; `xtune model info` prints it."""
-
-    format: int
-    features_version: int
-    objective: str
-    feature_names: tuple[tuple[str, tuple[str, ...]], ...]  # op -> the columns its booster expects
-    targets: tuple[str, ...]
-    groups: tuple[GroupCount, ...]
-    records_used: int
-    skipped: tuple[tuple[str, int], ...]  # reason -> records left out
-    xtune_version: str
-    created: str  # UTC, ISO 8601
-    sources: tuple[str, ...]  # log file names (base names: paths are private and differ per machine)
-    # op -> the feature column its booster was boosted from (its base margin); ops not listed have none.
-    base_columns: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def ops(self) -> tuple[str, ...]:
-        return tuple(op for op, _ in self.feature_names)
-
-    @property
-    def records_skipped(self) -> int:
-        return sum(n for _, n in self.skipped)
-
-    def version_mismatch(self) -> str:
-        return (f"trained with features version {self.features_version}, this xtune computes "
-                f"{FEATURES_VERSION}: retrain it with `xtune model train`")  # fmt: skip
-
-    def unusable_reason(self) -> str | None:
-        """Why this xtune cannot tune with the model (its features mean other things), or None."""
-        if self.features_version != FEATURES_VERSION:
-            return self.version_mismatch()
-        for op, names in self.feature_names:
-            try:
-                current = feature_names(op)
-            except KeyError:
-                continue  # an operator this xtune does not tune; the others may still be used
-            if names != current:
-                return (f"its {op} feature columns differ from this xtune's: retrain it with "
-                        "`xtune model train`")
-        return None
-
-    def as_dict(self) -> dict[str, Any]:
-        workloads: dict[str, list[dict[str, Any]]] = {op: [] for op in self.ops}
-        for g in self.groups:
-            workloads[g.op].append({k: v for k, v in asdict(g).items() if k != "op"})
-        return {
-            "format": self.format, "features_version": self.features_version, "objective": self.objective,
-            "feature_names": {op: list(names) for op, names in self.feature_names},
-            "targets": list(self.targets), "workloads": workloads,
-            "records_used": self.records_used, "records_skipped": self.records_skipped,
-            "skipped": dict(self.skipped), "xtune_version": self.xtune_version, "created": self.created,
-            "sources": list(self.sources), "base_columns": dict(self.base_columns),
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Manifest:
-        groups = tuple(
-            GroupCount(op, str(g["workload"]), str(g["target"]), str(g["cost_unit"]), int(g["records"]),
-                       int(g["configs"]), str(g.get("cpu", "")))
-            for op, rows in d["workloads"].items() for g in rows
-        )  # fmt: skip
-        return cls(
-            int(d["format"]), int(d["features_version"]), str(d["objective"]),
-            tuple((str(op), tuple(map(str, names))) for op, names in d["feature_names"].items()),
-            tuple(map(str, d["targets"])), groups, int(d["records_used"]),
-            tuple((str(k), int(v)) for k, v in d.get("skipped", {}).items()), str(d["xtune_version"]),
-            str(d["created"]), tuple(map(str, d["sources"])),
-            tuple((str(op), str(col)) for op, col in d.get("base_columns", {}).items()),
-        )  # fmt: skip
-
-    def summary(self) -> dict[str, Any]:
-        """The short form a tuning report carries."""
-        return {"features_version": self.features_version, "objective": self.objective,
-                "ops": list(self.ops), "targets": list(self.targets), "records": self.records_used,
-                "workloads": len(self.groups), "created": self.created, "xtune_version": self.xtune_version}
-
-
-@dataclass(frozen=True)
-class PretrainedModel:
-    """A trained model file in memory: its manifest and one serialized booster (UBJSON) per operator."""
-
-    manifest: Manifest
-    boosters: tuple[tuple[str, bytes], ...]
-
-    def cost_model(self, op: str, nthread: int = 1) -> CostModel:
-        """The model scoring feature rows of `op`; InputError if it has none or its columns differ."""
-        boosters = dict(self.boosters)
-        if op not in boosters:
-            have = ", ".join(self.manifest.ops) or "none"
-            raise InputError(f"the pretrained model has no booster for operator '{op}' (it has: {have}); "
-                             f"train one on {op} logs with `xtune model train`")  # fmt: skip
-        if dict(self.manifest.feature_names).get(op) != feature_names(op):
-            raise InputError(f"the pretrained {op} booster was trained on other feature columns than this "
-                             "xtune computes: retrain with `xtune model train`")  # fmt: skip
-        base_column = dict(self.manifest.base_columns).get(op)
-        base = EstimatePrior(feature_names(op).index(base_column)) if base_column else None
-        try:
-            return XGBoostCostModel.from_bytes(boosters[op], nthread=nthread,
-                                               objective=self.manifest.objective, base=base)
-        except InputError as e:
-            raise InputError(f"the pretrained model's {op} booster is damaged ({e})") from None
-
-    def to_json(self) -> str:
-        # The manifest goes first, so that the file's first bytes say what it is (is_model_file).
-        boosters = {op: base64.b64encode(raw).decode("ascii") for op, raw in self.boosters}
-        return json.dumps({"manifest": self.manifest.as_dict(), "boosters": boosters}, separators=(",", ":"))
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically: a concurrent reader sees the old file or the new one, never half of one."""
-        path = Path(path)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            partial.write_text(self.to_json() + "\n", encoding="utf-8")
-            os.replace(partial, path)
-        except OSError as e:
-            partial.unlink(missing_ok=True)
-            raise InputError(f"cannot write the model file {path}: {e.strerror or e}") from None
 
 
 # ---- training -----------------------------------------------------------------------------------------
@@ -356,41 +215,6 @@ def train_from_logs(paths: Sequence[str | os.PathLike[str]],
 # ---- loading ------------------------------------------------------------------------------------------
 
 
-def is_model_file(path: str | os.PathLike[str]) -> bool:
-    """A model file is one JSON object opening with its manifest; a log is JSON lines opening with "v"."""
-    try:
-        with open(path, "rb") as f:
-            return bool(_MODEL_HEAD.match(f.read(4096)))
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
-
-
-def read_model(path: str | os.PathLike[str], check_features: bool = True) -> PretrainedModel:
-    """The model file at `path`; InputError if it is none, or (with `check_features`) if its features
-    version is not the one this xtune computes: its columns would mean other things."""
-    if not Path(path).is_file():
-        raise InputError(f"no model file {path}")
-    if not is_model_file(path):
-        raise InputError(f"{path} is not an xtune model file (expected the JSON that `xtune model train` "
-                         "writes)")  # fmt: skip
-    try:
-        data = json.loads(Path(path).read_bytes())
-        # The format first: another format's manifest may not parse as this one's.
-        if data["manifest"].get("format") != MODEL_FORMAT:
-            raise InputError(f"{path} is model format {data['manifest'].get('format')!r}; this xtune reads "
-                             f"format {MODEL_FORMAT}")  # fmt: skip
-        manifest = Manifest.from_dict(data["manifest"])
-        boosters = tuple((str(op), base64.b64decode(raw, validate=True))
-                         for op, raw in data["boosters"].items())
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
-        raise InputError(f"{path} is a damaged xtune model file ({type(e).__name__}: {e})") from None
-    if check_features and manifest.features_version != FEATURES_VERSION:
-        raise InputError(f"{path} was {manifest.version_mismatch()}")
-    return PretrainedModel(manifest, boosters)
-
-
 def builtin_dir() -> Path:
     return Path(str(resources.files("xtune").joinpath("data", "models")))
 
@@ -480,28 +304,3 @@ def _load_source(sources: list[str], target: Target, op: str, options: TrainOpti
     if models:
         return TransferSource("model", (models[0],), read_model(models[0]))
     return TransferSource("logs", tuple(sources), train_from_logs(sources, options))
-
-
-# ---- the manifest for humans --------------------------------------------------------------------------
-
-
-def format_manifest(manifest: Manifest, path: str = "") -> str:
-    """A few header lines and a table of the workloads the model saw."""
-    reason = manifest.unusable_reason()
-    lines = [
-        f"model {path}".rstrip(),
-        f"  trained   {manifest.created} by xtune {manifest.xtune_version}, objective {manifest.objective}",
-        f"  features  version {manifest.features_version}",
-        f"  targets   {', '.join(manifest.targets)}",
-        f"  records   {manifest.records_used} used, {manifest.records_skipped} skipped"
-        + "".join(f"; {k} {v}" for k, v in manifest.skipped if v),
-        f"  sources   {', '.join(manifest.sources) or '-'}",
-        f"  boosted   {', '.join(f'{op} from {col}' for op, col in manifest.base_columns) or 'from 0'}",
-        f"  usable    {'yes' if reason is None else 'NO, ' + reason}",
-        "",
-        f"{'op':<10} {'workload':<56} {'target':<12} {'unit':<5} {'records':>8} {'configs':>8}  cpu",
-    ]
-    for g in manifest.groups:
-        lines.append(f"{g.op:<10} {g.workload:<56} {g.target:<12} {g.cost_unit:<5} {g.records:>8} "
-                     f"{g.configs:>8}  {g.cpu or '-'}")  # fmt: skip
-    return "\n".join(lines)
