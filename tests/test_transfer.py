@@ -17,7 +17,7 @@ import pytest
 
 import xtune
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
-from xtune.costmodel import XGBoostCostModel, grouped_throughput_target
+from xtune.costmodel import XGBoostCostModel, grouped_throughput_target, rank_agreement
 from xtune.database import Record, make_record, read_logs, record_to_json
 from xtune.errors import InputError
 from xtune.features import FEATURES_VERSION, feature_names, featurize
@@ -489,6 +489,44 @@ def test_a_hedged_first_batch_alternates_the_model_and_the_hedge() -> None:
     hedged = scores["hedged"]
     assert hedged.max() >= 0.95 and hedged[1::2].min() > hedged[0::2].max()  # the hedge's picks, alternating
 
+
+
+@pytest.mark.parametrize("wrong", ["pretrained", "hedge"])
+def test_after_the_first_batch_the_prior_that_ranks_it_better_is_the_base(wrong: str) -> None:
+    """Whichever of the foreign model and the estimate misorders the measured first batch stops being the
+    local model's base; the one that ordered it right stays."""
+    right, inverted = TrueThroughput(), Inverted()
+    pretrained, hedge = (inverted, right) if wrong == "pretrained" else (right, inverted)
+    tuner = make_tuner("xgb", SPACE, 0, knob_featurizer(SPACE), pretrained=pretrained, hedge=hedge)
+    assert isinstance(tuner, ModelTuner) and isinstance(tuner.model, XGBoostCostModel)
+    tuner.n_chains, tuner.n_steps = 128, 40
+    measure = fake_measurer(COSTS)
+    batch = tuner.next_batch(32)
+    tuner.update(batch, measure(batch))
+    tuner.next_batch(8)  # refits the local model on the first batch
+    assert tuner.model.base is right
+
+
+def test_rank_agreement_is_spearmans_rho_with_failures_slowest() -> None:
+    x = np.arange(6, dtype=np.float64)[:, None]
+    costs = np.array([6.0, 5.0, 4.0, 3.0, 2.0, np.inf])  # the last config failed: the slowest
+    assert rank_agreement(FirstColumn(), x[:5], costs[:5]) == pytest.approx(1.0)
+    assert rank_agreement(FirstColumn(), x, costs) == pytest.approx(1 - 6 * 30 / (6 * 35))  # d = -1 x5, 5
+    assert rank_agreement(FirstColumn(sign=-1.0), x[:5], costs[:5]) == pytest.approx(-1.0)
+    assert rank_agreement(FirstColumn(sign=0.0), x, costs) == 0.0  # a constant model says nothing
+
+
+class FirstColumn:
+    """A fixed model scoring each config by its first feature, times `sign`."""
+
+    def __init__(self, sign: float = 1.0) -> None:
+        self.sign = sign
+
+    def fit(self, features: np.ndarray, costs: np.ndarray) -> None:
+        """Fixed."""
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return self.sign * np.asarray(features)[:, 0]
 
 # ---- end to end on the local board ------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from enum import Enum
 
 import numpy as np
 
-from xtune.costmodel import CostModel, XGBoostCostModel
+from xtune.costmodel import CostModel, XGBoostCostModel, rank_agreement
 from xtune.errors import InputError
 from xtune.measure import MeasureResult, MeasureStatus
 from xtune.search import SpaceArrays, anneal, knob_featurizer, top_unvisited
@@ -169,7 +169,10 @@ class ModelTuner(Tuner):
     other hardware shares the first batches with the analytic estimate, so a wrong one cannot lead them
     all). Afterwards the model is refitted on all results before each batch and the batch is the best
     unvisited configs the annealing chains scored, except an `epsilon` share drawn at random
-    (exploration, so a wrong model cannot trap the search)."""
+    (exploration, so a wrong model cannot trap the search). With a hedge, each refit first picks the
+    local model's base by the evidence: of `pretrained` and `hedge`, the one that orders the measured
+    configs better (`rank_agreement`; the pretrained one on a tie), so a model of other hardware that
+    misleads on this board stops steering the search after its first batch."""
 
     def __init__(
         self,
@@ -218,9 +221,18 @@ class ModelTuner(Tuner):
         if len(self._data) < self.min_fit or not fresh or not np.isfinite(costs).any():
             return
         start = time.perf_counter()
-        self.model.fit(np.concatenate(self._rows), costs)
+        features = np.concatenate(self._rows)
+        self._choose_base(features, costs)
+        self.model.fit(features, costs)
         self._fitted_on = len(self._data)
         self.last_fit_seconds = time.perf_counter() - start
+
+    def _choose_base(self, features: np.ndarray, costs: np.ndarray) -> None:
+        """With a hedge: the local model's base is whichever prior orders the measured configs better."""
+        if self.hedge is None or self.pretrained is None or not isinstance(self.model, XGBoostCostModel):
+            return
+        priors = (self.pretrained, self.hedge)  # max() keeps the first on a tie: the pretrained model
+        self.model.base = max(priors, key=lambda prior: rank_agreement(prior, features, costs))
 
     def _propose(self, n: int) -> list[int]:
         self._fit()
