@@ -51,23 +51,6 @@ def grouped_throughput_target(costs: np.ndarray, groups: np.ndarray) -> np.ndarr
     return y
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 0..n-1, ties sharing their mean rank (as Spearman's rho needs)."""
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    starts = np.cumsum(counts) - counts
-    return (starts + (counts - 1) / 2.0)[inverse]
-
-
-def rank_agreement(model: CostModel, features: np.ndarray, costs: np.ndarray) -> float:
-    """Spearman's rho between `model`'s scores and the measured throughput of the same configs (a failed
-    one as the slowest): how well the model orders what was measured; 0 when either side is constant."""
-    x = _average_ranks(np.asarray(model.predict(features), dtype=np.float64))
-    y = _average_ranks(throughput_target(costs).astype(np.float64))
-    x, y = x - x.mean(), y - y.mean()
-    norm = math.sqrt(float(x @ x) * float(y @ y))
-    return float(x @ y) / norm if norm > 0 else 0.0
-
-
 class XGBoostCostModel:
     """Gradient-boosted trees on normalized throughput.
 
