@@ -16,7 +16,7 @@ each one on x86-avx2:
             128-bit vectors, no FMA) -- the new board has no log of its own at all; as `xtune tune` does
             for a model that saw no logs of the tuned target, its first batch alternates its picks with
             the analytic estimate's, and afterwards the local model's base is whichever of the two
-            orders the measured configs better;
+            picked the fastest config;
      both models are boosted from the analytic estimate (TrainOptions.on_estimate), as `xtune model train`
      trains them;
   3. each run's count is the trials it took to reach 90% of the best-known GFLOP/s.

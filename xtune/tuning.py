@@ -125,7 +125,7 @@ def run_tuning(
     `pretrained` (transfer learning, xgb tuner only) scores the configs of this workload's operator: it
     ranks the first batches and is the fading base of the local model (see XGBoostCostModel). With
     `hedge_with_estimate` (for a model that saw no logs of this target) the analytic estimate shares those
-    first batches with it, and then whichever of the two orders the measured configs better is the base."""
+    first batches with it, and then whichever of the two picked the fastest config is the base."""
     if not boards:
         raise InputError("no board to tune on")
     if pretrained is not None and options.tuner != "xgb":
