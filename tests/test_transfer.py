@@ -490,9 +490,8 @@ def test_a_hedged_first_batch_alternates_the_model_and_the_hedge() -> None:
     assert hedged.max() >= 0.95 and hedged[1::2].min() > hedged[0::2].max()  # the hedge's picks, alternating
 
 
-
 @pytest.mark.parametrize("wrong", ["pretrained", "hedge"])
-def test_after_the_first_batch_the_prior_that_ranks_it_better_is_the_base(wrong: str) -> None:
+def test_after_the_first_batch_the_prior_whose_picks_measured_faster_is_the_base(wrong: str) -> None:
     """Of the foreign model and the estimate, the one whose picks in the hedged first batch measured slower
     stops being the local model's base; the one that picked fast configs stays."""
     right, inverted = TrueThroughput(), Inverted()
