@@ -81,6 +81,9 @@ def test_ctrl_c_stops_cleanly_with_the_log_intact(tmp_path: Path) -> None:
         [sys.executable, "-m", "xtune.cli", "tune", "--workload", "matmul:m=96,n=96,k=96", "--trials", "400",
          "--batch-size", "4", "--log", str(log), "--repeat", "2", "--min-repeat-ms", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A shell without job control starts background jobs with SIGINT ignored (bash(1), "SIGNALS"), and
+        # Python then never installs its Ctrl-C handler: give the tuner the disposition a terminal gives it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not log.exists() or log.read_text().count("\n") < 8):
