@@ -1,6 +1,6 @@
 """How many trials transfer learning saves (issue 7), measured on this machine's local board.
 
-Usage: python scripts/transfer_eval.py [--seeds 5] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
+Usage: python scripts/transfer_eval.py [--seeds 3] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
 
 Held-out workloads are matmul shapes that are not in the corpus (scripts/make_transfer_corpus.py). For
 each one on x86-avx2:
@@ -41,13 +41,21 @@ from xtune.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "xtune" / "data" / "corpus"
-HELD_OUT = ((384, 384, 384), (128, 1024, 256), (640, 160, 320), (96, 768, 192))
+# The first four were picked by hand (sessions 3-5); the other four are the next draws of the rule that
+# drew the corpus's random shapes (scripts/make_transfer_corpus.py), so that the set is not a choice.
+# The medians over held-out shapes are the issue's figures; with four shapes one lucky shape moved them.
+HELD_OUT = ((384, 384, 384), (128, 1024, 256), (640, 160, 320), (96, 768, 192),
+            (320, 1024, 768), (768, 64, 640), (384, 256, 160), (1024, 256, 1024))
 TARGET = "x86-avx2"
 MODES = ("blind", "cold", "shapes", "sse42")
 
 
 def trials_to(curve: tuple[float, ...], goal: float) -> int | None:
     return next((i + 1 for i, g in enumerate(curve) if g >= goal), None)
+
+
+def held_out_keys() -> set[str]:
+    return {parse_workload("matmul:m={},n={},k={}".format(*shape)).key for shape in HELD_OUT}
 
 
 def pretrained_models(cpu: str) -> dict[str, CostModel | None]:
@@ -59,6 +67,9 @@ def pretrained_models(cpu: str) -> dict[str, CostModel | None]:
         if not records:
             sys.exit(f"the corpus has no {target} records of this machine ({cpu}): run "
                      "scripts/make_transfer_corpus.py first")  # fmt: skip
+        leaked = held_out_keys() & {r.workload for r in records}
+        if leaked:
+            sys.exit(f"held-out shapes are in the {target} corpus: {', '.join(sorted(leaked))}")
         return train(records, sources=[str(log)]).cost_model("matmul")
 
     return {"blind": None, "cold": None, "shapes": trained_on(TARGET), "sse42": trained_on("x86-sse42")}
@@ -97,24 +108,32 @@ def plot(path: Path, curves: dict[str, tuple[float, dict[str, tuple[float, ...]]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3.2), sharey=True)
-    for ax, (key, (best, by_mode)) in zip(axes, curves.items(), strict=True):
+    columns = min(4, len(curves))
+    rows = -(-len(curves) // columns)
+    fig, grid = plt.subplots(rows, columns, figsize=(4 * columns, 3.2 * rows), sharey=True, squeeze=False)
+    axes = grid.ravel()
+    for ax, (key, (best, by_mode)) in zip(axes, curves.items(), strict=False):
         for mode, curve in by_mode.items():
             ax.plot(range(1, len(curve) + 1), [g / best for g in curve], label=mode)
         ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
         ax.set_title(key.removeprefix("matmul:"), fontsize=9)
         ax.set_xlabel("trial")
         ax.set_xscale("log")
-    axes[0].set_ylabel("best so far / best known")
+    for ax in grid[:, 0]:
+        ax.set_ylabel("best so far / best known")
     axes[0].set_ylim(0, 1.1)
-    axes[-1].legend(loc="lower right", fontsize=8)
+    axes[len(curves) - 1].legend(loc="lower right", fontsize=8)
+    for ax in axes[len(curves):]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5)  # the issue asks for 3; more narrow run-to-run noise
+    # The issue asks for 3 seeds; sessions 4-5 ran 5 on four shapes. More held-out shapes narrow the
+    # median over shapes more than more seeds per shape do, for the same time (about 40 min here).
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--cap", type=int, default=128, help="trials per cold/warm run")
     parser.add_argument("--long", type=int, default=384, help="trials of the best-known run")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of seed 0's best-so-far curves")
