@@ -33,8 +33,8 @@ MODELS = ROOT / "xtune" / "data" / "models"
 # Square, tall, wide, deep and shallow products between 64 and 1024: the shapes of dense and attention
 # layers of small models, none of them a held-out shape of scripts/transfer_eval.py. The first eight were
 # picked by hand; the other sixteen were drawn (random.Random(0), each of m, n, k uniform over 64, 96,
-# 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, m*n*k between 2^20 and 2^28, held-out shapes and
-# repeats skipped) so that the corpus is not shaped by anyone's idea of the held-out set.
+# 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, m*n*k between 2^20 and 2^28, held-out shapes, the
+# first eight and repeats skipped) so that the corpus is not shaped by anyone's idea of the held-out set.
 TRAIN_SHAPES = (
     (256, 256, 256), (512, 512, 512), (128, 768, 768), (384, 384, 128), (64, 512, 256),
     (256, 64, 1024), (1024, 128, 64), (192, 192, 576),
