@@ -246,7 +246,7 @@ static void run_child(const struct run *r, pid_t parent) {
         res->progress++;
     }
     uint32_t number = r->number;
-    /* Adaptive number: double until one repeat lasts min_repeat, so short kernels are timed above
+    /* Adaptive number: double until a repeat lasts min_repeat, so short kernels are timed above
      * clock resolution and call overhead. Each step is bounded by the parent's per-step timeout. */
     uint64_t min_repeat_ns = (uint64_t)r->min_repeat_us * 1000u;
     while (r->min_repeat_us && number < MAX_NUMBER) {
