@@ -181,7 +181,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise InputError("--trials must be at least 1")
     log = TuningLog(args.log)
-    log.check_appendable()
+    log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
     options = TuneOptions(
         args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
