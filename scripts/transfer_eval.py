@@ -26,8 +26,8 @@ and the warm/cold ratios the issue asks for (<= 1/4 across shapes, <= 1/2 across
 both cold starts. All runs measure for real; nothing is cached between them.
 
 The best-known is the highest of several hundred noisy measurements, so it carries the luckiest noise
-of them all (winner's curse; on this shared 2-core VM one config timed 60 times in a row spans
-66-100 GFLOP/s). So the long run's `--top` best configs are also timed again, `--rounds` times each
+of them all (the winner's curse; the tables' spread column shows how far one config's timings range
+on this machine). So the long run's `--top` best configs are also timed again, `--rounds` times each,
 in interleaved rounds, and the highest median of those is the re-measured best. The same runs are then
 counted a second time against 90% of it, and each mode's best-so-far after its first trial and after
 its first batch (16 trials) is given as a fraction of it.
