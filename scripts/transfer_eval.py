@@ -124,7 +124,7 @@ class ShapeRuns:
 
     best_known: float  # the highest single measurement of the reference (the issue's bar)
     remeasured: float  # the highest median of the reference's top configs timed again
-    spread: float  # median over those configs of (slowest - fastest) / fastest of their timings
+    spread: float  # median over those configs of (fastest - slowest) / fastest, in GFLOP/s
     curves: dict[str, list[tuple[float, ...]]]  # mode -> one curve per seed
 
 
@@ -200,7 +200,7 @@ def first_picks(results: dict[str, ShapeRuns], modes: tuple[str, ...]) -> None:
     fraction of the re-measured best: how good a start each prior gives, apart from the 90 % line."""
     print(f"\n| start | after 1 trial | after {BATCH} trials |\n|---|---|---|")
     for mode in modes:
-        fractions = [[curve[t - 1] / shape.remeasured for shape in results.values()
+        fractions = [[curve[min(t, len(curve)) - 1] / shape.remeasured for shape in results.values()
                       for curve in shape.curves[mode]] for t in (1, BATCH)]  # fmt: skip
         print(f"| {mode} | " + " | ".join(f"{statistics.median(f):.0%}" for f in fractions) + " |")
 
