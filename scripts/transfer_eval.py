@@ -71,8 +71,8 @@ def trials_to(curve: tuple[float, ...], goal: float) -> int | None:
     return next((i + 1 for i, g in enumerate(curve) if g >= goal), None)
 
 
-def held_out_keys() -> set[str]:
-    return {parse_workload("matmul:m={},n={},k={}".format(*shape)).key for shape in HELD_OUT}
+def held_out_workloads() -> list[Workload]:
+    return [parse_workload("matmul:m={},n={},k={}".format(*shape)) for shape in HELD_OUT]
 
 
 def corpus_records(target: str, cpu: str) -> list[Record]:
@@ -89,7 +89,7 @@ def pretrained_models(cpu: str) -> dict[str, CostModel | None]:
 
     def trained_on(target: str) -> CostModel:
         records = corpus_records(target, cpu)
-        leaked = held_out_keys() & {r.workload for r in records}
+        leaked = {w.key for w in held_out_workloads()} & {r.workload for r in records}
         if leaked:
             sys.exit(f"held-out shapes are in the {target} corpus: {', '.join(sorted(leaked))}")
         return train(records).cost_model("matmul")
@@ -148,9 +148,7 @@ def remeasure(workload: Workload, board: Board, records: list[Record], top: int,
             statistics.median((max(t) - min(t)) / max(t) for t in per_config))  # fmt: skip
 
 
-def evaluate(shape: tuple[int, int, int], models: dict[str, CostModel | None], args: argparse.Namespace,
-             ) -> ShapeRuns:
-    workload = parse_workload("matmul:m={},n={},k={}".format(*shape))
+def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argparse.Namespace) -> ShapeRuns:
     board = get_board("local", target=TARGET)
     with tempfile.TemporaryDirectory() as tmp:
         log = TuningLog(Path(tmp) / "reference.jsonl")
@@ -195,13 +193,14 @@ def ratios(overall: dict[str, float], colds: tuple[str, ...]) -> None:
               f"sse42 -> avx2 {overall['sse42'] / overall[cold]:.2f} (goal <= 0.5)")
 
 
-def first_picks(results: dict[str, ShapeRuns], modes: tuple[str, ...]) -> None:
+def first_picks(results: dict[str, ShapeRuns], modes: tuple[str, ...], cap: int) -> None:
     """Median over shapes and seeds of the best-so-far after the first trial and the first batch, as a
     fraction of the re-measured best: how good a start each prior gives, apart from the 90 % line."""
-    print(f"\n| start | after 1 trial | after {BATCH} trials |\n|---|---|---|")
+    batch = min(BATCH, cap)
+    print(f"\n| start | after 1 trial | after {batch} trials |\n|---|---|---|")
     for mode in modes:
-        fractions = [[curve[min(t, len(curve)) - 1] / shape.remeasured for shape in results.values()
-                      for curve in shape.curves[mode]] for t in (1, BATCH)]  # fmt: skip
+        fractions = [[curve[t - 1] / shape.remeasured for shape in results.values()
+                      for curve in shape.curves[mode]] for t in (1, batch)]  # fmt: skip
         print(f"| {mode} | " + " | ".join(f"{statistics.median(f):.0%}" for f in fractions) + " |")
 
 
@@ -279,9 +278,7 @@ def main() -> None:
     else:
         modes, titles, colds = MODES, TITLES, ("blind", "cold")
         models = pretrained_models(cpu)
-        results = {}
-        for shape in HELD_OUT:
-            results["matmul:m={},n={},k={}".format(*shape)] = evaluate(shape, models, args)
+        results = {workload.key: evaluate(workload, models, args) for workload in held_out_workloads()}
         reference = f"a {args.long}-trial cold run's best"
     print(f"\n{TARGET} on {cpu}; {args.seeds} seeds, at most {args.cap} trials per run ('>{args.cap}': "
           f"never); re-measured: the best median of its top {args.top} configs timed {args.rounds} times\n")
@@ -290,7 +287,7 @@ def main() -> None:
         print(f"\ntrials to 90% of {bar}:\n")
         overall = count_table(results, modes, args.cap, remeasured, titles)
         ratios(overall, colds)
-    first_picks(results, modes)
+    first_picks(results, modes, args.cap)
     if args.plot:
         plot(args.plot, results)
         print(f"plot: {args.plot}")
