@@ -28,7 +28,10 @@ def vs_numpy() -> None:
     for n in (1, 16, 64, 128, 256):
         if n <= len(curve):
             print(f"| {n} | {curve[n - 1]:.1f} | {curve[n - 1] / numpy_gflops:.3f} |")
+    best = report.best_gflops or math.nan
     print(f"\nbest config #{report.best_index}: {dict(report.best_knobs)}; {report.seconds:.0f} s wall")
+    print(f"its median of {report.best_timings} timings (what `xtune tune` reports and `xtune build` ships): "
+          f"{best:.1f} GFLOP/s, {best / numpy_gflops:.3f} × numpy")  # fmt: skip
 
 
 def trials_to(curve: tuple[float, ...], goal: float) -> int | None:
@@ -47,7 +50,7 @@ def search(seeds: int, trials: int) -> None:
         curves: dict[str, list[tuple[float, ...]]] = {"xgb": [], "random": []}
         for seed in range(seeds):
             for tuner in curves:
-                options = TuneOptions(tuner, trials, 16, None, seed, start_from_default=False)
+                options = TuneOptions(tuner, trials, 16, None, seed, start_from_default=False, confirm=0)
                 curves[tuner].append(run_tuning(wl, [board], options).curve_gflops)
         best_known = max(max(c) for runs in curves.values() for c in runs)
         need = {t: [trials_to(c, 0.9 * best_known) for c in runs] for t, runs in curves.items()}
@@ -66,7 +69,7 @@ def throughput() -> None:
     board = get_board("local")
     wl = parse_workload("matmul:m=256,n=256,k=256")
     start = time.perf_counter()
-    report = run_tuning(wl, [board], TuneOptions("xgb", 64, 16, None, 0))
+    report = run_tuning(wl, [board], TuneOptions("xgb", 64, 16, None, 0, confirm=0))  # the loop's rate
     wall = time.perf_counter() - start
     print(f"\nmatmul 256³, xgb, 64 trials: {report.trials / wall:.2f} measured trials/s "
           f"({wall:.1f} s wall incl. start-up; tuner itself {report.tuner_seconds:.1f} s)")  # fmt: skip

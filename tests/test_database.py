@@ -115,13 +115,33 @@ def test_best_picks_lowest_median_of_ok_records_only(tmp_path: Path) -> None:
         rec(7, (0.01,), workload="matmul:m=1,n=1,k=1"),
         rec(8, (0.01,), target="riscv64-gc"),
         rec(9, (7.0,)),
-        rec(9, (3.0,), when=2.0),  # re-measured: its best record represents it
+        rec(9, (3.0,), when=2.0),  # timed twice: the faster of its middle two represents it
     ]
     assert [r.index for r in best(records, WL, TARGET)] == [9]
     assert [(r.index, r.cost) for r in best(records, WL, TARGET, k=3)] == [(9, 3.0), (1, 5.0), (2, 100.0)]
     assert [r.index for r in best(records, WL, TARGET, cost_unit="insn")] == [6]
     assert best(records, "conv2d:n=1", TARGET) == []
     assert best([rec(1, status=MeasureStatus.RUNTIME_ERROR)], WL, TARGET) == []
+
+
+def test_a_config_timed_again_is_judged_by_its_median_not_its_luckiest_timing() -> None:
+    lucky = [rec(1, (1.0,), when=1.0), rec(1, (4.0,), when=2.0), rec(1, (4.5,), when=3.0)]
+    steady = [rec(2, (3.0,)), rec(2, (3.1,), when=2.0), rec(2, (2.9,), when=3.0)]
+    top = best(lucky + steady, WL, TARGET, k=2)
+    assert [(r.index, r.cost) for r in top] == [(2, 3.0), (1, 4.0)]
+
+
+def test_a_config_that_ever_failed_its_check_or_crashed_is_never_a_best() -> None:
+    for status in (MeasureStatus.WRONG_ANSWER, MeasureStatus.RUNTIME_ERROR):
+        records = [rec(1, (1.0,)), rec(1, (1.0,), status, when=2.0), rec(2, (5.0,))]
+        assert [r.index for r in best(records, WL, TARGET)] == [2]
+    # A timeout or a board error may be the host's fault: the config's OK timings still count.
+    for status in (MeasureStatus.TIMEOUT, MeasureStatus.BOARD_ERROR):
+        records = [rec(1, (1.0,)), rec(1, (1.0,), status, when=2.0), rec(2, (5.0,))]
+        assert [r.index for r in best(records, WL, TARGET)] == [1]
+    # The same index with other knobs is another config (a changed template renumbers).
+    renumbered = replace(rec(1, (0.5,), MeasureStatus.WRONG_ANSWER), knobs=(("tile", 99),))
+    assert [r.index for r in best([rec(1, (1.0,)), renumbered], WL, TARGET)] == [1]
 
 
 def test_best_over_several_logs(tmp_path: Path) -> None:

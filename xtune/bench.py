@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,3 +140,18 @@ def bench(
         result.status, result.error, result.cost, flops / result.cost / 1e9 if result.ok else 0.0,
         flops / np_seconds / 1e9, board.target.peak_gflops,
     )  # fmt: skip
+
+
+def retime_gflops(workload: Workload, board: Board, indices: Sequence[int], rounds: int) -> list[list[float]]:
+    """GFLOP/s of each config (built once; checked and timed in each round, 0 if it fails) in each of
+    `rounds` interleaved rounds, one list per config: a slow spell of the host falls on all of them alike.
+    For benchmarks that ask how fast a config really is, apart from the one timing a tuning run gave it."""
+    pool = CompilePool()
+    measurer = Measurer(board, workload, MeasureOptions(), pool)
+    try:
+        built = list(pool.build_all(workload, board.target, list(indices)))
+        rows = [[workload.flops() / measurer.run(b).cost / 1e9 for b in built] for _ in range(rounds)]
+    finally:
+        measurer.close()
+        pool.close()
+    return [list(column) for column in zip(*rows, strict=True)]

@@ -180,12 +180,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     if args.trials < 1:
         raise InputError("--trials must be at least 1")
+    if args.confirm < 0:
+        raise InputError("--confirm must be 0 or more")
     log = TuningLog(args.log)
     log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
     options = TuneOptions(
         args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
         MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms),
+        confirm=args.confirm,
     )  # fmt: skip
     numpy_gflops = local_numpy_gflops(workload, boards)
     bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
@@ -267,8 +270,9 @@ def _print_tuning(report: TuningReport, log: str) -> None:
         return
     knobs = ", ".join(f"{k}={v}" for k, v in report.best_knobs)
     print(f"  best config #{report.best_index}: {knobs}")
+    timed = f"median of {report.best_timings} timings" if report.best_timings > 1 else "timed once"
     if report.best_gflops is not None:
-        line = f"  best {report.best_gflops:.1f} GFLOP/s ({report.best_cost * 1e3:.3f} ms)"
+        line = f"  best {report.best_gflops:.1f} GFLOP/s ({report.best_cost * 1e3:.3f} ms, {timed})"
         if report.numpy_gflops:
             line += (
                 f"; numpy {report.numpy_gflops:.1f} GFLOP/s; {report.best_gflops / report.numpy_gflops:.2f}x"
@@ -407,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
     p.add_argument("--min-repeat-ms", type=float, default=10.0)
     p.add_argument("--timeout-ms", type=int, default=10_000, help="deadline per kernel call/repeat")
+    p.add_argument("--confirm", type=int, default=3, metavar="K",
+                   help="at the end, time the K fastest configs again until each has 3 timings; the best is "
+                   "the lowest median, not the luckiest single timing (default 3; 0 = off)")  # fmt: skip
     p.add_argument("--transfer-from", action="extend", nargs="+", metavar="SOURCE",
                    help="pretrained cost model: a model file, tuning log(s) to train on, or 'builtin'")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")

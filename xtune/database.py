@@ -20,6 +20,8 @@ from xtune.space import Config, KnobValue
 
 FORMAT_VERSION = 1
 DEFAULT_OPTIONS = MeasureOptions()
+# A kernel that once computed a wrong answer or died by a signal has a bug that some run may hit again.
+DISQUALIFYING = frozenset({MeasureStatus.WRONG_ANSWER, MeasureStatus.RUNTIME_ERROR})
 
 
 class LogWarning(UserWarning):
@@ -271,21 +273,39 @@ def measured(records: Iterable[Record], workload: str, target: str, board: str |
 
 def best(records: Iterable[Record], workload: str, target: str, k: int = 1, cost_unit: str = "s",
          board: str | None = None) -> list[Record]:
-    """The `k` distinct configs with the lowest median cost among OK records in `cost_unit`, best first.
+    """The `k` distinct configs with the lowest cost among OK records in `cost_unit`, best first.
 
-    A config measured several times is represented by its best record. Ties go to the earlier record, then
-    to the lower index, so the answer does not depend on file order."""
-    per_index: dict[int, Record] = {}
+    A config measured several times (`xtune tune` times its leaders again at the end of a run, see
+    `TuneOptions.confirm`) is represented by its median record, the faster of the middle two for an even
+    count: the fastest of hundreds of noisy timings is the luckiest one, not the config's speed (the
+    winner's curse, docs/benchmarks.md). A config that ever gave a wrong answer or crashed is never a best,
+    whatever its other records say. Ties go to the earlier record, then to the lower index, so the answer
+    does not depend on file order."""
+    medians = [_median_record(rs) for rs in timings(records, workload, target, cost_unit, board)]
+    return sorted(medians, key=_rank)[:max(k, 0)]
+
+
+def timings(records: Iterable[Record], workload: str, target: str, cost_unit: str = "s",
+            board: str | None = None) -> list[list[Record]]:
+    """The OK records in `cost_unit` of each config that may be a best (see `best`), one list per config.
+
+    A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
+    says nothing about another config that now has its index."""
+    out: dict[tuple[int, tuple[tuple[str, KnobValue], ...]], list[Record]] = {}
+    disqualified: set[tuple[int, tuple[tuple[str, KnobValue], ...]]] = set()
     for r in records:
-        if not (r.workload == workload and r.target == target and r.result.ok
-                and r.result.cost_unit == cost_unit and (board is None or r.board == board)):
+        if not (r.workload == workload and r.target == target and (board is None or r.board == board)):
             continue
-        if not math.isfinite(r.cost) or r.cost <= 0:
-            continue
-        held = per_index.get(r.index)
-        if held is None or _rank(r) < _rank(held):
-            per_index[r.index] = r
-    return sorted(per_index.values(), key=_rank)[:max(k, 0)]
+        if r.result.status in DISQUALIFYING:
+            disqualified.add((r.index, r.knobs))
+        elif r.result.ok and r.result.cost_unit == cost_unit and math.isfinite(r.cost) and r.cost > 0:
+            out.setdefault((r.index, r.knobs), []).append(r)
+    return [rs for config, rs in out.items() if config not in disqualified]
+
+
+def _median_record(records: list[Record]) -> Record:
+    ranked = sorted(records, key=_rank)
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _rank(r: Record) -> tuple[float, float, int]:

@@ -19,8 +19,9 @@ class SummaryRow:
 
     workload: str
     target: str
-    trials: int
-    counts: tuple[tuple[str, int], ...]
+    trials: int  # distinct configs measured
+    failed: int  # of which never measured OK
+    counts: tuple[tuple[str, int], ...]  # records by status (a config timed again has several)
     best: Record | None
     cost_unit: str
 
@@ -34,7 +35,7 @@ class SummaryRow:
         b = self.best
         return {
             "workload": self.workload, "target": self.target, "trials": self.trials,
-            "counts": dict(self.counts),
+            "failed": self.failed, "counts": dict(self.counts),
             "best": None if b is None else {
                 "index": b.index, "knobs": dict(b.knobs), "cost": b.cost, "cost_unit": self.cost_unit,
                 "gflops": self.best_gflops, "board": b.board, "time": b.time,
@@ -61,16 +62,16 @@ def summarize(
         unit = "s" if any(r.result.cost_unit == "s" for r in group) else "insn"
         top = best(group, wl, tg, k=1, cost_unit=unit)
         counts = Counter(r.result.status.value for r in group)
-        rows.append(
-            SummaryRow(wl, tg, len(group), tuple(sorted(counts.items())), top[0] if top else None, unit)
-        )
+        configs = {(r.index, r.knobs) for r in group}
+        failed = len(configs - {(r.index, r.knobs) for r in group if r.result.ok})
+        counts_sorted = tuple(sorted(counts.items()))
+        rows.append(SummaryRow(wl, tg, len(configs), failed, counts_sorted, top[0] if top else None, unit))
     return rows
 
 
 def format_table(rows: Sequence[SummaryRow]) -> str:
     lines = [f"{'workload':<44} {'target':<13} {'trials':>6} {'failed':>6} {'best':>14}  config"]
     for row in rows:
-        failed = row.trials - dict(row.counts).get("ok", 0)
         if row.best is None:
             figure, config = "no correct run", "-"
         else:
@@ -78,7 +79,7 @@ def format_table(rows: Sequence[SummaryRow]) -> str:
             figure = f"{gf:.1f} GFLOP/s" if gf is not None else f"{row.best.cost:.0f} insn"
             config = f"#{row.best.index} " + ",".join(f"{k}={v}" for k, v in row.best.knobs)
         lines.append(
-            f"{row.workload:<44} {row.target:<13} {row.trials:>6} {failed:>6} {figure:>14}  {config}"
+            f"{row.workload:<44} {row.target:<13} {row.trials:>6} {row.failed:>6} {figure:>14}  {config}"
         )
     return "\n".join(lines)
 

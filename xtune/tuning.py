@@ -12,12 +12,12 @@ import numpy as np
 from xtune.bench import numpy_seconds
 from xtune.board import Board, LocalBoard
 from xtune.costmodel import CostModel
-from xtune.database import Record, TuningLog, make_record
+from xtune.database import Record, TuningLog, best, cpu_of, make_record, measured, timings
 from xtune.errors import InputError
 from xtune.features import estimate_prior, featurize
 from xtune.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.tuner import TuneProgress, TuneSummary, make_tuner, tune
+from xtune.tuner import StopReason, TuneProgress, TuneSummary, make_tuner, tune
 from xtune.workload import Workload
 
 
@@ -37,6 +37,14 @@ class TuneOptions:
     # With no pretrained model, the xgb tuner ranks its first batch by the analytic estimate (features.py)
     # and keeps it as a fading base; False makes it start blind (random first batch), as AutoTVM did.
     analytic_prior: bool = True
+    # At the end of a run the `confirm` fastest configs are timed again until each has CONFIRM_TIMINGS
+    # timings, and the best is the config with the lowest median (database.best): on a noisy host the
+    # fastest of a run's single timings is mostly the luckiest (docs/benchmarks.md, "winner's curse"),
+    # and `xtune build` should ship the fastest kernel, not the best-timed one. 0 skips it.
+    confirm: int = 3
+
+
+CONFIRM_TIMINGS = 3
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,9 @@ class TuningReport:
     counts: tuple[tuple[str, int], ...]  # this run's trials by status
     best_index: int | None  # over the log's whole history and this run
     best_knobs: tuple[tuple[str, object], ...]
-    best_cost: float  # seconds per call (or instructions, when cost_unit is "insn")
+    best_cost: float  # seconds per call (or instructions, when cost_unit is "insn"): its median timing
+    best_timings: int  # how many timings of the best config that median is over
+    confirm_timings: int  # timings this run added to confirm its leaders (not counted in trials)
     cost_unit: str
     best_gflops: float | None
     numpy_gflops: float | None  # single thread, measured in this run (local board only)
@@ -99,15 +109,15 @@ class _BoardsMeasurer:
             self.threads.shutdown()
 
 
-def resume_history(log: TuningLog | None, template: ScheduleTemplate,
-                   cpu: str | None = None) -> dict[int, Record]:
+def past_records(log: TuningLog | None, template: ScheduleTemplate, cpu: str | None = None) -> list[Record]:
     """Records of this workload and target already in the log, measured on `cpu` (any if None), whose
     knobs still mean the same config."""
     if log is None:
-        return {}
-    done = log.measured(template.workload.key, template.target.name, cpu=cpu)
-    space = template.space
-    return {i: r for i, r in done.items() if 0 <= i < space.size and space.config(i).values == r.knobs}
+        return []
+    wl, target, space = template.workload.key, template.target.name, template.space
+    return [r for r in log.read()
+            if r.workload == wl and r.target == target and (cpu is None or cpu_of(r) in (None, cpu))
+            and 0 <= r.index < space.size and space.config(r.index).values == r.knobs]  # fmt: skip
 
 
 def run_tuning(
@@ -139,7 +149,8 @@ def run_tuning(
     if log is not None:
         log.check_appendable()
     fingerprint = tuple(sorted(boards[0].fingerprint().items()))
-    history = resume_history(log, template, dict(fingerprint).get("cpu"))
+    past = past_records(log, template, dict(fingerprint).get("cpu"))
+    history = measured(past, workload.key, target.name)
     if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
         pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
     hedge = estimate_prior(workload.op) if hedge_with_estimate and pretrained is not None else None
@@ -149,35 +160,54 @@ def run_tuning(
         tuner.load_history(list(history), [r.result for r in history.values()])
     if options.start_from_default:
         tuner.propose_first([template.default_config().index])
-    label, space = "+".join(b.name for b in boards), template.space
+    label, space, wl = "+".join(b.name for b in boards), template.space, workload.key
+    this_run: list[Record] = []
 
-    def append(progress: TuneProgress) -> None:
+    def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        records = [make_record(wl, target.name, label, space.config(i), r, options.measure, fingerprint)
+                   for i, r in zip(batch, results, strict=True)]  # fmt: skip
+        this_run.extend(records)
         if log is not None:
-            records = [
-                make_record(
-                    workload.key, target.name, label, space.config(i), r, options.measure, fingerprint
-                )
-                for i, r in zip(progress.batch, progress.results, strict=True)
-            ]
             log.append(records)
 
-    callbacks = [append] + ([on_progress] if on_progress else [])
+    callbacks = [lambda progress: keep(progress.batch, progress.results)]
+    callbacks += [on_progress] if on_progress else []
     pool = CompilePool()
     measure = _BoardsMeasurer(boards, workload, options.measure, pool)
+    stop = StopReason.INTERRUPTED
     try:
-        summary = tune(
-            template.space,
-            tuner,
-            measure,
-            options.trials,
-            options.batch_size,
-            options.early_stopping,
-            callbacks,
-        )
+        summary = tune(template.space, tuner, measure, options.trials, options.batch_size,
+                       options.early_stopping, callbacks)  # fmt: skip
+        # Instruction counts (emulated boards) are exact: timing them again would add nothing.
+        if summary.stop is not StopReason.INTERRUPTED and boards[0].cost_unit == "s":
+            _confirm(lambda: past + this_run, template, boards[0].cost_unit, options.confirm, measure, keep)
+        stop = summary.stop
+    except KeyboardInterrupt:
+        pass  # while confirming: every timing taken is kept, the run reports itself interrupted
     finally:
         measure.close()
         pool.close()
-    return _report(workload, template, boards, options, summary, history, numpy_gflops)
+    return _report(workload, template, boards, options, summary, stop, past + this_run, len(history),
+                   len(this_run) - summary.trials, numpy_gflops)
+
+
+def _confirm(records: Callable[[], list[Record]], template: ScheduleTemplate, unit: str, leaders: int,
+             measure: Callable[[list[int]], list[MeasureResult]],
+             keep: Callable[[Sequence[int], Sequence[MeasureResult]], None]) -> None:
+    """Time the `leaders` best configs again, one round at a time (so that a slow spell of the host falls
+    on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops out of the lead
+    lets the next one in, and that one is timed too, up to a budget of twice the timings the first
+    leaders need; the best goes first in every round, so it is the last to miss out. Each round's
+    results go to `keep` as they arrive."""
+    wl, target = template.workload.key, template.target.name
+    budget = 2 * leaders * (CONFIRM_TIMINGS - 1)
+    while budget > 0:
+        short = [r.index for r, n in _leaders(records(), wl, target, unit, leaders) if n < CONFIRM_TIMINGS]
+        if not short:
+            return
+        short = short[:budget]
+        keep(short, measure(short))
+        budget -= len(short)
 
 
 def _report(
@@ -186,25 +216,36 @@ def _report(
     boards: Sequence[Board],
     options: TuneOptions,
     summary: TuneSummary,
-    history: dict[int, Record],
+    stop: StopReason,
+    records: list[Record],
+    resumed: int,
+    confirm_timings: int,
     numpy_gflops: float | None,
 ) -> TuningReport:
-    unit = boards[0].cost_unit
-    candidates = [(r.cost, i) for i, r in history.items() if r.result.ok and r.result.cost_unit == unit]
-    if summary.best_index is not None:
-        candidates.append((summary.best_cost, summary.best_index))
-    best_cost, best_index = min(candidates, default=(math.inf, None))
+    """The run's report; its best is over the log's whole history and this run (`records`)."""
+    unit, wl, target = boards[0].cost_unit, workload.key, template.target.name
+    top = _leaders(records, wl, target, unit, 1)
+    best_cost, best_index, best_timings = math.inf, None, 0
+    if top:
+        best_cost, best_index, best_timings = top[0][0].cost, top[0][0].index, top[0][1]
     flops = workload.flops()
     gflops = flops / best_cost / 1e9 if unit == "s" and math.isfinite(best_cost) else None
     curve = tuple(flops / c / 1e9 if unit == "s" and math.isfinite(c) else 0.0 for c in summary.curve)
     return TuningReport(
-        workload.key, template.target.name, tuple(b.name for b in boards), options,
-        summary.trials, len(history),
+        wl, target, tuple(b.name for b in boards), options,
+        summary.trials, resumed,
         tuple((s.value, n) for s, n in summary.counts), best_index,
         template.space.config(best_index).values if best_index is not None else (),
-        best_cost, unit, gflops,
-        numpy_gflops, summary.seconds, summary.tuner_seconds, curve, summary.stop.value,
+        best_cost, best_timings, confirm_timings, unit, gflops,
+        numpy_gflops, summary.seconds, summary.tuner_seconds, curve, stop.value,
     )  # fmt: skip
+
+
+def _leaders(records: list[Record], workload: str, target: str, unit: str,
+             k: int) -> list[tuple[Record, int]]:
+    """The `k` best configs' median records (database.best), each with the count of timings behind it."""
+    counts = {rs[0].index: len(rs) for rs in timings(records, workload, target, unit)}
+    return [(r, counts[r.index]) for r in best(records, workload, target, k, unit)]
 
 
 def local_numpy_gflops(workload: Workload, boards: Sequence[Board]) -> float | None:
