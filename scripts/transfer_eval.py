@@ -2,6 +2,7 @@
 
 Usage: python scripts/transfer_eval.py [--seeds 3] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
        python scripts/transfer_eval.py --leave-one-out [--seeds 2] [--cap 32]
+       python scripts/transfer_eval.py --op conv2d [--cap 64] [--long 256]
 
 Held-out workloads are matmul shapes that are not in the corpus (scripts/make_transfer_corpus.py). For
 each one on x86-avx2:
@@ -34,6 +35,10 @@ its first batch (16 trials) is given as a fraction of it.
 
 `--leave-one-out` runs the cold, shapes and sse42 modes on each corpus shape in turn instead, with models
 trained on the other corpus shapes and the corpus's best of the shape as the best-known.
+
+`--op conv2d` does the same with held-out conv layers and the corpus's conv2d logs. conv2d has no analytic
+estimate, so xtune's cold start there is the blind one (one "cold" column), and the sse42 model is not
+hedged (there is nothing to hedge with).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from xtune.bench import retime_gflops
 from xtune.board import Board, get_board
 from xtune.costmodel import CostModel
 from xtune.database import Record, TuningLog, cpu_of, read_logs
+from xtune.features import estimate_prior
 from xtune.transfer import train
 from xtune.tuning import TuneOptions, run_tuning
 from xtune.workload import Workload, parse_workload
@@ -58,11 +64,20 @@ CORPUS = ROOT / "xtune" / "data" / "corpus"
 # The first four were picked by hand (sessions 3-5); the other four are the next draws of the rule that
 # drew the corpus's random shapes (scripts/make_transfer_corpus.py), so that the set is not a choice.
 # The medians over held-out shapes are the issue's figures; with four shapes one lucky shape moved them.
-HELD_OUT = ((384, 384, 384), (128, 1024, 256), (640, 160, 320), (96, 768, 192),
-            (320, 1024, 768), (768, 64, 640), (384, 256, 160), (1024, 256, 1024))
+HELD_OUT = {
+    "matmul": tuple("matmul:m={},n={},k={}".format(*shape) for shape in (
+        (384, 384, 384), (128, 1024, 256), (640, 160, 320), (96, 768, 192),
+        (320, 1024, 768), (768, 64, 640), (384, 256, 160), (1024, 256, 1024))),
+    # Picked by hand (session 8) beside the corpus's CONV_TRAIN_LAYERS: the same kinds of layer, other sizes.
+    "conv2d": ("conv2d:n=1,c=48,h=28,w=28,k=48,r=3,s=3,stride=1,pad=1",
+               "conv2d:n=1,c=128,h=14,w=14,k=64,r=1,s=1,stride=1,pad=0",
+               "conv2d:n=1,c=64,h=28,w=28,k=64,r=3,s=3,stride=2,pad=1",
+               "conv2d:n=1,c=32,h=56,w=56,k=16,r=3,s=3,stride=1,pad=1"),
+}  # fmt: skip
 TARGET = "x86-avx2"
 MODES = ("blind", "cold", "shapes", "sse42")
-TITLES = ("cold, blind", "cold, analytic prior", "warm: other shapes", "warm: sse42 logs")
+TITLES = {"blind": "cold, blind", "cold": "cold, analytic prior", "shapes": "warm: other shapes",
+          "sse42": "warm: sse42 logs"}  # fmt: skip
 LOO_MODES = ("cold", "shapes", "sse42")
 BATCH = 16
 
@@ -71,28 +86,34 @@ def trials_to(curve: tuple[float, ...], goal: float) -> int | None:
     return next((i + 1 for i, g in enumerate(curve) if g >= goal), None)
 
 
-def held_out_workloads() -> list[Workload]:
-    return [parse_workload("matmul:m={},n={},k={}".format(*shape)) for shape in HELD_OUT]
+def held_out_workloads(op: str) -> list[Workload]:
+    return [parse_workload(text) for text in HELD_OUT[op]]
 
 
-def corpus_records(target: str, cpu: str) -> list[Record]:
-    """The corpus records this machine (`cpu`) measured of `target`."""
-    records = [r for r in read_logs([CORPUS / f"{target}.jsonl.gz"]) if cpu_of(r) == cpu]
+def modes_of(op: str, modes: tuple[str, ...]) -> tuple[str, ...]:
+    """Without an analytic estimate (conv2d), xtune's cold start is the blind one: one column, "cold"."""
+    return modes if estimate_prior(op) is not None else tuple(m for m in modes if m != "blind")
+
+
+def corpus_records(target: str, cpu: str, op: str) -> list[Record]:
+    """The corpus records of `op` this machine (`cpu`) measured of `target`."""
+    records = [r for r in read_logs([CORPUS / f"{target}.jsonl.gz"])
+               if cpu_of(r) == cpu and r.workload.startswith(f"{op}:")]  # fmt: skip
     if not records:
-        sys.exit(f"the corpus has no {target} records of this machine ({cpu}): run "
+        sys.exit(f"the corpus has no {op} {target} records of this machine ({cpu}): run "
                  "scripts/make_transfer_corpus.py first")  # fmt: skip
     return records
 
 
-def pretrained_models(cpu: str) -> dict[str, CostModel | None]:
-    """The warm runs' models, trained on the corpus records this machine (`cpu`) measured."""
+def pretrained_models(cpu: str, op: str) -> dict[str, CostModel | None]:
+    """The warm runs' models, trained on the corpus records of `op` this machine (`cpu`) measured."""
 
     def trained_on(target: str) -> CostModel:
-        records = corpus_records(target, cpu)
-        leaked = {w.key for w in held_out_workloads()} & {r.workload for r in records}
+        records = corpus_records(target, cpu, op)
+        leaked = {w.key for w in held_out_workloads(op)} & {r.workload for r in records}
         if leaked:
             sys.exit(f"held-out shapes are in the {target} corpus: {', '.join(sorted(leaked))}")
-        return train(records).cost_model("matmul")
+        return train(records).cost_model(op)
 
     return {"blind": None, "cold": None, "shapes": trained_on(TARGET), "sse42": trained_on("x86-sse42")}
 
@@ -143,6 +164,7 @@ def remeasure(workload: Workload, board: Board, records: list[Record], top: int,
 
 
 def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argparse.Namespace) -> ShapeRuns:
+    modes = modes_of(workload.op, MODES)
     board = get_board("local", target=TARGET)
     with tempfile.TemporaryDirectory() as tmp:
         log = TuningLog(Path(tmp) / "reference.jsonl")
@@ -151,18 +173,19 @@ def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argp
         records = read_logs([log.path])
     remeasured, spread = remeasure(workload, board, records, args.top, args.rounds)
     best_known = max(reference.curve_gflops, default=0.0)  # the fastest single timing: the issue's bar
-    curves: dict[str, list[tuple[float, ...]]] = {mode: [] for mode in MODES}
+    curves: dict[str, list[tuple[float, ...]]] = {mode: [] for mode in modes}
     for seed in range(args.seeds):
-        for mode in MODES:
+        for mode in modes:
             curves[mode].append(run(workload, board, mode, models[mode], seed, args.cap))
             print(f"  {workload.key} seed {seed} {mode}: {trials_to(curves[mode][-1], 0.9 * best_known)}",
                   file=sys.stderr, flush=True)  # fmt: skip
     return ShapeRuns(best_known, remeasured, spread, curves)
 
 
-def count_table(results: dict[str, ShapeRuns], modes: tuple[str, ...], cap: int, remeasured: bool,
-                titles: tuple[str, ...]) -> dict[str, float]:
+def count_table(results: dict[str, ShapeRuns], modes: tuple[str, ...], cap: int,
+                remeasured: bool) -> dict[str, float]:
     """Print the trials-to-90% table against one of the two bars; return the median over shapes per mode."""
+    titles = [TITLES[mode] for mode in modes]
     print("| workload | best known GFLOP/s | re-measured (spread) | " + " | ".join(titles) + " |")
     print("|---" * (3 + len(modes)) + "|")
     medians: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -202,7 +225,7 @@ def leave_one_out(cpu: str, args: argparse.Namespace) -> dict[str, ShapeRuns]:
     """Each corpus shape in turn is held out: the warm models are trained on the other shapes' records and
     the best-known is the corpus's own best of the shape (192 tuned configs). Short runs (`cap` trials) on
     every corpus shape: a cheaper, wider check than the held-out table, to compare training options."""
-    records = {target: corpus_records(target, cpu) for target in (TARGET, "x86-sse42")}
+    records = {target: corpus_records(target, cpu, args.op) for target in (TARGET, "x86-sse42")}
     board = get_board("local", target=TARGET)
     results: dict[str, ShapeRuns] = {}
     for key in sorted({r.workload for r in records[TARGET]}):
@@ -211,12 +234,12 @@ def leave_one_out(cpu: str, args: argparse.Namespace) -> dict[str, ShapeRuns]:
         best = workload.flops() / min(r.cost for r in own if r.result.ok) / 1e9
         remeasured, spread = remeasure(workload, board, own, args.top, args.rounds)
         models = {"cold": None} | {
-            mode: train([r for r in records[target] if r.workload != key]).cost_model("matmul")
+            mode: train([r for r in records[target] if r.workload != key]).cost_model(args.op)
             for mode, target in (("shapes", TARGET), ("sse42", "x86-sse42"))
         }
         seeds = range(args.seeds)
         curves = {mode: [run(workload, board, mode, models[mode], seed, args.cap) for seed in seeds]
-                  for mode in LOO_MODES}  # fmt: skip
+                  for mode in modes_of(args.op, LOO_MODES)}  # fmt: skip
         results[key] = ShapeRuns(best, remeasured, spread, curves)
         print(f"  {key} done", file=sys.stderr, flush=True)
     return results
@@ -261,25 +284,28 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=8, help="configs of the reference timed again")
     parser.add_argument("--rounds", type=int, default=7, help="times each of them is timed again")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of seed 0's best-so-far curves")
+    parser.add_argument("--op", choices=tuple(HELD_OUT), default="matmul",
+                        help="conv2d: held-out conv layers (try --cap 64 --long 256)")
     parser.add_argument("--leave-one-out", action="store_true",
                         help="instead: each corpus shape held out in turn (try --cap 32 --seeds 2)")
     args = parser.parse_args()
     cpu = get_board("local", target=TARGET).fingerprint()["cpu"]
     if args.leave_one_out:
-        modes, titles, colds = LOO_MODES, TITLES[1:], ("cold",)
+        modes = modes_of(args.op, LOO_MODES)
         results = leave_one_out(cpu, args)
         reference = "the corpus's best of the left-out shape"
     else:
-        modes, titles, colds = MODES, TITLES, ("blind", "cold")
-        models = pretrained_models(cpu)
-        results = {workload.key: evaluate(workload, models, args) for workload in held_out_workloads()}
+        modes = modes_of(args.op, MODES)
+        models = pretrained_models(cpu, args.op)
+        results = {w.key: evaluate(w, models, args) for w in held_out_workloads(args.op)}
         reference = f"a {args.long}-trial cold run's best"
+    colds = tuple(m for m in modes if m in ("blind", "cold"))
     print(f"\n{TARGET} on {cpu}; {args.seeds} seeds, at most {args.cap} trials per run ('>{args.cap}': "
           f"never); re-measured: the best median of its top {args.top} configs timed {args.rounds} times\n")
     for remeasured in (False, True):
         bar = "the re-measured best" if remeasured else reference
         print(f"\ntrials to 90% of {bar}:\n")
-        overall = count_table(results, modes, args.cap, remeasured, titles)
+        overall = count_table(results, modes, args.cap, remeasured)
         ratios(overall, colds)
     first_picks(results, modes, args.cap)
     if args.plot:

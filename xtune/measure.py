@@ -148,7 +148,11 @@ class CompilePool:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            # wait=True: the pending jobs are cancelled, so this waits for at most one compile per worker.
+            # With wait=False, CPython 3.11's exit handler could still wake the pool's manager thread while
+            # that thread closed its pipe, printing "Exception ignored ... Bad file descriptor" at the end
+            # of a run (seen once in 16 `xtune tune` runs; the race of cpython issue gh-83279).
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
 
