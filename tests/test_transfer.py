@@ -529,15 +529,17 @@ def test_tune_with_a_trained_model_on_the_local_board(model_file: ModelFile, tmp
     assert {r.workload for r in records} == {parse_workload(TUNED).key}
 
 
-def test_the_shipped_model_is_usable_and_found_for_every_x86_target() -> None:
+@pytest.mark.parametrize("workload", [TUNED, "conv2d:n=1,c=8,h=10,w=10,k=16,r=3,s=3,stride=1,pad=1"])
+def test_the_shipped_model_is_usable_and_found_for_every_x86_target(workload: str) -> None:
     """`--transfer-from builtin` on any x86 target: the model in xtune/data/models matches these features."""
+    op = parse_workload(workload).op
     for name in ("x86-avx2", "x86-sse42", "x86-avx512"):
-        path = builtin_model_path(get_target(name), "matmul")
+        path = builtin_model_path(get_target(name), op)
         model = read_model(path)  # refuses a model of another features version
-        assert {"x86-avx2", "x86-sse42"} <= set(model.manifest.targets)
-        assert model.manifest.records_used > 1000
-    x = featurize(template(TUNED, "x86-avx2"), np.arange(64))
-    assert np.isfinite(model.cost_model("matmul").predict(x)).all()
+        assert {"x86-avx2", "x86-sse42"} <= set(model.manifest.targets) and op in model.manifest.ops
+        assert sum(g.records for g in model.manifest.groups if g.workload.startswith(f"{op}:")) > 1000
+        x = featurize(template(workload, name), np.arange(64))
+        assert np.isfinite(model.cost_model(op).predict(x)).all()
 
 
 def test_tune_with_the_builtin_model(tmp_path: Path) -> None:

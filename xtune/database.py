@@ -20,6 +20,7 @@ from xtune.space import Config, KnobValue
 
 FORMAT_VERSION = 1
 DEFAULT_OPTIONS = MeasureOptions()
+Knobs = tuple[tuple[str, KnobValue], ...]
 # A kernel that once computed a wrong answer or died by a signal has a bug that some run may hit again.
 DISQUALIFYING = frozenset({MeasureStatus.WRONG_ANSWER, MeasureStatus.RUNTIME_ERROR})
 
@@ -36,7 +37,7 @@ class Record:
     target: str  # Target.name
     board: str
     index: int  # config index in the template's ConfigSpace
-    knobs: tuple[tuple[str, KnobValue], ...]  # the config's knob values, for humans and for checking
+    knobs: Knobs  # the config's knob values, for humans and for checking
     result: MeasureResult
     options: MeasureOptions = DEFAULT_OPTIONS
     fingerprint: tuple[tuple[str, str], ...] = ()  # the board's uname, cpu info, ... as recorded at deploy
@@ -291,8 +292,8 @@ def timings(records: Iterable[Record], workload: str, target: str, cost_unit: st
 
     A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
     says nothing about another config that now has its index."""
-    out: dict[tuple[int, tuple[tuple[str, KnobValue], ...]], list[Record]] = {}
-    disqualified: set[tuple[int, tuple[tuple[str, KnobValue], ...]]] = set()
+    out: dict[tuple[int, Knobs], list[Record]] = {}
+    disqualified: set[tuple[int, Knobs]] = set()
     for r in records:
         if not (r.workload == workload and r.target == target and (board is None or r.board == board)):
             continue
