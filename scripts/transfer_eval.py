@@ -76,7 +76,7 @@ HELD_OUT = {
 }  # fmt: skip
 TARGET = "x86-avx2"
 MODES = ("blind", "cold", "shapes", "sse42")
-TITLES = {"blind": "cold, blind", "cold": "cold, analytic prior", "shapes": "warm: other shapes",
+TITLES = {"blind": "cold, blind", "cold": "cold, as xtune starts", "shapes": "warm: other shapes",
           "sse42": "warm: sse42 logs"}  # fmt: skip
 LOO_MODES = ("cold", "shapes", "sse42")
 BATCH = 16
