@@ -53,7 +53,7 @@ from pathlib import Path
 from xtune.bench import retime_gflops
 from xtune.board import Board, get_board
 from xtune.costmodel import CostModel
-from xtune.database import Record, TuningLog, cpu_of, read_logs
+from xtune.database import Record, TuningLog, best, cpu_of, read_logs
 from xtune.features import estimate_prior
 from xtune.transfer import train
 from xtune.tuning import TuneOptions, run_tuning
@@ -156,8 +156,7 @@ def remeasure(workload: Workload, board: Board, records: list[Record], top: int,
     """The highest median GFLOP/s of the `top` fastest configs in `records`, each timed `rounds` times in
     interleaved rounds (so that a slow spell of the host falls on all of them), and the median spread of
     one config's timings."""
-    ok = sorted((r.cost, r.index) for r in records if r.result.ok)
-    indices = list(dict.fromkeys(index for _, index in ok))[:top]
+    indices = [r.index for r in best(records, workload.key, board.target.name, k=top)]
     per_config = retime_gflops(workload, board, indices, rounds)
     return (max(statistics.median(t) for t in per_config),
             statistics.median((max(t) - min(t)) / max(t) for t in per_config))  # fmt: skip
@@ -231,7 +230,7 @@ def leave_one_out(cpu: str, args: argparse.Namespace) -> dict[str, ShapeRuns]:
     for key in sorted({r.workload for r in records[TARGET]}):
         workload = parse_workload(key)
         own = [r for r in records[TARGET] if r.workload == key]
-        best = workload.flops() / min(r.cost for r in own if r.result.ok) / 1e9
+        corpus_best = workload.flops() / min(r.cost for r in own if r.result.ok) / 1e9
         remeasured, spread = remeasure(workload, board, own, args.top, args.rounds)
         models = {"cold": None} | {
             mode: train([r for r in records[target] if r.workload != key]).cost_model(args.op)
@@ -240,7 +239,7 @@ def leave_one_out(cpu: str, args: argparse.Namespace) -> dict[str, ShapeRuns]:
         seeds = range(args.seeds)
         curves = {mode: [run(workload, board, mode, models[mode], seed, args.cap) for seed in seeds]
                   for mode in modes_of(args.op, LOO_MODES)}  # fmt: skip
-        results[key] = ShapeRuns(best, remeasured, spread, curves)
+        results[key] = ShapeRuns(corpus_best, remeasured, spread, curves)
         print(f"  {key} done", file=sys.stderr, flush=True)
     return results
 

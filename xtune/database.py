@@ -257,19 +257,22 @@ def cpu_of(record: Record) -> str | None:
     return dict(record.fingerprint).get("cpu")
 
 
+def of_machine(records: Iterable[Record], workload: str, target: str, board: str | None = None,
+               cpu: str | None = None) -> list[Record]:
+    """The records of `workload` on `target` (and `board`, if given). With `cpu`, records measured on
+    another cpu do not count (a shared log or corpus holds several machines' "local" boards, and one
+    machine's costs say little about another's); records without a fingerprint are taken as this cpu's."""
+    return [r for r in records
+            if r.workload == workload and r.target == target and (board is None or r.board == board)
+            and (cpu is None or cpu_of(r) in (None, cpu))]  # fmt: skip
+
+
 def measured(records: Iterable[Record], workload: str, target: str, board: str | None = None,
              cpu: str | None = None) -> dict[int, Record]:
-    """Config index -> its latest record, for resume. Board errors do not count: the candidate was
-    never really measured, so a resumed run measures it again. With `cpu`, records measured on another
-    cpu do not count either (a shared log or corpus holds several machines' "local" boards, and one
-    machine's costs say little about another's); records without a fingerprint are taken as this cpu's."""
-    out: dict[int, Record] = {}
-    for r in records:
-        if (r.workload == workload and r.target == target and (board is None or r.board == board)
-                and (cpu is None or cpu_of(r) in (None, cpu))
-                and r.result.status is not MeasureStatus.BOARD_ERROR):
-            out[r.index] = r
-    return out
+    """Config index -> its latest record (of `cpu`, see `of_machine`), for resume. Board errors do not
+    count: the candidate was never really measured, so a resumed run measures it again."""
+    return {r.index: r for r in of_machine(records, workload, target, board, cpu)
+            if r.result.status is not MeasureStatus.BOARD_ERROR}
 
 
 def best(records: Iterable[Record], workload: str, target: str, k: int = 1, cost_unit: str = "s",
@@ -282,26 +285,24 @@ def best(records: Iterable[Record], workload: str, target: str, k: int = 1, cost
     winner's curse, docs/benchmarks.md). A config that ever gave a wrong answer or crashed is never a best,
     whatever its other records say. Ties go to the earlier record, then to the lower index, so the answer
     does not depend on file order."""
-    medians = [_median_record(rs) for rs in timings(records, workload, target, cost_unit, board)]
-    return sorted(medians, key=_rank)[:max(k, 0)]
+    return [r for r, _ in leaders(records, workload, target, k, cost_unit, board)]
 
 
-def timings(records: Iterable[Record], workload: str, target: str, cost_unit: str = "s",
-            board: str | None = None) -> list[list[Record]]:
-    """The OK records in `cost_unit` of each config that may be a best (see `best`), one list per config.
+def leaders(records: Iterable[Record], workload: str, target: str, k: int = 1, cost_unit: str = "s",
+            board: str | None = None) -> list[tuple[Record, int]]:
+    """`best`, each with the count of timings its median record is the median of.
 
     A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
     says nothing about another config that now has its index."""
-    out: dict[tuple[int, Knobs], list[Record]] = {}
+    timings: dict[tuple[int, Knobs], list[Record]] = {}
     disqualified: set[tuple[int, Knobs]] = set()
-    for r in records:
-        if not (r.workload == workload and r.target == target and (board is None or r.board == board)):
-            continue
+    for r in of_machine(records, workload, target, board):
         if r.result.status in DISQUALIFYING:
             disqualified.add((r.index, r.knobs))
         elif r.result.ok and r.result.cost_unit == cost_unit and math.isfinite(r.cost) and r.cost > 0:
-            out.setdefault((r.index, r.knobs), []).append(r)
-    return [rs for config, rs in out.items() if config not in disqualified]
+            timings.setdefault((r.index, r.knobs), []).append(r)
+    medians = [(_median_record(rs), len(rs)) for config, rs in timings.items() if config not in disqualified]
+    return sorted(medians, key=lambda pair: _rank(pair[0]))[:max(k, 0)]
 
 
 def _median_record(records: list[Record]) -> Record:

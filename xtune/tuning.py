@@ -12,7 +12,7 @@ import numpy as np
 from xtune.bench import numpy_seconds
 from xtune.board import Board, LocalBoard
 from xtune.costmodel import CostModel
-from xtune.database import Record, TuningLog, best, cpu_of, make_record, measured, timings
+from xtune.database import Record, TuningLog, leaders, make_record, measured, of_machine
 from xtune.errors import InputError
 from xtune.features import estimate_prior, featurize
 from xtune.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
@@ -114,10 +114,9 @@ def past_records(log: TuningLog | None, template: ScheduleTemplate, cpu: str | N
     knobs still mean the same config."""
     if log is None:
         return []
-    wl, target, space = template.workload.key, template.target.name, template.space
-    return [r for r in log.read()
-            if r.workload == wl and r.target == target and (cpu is None or cpu_of(r) in (None, cpu))
-            and 0 <= r.index < space.size and space.config(r.index).values == r.knobs]  # fmt: skip
+    space = template.space
+    return [r for r in of_machine(log.read(), template.workload.key, template.target.name, cpu=cpu)
+            if 0 <= r.index < space.size and space.config(r.index).values == r.knobs]
 
 
 def run_tuning(
@@ -191,18 +190,18 @@ def run_tuning(
                    len(this_run) - summary.trials, numpy_gflops)
 
 
-def _confirm(records: Callable[[], list[Record]], template: ScheduleTemplate, unit: str, leaders: int,
+def _confirm(records: Callable[[], list[Record]], template: ScheduleTemplate, unit: str, count: int,
              measure: Callable[[list[int]], list[MeasureResult]],
              keep: Callable[[Sequence[int], Sequence[MeasureResult]], None]) -> None:
-    """Time the `leaders` best configs again, one round at a time (so that a slow spell of the host falls
+    """Time the `count` best configs again, one round at a time (so that a slow spell of the host falls
     on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops out of the lead
     lets the next one in, and that one is timed too, up to a budget of twice the timings the first
     leaders need; the best goes first in every round, so it is the last to miss out. Each round's
     results go to `keep` as they arrive."""
     wl, target = template.workload.key, template.target.name
-    budget = 2 * leaders * (CONFIRM_TIMINGS - 1)
+    budget = 2 * count * (CONFIRM_TIMINGS - 1)
     while budget > 0:
-        short = [r.index for r, n in _leaders(records(), wl, target, unit, leaders) if n < CONFIRM_TIMINGS]
+        short = [r.index for r, n in leaders(records(), wl, target, count, unit) if n < CONFIRM_TIMINGS]
         if not short:
             return
         short = short[:budget]
@@ -224,7 +223,7 @@ def _report(
 ) -> TuningReport:
     """The run's report; its best is over the log's whole history and this run (`records`)."""
     unit, wl, target = boards[0].cost_unit, workload.key, template.target.name
-    top = _leaders(records, wl, target, unit, 1)
+    top = leaders(records, wl, target, 1, unit)
     best_cost, best_index, best_timings = math.inf, None, 0
     if top:
         best_cost, best_index, best_timings = top[0][0].cost, top[0][0].index, top[0][1]
@@ -239,13 +238,6 @@ def _report(
         best_cost, best_timings, confirm_timings, unit, gflops,
         numpy_gflops, summary.seconds, summary.tuner_seconds, curve, stop.value,
     )  # fmt: skip
-
-
-def _leaders(records: list[Record], workload: str, target: str, unit: str,
-             k: int) -> list[tuple[Record, int]]:
-    """The `k` best configs' median records (database.best), each with the count of timings behind it."""
-    counts = {rs[0].index: len(rs) for rs in timings(records, workload, target, unit)}
-    return [(r, counts[r.index]) for r in best(records, workload, target, k, unit)]
 
 
 def local_numpy_gflops(workload: Workload, boards: Sequence[Board]) -> float | None:
