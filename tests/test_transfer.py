@@ -391,10 +391,14 @@ def test_builtin_picks_the_target_then_its_architecture(model_file: ModelFile,
     # Among models for the target, the one trained on this board's cpu (its manifest's groups say which).
     epyc = replace(model.manifest, targets=("x86-avx2",),
                    groups=tuple(replace(g, cpu="AMD EPYC") for g in model.manifest.groups))
-    PretrainedModel(epyc, model.boosters).save(tmp_path / "e-epyc.json")
+    epyc_path = tmp_path / "e-epyc.json"
+    PretrainedModel(epyc, model.boosters).save(epyc_path)
     on_epyc = builtin_model_path(get_target("x86-avx2"), "matmul", tmp_path, cpu="AMD EPYC")
     assert on_epyc == tmp_path / "e-epyc.json"
     assert builtin_model_path(get_target("x86-avx2"), "matmul", tmp_path, cpu="Intel Xeon") == avx2
+    # Another generation of the same name (older logs name the cpu alone) ranks above an unrelated cpu.
+    zen5 = "AMD EPYC (family 26, model 2)"
+    assert builtin_model_path(get_target("x86-avx2"), "matmul", tmp_path, cpu=zen5) == epyc_path
     with pytest.raises(InputError, match="riscv64-gc"):
         builtin_model_path(get_target("riscv64-gc"), "matmul", directory=tmp_path)
     with pytest.raises(InputError, match="no built-in conv2d model"):

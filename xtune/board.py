@@ -17,7 +17,7 @@ from xtune import ssh
 from xtune.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
-from xtune.target import Target, get_target, host_target, missing_host_features
+from xtune.target import Target, get_target, host_cpu_identity, host_target, missing_host_features
 
 LOCAL_HELLO_TIMEOUT = 10.0  # seconds; also the margin added to every request's own timeout
 QEMU_HELLO_TIMEOUT = 30.0  # qemu-user start-up is ~10 ms, but a loaded CI machine can be slow
@@ -35,18 +35,6 @@ class Board(Protocol):
     def open(self) -> AgentSession: ...
 
     def fingerprint(self) -> dict[str, str]: ...
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key = line.split(":", 1)[0].strip()
-                if key in ("model name", "uarch", "Model", "cpu model"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _uname() -> str:
@@ -83,7 +71,7 @@ class LocalBoard:
             "target": self.target.name,  # may be narrower than the host's own (e.g. x86-sse42 on AVX2)
             "host_target": _host_target_name(),
             "uname": _uname(),
-            "cpu": _cpu_model(),
+            "cpu": host_cpu_identity(),
             "cores": str(os.cpu_count() or 0),
             "agent": agent_version(),
         }

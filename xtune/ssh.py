@@ -22,7 +22,7 @@ import paramiko
 from xtune.agent import AgentSession
 from xtune.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
-from xtune.target import Target
+from xtune.target import Target, cpu_identity
 
 AGENT_NAME = "xtune-agent"
 FINGERPRINT_NAME = "xtune-agent.json"
@@ -466,18 +466,12 @@ def _upload(client: paramiko.SSHClient, local: Path, config: SshBoardConfig) -> 
 
 def _remote_fingerprint(client: paramiko.SSHClient, board: SshBoard) -> dict[str, str]:
     out = run_command(client, "uname -a; nproc; cat /proc/cpuinfo").splitlines()
-    info: dict[str, str] = {}
-    for line in out[2:]:
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    cpu = next((info[k] for k in ("model name", "Model", "uarch", "cpu model") if info.get(k)), "")
-    if not cpu and "CPU part" in info:  # ARM kernels list implementer/part numbers only
-        cpu = f"implementer {info.get('CPU implementer', '?')} part {info['CPU part']}"
+    cpu = cpu_identity("\n".join(out[2:]))
     fingerprint = {
         "board": board.name,
         "target": board.target.name,
         "uname": out[0].strip() if out else "unknown",
-        "cpu": cpu or "unknown",
+        "cpu": cpu,
         "cores": out[1].strip() if len(out) > 1 else "0",
         "agent": agent_version(),
     }

@@ -102,17 +102,48 @@ def missing_host_features(target: Target) -> list[str]:
     return [f for f in wanted if _CPUINFO_FLAG.get(f, f) not in flags]
 
 
-def host_cpu_flags() -> set[str]:
-    """The CPU's feature flags: "flags" (x86), "Features" (aarch64) or the single-letter ISA extensions."""
+def _host_cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            text = f.read()
+            return f.read()
     except OSError:
-        return set()
-    for line in text.splitlines():
+        return ""
+
+
+def host_cpu_flags() -> set[str]:
+    """The CPU's feature flags: "flags" (x86), "Features" (aarch64) or the single-letter ISA extensions."""
+    for line in _host_cpuinfo().splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
             return set(value.split())
         if key.strip() == "isa":  # rv64imafdcv_zicsr_...: one letter per base extension
             return set(value.strip().split("_")[0].removeprefix("rv64"))
     return set()
+
+
+# The /proc/cpuinfo fields that number a core's microarchitecture: x86 family/model (Intel SDM vol. 2A,
+# CPUID leaf 1), Arm MIDR implementer/part (Arm ARM D23.2.122; 0x41/0xd08 is a Cortex-A72), RISC-V
+# marchid (privileged spec 3.1.3).
+_MICROARCH_FIELDS = (("cpu family", "family"), ("model", "model"), ("CPU implementer", "implementer"),
+                     ("CPU part", "part"), ("marchid", "marchid"))  # fmt: skip
+
+
+def cpu_identity(cpuinfo: str) -> str:
+    """The CPU a /proc/cpuinfo text describes, for telling machines' timings apart: its name with the
+    numbers of its microarchitecture, e.g. "AMD EPYC (family 26, model 2)". The name alone is not enough:
+    a hypervisor may show a Zen 3 and a Zen 5 both as "AMD EPYC", and aarch64 kernels give no name."""
+    info: dict[str, str] = {}
+    for line in cpuinfo.splitlines():  # the first core's block; a big.LITTLE board names its first core
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    name = next((info[k] for k in ("model name", "uarch", "cpu model", "Model") if info.get(k)), "")
+    numbers = ", ".join(f"{label} {info[key]}" for key, label in _MICROARCH_FIELDS if info.get(key))
+    if name and numbers:
+        return f"{name} ({numbers})"
+    return name or numbers or "unknown"
+
+
+def host_cpu_identity() -> str:
+    """`cpu_identity` of this machine."""
+    text = _host_cpuinfo()
+    return cpu_identity(text) if text else platform.processor() or "unknown"

@@ -223,12 +223,13 @@ def builtin_model_path(target: Target, op: str, directory: Path | None = None,
                        cpu: str | None = None) -> Path:
     """The shipped model for `target`'s `op`: one whose manifest lists the target, else one that lists a
     target of the same architecture (its features are relative to the target, so it still ranks); among
-    those, one trained on logs of the board's `cpu` first (the shipped corpus holds several machines, and
-    cache sizes and port counts move the best configs). Models of this xtune's features version come first;
+    those, one trained on logs of the board's `cpu` first, then one of a cpu of the same name (another
+    generation of it), then any (the shipped corpus holds several machines, and cache sizes and port counts
+    move the best configs). Models of this xtune's features version come first;
     one of another version is returned (and refused by `read_model` with its reason) only when no other
     fits."""
     directory = builtin_dir() if directory is None else directory
-    ranked: list[tuple[int, int, Path]] = []  # (0 lists the target, 1 same arch, +2 stale; 0 same cpu)
+    ranked: list[tuple[int, int, Path]] = []  # (0 lists the target, 1 same arch, +2 stale; cpu_distance)
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
             manifest = read_model(path, check_features=False).manifest
@@ -237,7 +238,7 @@ def builtin_model_path(target: Target, op: str, directory: Path | None = None,
         if op not in manifest.ops:
             continue
         stale = 2 * (manifest.features_version != FEATURES_VERSION)
-        other_cpu = int(cpu not in {g.cpu for g in manifest.groups})
+        other_cpu = cpu_distance(cpu, {g.cpu for g in manifest.groups})
         if target.name in manifest.targets:
             ranked.append((stale, other_cpu, path))
         elif any(_arch(t) == target.arch for t in manifest.targets):
@@ -247,6 +248,15 @@ def builtin_model_path(target: Target, op: str, directory: Path | None = None,
     raise InputError(f"no built-in {op} model for target {target.name} (nor for another {target.arch} "
                      "target) ships with this xtune: train one with `xtune model train LOG ... -o MODEL` "
                      "and pass --transfer-from MODEL")  # fmt: skip
+
+
+def cpu_distance(cpu: str | None, trained_on: set[str]) -> int:
+    """0: the model saw logs of `cpu`; 1: of a cpu of the same name, as "AMD EPYC (family 25, ...)" or a
+    name-only "AMD EPYC" of older logs beside "AMD EPYC (family 26, model 2)"; 2: of neither."""
+    if cpu in trained_on:
+        return 0
+    name = (cpu or "").split(" (", 1)[0]
+    return 1 if name and any(c.split(" (", 1)[0] == name for c in trained_on) else 2
 
 
 def _arch(target_name: str) -> str | None:
