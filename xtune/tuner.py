@@ -165,13 +165,14 @@ class ModelTuner(Tuner):
     """A cost model plus simulated annealing over it (AutoTVM's XGBTuner).
 
     Until `min_fit` results are in, batches are random — or, with a `pretrained` model, the top of an
-    annealing run over that model; with a `hedge` model too, the tops of both, alternating (a model of
-    other hardware shares the first batches with the analytic estimate, so a wrong one cannot lead them
-    all). Afterwards the model is refitted on all results before each batch and the batch is the best
-    unvisited configs the annealing chains scored, except an `epsilon` share drawn at random
-    (exploration, so a wrong model cannot trap the search). With a hedge, those first batches are a
-    trial of the two: the local model's base is the one whose own picks measured fastest (the pretrained
-    one on a tie), so a model of other hardware that misleads on this board stops steering the search."""
+    annealing run over that model; with a `hedge` model too, the tops of both, alternating, the hedge's
+    first (a model of other hardware shares the first batches with the analytic estimate, which leads: a
+    wrong model then costs every other trial, never the first, nor the whole batch). Afterwards the model
+    is refitted on all results before each batch and the batch is the best unvisited configs the
+    annealing chains scored, except an `epsilon` share drawn at random (exploration, so a wrong model
+    cannot trap the search). With a hedge, those first batches are a trial of the two: the local model's
+    base is the one whose own picks measured fastest (the pretrained one on a tie), so a model of other
+    hardware that misleads on this board stops steering the search."""
 
     def __init__(
         self,
@@ -251,7 +252,10 @@ class ModelTuner(Tuner):
             assert self.pretrained is not None
             scorers = [self.pretrained] + ([self.hedge] if self.hedge is not None else [])
             tops = [self._annealed_top(scorer, n - n_explore) for scorer in scorers]
-            alternating = (i for row in itertools.zip_longest(*tops) for i in row if i is not None)
+            # The hedge leads the pairs: on a Zen 5, an SSE4.2 model's first AVX2 pick was at 85 % of the
+            # best where the estimate's was at 98 % (docs/benchmarks.md, issue 7).
+            pairs = itertools.zip_longest(*reversed(tops))
+            alternating = (i for row in pairs for i in row if i is not None)
             picks = list(dict.fromkeys(alternating))[: n - n_explore]
             for top, picked in zip(tops, self._prior_picks, strict=False):
                 picked.update(set(top).intersection(picks))
