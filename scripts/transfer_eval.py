@@ -277,7 +277,7 @@ def plot(path: Path, results: dict[str, ShapeRuns]) -> None:
             ax.plot(range(1, len(curves[0]) + 1), [g / shape.best_known for g in curves[0]], label=mode)
         ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
         ax.axhline(0.9 * shape.remeasured / shape.best_known, color="grey", linestyle="--", linewidth=1)
-        ax.set_title(key.removeprefix("matmul:"), fontsize=9)
+        ax.set_title(key.split(":", 1)[1].removeprefix("n=1,"), fontsize=8)  # the op is in the file name
         ax.set_xlabel("trial")
         ax.set_xscale("log")
     for ax in grid[:, 0]:
