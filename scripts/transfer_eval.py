@@ -301,6 +301,27 @@ def measure_all(args: argparse.Namespace) -> tuple[str, tuple[str, ...], str, di
     return cpu, modes_of(args.op, MODES), f"a {args.long}-trial cold run's best", results
 
 
+SAVED_OPTIONS = ("seeds", "cap", "long", "top", "rounds")  # what the printed tables say of the runs
+
+
+def save(path: Path, args: argparse.Namespace, cpu: str, modes: tuple[str, ...], reference: str,
+         results: dict[str, ShapeRuns]) -> None:
+    """Every run's curve and each shape's bests, with what `load` needs to print the same tables."""
+    path.write_text(json.dumps({"cpu": cpu, "modes": modes, "reference": reference,
+                                "options": {name: vars(args)[name] for name in SAVED_OPTIONS},
+                                "results": {key: asdict(shape) for key, shape in results.items()}}))
+
+
+def load(path: Path, args: argparse.Namespace) -> tuple[str, tuple[str, ...], str, dict[str, ShapeRuns]]:
+    """What `save` wrote, as `measure_all` returns it; the saved run's options replace `args`'."""
+    saved = json.loads(path.read_text())
+    vars(args).update(saved["options"])
+    results = {key: ShapeRuns(shape["best_known"], shape["remeasured"], shape["spread"],
+                              {mode: [tuple(c) for c in curves] for mode, curves in shape["curves"].items()})
+               for key, shape in saved["results"].items()}  # fmt: skip
+    return saved["cpu"], tuple(saved["modes"]), saved["reference"], results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # The issue asks for 3 seeds; sessions 4-5 ran 5 on four shapes. More held-out shapes narrow the
@@ -321,19 +342,11 @@ def main() -> None:
     parser.add_argument("--load", type=Path, help="print the tables of a --save file; measure nothing")
     args = parser.parse_args()
     if args.load:
-        saved = json.loads(args.load.read_text())
-        vars(args).update(saved["options"])
-        cpu, modes, reference = saved["cpu"], tuple(saved["modes"]), saved["reference"]
-        results = {key: ShapeRuns(shape["best_known"], shape["remeasured"], shape["spread"],
-                                  {m: [tuple(c) for c in cs] for m, cs in shape["curves"].items()})
-                   for key, shape in saved["results"].items()}  # fmt: skip
+        cpu, modes, reference, results = load(args.load, args)
     else:
         cpu, modes, reference, results = measure_all(args)
     if args.save:
-        options = {name: vars(args)[name] for name in ("seeds", "cap", "long", "top", "rounds")}
-        shapes = {key: asdict(shape) for key, shape in results.items()}
-        args.save.write_text(json.dumps({"cpu": cpu, "modes": modes, "reference": reference,
-                                         "options": options, "results": shapes}))  # fmt: skip
+        save(args.save, args, cpu, modes, reference, results)
     colds = tuple(m for m in modes if m in ("blind", "cold"))
     print(f"\n{TARGET} on {cpu}; {args.seeds} seeds, at most {args.cap} trials per run ('>{args.cap}': "
           f"never); re-measured: the best median of its top {args.top} configs timed {args.rounds} times\n")

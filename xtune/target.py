@@ -143,6 +143,12 @@ def cpu_identity(cpuinfo: str) -> str:
     return name or numbers or "unknown"
 
 
+def cpu_name(identity: str) -> str:
+    """The name part of a `cpu_identity` ("AMD EPYC (family 26, model 2)" -> "AMD EPYC"); logs written before
+    the numbers were added hold the name alone."""
+    return identity.split(" (", 1)[0]
+
+
 def host_cpu_identity() -> str:
     """`cpu_identity` of this machine."""
     text = _host_cpuinfo()

@@ -29,7 +29,7 @@ from xtune.features import (
 )
 from xtune.measure import MeasureStatus
 from xtune.modelfile import MODEL_FORMAT, GroupCount, Manifest, PretrainedModel, is_model_file, read_model
-from xtune.target import Target, get_target
+from xtune.target import Target, cpu_name, get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.workload import parse_workload
 
@@ -255,8 +255,7 @@ def cpu_distance(cpu: str | None, trained_on: set[str]) -> int:
     name-only "AMD EPYC" of older logs beside "AMD EPYC (family 26, model 2)"; 2: of neither."""
     if cpu in trained_on:
         return 0
-    name = (cpu or "").split(" (", 1)[0]
-    return 1 if name and any(c.split(" (", 1)[0] == name for c in trained_on) else 2
+    return 1 if cpu and any(cpu_name(c) == cpu_name(cpu) for c in trained_on) else 2
 
 
 def _arch(target_name: str) -> str | None:
