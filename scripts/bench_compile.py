@@ -12,9 +12,9 @@ import random
 import statistics
 import time
 
-from xtune.compile import compile_object
-from xtune.link import link_flat
-from xtune.lower import lower
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import link_flat
+from xtune.codegen.lower import lower
 from xtune.target import get_target, load_targets
 from xtune.templates import template_for
 from xtune.workload import parse_workload

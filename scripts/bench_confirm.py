@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 from xtune.bench import retime_gflops
-from xtune.board import get_board
-from xtune.database import TuningLog, best
-from xtune.tuning import TuneOptions, run_tuning
+from xtune.boards.board import get_board
+from xtune.tuning.database import TuningLog, best
+from xtune.tuning.run import TuneOptions, run_tuning
 from xtune.workload import parse_workload
 
 WORKLOADS = ("matmul:m=384,n=384,k=384", "matmul:m=768,n=64,k=640", "matmul:m=128,n=1024,k=256",

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from xtune.database import make_record, record_to_json
-from xtune.measure import MeasureResult, MeasureStatus
 from xtune.target import get_target
 from xtune.templates import template_for
+from xtune.tuning.database import make_record, record_to_json
+from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.workload import parse_workload
 
 WORKLOADS = (

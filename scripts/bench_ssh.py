@@ -20,11 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.test_ssh import PrivateSshd
-from xtune.agent import RunRequest
-from xtune.board import get_board
-from xtune.compile import compile_object
-from xtune.link import link_flat
-from xtune.ssh import SshBoard, deploy, run_command
+from xtune.boards.agent import RunRequest
+from xtune.boards.board import get_board
+from xtune.boards.ssh import SshBoard, deploy, run_command
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import link_flat
 from xtune.target import get_target
 
 EMPTY = 'define void @xt_kernel(ptr %A) nounwind "no-builtins" {\nentry:\n  ret void\n}\n'

@@ -11,8 +11,8 @@ import math
 import statistics
 import time
 
-from xtune.board import get_board
-from xtune.tuning import TuneOptions, local_numpy_gflops, run_tuning
+from xtune.boards.board import get_board
+from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
 from xtune.workload import parse_workload
 
 

@@ -68,8 +68,8 @@ def slug(cpu: str) -> str:
 def train_models(logs: list[Path]) -> None:
     """One model per machine (cpu) in the corpus, trained on all its targets' logs: `--transfer-from
     builtin` picks the one of the board's cpu, else any of the target's."""
-    from xtune.database import cpu_of, read_logs
-    from xtune.transfer import train
+    from xtune.transfer.pretrained import train
+    from xtune.tuning.database import cpu_of, read_logs
 
     records = read_logs(logs)
     for cpu in sorted({cpu_of(r) or "" for r in records}):
@@ -97,7 +97,7 @@ def measure(log: Path, target: str, workload: str, n_random: int, n_xgb: int) ->
 
 def measured_shapes(log: Path, cpu: str) -> set[str]:
     """Workloads the log already holds for this machine's cpu (the corpus keeps several machines')."""
-    from xtune.database import cpu_of, read_logs
+    from xtune.tuning.database import cpu_of, read_logs
 
     return {r.workload for r in read_logs([log]) if cpu_of(r) == cpu} if log.exists() else set()
 
@@ -111,7 +111,7 @@ def main() -> None:
     CORPUS.mkdir(parents=True, exist_ok=True)
     MODELS.mkdir(parents=True, exist_ok=True)
     if not args.only_train:
-        from xtune.board import get_board
+        from xtune.boards.board import get_board
         from xtune.workload import parse_workload
 
         for target in args.targets.split(","):

@@ -64,12 +64,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from xtune.bench import retime_gflops
-from xtune.board import Board, get_board
-from xtune.costmodel import CostModel
-from xtune.database import Record, TuningLog, best, cpu_of, read_logs
-from xtune.features import estimate_prior
-from xtune.transfer import train
-from xtune.tuning import TuneOptions, run_tuning
+from xtune.boards.board import Board, get_board
+from xtune.transfer.pretrained import train
+from xtune.tuning.costmodel import CostModel
+from xtune.tuning.database import Record, TuningLog, best, cpu_of, read_logs
+from xtune.tuning.features import estimate_prior
+from xtune.tuning.run import TuneOptions, run_tuning
 from xtune.workload import Workload, parse_workload
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xtune.loopnest import (
+from xtune.schedule.loopnest import (
     Affine,
     Assign,
     BinaryOp,

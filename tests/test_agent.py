@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from xtune.agent import AgentSession, RunRequest, RunStatus, SubprocessTransport
-from xtune.agent_build import agent_version, build_agent
-from xtune.board import LocalBoard, QemuBoard, get_board
+from xtune.boards.agent import AgentSession, RunRequest, RunStatus, SubprocessTransport
+from xtune.boards.agent_build import agent_version, build_agent
+from xtune.boards.board import LocalBoard, QemuBoard, get_board
 from xtune.errors import BoardError, InputError
 from xtune.target import Target
 

@@ -13,11 +13,11 @@ import pytest
 
 from xtune.artifact import Artifact, build
 from xtune.cli import main
-from xtune.database import TuningLog, make_record
 from xtune.errors import InputError
-from xtune.measure import MeasureResult, MeasureStatus
 from xtune.target import Target, get_target
 from xtune.templates import template_for
+from xtune.tuning.database import TuningLog, make_record
+from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.workload import parse_workload, random_inputs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from tests.nest_interp import run_kernel
-from xtune.agent import RunRequest, RunStatus
-from xtune.board import get_board
-from xtune.compile import compile_object, optimize, parse_verified, target_machine
-from xtune.link import check_object, link_flat
-from xtune.loopnest import (
+from xtune.boards.agent import RunRequest, RunStatus
+from xtune.boards.board import get_board
+from xtune.codegen.compile import compile_object, optimize, parse_verified, target_machine
+from xtune.codegen.link import check_object, link_flat
+from xtune.codegen.lower import float_literal, lower
+from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
@@ -26,7 +27,6 @@ from xtune.loopnest import (
     MulAdd,
     NestBuilder,
 )
-from xtune.lower import float_literal, lower
 from xtune.target import cpu_identity, get_target, load_targets
 from xtune.templates import template_for
 from xtune.workload import parse_workload, random_inputs

@@ -9,14 +9,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from xtune.board import get_board
-from xtune.compile import parse_verified
+from xtune.boards.board import get_board
+from xtune.codegen.compile import parse_verified
+from xtune.codegen.lower import lower
 from xtune.errors import InputError
-from xtune.features import feature_names, featurize
-from xtune.lower import lower
-from xtune.measure import MeasureOptions, Measurer, MeasureStatus, build_image
 from xtune.target import get_target
 from xtune.templates import template_for
+from xtune.tuning.features import feature_names, featurize
+from xtune.tuning.measure import MeasureOptions, Measurer, MeasureStatus, build_image
 from xtune.workload import conv_shape, parse_workload, random_inputs
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0)

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 import xtune
-from xtune.database import (
+from xtune.errors import InputError
+from xtune.schedule.space import Config
+from xtune.tuning.database import (
     FORMAT_VERSION,
     LogWarning,
     Record,
@@ -25,9 +27,7 @@ from xtune.database import (
     record_from_json,
     record_to_json,
 )
-from xtune.errors import InputError
-from xtune.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.space import Config
+from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 
 WL, TARGET = "matmul:m=64,n=64,k=64", "x86-avx2"
 
@@ -209,8 +209,8 @@ def test_a_killed_writer_leaves_complete_lines(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     script = (
         "import os, signal\n"
-        "from xtune.database import Record, TuningLog\n"
-        "from xtune.measure import MeasureResult, MeasureStatus\n"
+        "from xtune.tuning.database import Record, TuningLog\n"
+        "from xtune.tuning.measure import MeasureResult, MeasureStatus\n"
         "r = [Record('w', 't', 'b', i, (), MeasureResult(MeasureStatus.OK, (1.0,))) for i in range(50)]\n"
         f"TuningLog({str(path)!r}).append(r)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

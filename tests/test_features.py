@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xtune.features import MATMUL_FEATURES, estimate_prior, feature_names, featurize
 from xtune.target import get_target, load_targets
 from xtune.templates import template_for
+from xtune.tuning.features import MATMUL_FEATURES, estimate_prior, feature_names, featurize
 from xtune.workload import parse_workload
 
 EST = MATMUL_FEATURES.index("est_eff")

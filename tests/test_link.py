@@ -17,10 +17,10 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import SymbolTableSection
 
-from xtune.board import host_cannot_run
-from xtune.compile import ObjectCode, compile_object, parse_verified
+from xtune.boards.board import host_cannot_run
+from xtune.codegen.compile import ObjectCode, compile_object, parse_verified
+from xtune.codegen.link import FlatImage, check_object, inspect_object, link_flat
 from xtune.errors import LinkError
-from xtune.link import FlatImage, check_object, inspect_object, link_flat
 from xtune.target import Target, load_targets
 
 BASE = 0x10000
@@ -162,7 +162,9 @@ def kernel_obj(request: pytest.FixtureRequest) -> ObjectCode:
 
 def reloc_types(obj: ObjectCode) -> set[str]:
     """Relocation type names in loaded sections, as GNU readelf would print them (for the report)."""
-    from xtune.link import _type_name  # the one place names live; tests only use it for coverage asserts
+    from xtune.codegen.link import (
+        _type_name,  # the one place names live; tests only use it for coverage asserts
+    )
 
     elf = ELFFile(io.BytesIO(obj.data))
     machine = str(elf["e_machine"])
@@ -347,7 +349,7 @@ def test_riscv_relax_is_ignored(tmp_path: Path) -> None:
 
 def test_riscv_32_pcrel_recipe() -> None:
     """R_RISCV_32_PCREL (S+A-P, 32 bits) has no producer among our tools; check the recipe alone."""
-    from xtune.link import _RISCV, _Overflow
+    from xtune.codegen.link import _RISCV, _Overflow
 
     recipe = _RISCV[57]
     assert recipe.name == "R_RISCV_32_PCREL"

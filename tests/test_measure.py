@@ -12,10 +12,12 @@ import time
 
 import pytest
 
-from xtune.board import get_board
-from xtune.compile import compile_object
-from xtune.link import link_flat
-from xtune.measure import (
+from xtune.boards.board import get_board
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import link_flat
+from xtune.target import get_target
+from xtune.templates import template_for
+from xtune.tuning.measure import (
     BuiltImage,
     CompilePool,
     MeasureOptions,
@@ -23,8 +25,6 @@ from xtune.measure import (
     MeasureStatus,
     build_image,
 )
-from xtune.target import get_target
-from xtune.templates import template_for
 from xtune.workload import parse_workload
 
 FAST = MeasureOptions(number=1, repeat=2, min_repeat_ms=1.0, warmup=0, timeout_ms=2000)
@@ -117,7 +117,7 @@ def _alive(pid: int) -> bool:
 def test_compile_workers_do_not_outlive_a_killed_tuner() -> None:
     script = (
         "import os, signal\n"
-        "from xtune.measure import CompilePool\n"
+        "from xtune.tuning.measure import CompilePool\n"
         "from xtune.target import get_target\n"
         "from xtune.workload import parse_workload\n"
         "pool = CompilePool(workers=2)\n"

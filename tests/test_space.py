@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from xtune.errors import InputError
-from xtune.space import ConfigSpace, Knob, KnobKind
+from xtune.schedule.space import ConfigSpace, Knob, KnobKind
 from xtune.target import get_target, load_targets
 from xtune.templates import template_for
 from xtune.templates.matmul import parse_tile, register_tiles

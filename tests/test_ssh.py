@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from xtune.agent import RunRequest
-from xtune.board import QemuBoard, get_board
+from xtune.boards.agent import RunRequest
+from xtune.boards.board import QemuBoard, get_board
+from xtune.boards.ssh import HELLO_TIMEOUT, SshBoard, deploy, load_boards
 from xtune.cli import main
-from xtune.database import TuningLog, make_record
 from xtune.errors import BoardError, InputError
-from xtune.measure import MeasureOptions, Measurer, MeasureStatus, build_image
-from xtune.ssh import HELLO_TIMEOUT, SshBoard, deploy, load_boards
 from xtune.target import get_target
 from xtune.templates import template_for
+from xtune.tuning.database import TuningLog, make_record
+from xtune.tuning.measure import MeasureOptions, Measurer, MeasureStatus, build_image
 from xtune.workload import parse_workload
 
 from .test_measure import HANG, SEGFAULT, configs, image_of

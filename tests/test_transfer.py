@@ -17,17 +17,12 @@ import pytest
 
 import xtune
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
-from xtune.costmodel import XGBoostCostModel, grouped_throughput_target
-from xtune.database import Record, make_record, read_logs, record_to_json
 from xtune.errors import InputError
-from xtune.features import FEATURES_VERSION, feature_names, featurize
-from xtune.measure import MeasureResult, MeasureStatus
-from xtune.modelfile import PretrainedModel, read_model
-from xtune.search import SpaceArrays, knob_featurizer
-from xtune.space import Config
+from xtune.schedule.space import Config
 from xtune.target import get_target, missing_host_features
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.transfer import (
+from xtune.transfer.modelfile import PretrainedModel, read_model
+from xtune.transfer.pretrained import (
     TrainOptions,
     TransferWarning,
     builtin_model_path,
@@ -36,7 +31,12 @@ from xtune.transfer import (
     train,
     train_from_logs,
 )
-from xtune.tuner import ModelTuner, TuneProgress, make_tuner, tune
+from xtune.tuning.costmodel import XGBoostCostModel, grouped_throughput_target
+from xtune.tuning.database import Record, make_record, read_logs, record_to_json
+from xtune.tuning.features import FEATURES_VERSION, feature_names, featurize
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.search import SpaceArrays, knob_featurizer
+from xtune.tuning.tuner import ModelTuner, TuneProgress, make_tuner, tune
 from xtune.workload import parse_workload
 
 TUNED = "matmul:m=64,n=48,k=40"  # the workload tuned with transfer; the logs hold its neighbours

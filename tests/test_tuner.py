@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xtune.costmodel import XGBoostCostModel, throughput_target
 from xtune.errors import InputError
-from xtune.measure import MeasureResult, MeasureStatus
-from xtune.search import SpaceArrays, knob_featurizer
-from xtune.space import ConfigSpace, Knob, KnobKind
-from xtune.tuner import (
+from xtune.schedule.space import ConfigSpace, Knob, KnobKind
+from xtune.tuning.costmodel import XGBoostCostModel, throughput_target
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.search import SpaceArrays, knob_featurizer
+from xtune.tuning.tuner import (
     TUNERS,
     GridTuner,
     ModelTuner,

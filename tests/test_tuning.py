@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from xtune.board import LocalBoard, get_board
-from xtune.database import TuningLog, best, make_record, read_logs
-from xtune.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.boards.board import LocalBoard, get_board
 from xtune.templates import template_for
-from xtune.tuning import TuneOptions, _confirm, run_tuning
+from xtune.tuning.database import TuningLog, best, make_record, read_logs
+from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.tuning.run import TuneOptions, _confirm, run_tuning
 from xtune.workload import parse_workload
 
 WORKLOAD = "matmul:m=64,n=48,k=40"

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import xtune
-from xtune.compile import compile_object
-from xtune.database import Record, best, read_logs
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import check_object
+from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
-from xtune.link import check_object
-from xtune.loopnest import Kernel
-from xtune.lower import lower
-from xtune.space import Config, KnobValue
+from xtune.schedule.loopnest import Kernel
+from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
 from xtune.templates import ScheduleTemplate, template_for
+from xtune.tuning.database import Record, best, read_logs
 from xtune.workload import TensorSpec, Workload, parse_workload
 
 PathLike = str | os.PathLike[str]

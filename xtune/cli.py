@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from xtune.errors import InputError, XtuneError
-from xtune.tuner import TUNERS
+from xtune.tuning.tuner import TUNERS
 
 if TYPE_CHECKING:
-    from xtune.board import Board
-    from xtune.costmodel import CostModel
-    from xtune.transfer import TransferSource
-    from xtune.tuner import TuneProgress
-    from xtune.tuning import TuningReport
+    from xtune.boards.board import Board
+    from xtune.transfer.pretrained import TransferSource
+    from xtune.tuning.costmodel import CostModel
+    from xtune.tuning.run import TuningReport
+    from xtune.tuning.tuner import TuneProgress
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -59,8 +59,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_boards(args: argparse.Namespace) -> int:
-    from xtune.board import board_names, get_board
-    from xtune.ssh import SshBoard, probe
+    from xtune.boards.board import board_names, get_board
+    from xtune.boards.ssh import SshBoard, probe
 
     rows = []
     for name in board_names(args.boards):
@@ -91,8 +91,8 @@ def cmd_boards(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from xtune.board import get_board
-    from xtune.ssh import SshBoard, deploy
+    from xtune.boards.board import get_board
+    from xtune.boards.ssh import SshBoard, deploy
 
     board = get_board(args.board, args.boards)
     if not isinstance(board, SshBoard):
@@ -113,7 +113,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from xtune.bench import bench
-    from xtune.board import get_board
+    from xtune.boards.board import get_board
     from xtune.workload import parse_workload
 
     workload = parse_workload(args.workload)
@@ -170,10 +170,10 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from xtune.board import get_board
-    from xtune.database import TuningLog
-    from xtune.measure import MeasureOptions
-    from xtune.tuning import TuneOptions, local_numpy_gflops, run_tuning
+    from xtune.boards.board import get_board
+    from xtune.tuning.database import TuningLog
+    from xtune.tuning.measure import MeasureOptions
+    from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
     from xtune.workload import parse_workload
 
     workload = parse_workload(args.workload)
@@ -214,7 +214,7 @@ def _transfer_source(
     """The source of --transfer-from (trained here if logs are given) and its model for `op`, or Nones."""
     if not args.transfer_from:
         return None, None
-    from xtune.transfer import load_source
+    from xtune.transfer.pretrained import load_source
 
     if args.tuner != "xgb":
         raise InputError(f"--transfer-from needs the xgb tuner (--tuner {args.tuner} has no cost model)")
@@ -284,8 +284,8 @@ def _print_tuning(report: TuningReport, log: str) -> None:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    from xtune.database import read_logs
     from xtune.report import format_table, summarize
+    from xtune.tuning.database import read_logs
 
     rows = summarize(read_logs(args.log), args.workload, args.target)
     if args.json:
@@ -298,8 +298,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from xtune.database import read_logs
     from xtune.report import format_table, plot_convergence, summarize
+    from xtune.tuning.database import read_logs
 
     records = read_logs(args.log)
     rows = summarize(records)
@@ -314,7 +314,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_model_train(args: argparse.Namespace) -> int:
-    from xtune.transfer import TrainOptions, train_from_logs
+    from xtune.transfer.pretrained import TrainOptions, train_from_logs
 
     if args.threads < 0:
         raise InputError("--threads must be 0 (every core) or more")
@@ -338,7 +338,7 @@ def cmd_model_train(args: argparse.Namespace) -> int:
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:
-    from xtune.modelfile import format_manifest, read_model
+    from xtune.transfer.modelfile import format_manifest, read_model
 
     # A model of another features version is shown (that is how one finds out), only tuning refuses it.
     manifest = read_model(args.model, check_features=False).manifest

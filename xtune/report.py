@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from xtune.database import Record, best
 from xtune.errors import InputError
+from xtune.tuning.database import Record, best
 from xtune.workload import parse_workload
 
 

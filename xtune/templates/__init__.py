@@ -6,8 +6,8 @@ from functools import cache
 from typing import Protocol
 
 from xtune.errors import InputError
-from xtune.loopnest import Kernel
-from xtune.space import Config, ConfigSpace
+from xtune.schedule.loopnest import Kernel
+from xtune.schedule.space import Config, ConfigSpace
 from xtune.target import Target
 from xtune.workload import Workload
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from xtune.loopnest import (
+from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
     Buffer,
@@ -28,7 +28,7 @@ from xtune.loopnest import (
     Reg,
     Value,
 )
-from xtune.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
+from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 from xtune.templates.matmul import clipped, epilogue, parse_tile, register_tiles, split_edges
 from xtune.workload import ConvShape, Workload, conv_shape

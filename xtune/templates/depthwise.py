@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xtune.loopnest import (
+from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
     Buffer,
@@ -25,7 +25,7 @@ from xtune.loopnest import (
     NestBuilder,
     Value,
 )
-from xtune.space import Config, ConfigSpace, Knob, KnobKind
+from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
 from xtune.templates.matmul import clipped, epilogue, parse_tile
 from xtune.workload import ConvShape, Workload, conv_shape

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from xtune.loopnest import (
+from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
@@ -27,7 +27,7 @@ from xtune.loopnest import (
     NestBuilder,
     Value,
 )
-from xtune.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
+from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 from xtune.workload import Workload
 

@@ -17,12 +17,12 @@ from enum import Enum
 
 import numpy as np
 
-from xtune.agent import AgentSession, RunReply, RunRequest, RunStatus
-from xtune.board import Board, InsnCountingSession
-from xtune.compile import compile_object
+from xtune.boards.agent import AgentSession, RunReply, RunRequest, RunStatus
+from xtune.boards.board import Board, InsnCountingSession
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import link_flat
+from xtune.codegen.lower import lower
 from xtune.errors import BoardError, LinkError, XtuneError
-from xtune.link import link_flat
-from xtune.lower import lower
 from xtune.target import Target, get_target
 from xtune.templates import template_for
 from xtune.workload import Workload, parse_workload, random_inputs

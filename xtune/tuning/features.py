@@ -14,7 +14,7 @@ from functools import cache
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.space import ConfigSpace, KnobValue
+from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
 from xtune.templates import ScheduleTemplate
 from xtune.templates.conv2d import padded

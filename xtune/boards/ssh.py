@@ -19,8 +19,8 @@ from typing import Any
 
 import paramiko
 
-from xtune.agent import AgentSession
-from xtune.agent_build import agent_version, build_agent
+from xtune.boards.agent import AgentSession
+from xtune.boards.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
 from xtune.target import Target, cpu_identity
 

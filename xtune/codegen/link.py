@@ -14,7 +14,7 @@ from elftools.elf.enums import ENUM_RELOC_TYPE_AARCH64, ENUM_RELOC_TYPE_x64
 from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import SymbolTableSection
 
-from xtune.compile import ObjectCode
+from xtune.codegen.compile import ObjectCode
 from xtune.errors import LinkError
 from xtune.target import Target
 

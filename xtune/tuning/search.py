@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.space import ConfigSpace
+from xtune.schedule.space import ConfigSpace
 
 Scorer = Callable[[np.ndarray], np.ndarray]  # config indices (int64) -> scores, higher = better
 

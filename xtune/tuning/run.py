@@ -9,15 +9,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from xtune.bench import numpy_seconds
-from xtune.board import Board, LocalBoard
-from xtune.costmodel import CostModel
-from xtune.database import Record, TuningLog, leaders, make_record, measured, of_machine
+from xtune.boards.board import Board, LocalBoard
 from xtune.errors import InputError
-from xtune.features import estimate_prior, featurize
-from xtune.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
+from xtune.peers import numpy_seconds
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.tuner import StopReason, TuneProgress, TuneSummary, make_tuner, tune
+from xtune.tuning.costmodel import CostModel
+from xtune.tuning.database import Record, TuningLog, leaders, make_record, measured, of_machine
+from xtune.tuning.features import estimate_prior, featurize
+from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
+from xtune.tuning.tuner import StopReason, TuneProgress, TuneSummary, make_tuner, tune
 from xtune.workload import Workload
 
 

@@ -13,9 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
-from xtune import ssh
-from xtune.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
-from xtune.agent_build import agent_version, build_agent
+from xtune.boards import ssh
+from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
+from xtune.boards.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
 from xtune.target import Target, get_target, host_cpu_identity, host_target, missing_host_features
 

@@ -13,11 +13,11 @@ from enum import Enum
 
 import numpy as np
 
-from xtune.costmodel import CostModel, XGBoostCostModel
 from xtune.errors import InputError
-from xtune.measure import MeasureResult, MeasureStatus
-from xtune.search import SpaceArrays, anneal, knob_featurizer, top_unvisited
-from xtune.space import ConfigSpace
+from xtune.schedule.space import ConfigSpace
+from xtune.tuning.costmodel import CostModel, XGBoostCostModel
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.search import SpaceArrays, anneal, knob_featurizer, top_unvisited
 
 Featurize = Callable[[Sequence[int]], np.ndarray]  # config indices -> (n, features) float matrix
 

@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from xtune.costmodel import CostModel, XGBoostCostModel
 from xtune.errors import InputError
-from xtune.features import FEATURES_VERSION, EstimatePrior, feature_names
+from xtune.tuning.costmodel import CostModel, XGBoostCostModel
+from xtune.tuning.features import FEATURES_VERSION, EstimatePrior, feature_names
 
 MODEL_FORMAT = 1
 _MODEL_HEAD = re.compile(rb'^\s*\{\s*"manifest"\s*:')  # a log line starts {"v": ...

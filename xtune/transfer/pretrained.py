@@ -1,4 +1,4 @@
-"""Transfer learning: tuning logs in, a pretrained model (xtune.modelfile) out; and back: a model file, logs
+"""Transfer learning: tuning logs in, a pretrained model (`modelfile`) out; and back: a model file, logs
 or the shipped model in, the source a tuning run starts from."""
 
 from __future__ import annotations
@@ -17,20 +17,27 @@ from typing import Any
 import numpy as np
 
 import xtune
-from xtune.costmodel import XGBoostCostModel
-from xtune.database import Record, cpu_of, read_logs
 from xtune.errors import InputError
-from xtune.features import (
+from xtune.target import Target, cpu_name, get_target
+from xtune.templates import ScheduleTemplate, template_for
+from xtune.transfer.modelfile import (
+    MODEL_FORMAT,
+    GroupCount,
+    Manifest,
+    PretrainedModel,
+    is_model_file,
+    read_model,
+)
+from xtune.tuning.costmodel import XGBoostCostModel
+from xtune.tuning.database import Record, cpu_of, read_logs
+from xtune.tuning.features import (
     ESTIMATE_COLUMN,
     FEATURES_VERSION,
     estimate_prior,
     feature_names,
     featurize,
 )
-from xtune.measure import MeasureStatus
-from xtune.modelfile import MODEL_FORMAT, GroupCount, Manifest, PretrainedModel, is_model_file, read_model
-from xtune.target import Target, cpu_name, get_target
-from xtune.templates import ScheduleTemplate, template_for
+from xtune.tuning.measure import MeasureStatus
 from xtune.workload import parse_workload
 
 BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/models/ for the tuned target

@@ -15,8 +15,8 @@ from typing import Any
 
 import xtune
 from xtune.errors import InputError
-from xtune.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.space import Config, KnobValue
+from xtune.schedule.space import Config, KnobValue
+from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 
 FORMAT_VERSION = 1
 DEFAULT_OPTIONS = MeasureOptions()

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Sequence
 from functools import cache
 
-from xtune.loopnest import (
+from xtune.schedule.loopnest import (
     Affine,
     Assign,
     Binary,

@@ -1,0 +1,1 @@
+"""Code generation: loop nests in, LLVM IR, relocatable ELF objects and flat images out."""

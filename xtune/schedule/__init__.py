@@ -1,0 +1,1 @@
+"""Schedules: config spaces (mixed-radix knobs) and the loop-nest IR that templates build."""
