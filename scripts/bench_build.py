@@ -14,8 +14,18 @@ import time
 from pathlib import Path
 
 # Square, tall, wide, GEMV-like and odd shapes with tails on every axis.
-SHAPES = ((512, 512, 512), (64, 64, 64), (8, 16, 4), (13, 19, 7), (100, 30, 200),
-          (256, 128, 64), (33, 40, 70), (1, 1000, 64), (128, 10, 128), (49, 64, 576))
+SHAPES = (
+    (512, 512, 512),
+    (64, 64, 64),
+    (8, 16, 4),
+    (13, 19, 7),
+    (100, 30, 200),
+    (256, 128, 64),
+    (33, 40, 70),
+    (1, 1000, 64),
+    (128, 10, 128),
+    (49, 64, 576),
+)
 
 
 def main() -> int:
@@ -26,17 +36,29 @@ def main() -> int:
     workloads = [f"matmul:m={m},n={n},k={k}" for m, n, k in SHAPES]
     times = []
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "xtune.cli", "build", "--target", args.target,
-               *[a for w in workloads for a in ("--workload", w)],
-               "-o", str(Path(tmp) / "kernels.o"), "--header", str(Path(tmp) / "kernels.h")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "xtune.cli",
+            "build",
+            "--target",
+            args.target,
+            *[a for w in workloads for a in ("--workload", w)],
+            "-o",
+            str(Path(tmp) / "kernels.o"),
+            "--header",
+            str(Path(tmp) / "kernels.h"),
+        ]
         for _ in range(args.repeat):
             start = time.perf_counter()
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             times.append(time.perf_counter() - start)
         size = (Path(tmp) / "kernels.o").stat().st_size
-    print(f"xtune build, {len(workloads)} matmul kernels, target {args.target}: "
-          f"best {min(times):.2f} s, median {statistics.median(times):.2f} s over {args.repeat} runs "
-          f"(object {size} bytes)")
+    print(
+        f"xtune build, {len(workloads)} matmul kernels, target {args.target}: "
+        f"best {min(times):.2f} s, median {statistics.median(times):.2f} s over {args.repeat} runs "
+        f"(object {size} bytes)"
+    )
     return 0
 
 

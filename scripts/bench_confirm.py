@@ -46,10 +46,12 @@ def one(workload: str, trials: int, rounds: int) -> str:
     speeds = {i: statistics.median(t) for i, t in zip(indices, timings, strict=True)}
     claimed_single, claimed_median = gflops / single.cost, gflops / median.cost
     true_single, true_median = speeds[single.index], speeds[median.index]
-    return (f"| {workload.removeprefix('matmul:')} | {report.confirm_timings} | "
-            f"{claimed_single:.1f} / {true_single:.1f} ({claimed_single / true_single - 1:+.0%}) | "
-            f"{claimed_median:.1f} / {true_median:.1f} ({claimed_median / true_median - 1:+.0%}) | "
-            f"{'same' if single.index == median.index else f'{true_median / true_single - 1:+.1%}'} |")
+    return (
+        f"| {workload.removeprefix('matmul:')} | {report.confirm_timings} | "
+        f"{claimed_single:.1f} / {true_single:.1f} ({claimed_single / true_single - 1:+.0%}) | "
+        f"{claimed_median:.1f} / {true_median:.1f} ({claimed_median / true_median - 1:+.0%}) | "
+        f"{'same' if single.index == median.index else f'{true_median / true_single - 1:+.1%}'} |"
+    )
 
 
 def main() -> None:
@@ -58,8 +60,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     print(f"\n{args.trials} trials per run; reported / re-timed GFLOP/s (median of {args.rounds} timings)\n")
-    print("| workload | confirm timings | fastest single timing: reported / re-timed | lowest median: "
-          "reported / re-timed | picks (median pick vs single pick, re-timed) |")
+    print(
+        "| workload | confirm timings | fastest single timing: reported / re-timed | lowest median: "
+        "reported / re-timed | picks (median pick vs single pick, re-timed) |"
+    )
     print("|---|---|---|---|---|")
     for workload in WORKLOADS:
         print(one(workload, args.trials, args.rounds), flush=True)

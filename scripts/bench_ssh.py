@@ -86,11 +86,15 @@ def main() -> int:
     if args.json:
         print(json.dumps(figures))
         return 0
-    print(f"one RUN request (check-only, empty kernel, fork per run) over SSH to 127.0.0.1, "
-          f"{args.requests} requests")
+    print(
+        f"one RUN request (check-only, empty kernel, fork per run) over SSH to 127.0.0.1, "
+        f"{args.requests} requests"
+    )
     for name, f in figures.items():
-        print(f"  {name:<17} median {f['median_ms']:6.3f} ms  p90 {f['p90_ms']:6.3f} ms  "
-              f"(agent start {f['spawn_agent_ms']:.1f} ms; deploy incl. connect {f['deploy_s']:.2f} s)")
+        print(
+            f"  {name:<17} median {f['median_ms']:6.3f} ms  p90 {f['p90_ms']:6.3f} ms  "
+            f"(agent start {f['spawn_agent_ms']:.1f} ms; deploy incl. connect {f['deploy_s']:.2f} s)"
+        )
     return 0
 
 

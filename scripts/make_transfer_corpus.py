@@ -36,21 +36,44 @@ MODELS = ROOT / "xtune" / "data" / "models"
 # 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, m*n*k between 2^20 and 2^28, held-out shapes, the
 # first eight and repeats skipped) so that the corpus is not shaped by anyone's idea of the held-out set.
 TRAIN_SHAPES = (
-    (256, 256, 256), (512, 512, 512), (128, 768, 768), (384, 384, 128), (64, 512, 256),
-    (256, 64, 1024), (1024, 128, 64), (192, 192, 576),
-    (320, 320, 64), (192, 512, 384), (320, 192, 384), (256, 640, 160), (512, 128, 192), (128, 96, 640),
-    (192, 512, 1024), (640, 128, 192), (96, 1024, 96), (768, 256, 384), (512, 96, 256), (320, 256, 640),
-    (768, 160, 512), (384, 384, 512), (192, 64, 512), (64, 96, 1024),
+    (256, 256, 256),
+    (512, 512, 512),
+    (128, 768, 768),
+    (384, 384, 128),
+    (64, 512, 256),
+    (256, 64, 1024),
+    (1024, 128, 64),
+    (192, 192, 576),
+    (320, 320, 64),
+    (192, 512, 384),
+    (320, 192, 384),
+    (256, 640, 160),
+    (512, 128, 192),
+    (128, 96, 640),
+    (192, 512, 1024),
+    (640, 128, 192),
+    (96, 1024, 96),
+    (768, 256, 384),
+    (512, 96, 256),
+    (320, 256, 640),
+    (768, 160, 512),
+    (384, 384, 512),
+    (192, 64, 512),
+    (64, 96, 1024),
 )
 # Convolution layers of small image models (session 8): 1x1, 3x3 and 5x5, stride 1 and 2, 3 to 128 input
 # channels, 7x7 to 64x64 images; none is a held-out layer of scripts/transfer_eval.py --op conv2d. Fewer
 # configs per layer than matmul (32 random + 96 xgb): conv2d has no analytic estimate to start from, and
 # the corpus is meant to show what a few hours of a team's tuning on another board give.
 CONV_TRAIN_LAYERS = (
-    "c=32,h=28,w=28,k=32,r=3,s=3,stride=1,pad=1", "c=64,h=14,w=14,k=64,r=3,s=3,stride=1,pad=1",
-    "c=16,h=56,w=56,k=32,r=3,s=3,stride=1,pad=1", "c=64,h=28,w=28,k=128,r=1,s=1,stride=1,pad=0",
-    "c=32,h=28,w=28,k=64,r=3,s=3,stride=2,pad=1", "c=128,h=7,w=7,k=128,r=3,s=3,stride=1,pad=1",
-    "c=3,h=64,w=64,k=32,r=5,s=5,stride=2,pad=2", "c=96,h=14,w=14,k=48,r=1,s=1,stride=1,pad=0",
+    "c=32,h=28,w=28,k=32,r=3,s=3,stride=1,pad=1",
+    "c=64,h=14,w=14,k=64,r=3,s=3,stride=1,pad=1",
+    "c=16,h=56,w=56,k=32,r=3,s=3,stride=1,pad=1",
+    "c=64,h=28,w=28,k=128,r=1,s=1,stride=1,pad=0",
+    "c=32,h=28,w=28,k=64,r=3,s=3,stride=2,pad=1",
+    "c=128,h=7,w=7,k=128,r=3,s=3,stride=1,pad=1",
+    "c=3,h=64,w=64,k=32,r=5,s=5,stride=2,pad=2",
+    "c=96,h=14,w=14,k=48,r=1,s=1,stride=1,pad=0",
 )
 # op -> (training workloads, random configs, xgb configs) per workload and target
 CORPUS_PLAN = {
@@ -60,7 +83,7 @@ CORPUS_PLAN = {
 
 
 def slug(cpu: str) -> str:
-    """"Intel(R) Xeon(R) Processor" -> "intel-xeon": the model file's name for a machine."""
+    """ "Intel(R) Xeon(R) Processor" -> "intel-xeon": the model file's name for a machine."""
     words = re.sub(r"\((r|tm)\)|processor|cpu", " ", cpu.lower())
     return re.sub(r"[^a-z0-9]+", "-", words).strip("-") or "unknown"
 
@@ -76,8 +99,10 @@ def train_models(logs: list[Path]) -> None:
         model = train([r for r in records if (cpu_of(r) or "") == cpu], sources=[str(p) for p in logs])
         path = MODELS / f"x86-{slug(cpu)}.json"
         model.save(path)
-        print(f"wrote {path.relative_to(ROOT)} from {model.manifest.records_used} records of {cpu!r}",
-              file=sys.stderr)
+        print(
+            f"wrote {path.relative_to(ROOT)} from {model.manifest.records_used} records of {cpu!r}",
+            file=sys.stderr,
+        )
 
 
 def xtune(*args: str) -> None:

@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m ruff check xtune tests scripts
+"$PYTHON" -m ruff format --check xtune tests scripts
 "$PYTHON" -m mypy
 exec "$PYTHON" -m pytest -q "$@"

@@ -129,17 +129,24 @@ def pretrained_models(cpu: str, op: str) -> dict[str, CostModel | None]:
             sys.exit(f"held-out shapes are in the {target} corpus: {', '.join(sorted(leaked))}")
         return train(records).cost_model(op)
 
-    return {"blind": None, "cold": None, "shapes": trained_on(TARGET), "sse42": trained_on("x86-sse42"),
-            "machines": trained_on(TARGET, other_machines=True)}
+    return {
+        "blind": None,
+        "cold": None,
+        "shapes": trained_on(TARGET),
+        "sse42": trained_on("x86-sse42"),
+        "machines": trained_on(TARGET, other_machines=True),
+    }
 
 
-def run(workload: Workload, board: Board, mode: str, model: CostModel | None, seed: int,
-        cap: int) -> tuple[float, ...]:
+def run(
+    workload: Workload, board: Board, mode: str, model: CostModel | None, seed: int, cap: int
+) -> tuple[float, ...]:
     """One run of `mode` (see the module docstring): its best-so-far GFLOP/s after each trial."""
     # confirm=0: the count reads the best-so-far curve of single timings, which re-timing at the end of
     # the run does not change (the reference's re-measure below does the same job at a larger scale).
-    options = TuneOptions("xgb", cap, BATCH, None, seed, start_from_default=False,
-                          analytic_prior=mode != "blind", confirm=0)
+    options = TuneOptions(
+        "xgb", cap, BATCH, None, seed, start_from_default=False, analytic_prior=mode != "blind", confirm=0
+    )
     # As `xtune tune` runs a model that saw no logs of the target: hedged with the estimate.
     report = run_tuning(workload, [board], options, pretrained=model, hedge_with_estimate=mode == "sse42")
     return report.curve_gflops
@@ -166,8 +173,9 @@ class ShapeRuns:
     curves: dict[str, list[tuple[float, ...]]]  # mode -> one curve per seed
 
 
-def remeasure(workload: Workload, board: Board, records: list[Record], top: int,
-              rounds: int) -> tuple[float, float]:
+def remeasure(
+    workload: Workload, board: Board, records: list[Record], top: int, rounds: int
+) -> tuple[float, float]:
     """The highest median GFLOP/s of the `top` fastest configs in `records`, each timed `rounds` times in
     interleaved rounds (so that a slow spell of the host falls on all of them), and the median spread of
     one config's timings."""
@@ -196,8 +204,9 @@ def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argp
     return ShapeRuns(best_known, remeasured, spread, curves)
 
 
-def count_table(results: dict[str, ShapeRuns], modes: tuple[str, ...], cap: int, remeasured: bool,
-                fraction: float) -> dict[str, float]:
+def count_table(
+    results: dict[str, ShapeRuns], modes: tuple[str, ...], cap: int, remeasured: bool, fraction: float
+) -> dict[str, float]:
     """Print the trials-to-`fraction` table against one of the two bests; return the median over shapes per
     mode."""
     titles = [TITLES[mode] for mode in modes]
@@ -222,8 +231,10 @@ def count_table(results: dict[str, ShapeRuns], modes: tuple[str, ...], cap: int,
 def ratios(overall: dict[str, float], colds: tuple[str, ...]) -> None:
     for cold in colds:
         machines = "machines" in overall and f", other machines {overall['machines'] / overall[cold]:.2f}"
-        print(f"warm/{cold}: across shapes {overall['shapes'] / overall[cold]:.2f} (goal <= 0.25), "
-              f"sse42 -> avx2 {overall['sse42'] / overall[cold]:.2f} (goal <= 0.5){machines or ''}")
+        print(
+            f"warm/{cold}: across shapes {overall['shapes'] / overall[cold]:.2f} (goal <= 0.25), "
+            f"sse42 -> avx2 {overall['sse42'] / overall[cold]:.2f} (goal <= 0.5){machines or ''}"
+        )
 
 
 def first_picks(results: dict[str, ShapeRuns], modes: tuple[str, ...], cap: int) -> None:
@@ -284,7 +295,7 @@ def plot(path: Path, results: dict[str, ShapeRuns]) -> None:
         ax.set_ylabel("best so far / best known")
     axes[0].set_ylim(0, 1.1)
     axes[len(results) - 1].legend(loc="lower right", fontsize=8)
-    for ax in axes[len(results):]:
+    for ax in axes[len(results) :]:
         ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -304,12 +315,26 @@ def measure_all(args: argparse.Namespace) -> tuple[str, tuple[str, ...], str, di
 SAVED_OPTIONS = ("seeds", "cap", "long", "top", "rounds")  # what the printed tables say of the runs
 
 
-def save(path: Path, args: argparse.Namespace, cpu: str, modes: tuple[str, ...], reference: str,
-         results: dict[str, ShapeRuns]) -> None:
+def save(
+    path: Path,
+    args: argparse.Namespace,
+    cpu: str,
+    modes: tuple[str, ...],
+    reference: str,
+    results: dict[str, ShapeRuns],
+) -> None:
     """Every run's curve and each shape's bests, with what `load` needs to print the same tables."""
-    path.write_text(json.dumps({"cpu": cpu, "modes": modes, "reference": reference,
-                                "options": {name: vars(args)[name] for name in SAVED_OPTIONS},
-                                "results": {key: asdict(shape) for key, shape in results.items()}}))
+    path.write_text(
+        json.dumps(
+            {
+                "cpu": cpu,
+                "modes": modes,
+                "reference": reference,
+                "options": {name: vars(args)[name] for name in SAVED_OPTIONS},
+                "results": {key: asdict(shape) for key, shape in results.items()},
+            }
+        )
+    )
 
 
 def load(path: Path, args: argparse.Namespace) -> tuple[str, tuple[str, ...], str, dict[str, ShapeRuns]]:
@@ -332,12 +357,23 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=8, help="configs of the reference timed again")
     parser.add_argument("--rounds", type=int, default=7, help="times each of them is timed again")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of seed 0's best-so-far curves")
-    parser.add_argument("--op", choices=tuple(HELD_OUT), default="matmul",
-                        help="conv2d: held-out conv layers (try --cap 64 --long 256)")
-    parser.add_argument("--leave-one-out", action="store_true",
-                        help="instead: each corpus shape held out in turn (try --cap 32 --seeds 2)")
-    parser.add_argument("--bars", type=lambda text: tuple(float(f) for f in text.split(",")),
-                        default=(0.9, 0.95), help="fractions of the best to count trials to (0.9: the issue)")
+    parser.add_argument(
+        "--op",
+        choices=tuple(HELD_OUT),
+        default="matmul",
+        help="conv2d: held-out conv layers (try --cap 64 --long 256)",
+    )
+    parser.add_argument(
+        "--leave-one-out",
+        action="store_true",
+        help="instead: each corpus shape held out in turn (try --cap 32 --seeds 2)",
+    )
+    parser.add_argument(
+        "--bars",
+        type=lambda text: tuple(float(f) for f in text.split(",")),
+        default=(0.9, 0.95),
+        help="fractions of the best to count trials to (0.9: the issue)",
+    )
     parser.add_argument("--save", type=Path, help="also write every run's curve and the bests as JSON")
     parser.add_argument("--load", type=Path, help="print the tables of a --save file; measure nothing")
     args = parser.parse_args()
@@ -348,8 +384,10 @@ def main() -> None:
     if args.save:
         save(args.save, args, cpu, modes, reference, results)
     colds = tuple(m for m in modes if m in ("blind", "cold"))
-    print(f"\n{TARGET} on {cpu}; {args.seeds} seeds, at most {args.cap} trials per run ('>{args.cap}': "
-          f"never); re-measured: the best median of its top {args.top} configs timed {args.rounds} times\n")
+    print(
+        f"\n{TARGET} on {cpu}; {args.seeds} seeds, at most {args.cap} trials per run ('>{args.cap}': "
+        f"never); re-measured: the best median of its top {args.top} configs timed {args.rounds} times\n"
+    )
     for fraction, remeasured in itertools.product(args.bars, (False, True)):
         bar = "the re-measured best" if remeasured else reference
         print(f"\ntrials to {fraction:.0%} of {bar}:\n")

@@ -22,8 +22,13 @@ from xtune.workload import parse_workload, random_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 # Small shapes with tails on every axis; k=150 exceeds the default kc, so C is accumulated over k blocks.
-WORKLOADS = ("matmul:m=8,n=16,k=4", "matmul:m=13,n=19,k=7", "matmul:m=5,n=33,k=150", "matmul:m=1,n=7,k=3",
-             "matmul:m=6,n=10,k=5,bias=1,relu=1")
+WORKLOADS = (
+    "matmul:m=8,n=16,k=4",
+    "matmul:m=13,n=19,k=7",
+    "matmul:m=5,n=33,k=150",
+    "matmul:m=1,n=7,k=3",
+    "matmul:m=6,n=10,k=5,bias=1,relu=1",
+)
 Capture = pytest.CaptureFixture[str]
 CROSS = {"aarch64": "aarch64-linux-gnu-gcc", "riscv64": "riscv64-linux-gnu-gcc"}
 
@@ -151,10 +156,35 @@ def test_header_compiles_as_strict_c99_and_as_cpp(tmp_path: Path) -> None:
     # Included twice: the guard must hold.
     use = '#include "kernels.h"\n#include "kernels.h"\nint main(void) { return 0; }\n'
     (tmp_path / "use.c").write_text(use)
-    _run(["gcc", "-Wall", "-Wextra", "-Werror", "-std=c99", "-pedantic", "-c", tmp_path / "use.c",
-          "-o", tmp_path / "use.o"])
-    _run(["g++", "-Wall", "-Wextra", "-Werror", "-pedantic", "-x", "c++", "-c", tmp_path / "use.c",
-          "-o", tmp_path / "use_cpp.o"])
+    _run(
+        [
+            "gcc",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-std=c99",
+            "-pedantic",
+            "-c",
+            tmp_path / "use.c",
+            "-o",
+            tmp_path / "use.o",
+        ]
+    )
+    _run(
+        [
+            "g++",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-x",
+            "c++",
+            "-c",
+            tmp_path / "use.c",
+            "-o",
+            tmp_path / "use_cpp.o",
+        ]
+    )
     header = artifact.header
     assert "void xt_matmul_m8_n16_k4(const float *A, const float *B, float *C);" in header
     assert "A: float[8][4], row-major" in header and "must not overlap" in header
@@ -173,10 +203,21 @@ def test_example_makefile_builds_and_runs(tmp_path: Path) -> None:
 def test_example_cmake_cross_build_runs_under_qemu(tmp_path: Path) -> None:
     _need("cmake", "make", "aarch64-linux-gnu-gcc", "qemu-aarch64")
     xtune = f"{shutil.which('python3') or 'python3'} -m xtune.cli"
-    _run(["cmake", "-S", ROOT / "examples/firmware", "-B", tmp_path, f"-DXTUNE={xtune}",
-          "-DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc", "-DCMAKE_SYSTEM_NAME=Linux",
-          "-DCMAKE_SYSTEM_PROCESSOR=aarch64", "-DXTUNE_TARGET=arm-a72-neon",
-          "-DCMAKE_EXE_LINKER_FLAGS=-static"])
+    _run(
+        [
+            "cmake",
+            "-S",
+            ROOT / "examples/firmware",
+            "-B",
+            tmp_path,
+            f"-DXTUNE={xtune}",
+            "-DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc",
+            "-DCMAKE_SYSTEM_NAME=Linux",
+            "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
+            "-DXTUNE_TARGET=arm-a72-neon",
+            "-DCMAKE_EXE_LINKER_FLAGS=-static",
+        ]
+    )
     _run(["cmake", "--build", tmp_path])
     out = _run(["qemu-aarch64", "-cpu", "cortex-a72", tmp_path / "demo"]).stdout
     assert out.count(" ok") == 2, out
@@ -213,8 +254,10 @@ def test_wrong_answers_and_crashes_never_reach_the_artifact(tmp_path: Path) -> N
     by_workload = {k.workload: k for k in artifact.kernels}
     assert by_workload[tuned].source == "log" and by_workload[tuned].config_index == 7
     assert by_workload[tuned].gflops == pytest.approx(2 * 8 * 16 * 4 / 2e-6 / 1e9)
-    default = {w: template_for(parse_workload(w), get_target("x86-avx2")).default_config().index
-               for w in (untuned, failed)}
+    default = {
+        w: template_for(parse_workload(w), get_target("x86-avx2")).default_config().index
+        for w in (untuned, failed)
+    }
     for w in (untuned, failed):
         assert by_workload[w].source == "default" and by_workload[w].config_index == default[w]
     assert by_workload[untuned].reason == "never tuned on x86-avx2; logged only for arm-a72-neon"
@@ -256,8 +299,23 @@ def test_bad_input_is_an_input_error(tmp_path: Path) -> None:
 
 def test_cli_build_writes_files_and_prints_the_table(tmp_path: Path, capsys: Capture) -> None:
     obj, hdr, lib = tmp_path / "k.o", tmp_path / "k.h", tmp_path / "libk.a"
-    argv = ["build", "--target", "riscv64-gc", "--workload", WORKLOADS[0], "--workload", WORKLOADS[1],
-            "-o", str(obj), "--header", str(hdr), "--archive", str(lib), "--prefix", "nn"]
+    argv = [
+        "build",
+        "--target",
+        "riscv64-gc",
+        "--workload",
+        WORKLOADS[0],
+        "--workload",
+        WORKLOADS[1],
+        "-o",
+        str(obj),
+        "--header",
+        str(hdr),
+        "--archive",
+        str(lib),
+        "--prefix",
+        "nn",
+    ]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert "nn_matmul_m8_n16_k4" in out and "default" in out and "symbol" in out
@@ -271,8 +329,17 @@ def test_cli_build_writes_files_and_prints_the_table(tmp_path: Path, capsys: Cap
 
 
 def test_cli_unknown_target_is_one_line_and_exit_2(tmp_path: Path, capsys: Capture) -> None:
-    argv = ["build", "--target", "nope", "--workload", WORKLOADS[0], "-o", str(tmp_path / "k.o"),
-            "--header", str(tmp_path / "k.h")]
+    argv = [
+        "build",
+        "--target",
+        "nope",
+        "--workload",
+        WORKLOADS[0],
+        "-o",
+        str(tmp_path / "k.o"),
+        "--header",
+        str(tmp_path / "k.h"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown target 'nope'" in err

@@ -177,14 +177,19 @@ def test_a_load_is_not_reused_across_a_store_or_a_loop_edge() -> None:
 
 
 # /proc/cpuinfo as three kinds of board print it (abridged to the fields that matter, first core only).
-ZEN5_KVM = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
-            "model name\t: AMD EPYC\n")
+ZEN5_KVM = (
+    "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+)
 ZEN3_KVM = ZEN5_KVM.replace("26", "25").replace("model\t\t: 2", "model\t\t: 1")
-PI4 = ("processor\t: 0\nBogoMIPS\t: 108.00\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
-       "CPU part\t: 0xd08\nprocessor\t: 1\nCPU part\t: 0xd03\n\nHardware\t: BCM2835\n"
-       "Model\t\t: Raspberry Pi 4 Model B Rev 1.4\n")
-VISIONFIVE2 = ("processor\t: 0\nhart\t\t: 1\nisa\t\t: rv64imafdc\nuarch\t\t: sifive,u74-mc\n"
-               "marchid\t\t: 0x8000000000000007\n")
+PI4 = (
+    "processor\t: 0\nBogoMIPS\t: 108.00\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
+    "CPU part\t: 0xd08\nprocessor\t: 1\nCPU part\t: 0xd03\n\nHardware\t: BCM2835\n"
+    "Model\t\t: Raspberry Pi 4 Model B Rev 1.4\n"
+)
+VISIONFIVE2 = (
+    "processor\t: 0\nhart\t\t: 1\nisa\t\t: rv64imafdc\nuarch\t\t: sifive,u74-mc\n"
+    "marchid\t\t: 0x8000000000000007\n"
+)
 
 
 def test_cpu_identity_tells_apart_machines_a_hypervisor_names_alike() -> None:
@@ -195,5 +200,6 @@ def test_cpu_identity_tells_apart_machines_a_hypervisor_names_alike() -> None:
     assert cpu_identity(PI4) == "Raspberry Pi 4 Model B Rev 1.4 (implementer 0x41, part 0xd08)"
     assert cpu_identity(VISIONFIVE2) == "sifive,u74-mc (marchid 0x8000000000000007)"
     assert cpu_identity(PI4.replace("Model\t\t: Raspberry Pi 4 Model B Rev 1.4\n", "")) == (
-        "implementer 0x41, part 0xd08")
+        "implementer 0x41, part 0xd08"
+    )
     assert cpu_identity("") == "unknown"

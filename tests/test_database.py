@@ -32,8 +32,15 @@ from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 WL, TARGET = "matmul:m=64,n=64,k=64", "x86-avx2"
 
 
-def rec(index: int, costs: tuple[float, ...] = (), status: MeasureStatus = MeasureStatus.OK,
-        workload: str = WL, target: str = TARGET, unit: str = "s", when: float = 1.0) -> Record:
+def rec(
+    index: int,
+    costs: tuple[float, ...] = (),
+    status: MeasureStatus = MeasureStatus.OK,
+    workload: str = WL,
+    target: str = TARGET,
+    unit: str = "s",
+    when: float = 1.0,
+) -> Record:
     result = MeasureResult(status, costs, "" if status is MeasureStatus.OK else "boom", cost_unit=unit)
     return Record(workload, target, "local", index, (("tile", index), ("order", "mnk")), result, time=when)
 
@@ -42,8 +49,17 @@ def test_round_trip_keeps_every_field() -> None:
     result = MeasureResult(MeasureStatus.OK, (1e-3, 1.1e-3, 0.9e-3), "", 0.025, "s", (("gflops", 12.5),))
     options = MeasureOptions(number=4, repeat=5, flush_cache=True)
     fingerprint = (("uname", "Linux 6.1"), ("cpu", "A72"))
-    record = Record(WL, TARGET, "pi4", 1234, (("tile_m", 8), ("order", "nmk")), result, options, fingerprint,
-                    time=1700000000.5)
+    record = Record(
+        WL,
+        TARGET,
+        "pi4",
+        1234,
+        (("tile_m", 8), ("order", "nmk")),
+        result,
+        options,
+        fingerprint,
+        time=1700000000.5,
+    )
     line = record_to_json(record)
     assert "\n" not in line
     assert record_from_json(line) == record
@@ -155,8 +171,14 @@ def test_best_over_several_logs(tmp_path: Path) -> None:
 
 def test_measured_for_resume(tmp_path: Path) -> None:
     log = TuningLog(tmp_path / "log.jsonl")
-    log.append([rec(1, (2.0,)), rec(2, status=MeasureStatus.COMPILE_ERROR),
-                rec(3, status=MeasureStatus.BOARD_ERROR), rec(4, (1.0,), workload="other:x=1")])
+    log.append(
+        [
+            rec(1, (2.0,)),
+            rec(2, status=MeasureStatus.COMPILE_ERROR),
+            rec(3, status=MeasureStatus.BOARD_ERROR),
+            rec(4, (1.0,), workload="other:x=1"),
+        ]
+    )
     log.append([rec(1, (1.0,), when=5.0)])
     done = log.measured(WL, TARGET)
     assert sorted(done) == [1, 2]  # a board error is measured again; other workloads do not count
@@ -168,8 +190,9 @@ def test_resume_takes_only_this_cpus_records(tmp_path: Path) -> None:
     """A shared log holds several machines' "local" boards: another cpu's costs are not this one's."""
     log = TuningLog(tmp_path / "log.jsonl")
     epyc, xeon = (("cpu", "AMD EPYC"),), (("cpu", "Intel Xeon"),)
-    log.append([replace(rec(1, (1.0,)), fingerprint=epyc), replace(rec(2, (1.0,)), fingerprint=xeon),
-                rec(3, (1.0,))])
+    log.append(
+        [replace(rec(1, (1.0,)), fingerprint=epyc), replace(rec(2, (1.0,)), fingerprint=xeon), rec(3, (1.0,))]
+    )
     assert sorted(log.measured(WL, TARGET, cpu="AMD EPYC")) == [1, 3]  # no fingerprint: taken as this cpu's
     assert sorted(log.measured(WL, TARGET, cpu="Intel Xeon")) == [2, 3]
     assert sorted(log.measured(WL, TARGET)) == [1, 2, 3]
@@ -185,8 +208,22 @@ def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path) -> None:
     packed.path.write_bytes(b"not gzip")
     with pytest.raises(InputError, match="not a readable gzip"):
         packed.read()
-    out = subprocess.run([sys.executable, "-m", "xtune.cli", "tune", "--workload", "matmul:m=8,n=8,k=8",
-                          "--trials", "1", "--log", str(packed.path)], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "xtune.cli",
+            "tune",
+            "--workload",
+            "matmul:m=8,n=8,k=8",
+            "--trials",
+            "1",
+            "--log",
+            str(packed.path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "compressed log" in out.stderr
 
 

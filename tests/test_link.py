@@ -37,7 +37,8 @@ attributes #1 = { nounwind noinline "no-builtins" }
 
 # A vector kernel with constant-pool vectors, a double constant in a non-inlined hidden helper (a call
 # relocation), and an 8-way switch (a jump table on x86/RISC-V) calling a non-inlined internal helper.
-KERNEL_IR = """
+KERNEL_IR = (
+    """
 define internal float @helper(float %x, i32 %k) #1 {
   %kf = sitofp i32 %k to float
   %r = fmul float %x, %kf
@@ -122,17 +123,23 @@ exit:
   store float %p, ptr %out, align 4
   ret void
 }
-""" + ATTRS
+"""
+    + ATTRS
+)
 
-MEMSET_IR = """
+MEMSET_IR = (
+    """
 declare ptr @memset(ptr, i32, i64)
 define void @kernel(ptr %p, i64 %n) #0 {
   call ptr @memset(ptr %p, i32 0, i64 %n)
   ret void
 }
-""" + ATTRS
+"""
+    + ATTRS
+)
 
-WRITABLE_IR = """
+WRITABLE_IR = (
+    """
 @counter = internal global i32 7
 define i32 @kernel() #0 {
   %v = load i32, ptr @counter
@@ -140,7 +147,9 @@ define i32 @kernel() #0 {
   store i32 %w, ptr @counter
   ret i32 %w
 }
-""" + ATTRS
+"""
+    + ATTRS
+)
 
 
 def _target(name: str) -> Target:
@@ -168,9 +177,12 @@ def reloc_types(obj: ObjectCode) -> set[str]:
 
     elf = ELFFile(io.BytesIO(obj.data))
     machine = str(elf["e_machine"])
-    return {_type_name(machine, r["r_info_type"]) for sec in elf.iter_sections()
-            if isinstance(sec, RelocationSection) and not sec.name.startswith(".rela.eh_frame")
-            for r in sec.iter_relocations()}
+    return {
+        _type_name(machine, r["r_info_type"])
+        for sec in elf.iter_sections()
+        if isinstance(sec, RelocationSection) and not sec.name.startswith(".rela.eh_frame")
+        for r in sec.iter_relocations()
+    }
 
 
 def gnu_ld_image(obj: ObjectCode, image: FlatImage, tmp_path: Path) -> bytes:
@@ -184,8 +196,20 @@ def gnu_ld_image(obj: ObjectCode, image: FlatImage, tmp_path: Path) -> bytes:
     script.append("  /DISCARD/ : { *(*) }\n}")
     (tmp_path / "flat.ld").write_text("\n".join(script))
     (tmp_path / "in.o").write_bytes(obj.data)
-    cmd = [ld, "-N", "--build-id=none", "-nostdlib", "-static", "-e", image.entries[0][0],
-           "-T", str(tmp_path / "flat.ld"), "-o", str(tmp_path / "out.elf"), str(tmp_path / "in.o")]
+    cmd = [
+        ld,
+        "-N",
+        "--build-id=none",
+        "-nostdlib",
+        "-static",
+        "-e",
+        image.entries[0][0],
+        "-T",
+        str(tmp_path / "flat.ld"),
+        "-o",
+        str(tmp_path / "out.elf"),
+        str(tmp_path / "in.o"),
+    ]
     if obj.arch == "riscv64":
         cmd.append("--no-relax")  # relaxing would move code; never relaxing is what link_flat does
     subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -196,7 +220,7 @@ def gnu_ld_image(obj: ObjectCode, image: FlatImage, tmp_path: Path) -> bytes:
         for i, (_, offset, size) in enumerate(image.sections):
             sec = elf.get_section_by_name(f".xt{i}")
             assert sec is not None and sec["sh_addr"] == BASE + offset and sec["sh_size"] == size
-            out[offset:offset + size] = sec.data()
+            out[offset : offset + size] = sec.data()
         symtab = elf.get_section_by_name(".symtab")
         assert isinstance(symtab, SymbolTableSection)
         for name, offset in image.entries:
@@ -222,8 +246,13 @@ def test_kernel_relocation_types(kernel_obj: ObjectCode) -> None:
     expected = {
         "x86_64": {"R_X86_64_PC32", "R_X86_64_PLT32"},
         "aarch64": {"R_AARCH64_ADR_PREL_PG_HI21", "R_AARCH64_LDST128_ABS_LO12_NC", "R_AARCH64_CALL26"},
-        "riscv64": {"R_RISCV_PCREL_HI20", "R_RISCV_PCREL_LO12_I", "R_RISCV_CALL_PLT", "R_RISCV_ADD32",
-                    "R_RISCV_SUB32"},
+        "riscv64": {
+            "R_RISCV_PCREL_HI20",
+            "R_RISCV_PCREL_LO12_I",
+            "R_RISCV_CALL_PLT",
+            "R_RISCV_ADD32",
+            "R_RISCV_SUB32",
+        },
     }[kernel_obj.arch]
     assert expected <= reloc_types(kernel_obj)
 
@@ -310,23 +339,47 @@ data:   .quad 1, 2
 }
 ASM_TYPES = {
     "x86_64": {"R_X86_64_PLT32", "R_X86_64_PC32", "R_X86_64_PC64"},
-    "aarch64": {"R_AARCH64_TSTBR14", "R_AARCH64_CONDBR19", "R_AARCH64_ADR_PREL_LO21",
-                "R_AARCH64_ADR_PREL_PG_HI21", "R_AARCH64_ADD_ABS_LO12_NC", "R_AARCH64_LDST8_ABS_LO12_NC",
-                "R_AARCH64_LDST16_ABS_LO12_NC", "R_AARCH64_LDST32_ABS_LO12_NC",
-                "R_AARCH64_LDST64_ABS_LO12_NC", "R_AARCH64_LDST128_ABS_LO12_NC", "R_AARCH64_CALL26",
-                "R_AARCH64_JUMP26", "R_AARCH64_PREL32",
-                "R_AARCH64_PREL64"},
-    "riscv64": {"R_RISCV_BRANCH", "R_RISCV_JAL", "R_RISCV_RVC_BRANCH", "R_RISCV_RVC_JUMP",
-                "R_RISCV_PCREL_HI20", "R_RISCV_PCREL_LO12_S", "R_RISCV_PCREL_LO12_I", "R_RISCV_ADD32",
-                "R_RISCV_SUB32", "R_RISCV_ADD64", "R_RISCV_SUB64"},  # GNU as 2.40 emits no 32_PCREL
+    "aarch64": {
+        "R_AARCH64_TSTBR14",
+        "R_AARCH64_CONDBR19",
+        "R_AARCH64_ADR_PREL_LO21",
+        "R_AARCH64_ADR_PREL_PG_HI21",
+        "R_AARCH64_ADD_ABS_LO12_NC",
+        "R_AARCH64_LDST8_ABS_LO12_NC",
+        "R_AARCH64_LDST16_ABS_LO12_NC",
+        "R_AARCH64_LDST32_ABS_LO12_NC",
+        "R_AARCH64_LDST64_ABS_LO12_NC",
+        "R_AARCH64_LDST128_ABS_LO12_NC",
+        "R_AARCH64_CALL26",
+        "R_AARCH64_JUMP26",
+        "R_AARCH64_PREL32",
+        "R_AARCH64_PREL64",
+    },
+    "riscv64": {
+        "R_RISCV_BRANCH",
+        "R_RISCV_JAL",
+        "R_RISCV_RVC_BRANCH",
+        "R_RISCV_RVC_JUMP",
+        "R_RISCV_PCREL_HI20",
+        "R_RISCV_PCREL_LO12_S",
+        "R_RISCV_PCREL_LO12_I",
+        "R_RISCV_ADD32",
+        "R_RISCV_SUB32",
+        "R_RISCV_ADD64",
+        "R_RISCV_SUB64",
+    },  # GNU as 2.40 emits no 32_PCREL
 }
 
 
 def assemble(arch: str, source: str, tmp_path: Path) -> ObjectCode:
     _, as_ = _tools(arch)
     (tmp_path / "in.s").write_text(source)
-    subprocess.run([as_, "-o", str(tmp_path / "asm.o"), str(tmp_path / "in.s")], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        [as_, "-o", str(tmp_path / "asm.o"), str(tmp_path / "in.s")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return ObjectCode(f"asm-{arch}", arch, (tmp_path / "asm.o").read_bytes(), ("entry", "far"))
 
 
@@ -366,8 +419,10 @@ def test_riscv_align_is_refused(tmp_path: Path) -> None:
 
 
 def test_out_of_range_branch_is_refused(tmp_path: Path) -> None:
-    source = ("\t.text\n\t.globl entry\n\t.type entry, %function\nentry: tbz x0, #3, far\n"
-              "\t.section .text.far, \"ax\", %progbits\n\t.space 40000\nfar: ret\n")
+    source = (
+        "\t.text\n\t.globl entry\n\t.type entry, %function\nentry: tbz x0, #3, far\n"
+        '\t.section .text.far, "ax", %progbits\n\t.space 40000\nfar: ret\n'
+    )
     with pytest.raises(LinkError, match=r"R_AARCH64_TSTBR14 .*far"):
         link_flat(assemble("aarch64", source, tmp_path))
 
@@ -386,7 +441,8 @@ def test_runs_on_host() -> None:
         address = ctypes.addressof(anchor)
         assert address % 4096 == 0
         kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)(
-            address + image.entry("kernel"))
+            address + image.entry("kernel")
+        )
         pick = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int32, ctypes.c_float)(address + image.entry("pick"))
         rng = np.random.default_rng(0)
         mul = np.array([1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5], np.float32)
@@ -408,8 +464,16 @@ def test_runs_on_host() -> None:
 
 def _pick(sel: int, x: float) -> np.float32:
     f, helper = np.float32, lambda k: f(f(x) * f(k)) + f(1.2)
-    cases = {0: lambda: f(x) + f(1), 1: lambda: f(x) * f(3), 2: lambda: f(x) - f(7), 3: lambda: helper(3),
-             4: lambda: f(x) / f(5), 5: lambda: f(x) + f(11), 6: lambda: f(x) * f(x), 7: lambda: helper(9)}
+    cases = {
+        0: lambda: f(x) + f(1),
+        1: lambda: f(x) * f(3),
+        2: lambda: f(x) - f(7),
+        3: lambda: helper(3),
+        4: lambda: f(x) / f(5),
+        5: lambda: f(x) + f(11),
+        6: lambda: f(x) * f(x),
+        7: lambda: helper(9),
+    }
     return f(cases[sel]()) if sel in cases else f(0)
 
 
@@ -434,7 +498,8 @@ def test_writable_data_is_refused(name: str) -> None:
 def _emit(llvm_ir: str, target: Target, reloc: str, codemodel: str) -> ObjectCode:
     """Compile with settings xtune never uses, to provoke absolute and GOT relocations."""
     tm = llvm.Target.from_triple(target.triple).create_target_machine(
-        cpu=target.cpu, features=target.features, opt=2, reloc=reloc, codemodel=codemodel)
+        cpu=target.cpu, features=target.features, opt=2, reloc=reloc, codemodel=codemodel
+    )
     module = parse_verified(llvm_ir, target)
     return ObjectCode(target.name, target.arch, bytes(tm.emit_object(module)), ("kernel", "pick"))
 

@@ -102,19 +102,36 @@ class Corpus:
                 seconds = estimated_seconds(t, indices, rng)
                 bad = set(indices[: per_group // 10])  # 10% failed: half wrong answers, half compile errors
                 for n, (i, s) in enumerate(zip(indices, seconds.tolist(), strict=True)):
-                    status = (MeasureStatus.WRONG_ANSWER if n % 2 else MeasureStatus.COMPILE_ERROR) \
-                        if i in bad else MeasureStatus.OK
+                    status = (
+                        (MeasureStatus.WRONG_ANSWER if n % 2 else MeasureStatus.COMPILE_ERROR)
+                        if i in bad
+                        else MeasureStatus.OK
+                    )
                     result = ok(s) if status is MeasureStatus.OK else MeasureResult(status, error="synthetic")
                     records.append(make_record(t.workload.key, target, "local", t.space.config(i), result))
-                records.append(make_record(t.workload.key, target, "local", t.space.config(indices[-1]),
-                                           MeasureResult(MeasureStatus.RUNTIME_ERROR, error="SIGSEGV")))
+                records.append(
+                    make_record(
+                        t.workload.key,
+                        target,
+                        "local",
+                        t.space.config(indices[-1]),
+                        MeasureResult(MeasureStatus.RUNTIME_ERROR, error="SIGSEGV"),
+                    )
+                )
                 self.repeated += [records[-2], records[-1]]
                 self.failed[key] = bad
                 self.expected[key] = (per_group + 1, per_group)
                 # Neither of these may reach the model: a board error says nothing about the config, and a
                 # stale record's index now means other knobs than the ones it measured.
-                records.append(make_record(t.workload.key, target, "local", t.space.config(indices[1]),
-                                           MeasureResult(MeasureStatus.BOARD_ERROR, error="agent died")))
+                records.append(
+                    make_record(
+                        t.workload.key,
+                        target,
+                        "local",
+                        t.space.config(indices[1]),
+                        MeasureResult(MeasureStatus.BOARD_ERROR, error="agent died"),
+                    )
+                )
                 stale = Config(indices[2], t.space.config((indices[2] + 1) % t.space.size).values)
                 records.append(make_record(t.workload.key, target, "local", stale, ok(1e-5)))
             path = where / f"{target}.jsonl"
@@ -170,8 +187,9 @@ def test_model_train_writes_the_manifest_a_user_checks(corpus: Corpus, model_fil
 
 
 @pytest.mark.parametrize("objective", ["reg", "rank"])
-def test_a_saved_model_predicts_what_the_trained_one_did(corpus: Corpus, tmp_path: Path,
-                                                         objective: str) -> None:
+def test_a_saved_model_predicts_what_the_trained_one_did(
+    corpus: Corpus, tmp_path: Path, objective: str
+) -> None:
     with pytest.warns(TransferWarning, match="no longer matches"):
         trained = train(corpus.records, TrainOptions(objective=objective), [str(p) for p in corpus.logs])
     trained.save(tmp_path / "m.json")
@@ -185,8 +203,9 @@ def test_a_saved_model_predicts_what_the_trained_one_did(corpus: Corpus, tmp_pat
     assert spearman(after, rows[:, feature_names("matmul").index("est_eff")]) > 0.7
 
 
-def test_failures_are_kept_as_the_worst_and_the_model_learns_the_order(corpus: Corpus,
-                                                                       model_file: ModelFile) -> None:
+def test_failures_are_kept_as_the_worst_and_the_model_learns_the_order(
+    corpus: Corpus, model_file: ModelFile
+) -> None:
     data, skipped = collect(corpus.records)
     assert skipped == {"board_error": 4, "stale_config": 4}
     d = data["matmul"]
@@ -236,8 +255,14 @@ def test_each_machine_is_a_group_normalized_by_its_own_best() -> None:
     t = template(NEIGHBOURS[0], "x86-avx2")
 
     def on(cpu: str, index: int, seconds: float) -> Record:
-        return make_record(t.workload.key, "x86-avx2", "local", t.space.config(index), ok(seconds),
-                           fingerprint=(("cpu", cpu),))
+        return make_record(
+            t.workload.key,
+            "x86-avx2",
+            "local",
+            t.space.config(index),
+            ok(seconds),
+            fingerprint=(("cpu", cpu),),
+        )
 
     records = [on("fast", 1, 1.0), on("fast", 2, 2.0), on("slow", 1, 4.0), on("slow", 3, 2.0)]
     d = collect(records)[0]["matmul"]
@@ -258,8 +283,10 @@ def test_a_model_boosted_from_the_estimate_learns_where_the_estimate_is_wrong() 
         t = template(workload, "x86-avx2")
         indices = rng.choice(t.space.size, 300, replace=False).tolist()
         seconds = estimated_seconds(t, indices, rng) * pack_b_penalty(t, indices)
-        records += [make_record(t.workload.key, "x86-avx2", "local", t.space.config(i), ok(s))
-                    for i, s in zip(indices, seconds.tolist(), strict=True)]
+        records += [
+            make_record(t.workload.key, "x86-avx2", "local", t.space.config(i), ok(s))
+            for i, s in zip(indices, seconds.tolist(), strict=True)
+        ]
     trained = train(records)
     assert trained.manifest.base_columns == (("matmul", "est_eff"),)
     t = template(TUNED, "x86-avx2")  # unseen
@@ -306,8 +333,9 @@ def test_model_info_of_a_good_model_says_usable(model_file: ModelFile) -> None:
 
 
 @pytest.mark.parametrize("case", ["old", "garbage", "missing", "model_and_log", "damaged", "other_op"])
-def test_tune_refuses_a_bad_transfer_source_in_one_line(case: str, old_model: Path, corpus: Corpus,
-                                                        tmp_path: Path) -> None:
+def test_tune_refuses_a_bad_transfer_source_in_one_line(
+    case: str, old_model: Path, corpus: Corpus, tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.json"
     if case == "garbage":
         bad.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8)))
@@ -320,8 +348,14 @@ def test_tune_refuses_a_bad_transfer_source_in_one_line(case: str, old_model: Pa
         data["boosters"] = {"conv2d": data["boosters"]["matmul"]}
         data["manifest"]["feature_names"] = {"conv2d": list(feature_names("conv2d"))}
         bad.write_text(json.dumps(data))
-    sources = {"old": [old_model], "garbage": [bad], "missing": [tmp_path / "nothere.json"],
-               "model_and_log": [old_model, corpus.logs[0]], "damaged": [bad], "other_op": [bad]}[case]
+    sources = {
+        "old": [old_model],
+        "garbage": [bad],
+        "missing": [tmp_path / "nothere.json"],
+        "model_and_log": [old_model, corpus.logs[0]],
+        "damaged": [bad],
+        "other_op": [bad],
+    }[case]
     words = {"old": ("features version", "retrain"), "garbage": ("bad.json", "tuning log"),
              "missing": ("nothere.json",), "model_and_log": ("not both",), "damaged": ("damaged",),
              "other_op": ("no booster for operator 'matmul'",)}[case]  # fmt: skip
@@ -332,8 +366,9 @@ def test_tune_refuses_a_bad_transfer_source_in_one_line(case: str, old_model: Pa
     assert not log.exists()  # refused before anything was measured
 
 
-def test_a_log_is_not_a_model_nor_a_model_a_log(corpus: Corpus, model_file: ModelFile,
-                                                tmp_path: Path) -> None:
+def test_a_log_is_not_a_model_nor_a_model_a_log(
+    corpus: Corpus, model_file: ModelFile, tmp_path: Path
+) -> None:
     assert_one_line_error(xtune_cli("model", "info", str(corpus.logs[0])), "not an xtune model file")
     assert_one_line_error(xtune_cli("model", "info", str(tmp_path / "nothere.json")), "no model file")
     with pytest.raises(InputError, match="is a model file, not a tuning log"):
@@ -360,14 +395,15 @@ def test_logs_as_a_transfer_source_are_trained_on_the_fly(corpus: Corpus) -> Non
 
 def test_a_model_of_other_hardware_is_used_with_a_warning(corpus: Corpus) -> None:
     sse42_log = str(corpus.logs[TARGETS.index("x86-sse42")])
-    with pytest.warns(TransferWarning, match="saw no x86-avx2 logs \\(only x86-sse42\\)"), \
-            pytest.warns(TransferWarning, match="no longer matches"):  # the corpus's stale records
+    with (
+        pytest.warns(TransferWarning, match="saw no x86-avx2 logs \\(only x86-sse42\\)"),
+        pytest.warns(TransferWarning, match="no longer matches"),
+    ):  # the corpus's stale records
         source = load_source([sse42_log], get_target("x86-avx2"), "matmul")
     assert source.model.manifest.targets == ("x86-sse42",)
 
 
-def test_builtin_picks_the_target_then_its_architecture(model_file: ModelFile,
-                                                        tmp_path: Path) -> None:
+def test_builtin_picks_the_target_then_its_architecture(model_file: ModelFile, tmp_path: Path) -> None:
     model = read_model(model_file[0])
 
     def ship(name: str, targets: tuple[str, ...], version: int = FEATURES_VERSION) -> Path:
@@ -389,8 +425,11 @@ def test_builtin_picks_the_target_then_its_architecture(model_file: ModelFile,
     assert builtin_model_path(get_target("x86-sse42"), "matmul", directory=tmp_path) == sse
     assert builtin_model_path(get_target("arm-a53-neon"), "matmul", directory=tmp_path) == avx2
     # Among models for the target, the one trained on this board's cpu (its manifest's groups say which).
-    epyc = replace(model.manifest, targets=("x86-avx2",),
-                   groups=tuple(replace(g, cpu="AMD EPYC") for g in model.manifest.groups))
+    epyc = replace(
+        model.manifest,
+        targets=("x86-avx2",),
+        groups=tuple(replace(g, cpu="AMD EPYC") for g in model.manifest.groups),
+    )
     epyc_path = tmp_path / "e-epyc.json"
     PretrainedModel(epyc, model.boosters).save(epyc_path)
     on_epyc = builtin_model_path(get_target("x86-avx2"), "matmul", tmp_path, cpu="AMD EPYC")
@@ -429,8 +468,9 @@ class TrueThroughput:
         return self.throughput[self.arrays.indices(digits)]
 
 
-def trials_to_reach(goal: float, seed: int, pretrained: XGBoostCostModel | TrueThroughput | None,
-                    cap: int = 640) -> int:
+def trials_to_reach(
+    goal: float, seed: int, pretrained: XGBoostCostModel | TrueThroughput | None, cap: int = 640
+) -> int:
     """Trials of an xgb tuner until a config of cost <= `goal` was measured (`cap` if never)."""
     tuner = make_tuner("xgb", SPACE, seed, knob_featurizer(SPACE), pretrained=pretrained)
     assert isinstance(tuner, ModelTuner) and tuner.pretrained is pretrained
@@ -462,8 +502,14 @@ def test_a_model_trained_on_another_board_saves_trials() -> None:
     other_board = np.where(COSTS > 0, COSTS, np.inf) * np.exp(rng.normal(0.0, 0.1, SPACE.size))
     seen = rng.choice(SPACE.size, 1500, replace=False)
     o = TrainOptions()
-    pretrained = XGBoostCostModel(seed=o.seed, objective=o.objective, n_trees=o.n_trees,
-                                  max_depth=o.max_depth, learning_rate=o.learning_rate, max_rows=len(seen))
+    pretrained = XGBoostCostModel(
+        seed=o.seed,
+        objective=o.objective,
+        n_trees=o.n_trees,
+        max_depth=o.max_depth,
+        learning_rate=o.learning_rate,
+        max_rows=len(seen),
+    )
     pretrained.fit(knob_featurizer(SPACE)(seen.tolist()), other_board[seen], groups=np.zeros(len(seen)))
     goal = OPTIMUM * 1.05  # within 5% of the optimum (172 of 53,760 configs)
     cold = [trials_to_reach(goal, seed, None) for seed in range(3)]

@@ -31,14 +31,16 @@ Measure = Callable[[list[int]], list[MeasureResult]]
 
 def synthetic_space() -> ConfigSpace:
     """6 knobs, 53,760 configs."""
-    return ConfigSpace((
-        Knob("tile_m", KnobKind.TILE, (1, 2, 4, 8, 16, 32, 64, 128)),
-        Knob("tile_n", KnobKind.TILE, (1, 2, 4, 8, 16, 32, 64, 128)),
-        Knob("tile_k", KnobKind.TILE, (1, 2, 4, 8, 16, 32, 64)),
-        Knob("unroll", KnobKind.UNROLL, (1, 2, 4, 8, 16, 32)),
-        Knob("order", KnobKind.CHOICE, ("mnk", "mkn", "nmk", "kmn", "knm")),
-        Knob("pack", KnobKind.CHOICE, ("none", "a", "b", "ab")),
-    ))
+    return ConfigSpace(
+        (
+            Knob("tile_m", KnobKind.TILE, (1, 2, 4, 8, 16, 32, 64, 128)),
+            Knob("tile_n", KnobKind.TILE, (1, 2, 4, 8, 16, 32, 64, 128)),
+            Knob("tile_k", KnobKind.TILE, (1, 2, 4, 8, 16, 32, 64)),
+            Knob("unroll", KnobKind.UNROLL, (1, 2, 4, 8, 16, 32)),
+            Knob("order", KnobKind.CHOICE, ("mnk", "mkn", "nmk", "kmn", "knm")),
+            Knob("pack", KnobKind.CHOICE, ("none", "a", "b", "ab")),
+        )
+    )
 
 
 def synthetic_costs(space: ConfigSpace, seed: int = 123) -> np.ndarray:
@@ -70,6 +72,7 @@ def fake_measurer(costs: np.ndarray, log: list[int] | None = None) -> Measure:
             else:
                 out.append(MeasureResult(MeasureStatus.OK, (c * 1.01, c, c * 0.99)))
         return out
+
     return measure
 
 
@@ -110,8 +113,13 @@ def test_same_seed_same_proposals_and_no_duplicates(name: str) -> None:
 
 @pytest.mark.parametrize("name", TUNERS)
 def test_a_tiny_space_is_exhausted_exactly_once(name: str) -> None:
-    space = ConfigSpace((Knob("a", KnobKind.TILE, (1, 2, 4)), Knob("b", KnobKind.CHOICE, ("x", "y")),
-                         Knob("c", KnobKind.TILE, (1, 2, 4, 8))))
+    space = ConfigSpace(
+        (
+            Knob("a", KnobKind.TILE, (1, 2, 4)),
+            Knob("b", KnobKind.CHOICE, ("x", "y")),
+            Knob("c", KnobKind.TILE, (1, 2, 4, 8)),
+        )
+    )
     costs = np.arange(space.size, 0, -1, dtype=np.float64)
     seen: list[int] = []
     tuner = make_tuner(name, space, seed=0)
@@ -143,11 +151,12 @@ def test_unknown_tuner_is_an_input_error() -> None:
 
 def trials_to_optimum(name: str, seed: int, cap: int) -> int:
     """Trials until a config within 1% of the optimum was measured (`cap` if never)."""
+
     def stop_at_optimum(progress: TuneProgress) -> None:
         if progress.best_cost <= OPTIMUM * 1.01:
             raise KeyboardInterrupt  # the loop's own way of stopping early, with a consistent summary
-    summary = tune(SPACE, fast_tuner(name, seed), fake_measurer(COSTS), cap, 32,
-                   callbacks=[stop_at_optimum])
+
+    summary = tune(SPACE, fast_tuner(name, seed), fake_measurer(COSTS), cap, 32, callbacks=[stop_at_optimum])
     reached = [t for t, c in enumerate(summary.curve, 1) if c <= OPTIMUM * 1.01]
     return reached[0] if reached else cap
 
@@ -189,8 +198,9 @@ def test_keyboard_interrupt_returns_the_best_so_far() -> None:
             raise KeyboardInterrupt
         return measure(batch)
 
-    summary = tune(SPACE, make_tuner("random", SPACE, 0), measure_then_interrupt, 500, 16,
-                   callbacks=[progress.append])
+    summary = tune(
+        SPACE, make_tuner("random", SPACE, 0), measure_then_interrupt, 500, 16, callbacks=[progress.append]
+    )
     assert summary.interrupted and summary.stop is StopReason.INTERRUPTED
     assert summary.trials == 32 and len(progress) == 2 and progress[-1].trials == 32
     measured = calls[0] + calls[1]
@@ -213,14 +223,20 @@ def test_update_checks_lengths_and_ignores_board_errors_as_costs() -> None:
     tuner = make_tuner("random", SPACE, 0)
     with pytest.raises(InputError):
         tuner.update([1, 2], [MeasureResult(MeasureStatus.OK, (1.0,))])
-    tuner.update([1, 2], [MeasureResult(MeasureStatus.BOARD_ERROR, error="ssh"),
-                          MeasureResult(MeasureStatus.OK, (1.0,))])
+    tuner.update(
+        [1, 2],
+        [MeasureResult(MeasureStatus.BOARD_ERROR, error="ssh"), MeasureResult(MeasureStatus.OK, (1.0,))],
+    )
     assert tuner.costs == {2: 1.0} and tuner.visited == {1, 2}
 
 
 def test_model_fit_and_search_are_cheap_on_a_large_space() -> None:
-    space = ConfigSpace(tuple(Knob(f"k{j}", KnobKind.TILE, tuple(2**i for i in range(n)))
-                              for j, n in enumerate((10, 10, 8, 8, 6, 5, 4, 3))))  # 2.3 million configs
+    space = ConfigSpace(
+        tuple(
+            Knob(f"k{j}", KnobKind.TILE, tuple(2**i for i in range(n)))
+            for j, n in enumerate((10, 10, 8, 8, 6, 5, 4, 3))
+        )
+    )  # 2.3 million configs
     assert space.size > 10**6
     tuner = make_tuner("xgb", space, 0)
     assert isinstance(tuner, ModelTuner)

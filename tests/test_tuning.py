@@ -141,8 +141,10 @@ def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
         return [MeasureResult(MeasureStatus.OK, (typical[i],)) for i in batch]
 
     def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        records.extend(make_record(template.workload.key, template.target.name, "local",
-                                   template.space.config(i), r) for i, r in zip(batch, results, strict=True))
+        records.extend(
+            make_record(template.workload.key, template.target.name, "local", template.space.config(i), r)
+            for i, r in zip(batch, results, strict=True)
+        )
 
     _confirm(lambda: records, template, "s", 2, measure, keep)
     # 0 and 1 lead; after two rounds 0's median is its typical 3.0, so 2 moves up and is timed twice.

@@ -72,8 +72,9 @@ class Artifact:
         """A static library holding the object, with the symbol index GNU ld needs (`ar rcs`)."""
         return ar_archive(member, self.object, [k.symbol for k in self.kernels])
 
-    def write(self, object_path: PathLike, header_path: PathLike,
-              archive_path: PathLike | None = None) -> None:
+    def write(
+        self, object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None
+    ) -> None:
         Path(object_path).write_bytes(self.object)
         Path(header_path).write_text(self.header)
         if archive_path is not None:
@@ -91,8 +92,12 @@ class _Choice:
     gflops: float | None
 
 
-def build(target: str | Target, workloads: Sequence[str | Workload], logs: Sequence[PathLike] = (),
-          prefix: str = "xt") -> Artifact:
+def build(
+    target: str | Target,
+    workloads: Sequence[str | Workload],
+    logs: Sequence[PathLike] = (),
+    prefix: str = "xt",
+) -> Artifact:
     """Compile each workload's best logged config for `target` (else its default) into one checked object.
 
     Entry points are `{prefix}_{workload.symbol}`; duplicate workloads are built once. Raises InputError
@@ -129,8 +134,10 @@ def _check_signature(wl: Workload, kernel: Kernel) -> None:
     declared = [t.name for t in wl.tensors()]
     taken = [p.name for p in kernel.params]
     if declared != taken:
-        raise CompileError(f"{kernel.name}: the kernel takes ({', '.join(taken)}) but the workload's tensors "
-                           f"are ({', '.join(declared)})")
+        raise CompileError(
+            f"{kernel.name}: the kernel takes ({', '.join(taken)}) but the workload's tensors "
+            f"are ({', '.join(declared)})"
+        )
 
 
 def _unique(workloads: list[Workload]) -> list[Workload]:
@@ -153,8 +160,9 @@ def _read(logs: Sequence[PathLike]) -> tuple[list[Record] | None, list[str]]:
     return records, [str(w.message) for w in caught]
 
 
-def _choose(wl: Workload, target: Target, template: ScheduleTemplate,
-            records: list[Record] | None) -> _Choice:
+def _choose(
+    wl: Workload, target: Target, template: ScheduleTemplate, records: list[Record] | None
+) -> _Choice:
     """The best OK record of the whole history on this target, else the default config and why."""
     default = template.default_config()
     if records is None:
@@ -193,8 +201,9 @@ def _config_of(template: ScheduleTemplate, record: Record) -> Config | None:
 # ---- the header ---------------------------------------------------------------------------------------
 
 
-def render_header(target: Target, workloads: Sequence[Workload], entries: Sequence[KernelEntry],
-                  prefix: str) -> str:
+def render_header(
+    target: Target, workloads: Sequence[Workload], entries: Sequence[KernelEntry], prefix: str
+) -> str:
     """A C99/C++ header: guard, extern "C", and per kernel its layouts, config, stack and prototype."""
     guard = f"{prefix.upper()}_KERNELS_H"
     lines = [

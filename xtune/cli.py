@@ -193,8 +193,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     numpy_gflops = local_numpy_gflops(workload, boards)
     bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
     try:
-        report = run_tuning(workload, boards, options, log, bar.update, numpy_gflops, pretrained,
-                            hedge_with_estimate=transfer is not None and not transfer.saw(boards[0].target))
+        report = run_tuning(
+            workload,
+            boards,
+            options,
+            log,
+            bar.update,
+            numpy_gflops,
+            pretrained,
+            hedge_with_estimate=transfer is not None and not transfer.saw(boards[0].target),
+        )
     finally:
         bar.close()
     if args.json:
@@ -344,8 +352,9 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     manifest = read_model(args.model, check_features=False).manifest
     if args.json:
         reason = manifest.unusable_reason()
-        _emit_json({"model": args.model, "usable": reason is None, "reason": reason,
-                    "manifest": manifest.as_dict()})
+        _emit_json(
+            {"model": args.model, "usable": reason is None, "reason": reason, "manifest": manifest.as_dict()}
+        )
     else:
         print(format_manifest(manifest, args.model))
     return 0
@@ -357,11 +366,20 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     t = model_sub.add_parser("train", help="train a cost model on tuning logs of any workloads and targets")
     t.add_argument("log", nargs="+", help="tuning log(s), JSON lines")
     t.add_argument("-o", "--output", required=True, help="model file to write (JSON), e.g. model.json")
-    t.add_argument("--objective", choices=("reg", "rank"), default="reg",
-                   help="reg: squared error on normalized throughput (default); rank: pairwise ranking")
+    t.add_argument(
+        "--objective",
+        choices=("reg", "rank"),
+        default="reg",
+        help="reg: squared error on normalized throughput (default); rank: pairwise ranking",
+    )
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="xgboost threads (default 1; 0 = every core, best on an otherwise idle machine)")
+    t.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="xgboost threads (default 1; 0 = every core, best on an otherwise idle machine)",
+    )
     t.add_argument("--json", action="store_true", help="one JSON object on stdout")
     t.set_defaults(handler=cmd_model_train)
     i = model_sub.add_parser("info", help="print a model file's manifest")
@@ -414,8 +432,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--confirm", type=int, default=3, metavar="K",
                    help="at the end, time the K fastest configs again until each has 3 timings; the best is "
                    "the lowest median, not the luckiest single timing (default 3; 0 = off)")  # fmt: skip
-    p.add_argument("--transfer-from", action="extend", nargs="+", metavar="SOURCE",
-                   help="pretrained cost model: a model file, tuning log(s) to train on, or 'builtin'")
+    p.add_argument(
+        "--transfer-from",
+        action="extend",
+        nargs="+",
+        metavar="SOURCE",
+        help="pretrained cost model: a model file, tuning log(s) to train on, or 'builtin'",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_tune)
 

@@ -31,7 +31,6 @@ class Board(Protocol):
     wall_time_is_meaningful: bool  # False under emulation: qemu wall time inverts rankings (MEASURED.md §3)
     cost_unit: str  # "s": Measurer times the kernel; "insn": open() gives an InsnCountingSession
 
-
     def open(self) -> AgentSession: ...
 
     def fingerprint(self) -> dict[str, str]: ...

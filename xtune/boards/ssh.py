@@ -356,9 +356,10 @@ class SshBoard:
             with contextlib.suppress(OSError, ValueError):
                 return dict(json.loads(cached.read_text(encoding="utf-8")))
         try:
-            with self.client().open_sftp() as sftp, sftp.open(
-                posixpath.join(self.config.workdir, FINGERPRINT_NAME)
-            ) as f:
+            with (
+                self.client().open_sftp() as sftp,
+                sftp.open(posixpath.join(self.config.workdir, FINGERPRINT_NAME)) as f,
+            ):
                 data: dict[str, str] = json.loads(f.read())
         except (OSError, ValueError, paramiko.SSHException) as err:
             raise BoardError(f"board {self.name} has no recorded fingerprint ({err}); run "

@@ -86,4 +86,3 @@ def compile_object(llvm_ir: str, target: Target, entry_points: tuple[str, ...]) 
     except RuntimeError as err:
         raise CompileError(f"LLVM could not emit an object for {target.name}: {err}") from None
     return ObjectCode(target.name, target.arch, bytes(data), entry_points)
-

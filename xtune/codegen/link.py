@@ -225,8 +225,16 @@ def _rv_c_branch(old: int, sa: int, p: int) -> int:
 def _rv_c_jump(old: int, sa: int, p: int) -> int:
     # CJ format (c.j): offset[11|4|9:8|10|6|7|3:1|5] in bits 12:2; ±2 KiB.
     x = _fits(sa - p, 12, align=2)
-    imm = ((x >> 11 & 1) << 12 | (x >> 4 & 1) << 11 | (x >> 8 & 3) << 9 | (x >> 10 & 1) << 8
-           | (x >> 6 & 1) << 7 | (x >> 7 & 1) << 6 | (x >> 1 & 7) << 3 | (x >> 5 & 1) << 2)
+    imm = (
+        (x >> 11 & 1) << 12
+        | (x >> 4 & 1) << 11
+        | (x >> 8 & 3) << 9
+        | (x >> 10 & 1) << 8
+        | (x >> 6 & 1) << 7
+        | (x >> 7 & 1) << 6
+        | (x >> 1 & 7) << 3
+        | (x >> 5 & 1) << 2
+    )
     return (old & ~0x1FFC) | imm
 
 
@@ -254,9 +262,18 @@ _RISCV: dict[int, _Recipe] = {
     57: _Recipe("R_RISCV_32_PCREL", 4, _rv_pcrel32),
 }
 # Names of types we refuse, for messages (pyelftools 0.33 has no RISC-V table).
-_RISCV_NAMES = {1: "R_RISCV_32", 2: "R_RISCV_64", 20: "R_RISCV_GOT_HI20", 26: "R_RISCV_HI20",
-                27: "R_RISCV_LO12_I", 28: "R_RISCV_LO12_S", 41: "R_RISCV_GOT32_PCREL", 43: "R_RISCV_ALIGN",
-                51: "R_RISCV_RELAX", 59: "R_RISCV_PLT32"}
+_RISCV_NAMES = {
+    1: "R_RISCV_32",
+    2: "R_RISCV_64",
+    20: "R_RISCV_GOT_HI20",
+    26: "R_RISCV_HI20",
+    27: "R_RISCV_LO12_I",
+    28: "R_RISCV_LO12_S",
+    41: "R_RISCV_GOT32_PCREL",
+    43: "R_RISCV_ALIGN",
+    51: "R_RISCV_RELAX",
+    59: "R_RISCV_PLT32",
+}
 _RECIPES = {"EM_X86_64": _X86_64, "EM_AARCH64": _AARCH64, "EM_RISCV": _RISCV}
 
 
@@ -298,8 +315,10 @@ def _loaded_sections(sections: list[Any]) -> Iterator[tuple[int, Any]]:
         if sec["sh_size"] == 0:
             continue
         if flags & 0x1:  # SHF_WRITE: the agent maps code read+execute, and firmware has no loader for it
-            raise LinkError(f"writable section {sec.name} ({sec['sh_size']} bytes): kernels must not have "
-                            "mutable globals; make constants `constant` and internal")
+            raise LinkError(
+                f"writable section {sec.name} ({sec['sh_size']} bytes): kernels must not have "
+                "mutable globals; make constants `constant` and internal"
+            )
         if sec["sh_type"] == "SHT_NOBITS":
             raise LinkError(f"zero-initialised section {sec.name} ({sec['sh_size']} bytes) is writable data")
         if flags & 0x400:  # SHF_TLS
@@ -324,7 +343,7 @@ def _layout(sections: list[Any]) -> tuple[dict[int, int], list[tuple[str, int, i
         offset += int(sec["sh_size"])
     image = bytearray(offset)
     for index, sec in ordered:
-        image[placed[index]:placed[index] + sec["sh_size"]] = sec.data()
+        image[placed[index] : placed[index] + sec["sh_size"]] = sec.data()
     return placed, table, image
 
 
@@ -357,8 +376,10 @@ def _symbols(elf: ELFFile, sections: list[Any]) -> list[_Symbol]:
         rows = [(n, i, x, v, z) for n, i, _, x, v, z in struct.iter_unpack(end + "IBBHQQ", symtab.data())]
     else:  # Elf32_Sym: name, value, size, info, other, shndx
         rows = [(n, i, x, v, z) for n, v, z, i, _, x in struct.iter_unpack(end + "IIIBBH", symtab.data())]
-    return [_Symbol(strtab[n:strtab.index(b"\0", n)].decode(), i >> 4, i & 0xF, x, v, z)
-            for n, i, x, v, z in rows]
+    return [
+        _Symbol(strtab[n : strtab.index(b"\0", n)].decode(), i >> 4, i & 0xF, x, v, z)
+        for n, i, x, v, z in rows
+    ]
 
 
 def _symbol_name(sym: _Symbol, sections: list[Any]) -> str:
@@ -369,13 +390,17 @@ def _symbol_name(sym: _Symbol, sections: list[Any]) -> str:
 
 def _symbol_address(sym: _Symbol, sections: list[Any], placed: dict[int, int], base: int) -> int:
     if sym.shndx == 0:  # SHN_UNDEF
-        raise LinkError(f"undefined symbol '{sym.name}': the kernel calls a function not in the object "
-                        "(a libcall such as memset/memcpy/expf? add \"no-builtins\" or expand it in IR)")
+        raise LinkError(
+            f"undefined symbol '{sym.name}': the kernel calls a function not in the object "
+            '(a libcall such as memset/memcpy/expf? add "no-builtins" or expand it in IR)'
+        )
     if sym.shndx >= 0xFF00:  # SHN_ABS would make the image depend on its base; SHN_COMMON is writable
         raise LinkError(f"symbol '{sym.name}' has reserved section index {sym.shndx:#x}, not a section")
     if sym.shndx not in placed:
-        raise LinkError(f"symbol '{_symbol_name(sym, sections)}' is in section {sections[sym.shndx].name}, "
-                        "which is not loaded")
+        raise LinkError(
+            f"symbol '{_symbol_name(sym, sections)}' is in section {sections[sym.shndx].name}, "
+            "which is not loaded"
+        )
     return base + placed[sym.shndx] + sym.value
 
 
@@ -394,8 +419,10 @@ def _sites(elf: ELFFile, sections: list[Any], placed: dict[int, int], base: int)
             if machine == "EM_RISCV" and rtype == _RV_RELAX:
                 continue  # a hint that the linker may relax the previous relocation; never relaxing is valid
             recipe = recipes.get(rtype)
-            where = (f"{_type_name(machine, rtype)} against '{_symbol_name(sym, sections)}' "
-                     f"at {target.name}+{offset:#x}")
+            where = (
+                f"{_type_name(machine, rtype)} against '{_symbol_name(sym, sections)}' "
+                f"at {target.name}+{offset:#x}"
+            )
             if recipe is None:
                 _refuse(machine, rtype, where)
             if offset + recipe.width > target["sh_size"]:
@@ -407,12 +434,16 @@ def _sites(elf: ELFFile, sections: list[Any], placed: dict[int, int], base: int)
 def _refuse(machine: str, rtype: int, where: str) -> NoReturn:
     name = _type_name(machine, rtype)
     if "GOT" in name:
-        raise LinkError(f"{where}: GOT relocations need a dynamic linker; compile with reloc='pic', "
-                        "codemodel='small' and make every global internal or hidden")
+        raise LinkError(
+            f"{where}: GOT relocations need a dynamic linker; compile with reloc='pic', "
+            "codemodel='small' and make every global internal or hidden"
+        )
     if machine == "EM_RISCV" and rtype == _RV_ALIGN:
         raise LinkError(f"{where}: R_RISCV_ALIGN asks the linker to relax; compile without +relax")
-    raise LinkError(f"{where}: unsupported relocation (absolute or unknown); the flat image needs "
-                    "PC-relative code (reloc='pic', codemodel='small')")
+    raise LinkError(
+        f"{where}: unsupported relocation (absolute or unknown); the flat image needs "
+        "PC-relative code (reloc='pic', codemodel='small')"
+    )
 
 
 def _apply(image: bytearray, sites: list[_Site]) -> None:
@@ -427,12 +458,12 @@ def _apply(image: bytearray, sites: list[_Site]) -> None:
                 raise LinkError(f"{site.where}: no R_RISCV_PCREL_HI20 at the auipc it names")
             sa, p = hi.sa, hi.p
         width = site.recipe.width
-        old = int.from_bytes(image[site.at:site.at + width], "little")
+        old = int.from_bytes(image[site.at : site.at + width], "little")
         try:
             new = site.recipe.apply(old, sa, p)
         except _Overflow as err:
             raise LinkError(f"{site.where}: {err}") from None
-        image[site.at:site.at + width] = new.to_bytes(width, "little")
+        image[site.at : site.at + width] = new.to_bytes(width, "little")
 
 
 def _is_global_function(sym: _Symbol) -> bool:

@@ -232,4 +232,3 @@ def walk(stmts: tuple[Stmt, ...], loops: tuple[For, ...] = ()) -> Iterator[tuple
         yield stmt, loops
         if isinstance(stmt, For):
             yield from walk(stmt.body, (*loops, stmt))
-

@@ -73,8 +73,9 @@ class Manifest:
             except KeyError:
                 continue  # an operator this xtune does not tune; the others may still be used
             if names != current:
-                return (f"its {op} feature columns differ from this xtune's: retrain it with "
-                        "`xtune model train`")
+                return (
+                    f"its {op} feature columns differ from this xtune's: retrain it with `xtune model train`"
+                )
         return None
 
     def as_dict(self) -> dict[str, Any]:
@@ -108,9 +109,16 @@ class Manifest:
 
     def summary(self) -> dict[str, Any]:
         """The short form a tuning report carries."""
-        return {"features_version": self.features_version, "objective": self.objective,
-                "ops": list(self.ops), "targets": list(self.targets), "records": self.records_used,
-                "workloads": len(self.groups), "created": self.created, "xtune_version": self.xtune_version}
+        return {
+            "features_version": self.features_version,
+            "objective": self.objective,
+            "ops": list(self.ops),
+            "targets": list(self.targets),
+            "records": self.records_used,
+            "workloads": len(self.groups),
+            "created": self.created,
+            "xtune_version": self.xtune_version,
+        }
 
 
 @dataclass(frozen=True)
@@ -133,8 +141,9 @@ class PretrainedModel:
         base_column = dict(self.manifest.base_columns).get(op)
         base = EstimatePrior(feature_names(op).index(base_column)) if base_column else None
         try:
-            return XGBoostCostModel.from_bytes(boosters[op], nthread=nthread,
-                                               objective=self.manifest.objective, base=base)
+            return XGBoostCostModel.from_bytes(
+                boosters[op], nthread=nthread, objective=self.manifest.objective, base=base
+            )
         except InputError as e:
             raise InputError(f"the pretrained model's {op} booster is damaged ({e})") from None
 
@@ -182,8 +191,9 @@ def read_model(path: str | os.PathLike[str], check_features: bool = True) -> Pre
             raise InputError(f"{path} is model format {data['manifest'].get('format')!r}; this xtune reads "
                              f"format {MODEL_FORMAT}")  # fmt: skip
         manifest = Manifest.from_dict(data["manifest"])
-        boosters = tuple((str(op), base64.b64decode(raw, validate=True))
-                         for op, raw in data["boosters"].items())
+        boosters = tuple(
+            (str(op), base64.b64decode(raw, validate=True)) for op, raw in data["boosters"].items()
+        )
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror or e}") from None
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:

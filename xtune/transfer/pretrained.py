@@ -172,8 +172,9 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
     return data, skipped
 
 
-def train(records: Sequence[Record], options: TrainOptions = TrainOptions(),
-          sources: Sequence[str] = ()) -> PretrainedModel:
+def train(
+    records: Sequence[Record], options: TrainOptions = TrainOptions(), sources: Sequence[str] = ()
+) -> PretrainedModel:
     """One booster per operator on every usable record (labels: throughput relative to the group's best)."""
     if not records:
         raise InputError(f"no log records in {', '.join(sources) or 'the logs'} (are they tuning logs?)")
@@ -209,8 +210,9 @@ def train(records: Sequence[Record], options: TrainOptions = TrainOptions(),
     return PretrainedModel(manifest, tuple(boosters))
 
 
-def train_from_logs(paths: Sequence[str | os.PathLike[str]],
-                    options: TrainOptions = TrainOptions()) -> PretrainedModel:
+def train_from_logs(
+    paths: Sequence[str | os.PathLike[str]], options: TrainOptions = TrainOptions()
+) -> PretrainedModel:
     for path in paths:
         if not Path(path).is_file():
             raise InputError(f"no log file {path}")
@@ -226,8 +228,9 @@ def builtin_dir() -> Path:
     return Path(str(resources.files("xtune").joinpath("data", "models")))
 
 
-def builtin_model_path(target: Target, op: str, directory: Path | None = None,
-                       cpu: str | None = None) -> Path:
+def builtin_model_path(
+    target: Target, op: str, directory: Path | None = None, cpu: str | None = None
+) -> Path:
     """The shipped model for `target`'s `op`: one whose manifest lists the target, else one that lists a
     target of the same architecture (its features are relative to the target, so it still ranks); among
     those, one trained on logs of the board's `cpu` first, then one of a cpu of the same name (another
@@ -288,8 +291,13 @@ class TransferSource:
         return {"kind": self.kind, "paths": list(self.paths), "manifest": self.model.manifest.summary()}
 
 
-def load_source(sources: Iterable[str], target: Target, op: str, options: TrainOptions = TrainOptions(),
-                cpu: str | None = None) -> TransferSource:
+def load_source(
+    sources: Iterable[str],
+    target: Target,
+    op: str,
+    options: TrainOptions = TrainOptions(),
+    cpu: str | None = None,
+) -> TransferSource:
     """`builtin` (the shipped model that fits `target` and the board's `cpu` best), one model file, or log
     files (trained on the fly, as `xtune model train` would). A TransferWarning if the model saw no log of
     `target`: what it learned of other hardware can mislead (docs/benchmarks.md, issue 7)."""
@@ -302,8 +310,9 @@ def load_source(sources: Iterable[str], target: Target, op: str, options: TrainO
     return source
 
 
-def _load_source(sources: list[str], target: Target, op: str, options: TrainOptions,
-                 cpu: str | None) -> TransferSource:
+def _load_source(
+    sources: list[str], target: Target, op: str, options: TrainOptions, cpu: str | None
+) -> TransferSource:
     if not sources:
         raise InputError("--transfer-from needs a model file, log files or 'builtin'")
     if BUILTIN in sources:

@@ -155,7 +155,7 @@ class XGBoostCostModel:
         if len(y) <= self.max_rows:
             return np.arange(len(y))
         order = np.argsort(-y, kind="stable")
-        top, rest = order[: self.max_rows // 4], order[self.max_rows // 4:]
+        top, rest = order[: self.max_rows // 4], order[self.max_rows // 4 :]
         rng = np.random.default_rng(self.seed + len(y))
         return np.sort(np.concatenate([top, rng.choice(rest, self.max_rows - len(top), replace=False)]))
 
@@ -166,8 +166,11 @@ class XGBoostCostModel:
                 return np.asarray(self.base.predict(x), dtype=np.float64)
             raise InputError("cost model used before fit (and it has no base model)")
         margin = self._base_margin(x)
-        out = self._booster.inplace_predict(x, base_margin=margin) if margin is not None \
+        out = (
+            self._booster.inplace_predict(x, base_margin=margin)
+            if margin is not None
             else self._booster.inplace_predict(x)
+        )
         return np.asarray(out, dtype=np.float64)
 
     def to_bytes(self) -> bytes:
@@ -178,7 +181,11 @@ class XGBoostCostModel:
 
     @classmethod
     def from_bytes(
-        cls, data: bytes, seed: int = 0, nthread: int = 1, objective: str = "reg",
+        cls,
+        data: bytes,
+        seed: int = 0,
+        nthread: int = 1,
+        objective: str = "reg",
         base: CostModel | None = None,
     ) -> XGBoostCostModel:
         """A fitted model from `to_bytes` output; InputError if `data` is not an xgboost model. `base` is the

@@ -60,8 +60,9 @@ def make_record(
     fingerprint: tuple[tuple[str, str], ...] = (),
 ) -> Record:
     """A record of `result` for `config`, stamped with the current time and xtune version."""
-    return Record(workload, target, board, config.index, config.values, result, options, fingerprint,
-                  time=time.time())
+    return Record(
+        workload, target, board, config.index, config.values, result, options, fingerprint, time=time.time()
+    )
 
 
 # ---- the JSON edge: dicts exist only here -------------------------------------------------------------
@@ -213,22 +214,30 @@ class TuningLog:
 
     def _warn(self, corrupt: list[int], versions: dict[object, int], n_lines: int) -> None:
         if corrupt == [n_lines]:
-            warnings.warn(f"{self.path}: skipped a torn last line {n_lines} (a killed run?)", LogWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"{self.path}: skipped a torn last line {n_lines} (a killed run?)", LogWarning, stacklevel=3
+            )
         elif corrupt:
             shown = ", ".join(map(str, corrupt[:5])) + (", ..." if len(corrupt) > 5 else "")
-            warnings.warn(f"{self.path}: skipped {len(corrupt)} unreadable line(s): {shown}", LogWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"{self.path}: skipped {len(corrupt)} unreadable line(s): {shown}", LogWarning, stacklevel=3
+            )
         for version, count in versions.items():
-            warnings.warn(f"{self.path}: skipped {count} record(s) of format version {version!r} "
-                          f"(this xtune reads version {FORMAT_VERSION})", LogWarning, stacklevel=3)
+            warnings.warn(
+                f"{self.path}: skipped {count} record(s) of format version {version!r} "
+                f"(this xtune reads version {FORMAT_VERSION})",
+                LogWarning,
+                stacklevel=3,
+            )
 
-    def measured(self, workload: str, target: str, board: str | None = None,
-                 cpu: str | None = None) -> dict[int, Record]:
+    def measured(
+        self, workload: str, target: str, board: str | None = None, cpu: str | None = None
+    ) -> dict[int, Record]:
         return measured(self.read(), workload, target, board, cpu)
 
-    def best(self, workload: str, target: str, k: int = 1, cost_unit: str = "s",
-             board: str | None = None) -> list[Record]:
+    def best(
+        self, workload: str, target: str, k: int = 1, cost_unit: str = "s", board: str | None = None
+    ) -> list[Record]:
         return best(self.read(), workload, target, k, cost_unit, board)
 
 
@@ -257,8 +266,9 @@ def cpu_of(record: Record) -> str | None:
     return dict(record.fingerprint).get("cpu")
 
 
-def of_machine(records: Iterable[Record], workload: str, target: str, board: str | None = None,
-               cpu: str | None = None) -> list[Record]:
+def of_machine(
+    records: Iterable[Record], workload: str, target: str, board: str | None = None, cpu: str | None = None
+) -> list[Record]:
     """The records of `workload` on `target` (and `board`, if given). With `cpu`, records measured on
     another cpu do not count (a shared log or corpus holds several machines' "local" boards, and one
     machine's costs say little about another's); records without a fingerprint are taken as this cpu's."""
@@ -267,16 +277,26 @@ def of_machine(records: Iterable[Record], workload: str, target: str, board: str
             and (cpu is None or cpu_of(r) in (None, cpu))]  # fmt: skip
 
 
-def measured(records: Iterable[Record], workload: str, target: str, board: str | None = None,
-             cpu: str | None = None) -> dict[int, Record]:
+def measured(
+    records: Iterable[Record], workload: str, target: str, board: str | None = None, cpu: str | None = None
+) -> dict[int, Record]:
     """Config index -> its latest record (of `cpu`, see `of_machine`), for resume. Board errors do not
     count: the candidate was never really measured, so a resumed run measures it again."""
-    return {r.index: r for r in of_machine(records, workload, target, board, cpu)
-            if r.result.status is not MeasureStatus.BOARD_ERROR}
+    return {
+        r.index: r
+        for r in of_machine(records, workload, target, board, cpu)
+        if r.result.status is not MeasureStatus.BOARD_ERROR
+    }
 
 
-def best(records: Iterable[Record], workload: str, target: str, k: int = 1, cost_unit: str = "s",
-         board: str | None = None) -> list[Record]:
+def best(
+    records: Iterable[Record],
+    workload: str,
+    target: str,
+    k: int = 1,
+    cost_unit: str = "s",
+    board: str | None = None,
+) -> list[Record]:
     """The `k` distinct configs with the lowest cost among OK records in `cost_unit`, best first.
 
     A config measured several times (`xtune tune` times its leaders again at the end of a run, see
@@ -288,8 +308,14 @@ def best(records: Iterable[Record], workload: str, target: str, k: int = 1, cost
     return [r for r, _ in leaders(records, workload, target, k, cost_unit, board)]
 
 
-def leaders(records: Iterable[Record], workload: str, target: str, k: int = 1, cost_unit: str = "s",
-            board: str | None = None) -> list[tuple[Record, int]]:
+def leaders(
+    records: Iterable[Record],
+    workload: str,
+    target: str,
+    k: int = 1,
+    cost_unit: str = "s",
+    board: str | None = None,
+) -> list[tuple[Record, int]]:
     """`best`, each with the count of timings its median record is the median of.
 
     A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
@@ -302,7 +328,7 @@ def leaders(records: Iterable[Record], workload: str, target: str, k: int = 1, c
         elif r.result.ok and r.result.cost_unit == cost_unit and math.isfinite(r.cost) and r.cost > 0:
             timings.setdefault((r.index, r.knobs), []).append(r)
     medians = [(_median_record(rs), len(rs)) for config, rs in timings.items() if config not in disqualified]
-    return sorted(medians, key=lambda pair: _rank(pair[0]))[:max(k, 0)]
+    return sorted(medians, key=lambda pair: _rank(pair[0]))[: max(k, 0)]
 
 
 def _median_record(records: list[Record]) -> Record:

@@ -133,8 +133,14 @@ def _tile_cycles(rows: np.ndarray, vecs: np.ndarray, fma_rate: float, kc: np.nda
     latency chain (unless a call of kc steps is short enough for the next call's chains to overlap it),
     by the loads (vecs B vectors + rows A values) or by the rows broadcasts of A. 0 for an empty tile."""
     overlap = 1.0 + WINDOW / (kc * (rows * vecs + rows + vecs) + 1.0)
-    cycles = np.maximum.reduce([rows * vecs / fma_rate, FMA_LATENCY / overlap,
-                                (rows + vecs) / LOADS_PER_CYCLE, rows / BROADCASTS_PER_CYCLE])
+    cycles = np.maximum.reduce(
+        [
+            rows * vecs / fma_rate,
+            FMA_LATENCY / overlap,
+            (rows + vecs) / LOADS_PER_CYCLE,
+            rows / BROADCASTS_PER_CYCLE,
+        ]
+    )
     return np.where((rows > 0) & (vecs > 0), cycles, 0.0)
 
 
@@ -171,10 +177,12 @@ def _matmul_estimate(
     ideal = m * n * k / (lanes * fma_rate)
     full_r, full_v = np.floor(m / mr), np.floor(n / nr)
     tail_r, tail_v = m - full_r * mr, np.ceil((n - full_v * nr) / lanes)
-    micro = k * (full_r * full_v * _tile_cycles(mr, nv, fma_rate, kc)
-                 + full_r * _tile_cycles(mr, tail_v, fma_rate, kc)
-                 + full_v * _tile_cycles(tail_r, nv, fma_rate, kc)
-                 + _tile_cycles(tail_r, tail_v, fma_rate, kc))
+    micro = k * (
+        full_r * full_v * _tile_cycles(mr, nv, fma_rate, kc)
+        + full_r * _tile_cycles(mr, tail_v, fma_rate, kc)
+        + full_v * _tile_cycles(tail_r, nv, fma_rate, kc)
+        + _tile_cycles(tail_r, tail_v, fma_rate, kc)
+    )
     level_bw = np.array([LOADS_PER_CYCLE * 4.0 * lanes, L2_BW, L3_BW])
     # Once per call the accumulators go out to C, and come in from it when k is blocked. Between two k
     # blocks, C is swept over the extents of the m and n loops inside the k loop: that decides its level.
@@ -195,8 +203,9 @@ def _matmul_estimate(
     # Per k step of a full tile: the bytes that come from beyond L1 against the tile's own cycles.
     step = _tile_cycles(mr, nv, fma_rate, kc)
     strided_bw = np.array([level_bw[0], STRIDED_L2_BW, STRIDED_L3_BW])
-    memory = 4.0 * nr / np.where(pack_b > 0, level_bw[b_level], strided_bw[b_level]) \
-        + 4.0 * mr / level_bw[a_level]
+    memory = (
+        4.0 * nr / np.where(pack_b > 0, level_bw[b_level], strided_bw[b_level]) + 4.0 * mr / level_bw[a_level]
+    )
     stall = np.maximum(memory - step, 0.0) / step
     total = micro * (1.0 + stall) + overhead + pack_a_cycles + pack_b_cycles
     return [ideal / micro, overhead / ideal, pack_a_cycles / ideal, pack_b_cycles / ideal,

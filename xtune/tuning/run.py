@@ -115,8 +115,11 @@ def past_records(log: TuningLog | None, template: ScheduleTemplate, cpu: str | N
     if log is None:
         return []
     space = template.space
-    return [r for r in of_machine(log.read(), template.workload.key, template.target.name, cpu=cpu)
-            if 0 <= r.index < space.size and space.config(r.index).values == r.knobs]
+    return [
+        r
+        for r in of_machine(log.read(), template.workload.key, template.target.name, cpu=cpu)
+        if 0 <= r.index < space.size and space.config(r.index).values == r.knobs
+    ]
 
 
 def run_tuning(
@@ -153,8 +156,14 @@ def run_tuning(
     if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
         pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
     hedge = estimate_prior(workload.op) if hedge_with_estimate and pretrained is not None else None
-    tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx),
-                       pretrained=pretrained, hedge=hedge)
+    tuner = make_tuner(
+        options.tuner,
+        template.space,
+        options.seed,
+        lambda idx: featurize(template, idx),
+        pretrained=pretrained,
+        hedge=hedge,
+    )
     if history:
         tuner.load_history(list(history), [r.result for r in history.values()])
     if options.start_from_default:
@@ -186,13 +195,28 @@ def run_tuning(
     finally:
         measure.close()
         pool.close()
-    return _report(workload, template, boards, options, summary, stop, past + this_run, len(history),
-                   len(this_run) - summary.trials, numpy_gflops)
+    return _report(
+        workload,
+        template,
+        boards,
+        options,
+        summary,
+        stop,
+        past + this_run,
+        len(history),
+        len(this_run) - summary.trials,
+        numpy_gflops,
+    )
 
 
-def _confirm(records: Callable[[], list[Record]], template: ScheduleTemplate, unit: str, count: int,
-             measure: Callable[[list[int]], list[MeasureResult]],
-             keep: Callable[[Sequence[int], Sequence[MeasureResult]], None]) -> None:
+def _confirm(
+    records: Callable[[], list[Record]],
+    template: ScheduleTemplate,
+    unit: str,
+    count: int,
+    measure: Callable[[list[int]], list[MeasureResult]],
+    keep: Callable[[Sequence[int], Sequence[MeasureResult]], None],
+) -> None:
     """Time the `count` best configs again, one round at a time (so that a slow spell of the host falls
     on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops out of the lead
     lets the next one in, and that one is timed too, up to a budget of twice the timings the first

@@ -49,8 +49,10 @@ def knob_featurizer(space: ConfigSpace) -> Callable[[Sequence[int]], np.ndarray]
     """A plain featurizer: per knob, its integer option value (tile sizes, unroll factors) or, for named
     choices, the option number. Enough for trees; the real featurizer adds target-relative features."""
     arrays = SpaceArrays(space)
-    tables = [np.array([float(o) if isinstance(o, int) else float(d) for d, o in enumerate(k.options)])
-              for k in space.knobs]
+    tables = [
+        np.array([float(o) if isinstance(o, int) else float(d) for d, o in enumerate(k.options)])
+        for k in space.knobs
+    ]
 
     def featurize(indices: Sequence[int]) -> np.ndarray:
         digits = arrays.digits(np.asarray(indices, dtype=np.int64).reshape(-1))

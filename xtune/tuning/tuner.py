@@ -131,8 +131,14 @@ class GATuner(Tuner):
     children are uniform crossovers of two rank-weighted parents with per-knob mutation. The first
     `elite_num` children of each batch have an elite as one parent."""
 
-    def __init__(self, space: ConfigSpace, seed: int = 0, pop_size: int = 64, elite_num: int = 3,
-                 mutation_prob: float = 0.1) -> None:
+    def __init__(
+        self,
+        space: ConfigSpace,
+        seed: int = 0,
+        pop_size: int = 64,
+        elite_num: int = 3,
+        mutation_prob: float = 0.1,
+    ) -> None:
         super().__init__(space, seed)
         self.pop_size, self.elite_num, self.mutation_prob = pop_size, elite_num, mutation_prob
 
@@ -294,8 +300,9 @@ def make_tuner(
         return GATuner(space, seed)
     if name == "xgb":
         model = model or XGBoostCostModel(seed=seed, base=pretrained)
-        return ModelTuner(space, featurize or knob_featurizer(space), model, seed, pretrained=pretrained,
-                          hedge=hedge)
+        return ModelTuner(
+            space, featurize or knob_featurizer(space), model, seed, pretrained=pretrained, hedge=hedge
+        )
     raise InputError(f"unknown tuner '{name}' (known: {', '.join(TUNERS)})")
 
 
@@ -407,8 +414,15 @@ def tune(
             tuner_seconds += time.perf_counter() - t0
             loop.record(batch, results)
             trials += len(batch)
-            progress = TuneProgress(tuple(batch), tuple(results), trials, n_trials, loop.best_index,
-                                    loop.best_cost, loop.since_improvement)
+            progress = TuneProgress(
+                tuple(batch),
+                tuple(results),
+                trials,
+                n_trials,
+                loop.best_index,
+                loop.best_cost,
+                loop.since_improvement,
+            )
             for callback in callbacks:
                 callback(progress)
             if early_stopping is not None and loop.since_improvement >= early_stopping:
@@ -416,5 +430,13 @@ def tune(
                 break
     except KeyboardInterrupt:
         stop = StopReason.INTERRUPTED
-    return TuneSummary(loop.best_index, loop.best_cost, len(loop.curve), tuple(loop.curve),
-                       tuple(loop.counts.items()), stop, time.perf_counter() - start, tuner_seconds)
+    return TuneSummary(
+        loop.best_index,
+        loop.best_cost,
+        len(loop.curve),
+        tuple(loop.curve),
+        tuple(loop.counts.items()),
+        stop,
+        time.perf_counter() - start,
+        tuner_seconds,
+    )
