@@ -17,6 +17,7 @@ import llvmlite.binding as llvm
 import numpy as np
 import pytest
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
 from xtune.boards.agent import AgentSession, RunRequest, RunStatus, SubprocessTransport
 from xtune.boards.agent_build import agent_version, build_agent
@@ -101,12 +102,15 @@ def kernel_image(target: Target) -> tuple[bytes, dict[str, int]]:
     elf = ELFFile(io.BytesIO(tm.emit_object(module)))
     assert not any(s.name.startswith(".rela.text") or s.name == ".rel.text" for s in elf.iter_sections())
     text_index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == ".text")
+    symtab = elf.get_section_by_name(".symtab")
+    text = elf.get_section_by_name(".text")
+    assert isinstance(symtab, SymbolTableSection) and text is not None
     offsets = {
         sym.name: sym["st_value"]
-        for sym in elf.get_section_by_name(".symtab").iter_symbols()
+        for sym in symtab.iter_symbols()
         if sym["st_info"]["type"] == "STT_FUNC" and sym["st_shndx"] == text_index
     }
-    return elf.get_section_by_name(".text").data(), offsets
+    return text.data(), offsets
 
 
 @pytest.fixture(params=BOARDS)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -43,7 +44,7 @@ WRONG = "  store float 1.0, ptr %C\n  ret void"  # writes one element and leaves
 
 
 @pytest.fixture(scope="module")
-def pool() -> CompilePool:
+def pool() -> Iterator[CompilePool]:
     p = CompilePool()
     yield p
     p.close()
