@@ -25,7 +25,7 @@ from xtune.codegen.lower import lower
 from xtune.errors import BoardError, LinkError, XtuneError
 from xtune.target import Target
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.workload import Workload, random_inputs
+from xtune.workload import RTOL, Workload, check_output, random_inputs
 
 
 class MeasureStatus(Enum):
@@ -48,7 +48,7 @@ class MeasureOptions:
     warmup: int = 1
     timeout_ms: int = 10_000
     flush_cache: bool = False
-    rtol: float = 1e-4  # relative to the reference's max magnitude times sqrt(reduction length)
+    rtol: float = RTOL
 
 
 @dataclass(frozen=True)
@@ -235,19 +235,6 @@ def _exit_with(parent: int) -> None:
     while os.getppid() == parent:  # re-parented (to init or a subreaper) once the tuner is gone
         time.sleep(0.5)
     os._exit(0)
-
-
-def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
-    """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
-    if not np.all(np.isfinite(got)):
-        bad = int(np.count_nonzero(~np.isfinite(got)))
-        return f"{bad} of {got.size} outputs are not finite (never written or overflowed)"
-    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
-    err = float(np.max(np.abs(got - expected))) if expected.size else 0.0
-    if err > rtol * scale:
-        where = np.unravel_index(int(np.argmax(np.abs(got - expected))), expected.shape)
-        return f"max abs error {err:.3g} > {rtol * scale:.3g} at {tuple(int(i) for i in where)}"
-    return ""
 
 
 class Measurer:
