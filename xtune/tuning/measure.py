@@ -185,8 +185,9 @@ class CompilePool:
             yield built
 
     def _outcome(self, future: Future[BuiltImage]) -> BuiltImage | _Lost:
-        """The build's image or status, or why there is none. The deadline runs from now: every
-        earlier candidate of the caller is done, so this one has been running since at most now."""
+        """The build's image or status, or why there is none. The deadline runs from now: every earlier
+        candidate of the caller is done, so this one has been running since at most now, unless another
+        caller's (another board's) builds are queued ahead of it, which the lone retry sorts out."""
         done, _ = wait([future], timeout=self.build_timeout_s)
         if not done:
             return _Lost.HUNG
