@@ -1,7 +1,8 @@
 """Tuning benchmarks on the local board: tuned matmul vs numpy, xgb vs random search, tuning throughput.
 
 Usage: python scripts/bench_tuning.py [--section all|vs-numpy|search|throughput] [--seeds 3] [--trials 96]
-Ratios are against numpy/OpenBLAS on one thread measured in the same run. Prints markdown.
+Ratios are against numpy/OpenBLAS and ONNX Runtime (the `bench` extra), each on one thread, measured in the
+same run. Prints markdown.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import statistics
 import time
 
 from xtune.boards.board import get_board
+from xtune.peers import ort_gflops
 from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
 from xtune.workload import parse_workload
 
@@ -20,18 +22,23 @@ def vs_numpy() -> None:
     board = get_board("local")
     wl = parse_workload("matmul:m=512,n=512,k=512")
     numpy_gflops = local_numpy_gflops(wl, [board]) or math.nan
+    ort = ort_gflops(wl) or math.nan  # nan without the `bench` extra: its ratios print as nan
     report = run_tuning(wl, [board], TuneOptions("xgb", 256, 16, None, 0), None, None, numpy_gflops)
     curve = report.curve_gflops
-    print(f"\nmatmul 512³, `--tuner xgb`, one run of 256 trials; numpy {numpy_gflops:.1f} GFLOP/s\n")
-    print("| after trials | best GFLOP/s | × numpy |")
-    print("|---|---|---|")
+    print(f"\nmatmul 512³, `--tuner xgb`, one run of 256 trials; numpy {numpy_gflops:.1f} GFLOP/s, "
+          f"ONNX Runtime {ort:.1f} GFLOP/s\n")  # fmt: skip
+    print("| after trials | best GFLOP/s | × numpy | × ORT |")
+    print("|---|---|---|---|")
     for n in (1, 16, 64, 128, 256):
         if n <= len(curve):
-            print(f"| {n} | {curve[n - 1]:.1f} | {curve[n - 1] / numpy_gflops:.3f} |")
+            print(
+                f"| {n} | {curve[n - 1]:.1f} | {curve[n - 1] / numpy_gflops:.3f} | {curve[n - 1] / ort:.3f} |"
+            )
     best = report.best_gflops or math.nan
     print(f"\nbest config #{report.best_index}: {dict(report.best_knobs)}; {report.seconds:.0f} s wall")
     print(f"its median of {report.best_timings} timings (what `xtune tune` reports and `xtune build` ships): "
-          f"{best:.1f} GFLOP/s, {best / numpy_gflops:.3f} × numpy")  # fmt: skip
+          f"{best:.1f} GFLOP/s, {best / numpy_gflops:.3f} × numpy, "
+          f"{best / ort:.3f} × ONNX Runtime")  # fmt: skip
 
 
 def trials_to(curve: tuple[float, ...], goal: float) -> int | None:

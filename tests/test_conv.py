@@ -16,7 +16,7 @@ from xtune.errors import InputError
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.features import feature_names, featurize
-from xtune.tuning.measure import MeasureOptions, Measurer, MeasureStatus, build_image
+from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, MeasureStatus, build_image
 from xtune.workload import conv_shape, parse_workload, random_inputs
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0)
@@ -64,7 +64,8 @@ def check(board_name: str, key: str, indices: list[int]) -> None:
     measurer = Measurer(board, parse_workload(key), FAST)
     try:
         for index in indices:
-            result = measurer.run(build_image(key, board.target.name, index))
+            candidate = Candidate(workload=measurer.workload, target=board.target, index=index)
+            result = measurer.run(build_image(candidate))
             assert result.status is MeasureStatus.OK, (key, index, result.status, result.error)
     finally:
         measurer.close()

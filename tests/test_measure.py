@@ -16,10 +16,14 @@ import pytest
 from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
+from xtune.schedule.loopnest import Kernel
+from xtune.schedule.space import Config
 from xtune.target import get_target
 from xtune.templates import template_for
+from xtune.templates.matmul import MatmulTemplate
 from xtune.tuning.measure import (
     BuiltImage,
+    Candidate,
     CompilePool,
     MeasureOptions,
     Measurer,
@@ -85,7 +89,9 @@ def test_emulated_boards_candidates_match_numpy(board_name: str, pool: CompilePo
 def test_faulty_candidates_become_statuses_and_the_run_goes_on() -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
     measurer = Measurer(get_board("local"), wl, FAST)
-    good = build_image(wl.key, "x86-avx2", template_for(wl, get_target("x86-avx2")).default_config().index)
+    target = get_target("x86-avx2")
+    default = template_for(wl, target).default_config().index
+    good = build_image(Candidate(workload=wl, target=target, index=default))
     try:
         crashed = measurer.run(image_of(SEGFAULT))
         hung = measurer.run(image_of(HANG))
@@ -100,11 +106,11 @@ def test_faulty_candidates_become_statuses_and_the_run_goes_on() -> None:
     assert crashed.cost == hung.cost == wrong.cost == float("inf")  # never a best
 
 
-def abort_on_odd(workload_key: str, target_name: str, index: int) -> BuiltImage:
+def abort_on_odd(candidate: Candidate) -> BuiltImage:
     """A build job whose odd candidates kill the worker, as an LLVM abort() would."""
-    if index % 2:
+    if candidate.index % 2:
         os.abort()
-    return build_image(workload_key, target_name, index)
+    return build_image(candidate)
 
 
 def _alive(pid: int) -> bool:
@@ -147,3 +153,44 @@ def test_a_compiler_crash_is_a_status_not_the_end_of_the_run() -> None:
         MeasureStatus.OK
     ] * 2
     assert "compiler process died" in built[1].error
+
+
+RAISES, ASSERTS, HANGS = 3, 5, 7  # configs of matmul:m=8,n=8,k=8 whose builds fail in BrokenMatmul
+
+
+class BrokenMatmul(MatmulTemplate):
+    """The matmul template with a bug in two configs and a build that never ends in a third."""
+
+    def kernel(self, config: Config, name: str) -> Kernel:
+        if config.index == RAISES:
+            raise ValueError(f"tile {config.index} does not divide\nthe loop")
+        assert config.index != ASSERTS
+        if config.index == HANGS:
+            time.sleep(600)  # the pool kills the worker long before
+        return super().kernel(config, name)
+
+
+def build_broken(candidate: Candidate) -> BuiltImage:
+    """The real build of a candidate, from BrokenMatmul (imported by the spawned worker from this module)."""
+    return build_image(candidate, BrokenMatmul(candidate.workload, candidate.target))
+
+
+def test_a_failing_or_hanging_build_is_a_status_and_the_others_are_measured() -> None:
+    wl = parse_workload("matmul:m=8,n=8,k=8")
+    pool = CompilePool(workers=1, job=build_broken, build_timeout_s=10)
+    measurer = Measurer(get_board("local"), wl, FAST, pool)
+    indices = [2, RAISES, ASSERTS, 4, HANGS, 6, 8]
+    start = time.monotonic()
+    try:
+        results = dict(zip(indices, measurer.measure(indices), strict=True))
+    finally:
+        measurer.close()
+        pool.close()
+    assert time.monotonic() - start < 120  # the hung worker was killed: no waiting out its sleep
+    failed = {RAISES, ASSERTS, HANGS}
+    assert all(results[i].status is MeasureStatus.COMPILE_ERROR for i in failed)
+    assert results[RAISES].error == "ValueError: tile 3 does not divide the loop"
+    assert results[ASSERTS].error == "AssertionError"
+    assert "10 s build timeout" in results[HANGS].error
+    for i in set(indices) - failed:  # before, between and after them (in flight when the pool restarted)
+        assert results[i].status is MeasureStatus.OK and results[i].cost > 0, (i, results[i])

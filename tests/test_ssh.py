@@ -25,7 +25,7 @@ from xtune.errors import BoardError, InputError
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, make_record
-from xtune.tuning.measure import MeasureOptions, Measurer, MeasureStatus, build_image
+from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, MeasureStatus, build_image
 from xtune.workload import parse_workload
 
 from .test_measure import HANG, SEGFAULT, configs, image_of
@@ -260,7 +260,9 @@ def test_wrong_client_key_is_a_clear_one_line_error(
 
 def test_crashing_and_hanging_candidates_are_statuses_over_ssh(native: SshBoard) -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
-    good = build_image(wl.key, "x86-avx2", template_for(wl, get_target("x86-avx2")).default_config().index)
+    target = get_target("x86-avx2")
+    default = template_for(wl, target).default_config().index
+    good = build_image(Candidate(workload=wl, target=target, index=default))
     measurer = Measurer(native, wl, FAST)
     try:
         crashed, hung, after = (measurer.run(b) for b in (image_of(SEGFAULT), image_of(HANG), good))
@@ -273,7 +275,8 @@ def test_crashing_and_hanging_candidates_are_statuses_over_ssh(native: SshBoard)
 
 def test_an_agent_that_stops_answering_is_killed_by_pid(native: SshBoard) -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
-    built = build_image(wl.key, "x86-avx2", template_for(wl, native.target).default_config().index)
+    index = template_for(wl, native.target).default_config().index
+    built = build_image(Candidate(workload=wl, target=native.target, index=index))
     native.timeout = 1.0  # the host-side margin over the agent's own deadlines
     try:
         session = native.open()

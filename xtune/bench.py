@@ -1,4 +1,5 @@
-"""Benchmarks: a workload, board and config in, a `BenchReport` (xtune vs 1-thread numpy, same run) out."""
+"""Benchmarks: a workload, board and config in, a `BenchReport` out: xtune vs numpy and (with the `bench`
+extra) ONNX Runtime, each on one thread, measured in the same run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.boards.board import Board
-from xtune.peers import numpy_seconds
+from xtune.peers import numpy_seconds, ort_gflops
 from xtune.schedule.space import KnobValue
 from xtune.templates import template_for
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
@@ -29,10 +30,15 @@ class BenchReport:
     gflops: float
     numpy_gflops: float
     peak_gflops: float  # the target descriptor's nominal single-core peak
+    ort_gflops: float | None = None  # ONNX Runtime, one thread, same run; None without the `bench` extra
 
     @property
     def ratio(self) -> float:
         return self.gflops / self.numpy_gflops if self.numpy_gflops else 0.0
+
+    @property
+    def ratio_vs_ort(self) -> float | None:
+        return self.gflops / self.ort_gflops if self.ort_gflops else None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -43,6 +49,8 @@ class BenchReport:
             "seconds": self.seconds if self.status is MeasureStatus.OK else None,
             "gflops": round(self.gflops, 3), "numpy_gflops": round(self.numpy_gflops, 3),
             "ratio_vs_numpy": round(self.ratio, 4),
+            "ort_gflops": round(self.ort_gflops, 3) if self.ort_gflops else None,
+            "ratio_vs_ort": round(self.ratio_vs_ort, 4) if self.ratio_vs_ort is not None else None,
             "percent_of_peak": round(100 * self.gflops / self.peak_gflops, 2),
         }  # fmt: skip
 
@@ -67,16 +75,17 @@ def bench(
         measurer.close()
     np_seconds = float(np.median(numpy_seconds(workload)))
     flops = workload.flops()
+    ort = ort_gflops(workload)
     if result.ok and result.cost_unit != "s":  # emulated board: a correctness check, not a speed
         return BenchReport(
             workload.key, board.target.name, board.name, config_index, config.values, config_source,
             result.status, f"{result.cost:.0f} instructions per call (emulated; no wall-time figure)",
-            result.cost, 0.0, flops / np_seconds / 1e9, board.target.peak_gflops,
+            result.cost, 0.0, flops / np_seconds / 1e9, board.target.peak_gflops, ort_gflops=ort,
         )  # fmt: skip
     return BenchReport(
         workload.key, board.target.name, board.name, config_index, config.values, config_source,
         result.status, result.error, result.cost, flops / result.cost / 1e9 if result.ok else 0.0,
-        flops / np_seconds / 1e9, board.target.peak_gflops,
+        flops / np_seconds / 1e9, board.target.peak_gflops, ort_gflops=ort,
     )  # fmt: skip
 
 

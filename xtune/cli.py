@@ -137,8 +137,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct"
             )
         print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread on this host, same run)")
+        if report.ort_gflops is not None:
+            print(f"  ORT    {report.ort_gflops:8.1f} GFLOP/s  (ONNX Runtime, single thread, same run)")
         if board.wall_time_is_meaningful and report.gflops:
-            print(f"  ratio  {report.ratio:8.2f}x numpy")
+            versus_ort = f", {report.ratio_vs_ort:.2f}x ONNX Runtime" if report.ratio_vs_ort else ""
+            print(f"  ratio  {report.ratio:8.2f}x numpy{versus_ort}")
     return 0 if report.status.value == "ok" else 1
 
 
@@ -455,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_report)
 
-    p = sub.add_parser("bench", help="default (or given) config vs numpy, measured in one run")
+    p = sub.add_parser("bench", help="default (or given) config vs numpy and ONNX Runtime, in one run")
     p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--board", default="local")
     p.add_argument("--boards", metavar="FILE", help="boards.toml for SSH boards")

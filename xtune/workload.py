@@ -387,3 +387,20 @@ def random_inputs(wl: Workload, seed: int = 0) -> list[np.ndarray]:
     """Deterministic inputs in [-1, 1): small enough that fp32 sums stay well conditioned."""
     rng = np.random.default_rng(seed)
     return [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in wl.tensors() if not t.is_output]
+
+
+# check_output's default tolerance: max|got - ref| <= RTOL * max(1, max|ref|) (docs/design.md, Measurement)
+RTOL = 1e-4
+
+
+def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
+    """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
+    if not np.all(np.isfinite(got)):
+        bad = int(np.count_nonzero(~np.isfinite(got)))
+        return f"{bad} of {got.size} outputs are not finite (never written or overflowed)"
+    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    err = float(np.max(np.abs(got - expected))) if expected.size else 0.0
+    if err > rtol * scale:
+        where = np.unravel_index(int(np.argmax(np.abs(got - expected))), expected.shape)
+        return f"max abs error {err:.3g} > {rtol * scale:.3g} at {tuple(int(i) for i in where)}"
+    return ""
