@@ -258,6 +258,7 @@ def test_wrong_client_key_is_a_clear_one_line_error(
     assert err[-1].startswith("xtune: error: board ssh-wrongkey: authentication") and "Traceback" not in err
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_crashing_and_hanging_candidates_are_statuses_over_ssh(native: SshBoard) -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
     good = build_image(wl.key, "x86-avx2", template_for(wl, get_target("x86-avx2")).default_config().index)
@@ -271,6 +272,7 @@ def test_crashing_and_hanging_candidates_are_statuses_over_ssh(native: SshBoard)
     assert after.status is MeasureStatus.OK and after.cost > 0
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_an_agent_that_stops_answering_is_killed_by_pid(native: SshBoard) -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
     built = build_image(wl.key, "x86-avx2", template_for(wl, native.target).default_config().index)
@@ -301,6 +303,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_sshd_killed_mid_run_gives_board_errors_then_the_run_resumes(
     sshd: PrivateSshd, native: SshBoard, tmp_path: Path
 ) -> None:
