@@ -95,7 +95,7 @@ def _runner(target: Target) -> list[str]:
     if target.arch == "x86_64":
         return []
     _need(target.qemu_binary)
-    # riscv64-gcv's qemu_cpu is "rv64,v=true,vlen=256,vext_spec=v1.0" (RVV 1.0, as DESIGN.md says).
+    # riscv64-gcv's qemu_cpu is "rv64,v=true,vlen=256,vext_spec=v1.0" (RVV 1.0, docs/notes.md §3).
     return [target.qemu_binary, "-cpu", target.qemu_cpu]
 
 

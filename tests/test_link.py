@@ -241,7 +241,7 @@ def test_image_does_not_depend_on_page_aligned_base(kernel_obj: ObjectCode) -> N
 
 
 def test_kernel_relocation_types(kernel_obj: ObjectCode) -> None:
-    """The relocations LLVM emits with reloc='pic', codemodel='small' (MEASURED.md §1)."""
+    """The relocations LLVM emits with reloc='pic', codemodel='small' (docs/notes.md §1)."""
     expected = {
         "x86_64": {"R_X86_64_PC32", "R_X86_64_PLT32"},
         "aarch64": {"R_AARCH64_ADR_PREL_PG_HI21", "R_AARCH64_LDST128_ABS_LO12_NC", "R_AARCH64_CALL26"},

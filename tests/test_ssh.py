@@ -49,7 +49,7 @@ def _free_port() -> int:
 
 
 class PrivateSshd:
-    """An OpenSSH sshd of our own on 127.0.0.1: own config, host key, authorized key, log (MEASURED.md §4)."""
+    """A private OpenSSH sshd on 127.0.0.1: own config, host key, authorized key, log (docs/notes.md §4)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -66,7 +66,7 @@ class PrivateSshd:
             f"AuthorizedKeysFile {root}/authorized_keys\nUsePAM no\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nStrictModes no\nSubsystem sftp internal-sftp\n"
             # sshd runs commands as `$SHELL -c`; SHLVL=1 keeps Debian's bash from sourcing ~/.bashrc
-            # (270-360 ms per exec channel with pyenv there, MEASURED.md §4).
+            # (270-360 ms per exec channel with pyenv there, docs/notes.md §4).
             "SetEnv SHLVL=1\nLogLevel VERBOSE\n"
         )
         self.known_hosts = root / "known_hosts"

@@ -258,8 +258,8 @@ class ModelTuner(Tuner):
             assert self.pretrained is not None
             scorers = [self.pretrained] + ([self.hedge] if self.hedge is not None else [])
             tops = [self._annealed_top(scorer, n - n_explore) for scorer in scorers]
-            # The hedge leads the pairs: on a Zen 5, an SSE4.2 model's first AVX2 pick was at 85 % of the
-            # best where the estimate's was at 98 % (docs/benchmarks.md, issue 7).
+            # The hedge leads the pairs: a model from other hardware can pick far worse first than the
+            # analytic estimate does (docs/benchmarks.md, History).
             pairs = itertools.zip_longest(*reversed(tops))
             alternating = (i for row in pairs for i in row if i is not None)
             picks = list(dict.fromkeys(alternating))[: n - n_explore]
