@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def xtune(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=300
-    )
+from tests.conftest import CliRunner
 
 
-def test_targets_lists_all_five_and_marks_the_host() -> None:
-    out = xtune("targets", "--json")
+def test_targets_lists_all_five_and_marks_the_host(xtune_cli: CliRunner) -> None:
+    out = xtune_cli("targets", "--json")
     assert out.returncode == 0
     data = json.loads(out.stdout)
     names = {t["name"] for t in data["targets"]}
@@ -24,8 +18,8 @@ def test_targets_lists_all_five_and_marks_the_host() -> None:
     assert data["host"] in names
 
 
-def test_bench_json_is_one_object_with_both_measurements() -> None:
-    out = xtune("bench", "--workload", "matmul:m=96,n=80,k=72", "--json")
+def test_bench_json_is_one_object_with_both_measurements(xtune_cli: CliRunner) -> None:
+    out = xtune_cli("bench", "--workload", "matmul:m=96,n=80,k=72", "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)  # exactly one JSON document, nothing else on stdout
     assert report["correct"] is True and report["status"] == "ok"
@@ -45,8 +39,8 @@ def test_bench_json_is_one_object_with_both_measurements() -> None:
         ("frobnicate",),
     ],
 )
-def test_user_mistakes_are_one_line_and_exit_2(args: tuple[str, ...]) -> None:
-    out = xtune(*args)
+def test_user_mistakes_are_one_line_and_exit_2(args: tuple[str, ...], xtune_cli: CliRunner) -> None:
+    out = xtune_cli(*args)
     assert out.returncode == 2
     assert out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr

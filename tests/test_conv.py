@@ -4,7 +4,6 @@ parsing, numpy references, errors and checked kernel outputs on the local board 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -190,12 +189,6 @@ def test_channel_blocks_accumulate_then_apply_relu(layout: str) -> None:
 # --- boards: the same kernels under QEMU ------------------------------------------------------------
 
 
-@pytest.fixture(params=["qemu-aarch64", "qemu-riscv64", "qemu-riscv64-v"])
-def qemu_board(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield request.param
-
-
-@pytest.mark.board
 @pytest.mark.parametrize("key", BOARD_SHAPES)
 def test_kernels_correct_under_qemu(qemu_board: str, key: str) -> None:
     check(qemu_board, key, configs(key, get_board(qemu_board).target.name, 1))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import xtune
+from tests.conftest import CliRunner
 from xtune.errors import InputError
 from xtune.schedule.space import Config
 from xtune.tuning.database import (
@@ -198,7 +199,7 @@ def test_resume_takes_only_this_cpus_records(tmp_path: Path) -> None:
     assert sorted(log.measured(WL, TARGET)) == [1, 2, 3]
 
 
-def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path) -> None:
+def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path, xtune_cli: CliRunner) -> None:
     plain, packed = TuningLog(tmp_path / "log.jsonl"), TuningLog(tmp_path / "log.jsonl.gz")
     plain.append([rec(1, (2.0,)), rec(2, (1.0,))])
     packed.path.write_bytes(gzip.compress(plain.path.read_bytes()))
@@ -208,22 +209,7 @@ def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path) -> None:
     packed.path.write_bytes(b"not gzip")
     with pytest.raises(InputError, match="not a readable gzip"):
         packed.read()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "xtune.cli",
-            "tune",
-            "--workload",
-            "matmul:m=8,n=8,k=8",
-            "--trials",
-            "1",
-            "--log",
-            str(packed.path),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    out = xtune_cli("tune", "--workload", "matmul:m=8,n=8,k=8", "--trials", "1", "--log", str(packed.path))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "compressed log" in out.stderr
 
 

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -47,13 +46,6 @@ HANG = "  br label %spin\nspin:\n  %x = load volatile float, ptr %C\n  br label 
 WRONG = "  store float 1.0, ptr %C\n  ret void"  # writes one element and leaves the rest
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[CompilePool]:
-    p = CompilePool()
-    yield p
-    p.close()
-
-
 def configs(workload: str, target_name: str, count: int, seed: int) -> list[int]:
     template = template_for(parse_workload(workload), get_target(target_name))
     rng = random.Random(seed)
@@ -62,9 +54,9 @@ def configs(workload: str, target_name: str, count: int, seed: int) -> list[int]
 
 @pytest.mark.parametrize("shape", ["matmul:m=127,n=255,k=63", "matmul:m=1,n=1,k=1", "matmul:m=3,n=1000,k=17",
                                    "matmul:m=64,n=64,k=64", "matmul:m=33,n=7,k=300"])  # fmt: skip
-def test_local_board_candidates_match_numpy(shape: str, pool: CompilePool) -> None:
+def test_local_board_candidates_match_numpy(shape: str, compile_pool: CompilePool) -> None:
     board = get_board("local")
-    measurer = Measurer(board, parse_workload(shape), FAST, pool)
+    measurer = Measurer(board, parse_workload(shape), FAST, compile_pool)
     try:
         results = measurer.measure(configs(shape, board.target.name, 4, seed=len(shape)))
     finally:
@@ -73,12 +65,10 @@ def test_local_board_candidates_match_numpy(shape: str, pool: CompilePool) -> No
     assert all(len(r.costs) == 2 and all(c > 0 for c in r.costs) for r in results)
 
 
-@pytest.mark.board
-@pytest.mark.parametrize("board_name", ["qemu-aarch64", "qemu-riscv64", "qemu-riscv64-v"])
-def test_emulated_boards_candidates_match_numpy(board_name: str, pool: CompilePool) -> None:
-    board = get_board(board_name)
+def test_emulated_boards_candidates_match_numpy(qemu_board: str, compile_pool: CompilePool) -> None:
+    board = get_board(qemu_board)
     shape = "matmul:m=19,n=37,k=23"
-    measurer = Measurer(board, parse_workload(shape), FAST, pool)
+    measurer = Measurer(board, parse_workload(shape), FAST, compile_pool)
     try:
         results = measurer.measure(configs(shape, board.target.name, 3, seed=3))
     finally:
@@ -86,6 +76,7 @@ def test_emulated_boards_candidates_match_numpy(board_name: str, pool: CompilePo
     assert [r.status for r in results] == [MeasureStatus.OK] * len(results), [r.error for r in results]
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_faulty_candidates_become_statuses_and_the_run_goes_on() -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
     measurer = Measurer(get_board("local"), wl, FAST)

@@ -49,7 +49,7 @@ def _free_port() -> int:
 
 
 class PrivateSshd:
-    """An OpenSSH sshd of our own on 127.0.0.1: own config, host key, authorized key, log (MEASURED.md §4)."""
+    """A private OpenSSH sshd on 127.0.0.1: own config, host key, authorized key, log (docs/notes.md §4)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -66,7 +66,7 @@ class PrivateSshd:
             f"AuthorizedKeysFile {root}/authorized_keys\nUsePAM no\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nStrictModes no\nSubsystem sftp internal-sftp\n"
             # sshd runs commands as `$SHELL -c`; SHLVL=1 keeps Debian's bash from sourcing ~/.bashrc
-            # (270-360 ms per exec channel with pyenv there, MEASURED.md §4).
+            # (270-360 ms per exec channel with pyenv there, docs/notes.md §4).
             "SetEnv SHLVL=1\nLogLevel VERBOSE\n"
         )
         self.known_hosts = root / "known_hosts"
@@ -258,6 +258,7 @@ def test_wrong_client_key_is_a_clear_one_line_error(
     assert err[-1].startswith("xtune: error: board ssh-wrongkey: authentication") and "Traceback" not in err
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_crashing_and_hanging_candidates_are_statuses_over_ssh(native: SshBoard) -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
     target = get_target("x86-avx2")
@@ -273,6 +274,7 @@ def test_crashing_and_hanging_candidates_are_statuses_over_ssh(native: SshBoard)
     assert after.status is MeasureStatus.OK and after.cost > 0
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_an_agent_that_stops_answering_is_killed_by_pid(native: SshBoard) -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
     index = template_for(wl, native.target).default_config().index
@@ -304,6 +306,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_sshd_killed_mid_run_gives_board_errors_then_the_run_resumes(
     sshd: PrivateSshd, native: SshBoard, tmp_path: Path
 ) -> None:

@@ -7,7 +7,6 @@ import base64
 import json
 import statistics
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,10 +15,11 @@ import numpy as np
 import pytest
 
 import xtune
+from tests.conftest import CliRunner
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
 from xtune.errors import InputError
 from xtune.schedule.space import Config
-from xtune.target import get_target, missing_host_features
+from xtune.target import get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.transfer.modelfile import PretrainedModel, read_model
 from xtune.transfer.pretrained import (
@@ -47,12 +47,6 @@ ModelFile = tuple[Path, dict[str, object]]  # a model written by `xtune model tr
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
-
-
-def xtune_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=300
-    )
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -146,7 +140,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
 
 
 @pytest.fixture(scope="module")
-def model_file(corpus: Corpus) -> ModelFile:
+def model_file(corpus: Corpus, xtune_cli: CliRunner) -> ModelFile:
     """A model written by `xtune model train`, and the command's --json report."""
     path = corpus.logs[0].parent / "model.json"
     out = xtune_cli("model", "train", *map(str, corpus.logs), "-o", str(path), "--json")
@@ -317,7 +311,7 @@ def test_a_model_of_another_features_version_is_refused(old_model: Path, tmp_pat
         read_model(tmp_path / "future.json")
 
 
-def test_model_info_shows_an_old_model_and_says_to_retrain(old_model: Path) -> None:
+def test_model_info_shows_an_old_model_and_says_to_retrain(old_model: Path, xtune_cli: CliRunner) -> None:
     out = xtune_cli("model", "info", str(old_model))
     assert out.returncode == 0, out.stderr
     assert "retrain" in out.stdout and NEIGHBOURS[0] in out.stdout and "x86-sse42" in out.stdout
@@ -326,15 +320,16 @@ def test_model_info_shows_an_old_model_and_says_to_retrain(old_model: Path) -> N
     assert info["manifest"]["features_version"] == FEATURES_VERSION - 1
 
 
-def test_model_info_of_a_good_model_says_usable(model_file: ModelFile) -> None:
+def test_model_info_of_a_good_model_says_usable(model_file: ModelFile, xtune_cli: CliRunner) -> None:
     info = json.loads(xtune_cli("model", "info", str(model_file[0]), "--json").stdout)
     assert info["usable"] is True and info["reason"] is None
     assert info["manifest"]["targets"] == list(TARGETS)
 
 
+@pytest.mark.host_runs("x86-avx2")  # the local board refuses a target it cannot run first
 @pytest.mark.parametrize("case", ["old", "garbage", "missing", "model_and_log", "damaged", "other_op"])
 def test_tune_refuses_a_bad_transfer_source_in_one_line(
-    case: str, old_model: Path, corpus: Corpus, tmp_path: Path
+    case: str, old_model: Path, corpus: Corpus, tmp_path: Path, xtune_cli: CliRunner
 ) -> None:
     bad = tmp_path / "bad.json"
     if case == "garbage":
@@ -367,7 +362,7 @@ def test_tune_refuses_a_bad_transfer_source_in_one_line(
 
 
 def test_a_log_is_not_a_model_nor_a_model_a_log(
-    corpus: Corpus, model_file: ModelFile, tmp_path: Path
+    corpus: Corpus, model_file: ModelFile, tmp_path: Path, xtune_cli: CliRunner
 ) -> None:
     assert_one_line_error(xtune_cli("model", "info", str(corpus.logs[0])), "not an xtune model file")
     assert_one_line_error(xtune_cli("model", "info", str(tmp_path / "nothere.json")), "no model file")
@@ -375,7 +370,8 @@ def test_a_log_is_not_a_model_nor_a_model_a_log(
         train_from_logs([model_file[0]])
 
 
-def test_transfer_needs_the_xgb_tuner(model_file: ModelFile, tmp_path: Path) -> None:
+@pytest.mark.host_runs("x86-avx2")
+def test_transfer_needs_the_xgb_tuner(model_file: ModelFile, tmp_path: Path, xtune_cli: CliRunner) -> None:
     out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "4", "--tuner", "ga",
                     "--log", str(tmp_path / "log.jsonl"), "--transfer-from", str(model_file[0]))  # fmt: skip
     assert_one_line_error(out, "xgb")
@@ -559,9 +555,10 @@ def test_after_the_first_batch_the_prior_whose_picks_measured_faster_is_the_base
 # ---- end to end on the local board ------------------------------------------------------------------------
 
 
-def test_tune_with_a_trained_model_on_the_local_board(model_file: ModelFile, tmp_path: Path) -> None:
-    if missing_host_features(get_target("x86-avx2")):
-        pytest.skip("this machine cannot run x86-avx2 code")
+@pytest.mark.host_runs("x86-avx2")
+def test_tune_with_a_trained_model_on_the_local_board(
+    model_file: ModelFile, tmp_path: Path, xtune_cli: CliRunner
+) -> None:
     log = tmp_path / "log.jsonl"
     out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "8", "--batch-size", "4",
                     "--repeat", "2", "--min-repeat-ms", "2", "--transfer-from", str(model_file[0]), "--json",
@@ -592,9 +589,8 @@ def test_the_shipped_model_is_usable_and_found_for_every_x86_target(workload: st
         assert np.isfinite(model.cost_model(op).predict(x)).all()
 
 
-def test_tune_with_the_builtin_model(tmp_path: Path) -> None:
-    if missing_host_features(get_target("x86-sse42")):
-        pytest.skip("this machine cannot run x86-sse42 code")
+@pytest.mark.host_runs("x86-sse42")
+def test_tune_with_the_builtin_model(tmp_path: Path, xtune_cli: CliRunner) -> None:
     out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-sse42", "--trials", "4", "--batch-size",
                     "4", "--repeat", "2", "--min-repeat-ms", "2", "--transfer-from", "builtin", "--json",
                     "--log", str(tmp_path / "log.jsonl"))  # fmt: skip

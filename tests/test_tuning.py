@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CliRunner
 from xtune.boards.board import LocalBoard, get_board
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, best, make_record, read_logs
@@ -23,17 +24,11 @@ WORKLOAD = "matmul:m=64,n=48,k=40"
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
 
 
-def xtune(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=600
-    )
-
-
 @pytest.fixture(scope="module")
-def tuned_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tuned_log(tmp_path_factory: pytest.TempPathFactory, xtune_cli: CliRunner) -> Path:
     path = tmp_path_factory.mktemp("tune") / "log.jsonl"
-    out = xtune("tune", "--workload", WORKLOAD, "--trials", "12", "--batch-size", "4", "--log", str(path),
-                "--repeat", "2", "--min-repeat-ms", "2", "--json")  # fmt: skip
+    out = xtune_cli("tune", "--workload", WORKLOAD, "--trials", "12", "--batch-size", "4", "--log", str(path),
+                    "--repeat", "2", "--min-repeat-ms", "2", "--json")  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     path.with_name("report.json").write_text(out.stdout)
@@ -76,16 +71,16 @@ def test_resume_learns_from_the_log_and_measures_only_new_configs(tuned_log: Pat
     assert len(indices) == 8 == len(set(indices) - {r.index for r in read_logs([tuned_log])})
 
 
-def test_best_and_report_commands(tuned_log: Path, tmp_path: Path) -> None:
-    out = xtune("best", "--log", str(tuned_log), "--workload", "matmul:k=40,m=64,n=48", "--json")
+def test_best_and_report_commands(tuned_log: Path, tmp_path: Path, xtune_cli: CliRunner) -> None:
+    out = xtune_cli("best", "--log", str(tuned_log), "--workload", "matmul:k=40,m=64,n=48", "--json")
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)["best"]
     assert row["trials"] == 12 and row["failed"] == 0 and row["best"]["gflops"] > 0
-    table = xtune("report", str(tuned_log))
+    table = xtune_cli("report", str(tuned_log))
     assert table.returncode == 0 and WORKLOAD in table.stdout and "GFLOP/s" in table.stdout
     pytest.importorskip("matplotlib")
     png = tmp_path / "curve.png"
-    assert xtune("report", str(tuned_log), "--plot", str(png)).returncode == 0
+    assert xtune_cli("report", str(tuned_log), "--plot", str(png)).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -111,8 +106,8 @@ def test_ctrl_c_stops_cleanly_with_the_log_intact(tmp_path: Path) -> None:
     assert 8 <= len(records) < 400
 
 
-def test_boards_of_different_targets_cannot_share_a_run() -> None:
-    out = xtune(
+def test_boards_of_different_targets_cannot_share_a_run(xtune_cli: CliRunner) -> None:
+    out = xtune_cli(
         "tune", "--workload", WORKLOAD, "--board", "local", "--board", "qemu-aarch64", "--trials", "1"
     )
     assert out.returncode == 2 and "same target" in out.stderr

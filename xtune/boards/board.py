@@ -28,7 +28,7 @@ class Board(Protocol):
 
     name: str
     target: Target
-    wall_time_is_meaningful: bool  # False under emulation: qemu wall time inverts rankings (MEASURED.md §3)
+    wall_time_is_meaningful: bool  # False under emulation: qemu wall time inverts rankings (docs/notes.md §3)
     cost_unit: str  # "s": Measurer times the kernel; "insn": open() gives an InsnCountingSession
 
     def open(self) -> AgentSession: ...
@@ -150,7 +150,7 @@ class QemuBoard:
     """The agent under qemu-user: results are correct, but wall time is no performance signal.
 
     With `count_insns` (the default) the cost is the number of instructions one kernel call executes,
-    counted by a TCG plugin: deterministic, unlike emulated wall time (MEASURED.md §3, §7)."""
+    counted by a TCG plugin: deterministic, unlike emulated wall time (docs/notes.md §3, §7)."""
 
     wall_time_is_meaningful = False
 

@@ -175,7 +175,7 @@ def connect(config: SshBoardConfig, timeout: float = CONNECT_TIMEOUT, accept_new
         )  # fmt: skip
         sock = client.get_transport().sock if client.get_transport() else None  # type: ignore[union-attr]
         if isinstance(sock, socket.socket):
-            # Without it every exec-channel open waits out Nagle + delayed ACK: 44 ms vs 5 ms measured.
+            # Without it every exec-channel open waits out Nagle + delayed ACK (docs/benchmarks.md, History).
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return client
     except _UnknownHostKey as err:
@@ -271,7 +271,7 @@ class SshTransport:
 
     def kill(self) -> None:
         # Closing the channel does not stop a busy remote process, and sshd ignores the RFC 4254 §6.9
-        # "signal" request in many setups (MEASURED.md §5): kill by pid over a second channel.
+        # "signal" request in many setups (docs/notes.md §5): kill by pid over a second channel.
         if self.pid is not None and not self._chan.exit_status_ready():
             self._kill_pid(self.pid)
         self._chan.close()
@@ -314,7 +314,7 @@ class SshBoard:
             raise last
 
     def agent_command(self) -> str:
-        # `exec` replaces the login shell, so the hello pid is the agent's (or qemu's) own (MEASURED.md §4).
+        # `exec` replaces the login shell, so the hello pid is the agent's (or qemu's) own (docs/notes.md §4).
         return f"exec {self.config.wrapper} {shlex.quote(self.config.agent_path)}".replace("exec  ", "exec ")
 
     def open(self) -> AgentSession:

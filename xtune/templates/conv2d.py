@@ -124,10 +124,11 @@ class Conv2dTemplate:
             waste = (sh.ow / (-(-sh.ow // p) * p)) * (sh.k / (-(-sh.k // nr) * nr))
             return p * nv / (p + nv) * waste + 1e-3 * p * nv
 
-        # A spare register: a tile that fills the file exactly spills (measured: 4x3 vs 6x2 on AVX2).
+        # A spare register: a tile that fills the register file exactly spills (docs/benchmarks.md, History).
         roomy = [str(o) for o in knobs["tile"] if _fits(str(o), t.vector_registers - 1)]
         tile = max(roomy or [str(o) for o in knobs["tile"]], key=score)
-        # unroll_kw: a 7-wide window unrolled doubles code and compile time for no measured gain.
+        # unroll_kw: a 7-wide window unrolled doubles code and compile time for no gain
+        # (docs/benchmarks.md, History).
         values: dict[str, KnobValue] = {
             "tile": tile, "tile_ic": max(ints["tile_ic"]), "tile_oc": max(ints["tile_oc"]),
             "tile_oh": min(ints["tile_oh"]), "tile_ow": max(ints["tile_ow"]), "order": "pk",

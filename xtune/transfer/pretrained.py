@@ -56,15 +56,15 @@ class TrainOptions:
     # Boost from the operator's analytic estimate (features.py): the trees learn where the estimate is wrong,
     # and where the logs say nothing (shapes and configs far from theirs) the estimate still ranks.
     on_estimate: bool = True
-    # 200 trees of depth 6 rank held-out shapes as well as 300 of depth 8 did (leave-one-shape-out on the
-    # corpus, rank correlation 0.59 against 0.58) in 40 % of the file size.
+    # The smallest forest that ranked held-out shapes as well as larger ones (docs/benchmarks.md, History):
+    # model files ship inside the package.
     n_trees: int = 200
     max_depth: int = 6
     learning_rate: float = 0.1
     seed: int = 0
     # 1 by default: xgboost's OpenMP threads spin at every barrier, so with another process busy on a core
-    # (a board timing kernels on this host) 2 threads trained a small log 100-300x slower than 1 did, and
-    # stole that core from the timing. 0 = every core, for an otherwise idle machine.
+    # (a board timing kernels on this host) more threads train far slower than one and steal that core
+    # from the timing (docs/benchmarks.md, History). 0 = every core, for an otherwise idle machine.
     nthread: int = 1
 
 

@@ -36,7 +36,7 @@ MATMUL_FEATURES = (
 )  # fmt: skip
 
 # Machine constants the estimate assumes for every target (none is in the descriptors; fitted by eye to
-# 512³ and three other shapes on Zen 3, see docs/design.md): FMA latency in cycles, vector loads and
+# a few matmul shapes on one machine, docs/benchmarks.md, History): FMA latency in cycles, vector loads and
 # broadcasts per cycle, cache line bytes, cache associativity, and the bytes per cycle that L2 and what
 # lies beyond it stream to one core.
 FMA_LATENCY, LOADS_PER_CYCLE, BROADCASTS_PER_CYCLE = 4.0, 2.0, 1.0

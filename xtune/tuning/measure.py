@@ -296,7 +296,7 @@ class Measurer:
             return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
         if self.board.cost_unit == "insn":
             # QEMU boards: the check run was exactly one call and the insncount plugin counted its
-            # instructions: a deterministic cost. Emulated wall time is no signal (MEASURED.md §3),
+            # instructions: a deterministic cost. Emulated wall time is no signal (docs/notes.md §3),
             # so no timed run follows.
             count = session.last_insn_count if isinstance(session, InsnCountingSession) else None
             if count is None:

@@ -237,9 +237,9 @@ class ModelTuner(Tuner):
         """With a hedge: the local model's base is the prior whose first-batch picks measured fastest.
 
         The best pick, not how well each orders all that was measured: the search exploits the top of the
-        base's order, and a rank correlation weighs the bottom as much. Choosing by Spearman's rho left a
-        model of SSE4.2 logs in charge of AVX2 runs (0.42 against the estimate's 0.37 in one 384^3 run):
-        a median of 42.5 trials to 90 % of the best-known, against 23 this way (docs/benchmarks.md)."""
+        base's order, and a rank correlation weighs the bottom as much: choosing by Spearman's rho left a
+        model of SSE4.2 logs in charge of AVX2 runs, which then needed more trials (docs/benchmarks.md,
+        History)."""
         if self.hedge is None or self.pretrained is None or not isinstance(self.model, XGBoostCostModel):
             return
         best = [min((self.costs[i] for i in picks if i in self.costs), default=math.inf)
@@ -258,8 +258,8 @@ class ModelTuner(Tuner):
             assert self.pretrained is not None
             scorers = [self.pretrained] + ([self.hedge] if self.hedge is not None else [])
             tops = [self._annealed_top(scorer, n - n_explore) for scorer in scorers]
-            # The hedge leads the pairs: on a Zen 5, an SSE4.2 model's first AVX2 pick was at 85 % of the
-            # best where the estimate's was at 98 % (docs/benchmarks.md, issue 7).
+            # The hedge leads the pairs: a model from other hardware can pick far worse first than the
+            # analytic estimate does (docs/benchmarks.md, History).
             pairs = itertools.zip_longest(*reversed(tops))
             alternating = (i for row in pairs for i in row if i is not None)
             picks = list(dict.fromkeys(alternating))[: n - n_explore]

@@ -1,11 +1,11 @@
 """How many trials transfer learning saves (issue 7), measured on this machine's local board.
 
-Usage: python scripts/transfer_eval.py [--seeds 3] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
-       python scripts/transfer_eval.py --leave-one-out [--seeds 2] [--cap 32]
-       python scripts/transfer_eval.py --op conv2d [--cap 64] [--long 256]
-       python scripts/transfer_eval.py --load docs/transfer_eval.json [--bars 0.9,0.95,0.97]
+Usage: python benchmarks/transfer_eval.py [--seeds 3] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
+       python benchmarks/transfer_eval.py --leave-one-out [--seeds 2] [--cap 32]
+       python benchmarks/transfer_eval.py --op conv2d [--cap 64] [--long 256]
+       python benchmarks/transfer_eval.py --load docs/transfer_eval.json [--bars 0.9,0.95,0.97]
 
-Held-out workloads are matmul shapes that are not in the corpus (scripts/make_transfer_corpus.py). For
+Held-out workloads are matmul shapes that are not in the corpus (benchmarks/make_transfer_corpus.py). For
 each one on x86-avx2:
   1. a long cold xgb run (`--long` trials) gives the best-known GFLOP/s;
   2. for each seed, five runs of `--cap` trials, none seeded with the template's default config:
@@ -75,7 +75,7 @@ from xtune.workload import Workload, parse_workload
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "xtune" / "data" / "corpus"
 # The first four were picked by hand (sessions 3-5); the other four are the next draws of the rule that
-# drew the corpus's random shapes (scripts/make_transfer_corpus.py), so that the set is not a choice.
+# drew the corpus's random shapes (benchmarks/make_transfer_corpus.py), so that the set is not a choice.
 # The medians over held-out shapes are the issue's figures; with four shapes one lucky shape moved them.
 HELD_OUT = {
     "matmul": tuple("matmul:m={},n={},k={}".format(*shape) for shape in (
@@ -115,7 +115,7 @@ def corpus_records(target: str, cpu: str, op: str, other_machines: bool = False)
     if not records:
         whose = "other machines than this one" if other_machines else "this machine"
         sys.exit(f"the corpus has no {op} {target} records of {whose} ({cpu}): run "
-                 "scripts/make_transfer_corpus.py first")  # fmt: skip
+                 "benchmarks/make_transfer_corpus.py first")  # fmt: skip
     return records
 
 

@@ -1,6 +1,6 @@
 """What the end-of-run confirmation (`xtune tune --confirm`, TuneOptions.confirm) changes, on the local board.
 
-Usage: python scripts/bench_confirm.py [--trials 128] [--rounds 15]
+Usage: python benchmarks/bench_confirm.py [--trials 128] [--rounds 15]
 
 For each workload, one `xtune tune`-like xgb run of `--trials` trials with the default confirmation (the 3
 fastest configs timed until each has 3 timings). From its log:

@@ -1,7 +1,7 @@
 """Convolution benchmarks on the local board: tuned conv2d/depthwise vs numpy's im2col + GEMM and vs ONNX
 Runtime (one thread each, same run; ORT needs the `bench` extra).
 
-Usage: python scripts/bench_conv.py [--trials 256] [--workload W ...]; prints a markdown table.
+Usage: python benchmarks/bench_conv.py [--trials 256] [--workload W ...]; prints a markdown table.
 Depthwise is reported as GFLOP/s and share of the target's nominal fp32 peak (little reuse, no GEMM).
 """
 

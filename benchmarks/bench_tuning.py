@@ -1,6 +1,6 @@
 """Tuning benchmarks on the local board: tuned matmul vs numpy, xgb vs random search, tuning throughput.
 
-Usage: python scripts/bench_tuning.py [--section all|vs-numpy|search|throughput] [--seeds 3] [--trials 96]
+Usage: python benchmarks/bench_tuning.py [--section all|vs-numpy|search|throughput] [--seeds 3] [--trials 96]
 Ratios are against numpy/OpenBLAS and ONNX Runtime (the `bench` extra), each on one thread, measured in the
 same run. Prints markdown.
 """
