@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from xtune.errors import BoardError
+from xtune.target import host_cpu
 
 ARCHES = ("x86_64", "aarch64", "riscv64")
 CFLAGS = ("-std=c11", "-O2", "-static", "-s")
@@ -35,16 +35,11 @@ def agent_version() -> str:
     return hashlib.sha256(agent_source()).hexdigest()[:12]
 
 
-def _host_arch() -> str:
-    machine = platform.machine()
-    return {"AMD64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
-
-
 def compiler_command(arch: str) -> list[str]:
     """The compiler invocation (without flags and files) that builds a static agent for `arch`."""
     if arch not in ARCHES:
         raise BoardError(f"no agent build for architecture '{arch}' (known: {', '.join(ARCHES)})")
-    if arch == _host_arch():
+    if arch == host_cpu().arch:
         for cc in ("gcc", "cc"):
             if path := shutil.which(cc):
                 return [path]

@@ -17,7 +17,7 @@ from xtune.boards import ssh
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
-from xtune.target import Target, get_target, host_cpu_identity, host_target, missing_host_features
+from xtune.target import Target, get_target, host_cannot_run, host_cpu_identity, host_target
 
 LOCAL_HELLO_TIMEOUT = 10.0  # seconds; also the margin added to every request's own timeout
 QEMU_HELLO_TIMEOUT = 30.0  # qemu-user start-up is ~10 ms, but a loaded CI machine can be slow
@@ -226,32 +226,6 @@ def get_board(name: str, boards_file: Path | None = None, target: str | None = N
         raise InputError(f"board '{name}' runs {board.target.name} code; --target {target} is only for the "
                          f"local board")  # fmt: skip
     return board
-
-
-# ---- which targets the host can run --------------------------------------------------------------------
-
-_HOST_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
-              "riscv64": "riscv64"}  # fmt: skip
-
-
-def host_cannot_run(target: Target) -> str | None:
-    """Why this host cannot execute `target`'s code natively, or None if it can.
-
-    Every feature the target enables (+avx2, +sse4.2, ...) must be in the host's cpuinfo flags; the host's
-    own target always qualifies. A feature whose flag we cannot check makes the answer "no": running code
-    for an ISA the CPU lacks dies with SIGILL mid-tuning, which is worse than refusing up front."""
-    machine = platform.machine()
-    if _HOST_ARCH.get(machine) != target.arch:
-        return f"this host is {machine}, target {target.name} is {target.arch}"
-    try:
-        if host_target() == target:
-            return None
-    except InputError:
-        pass
-    missing = missing_host_features(target)
-    if missing:
-        return f"this host's CPU lacks {', '.join(missing)}, which target {target.name} needs"
-    return None
 
 
 def local_target(name: str | None = None) -> Target:
