@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shutil
@@ -13,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
-from xtune.boards import ssh
+from xtune.boards import agent_build, ssh
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
@@ -90,29 +89,24 @@ def _qemu_version(binary: str) -> str:
 INSN_MIN_VADDR = 0x1000000000
 
 
-def build_insn_plugin() -> Path:
-    """The TCG plugin counting kernel instructions (board_agent/insncount.c), built once with host gcc."""
-    source = (resources.files("xtune") / "agent_src" / "insncount.c").read_bytes()
+def insn_plugin_command() -> list[str]:
+    """The host compiler and flags the instruction-count plugin is built with (a shared object for qemu)."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise BoardError("the QEMU instruction-count plugin needs a host C compiler: apt-get install gcc")
-    key = hashlib.sha256(source + cc.encode()).hexdigest()[:12]
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    out = Path(base) / "xtune" / "agents" / f"insncount-{key}" / "libxtune-insncount.so"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="xtune-plugin-") as tmp:
-        src, partial = Path(tmp) / "insncount.c", Path(tmp) / "plugin.so"
-        src.write_bytes(source)
-        cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(partial), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        if proc.returncode != 0:
-            tail = proc.stderr.strip()[-2000:]
-            raise BoardError(f"building the QEMU instruction-count plugin failed: {tail}")
-        shutil.copyfile(partial, f"{out}.{os.getpid()}")
-        os.replace(f"{out}.{os.getpid()}", out)  # atomic: concurrent builders never load a half file
-    return out
+    return [cc, "-shared", "-fPIC", "-O2"]
+
+
+def build_insn_plugin() -> Path:
+    """The TCG plugin counting kernel instructions (board_agent/insncount.c), built once with host gcc."""
+    source = (resources.files("xtune") / "agent_src" / "insncount.c").read_bytes()
+    return agent_build.compile_cached(
+        source,
+        insn_plugin_command(),
+        name="insncount",
+        output="libxtune-insncount.so",
+        what="the QEMU instruction-count plugin",
+    )
 
 
 class InsnCountingSession(AgentSession):
