@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import TypeVar
 
 import numpy as np
@@ -75,6 +76,25 @@ def effective_blocks(
     mc, nc, kc = blocks
     m, n = int(workload["m"]), int(workload["n"])
     return whole_tiles(mc, m, mr), whole_tiles(nc, n, nv * lanes), np.asarray(kc)
+
+
+# The block loops that fix each packed panel: B's strips by (n, k), A's panels by (m, k).
+PANEL_AXES = {"B": "nk", "A": "mk"}
+
+
+@cache
+def packed_at(order: str, operand: str) -> str:
+    """The block loop whose body packs `operand`'s panel: the inner of the two that fix it, as soon as both
+    are open (BLIS: B per (jc, pc), A per (ic, pc))."""
+    a, b = PANEL_AXES[operand]
+    return a if order.index(a) > order.index(b) else b
+
+
+@cache
+def repacked_per_block(order: str, operand: str) -> bool:
+    """Whether `operand`'s panel is packed again for every block of the third loop (outside the packer)."""
+    (third,) = set("mnk") - set(PANEL_AXES[operand])
+    return order.index(third) < order.index(packed_at(order, operand))
 
 
 def register_tiles(target: Target) -> tuple[str, ...]:
@@ -260,9 +280,9 @@ class _MatmulEmitter:
             if axis == "k" and not last:
                 inner["not_last_k"] = (offset, 0)  # ReLU waits for the last k block
             # Pack a panel as soon as the loops that fix it are open (BLIS: B per (jc,pc), A per (ic,pc)).
-            if self.s.pack_b and axis in "nk" and ("k" if axis == "n" else "n") in ctx:
+            if self.s.pack_b and axis == packed_at(self.s.order, "B"):
                 self.pack_b(inner)
-            if self.s.pack_a and axis in "mk" and ("k" if axis == "m" else "m") in ctx:
+            if self.s.pack_a and axis == packed_at(self.s.order, "A"):
                 self.pack_a(inner)
             self.blocks(rest, inner)
 

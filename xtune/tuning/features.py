@@ -105,8 +105,8 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     pack_a, pack_b, unroll = ints("pack_a"), ints("pack_b"), ints("unroll_k")
     regs, l1, l2 = float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
     # How often a panel is packed again: once per block of every loop outside the pair that fixes it.
-    m_out = np.array([o.index("m") < max(o.index("n"), o.index("k")) for o in order], dtype=np.float64)
-    n_out = np.array([o.index("n") < max(o.index("m"), o.index("k")) for o in order], dtype=np.float64)
+    m_out = np.array([matmul.repacked_per_block(o, "B") for o in order], dtype=np.float64)
+    n_out = np.array([matmul.repacked_per_block(o, "A") for o in order], dtype=np.float64)
     cols = [
         np.full_like(mr, np.log2(m)), np.full_like(mr, np.log2(n)), np.full_like(mr, np.log2(k)),
         np.full_like(mr, np.log2(lanes)),
