@@ -79,7 +79,7 @@ def effective_blocks(
 
 
 # The block loops that fix each packed panel: B's strips by (n, k), A's panels by (m, k).
-PANEL_AXES = {"B": "nk", "A": "mk"}
+PANEL_AXES = {"B": ("n", "k"), "A": ("m", "k")}
 
 
 @cache
