@@ -145,3 +145,13 @@ def test_features_use_the_space_arithmetic(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(ConfigSpace, "digits", broken)
     with pytest.raises(_SecondImplementation):
         featurize(template, [0, 1])
+
+
+def test_spaces_beyond_int64_keep_exact_indices() -> None:
+    """The shared arithmetic uses Python ints where int64 would overflow (as the scalar code always did)."""
+    huge = ConfigSpace(tuple(Knob(f"k{i}", KnobKind.TILE, tuple(range(1000))) for i in range(8)))
+    assert huge.size > 2**63
+    last = huge.size - 1
+    assert huge.choices(last) == (999,) * 8
+    assert huge.index_of(huge.config(last).as_dict()) == last
+    assert huge.neighbour(last, 7, 0) == last - 999 * 1000**7
