@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -11,7 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from xtune.errors import InputError, XtuneError
 from xtune.tuning.tuner import TUNERS
@@ -363,7 +364,22 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _defaults(options: type) -> dict[str, Any]:
+    """The field defaults of an options dataclass (TuneOptions, MeasureOptions, TrainOptions): the one home
+    of every default the CLI offers, so a flag left out means what the library means."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(options):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
 def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from xtune.transfer.pretrained import TrainOptions
+
+    train = _defaults(TrainOptions)
     p = sub.add_parser("model", help="pretrained cost models for transfer learning (train, info)")
     model_sub = p.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
     t = model_sub.add_parser("train", help="train a cost model on tuning logs of any workloads and targets")
@@ -372,16 +388,16 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     t.add_argument(
         "--objective",
         choices=("reg", "rank"),
-        default="reg",
-        help="reg: squared error on normalized throughput (default); rank: pairwise ranking",
+        default=train["objective"],
+        help="reg: squared error on normalized throughput; rank: pairwise ranking (default %(default)s)",
     )
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=train["seed"])
     t.add_argument(
         "--threads",
         type=int,
-        default=1,
+        default=train["nthread"],
         metavar="N",
-        help="xgboost threads (default 1; 0 = every core, best on an otherwise idle machine)",
+        help="xgboost threads (default %(default)s; 0 = every core, best on an otherwise idle machine)",
     )
     t.add_argument("--json", action="store_true", help="one JSON object on stdout")
     t.set_defaults(handler=cmd_model_train)
@@ -392,6 +408,10 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from xtune.tuning.measure import MeasureOptions
+    from xtune.tuning.run import CONFIRM_TIMINGS, TuneOptions
+
+    tune, measure = _defaults(TuneOptions), _defaults(MeasureOptions)
     parser = _Parser(prog="xtune", description="Auto-tune tensor kernels for embedded targets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -421,20 +441,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--boards", metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")
     p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
-    p.add_argument("--trials", type=int, default=64)
-    p.add_argument("--tuner", choices=TUNERS, default="xgb")
+    p.add_argument("--trials", type=int, default=tune["trials"])
+    p.add_argument("--tuner", choices=TUNERS, default=tune["tuner"])
     p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
     p.add_argument(
-        "--early-stopping", type=int, default=None, metavar="N", help="stop after N trials without gain"
+        "--early-stopping",
+        type=int,
+        default=tune["early_stopping"],
+        metavar="N",
+        help="stop after N trials without gain",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
-    p.add_argument("--min-repeat-ms", type=float, default=10.0)
-    p.add_argument("--timeout-ms", type=int, default=10_000, help="deadline per kernel call/repeat")
-    p.add_argument("--confirm", type=int, default=3, metavar="K",
-                   help="at the end, time the K fastest configs again until each has 3 timings; the best is "
-                   "the lowest median, not the luckiest single timing (default 3; 0 = off)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=tune["seed"])
+    p.add_argument("--batch-size", type=int, default=tune["batch_size"])
+    p.add_argument("--repeat", type=int, default=measure["repeat"], help="timed repeats per candidate")
+    p.add_argument("--min-repeat-ms", type=float, default=measure["min_repeat_ms"])
+    p.add_argument("--timeout-ms", type=int, default=measure["timeout_ms"],
+                   help="deadline per kernel call/repeat")  # fmt: skip
+    p.add_argument("--confirm", type=int, default=tune["confirm"], metavar="K",
+                   help=f"at the end, time the K fastest configs again until each has {CONFIRM_TIMINGS} "
+                   "timings; the best is the lowest median, not the luckiest single timing "
+                   "(default %(default)s; 0 = off)")  # fmt: skip
     p.add_argument(
         "--transfer-from",
         action="extend",
