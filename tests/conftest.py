@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from xtune.boards.board import get_board, host_cannot_run
-from xtune.target import get_target
+from xtune.boards.board import get_board
+from xtune.target import get_target, host_cannot_run
 from xtune.tuning.measure import CompilePool
 
 CliRunner = Callable[..., subprocess.CompletedProcess[str]]

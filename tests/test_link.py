@@ -20,7 +20,7 @@ from elftools.elf.sections import SymbolTableSection
 from xtune.codegen.compile import ObjectCode, compile_object, parse_verified
 from xtune.codegen.link import FlatImage, check_object, inspect_object, link_flat
 from xtune.errors import LinkError
-from xtune.target import Target, host_cannot_run, load_targets
+from xtune.target import Target, load_targets
 
 BASE = 0x10000
 TARGETS = ("x86-avx2", "arm-a72-neon", "riscv64-gc", "riscv64-gcv")
