@@ -26,7 +26,7 @@ HOST_SHAPES = (
     "matmul:m=9,n=19,k=300,bias=1,relu6=1",
     "matmul:m=7,n=10,k=300,residual=1,relu6=1",
 )
-BOARD_SHAPES = (HOST_SHAPES[0], HOST_SHAPES[2], HOST_SHAPES[3], HOST_SHAPES[7], HOST_SHAPES[9], HOST_SHAPES[10])
+BOARD_SHAPES = tuple(HOST_SHAPES[i] for i in (0, 2, 3, 7, 9, 10))
 
 
 def test_new_keys_keep_old_workload_strings_and_take_a_residual_tensor() -> None:
