@@ -9,6 +9,7 @@ variants of the same structure (MobileNetV2 0.35 at 96x96, a ResNet of one block
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -152,3 +153,22 @@ def mobilenet_v2(
         b.bn(f"features.{index}.1", b.conv(f"features.{index}.0", x, cin, last, 1), last),
     )
     return b.model("mobilenet_v2", resolution, b.head(x, last, classes), classes)
+
+
+def resnet_small(seed: int = 0) -> onnx.ModelProto:
+    """ResNet-18's structure at a test's size: one block per stage, width 16, 64x64, 10 classes."""
+    return resnet((1, 1, 1, 1), 16, 64, 10, seed)
+
+
+def mobilenet_v2_small(seed: int = 0) -> onnx.ModelProto:
+    """MobileNetV2 0.35 at 96x96, 10 classes: every block kind of the full network, a test's size."""
+    return mobilenet_v2(0.35, 96, 10, seed)
+
+
+# The networks `scripts/make_networks.py` writes, by file stem.
+NETWORKS: dict[str, Callable[[], onnx.ModelProto]] = {
+    "resnet18": resnet18,
+    "mobilenet_v2": mobilenet_v2,
+    "resnet_small": resnet_small,
+    "mobilenet_v2_small": mobilenet_v2_small,
+}
