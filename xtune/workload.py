@@ -99,8 +99,7 @@ EPILOGUE = {"bias": 0, "residual": 0, "relu": 0, "relu6": 0}
 
 
 class Matmul:
-    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (+ residual[m,n]) (then ReLU/ReLU6), float32, row-major; the
-    kernel overwrites C."""
+    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (+ residual[m,n]) (then ReLU/ReLU6), float32; overwrites C."""
 
     name: ClassVar[str] = "matmul"
     keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", *EPILOGUE)
