@@ -109,12 +109,13 @@ def test_conv_bias_batchnorm_residual_relu_fuse_into_one_call() -> None:
     assert ts.other_nodes == ()
 
 
-def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias() -> None:
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias(opset: int) -> None:
     inits = {"w": f32(6, 3, 1, 1), "c": f32(1, 6, 1, 1), "lo": np.array(0, np.float32),
              "hi": np.array(6, np.float32)}  # fmt: skip
     nodes = [conv("conv", "x", "w", "o"), helper.make_node("Add", ["o", "c"], ["a"], name="bias"),
              helper.make_node("Clip", ["a", "lo", "hi"], ["y"], name="relu6")]  # fmt: skip
-    model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits)
+    model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset)
     _, op = only_op(model)
     assert op.workload.key == "conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,bias=1,relu6=1"
 
@@ -186,6 +187,19 @@ def test_conv_same_upper_and_constant_nodes() -> None:
     nodes = [w, conv("conv", "x", "w", "y", auto_pad="SAME_UPPER")]
     _, op = only_op(make(nodes, {"x": [1, 2, 6, 5]}, ["y"]))
     assert op.workload.key == "conv2d:n=1,c=2,h=6,w=5,k=4,r=3,s=3,stride=1,pad=1"
+
+
+def test_initializers_declared_as_inputs_and_shape_tensors() -> None:
+    """An export that lists its weights among the graph inputs (keep_initializers_as_inputs) and reads a
+    constant shape tensor (Reshape): the weights are constants, not inputs to feed."""
+    inits = {"w": f32(10, 96), "shape": np.array([1, 96], dtype=np.int64)}
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+             helper.make_node("Gemm", ["r", "w"], ["y"], name="fc", transB=1)]  # fmt: skip
+    model = make(nodes, {"x": [1, 6, 4, 4], "w": [10, 96]}, ["y"], inits)
+    graph = load_graph(model)
+    assert graph.inputs == ("x",) and graph.shape("r") == (1, 96)
+    ts, op = only_op(model)
+    assert op.workload.key == "matmul:m=1,n=10,k=96" and [o.op for o in ts.other_nodes] == ["Reshape"]
 
 
 # --- refusals: one line naming the node and its op -----------------------------------------------------
