@@ -118,6 +118,9 @@ def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias(opset: int) -> None:
     model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset)
     _, op = only_op(model)
     assert op.workload.key == "conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,bias=1,relu6=1"
+    nodes[-1] = helper.make_node("Clip", ["a", "lo"], ["y"], name="relu")  # no max: Clip(0, inf) is ReLU
+    _, op = only_op(make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset))
+    assert op.workload.key.endswith("bias=1,relu=1") and op.fused == ("bias", "relu")
 
 
 def test_what_does_not_fuse_stays_a_node_of_its_own() -> None:
@@ -233,6 +236,25 @@ def test_refusals_name_the_node_and_op() -> None:
     assert "node 'fl' (Floor) is not supported" in refusal(floor)
     old = make([helper.make_node("Relu", ["x"], ["y"], name="r")], {"x": [1, 4]}, ["y"], opset=10)
     assert "opset 10 is not supported" in refusal(old)
+
+
+def test_refusals_of_matmul_and_weights() -> None:
+    half = make(
+        [conv("h", "x", "w", "y")], {"x": [1, 4, 8, 8]}, ["y"], {"w": f32(4, 4, 3, 3).astype(np.float16)}
+    )
+    assert "node 'h' (Conv): weight 'w' is float16, xtune runs float32 only" in refusal(half)
+    dil = make(
+        [conv("d", "x", "w", "y", dilations=[1, 2])], {"x": [1, 4, 8, 8]}, ["y"], {"w": f32(4, 4, 3, 3)}
+    )
+    assert "node 'd' (Conv): dilations (1, 2) differ per axis" in refusal(dil)
+    gemm = helper.make_node("Gemm", ["x", "w"], ["y"], name="g", transA=1)
+    assert "node 'g' (Gemm): transA=1" in refusal(make([gemm], {"x": [4, 3]}, ["y"], {"w": f32(4, 5)}))
+    gemm = helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="g")
+    full_c = make([gemm], {"x": [3, 4]}, ["y"], {"w": f32(4, 5), "c": f32(3, 5)})
+    assert "node 'g' (Gemm): C 'c' is not a constant per-column bias" in refusal(full_c)
+    bmm = helper.make_node("MatMul", ["a", "b"], ["y"], name="bmm")
+    batched = make([bmm], {"a": [2, 3, 4], "b": [2, 4, 5]}, ["y"])
+    assert "node 'bmm' (MatMul): MatMul of shapes (2, 3, 4) @ (2, 4, 5) is not supported" in refusal(batched)
 
 
 def test_unreadable_files_are_input_errors(tmp_path: Path) -> None:
