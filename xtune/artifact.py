@@ -17,11 +17,12 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
+from xtune.files import check_output, write_atomic
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.tuning.database import Record, best, read_logs
+from xtune.tuning.database import Record, best, config_of, read_logs
 from xtune.workload import TensorSpec, Workload, parse_workload
 
 PathLike = str | os.PathLike[str]
@@ -75,13 +76,28 @@ class Artifact:
     def write(
         self, object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None
     ) -> None:
-        Path(object_path).write_bytes(self.object)
-        Path(header_path).write_text(self.header)
+        """Write the files, each atomically, after checking every path (`check_outputs`) first."""
+        check_outputs(object_path, header_path, archive_path)
+        write_atomic(object_path, self.object, "object")
+        write_atomic(header_path, self.header, "header")
         if archive_path is not None:
             name = Path(object_path).name
             # The SysV/GNU member name ends with '/' in a 16-byte field: longer names would need a
             # "//" long-name table, which one fixed member never needs.
-            Path(archive_path).write_bytes(self.archive(name if len(name) <= 15 else "kernels.o"))
+            write_atomic(archive_path, self.archive(name if len(name) <= 15 else "kernels.o"), "archive")
+
+
+def check_outputs(object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None) -> None:
+    """InputError unless each output can be written and no two name the same file (call it before a build)."""
+    paths = {"object": object_path, "header": header_path, "archive": archive_path}
+    real: dict[Path, str] = {}
+    for what, path in paths.items():
+        if path is None:
+            continue
+        resolved = check_output(path, what)
+        if resolved in real:
+            raise InputError(f"the {real[resolved]} and the {what} are the same file {path}")
+        real[resolved] = what
 
 
 @dataclass(frozen=True)
@@ -151,9 +167,6 @@ def _read(logs: Sequence[PathLike]) -> tuple[list[Record] | None, list[str]]:
     """The records of every log (None if no log was given) and the reader's warnings, as text."""
     if not logs:
         return None, []
-    missing = [str(p) for p in logs if not Path(p).is_file()]
-    if missing:  # read_logs counts a missing file as empty; for a build that is almost always a typo
-        raise InputError(f"no such log: {', '.join(missing)}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         records = read_logs(logs)
@@ -177,7 +190,7 @@ def _choose(
     stale = 0
     for unit in units:
         for record in best(mine, wl.key, target.name, k=len(mine), cost_unit=unit):
-            config = _config_of(template, record)
+            config = config_of(template, record)
             if config is None:
                 stale += 1
                 continue
@@ -188,14 +201,6 @@ def _choose(
     failures = Counter(r.result.status.value for r in mine)
     shown = ", ".join(f"{n} {status}" for status, n in sorted(failures.items()))
     return _Choice(default, "default", f"only failed records on {target.name} ({shown})", None)
-
-
-def _config_of(template: ScheduleTemplate, record: Record) -> Config | None:
-    """The record's config, if its index still means the same knobs (a changed template renumbers)."""
-    if not 0 <= record.index < template.space.size:
-        return None
-    config = template.space.config(record.index)
-    return config if config.values == record.knobs else None
 
 
 # ---- the header ---------------------------------------------------------------------------------------

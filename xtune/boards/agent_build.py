@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from xtune.errors import BoardError
+from xtune.files import replace_atomic
 
 ARCHES = ("x86_64", "aarch64", "riscv64")
 CFLAGS = ("-std=c11", "-O2", "-static", "-s")
@@ -82,7 +83,7 @@ def build_agent(arch: str) -> Path:
         try:
             _compile([*cc, *CFLAGS, "-o", partial, str(src)], arch)
             os.chmod(partial, 0o755)
-            os.replace(partial, out)
+            replace_atomic(partial, out, "agent")
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)

@@ -17,6 +17,7 @@ from xtune.boards import ssh
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
+from xtune.files import write_atomic
 from xtune.target import Target, get_target, host_cpu_identity, host_target, missing_host_features
 
 LOCAL_HELLO_TIMEOUT = 10.0  # seconds; also the margin added to every request's own timeout
@@ -110,8 +111,7 @@ def build_insn_plugin() -> Path:
         if proc.returncode != 0:
             tail = proc.stderr.strip()[-2000:]
             raise BoardError(f"building the QEMU instruction-count plugin failed: {tail}")
-        shutil.copyfile(partial, f"{out}.{os.getpid()}")
-        os.replace(f"{out}.{os.getpid()}", out)  # atomic: concurrent builders never load a half file
+        write_atomic(out, partial.read_bytes(), "plugin")  # concurrent builders never load a half file
     return out
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from xtune.errors import InputError
+from xtune.files import write_atomic
 from xtune.tuning.costmodel import CostModel, XGBoostCostModel
 from xtune.tuning.features import FEATURES_VERSION, EstimatePrior, feature_names
 
@@ -154,14 +155,7 @@ class PretrainedModel:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically: a concurrent reader sees the old file or the new one, never half of one."""
-        path = Path(path)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            partial.write_text(self.to_json() + "\n", encoding="utf-8")
-            os.replace(partial, path)
-        except OSError as e:
-            partial.unlink(missing_ok=True)
-            raise InputError(f"cannot write the model file {path}: {e.strerror or e}") from None
+        write_atomic(path, self.to_json() + "\n", "model file")
 
 
 # ---- reading ----------------------------------------------------------------------------------------

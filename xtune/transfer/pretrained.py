@@ -29,7 +29,7 @@ from xtune.transfer.modelfile import (
     read_model,
 )
 from xtune.tuning.costmodel import XGBoostCostModel
-from xtune.tuning.database import Record, cpu_of, read_logs
+from xtune.tuning.database import Record, config_of, cpu_of, read_logs
 from xtune.tuning.features import (
     ESTIMATE_COLUMN,
     FEATURES_VERSION,
@@ -141,8 +141,7 @@ def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[s
             continue
         check = (key, r.index, r.knobs)
         if check not in valid:
-            space = template.space
-            valid[check] = 0 <= r.index < space.size and space.config(r.index).values == r.knobs
+            valid[check] = config_of(template, r) is not None
         if not valid[check]:  # the template changed since: the index now means another config
             skipped["stale_config"] += 1
             continue
