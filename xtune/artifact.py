@@ -22,7 +22,7 @@ from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.tuning.database import Record, best, config_of, read_logs
+from xtune.tuning.database import Record, build_choice, config_of, read_logs
 from xtune.workload import TensorSpec, Workload, parse_workload
 
 PathLike = str | os.PathLike[str]
@@ -185,19 +185,11 @@ def _choose(
         others = sorted({r.target for r in records if r.workload == wl.key})
         elsewhere = f"; logged only for {', '.join(others)}" if others else ""
         return _Choice(default, "default", f"never tuned on {target.name}{elsewhere}", None)
-    # Wall time from a real board beats QEMU instruction counts; the two are never compared.
-    units = sorted({r.result.cost_unit for r in mine if r.result.ok}, key=lambda u: (u != "s", u))
-    stale = 0
-    for unit in units:
-        for record in best(mine, wl.key, target.name, k=len(mine), cost_unit=unit):
-            config = config_of(template, record)
-            if config is None:
-                stale += 1
-                continue
-            gflops = wl.flops() / record.cost / 1e9 if unit == "s" else None
-            return _Choice(config, "log", "", gflops)
-    if stale:
-        return _Choice(default, "default", "logged configs no longer match the template", None)
+    record = build_choice(mine, wl.key, target.name)  # what `xtune best` shows, by construction
+    config = config_of(template, record) if record else None  # read_logs left out stale records
+    if record and config:
+        gflops = wl.flops() / record.cost / 1e9 if record.result.cost_unit == "s" else None
+        return _Choice(config, "log", "", gflops)
     failures = Counter(r.result.status.value for r in mine)
     shown = ", ".join(f"{n} {status}" for status, n in sorted(failures.items()))
     return _Choice(default, "default", f"only failed records on {target.name} ({shown})", None)

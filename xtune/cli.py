@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from xtune.errors import InputError, XtuneError
+from xtune.files import check_output
 from xtune.tuning.tuner import TUNERS
 
 if TYPE_CHECKING:
@@ -31,6 +33,43 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# Flag ranges: what the agent protocol's u32 fields carry (xtune/agent_src/PROTOCOL.md: repeat <= 1024,
+# timeout_ms >= 1) and what numpy and xgboost take as seeds and thread counts. A flag outside its range is
+# one usage line and exit 2 here, not a ValueError from deep inside a run.
+U32 = 2**32 - 1
+MAX_REPEAT = 1024
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an ASCII decimal integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        digits = text[1:] if text.startswith("-") else text
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in {low}..{high}")
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside {low}..{high}")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] (no nan, no inf)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text} is outside {low:g}..{high:g}")
+        return value
+
+    return parse
 
 
 def _emit_json(obj: object) -> None:
@@ -143,8 +182,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from xtune.artifact import build
+    from xtune.artifact import build, check_outputs
 
+    check_outputs(args.output, args.header, args.archive)  # before compiling anything
     artifact = build(args.target, args.workload, args.log or (), args.prefix)
     artifact.write(args.output, args.header, args.archive)
     for warning in artifact.warnings:
@@ -178,10 +218,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     workload = parse_workload(args.workload)
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
-    if args.trials < 1:
-        raise InputError("--trials must be at least 1")
-    if args.confirm < 0:
-        raise InputError("--confirm must be 0 or more")
+    check_output(args.log, "log")  # a folder, device or read-only file: before anything is measured
     log = TuningLog(args.log)
     log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
@@ -309,7 +346,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from xtune.report import format_table, plot_convergence, summarize
     from xtune.tuning.database import read_logs
 
+    if args.plot:
+        check_output(args.plot, "plot")
     records = read_logs(args.log)
+    if not records:
+        raise InputError("no usable records in " + ", ".join(args.log))
     rows = summarize(records)
     if args.json:
         _emit_json({"workloads": [row.as_dict() for row in rows], "plot": args.plot})
@@ -324,11 +365,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_model_train(args: argparse.Namespace) -> int:
     from xtune.transfer.pretrained import TrainOptions, train_from_logs
 
-    if args.threads < 0:
-        raise InputError("--threads must be 0 (every core) or more")
-    if not Path(args.output).resolve().parent.is_dir():  # before training, not after
-        raise InputError(f"cannot write the model file {args.output}: no directory "
-                         f"{Path(args.output).resolve().parent}")  # fmt: skip
+    check_output(args.output, "model file")  # before training, not after
     start = time.perf_counter()
     with _plain_warnings():
         options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
@@ -372,10 +409,10 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         default="reg",
         help="reg: squared error on normalized throughput (default); rank: pairwise ranking",
     )
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=_int_in(0, 2**31 - 1), default=0)
     t.add_argument(
         "--threads",
-        type=int,
+        type=_int_in(0, 1024),
         default=1,
         metavar="N",
         help="xgboost threads (default 1; 0 = every core, best on an otherwise idle machine)",
@@ -399,7 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("boards", help="list boards (SSH ones with their reachability)")
     p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
                    "then ~/.config/xtune/boards.toml)")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds per SSH reachability check")
+    p.add_argument(
+        "--timeout", type=_float_in(0.001, 3600), default=3.0, help="seconds per SSH reachability check"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_boards)
 
@@ -415,21 +454,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
     p.add_argument("--workload", required=True)
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")
+    p.add_argument("--boards", type=Path, metavar="FILE",
+                   help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")  # fmt: skip
     p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
-    p.add_argument("--trials", type=int, default=64)
+    p.add_argument("--trials", type=_int_in(1, 10**9), default=64, metavar="N",
+                   help="new trials to measure in this run (default 64): configs already in the log for this "
+                   "workload, target and cpu are resumed, not measured again, and do not count")  # fmt: skip
     p.add_argument("--tuner", choices=TUNERS, default="xgb")
     p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
     p.add_argument(
-        "--early-stopping", type=int, default=None, metavar="N", help="stop after N trials without gain"
+        "--early-stopping",
+        type=_int_in(1, 10**9),
+        default=None,
+        metavar="N",
+        help="stop after N trials without gain",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
-    p.add_argument("--min-repeat-ms", type=float, default=10.0)
-    p.add_argument("--timeout-ms", type=int, default=10_000, help="deadline per kernel call/repeat")
-    p.add_argument("--confirm", type=int, default=3, metavar="K",
+    p.add_argument("--seed", type=_int_in(0, U32), default=0)
+    p.add_argument("--batch-size", type=_int_in(1, 4096), default=16)
+    p.add_argument("--repeat", type=_int_in(1, MAX_REPEAT), default=3, help="timed repeats per candidate")
+    p.add_argument("--min-repeat-ms", type=_float_in(0, U32 / 1000), default=10.0)
+    p.add_argument(
+        "--timeout-ms", type=_int_in(1, U32), default=10_000, help="deadline per kernel call/repeat"
+    )
+    p.add_argument("--confirm", type=_int_in(0, 1024), default=3, metavar="K",
                    help="at the end, time the K fastest configs again until each has 3 timings; the best is "
                    "the lowest median, not the luckiest single timing (default 3; 0 = off)")  # fmt: skip
     p.add_argument(
@@ -458,8 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="default (or given) config vs numpy, measured in one run")
     p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--board", default="local")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml for SSH boards")
-    p.add_argument("--config", type=int, default=None, help="config index (default: the template's default)")
+    p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
+    p.add_argument("--config", type=_int_in(0, 2**63 - 1), default=None,
+                   help="config index (default: the template's default)")  # fmt: skip
     p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -480,13 +529,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    """Every warning as one line (Python's default format adds the source line that raised it)."""
+    text = " ".join(str(message).split())
+    print(f"xtune: warning: {text}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
         return handler(args)
     except XtuneError as err:
-        print(f"xtune: error: {err}", file=sys.stderr)
+        print(f"xtune: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("xtune: error: out of memory (a workload's tensors are bounded, see README.md; "
+              "their sum may still exceed this machine's)", file=sys.stderr)  # fmt: skip
         return 2
     except KeyboardInterrupt:
         print("xtune: interrupted", file=sys.stderr)
@@ -496,6 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # /dev/null so that the interpreter's final flush does not raise again (Python docs, "SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

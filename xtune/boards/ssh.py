@@ -76,8 +76,8 @@ def load_boards(explicit: Path | None = None) -> dict[str, SshBoardConfig]:
         return {}
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise InputError(f"{path}: cannot read boards: {err}") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as err:
+        raise InputError(f"{path}: cannot read boards: {type(err).__name__}: {err}") from None
     known = {f.name for f in fields(SshBoardConfig)} - {"name"}
     boards: dict[str, SshBoardConfig] = {}
     for name, table in dict(raw.get("boards", {})).items():

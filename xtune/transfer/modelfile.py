@@ -190,7 +190,7 @@ def read_model(path: str | os.PathLike[str], check_features: bool = True) -> Pre
         )
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error, RecursionError) as e:
         raise InputError(f"{path} is a damaged xtune model file ({type(e).__name__}: {e})") from None
     if check_features and manifest.features_version != FEATURES_VERSION:
         raise InputError(f"{path} was {manifest.version_mismatch()}")

@@ -9,6 +9,7 @@ import os
 import time
 import warnings
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -135,7 +136,7 @@ def _record_from_dict(data: dict[str, Any]) -> Record:
         workload=str(data["workload"]),
         target=str(data["target"]),
         board=str(data["board"]),
-        index=int(data["index"]),
+        index=_integer(data["index"]),
         knobs=tuple((str(k), _knob_value(v)) for k, v in data["knobs"]),
         result=result,
         options=options,
@@ -144,6 +145,12 @@ def _record_from_dict(data: dict[str, Any]) -> Record:
         xtune_version=str(data.get("xtune", "")),
         time=float(data.get("time", 0.0)),
     )
+
+
+def _integer(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
 
 
 def _knob_value(value: object) -> KnobValue:
@@ -279,7 +286,14 @@ def read_logs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
     A missing log is an InputError (a typo, almost always). A record this xtune cannot use (unknown
     operator or target, a config outside its template's space or whose knobs no longer match) is left
     out with one LogWarning per log naming the file and its line numbers; it never stops the rest."""
+    return read_usable(paths)[0]
+
+
+def read_usable(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Record], Counter[str]]:
+    """`read_logs`, and how many records it left out by kind: "unknown_workload_or_target" and
+    "stale_config" (a model file's manifest counts them)."""
     records: list[Record] = []
+    left_out: Counter[str] = Counter()
     templates: dict[tuple[str, str], TemplateOrWhy] = {}
     for path in paths:
         log = TuningLog(path)
@@ -291,13 +305,27 @@ def read_logs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
             why = template if isinstance(template, str) else _mismatch(template, record)
             if why:
                 skipped.append((number, why))
+                left_out["unknown_workload_or_target" if template is why else "stale_config"] += 1
             else:
                 records.append(record)
         if skipped:
             lines = ", ".join(str(n) for n, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
             warnings.warn(f"{path}: skipped {len(skipped)} record(s) this xtune cannot use (line {lines}); "
-                          f"line {skipped[0][0]}: {skipped[0][1]}", LogWarning, stacklevel=2)  # fmt: skip
-    return records
+                          f"line {skipped[0][0]}: {skipped[0][1]}", LogWarning, stacklevel=3)  # fmt: skip
+    return records, left_out
+
+
+def build_choice(records: Iterable[Record], workload: str, target: str) -> Record | None:
+    """The record `xtune build` compiles and `xtune best` shows for `workload` on `target`: the best
+    (`best`) in wall time if any OK record has one, else the best in instruction counts (an emulated
+    board's); the two units are never compared."""
+    mine = of_machine(records, workload, target)
+    units = sorted({r.result.cost_unit for r in mine if r.result.ok}, key=lambda u: (u != "s", u))
+    for unit in units:
+        top = best(mine, workload, target, k=1, cost_unit=unit)
+        if top:
+            return top[0]
+    return None
 
 
 def _template_of(record: Record, cache: dict[tuple[str, str], TemplateOrWhy]) -> TemplateOrWhy:
