@@ -35,6 +35,10 @@ ABIS = {
     "riscv64": "RISC-V ELF psABI, LP64D (hard-float double calling convention)",
 }
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
+# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
+# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB.
+MAX_STACK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -129,8 +133,13 @@ def build(
     choices = [_choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]
     names = tuple(f"{prefix}_{w.symbol}" for w in wls)
     kernels = [t.kernel(c.config, name) for t, c, name in zip(templates, choices, names, strict=True)]
-    for wl, kernel in zip(wls, kernels, strict=True):
+    for wl, kernel, choice in zip(wls, kernels, choices, strict=True):
         _check_signature(wl, kernel)
+        if kernel.stack_bytes > MAX_STACK_BYTES:
+            raise InputError(
+                f"{wl.key}: config {choice.config.index} ({choice.source}) needs {kernel.stack_bytes} bytes "
+                f"of stack, more than the {MAX_STACK_BYTES} a built kernel may use (docs/firmware.md, Stack)"
+            )
     # One LLVM module, so one object; lower() makes only the kernels external.
     obj = compile_object(lower(kernels, module_name=f"{prefix}_kernels"), tgt, names)
     sizes = dict(check_object(obj, tgt).functions)

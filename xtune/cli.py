@@ -216,9 +216,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
     from xtune.workload import parse_workload
 
+    check_output(args.log, "log")  # a folder, device or read-only file: before anything is measured
     workload = parse_workload(args.workload)
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
-    check_output(args.log, "log")  # a folder, device or read-only file: before anything is measured
     log = TuningLog(args.log)
     log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
@@ -358,7 +358,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(format_table(rows))
     if args.plot:
         plot_convergence(records, args.plot)
-        print(f"convergence plot written to {args.plot}", file=sys.stderr)
+        print(f"xtune: convergence plot written to {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -56,7 +56,7 @@ def summarize(
     records: Sequence[Record], workload: str | None = None, target: str | None = None
 ) -> list[SummaryRow]:
     """One row per (workload, target), optionally filtered; `workload` may be given in any key order."""
-    key = parse_workload(workload).key if workload else None
+    key = parse_workload(workload).key if workload is not None else None
     rows = []
     for (wl, tg), group in sorted(_groups(records).items()):
         if (key and wl != key) or (target and tg != target):

@@ -219,7 +219,7 @@ class TuningLog:
             lines.pop()
         records: list[tuple[int, Record]] = []
         corrupt: list[int] = []
-        versions: dict[object, int] = {}
+        versions: dict[str, int] = {}
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -228,13 +228,14 @@ class TuningLog:
             except InputError:
                 version = _version_of(line)
                 if version is not None and version != FORMAT_VERSION:
-                    versions[version] = versions.get(version, 0) + 1
+                    shown = repr(version)[:40]  # any JSON value, e.g. a dict: not hashable, maybe long
+                    versions[shown] = versions.get(shown, 0) + 1
                 else:
                     corrupt.append(number)
         self._warn(corrupt, versions, len(lines))
         return records
 
-    def _warn(self, corrupt: list[int], versions: dict[object, int], n_lines: int) -> None:
+    def _warn(self, corrupt: list[int], versions: dict[str, int], n_lines: int) -> None:
         if corrupt == [n_lines]:
             warnings.warn(
                 f"{self.path}: skipped a torn last line {n_lines} (a killed run?)", LogWarning, stacklevel=3
@@ -246,7 +247,7 @@ class TuningLog:
             )
         for version, count in versions.items():
             warnings.warn(
-                f"{self.path}: skipped {count} record(s) of format version {version!r} "
+                f"{self.path}: skipped {count} record(s) of format version {version} "
                 f"(this xtune reads version {FORMAT_VERSION})",
                 LogWarning,
                 stacklevel=3,
