@@ -212,10 +212,10 @@ def fuzz(tmp: Path) -> Tally:
         judge(outcome, tally)
         if outcome.status == 0 and breaks_the_grammar(text):
             tally.bad.append((outcome, "a workload outside the grammar was accepted"))
-    for command, flags in FLAGS.items():
+    for flagged, flags in FLAGS.items():
         for flag in flags:
             for value in BAD_NUMBERS:
-                judge(run(flag_argv(rng, tmp, command, flag, value)), tally)
+                judge(run(flag_argv(rng, tmp, flagged, flag, value)), tally)
     commands: list[Callable[[Path], list[str]]] = [
         lambda p: ["best", "--log", str(p)],
         lambda p: ["report", str(p)],

@@ -538,8 +538,13 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: object, *
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
-    shown = warnings.showwarning
-    warnings.showwarning = _show_warning
+    with warnings.catch_warnings():  # restored on return: main() may run in a caller's process
+        warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
+        warnings.showwarning = _show_warning
+        return _run(handler, args)
+
+
+def _run(handler: Handler, args: argparse.Namespace) -> int:
     try:
         return handler(args)
     except XtuneError as err:
@@ -557,8 +562,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # /dev/null so that the interpreter's final flush does not raise again (Python docs, "SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    finally:
-        warnings.showwarning = shown
 
 
 if __name__ == "__main__":
