@@ -295,3 +295,13 @@ def test_help_says_trials_are_new_trials() -> None:
     out = xtune("tune", "--help")
     help_text = " ".join(out.stdout.split())
     assert "new trials to measure in this run" in help_text and "resumed" in help_text
+
+
+def test_the_firmware_docs_show_the_shipped_build_files() -> None:
+    """docs/firmware.md's Makefile and CMake blocks are the shipped examples, so that a copy works."""
+    root = Path(__file__).resolve().parent.parent
+    docs = (root / "docs" / "firmware.md").read_text()
+    blocks = {lang: [b.split("```")[0] for b in docs.split(f"```{lang}\n")[1:]] for lang in ("make", "cmake")}
+    cmake = (root / "examples" / "firmware" / "CMakeLists.txt").read_text()
+    assert cmake[cmake.index("cmake_minimum_required") :] == blocks["cmake"][0]
+    assert blocks["make"][0] in (root / "examples" / "firmware" / "Makefile").read_text()

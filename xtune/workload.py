@@ -349,8 +349,8 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(), Conv2d(), Dep
 
 
 # The grammar (README.md, "Workloads"): OP ":" ITEM ("," ITEM)*, ITEM = KEY "=" VALUE, each KEY at most
-# once, VALUE an ASCII decimal integer (no sign, no "_", no other script's digits) or one of the key's
-# words; no spaces and no empty items. Python's int() would take " +1_6 " and "١٦", so it is never the
+# once, VALUE an ASCII decimal integer ("-" allowed, "+", "_" and other scripts' digits not) or one of the
+# key's words; no spaces and no empty items. Python's int() would take " +1_6 " and "١٦", so it is never the
 # grammar. Every integer and every tensor is bounded below so that no index of any kernel can overflow.
 MAX_VALUE = 2**31 - 1  # any size, stride, pad or dilation: an i32 even after a target narrows it
 # Each tensor at most 2^27 float32 (512 MiB): below the agent protocol's 1 GiB payload limit
@@ -364,11 +364,13 @@ def _parse_value(op: Operator, key: str, text: str) -> ParamValue:
         if text not in op.words[key]:
             raise InputError(f"{op.name}: '{key}' must be one of {', '.join(op.words[key])}, got {text!r}")
         return text
-    if not (text.isascii() and text.isdigit()):
-        raise InputError(f"{op.name}: '{key}' must be an ASCII decimal integer, got {text!r}")
-    if len(text.lstrip("0")) > len(str(MAX_VALUE)) or int(text) > MAX_VALUE:  # no int() of 10^6 digits
-        raise InputError(f"{op.name}: '{key}' is {text[:24]}{'...' if len(text) > 24 else ''}, more than "
-                         f"the largest value xtune takes ({MAX_VALUE})")  # fmt: skip
+    digits = text.removeprefix("-")  # parsed, so that the operator's check says what the key takes
+    if not (digits.isascii() and digits.isdigit()):
+        raise InputError(f"{op.name}: '{key}' must be an integer (ASCII digits 0-9), got {text!r}")
+    if len(digits.lstrip("0")) > len(str(MAX_VALUE)) or int(digits) > MAX_VALUE:  # no int() of 10^6 digits
+        bound = f"less than the smallest value xtune takes (-{MAX_VALUE})" if text.startswith("-") else (
+            f"more than the largest value xtune takes ({MAX_VALUE})")  # fmt: skip
+        raise InputError(f"{op.name}: '{key}' is {text[:24]}{'...' if len(text) > 24 else ''}, {bound}")
     return int(text)
 
 
