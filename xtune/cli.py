@@ -216,7 +216,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
     from xtune.workload import parse_workload
 
-    check_output(args.log, "log")  # a folder, device or read-only file: before anything is measured
+    check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
     workload = parse_workload(args.workload)
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     log = TuningLog(args.log)

@@ -26,11 +26,12 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
-def check_output(path: PathLike, what: str = "output") -> Path:
+def check_output(path: PathLike, what: str = "output", append: bool = False) -> Path:
     """The resolved `path` if a file can be written there, else InputError naming `what` and why.
 
     Called before the work that produces the file, so that a typo costs nothing: the folder must exist
-    and be writable, and the name must be missing or a writable regular file (symlinks are followed)."""
+    and be writable, and the name must be missing or a writable regular file (symlinks are followed).
+    With `append` (a tuning log) an existing writable file is enough: nothing is created beside it."""
     given = str(path)
     if not given or given.endswith(os.sep):
         raise InputError(f"cannot write the {what} {given!r}: not a file name")
@@ -46,7 +47,7 @@ def check_output(path: PathLike, what: str = "output") -> Path:
     folder = real.parent
     if not folder.is_dir():
         raise InputError(f"cannot write the {what} {given}: no directory {folder}")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not (append and mode is not None) and not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"cannot write the {what} {given}: the directory {folder} is not writable")
     if mode is not None and not os.access(real, os.W_OK):
         raise InputError(f"cannot write the {what} {given}: the file is not writable")
