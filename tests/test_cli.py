@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -305,3 +306,26 @@ def test_the_firmware_docs_show_the_shipped_build_files() -> None:
     cmake = (root / "examples" / "firmware" / "CMakeLists.txt").read_text()
     assert cmake[cmake.index("cmake_minimum_required") :] == blocks["cmake"][0]
     assert blocks["make"][0] in (root / "examples" / "firmware" / "Makefile").read_text()
+
+
+def test_a_disk_full_while_writing_leaves_the_old_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header cannot be written (ENOSPC on its fsync): the old object and header stay, both of them."""
+    obj, hdr = tmp_path / "k.o", tmp_path / "k.h"
+    obj.write_text("old object")
+    hdr.write_text("old header")
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    argv = ["build", "--target", TARGET, "--workload", WL, "-o", str(obj), "--header", str(hdr)]
+    status, _, err = run_main(argv, capsys)
+    assert refused(status, err, "cannot write the header", "No space left on device"), err
+    assert obj.read_text() == "old object" and hdr.read_text() == "old header"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.h", "k.o"]  # no partial file left behind

@@ -17,7 +17,7 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
-from xtune.files import check_output, write_atomic
+from xtune.files import check_output, write_all_atomic
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
@@ -82,13 +82,15 @@ class Artifact:
     ) -> None:
         """Write the files, each atomically, after checking every path (`check_outputs`) first."""
         check_outputs(object_path, header_path, archive_path)
-        write_atomic(object_path, self.object, "object")
-        write_atomic(header_path, self.header, "header")
+        files: list[tuple[PathLike, bytes | str, str]] = [
+            (object_path, self.object, "object"), (header_path, self.header, "header")
+        ]  # fmt: skip
         if archive_path is not None:
             name = Path(object_path).name
             # The SysV/GNU member name ends with '/' in a 16-byte field: longer names would need a
             # "//" long-name table, which one fixed member never needs.
-            write_atomic(archive_path, self.archive(name if len(name) <= 15 else "kernels.o"), "archive")
+            files.append((archive_path, self.archive(name if len(name) <= 15 else "kernels.o"), "archive"))
+        write_all_atomic(files)  # all three written before any replaces its old file
 
 
 def check_outputs(object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from xtune.errors import InputError
@@ -67,26 +68,45 @@ def write_atomic(path: PathLike, data: bytes | str, what: str = "output", mode: 
     """Write `data` to `path` atomically and durably (text as UTF-8), or raise InputError and leave no trace.
 
     `mode` defaults to the replaced file's permissions, else to 0o666 less the umask (as open() would)."""
-    real = check_output(path, what)
+    write_all_atomic([(path, data, what)], mode)
+
+
+def write_all_atomic(files: Sequence[tuple[PathLike, bytes | str, str]], mode: int | None = None) -> None:
+    """Write several (path, data, what) files: every one is written and made durable beside its target
+    before the first is renamed over its target, so a failure while writing (a full disk) leaves all
+    the old files as they were, never a new object with an old header."""
+    partials: list[tuple[str, Path, str]] = []
+    try:
+        for path, data, what in files:
+            real = check_output(path, what)
+            partials.append((_write_partial(real, data, what, mode), real, what))
+        for partial, real, what in partials:
+            replace_atomic(partial, real, what)
+    finally:
+        for partial, _, _ in partials:
+            if os.path.exists(partial):
+                os.unlink(partial)
+
+
+def _write_partial(real: Path, data: bytes | str, what: str, mode: int | None) -> str:
+    """A durable copy of `data` under a private name in `real`'s folder, with `real`'s permissions."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     if mode is None:
         mode = stat.S_IMODE(os.stat(real).st_mode) if real.exists() else 0o666 & ~_umask()
     try:
         fd, partial = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
     except OSError as e:
-        raise InputError(f"cannot write the {what} {path}: {e.strerror or e}") from None
+        raise InputError(f"cannot write the {what} {real}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(partial, mode)
-        replace_atomic(partial, real, what)
     except OSError as e:
-        raise InputError(f"cannot write the {what} {path}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+        os.unlink(partial)
+        raise InputError(f"cannot write the {what} {real}: {e.strerror or e}") from None
+    return partial
 
 
 def _umask() -> int:
