@@ -282,8 +282,10 @@ def test_no_log_and_stale_log_fall_back_with_reasons(tmp_path: Path) -> None:
     line = json.loads(log.read_text())
     line["knobs"][0][1] = "99x9"  # the template has changed since this was logged
     log.write_text(json.dumps(line) + "\n")
-    (entry,) = build("x86-avx2", ["matmul:m=8,n=16,k=4"], logs=[log]).kernels
-    assert entry.source == "default" and "no longer match" in entry.reason
+    artifact = build("x86-avx2", ["matmul:m=8,n=16,k=4"], logs=[log])
+    (entry,) = artifact.kernels
+    assert entry.source == "default" and entry.reason == "never tuned on x86-avx2"
+    assert any(f"{log}: skipped 1 record" in w and "no longer match" in w for w in artifact.warnings)
 
 
 def test_bad_input_is_an_input_error(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ import xtune
 from tests.conftest import CliRunner
 from xtune.errors import InputError
 from xtune.schedule.space import Config
+from xtune.target import get_target
+from xtune.templates import template_for
 from xtune.tuning.database import (
     FORMAT_VERSION,
     LogWarning,
@@ -29,6 +31,7 @@ from xtune.tuning.database import (
     record_to_json,
 )
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.workload import parse_workload
 
 WL, TARGET = "matmul:m=64,n=64,k=64", "x86-avx2"
 
@@ -43,7 +46,12 @@ def rec(
     when: float = 1.0,
 ) -> Record:
     result = MeasureResult(status, costs, "" if status is MeasureStatus.OK else "boom", cost_unit=unit)
-    return Record(workload, target, "local", index, (("tile", index), ("order", "mnk")), result, time=when)
+    return Record(workload, target, "local", index, knobs_of(index), result, time=when)
+
+
+def knobs_of(index: int) -> tuple[tuple[str, int | str], ...]:
+    """The real knobs of config `index` of WL on TARGET: read_logs leaves out records that do not match."""
+    return template_for(parse_workload(WL), get_target(TARGET)).space.config(index).values
 
 
 def test_round_trip_keeps_every_field() -> None:
@@ -165,7 +173,9 @@ def test_best_over_several_logs(tmp_path: Path) -> None:
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     TuningLog(a).append([rec(1, (2.0,)), rec(2, (3.0,))])
     TuningLog(b).append([rec(3, (1.5,)), rec(4, (0.5,), MeasureStatus.WRONG_ANSWER)])
-    records = read_logs([a, b, tmp_path / "missing.jsonl"])
+    records = read_logs([a, b])
+    with pytest.raises(InputError, match=r"no such log: .*missing\.jsonl"):
+        read_logs([a, tmp_path / "missing.jsonl"])
     assert [r.index for r in best(records, WL, TARGET, k=2)] == [3, 1]
     assert [r.index for r in TuningLog(a).best(WL, TARGET)] == [1]
 

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from xtune.errors import InputError, XtuneError
+from xtune.files import check_output
 from xtune.tuning.tuner import TUNERS
 
 if TYPE_CHECKING:
@@ -34,6 +36,43 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# Flag ranges: what the agent protocol's u32 fields carry (xtune/agent_src/PROTOCOL.md: repeat <= 1024,
+# timeout_ms >= 1) and what numpy and xgboost take as seeds and thread counts. A flag outside its range is
+# one usage line and exit 2 here, not a ValueError from deep inside a run.
+U32 = 2**32 - 1
+MAX_REPEAT = 1024
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an ASCII decimal integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        digits = text[1:] if text.startswith("-") else text
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in {low}..{high}")
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside {low}..{high}")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] (no nan, no inf)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text} is outside {low:g}..{high:g}")
+        return value
+
+    return parse
 
 
 def _emit_json(obj: object) -> None:
@@ -149,8 +188,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from xtune.artifact import build
+    from xtune.artifact import build, check_outputs
 
+    check_outputs(args.output, args.header, args.archive)  # before compiling anything
     artifact = build(args.target, args.workload, args.log or (), args.prefix)
     artifact.write(args.output, args.header, args.archive)
     for warning in artifact.warnings:
@@ -182,12 +222,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
     from xtune.workload import parse_workload
 
+    check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
     workload = parse_workload(args.workload)
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
-    if args.trials < 1:
-        raise InputError("--trials must be at least 1")
-    if args.confirm < 0:
-        raise InputError("--confirm must be 0 or more")
     log = TuningLog(args.log)
     log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
@@ -315,7 +352,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from xtune.report import format_table, plot_convergence, summarize
     from xtune.tuning.database import read_logs
 
+    if args.plot:
+        check_output(args.plot, "plot")
     records = read_logs(args.log)
+    if not records:
+        raise InputError("no usable records in " + ", ".join(args.log))
     rows = summarize(records)
     if args.json:
         _emit_json({"workloads": [row.as_dict() for row in rows], "plot": args.plot})
@@ -323,18 +364,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(format_table(rows))
     if args.plot:
         plot_convergence(records, args.plot)
-        print(f"convergence plot written to {args.plot}", file=sys.stderr)
+        print(f"xtune: convergence plot written to {args.plot}", file=sys.stderr)
     return 0
 
 
 def cmd_model_train(args: argparse.Namespace) -> int:
     from xtune.transfer.pretrained import TrainOptions, train_from_logs
 
-    if args.threads < 0:
-        raise InputError("--threads must be 0 (every core) or more")
-    if not Path(args.output).resolve().parent.is_dir():  # before training, not after
-        raise InputError(f"cannot write the model file {args.output}: no directory "
-                         f"{Path(args.output).resolve().parent}")  # fmt: skip
+    check_output(args.output, "model file")  # before training, not after
     start = time.perf_counter()
     with _plain_warnings():
         options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
@@ -447,10 +484,10 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         default=train["objective"],
         help="reg: squared error on normalized throughput; rank: pairwise ranking (default %(default)s)",
     )
-    t.add_argument("--seed", type=int, default=train["seed"])
+    t.add_argument("--seed", type=_int_in(0, 2**31 - 1), default=train["seed"])
     t.add_argument(
         "--threads",
-        type=int,
+        type=_int_in(0, 1024),
         default=train["nthread"],
         metavar="N",
         help="xgboost threads (default %(default)s; 0 = every core, best on an otherwise idle machine)",
@@ -478,7 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("boards", help="list boards (SSH ones with their reachability)")
     p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
                    "then ~/.config/xtune/boards.toml)")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds per SSH reachability check")
+    p.add_argument(
+        "--timeout", type=_float_in(0.001, 3600), default=3.0, help="seconds per SSH reachability check"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_boards)
 
@@ -494,26 +533,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
     p.add_argument("--workload", required=True)
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")
+    p.add_argument("--boards", type=Path, metavar="FILE",
+                   help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")  # fmt: skip
     p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
-    p.add_argument("--trials", type=int, default=tune["trials"])
+    p.add_argument("--trials", type=_int_in(1, 10**9), default=tune["trials"], metavar="N",
+                   help="new trials to measure in this run (default %(default)s): configs already in the "
+                   "log for this workload, target and cpu are resumed, not measured again, and do not "
+                   "count")  # fmt: skip
     p.add_argument("--tuner", choices=TUNERS, default=tune["tuner"])
     p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
     p.add_argument(
         "--early-stopping",
-        type=int,
+        type=_int_in(1, 10**9),
         default=tune["early_stopping"],
         metavar="N",
         help="stop after N trials without gain",
     )
-    p.add_argument("--seed", type=int, default=tune["seed"])
-    p.add_argument("--batch-size", type=int, default=tune["batch_size"])
-    p.add_argument("--repeat", type=int, default=measure["repeat"], help="timed repeats per candidate")
-    p.add_argument("--min-repeat-ms", type=float, default=measure["min_repeat_ms"])
-    p.add_argument("--timeout-ms", type=int, default=measure["timeout_ms"],
+    p.add_argument("--seed", type=_int_in(0, U32), default=tune["seed"])
+    p.add_argument("--batch-size", type=_int_in(1, 4096), default=tune["batch_size"])
+    p.add_argument("--repeat", type=_int_in(1, MAX_REPEAT), default=measure["repeat"],
+                   help="timed repeats per candidate")  # fmt: skip
+    p.add_argument("--min-repeat-ms", type=_float_in(0, U32 / 1000), default=measure["min_repeat_ms"])
+    p.add_argument("--timeout-ms", type=_int_in(1, U32), default=measure["timeout_ms"],
                    help="deadline per kernel call/repeat")  # fmt: skip
-    p.add_argument("--confirm", type=int, default=tune["confirm"], metavar="K",
+    p.add_argument("--confirm", type=_int_in(0, 1024), default=tune["confirm"], metavar="K",
                    help=f"at the end, time the K fastest configs again until each has {CONFIRM_TIMINGS} "
                    "timings; the best is the lowest median, not the luckiest single timing "
                    "(default %(default)s; 0 = off)")  # fmt: skip
@@ -543,8 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="default (or given) config vs numpy and ONNX Runtime, in one run")
     p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--board", default="local")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml for SSH boards")
-    p.add_argument("--config", type=int, default=None, help="config index (default: the template's default)")
+    p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
+    p.add_argument("--config", type=_int_in(0, 2**63 - 1), default=None,
+                   help="config index (default: the template's default)")  # fmt: skip
     p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -572,13 +617,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    """Every warning as one line (Python's default format adds the source line that raised it)."""
+    text = " ".join(str(message).split())
+    print(f"xtune: warning: {text}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
+    with warnings.catch_warnings():  # restored on return: main() may run in a caller's process
+        warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
+        warnings.showwarning = _show_warning
+        return _run(handler, args)
+
+
+def _run(handler: Handler, args: argparse.Namespace) -> int:
     try:
         return handler(args)
     except XtuneError as err:
-        print(f"xtune: error: {err}", file=sys.stderr)
+        print(f"xtune: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("xtune: error: out of memory (a workload's tensors are bounded, see README.md; "
+              "their sum may still exceed this machine's)", file=sys.stderr)  # fmt: skip
         return 2
     except KeyboardInterrupt:
         print("xtune: interrupted", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -9,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xtune.errors import InputError
-from xtune.tuning.database import Record, best
+from xtune.files import write_atomic
+from xtune.tuning.database import Record, build_choice
 from xtune.workload import parse_workload
 
 
@@ -54,18 +56,20 @@ def summarize(
     records: Sequence[Record], workload: str | None = None, target: str | None = None
 ) -> list[SummaryRow]:
     """One row per (workload, target), optionally filtered; `workload` may be given in any key order."""
-    key = parse_workload(workload).key if workload else None
+    key = parse_workload(workload).key if workload is not None else None
     rows = []
     for (wl, tg), group in sorted(_groups(records).items()):
         if (key and wl != key) or (target and tg != target):
             continue
-        unit = "s" if any(r.result.cost_unit == "s" for r in group) else "insn"
-        top = best(group, wl, tg, k=1, cost_unit=unit)
+        top = build_choice(group, wl, tg)
+        unit = (
+            top.result.cost_unit if top else "s" if any(r.result.cost_unit == "s" for r in group) else "insn"
+        )
         counts = Counter(r.result.status.value for r in group)
         configs = {(r.index, r.knobs) for r in group}
         failed = len(configs - {(r.index, r.knobs) for r in group if r.result.ok})
         counts_sorted = tuple(sorted(counts.items()))
-        rows.append(SummaryRow(wl, tg, len(configs), failed, counts_sorted, top[0] if top else None, unit))
+        rows.append(SummaryRow(wl, tg, len(configs), failed, counts_sorted, top, unit))
     return rows
 
 
@@ -121,5 +125,9 @@ def plot_convergence(records: Sequence[Record], path: str | Path) -> None:
         ax.set_ylabel("1 / instructions" if insn else "GFLOP/s")
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    # format="png": a name without ".png" is still the file written (savefig would append the suffix),
+    # and the file appears whole or not at all.
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
+    write_atomic(path, png.getvalue(), "plot")

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from xtune.errors import BoardError
+from xtune.files import replace_atomic
 from xtune.target import host_cpu
 
 ARCHES = ("x86_64", "aarch64", "riscv64")
@@ -86,7 +87,7 @@ def compile_cached(source: bytes, command: Sequence[str], *, name: str, output: 
         try:
             _compile([*command, "-o", partial, str(src)], what)
             os.chmod(partial, 0o755)
-            os.replace(partial, out)
+            replace_atomic(partial, out, what)
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)

@@ -22,6 +22,7 @@ import paramiko
 from xtune.boards.agent import AgentSession
 from xtune.boards.agent_build import agent_version, build_agent
 from xtune.errors import BoardError, InputError
+from xtune.files import write_atomic
 from xtune.target import Target, cpu_identity
 
 AGENT_NAME = "xtune-agent"
@@ -75,8 +76,8 @@ def load_boards(explicit: Path | None = None) -> dict[str, SshBoardConfig]:
         return {}
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise InputError(f"{path}: cannot read boards: {err}") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as err:
+        raise InputError(f"{path}: cannot read boards: {type(err).__name__}: {err}") from None
     known = {f.name for f in fields(SshBoardConfig)} - {"name"}
     boards: dict[str, SshBoardConfig] = {}
     for name, table in dict(raw.get("boards", {})).items():
@@ -403,7 +404,7 @@ def fingerprint_cache(name: str) -> Path:
 def _write_cache(name: str, data: dict[str, str]) -> None:
     path = fingerprint_cache(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(data, indent=1) + "\n", "fingerprint cache")
 
 
 def probe(board: SshBoard, timeout: float = 3.0) -> str:

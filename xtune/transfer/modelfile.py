@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from xtune.errors import InputError
+from xtune.files import write_atomic
 from xtune.tuning.costmodel import CostModel, XGBoostCostModel
 from xtune.tuning.features import FEATURES_VERSION, EstimatePrior, feature_names
 
@@ -154,14 +155,7 @@ class PretrainedModel:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically: a concurrent reader sees the old file or the new one, never half of one."""
-        path = Path(path)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            partial.write_text(self.to_json() + "\n", encoding="utf-8")
-            os.replace(partial, path)
-        except OSError as e:
-            partial.unlink(missing_ok=True)
-            raise InputError(f"cannot write the model file {path}: {e.strerror or e}") from None
+        write_atomic(path, self.to_json() + "\n", "model file")
 
 
 # ---- reading ----------------------------------------------------------------------------------------
@@ -196,7 +190,7 @@ def read_model(path: str | os.PathLike[str], check_features: bool = True) -> Pre
         )
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error, RecursionError) as e:
         raise InputError(f"{path} is a damaged xtune model file ({type(e).__name__}: {e})") from None
     if check_features and manifest.features_version != FEATURES_VERSION:
         raise InputError(f"{path} was {manifest.version_mismatch()}")

@@ -29,7 +29,7 @@ from xtune.transfer.modelfile import (
     read_model,
 )
 from xtune.tuning.costmodel import XGBoostCostModel
-from xtune.tuning.database import Record, cpu_of, read_logs
+from xtune.tuning.database import Record, config_of, cpu_of, read_usable
 from xtune.tuning.features import (
     ESTIMATE_COLUMN,
     FEATURES_VERSION,
@@ -141,8 +141,7 @@ def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[s
             continue
         check = (key, r.index, r.knobs)
         if check not in valid:
-            space = template.space
-            valid[check] = 0 <= r.index < space.size and space.config(r.index).values == r.knobs
+            valid[check] = config_of(template, r) is not None
         if not valid[check]:  # the template changed since: the index now means another config
             skipped["stale_config"] += 1
             continue
@@ -173,20 +172,27 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
 
 
 def train(
-    records: Sequence[Record], options: TrainOptions = TrainOptions(), sources: Sequence[str] = ()
+    records: Sequence[Record],
+    options: TrainOptions = TrainOptions(),
+    sources: Sequence[str] = (),
+    left_out: Counter[str] | None = None,
 ) -> PretrainedModel:
-    """One booster per operator on every usable record (labels: throughput relative to the group's best)."""
-    if not records:
+    """One booster per operator on every usable record (labels: throughput relative to the group's best).
+
+    `left_out` counts the records the log reader already left out (and warned about, with file and line):
+    the manifest's skip counts include them."""
+    if not records and not left_out:
         raise InputError(f"no log records in {', '.join(sources) or 'the logs'} (are they tuning logs?)")
     data, skipped = collect(records)
     if skipped["stale_config"] or skipped["unknown_workload_or_target"]:
         warnings.warn(f"left out {skipped['stale_config']} record(s) whose config no longer matches its "
                       f"template and {skipped['unknown_workload_or_target']} of unknown workloads or targets",
                       TransferWarning, stacklevel=2)  # fmt: skip
+    skipped.update(left_out or Counter())
     if not data:
         why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items()))
         raise InputError(f"no usable records to train on in {', '.join(sources) or 'the logs'} "
-                         f"({len(records)} left out: {why})")  # fmt: skip
+                         f"({skipped.total()} left out: {why})")  # fmt: skip
     nthread = options.nthread or os.cpu_count() or 1
     boosters, bases = [], []
     for op, d in data.items():
@@ -218,7 +224,8 @@ def train_from_logs(
             raise InputError(f"no log file {path}")
         if is_model_file(path):
             raise InputError(f"{path} is a model file, not a tuning log")
-    return train(read_logs(paths), options, [os.fspath(p) for p in paths])
+    records, left_out = read_usable(paths)
+    return train(records, options, [os.fspath(p) for p in paths], left_out)
 
 
 # ---- loading ------------------------------------------------------------------------------------------

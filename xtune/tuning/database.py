@@ -8,6 +8,8 @@ import math
 import os
 import time
 import warnings
+import zlib
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -16,11 +18,16 @@ from typing import Any
 import xtune
 from xtune.errors import InputError
 from xtune.schedule.space import Config, KnobValue
+from xtune.target import get_target
+from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.workload import parse_workload
 
 FORMAT_VERSION = 1
+GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952, section 2.3.1
 DEFAULT_OPTIONS = MeasureOptions()
 Knobs = tuple[tuple[str, KnobValue], ...]
+TemplateOrWhy = ScheduleTemplate | str  # a template, or why a record has none
 # A kernel that once computed a wrong answer or died by a signal has a bug that some run may hit again.
 DISQUALIFYING = frozenset({MeasureStatus.WRONG_ANSWER, MeasureStatus.RUNTIME_ERROR})
 
@@ -98,7 +105,9 @@ def record_from_json(line: str) -> Record:
     """The record of one log line; InputError if it is not a record of FORMAT_VERSION."""
     try:
         data = json.loads(line)
-    except json.JSONDecodeError as e:
+    except RecursionError:
+        raise InputError("JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of more than 4300 digits
         raise InputError(f"not JSON: {e}") from None
     if not isinstance(data, dict):
         raise InputError("not a JSON object")
@@ -106,7 +115,7 @@ def record_from_json(line: str) -> Record:
         raise InputError(f"format version {data.get('v')!r}, expected {FORMAT_VERSION}")
     try:
         return _record_from_dict(data)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise InputError(f"malformed record: {type(e).__name__}: {e}") from None
 
 
@@ -127,7 +136,7 @@ def _record_from_dict(data: dict[str, Any]) -> Record:
         workload=str(data["workload"]),
         target=str(data["target"]),
         board=str(data["board"]),
-        index=int(data["index"]),
+        index=_integer(data["index"]),
         knobs=tuple((str(k), _knob_value(v)) for k, v in data["knobs"]),
         result=result,
         options=options,
@@ -136,6 +145,12 @@ def _record_from_dict(data: dict[str, Any]) -> Record:
         xtune_version=str(data.get("xtune", "")),
         time=float(data.get("time", 0.0)),
     )
+
+
+def _integer(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
 
 
 def _knob_value(value: object) -> KnobValue:
@@ -161,7 +176,7 @@ class TuningLog:
         return self.path.suffix == ".gz"
 
     def check_appendable(self) -> None:
-        if self.compressed:
+        if self.compressed or _starts_with(self.path, GZIP_MAGIC):
             raise InputError(f"{self.path} is a compressed log: xtune reads it but appends only to plain "
                              "JSON-lines logs (give --log a name without .gz)")  # fmt: skip
 
@@ -184,35 +199,43 @@ class TuningLog:
 
     def read(self) -> list[Record]:
         """Every readable record, in file order; torn, corrupt and unknown-version lines are warned about."""
+        return [record for _, record in self.numbered()]
+
+    def numbered(self) -> list[tuple[int, Record]]:
+        """`read`, each record with its line number (from 1)."""
         if not self.path.exists():
             return []
-        raw = self.path.read_bytes()
-        if self.compressed:
+        try:
+            raw = self.path.read_bytes()
+        except OSError as e:
+            raise InputError(f"cannot read the log {self.path}: {e.strerror or e}") from None
+        if self.compressed or raw.startswith(GZIP_MAGIC):  # a gzip log by any name is read as one
             try:
                 raw = gzip.decompress(raw)
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, zlib.error) as e:
                 raise InputError(f"{self.path} is not a readable gzip file ({e})") from None
         lines = raw.decode(errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
-        records: list[Record] = []
+        records: list[tuple[int, Record]] = []
         corrupt: list[int] = []
-        versions: dict[object, int] = {}
+        versions: dict[str, int] = {}
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                records.append(record_from_json(line))
+                records.append((number, record_from_json(line)))
             except InputError:
                 version = _version_of(line)
                 if version is not None and version != FORMAT_VERSION:
-                    versions[version] = versions.get(version, 0) + 1
+                    shown = repr(version)[:40]  # any JSON value, e.g. a dict: not hashable, maybe long
+                    versions[shown] = versions.get(shown, 0) + 1
                 else:
                     corrupt.append(number)
         self._warn(corrupt, versions, len(lines))
         return records
 
-    def _warn(self, corrupt: list[int], versions: dict[object, int], n_lines: int) -> None:
+    def _warn(self, corrupt: list[int], versions: dict[str, int], n_lines: int) -> None:
         if corrupt == [n_lines]:
             warnings.warn(
                 f"{self.path}: skipped a torn last line {n_lines} (a killed run?)", LogWarning, stacklevel=3
@@ -224,7 +247,7 @@ class TuningLog:
             )
         for version, count in versions.items():
             warnings.warn(
-                f"{self.path}: skipped {count} record(s) of format version {version!r} "
+                f"{self.path}: skipped {count} record(s) of format version {version} "
                 f"(this xtune reads version {FORMAT_VERSION})",
                 LogWarning,
                 stacklevel=3,
@@ -241,21 +264,99 @@ class TuningLog:
         return best(self.read(), workload, target, k, cost_unit, board)
 
 
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False  # missing, or unreadable: appending says why
+
+
 def _version_of(line: str) -> object:
     """The "v" of a line that is a JSON object, else None."""
     try:
         data = json.loads(line)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     return data.get("v") if isinstance(data, dict) else None
 
 
 def read_logs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
-    """The records of several logs, concatenated in the order given (missing files count as empty)."""
+    """The usable records of several logs, concatenated in the order given.
+
+    A missing log is an InputError (a typo, almost always). A record this xtune cannot use (unknown
+    operator or target, a config outside its template's space or whose knobs no longer match) is left
+    out with one LogWarning per log naming the file and its line numbers; it never stops the rest."""
+    return read_usable(paths)[0]
+
+
+def read_usable(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Record], Counter[str]]:
+    """`read_logs`, and how many records it left out by kind: "unknown_workload_or_target" and
+    "stale_config" (a model file's manifest counts them)."""
     records: list[Record] = []
+    left_out: Counter[str] = Counter()
+    templates: dict[tuple[str, str], TemplateOrWhy] = {}
     for path in paths:
-        records.extend(TuningLog(path).read())
-    return records
+        log = TuningLog(path)
+        if not log.path.exists():
+            raise InputError(f"no such log: {path}")
+        skipped: list[tuple[int, str]] = []
+        for number, record in log.numbered():
+            template = _template_of(record, templates)
+            why = template if isinstance(template, str) else _mismatch(template, record)
+            if why:
+                skipped.append((number, why))
+                left_out["unknown_workload_or_target" if template is why else "stale_config"] += 1
+            else:
+                records.append(record)
+        if skipped:
+            lines = ", ".join(str(n) for n, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+            warnings.warn(f"{path}: skipped {len(skipped)} record(s) this xtune cannot use (line {lines}); "
+                          f"line {skipped[0][0]}: {skipped[0][1]}", LogWarning, stacklevel=3)  # fmt: skip
+    return records, left_out
+
+
+def build_choice(records: Iterable[Record], workload: str, target: str) -> Record | None:
+    """The record `xtune build` compiles and `xtune best` shows for `workload` on `target`: the best
+    (`best`) in wall time if any OK record has one, else the best in instruction counts (an emulated
+    board's); the two units are never compared."""
+    mine = of_machine(records, workload, target)
+    units = sorted({r.result.cost_unit for r in mine if r.result.ok}, key=lambda u: (u != "s", u))
+    for unit in units:
+        top = best(mine, workload, target, k=1, cost_unit=unit)
+        if top:
+            return top[0]
+    return None
+
+
+def _template_of(record: Record, cache: dict[tuple[str, str], TemplateOrWhy]) -> TemplateOrWhy:
+    """The template of the record's workload on its target, or why there is none."""
+    key = (record.workload, record.target)
+    if key not in cache:
+        try:
+            cache[key] = template_for(parse_workload(record.workload), get_target(record.target))
+        except InputError as e:
+            cache[key] = str(e)
+    return cache[key]
+
+
+def config_of(template: ScheduleTemplate, record: Record) -> Config | None:
+    """The record's config if its index still means the same knobs in `template`, else None.
+
+    The one rule for "a logged record still matches its template": a changed template renumbers its
+    space, and an index outside it, or one whose knobs differ, is another version's config."""
+    return None if _mismatch(template, record) else template.space.config(record.index)
+
+
+def _mismatch(template: ScheduleTemplate, record: Record) -> str:
+    space = template.space
+    if record.workload != template.workload.key or record.target != template.target.name:
+        return f"the record is of {record.workload} on {record.target}"
+    if not 0 <= record.index < space.size:
+        return f"config index {record.index} is outside the space of {space.size} configs"
+    if space.config(record.index).values != record.knobs:
+        return f"config {record.index}'s knobs no longer match the template"
+    return ""
 
 
 # ---- queries over records -----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from xtune.errors import InputError
 from xtune.peers import numpy_seconds
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, leaders, make_record, measured, of_machine
+from xtune.tuning.database import Record, TuningLog, config_of, leaders, make_record, measured, of_machine
 from xtune.tuning.features import estimate_prior, featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
 from xtune.tuning.tuner import StopReason, TuneProgress, TuneSummary, make_tuner, tune
@@ -114,11 +114,10 @@ def past_records(log: TuningLog | None, template: ScheduleTemplate, cpu: str | N
     knobs still mean the same config."""
     if log is None:
         return []
-    space = template.space
     return [
         r
         for r in of_machine(log.read(), template.workload.key, template.target.name, cpu=cpu)
-        if 0 <= r.index < space.size and space.config(r.index).values == r.knobs
+        if config_of(template, r) is not None
     ]
 
 
