@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -21,11 +22,11 @@ from xtune.boards.agent import RunRequest
 from xtune.boards.board import QemuBoard, get_board
 from xtune.boards.ssh import HELLO_TIMEOUT, SshBoard, deploy, load_boards
 from xtune.cli import main
-from xtune.errors import BoardError, InputError
+from xtune.errors import BoardError, BoardFault, InputError
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, make_record
-from xtune.tuning.measure import MeasureOptions, Measurer, MeasureStatus, build_image
+from xtune.tuning.measure import MeasureOptions, Measurer, MeasureResult, MeasureStatus, build_image
 from xtune.workload import parse_workload
 
 from .test_measure import HANG, SEGFAULT, configs, image_of
@@ -301,7 +302,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sshd_killed_mid_run_gives_board_errors_then_the_run_resumes(
+def test_sshd_killed_mid_run_stops_the_measurer_then_a_resumed_run_measures_the_rest(
     sshd: PrivateSshd, native: SshBoard, tmp_path: Path
 ) -> None:
     wl = parse_workload("matmul:m=16,n=16,k=16")
@@ -310,7 +311,7 @@ def test_sshd_killed_mid_run_gives_board_errors_then_the_run_resumes(
     log = TuningLog(tmp_path / "log.jsonl")
     fingerprint = tuple(sorted(native.fingerprint().items()))
 
-    def measure_and_log(batch: list[int]) -> list[MeasureStatus]:
+    def measure_and_log(measurer: Measurer, batch: list[int]) -> list[MeasureStatus]:
         results = measurer.measure(batch)
         log.append([make_record(wl.key, "x86-avx2", native.name, space.config(i), r, FAST, fingerprint)
                     for i, r in zip(batch, results, strict=True)])  # fmt: skip
@@ -318,21 +319,26 @@ def test_sshd_killed_mid_run_gives_board_errors_then_the_run_resumes(
 
     measurer = Measurer(native, wl, FAST)
     try:
-        assert measure_and_log(indices[:2]) == [MeasureStatus.OK] * 2
+        assert measure_and_log(measurer, indices[:2]) == [MeasureStatus.OK] * 2
         sshd.kill_all()  # sshd and every session under it: the connection drops mid-run
-        during = measurer.measure(indices[2:])
-        log.append([make_record(wl.key, "x86-avx2", native.name, space.config(i), r, FAST, fingerprint)
-                    for i, r in zip(indices[2:], during, strict=True)])  # fmt: skip
-        sshd.start()
-        done = log.measured(wl.key, "x86-avx2")  # resume: what is left is what failed on the board
-        todo = [i for i in indices if i not in done]
-        assert measure_and_log(todo) == [MeasureStatus.OK] * len(todo)
+        start = time.monotonic()
+        during = measure_and_log(measurer, indices[2:])
+        stopped_after = time.monotonic() - start
+        assert measurer.measure(indices[:1]) == [MeasureResult(MeasureStatus.BOARD_ERROR, error=ANY)]
     finally:
         measurer.close()
-        if sshd.proc is None:
-            sshd.start()
-    assert [r.status for r in during] == [MeasureStatus.BOARD_ERROR] * 2
-    assert "cannot connect" in during[0].error and "127.0.0.1" in during[0].error
+    sshd.start()
+    resumed = Measurer(native, wl, FAST)  # a resumed run: what is left is what failed on the board
+    try:
+        todo = [i for i in indices if i not in log.measured(wl.key, "x86-avx2")]
+        assert measure_and_log(resumed, todo) == [MeasureStatus.OK] * len(todo)
+    finally:
+        resumed.close()
+    failure = measurer.failure
+    assert failure is not None and failure.kind is BoardFault.REFUSED and not failure.transient
+    assert str(failure).startswith("board ssh-native: ") and "gave up after 3 attempts" in str(failure)
+    assert stopped_after < 10  # one retry of the candidate, 0.3 s of reconnect backoff: no minutes
+    assert during == [MeasureStatus.BOARD_ERROR] * 2
     assert todo == indices[2:]
     assert set(log.measured(wl.key, "x86-avx2")) == set(indices)
     assert all(dict(r.fingerprint)["agent"] for r in log.read())

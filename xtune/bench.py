@@ -65,6 +65,8 @@ def bench(
         result = measurer.measure([config_index])[0]
     finally:
         measurer.close()
+    if measurer.failure is not None:  # the board failed for good: an error (exit 2), not a result
+        raise measurer.failure
     np_seconds = float(np.median(numpy_seconds(workload)))
     flops = workload.flops()
     if result.ok and result.cost_unit != "s":  # emulated board: a correctness check, not a speed

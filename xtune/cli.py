@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from xtune.errors import InputError, XtuneError
+from xtune.errors import InputError, XtuneError, XtuneWarning
 from xtune.tuning.tuner import TUNERS
 
 if TYPE_CHECKING:
@@ -213,6 +213,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if report.stop == "interrupted":
         print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
         return 130
+    if report.stop == "board_failed":  # the summary above says what was measured; the log has it all
+        print(f"xtune: error: {report.error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -415,7 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
     p.add_argument("--workload", required=True)
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")
+    p.add_argument("--boards", type=Path, metavar="FILE",
+                   help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")  # fmt: skip
     p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--trials", type=int, default=64)
@@ -458,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="default (or given) config vs numpy, measured in one run")
     p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--board", default="local")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml for SSH boards")
+    p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
     p.add_argument("--config", type=int, default=None, help="config index (default: the template's default)")
     p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
@@ -480,7 +484,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:  # fmt: skip
+    """xtune's own warnings as one "xtune: warning:" line on stderr; others as Python prints them."""
+    if issubclass(category, XtuneWarning):
+        print(f"xtune: warning: {message}", file=sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:

@@ -16,7 +16,7 @@ from typing import Protocol
 from xtune.boards import ssh
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
-from xtune.errors import BoardError, InputError
+from xtune.errors import BoardError, BoardFault, InputError
 from xtune.target import Target, get_target, host_cpu_identity, host_target, missing_host_features
 
 LOCAL_HELLO_TIMEOUT = 10.0  # seconds; also the margin added to every request's own timeout
@@ -95,7 +95,8 @@ def build_insn_plugin() -> Path:
     source = (resources.files("xtune") / "agent_src" / "insncount.c").read_bytes()
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
-        raise BoardError("the QEMU instruction-count plugin needs a host C compiler: apt-get install gcc")
+        raise BoardError("the QEMU instruction-count plugin needs a host C compiler: apt-get install gcc",
+                         BoardFault.AGENT_GONE)  # fmt: skip
     key = hashlib.sha256(source + cc.encode()).hexdigest()[:12]
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     out = Path(base) / "xtune" / "agents" / f"insncount-{key}" / "libxtune-insncount.so"
@@ -109,7 +110,9 @@ def build_insn_plugin() -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
             tail = proc.stderr.strip()[-2000:]
-            raise BoardError(f"building the QEMU instruction-count plugin failed: {tail}")
+            raise BoardError(
+                f"building the QEMU instruction-count plugin failed: {tail}", BoardFault.AGENT_GONE
+            )
         shutil.copyfile(partial, f"{out}.{os.getpid()}")
         os.replace(f"{out}.{os.getpid()}", out)  # atomic: concurrent builders never load a half file
     return out
@@ -164,7 +167,8 @@ class QemuBoard:
         path = shutil.which(self.target.qemu_binary)
         if path is None:
             raise BoardError(
-                f"board {self.name} needs {self.target.qemu_binary}: 'apt-get install qemu-user' provides it"
+                f"board {self.name} needs {self.target.qemu_binary}: 'apt-get install qemu-user' provides it",
+                BoardFault.AGENT_GONE,
             )
         return path
 

@@ -289,6 +289,16 @@ def measured(
     }
 
 
+def unmeasured(
+    records: Iterable[Record], workload: str, target: str, board: str | None = None, cpu: str | None = None
+) -> list[int]:
+    """Configs that have board-error records and nothing else (of `cpu`, see `of_machine`), in the order
+    they were first tried: an earlier run chose them, but never measured them. `measured` leaves them out."""
+    mine = of_machine(records, workload, target, board, cpu)
+    done = measured(mine, workload, target)
+    return list(dict.fromkeys(r.index for r in mine if r.index not in done))
+
+
 def best(
     records: Iterable[Record],
     workload: str,
