@@ -31,8 +31,10 @@ from xtune.target import Target, cpu_identity
 FINGERPRINT_NAME = "xtune-agent.json"
 HELLO_TIMEOUT = 30.0  # also the margin on every request's own deadline (qemu behind ssh is slow)
 # Seconds slept before each retry of a transient connect failure (refused, lost, timed out): at most
-# 1 + 3 attempts, 3.5 s of sleep; docs/boards.md ("Faults") states the worst case.
+# 1 + 3 attempts, and no retry that would start after RECONNECT_BUDGET seconds: a refused port gives up
+# after 3.5 s, a silent one after 2 attempts (docs/boards.md, "Faults", states the worst case).
 RECONNECT_DELAYS = (0.5, 1.0, 2.0)
+RECONNECT_BUDGET = 10.0
 
 # paramiko's transport thread logs a dropped socket ("Socket exception: Connection reset") through
 # logging's last-resort stderr handler; xtune reports the same event once, as a BoardError.
@@ -279,13 +281,15 @@ class SshBoard:
         self.wall_time_is_meaningful = not config.wrapper  # qemu behind ssh: correctness only
         self.cost_unit = "s"
         self.reconnect_delays = tuple(reconnect_delays)
+        self.reconnect_budget = RECONNECT_BUDGET  # no retry starts later than this many seconds in
         self.timeout = HELLO_TIMEOUT  # hello wait, and the margin on each request's own deadline
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
 
     def client(self) -> paramiko.SSHClient:
         """The live connection, re-established if it dropped: a transient failure is retried after each
-        of `reconnect_delays`, then given up (no longer transient); any other failure is raised at once."""
+        of `reconnect_delays` while `reconnect_budget` lasts, then given up (no longer transient); any other
+        failure is raised at once."""
         with self._lock:
             transport = self._client.get_transport() if self._client else None
             if transport is not None and transport.is_active():
@@ -294,9 +298,12 @@ class SshBoard:
             if self._client is not None:
                 self._client.close()
                 self._client = None
-            start, last = time.monotonic(), None
+            start, last, attempts = time.monotonic(), None, 0
             for delay in (0.0, *self.reconnect_delays):
+                if attempts and time.monotonic() - start + delay > self.reconnect_budget:
+                    break
                 time.sleep(delay)
+                attempts += 1
                 try:
                     self._client = connect(self.config)
                     return self._client
@@ -305,7 +312,6 @@ class SshBoard:
                         raise  # host key, authentication: retrying cannot help
                     last = err
             assert last is not None
-            attempts = 1 + len(self.reconnect_delays)
             raise last.gave_up(f" (gave up after {attempts} attempts in {time.monotonic() - start:.1f} s)")
 
     def agent_command(self) -> str:
