@@ -582,8 +582,12 @@ def test_malformed_known_hosts_lines_are_skipped_with_a_warning(sshd: PrivateSsh
         f"pi.lab ssh-ed25519 {base64.b64encode(b'garbage').decode()}",  # base64 of no key
         f"@cert-authority *.lab ssh-ed25519 {key}",
     ]
+    hashed = tmp_path / "hashed"  # the good entry as `ssh-keygen -H` hashes it (HashKnownHosts yes)
+    hashed.write_text(good + "\n")
+    subprocess.run(["ssh-keygen", "-H", "-f", str(hashed)], check=True, capture_output=True)
+    assert hashed.read_text().startswith("|1|")
     known = tmp_path / "known_hosts"
-    known.write_text("\n".join(bad) + f"\n# comment\n\n{good}\n")
+    known.write_text("\n".join(bad) + f"\n# comment\n\n{hashed.read_text()}")
     boards = tmp_path / "boards.toml"
     boards.write_text(sshd.boards_toml("ssh-kh", "x86-avx2", known_hosts=str(known)))
     listed = xtune_cli("boards", "--boards", str(boards))

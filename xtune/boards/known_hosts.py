@@ -66,9 +66,10 @@ def _parse(line: str) -> tuple[list[str], paramiko.PKey | None] | str:
         return f"the {words[1]} key does not parse ({type(err).__name__})"
 
 
-def load(path: Path) -> paramiko.HostKeys:
-    """The host keys of `path` (none if it does not exist); a malformed line is skipped with a warning."""
-    keys = paramiko.HostKeys()
+def load(path: Path, keys: paramiko.HostKeys | None = None) -> paramiko.HostKeys:
+    """The host keys of `path` (none if it does not exist) added to `keys` (a client's, or new ones);
+    a malformed line is skipped with a warning."""
+    keys = paramiko.HostKeys() if keys is None else keys
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:

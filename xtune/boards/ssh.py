@@ -113,9 +113,7 @@ def connect(config: SshBoardConfig, timeout: float | None = None, accept_new_hos
     known_hosts = Path(config.known_hosts).expanduser()
     keys: Any = list(end.keys) or None  # paramiko takes a list of files; its type stubs say str
     client = paramiko.SSHClient()
-    for name, entry in hostkeys.load(known_hosts).items():
-        for kind, key in entry.items():
-            client.get_host_keys().add(name, kind, key)
+    hostkeys.load(known_hosts, client.get_host_keys())
     client.set_missing_host_key_policy(_AcceptAndRecord(known_hosts) if accept_new_host_key else _Refuse())
     start = time.monotonic()
     try:
