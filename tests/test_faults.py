@@ -21,12 +21,23 @@ from pathlib import Path
 
 import pytest
 
-from xtune.boards.board import get_board
+from xtune.boards.agent import AgentSession
+from xtune.boards.board import LocalBoard, get_board, local_target
 from xtune.boards.ssh import SshBoard, deploy
-from xtune.tuning.database import TuningLog, record_from_json
-from xtune.tuning.measure import MeasureStatus
+from xtune.errors import BoardError, BoardFault
+from xtune.templates import template_for
+from xtune.tuning.database import Record, TuningLog, make_record, measured, record_from_json, unmeasured
+from xtune.tuning.measure import (
+    MAX_BOARD_ERRORS_IN_A_ROW,
+    CompilePool,
+    MeasureOptions,
+    Measurer,
+    MeasureResult,
+    MeasureStatus,
+)
 from xtune.workload import parse_workload
 
+from .test_measure import configs
 from .test_ssh import SSHD, PrivateSshd, _descendants, _keygen
 
 pytestmark = [pytest.mark.board, pytest.mark.skipif(not os.path.exists(SSHD), reason="needs sshd")]
@@ -243,3 +254,87 @@ def _parses(line: str) -> bool:
     except Exception:
         return False
     return True
+
+
+# ---- the stop rule itself, with a board that fails on cue (unit tests of the logic) --------------------
+
+
+class FlakyBoard:
+    """The local board, but `open()` first raises the queued faults, one per call."""
+
+    wall_time_is_meaningful = True
+    cost_unit = "s"
+
+    def __init__(self, faults: list[BoardError]) -> None:
+        self.real = LocalBoard(local_target())
+        self.name, self.target = "flaky", self.real.target
+        self.faults, self.opened = faults, 0
+
+    def open(self) -> AgentSession:
+        self.opened += 1
+        if self.faults:
+            raise self.faults.pop(0)
+        return self.real.open()
+
+    def fingerprint(self) -> dict[str, str]:
+        return self.real.fingerprint()
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[CompilePool]:
+    compile_pool = CompilePool(1)
+    yield compile_pool
+    compile_pool.close()
+
+
+def _measure(board: FlakyBoard, pool: CompilePool, n: int) -> tuple[Measurer, list[MeasureResult]]:
+    wl = parse_workload(TINY)
+    measurer = Measurer(board, wl, MeasureOptions(repeat=1, min_repeat_ms=1.0, warmup=0), pool)
+    try:
+        return measurer, measurer.measure(configs(wl.key, board.target.name, n - 1, seed=2))
+    finally:
+        measurer.close()
+
+
+def test_a_permanent_fault_stops_the_measurer_without_a_retry(pool: CompilePool) -> None:
+    board = FlakyBoard([BoardError("authentication as pi@lab:22 failed", BoardFault.AUTHENTICATION)] * 5)
+    measurer, results = _measure(board, pool, 3)
+    assert board.opened == 1 and [r.status for r in results] == [MeasureStatus.BOARD_ERROR] * 3
+    assert measurer.failure is not None and measurer.failure.kind is BoardFault.AUTHENTICATION
+    assert str(measurer.failure) == "board flaky: authentication as pi@lab:22 failed"
+    assert all(r.error == f"not measured: {measurer.failure}" for r in results)
+    assert measurer.measure([0]) == [results[0]] and board.opened == 1  # and it measures no more
+
+
+def test_a_transient_fault_is_retried_once_and_then_recorded(pool: CompilePool) -> None:
+    board = FlakyBoard([BoardError("connection lost", BoardFault.LOST)] * 3)
+    measurer, results = _measure(board, pool, 3)
+    # candidate 1: fault, fault -> board_error; candidate 2: fault, then a session; candidate 3: same one.
+    assert [r.status for r in results] == [MeasureStatus.BOARD_ERROR, MeasureStatus.OK, MeasureStatus.OK]
+    assert results[0].error == "board flaky: connection lost" and measurer.failure is None
+    assert board.opened == 4
+
+
+def test_transient_faults_that_keep_coming_stop_the_measurer(pool: CompilePool) -> None:
+    board = FlakyBoard([BoardError("no reply within 1.0 s", BoardFault.TIMEOUT)] * 100)
+    measurer, results = _measure(board, pool, 5)
+    assert [r.status for r in results] == [MeasureStatus.BOARD_ERROR] * 5
+    assert board.opened == 2 * MAX_BOARD_ERRORS_IN_A_ROW  # one retry each, then it gives up
+    failure = measurer.failure
+    assert failure is not None and not failure.transient and failure.kind is BoardFault.TIMEOUT
+    assert str(failure).endswith(f"({MAX_BOARD_ERRORS_IN_A_ROW} candidates in a row)")
+    assert results[2].error == results[4].error == f"not measured: {failure}"
+
+
+def test_unmeasured_are_the_configs_with_board_errors_only_in_first_tried_order() -> None:
+    wl = parse_workload(TINY)
+    space = template_for(wl, local_target()).space
+
+    def record(index: int, status: MeasureStatus) -> Record:
+        return make_record(wl.key, "t", "b", space.config(index), MeasureResult(status))
+
+    error, ok = MeasureStatus.BOARD_ERROR, MeasureStatus.OK
+    records = [record(4, error), record(1, error), record(2, error), record(2, ok), record(3, ok),
+               record(4, error), record(5, MeasureStatus.WRONG_ANSWER)]  # fmt: skip
+    assert unmeasured(records, wl.key, "t") == [4, 1]
+    assert set(measured(records, wl.key, "t")) == {2, 3, 5}

@@ -599,3 +599,18 @@ def test_malformed_known_hosts_lines_are_skipped_with_a_warning(sshd: PrivateSsh
     deployed = xtune_cli("deploy", "--board", "ssh-kh", "--boards", str(boards))
     assert deployed.returncode == 0 and "Traceback" not in deployed.stderr, deployed.stderr
     assert len(known.read_text().splitlines()) == len(bad) + 3  # nothing appended, nothing rewritten
+
+
+def test_an_agent_removed_from_the_board_is_agent_gone_not_a_retry(sshd: PrivateSshd, tmp_path: Path) -> None:
+    boards = tmp_path / "boards.toml"
+    boards.write_text(sshd.boards_toml("ssh-gone", "x86-avx2", workdir=str(tmp_path / "remote")))
+    board = get_board("ssh-gone", boards)
+    assert isinstance(board, SshBoard)
+    deploy(board)
+    (tmp_path / "remote" / "xtune-agent").unlink()  # the board was wiped: the connection still works
+    try:
+        with pytest.raises(BoardError, match=r"No such file.*xtune deploy --board ssh-gone") as info:
+            board.open()
+    finally:
+        board.close()
+    assert info.value.kind is BoardFault.AGENT_GONE and not info.value.transient

@@ -36,6 +36,12 @@ _RUN = struct.Struct(
 _RUN_REPLY = struct.Struct("<IiII")  # run status, signal, number used, count of u64 ns that follow
 
 
+def stderr_note(tail: str, label: str = "stderr") -> str:
+    """ "; stderr: ..." for an error message, its lines joined: a board error is one line on the terminal."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return f"; {label}: {' | '.join(lines)}" if lines else ""
+
+
 class Transport(Protocol):
     """A byte pipe to one agent process; a subprocess here, an SSH exec channel elsewhere."""
 
@@ -117,7 +123,7 @@ class SubprocessTransport:
         status = f" (exit status {code})" if code is not None else ""
         tail = self.stderr_tail()
         return BoardError(
-            f"agent `{' '.join(self._argv)[:120]}`: {what}{status}" + (f"; stderr: {tail}" if tail else ""),
+            f"agent `{' '.join(self._argv)[:120]}`: {what}{status}" + stderr_note(tail),
             kind,
         )
 
@@ -306,7 +312,7 @@ class AgentSession:
 
     def _error(self, what: str, kind: BoardFault = BoardFault.AGENT) -> BoardError:
         tail = self._transport.stderr_tail()
-        return BoardError(what + (f"; agent stderr: {tail}" if tail else ""), kind)
+        return BoardError(what + stderr_note(tail, "agent stderr"), kind)
 
     def _request(self, op: int, payload: bytes, timeout: float) -> bytes:
         if self._broken:
