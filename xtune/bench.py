@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.boards.board import Board
+from xtune.errors import BoardError
 from xtune.peers import numpy_seconds, ort_gflops
 from xtune.schedule.space import KnobValue
 from xtune.templates import template_for
@@ -73,6 +74,12 @@ def bench(
         result = measurer.measure([config_index])[0]
     finally:
         measurer.close()
+    # No measurement is an error (exit 2 from the CLI), not a result: the board failed for good, or a
+    # transient fault outlasted the retry (docs/boards.md, "Faults").
+    if measurer.failure is not None:
+        raise measurer.failure
+    if result.status is MeasureStatus.BOARD_ERROR:
+        raise BoardError(result.error, transient=False)
     np_seconds = float(np.median(numpy_seconds(workload)))
     flops = workload.flops()
     ort = ort_gflops(workload)

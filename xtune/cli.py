@@ -256,6 +256,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if report.stop == "interrupted":
         print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
         return 130
+    if report.stop == "board_failed":  # the summary above says what was measured; the log has it all
+        print(f"xtune: error: {report.error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -624,6 +627,7 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: object, *
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     with warnings.catch_warnings():  # restored on return: main() may run in a caller's process

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from xtune.errors import BoardError
+from xtune.errors import BoardError, BoardFault
 from xtune.files import replace_atomic
 from xtune.target import host_cpu
 
@@ -41,7 +41,9 @@ def agent_version() -> str:
 def compiler_command(arch: str) -> list[str]:
     """The compiler invocation (without flags and files) that builds a static agent for `arch`."""
     if arch not in ARCHES:
-        raise BoardError(f"no agent build for architecture '{arch}' (known: {', '.join(ARCHES)})")
+        raise BoardError(
+            f"no agent build for architecture '{arch}' (known: {', '.join(ARCHES)})", BoardFault.AGENT_GONE
+        )
     if arch == host_cpu().arch:
         for cc in ("gcc", "cc"):
             if path := shutil.which(cc):
@@ -53,7 +55,8 @@ def compiler_command(arch: str) -> list[str]:
         return [sys.executable, "-m", "ziglang", "cc", "-target", f"{arch}-linux-musl"]
     raise BoardError(
         f"no C compiler for {arch} agents: install it with "
-        f"'apt-get install {_APT_PACKAGES[arch]}' or 'pip install ziglang'"
+        f"'apt-get install {_APT_PACKAGES[arch]}' or 'pip install ziglang'",
+        BoardFault.AGENT_GONE,
     )
 
 
@@ -107,7 +110,7 @@ def _compile(cmd: list[str], what: str) -> None:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise BoardError(f"building {what} failed: {err}") from None
+        raise BoardError(f"building {what} failed: {err}", BoardFault.AGENT_GONE) from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-2000:]
-        raise BoardError(f"building {what} failed ({' '.join(cmd)}):\n{tail}")
+        raise BoardError(f"building {what} failed ({' '.join(cmd)}):\n{tail}", BoardFault.AGENT_GONE)

@@ -15,7 +15,7 @@ from typing import Protocol
 from xtune.boards import agent_build, ssh
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
-from xtune.errors import BoardError, InputError
+from xtune.errors import BoardError, BoardFault, InputError
 from xtune.target import Target, get_target, host_cannot_run, host_cpu_identity, host_target
 
 LOCAL_HELLO_TIMEOUT = 10.0  # seconds; also the margin added to every request's own timeout
@@ -93,7 +93,10 @@ def insn_plugin_command() -> list[str]:
     """The host compiler and flags the instruction-count plugin is built with (a shared object for qemu)."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
-        raise BoardError("the QEMU instruction-count plugin needs a host C compiler: apt-get install gcc")
+        raise BoardError(
+            "the QEMU instruction-count plugin needs a host C compiler: apt-get install gcc",
+            BoardFault.AGENT_GONE,
+        )
     return [cc, "-shared", "-fPIC", "-O2"]
 
 
@@ -158,7 +161,8 @@ class QemuBoard:
         path = shutil.which(self.target.qemu_binary)
         if path is None:
             raise BoardError(
-                f"board {self.name} needs {self.target.qemu_binary}: 'apt-get install qemu-user' provides it"
+                f"board {self.name} needs {self.target.qemu_binary}: 'apt-get install qemu-user' provides it",
+                BoardFault.AGENT_GONE,
             )
         return path
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 import xtune
-from xtune.errors import InputError
+from xtune.errors import InputError, XtuneWarning
 from xtune.target import Target, cpu_name, get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.transfer.modelfile import (
@@ -43,7 +43,7 @@ from xtune.workload import parse_workload
 BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/models/ for the tuned target
 
 
-class TransferWarning(UserWarning):
+class TransferWarning(XtuneWarning):
     """Log records were left out of training (stale configs, unknown workloads or targets), or a model is
     used on a target it never saw."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import xtune
-from xtune.errors import InputError
+from xtune.errors import InputError, XtuneWarning
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
 from xtune.templates import ScheduleTemplate, template_for
@@ -32,7 +32,7 @@ TemplateOrWhy = ScheduleTemplate | str  # a template, or why a record has none
 DISQUALIFYING = frozenset({MeasureStatus.WRONG_ANSWER, MeasureStatus.RUNTIME_ERROR})
 
 
-class LogWarning(UserWarning):
+class LogWarning(XtuneWarning):
     """A log line was skipped: torn by a kill, corrupt, or written by another format version."""
 
 
@@ -388,6 +388,16 @@ def measured(
         for r in of_machine(records, workload, target, board, cpu)
         if r.result.status is not MeasureStatus.BOARD_ERROR
     }
+
+
+def unmeasured(
+    records: Iterable[Record], workload: str, target: str, board: str | None = None, cpu: str | None = None
+) -> list[int]:
+    """Configs that have board-error records and nothing else (of `cpu`, see `of_machine`), in the order
+    they were first tried: an earlier run chose them, but never measured them. `measured` leaves them out."""
+    mine = of_machine(records, workload, target, board, cpu)
+    done = measured(mine, workload, target)
+    return list(dict.fromkeys(r.index for r in mine if r.index not in done))
 
 
 def best(

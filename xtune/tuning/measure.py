@@ -22,7 +22,7 @@ from xtune.boards.board import Board, InsnCountingSession
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
-from xtune.errors import BoardError, LinkError, XtuneError
+from xtune.errors import BoardError, BoardFault, LinkError, XtuneError
 from xtune.target import Target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.workload import RTOL, Workload, check_output, random_inputs
@@ -238,8 +238,16 @@ def _exit_with(parent: int) -> None:
     os._exit(0)
 
 
+# Candidates in a row that end in board_error (each after one retry with a fresh session) before the
+# board counts as failed for good: transient faults that keep coming are not transient.
+MAX_BOARD_ERRORS_IN_A_ROW = 3
+
+
 class Measurer:
-    """Measures configs of one workload on one board: build (in workers), check against numpy, time."""
+    """Measures configs of one workload on one board: build (in workers), check against numpy, time.
+
+    A BoardError that is not transient (docs/boards.md, "Faults") ends measuring: `measure` records
+    it in `failure`, returns board_error for the candidates it did not finish, and measures no more."""
 
     def __init__(
         self, board: Board, workload: Workload, options: MeasureOptions, pool: CompilePool | None = None
@@ -257,6 +265,8 @@ class Measurer:
         self.out_shape = self.tensors[self.out_slot].shape
         self._poison = np.full(self.out_shape, np.nan, dtype=np.float32).tobytes()
         self._session: AgentSession | None = None
+        self.failure: BoardError | None = None  # why this board cannot measure any more
+        self._errors_in_a_row = 0
 
     def session(self) -> AgentSession:
         if self._session is None:
@@ -268,20 +278,45 @@ class Measurer:
         return self._session
 
     def measure(self, indices: Sequence[int]) -> list[MeasureResult]:
-        return [self.run(built) for built in self.pool.build_all(self.workload, self.board.target, indices)]
+        results: list[MeasureResult] = []
+        if self.failure is None:
+            builds = self.pool.build_all(self.workload, self.board.target, indices)
+            try:
+                for built in builds:
+                    results.append(self.run(built))
+            except BoardError as err:
+                self.failure = err  # `builds` is dropped: compiles nobody will run are not waited for
+        not_measured = MeasureResult(MeasureStatus.BOARD_ERROR, error=f"not measured: {self.failure}")
+        return results + [not_measured] * (len(indices) - len(results))
 
     def run(self, built: BuiltImage) -> MeasureResult:
+        """The candidate's result; a transient board fault is retried once with a fresh session and then
+        recorded as board_error. Raises the BoardError (naming the board) when the board failed for good."""
         if built.status is not MeasureStatus.OK:
             return MeasureResult(built.status, error=built.error)
-        for attempt in (1, 2):  # a dead agent is restarted once; the candidate is then retried
+        for attempt in (1, 2):
             try:
                 result = self._check_and_time(built)
+                self._errors_in_a_row = 0
                 return replace(result, compile_seconds=built.compile_seconds)
             except BoardError as err:
                 self.close_session()
+                failed = self._on_board(err)
+                if not failed.transient:
+                    raise failed from None
                 if attempt == 2:
-                    return MeasureResult(MeasureStatus.BOARD_ERROR, error=str(err))
+                    self._errors_in_a_row += 1
+                    if self._errors_in_a_row >= MAX_BOARD_ERRORS_IN_A_ROW:
+                        raise failed.gave_up(f" ({self._errors_in_a_row} candidates in a row)") from None
+                    return MeasureResult(MeasureStatus.BOARD_ERROR, error=str(failed))
         raise AssertionError("unreachable")
+
+    def _on_board(self, err: BoardError) -> BoardError:
+        """`err`, its message starting with the board's name (the one line a stopped run prints)."""
+        prefix = f"board {self.board.name}"
+        if str(err).startswith(prefix):
+            return err
+        return BoardError(f"{prefix}: {err}", err.kind, err.transient)
 
     def _check_and_time(self, built: BuiltImage) -> MeasureResult:
         session, opts, args = self.session(), self.options, self.args
@@ -300,7 +335,8 @@ class Measurer:
             # so no timed run follows.
             count = session.last_insn_count if isinstance(session, InsnCountingSession) else None
             if count is None:
-                raise BoardError(f"board {self.board.name} reported no instruction count for the run")
+                raise BoardError(f"board {self.board.name} reported no instruction count for the run",
+                                 BoardFault.AGENT)  # fmt: skip
             return MeasureResult(MeasureStatus.OK, (float(count),), cost_unit="insn")
         flush = 2 * self.board.target.l2_bytes if opts.flush_cache else 0
         timed = RunRequest(

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
-from xtune.errors import InputError
+from xtune.errors import BoardError, InputError
 from xtune.peers import numpy_seconds
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, config_of, leaders, make_record, measured, of_machine
+from xtune.tuning.database import (
+    Record,
+    TuningLog,
+    config_of,
+    leaders,
+    make_record,
+    measured,
+    of_machine,
+    unmeasured,
+)
 from xtune.tuning.features import estimate_prior, featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
-from xtune.tuning.tuner import StopReason, TuneProgress, TuneSummary, make_tuner, tune
+from xtune.tuning.tuner import StopReason, StopTuning, TuneProgress, TuneSummary, make_tuner, tune
 from xtune.workload import Workload
 
 
@@ -68,6 +78,7 @@ class TuningReport:
     tuner_seconds: float
     curve_gflops: tuple[float, ...]  # best-so-far GFLOP/s after each trial of this run (0 before any OK)
     stop: str
+    error: str = ""  # why the run stopped, when a board failed for good (stop "board_failed")
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -89,6 +100,11 @@ class _BoardsMeasurer:
     ):
         self.measurers = [Measurer(board, workload, options, pool) for board in boards]
         self.threads = ThreadPoolExecutor(len(boards)) if len(boards) > 1 else None
+
+    @property
+    def failure(self) -> BoardError | None:
+        """The first board that failed for good: the run stops, even if other boards could go on."""
+        return next((m.failure for m in self.measurers if m.failure is not None), None)
 
     def __call__(self, batch: list[int]) -> list[MeasureResult]:
         if self.threads is None:
@@ -167,6 +183,8 @@ def run_tuning(
         tuner.load_history(list(history), [r.result for r in history.values()])
     if options.start_from_default:
         tuner.propose_first([template.default_config().index])
+    # Configs an earlier run chose but lost to a board error: measured first (docs/boards.md, "Faults").
+    tuner.propose_first(unmeasured(past, workload.key, target.name))
     label, space, wl = "+".join(b.name for b in boards), template.space, workload.key
     this_run: list[Record] = []
 
@@ -177,24 +195,38 @@ def run_tuning(
         if log is not None:
             log.append(records)
 
-    callbacks = [lambda progress: keep(progress.batch, progress.results)]
-    callbacks += [on_progress] if on_progress else []
     pool = CompilePool()
     measure = _BoardsMeasurer(boards, workload, options.measure, pool)
-    stop = StopReason.INTERRUPTED
+
+    def stop_if_failed() -> None:
+        if measure.failure is not None:  # called after keep: the batch, its board errors too, is logged
+            raise StopTuning(StopReason.BOARD_FAILED)
+
+    def keep_or_stop(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        keep(batch, results)
+        stop_if_failed()
+
+    callbacks = [lambda progress: keep(progress.batch, progress.results)]
+    callbacks += [on_progress] if on_progress else []
+    callbacks += [lambda progress: stop_if_failed()]
+    stop, start = StopReason.INTERRUPTED, time.perf_counter()
     try:
         summary = tune(template.space, tuner, measure, options.trials, options.batch_size,
                        options.early_stopping, callbacks)  # fmt: skip
         # Instruction counts (emulated boards) are exact: timing them again would add nothing.
-        if summary.stop is not StopReason.INTERRUPTED and boards[0].cost_unit == "s":
-            _confirm(lambda: past + this_run, template, boards[0].cost_unit, options.confirm, measure, keep)
+        done = summary.stop not in (StopReason.INTERRUPTED, StopReason.BOARD_FAILED)
+        if done and boards[0].cost_unit == "s":
+            _confirm(lambda: past + this_run, template, boards[0].cost_unit, options.confirm, measure,
+                     keep_or_stop)  # fmt: skip
         stop = summary.stop
+    except StopTuning as request:  # a board failed while confirming
+        stop = request.reason
     except KeyboardInterrupt:
         pass  # while confirming: every timing taken is kept, the run reports itself interrupted
     finally:
         measure.close()
         pool.close()
-    return _report(
+    report = _report(
         workload,
         template,
         boards,
@@ -206,6 +238,8 @@ def run_tuning(
         len(this_run) - summary.trials,
         numpy_gflops,
     )
+    # The whole run's wall time, confirming included (summary.seconds is the tuning loop's alone).
+    return replace(report, seconds=time.perf_counter() - start, error=str(measure.failure or ""))
 
 
 def _confirm(

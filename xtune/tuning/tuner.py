@@ -314,6 +314,15 @@ class StopReason(Enum):
     EXHAUSTED = "exhausted"  # every config of the space measured
     EARLY_STOPPING = "early_stopping"  # `early_stopping` trials without improvement
     INTERRUPTED = "interrupted"  # KeyboardInterrupt (Ctrl-C) during measuring or a callback
+    BOARD_FAILED = "board_failed"  # a board failed for good (docs/boards.md, "Faults"): a callback said so
+
+
+class StopTuning(Exception):
+    """Raised by a callback to end the loop after the batch it was handed (which is kept)."""
+
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -430,6 +439,8 @@ def tune(
                 break
     except KeyboardInterrupt:
         stop = StopReason.INTERRUPTED
+    except StopTuning as request:
+        stop = request.reason
     return TuneSummary(
         loop.best_index,
         loop.best_cost,
