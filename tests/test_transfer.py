@@ -17,11 +17,12 @@ import pytest
 
 import xtune
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
+from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
 from xtune.schedule.space import Config
 from xtune.target import get_target, missing_host_features
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.transfer.modelfile import PretrainedModel, read_model
+from xtune.transfer.modelfile import Objective, PretrainedModel, read_model
 from xtune.transfer.pretrained import (
     TrainOptions,
     TransferWarning,
@@ -180,7 +181,7 @@ def test_model_train_writes_the_manifest_a_user_checks(corpus: Corpus, model_fil
     assert m.targets == TARGETS and m.xtune_version == xtune.__version__
     assert m.sources == tuple(p.name for p in corpus.logs)  # base names: paths are private to a machine
     assert {(g.workload, g.target): (g.records, g.configs) for g in m.groups} == corpus.expected
-    assert {g.cost_unit for g in m.groups} == {"s"}
+    assert {g.cost_unit for g in m.groups} == {CostUnit.SECONDS}
     assert m.records_used == sum(r for r, _ in corpus.expected.values())
     assert dict(m.skipped) == {"board_error": 4, "stale_config": 4}  # one of each per (workload, target)
     assert m.records_used + m.records_skipped == len(corpus.records)
@@ -188,7 +189,7 @@ def test_model_train_writes_the_manifest_a_user_checks(corpus: Corpus, model_fil
 
 @pytest.mark.parametrize("objective", ["reg", "rank"])
 def test_a_saved_model_predicts_what_the_trained_one_did(
-    corpus: Corpus, tmp_path: Path, objective: str
+    corpus: Corpus, tmp_path: Path, objective: Objective
 ) -> None:
     with pytest.warns(TransferWarning, match="no longer matches"):
         trained = train(corpus.records, TrainOptions(objective=objective), [str(p) for p in corpus.logs])

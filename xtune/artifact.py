@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import xtune
+from xtune.boards.cost import RANKING_UNITS, CostUnit, gflops
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
@@ -172,19 +173,22 @@ def _choose(
         others = sorted({r.target for r in records if r.workload == wl.key})
         elsewhere = f"; logged only for {', '.join(others)}" if others else ""
         return _Choice(default, "default", f"never tuned on {target.name}{elsewhere}", None)
-    # Wall time from a real board beats QEMU instruction counts; the two are never compared.
-    units = sorted({r.result.cost_unit for r in mine if r.result.ok}, key=lambda u: (u != "s", u))
+    # Wall time from a real board beats QEMU instruction counts, which beat a correctness-only board's
+    # nothing (cost.RANKING_UNITS); figures of two units are never compared.
     stale = 0
-    for unit in units:
+    for unit in RANKING_UNITS:
         for record in best(mine, wl.key, target.name, k=len(mine), cost_unit=unit):
             config = _config_of(template, record)
             if config is None:
                 stale += 1
                 continue
-            gflops = wl.flops() / record.cost / 1e9 if unit == "s" else None
-            return _Choice(config, "log", "", gflops)
+            return _Choice(config, "log", "", gflops(wl.flops(), record.cost, unit))
     if stale:
         return _Choice(default, "default", "logged configs no longer match the template", None)
+    checked = [r.result.cost_unit for r in mine if r.result.ok]
+    if checked and all(unit is CostUnit.NONE for unit in checked):
+        why = f"only correctness-only boards measured it on {target.name} (no figure to rank by)"
+        return _Choice(default, "default", why, None)
     failures = Counter(r.result.status.value for r in mine)
     shown = ", ".join(f"{n} {status}" for status, n in sorted(failures.items()))
     return _Choice(default, "default", f"only failed records on {target.name} ({shown})", None)

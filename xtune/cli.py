@@ -18,6 +18,7 @@ from xtune.tuning.tuner import TUNERS
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
+    from xtune.boards.cost import CostUnit
     from xtune.transfer.pretrained import TransferSource
     from xtune.tuning.costmodel import CostModel
     from xtune.tuning.run import TuningReport
@@ -60,6 +61,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 def cmd_boards(args: argparse.Namespace) -> int:
     from xtune.boards.board import board_names, get_board
+    from xtune.boards.cost import CostUnit
     from xtune.boards.ssh import SshBoard, probe
 
     rows = []
@@ -69,8 +71,8 @@ def cmd_boards(args: argparse.Namespace) -> int:
             "name": name,
             "target": board.target.name,
             "kind": "built-in",
-            "timing": board.wall_time_is_meaningful,
-            "cost_unit": board.cost_unit,
+            "timing": board.cost_unit is CostUnit.SECONDS,
+            "cost_unit": board.cost_unit.value,
         }
         if isinstance(board, SshBoard):  # a short connect per SSH board: reachable, or why not
             why = probe(board, timeout=args.timeout)
@@ -80,13 +82,11 @@ def cmd_boards(args: argparse.Namespace) -> int:
         _emit_json({"boards": rows})
         return 0
     for row in rows:
-        cost = {"s": "wall time", "insn": "instructions (emulated)"}.get(str(row["cost_unit"]), "")
-        cost = cost if row["timing"] or row["cost_unit"] == "insn" else "correctness only (emulated)"
         status = ""
         if row["kind"] == "ssh":
             state = "reachable" if row["reachable"] else f"unreachable: {row['reason']}"
             status = f"  ssh {row['host']}: {state}"
-        print(f"{row['name']:<16} {row['target']:<14} {cost}{status}")
+        print(f"{row['name']:<16} {row['target']:<14} {CostUnit(row['cost_unit']).describe}{status}")
     return 0
 
 
@@ -128,18 +128,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{report.config_source} config {report.config_index}"
         )
         print(f"  knobs: {', '.join(f'{k}={v}' for k, v in report.config)}")
-        if report.status.value != "ok":
+        if not report.correct:
             print(f"  xtune  {report.status.value}: {report.error}")
-        elif not board.wall_time_is_meaningful or report.gflops == 0.0:
-            print(f"  xtune  correct on an emulated board; {report.error or 'wall time is not a speed here'}")
-        else:
+        elif report.gflops is not None:
             print(
                 f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct"
             )
+        elif d["instructions"] is not None:
+            print(
+                f"  xtune  {report.cost:.0f} instructions per call (emulated; no wall-time figure), correct"
+            )
+        else:
+            print("  xtune  correct (a correctness-only board: no speed figure)")
         print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread on this host, same run)")
-        if board.wall_time_is_meaningful and report.gflops:
+        if report.ratio is not None:
             print(f"  ratio  {report.ratio:8.2f}x numpy")
-    return 0 if report.status.value == "ok" else 1
+    return 0 if report.correct else 1
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -173,7 +177,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
     from xtune.tuning.database import TuningLog
     from xtune.tuning.measure import MeasureOptions
-    from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
+    from xtune.tuning.run import TuneOptions, check_boards, local_numpy_gflops, run_tuning
+    from xtune.tuning.tuner import StopReason
     from xtune.workload import parse_workload
 
     workload = parse_workload(args.workload)
@@ -182,16 +187,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InputError("--trials must be at least 1")
     if args.confirm < 0:
         raise InputError("--confirm must be 0 or more")
+    check_boards(boards)  # run_tuning checks too, but only after training --transfer-from logs
     log = TuningLog(args.log)
     log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
     options = TuneOptions(
-        args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
-        MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms),
+        tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
+        early_stopping=args.early_stopping, seed=args.seed,
+        measure=MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                               timeout_ms=args.timeout_ms),
         confirm=args.confirm,
     )  # fmt: skip
     numpy_gflops = local_numpy_gflops(workload, boards)
-    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
+    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops, boards[0].cost_unit)
     try:
         report = run_tuning(
             workload,
@@ -210,7 +218,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _emit_json({**report.as_dict(), "log": str(args.log), "transfer": used})
     else:
         _print_tuning(report, args.log)
-    if report.stop == "interrupted":
+    if report.stop is StopReason.INTERRUPTED:
         print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
         return 130
     return 0
@@ -246,22 +254,26 @@ def _plain_warnings() -> Iterator[None]:
 
 
 class _ProgressBar:
-    """tqdm on stderr: trials done, best GFLOP/s, % of numpy, failures, ETA."""
+    """tqdm on stderr: trials done, best GFLOP/s (or instructions), % of numpy, failures, ETA."""
 
-    def __init__(self, total: int, flops: int, numpy_gflops: float | None):
+    def __init__(self, total: int, flops: int, numpy_gflops: float | None, unit: CostUnit):
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
-        self.flops, self.numpy_gflops, self.failed = flops, numpy_gflops, 0
+        self.flops, self.numpy_gflops, self.failed, self.unit = flops, numpy_gflops, 0, unit
 
     def update(self, progress: TuneProgress) -> None:
+        from xtune.boards.cost import gflops
+
         self.failed += sum(1 for r in progress.results if not r.ok)
         post: dict[str, object] = {"failed": self.failed}
-        if progress.best_cost < float("inf") and progress.results[0].cost_unit == "s":
-            gflops = self.flops / progress.best_cost / 1e9
-            post["best"] = f"{gflops:.1f} GFLOP/s"
+        speed = gflops(self.flops, progress.best_cost, self.unit)  # the boards' unit, never a result's
+        if speed is not None:
+            post["best"] = f"{speed:.1f} GFLOP/s"
             if self.numpy_gflops:
-                post["numpy"] = f"{100 * gflops / self.numpy_gflops:.0f}%"
+                post["numpy"] = f"{100 * speed / self.numpy_gflops:.0f}%"
+        elif progress.best_cost < float("inf"):
+            post["best"] = f"{progress.best_cost:.0f} insn"
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(len(progress.batch))
 
@@ -278,7 +290,7 @@ def _print_tuning(report: TuningReport, log: str) -> None:
         return
     knobs = ", ".join(f"{k}={v}" for k, v in report.best_knobs)
     print(f"  best config #{report.best_index}: {knobs}")
-    timed = f"median of {report.best_timings} timings" if report.best_timings > 1 else "timed once"
+    timed = report.timings_text()
     if report.best_gflops is not None:
         line = f"  best {report.best_gflops:.1f} GFLOP/s ({report.best_cost * 1e3:.3f} ms, {timed})"
         if report.numpy_gflops:
@@ -287,7 +299,9 @@ def _print_tuning(report: TuningReport, log: str) -> None:
             )
         print(line)
     else:
-        print(f"  best {report.best_cost:.0f} instructions per call (emulated board: not a wall-time figure)")
+        print(
+            f"  best {report.best_cost:.0f} instructions per call ({timed}; emulated board: not a wall time)"
+        )
     print(f"  {report.seconds:.1f} s wall, of which {report.tuner_seconds:.1f} s in the tuner")
 
 
@@ -415,7 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
     p.add_argument("--workload", required=True)
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")
+    p.add_argument(
+        "--boards", type=Path, metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)"
+    )
     p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--trials", type=int, default=64)
@@ -458,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="default (or given) config vs numpy, measured in one run")
     p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--board", default="local")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml for SSH boards")
+    p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
     p.add_argument("--config", type=int, default=None, help="config index (default: the template's default)")
     p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip

@@ -21,6 +21,7 @@ import paramiko
 
 from xtune.boards.agent import AgentSession
 from xtune.boards.agent_build import agent_version, build_agent
+from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
 from xtune.target import Target, cpu_identity
 
@@ -285,8 +286,8 @@ class SshBoard:
         self.config = config
         self.name = config.name
         self.target = target
-        self.wall_time_is_meaningful = not config.wrapper  # qemu behind ssh: correctness only
-        self.cost_unit = "s"
+        # qemu behind ssh: its wall time is emulated, so the board checks correctness only (docs/boards.md)
+        self.cost_unit = CostUnit.NONE if config.wrapper else CostUnit.SECONDS
         self.reconnect_delays = tuple(reconnect_delays)
         self.timeout = HELLO_TIMEOUT  # hello wait, and the margin on each request's own deadline
         self._client: paramiko.SSHClient | None = None
