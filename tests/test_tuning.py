@@ -16,12 +16,14 @@ import pytest
 
 from xtune.boards.board import LocalBoard, QemuBoard, get_board
 from xtune.boards.cost import CostUnit
+from xtune.cli import _ProgressBar
 from xtune.errors import InputError
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.tuning.run import Confirmation, TuneOptions, _confirm, run_tuning
+from xtune.tuning.tuner import TuneProgress
 from xtune.workload import parse_workload
 
 WORKLOAD = "matmul:m=64,n=48,k=40"
@@ -243,3 +245,14 @@ def test_confirm_gives_up_on_a_config_whose_timings_keep_failing() -> None:
 
     _confirm(lambda: records, template, 3, measure, keep)
     assert tried == [0] * 4  # twice the two timings it needed, then the run goes on
+
+
+def test_the_progress_bar_reads_the_boards_unit_not_the_first_result() -> None:
+    failed = MeasureResult(MeasureStatus.COMPILE_ERROR, error="x", cost_unit=CostUnit.INSTRUCTIONS)
+    counted = MeasureResult(MeasureStatus.OK, (4000.0,), cost_unit=CostUnit.INSTRUCTIONS)
+    progress = TuneProgress((1, 2), (failed, counted), 2, 4, 2, 4000.0, 0)
+    bar = _ProgressBar(4, 2 * 8 * 8 * 8, None, CostUnit.INSTRUCTIONS)
+    bar.update(progress)
+    postfix = str(bar.bar.postfix)
+    bar.close()
+    assert "GFLOP/s" not in postfix and "4000 insn" in postfix and "failed=1" in postfix
