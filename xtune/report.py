@@ -65,8 +65,8 @@ def summarize(
     for (wl, tg), group in sorted(_groups(records).items()):
         if (key and wl != key) or (target and tg != target):
             continue
-        unit = ranking_unit(group)
-        top = best(group, wl, tg, k=1, cost_unit=unit) if unit is not None else []
+        top = best(group, wl, tg, k=1)  # in the group's ranking_unit
+        unit = top[0].result.cost_unit if top else None
         counts = Counter(r.result.status.value for r in group)
         configs = {(r.index, r.knobs) for r in group}
         failed = len(configs - {(r.index, r.knobs) for r in group if r.result.ok})

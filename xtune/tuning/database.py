@@ -313,10 +313,29 @@ def measured(
 
 def ranking_unit(records: Iterable[Record]) -> CostUnit | None:
     """The unit whose figures decide among `records` (of one workload and target): real seconds beat
-    instruction counts beat nothing (cost.RANKING_UNITS). Only OK records with a figure count: a failed
-    record's unit decides nothing, and a correctness-only board has no figure. None if no record has one."""
-    units = {r.result.cost_unit for r in records if r.result.ok and math.isfinite(r.cost) and r.cost > 0}
-    return next((unit for unit in RANKING_UNITS if unit in units), None)
+    instruction counts beat nothing (cost.RANKING_UNITS). Only a figure of a config that could be a best
+    counts: a failed record's unit decides nothing, a correctness-only board has no figure, and a config
+    that ever gave a wrong answer or crashed is out. None if no config has a figure."""
+    return _preferred(_figures(records))
+
+
+def _preferred(figures: Mapping[CostUnit, object]) -> CostUnit | None:
+    return next((unit for unit in RANKING_UNITS if unit in figures), None)
+
+
+def _figures(records: Iterable[Record]) -> dict[CostUnit, dict[tuple[int, Knobs], list[Record]]]:
+    """Unit -> config -> its OK records with a figure in that unit; disqualified configs left out."""
+    figures: dict[CostUnit, dict[tuple[int, Knobs], list[Record]]] = {}
+    disqualified: set[tuple[int, Knobs]] = set()
+    for r in records:
+        if r.result.status in DISQUALIFYING:
+            disqualified.add((r.index, r.knobs))
+        elif r.result.ok and math.isfinite(r.cost) and r.cost > 0:
+            figures.setdefault(r.result.cost_unit, {}).setdefault((r.index, r.knobs), []).append(r)
+    for configs in figures.values():
+        for config in disqualified & configs.keys():
+            del configs[config]
+    return {unit: configs for unit, configs in figures.items() if configs}
 
 
 def best(
@@ -352,16 +371,10 @@ def leaders(
 
     A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
     says nothing about another config that now has its index."""
-    mine = of_machine(records, workload, target, board)
-    unit = ranking_unit(mine) if cost_unit is None else cost_unit
-    timings: dict[tuple[int, Knobs], list[Record]] = {}
-    disqualified: set[tuple[int, Knobs]] = set()
-    for r in mine:
-        if r.result.status in DISQUALIFYING:
-            disqualified.add((r.index, r.knobs))
-        elif r.result.ok and r.result.cost_unit is unit and math.isfinite(r.cost) and r.cost > 0:
-            timings.setdefault((r.index, r.knobs), []).append(r)
-    medians = [(_median_record(rs), len(rs)) for config, rs in timings.items() if config not in disqualified]
+    figures = _figures(of_machine(records, workload, target, board))
+    unit = _preferred(figures) if cost_unit is None else cost_unit
+    timings = figures.get(unit, {}) if unit is not None else {}
+    medians = [(_median_record(rs), len(rs)) for rs in timings.values()]
     return sorted(medians, key=lambda pair: _rank(pair[0]))[: max(k, 0)]
 
 
