@@ -51,7 +51,7 @@ class TransferWarning(UserWarning):
     used on a target it never saw."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainOptions:
     """How `xtune model train` fits; the model quality knobs live here, not in the CLI."""
 
@@ -276,7 +276,7 @@ def _arch(target_name: str) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TransferSource:
     """Where a tuning run's pretrained model came from, for its report."""
 
@@ -320,7 +320,7 @@ def _load_source(
         if len(sources) > 1:
             raise InputError("--transfer-from builtin takes no other sources")
         path = builtin_model_path(target, op, cpu=cpu)
-        return TransferSource("builtin", (str(path),), read_model(path))
+        return TransferSource(kind="builtin", paths=(str(path),), model=read_model(path))
     missing = [s for s in sources if not Path(s).is_file()]
     if missing:
         raise InputError(f"--transfer-from: no such file {missing[0]}")
@@ -328,5 +328,5 @@ def _load_source(
     if models and len(sources) > 1:
         raise InputError("--transfer-from takes one model file, or log files to train on; not both")
     if models:
-        return TransferSource("model", (models[0],), read_model(models[0]))
-    return TransferSource("logs", tuple(sources), train_from_logs(sources, options))
+        return TransferSource(kind="model", paths=(models[0],), model=read_model(models[0]))
+    return TransferSource(kind="logs", paths=tuple(sources), model=train_from_logs(sources, options))

@@ -39,7 +39,7 @@ class MeasureStatus(Enum):
     BOARD_ERROR = "board_error"  # the board or its connection failed; the candidate itself may be fine
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MeasureOptions:
     """How a board times a candidate; written into the log with every result."""
 
