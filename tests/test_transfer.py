@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import xtune
+from tests.test_database import QEMU_FP, WRAPPER_FP, old_line
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
@@ -33,7 +34,7 @@ from xtune.transfer.pretrained import (
     train_from_logs,
 )
 from xtune.tuning.costmodel import XGBoostCostModel, grouped_throughput_target
-from xtune.tuning.database import Record, make_record, read_logs, record_to_json
+from xtune.tuning.database import Record, make_record, read_logs, record_from_json, record_to_json
 from xtune.tuning.features import FEATURES_VERSION, feature_names, featurize
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.search import SpaceArrays, knob_featurizer
@@ -602,3 +603,13 @@ def test_tune_with_the_builtin_model(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["transfer"]["kind"] == "builtin" and report["trials"] == 4
+
+
+def test_training_groups_failures_by_their_boards_unit_and_skips_correctness_only_boards() -> None:
+    qemu = [old_line(1, "compile_error", [], "s", QEMU_FP), old_line(2, "ok", [5000.0], "insn", QEMU_FP),
+            old_line(3, "ok", [4000.0], "insn", QEMU_FP)]  # fmt: skip
+    wrapper = [old_line(5, "ok", [2.7e-5], "s", WRAPPER_FP), old_line(6, "ok", [9e-4], "s", WRAPPER_FP)]
+    data, skipped = collect([record_from_json(line) for line in qemu + wrapper])
+    (count,) = data["matmul"].counts
+    assert (count.cost_unit, count.configs, count.records) == (CostUnit.INSTRUCTIONS, 3, 3)
+    assert skipped["correctness_only"] == 2  # emulated wall time is nothing to learn from
