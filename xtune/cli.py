@@ -187,9 +187,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InputError("--trials must be at least 1")
     if args.confirm < 0:
         raise InputError("--confirm must be 0 or more")
-    check_boards(boards)  # run_tuning checks too, but only after training --transfer-from logs
     log = TuningLog(args.log)
-    log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
+    # run_tuning checks both too, but only after training --transfer-from logs
+    check_boards(boards)
+    log.check_appendable()
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
     options = TuneOptions(
         tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,

@@ -196,7 +196,7 @@ class QemuBoard:
             "cpu": f"{_qemu_version(self._qemu())} -cpu {self.target.qemu_cpu}",
             "cores": "1",
             "agent": agent_version(),
-            # Logs before the cost_unit "none" read back by this key (database.logged_unit).
+            # database.logged_unit reads failures of older logs (all logged as "s") back by this key.
             "cost": "instructions per call (insncount plugin)" if self.count_insns else "correctness only",
         }
 
