@@ -14,15 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from xtune.bench import BenchReport
 from xtune.boards.board import LocalBoard, QemuBoard, get_board
 from xtune.boards.cost import CostUnit
 from xtune.cli import _ProgressBar
 from xtune.errors import InputError
 from xtune.target import get_target
 from xtune.templates import template_for
+from xtune.transfer.modelfile import Manifest
 from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.run import Confirmation, TuneOptions, _confirm, run_tuning
+from xtune.tuning.run import Confirmation, TuneOptions, TuningReport, _confirm, run_tuning
 from xtune.tuning.tuner import TuneProgress
 from xtune.workload import parse_workload
 
@@ -256,3 +258,10 @@ def test_the_progress_bar_reads_the_boards_unit_not_the_first_result() -> None:
     postfix = str(bar.bar.postfix)
     bar.close()
     assert "GFLOP/s" not in postfix and "4000 insn" in postfix and "failed=1" in postfix
+
+
+@pytest.mark.parametrize("record", [TuneOptions, TuningReport, BenchReport, Manifest, MeasureOptions])
+def test_wide_records_take_keywords_only(record: type) -> None:
+    """A positional slip (trials where batch_size was meant) cannot compile into a wrong run."""
+    with pytest.raises(TypeError, match="positional"):
+        record("xgb", 64, 16)
