@@ -36,7 +36,7 @@ def main() -> None:
         numpy_gflops = local_numpy_gflops(wl, [board]) or 0.0
         ort = ort_gflops(wl)
         report = run_tuning(
-            wl, [board], TuneOptions("xgb", args.trials, 16, None, 0), None, None, numpy_gflops
+            wl, [board], TuneOptions(tuner="xgb", trials=args.trials, batch_size=16), None, None, numpy_gflops
         )
         curve = report.curve_gflops
         at64 = curve[min(63, len(curve) - 1)]

@@ -145,7 +145,13 @@ def run(
     # confirm=0: the count reads the best-so-far curve of single timings, which re-timing at the end of
     # the run does not change (the reference's re-measure below does the same job at a larger scale).
     options = TuneOptions(
-        "xgb", cap, BATCH, None, seed, start_from_default=False, analytic_prior=mode != "blind", confirm=0
+        tuner="xgb",
+        trials=cap,
+        batch_size=BATCH,
+        seed=seed,
+        start_from_default=False,
+        analytic_prior=mode != "blind",
+        confirm=0,
     )
     # As `xtune tune` runs a model that saw no logs of the target: hedged with the estimate.
     report = run_tuning(workload, [board], options, pretrained=model, hedge_with_estimate=mode == "sse42")
@@ -190,7 +196,9 @@ def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argp
     board = get_board("local", target=TARGET)
     with tempfile.TemporaryDirectory() as tmp:
         log = TuningLog(Path(tmp) / "reference.jsonl")
-        options = TuneOptions("xgb", args.long, BATCH, None, 1000, start_from_default=False, confirm=0)
+        options = TuneOptions(
+            tuner="xgb", trials=args.long, batch_size=BATCH, seed=1000, start_from_default=False, confirm=0
+        )
         reference = run_tuning(workload, [board], options, log=log)
         records = read_logs([log.path])
     remeasured, spread = remeasure(workload, board, records, args.top, args.rounds)

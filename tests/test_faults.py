@@ -23,6 +23,7 @@ import pytest
 
 from xtune.boards.agent import AgentSession
 from xtune.boards.board import LocalBoard, get_board, local_target
+from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import SshBoard, deploy
 from xtune.errors import BoardError, BoardFault
 from xtune.templates import template_for
@@ -262,8 +263,7 @@ def _parses(line: str) -> bool:
 class FlakyBoard:
     """The local board, but `open()` first raises the queued faults, one per call."""
 
-    wall_time_is_meaningful = True
-    cost_unit = "s"
+    cost_unit = CostUnit.SECONDS
 
     def __init__(self, faults: list[BoardError]) -> None:
         self.real = LocalBoard(local_target())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import time
 
 import pytest
 
-from xtune.boards.board import get_board
+from xtune.bench import bench
+from xtune.boards.board import QemuBoard, get_board
+from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.schedule.loopnest import Kernel
@@ -95,6 +98,54 @@ def test_faulty_candidates_become_statuses_and_the_run_goes_on() -> None:
     assert wrong.status is MeasureStatus.WRONG_ANSWER and "not finite" in wrong.error
     assert after.status is MeasureStatus.OK and after.cost > 0
     assert crashed.cost == hung.cost == wrong.cost == float("inf")  # never a best
+
+
+@pytest.mark.board
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user")
+def test_every_result_carries_its_boards_unit_failures_included() -> None:
+    wl = parse_workload("matmul:m=4,n=4,k=4")
+    measurer = Measurer(get_board("qemu-aarch64"), wl, FAST)
+    target = get_target("arm-a72-neon")
+    good = build_image(
+        Candidate(workload=wl, target=target, index=template_for(wl, target).default_config().index)
+    )
+    try:
+        results = [
+            measurer.run(BuiltImage(MeasureStatus.COMPILE_ERROR, error="no such instruction")),
+            measurer.run(image_of(SEGFAULT, "arm-a72-neon")),
+            measurer.run(good),
+        ]
+    finally:
+        measurer.close()
+    assert [r.status for r in results] == [MeasureStatus.COMPILE_ERROR, MeasureStatus.RUNTIME_ERROR,
+                                           MeasureStatus.OK]  # fmt: skip
+    # A failure is stamped like an OK result: no reader guesses "s" for a count that never happened.
+    assert [r.cost_unit for r in results] == [CostUnit.INSTRUCTIONS] * 3
+
+
+@pytest.mark.board
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user")
+def test_a_correctness_only_board_checks_and_bench_says_so() -> None:
+    wl = parse_workload("matmul:m=6,n=10,k=7")
+    target = get_target("arm-a72-neon")
+    emulated = QemuBoard("qemu-aarch64", target, count_insns=False)
+    measurer = Measurer(emulated, wl, FAST)
+    wrong = image_of(WRONG, "arm-a72-neon")
+    try:
+        checked = measurer.measure([template_for(wl, target).default_config().index])[0]
+        caught = measurer.run(wrong)
+    finally:
+        measurer.close()
+    assert checked.ok and checked.costs == () and checked.cost == float("inf")  # correct, and no figure
+    assert checked.cost_unit is CostUnit.NONE and caught.status is MeasureStatus.WRONG_ANSWER
+    report = bench(wl, emulated).as_dict()
+    assert report["correct"] and report["cost_unit"] == "none" and report["error"] == ""
+    assert report["seconds"] is None and report["instructions"] is None and report["gflops"] is None
+    # An instruction-counting board: the count is a count, not seconds, and no error is made up.
+    counted = bench(wl, get_board("qemu-aarch64")).as_dict()
+    assert counted["correct"] and counted["cost_unit"] == "insn" and counted["error"] == ""
+    assert counted["seconds"] is None and counted["gflops"] is None
+    assert isinstance(counted["instructions"], float) and counted["instructions"] > 0
 
 
 def abort_on_odd(candidate: Candidate) -> BuiltImage:

@@ -23,6 +23,7 @@ import pytest
 
 from xtune.boards.agent import RunRequest
 from xtune.boards.board import QemuBoard, get_board
+from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import HELLO_TIMEOUT, SshBoard, deploy, load_boards
 from xtune.cli import main
 from xtune.errors import BoardError, BoardFault, InputError
@@ -195,7 +196,7 @@ def test_deploy_uploads_the_agent_and_records_the_fingerprint(sshd: PrivateSshd,
     assert (sshd.root / "remote-ssh-native" / "xtune-agent.json").is_file()
     with native.open() as session:
         assert session.hello.arch == "x86_64" and session.hello.pid > 0
-    assert native.wall_time_is_meaningful and native.cost_unit == "s"
+    assert native.cost_unit is CostUnit.SECONDS
 
 
 def test_ssh_config_supplies_hostname_port_user_and_key(sshd: PrivateSshd, tmp_path: Path) -> None:
@@ -222,7 +223,7 @@ def test_bad_boards_file_is_an_input_error(tmp_path: Path) -> None:
 def test_qemu_behind_ssh_measures_matmul_correctly(sshd: PrivateSshd) -> None:
     board = ssh_board(sshd, "ssh-a72")
     assert deploy(board)["arch"] == "aarch64"
-    assert not board.wall_time_is_meaningful
+    assert board.cost_unit is CostUnit.NONE  # qemu behind ssh: correctness only
     shape = "matmul:m=19,n=37,k=23"
     measurer = Measurer(board, parse_workload(shape), FAST)
     try:
@@ -381,7 +382,7 @@ def test_cli_deploy_unknown_board_is_one_line(sshd: PrivateSshd, capsys: pytest.
 @pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user")
 def test_qemu_instruction_counts_are_deterministic_and_grow_with_work() -> None:
     board = get_board("qemu-aarch64")
-    assert isinstance(board, QemuBoard) and board.cost_unit == "insn"
+    assert isinstance(board, QemuBoard) and board.cost_unit is CostUnit.INSTRUCTIONS
     costs = {}
     for shape in ("matmul:m=8,n=16,k=16", "matmul:m=16,n=16,k=16"):
         measurer = Measurer(board, parse_workload(shape), FAST)
@@ -391,7 +392,7 @@ def test_qemu_instruction_counts_are_deterministic_and_grow_with_work() -> None:
         finally:
             measurer.close()
     small, big = costs.values()
-    assert all(r.ok and r.cost_unit == "insn" and len(r.costs) == 1 for r in small + big)
+    assert all(r.ok and r.cost_unit is CostUnit.INSTRUCTIONS and len(r.costs) == 1 for r in small + big)
     assert small[0].costs == small[1].costs and big[0].costs == big[1].costs  # exactly reproducible
     assert big[0].cost > 1.5 * small[0].cost > 0
 

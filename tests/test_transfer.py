@@ -16,12 +16,14 @@ import pytest
 
 import xtune
 from tests.conftest import CliRunner
+from tests.test_database import QEMU_FP, WRAPPER_FP, old_line
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
+from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
 from xtune.schedule.space import Config
 from xtune.target import get_target
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.transfer.modelfile import PretrainedModel, read_model
+from xtune.transfer.modelfile import Objective, PretrainedModel, read_model
 from xtune.transfer.pretrained import (
     TrainOptions,
     TransferWarning,
@@ -32,7 +34,7 @@ from xtune.transfer.pretrained import (
     train_from_logs,
 )
 from xtune.tuning.costmodel import XGBoostCostModel, grouped_throughput_target
-from xtune.tuning.database import LogWarning, Record, make_record, read_logs, record_to_json
+from xtune.tuning.database import LogWarning, Record, make_record, read_logs, record_from_json, record_to_json
 from xtune.tuning.features import FEATURES_VERSION, feature_names, featurize
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.search import SpaceArrays, knob_featurizer
@@ -177,7 +179,7 @@ def test_model_train_writes_the_manifest_a_user_checks(corpus: Corpus, model_fil
     assert m.targets == TARGETS and m.xtune_version == xtune.__version__
     assert m.sources == tuple(p.name for p in corpus.logs)  # base names: paths are private to a machine
     assert {(g.workload, g.target): (g.records, g.configs) for g in m.groups} == corpus.expected
-    assert {g.cost_unit for g in m.groups} == {"s"}
+    assert {g.cost_unit for g in m.groups} == {CostUnit.SECONDS}
     assert m.records_used == sum(r for r, _ in corpus.expected.values())
     assert dict(m.skipped) == {"board_error": 4, "stale_config": 4}  # one of each per (workload, target)
     assert m.records_used + m.records_skipped == len(corpus.records)
@@ -185,7 +187,7 @@ def test_model_train_writes_the_manifest_a_user_checks(corpus: Corpus, model_fil
 
 @pytest.mark.parametrize("objective", ["reg", "rank"])
 def test_a_saved_model_predicts_what_the_trained_one_did(
-    corpus: Corpus, tmp_path: Path, objective: str
+    corpus: Corpus, tmp_path: Path, objective: Objective
 ) -> None:
     with pytest.warns(TransferWarning, match="no longer matches"):
         trained = train(corpus.records, TrainOptions(objective=objective), [str(p) for p in corpus.logs])
@@ -600,3 +602,13 @@ def test_tune_with_the_builtin_model(tmp_path: Path, xtune_cli: CliRunner) -> No
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["transfer"]["kind"] == "builtin" and report["trials"] == 4
+
+
+def test_training_groups_failures_by_their_boards_unit_and_skips_correctness_only_boards() -> None:
+    qemu = [old_line(1, "compile_error", [], "s", QEMU_FP), old_line(2, "ok", [5000.0], "insn", QEMU_FP),
+            old_line(3, "ok", [4000.0], "insn", QEMU_FP)]  # fmt: skip
+    wrapper = [old_line(5, "ok", [2.7e-5], "s", WRAPPER_FP), old_line(6, "ok", [9e-4], "s", WRAPPER_FP)]
+    data, skipped = collect([record_from_json(line) for line in qemu + wrapper])
+    (count,) = data["matmul"].counts
+    assert (count.cost_unit, count.configs, count.records) == (CostUnit.INSTRUCTIONS, 3, 3)
+    assert skipped["correctness_only"] == 2  # emulated wall time is nothing to learn from

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import xtune
+from xtune.boards.cost import CostUnit, gflops
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
@@ -199,8 +200,11 @@ def _choose(
     record = build_choice(mine, wl.key, target.name)  # what `xtune best` shows, by construction
     config = config_of(template, record) if record else None  # read_logs left out stale records
     if record and config:
-        gflops = wl.flops() / record.cost / 1e9 if record.result.cost_unit == "s" else None
-        return _Choice(config, "log", "", gflops)
+        return _Choice(config, "log", "", gflops(wl.flops(), record.cost, record.result.cost_unit))
+    checked = [r.result.cost_unit for r in mine if r.result.ok]
+    if checked and all(unit is CostUnit.NONE for unit in checked):
+        why = f"only correctness-only boards measured it on {target.name} (no figure to rank by)"
+        return _Choice(default, "default", why, None)
     failures = Counter(r.result.status.value for r in mine)
     shown = ", ".join(f"{n} {status}" for status, n in sorted(failures.items()))
     return _Choice(default, "default", f"only failed records on {target.name} ({shown})", None)

@@ -21,6 +21,7 @@ from xtune.tuning.tuner import TUNERS
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
+    from xtune.boards.cost import CostUnit
     from xtune.network.tasks import TaskSet
     from xtune.transfer.pretrained import TransferSource
     from xtune.tuning.costmodel import CostModel
@@ -102,6 +103,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 def cmd_boards(args: argparse.Namespace) -> int:
     from xtune.boards.board import board_names, get_board
+    from xtune.boards.cost import CostUnit
     from xtune.boards.ssh import SshBoard, probe
 
     rows = []
@@ -111,8 +113,8 @@ def cmd_boards(args: argparse.Namespace) -> int:
             "name": name,
             "target": board.target.name,
             "kind": "built-in",
-            "timing": board.wall_time_is_meaningful,
-            "cost_unit": board.cost_unit,
+            "timing": board.cost_unit is CostUnit.SECONDS,
+            "cost_unit": board.cost_unit.value,
         }
         if isinstance(board, SshBoard):  # a short connect per SSH board: reachable, or why not
             why = probe(board, timeout=args.timeout)
@@ -122,13 +124,11 @@ def cmd_boards(args: argparse.Namespace) -> int:
         _emit_json({"boards": rows})
         return 0
     for row in rows:
-        cost = {"s": "wall time", "insn": "instructions (emulated)"}.get(str(row["cost_unit"]), "")
-        cost = cost if row["timing"] or row["cost_unit"] == "insn" else "correctness only (emulated)"
         status = ""
         if row["kind"] == "ssh":
             state = "reachable" if row["reachable"] else f"unreachable: {row['reason']}"
             status = f"  ssh {row['host']}: {state}"
-        print(f"{row['name']:<16} {row['target']:<14} {cost}{status}")
+        print(f"{row['name']:<16} {row['target']:<14} {CostUnit(row['cost_unit']).describe}{status}")
     return 0
 
 
@@ -170,21 +170,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{report.config_source} config {report.config_index}"
         )
         print(f"  knobs: {', '.join(f'{k}={v}' for k, v in report.config)}")
-        if report.status.value != "ok":
+        if not report.correct:
             print(f"  xtune  {report.status.value}: {report.error}")
-        elif not board.wall_time_is_meaningful or report.gflops == 0.0:
-            print(f"  xtune  correct on an emulated board; {report.error or 'wall time is not a speed here'}")
-        else:
+        elif report.gflops is not None:
             print(
                 f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct"
             )
+        elif d["instructions"] is not None:
+            print(
+                f"  xtune  {report.cost:.0f} instructions per call (emulated; no wall-time figure), correct"
+            )
+        else:
+            print("  xtune  correct (a correctness-only board: no speed figure)")
         print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread on this host, same run)")
         if report.ort_gflops is not None:
             print(f"  ORT    {report.ort_gflops:8.1f} GFLOP/s  (ONNX Runtime, single thread, same run)")
-        if board.wall_time_is_meaningful and report.gflops:
+        if report.ratio is not None:
             versus_ort = f", {report.ratio_vs_ort:.2f}x ONNX Runtime" if report.ratio_vs_ort else ""
             print(f"  ratio  {report.ratio:8.2f}x numpy{versus_ort}")
-    return 0 if report.status.value == "ok" else 1
+    return 0 if report.correct else 1
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -219,22 +223,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
     from xtune.tuning.database import TuningLog
     from xtune.tuning.measure import MeasureOptions
-    from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
+    from xtune.tuning.run import TuneOptions, check_boards, local_numpy_gflops, run_tuning
+    from xtune.tuning.tuner import StopReason
     from xtune.workload import parse_workload
 
     check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
     workload = parse_workload(args.workload)
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     log = TuningLog(args.log)
-    log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
+    # run_tuning checks both too, but only after training --transfer-from logs
+    check_boards(boards)
+    log.check_appendable()
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
     options = TuneOptions(
-        args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
-        MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms),
+        tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
+        early_stopping=args.early_stopping, seed=args.seed,
+        measure=MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                               timeout_ms=args.timeout_ms),
         confirm=args.confirm,
     )  # fmt: skip
     numpy_gflops = local_numpy_gflops(workload, boards)
-    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
+    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops, boards[0].cost_unit)
     try:
         report = run_tuning(
             workload,
@@ -253,10 +262,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _emit_json({**report.as_dict(), "log": str(args.log), "transfer": used})
     else:
         _print_tuning(report, args.log)
-    if report.stop == "interrupted":
+    if report.stop is StopReason.INTERRUPTED:
         print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
         return 130
-    if report.stop == "board_failed":  # the summary above says what was measured; the log has it all
+    if report.stop is StopReason.BOARD_FAILED:  # the summary above says what was measured; the log has it all
         print(f"xtune: error: {report.error}", file=sys.stderr)
         return 2
     return 0
@@ -272,7 +281,7 @@ def _transfer_source(
 
     if args.tuner != "xgb":
         raise InputError(f"--transfer-from needs the xgb tuner (--tuner {args.tuner} has no cost model)")
-    with _plain_warnings():
+    with _warnings_unless_error():
         source = load_source(args.transfer_from, board.target, op, cpu=board.fingerprint().get("cpu"))
     pretrained = source.model.cost_model(op)
     m = source.model.manifest
@@ -282,32 +291,38 @@ def _transfer_source(
 
 
 @contextlib.contextmanager
-def _plain_warnings() -> Iterator[None]:
-    """xtune's own warnings (skipped log lines or records) as one "xtune: warning:" line each."""
+def _warnings_unless_error() -> Iterator[None]:
+    """Warnings raised in the block are shown (one line each, see `_show_warning`) only if it ends
+    well: when it raises, the error line alone says what went wrong (a log whose every line is unreadable
+    is one error, not a warning per line and then an error)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield
     for w in caught:
-        print(f"xtune: warning: {w.message}", file=sys.stderr)
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 class _ProgressBar:
-    """tqdm on stderr: trials done, best GFLOP/s, % of numpy, failures, ETA."""
+    """tqdm on stderr: trials done, best GFLOP/s (or instructions), % of numpy, failures, ETA."""
 
-    def __init__(self, total: int, flops: int, numpy_gflops: float | None):
+    def __init__(self, total: int, flops: int, numpy_gflops: float | None, unit: CostUnit):
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
-        self.flops, self.numpy_gflops, self.failed = flops, numpy_gflops, 0
+        self.flops, self.numpy_gflops, self.failed, self.unit = flops, numpy_gflops, 0, unit
 
     def update(self, progress: TuneProgress) -> None:
+        from xtune.boards.cost import gflops
+
         self.failed += sum(1 for r in progress.results if not r.ok)
         post: dict[str, object] = {"failed": self.failed}
-        if progress.best_cost < float("inf") and progress.results[0].cost_unit == "s":
-            gflops = self.flops / progress.best_cost / 1e9
-            post["best"] = f"{gflops:.1f} GFLOP/s"
+        speed = gflops(self.flops, progress.best_cost, self.unit)  # the boards' unit, never a result's
+        if speed is not None:
+            post["best"] = f"{speed:.1f} GFLOP/s"
             if self.numpy_gflops:
-                post["numpy"] = f"{100 * gflops / self.numpy_gflops:.0f}%"
+                post["numpy"] = f"{100 * speed / self.numpy_gflops:.0f}%"
+        elif progress.best_cost < float("inf"):
+            post["best"] = f"{progress.best_cost:.0f} insn"
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(len(progress.batch))
 
@@ -318,13 +333,13 @@ class _ProgressBar:
 def _print_tuning(report: TuningReport, log: str) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in report.counts if v)
     print(f"{report.workload} on {'+'.join(report.boards)} ({report.target}): {report.trials} trials"
-          f" ({counts}), {report.resumed} resumed from {log}, stopped: {report.stop}")  # fmt: skip
+          f" ({counts}), {report.resumed} resumed from {log}, stopped: {report.stop.value}")  # fmt: skip
     if report.best_index is None:
         print("  no correct config yet")
         return
     knobs = ", ".join(f"{k}={v}" for k, v in report.best_knobs)
     print(f"  best config #{report.best_index}: {knobs}")
-    timed = f"median of {report.best_timings} timings" if report.best_timings > 1 else "timed once"
+    timed = report.timings_text()
     if report.best_gflops is not None:
         line = f"  best {report.best_gflops:.1f} GFLOP/s ({report.best_cost * 1e3:.3f} ms, {timed})"
         if report.numpy_gflops:
@@ -333,7 +348,9 @@ def _print_tuning(report: TuningReport, log: str) -> None:
             )
         print(line)
     else:
-        print(f"  best {report.best_cost:.0f} instructions per call (emulated board: not a wall-time figure)")
+        print(
+            f"  best {report.best_cost:.0f} instructions per call ({timed}; emulated board: not a wall time)"
+        )
     print(f"  {report.seconds:.1f} s wall, of which {report.tuner_seconds:.1f} s in the tuner")
 
 
@@ -376,8 +393,8 @@ def cmd_model_train(args: argparse.Namespace) -> int:
 
     check_output(args.output, "model file")  # before training, not after
     start = time.perf_counter()
-    with _plain_warnings():
-        options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
+    options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
+    with _warnings_unless_error():
         model = train_from_logs(args.log, options)
     model.save(args.output)
     seconds = time.perf_counter() - start
@@ -419,11 +436,12 @@ def _defaults(options: type) -> dict[str, Any]:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
+    from xtune.boards.cost import gflops
     from xtune.network.tasks import extract_tasks, logged_best
     from xtune.tuning.database import read_logs
 
     taskset = extract_tasks(args.model, args.target)
-    with _plain_warnings():
+    with _warnings_unless_error():
         records = read_logs(args.log or ())
     bests = logged_best(taskset.tasks, taskset.target, records)
     if args.json:
@@ -434,10 +452,10 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for task, record in zip(taskset.tasks, bests, strict=True):
         if record is None:
             logged = "-"
-        elif record.result.cost_unit == "s":
-            logged = f"{task.flops / record.cost / 1e9:.1f} GFLOP/s (config {record.index})"
+        elif (speed := gflops(task.flops, record.cost, record.result.cost_unit)) is not None:
+            logged = f"{speed:.1f} GFLOP/s (config {record.index})"
         else:
-            logged = f"{record.cost:.0f} {record.result.cost_unit} (config {record.index})"
+            logged = f"{record.cost:.0f} {record.result.cost_unit.value} (config {record.index})"
         share = 100 * taskset.share(task)
         print(
             f"{task.workload.key:<{width}} {task.count:>5} {share:>5.1f}% {task.flops / 1e6:>9.1f}  {logged}"
@@ -456,7 +474,7 @@ def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence
     def best(record: Record | None) -> dict[str, object] | None:
         if record is None:
             return None
-        return {"config": record.index, "cost": record.cost, "cost_unit": record.result.cost_unit,
+        return {"config": record.index, "cost": record.cost, "cost_unit": record.result.cost_unit.value,
                 "board": record.board}  # fmt: skip
 
     return {
@@ -536,8 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
     p.add_argument("--workload", required=True)
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
-    p.add_argument("--boards", type=Path, metavar="FILE",
-                   help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")  # fmt: skip
+    p.add_argument(
+        "--boards", type=Path, metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)"
+    )
     p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--trials", type=_int_in(1, 10**9), default=tune["trials"], metavar="N",

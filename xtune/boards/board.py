@@ -15,6 +15,7 @@ from typing import Protocol
 from xtune.boards import agent_build, ssh
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
+from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, BoardFault, InputError
 from xtune.target import Target, get_target, host_cannot_run, host_cpu_identity, host_target
 
@@ -27,8 +28,9 @@ class Board(Protocol):
 
     name: str
     target: Target
-    wall_time_is_meaningful: bool  # False under emulation: qemu wall time inverts rankings (docs/notes.md §3)
-    cost_unit: str  # "s": Measurer times the kernel; "insn": open() gives an InsnCountingSession
+    # What it measures, the one decision (xtune/boards/cost.py): SECONDS, the Measurer times the kernel;
+    # INSTRUCTIONS, open() gives an InsnCountingSession; NONE, the board checks correctness only.
+    cost_unit: CostUnit
 
     def open(self) -> AgentSession: ...
 
@@ -50,8 +52,7 @@ def _host_target_name() -> str:
 class LocalBoard:
     """The host itself: the agent runs as a plain subprocess and timings are real."""
 
-    wall_time_is_meaningful = True
-    cost_unit = "s"
+    cost_unit = CostUnit.SECONDS
 
     def __init__(self, target: Target, name: str = "local") -> None:
         self.name = name
@@ -147,15 +148,14 @@ class QemuBoard:
     """The agent under qemu-user: results are correct, but wall time is no performance signal.
 
     With `count_insns` (the default) the cost is the number of instructions one kernel call executes,
-    counted by a TCG plugin: deterministic, unlike emulated wall time (docs/notes.md §3, §7)."""
-
-    wall_time_is_meaningful = False
+    counted by a TCG plugin: deterministic, unlike emulated wall time (docs/qemu-insn-count.md). Without
+    it the board checks correctness only (CostUnit.NONE): emulated wall time ranks nothing."""
 
     def __init__(self, name: str, target: Target, count_insns: bool = True) -> None:
         self.name = name
         self.target = target
         self.count_insns = count_insns
-        self.cost_unit = "insn" if count_insns else "s"
+        self.cost_unit = CostUnit.INSTRUCTIONS if count_insns else CostUnit.NONE
 
     def _qemu(self) -> str:
         path = shutil.which(self.target.qemu_binary)
@@ -194,7 +194,8 @@ class QemuBoard:
             "cpu": f"{_qemu_version(self._qemu())} -cpu {self.target.qemu_cpu}",
             "cores": "1",
             "agent": agent_version(),
-            "cost": "instructions per call (insncount plugin)" if self.count_insns else "emulated wall time",
+            # database.logged_unit reads failures of older logs (all logged as "s") back by this key.
+            "cost": "instructions per call (insncount plugin)" if self.count_insns else "correctness only",
         }
 
 

@@ -23,6 +23,7 @@ from xtune.boards.config import SshBoardConfig
 from xtune.boards.config import find_boards_file as find_boards_file  # the boards.toml API, re-exported
 from xtune.boards.config import load_boards as load_boards
 from xtune.boards.connect import connect
+from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, BoardFault
 from xtune.files import write_atomic
 from xtune.target import Target, cpu_identity
@@ -127,8 +128,8 @@ class SshBoard:
         self.config = config
         self.name = config.name
         self.target = target
-        self.wall_time_is_meaningful = not config.wrapper  # qemu behind ssh: correctness only
-        self.cost_unit = "s"
+        # qemu behind ssh: its wall time is emulated, so the board checks correctness only (docs/boards.md)
+        self.cost_unit = CostUnit.NONE if config.wrapper else CostUnit.SECONDS
         self.reconnect_delays = tuple(reconnect_delays)
         self.reconnect_budget = RECONNECT_BUDGET  # no retry starts later than this many seconds in
         self.timeout = HELLO_TIMEOUT  # hello wait, and the margin on each request's own deadline

@@ -12,11 +12,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 import xtune
+from xtune.boards.cost import CostUnit
 from xtune.errors import InputError, XtuneWarning
 from xtune.target import Target, cpu_name, get_target
 from xtune.templates import ScheduleTemplate, template_for
@@ -24,6 +25,7 @@ from xtune.transfer.modelfile import (
     MODEL_FORMAT,
     GroupCount,
     Manifest,
+    Objective,
     PretrainedModel,
     is_model_file,
     read_model,
@@ -40,6 +42,7 @@ from xtune.tuning.features import (
 from xtune.tuning.measure import MeasureStatus
 from xtune.workload import parse_workload
 
+SourceKind = Literal["model", "builtin", "logs"]  # a model file, the shipped model, logs trained on the fly
 BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/models/ for the tuned target
 
 
@@ -48,11 +51,13 @@ class TransferWarning(XtuneWarning):
     used on a target it never saw."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainOptions:
     """How `xtune model train` fits; the model quality knobs live here, not in the CLI."""
 
-    objective: str = "reg"  # "reg": labels on tuning's [0, 1] scale, fit for a base margin; "rank": pairwise
+    objective: Objective = (
+        "reg"  # "reg": labels on tuning's [0, 1] scale, fit for a base margin; "rank": pairwise
+    )
     # Boost from the operator's analytic estimate (features.py): the trees learn where the estimate is wrong,
     # and where the logs say nothing (shapes and configs far from theirs) the estimate still ranks.
     on_estimate: bool = True
@@ -85,33 +90,16 @@ class OpData:
 @dataclass
 class _Group:
     template: ScheduleTemplate
-    cost_unit: str
+    cost_unit: CostUnit
     costs: dict[int, float] = field(default_factory=dict)  # config index -> min cost
     records: int = 0
 
 
-# (workload key, target name, cost unit, cpu): "s" and "insn" never mix, and each machine's costs are
-# normalized by its own best (a shared corpus holds several machines' "local" boards of one target).
-GroupKey = tuple[str, str, str, str]
-
-
-def _run_units(records: Sequence[Record]) -> dict[tuple[object, ...], set[str]]:
-    """The cost units OK records of each run (workload, target, board, fingerprint) were measured in.
-
-    A failed result carries the default unit "s" even on an instruction-counting board (it never reached
-    the counter), so a failure belongs to the group of its run's OK records, not to its own unit."""
-    units: dict[tuple[object, ...], set[str]] = {}
-    for r in records:
-        if r.result.ok:
-            units.setdefault((r.workload, r.target, r.board, r.fingerprint), set()).add(r.result.cost_unit)
-    return units
-
-
-def _unit_of(r: Record, run_units: dict[tuple[object, ...], set[str]]) -> str:
-    if r.result.ok:
-        return r.result.cost_unit
-    units = run_units.get((r.workload, r.target, r.board, r.fingerprint), set())
-    return next(iter(units)) if len(units) == 1 else r.result.cost_unit
+# (workload key, target name, cost unit, cpu): seconds and instruction counts never mix, and each machine's
+# costs are normalized by its own best (a shared corpus holds several machines' "local" boards of one target).
+# Every record's unit is its board's, failures included (Measurer.run stamps it; database.logged_unit reads
+# it back from older logs), so a failed config joins the group of its board's figures.
+GroupKey = tuple[str, str, CostUnit, str]
 
 
 def _template(key: GroupKey, cache: dict[GroupKey, ScheduleTemplate | None]) -> ScheduleTemplate | None:
@@ -124,8 +112,8 @@ def _template(key: GroupKey, cache: dict[GroupKey, ScheduleTemplate | None]) -> 
 
 
 def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[str]]:
-    """Records -> per-group min cost per config; board errors, stale configs and unknown names skipped."""
-    run_units = _run_units(records)
+    """Records -> per-group min cost per config; board errors, correctness-only boards' records (no
+    figure to learn from), stale configs and unknown names skipped."""
     templates: dict[GroupKey, ScheduleTemplate | None] = {}
     valid: dict[tuple[GroupKey, int, tuple[tuple[str, object], ...]], bool] = {}
     groups: dict[GroupKey, _Group] = {}
@@ -134,7 +122,10 @@ def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[s
         if r.result.status is MeasureStatus.BOARD_ERROR:  # says nothing about the config itself
             skipped["board_error"] += 1
             continue
-        key = (r.workload, r.target, _unit_of(r, run_units), cpu_of(r) or "")
+        if r.result.cost_unit is CostUnit.NONE:
+            skipped["correctness_only"] += 1
+            continue
+        key = (r.workload, r.target, r.result.cost_unit, cpu_of(r) or "")
         template = _template(key, templates)
         if template is None:
             skipped["unknown_workload_or_target"] += 1
@@ -156,11 +147,20 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
     """Training rows per operator (each group featurized in one vectorized call), and skip counts."""
     groups, skipped = _group(records)
     parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, GroupCount]]] = {}
-    for number, (key, g) in enumerate(sorted(groups.items())):
+    in_order = sorted(groups.items(), key=lambda item: (*item[0][:2], item[0][2].value, item[0][3]))
+    for number, (key, g) in enumerate(in_order):
         indices = np.fromiter(g.costs, dtype=np.int64, count=len(g.costs))
         costs = np.fromiter(g.costs.values(), dtype=np.float64, count=len(g.costs))
         op = g.template.workload.op
-        count = GroupCount(op, *key[:3], g.records, len(indices), key[3])
+        count = GroupCount(
+            op=op,
+            workload=key[0],
+            target=key[1],
+            cost_unit=key[2],
+            records=g.records,
+            configs=len(indices),
+            cpu=key[3],
+        )
         features = np.asarray(featurize(g.template, indices), dtype=np.float32)
         parts.setdefault(op, []).append((features, costs, np.full(len(indices), number), count))
     data = {
@@ -207,11 +207,12 @@ def train(
             bases.append((op, ESTIMATE_COLUMN))
     counts = tuple(c for d in data.values() for c in d.counts)
     manifest = Manifest(
-        MODEL_FORMAT, FEATURES_VERSION, options.objective,
-        tuple((op, feature_names(op)) for op in data), tuple(sorted({c.target for c in counts})), counts,
-        sum(c.records for c in counts), tuple(sorted(skipped.items())), xtune.__version__,
-        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), tuple(Path(s).name for s in sources),
-        tuple(bases),
+        format=MODEL_FORMAT, features_version=FEATURES_VERSION, objective=options.objective,
+        feature_names=tuple((op, feature_names(op)) for op in data),
+        targets=tuple(sorted({c.target for c in counts})), groups=counts,
+        records_used=sum(c.records for c in counts), skipped=tuple(sorted(skipped.items())),
+        xtune_version=xtune.__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        sources=tuple(Path(s).name for s in sources), base_columns=tuple(bases),
     )  # fmt: skip
     return PretrainedModel(manifest, tuple(boosters))
 
@@ -282,11 +283,11 @@ def _arch(target_name: str) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TransferSource:
     """Where a tuning run's pretrained model came from, for its report."""
 
-    kind: str  # "model", "builtin" or "logs"
+    kind: SourceKind
     paths: tuple[str, ...]
     model: PretrainedModel
 
@@ -326,7 +327,7 @@ def _load_source(
         if len(sources) > 1:
             raise InputError("--transfer-from builtin takes no other sources")
         path = builtin_model_path(target, op, cpu=cpu)
-        return TransferSource("builtin", (str(path),), read_model(path))
+        return TransferSource(kind="builtin", paths=(str(path),), model=read_model(path))
     missing = [s for s in sources if not Path(s).is_file()]
     if missing:
         raise InputError(f"--transfer-from: no such file {missing[0]}")
@@ -334,5 +335,5 @@ def _load_source(
     if models and len(sources) > 1:
         raise InputError("--transfer-from takes one model file, or log files to train on; not both")
     if models:
-        return TransferSource("model", (models[0],), read_model(models[0]))
-    return TransferSource("logs", tuple(sources), train_from_logs(sources, options))
+        return TransferSource(kind="model", paths=(models[0],), model=read_model(models[0]))
+    return TransferSource(kind="logs", paths=tuple(sources), model=train_from_logs(sources, options))

@@ -10,12 +10,13 @@ import time
 import warnings
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import xtune
+from xtune.boards.cost import RANKING_UNITS, CostUnit
 from xtune.errors import InputError, XtuneWarning
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
@@ -91,7 +92,7 @@ def record_to_json(record: Record) -> str:
             "costs": list(result.costs),
             "error": result.error,
             "compile_seconds": result.compile_seconds,
-            "cost_unit": result.cost_unit,
+            "cost_unit": result.cost_unit.value,
             "extra": [list(pair) for pair in result.extra],
         },
         "options": asdict(record.options),
@@ -119,14 +120,30 @@ def record_from_json(line: str) -> Record:
         raise InputError(f"malformed record: {type(e).__name__}: {e}") from None
 
 
+def logged_unit(spelled: str, fingerprint: Mapping[str, str]) -> CostUnit:
+    """The unit of a logged result. Before "none" existed, every board's failures and an emulated
+    board's wall times were logged as "s"; the board's fingerprint says what it really measured:
+    an instruction-counting qemu board says so under "cost" (since counting began, commit 10f1fca), a
+    qemu board's uname ends "(emulated ARCH)", and an SSH board behind qemu lists its "wrapper"."""
+    unit = CostUnit(spelled)
+    if unit is not CostUnit.SECONDS:
+        return unit
+    if fingerprint.get("cost", "").startswith("instructions"):
+        return CostUnit.INSTRUCTIONS  # a failure on a counting board: it never reached the counter
+    if "wrapper" in fingerprint or "(emulated " in fingerprint.get("uname", ""):
+        return CostUnit.NONE  # emulated wall time: correctness only
+    return unit
+
+
 def _record_from_dict(data: dict[str, Any]) -> Record:
     res = data["result"]
+    fingerprint = tuple((str(k), str(v)) for k, v in data.get("fingerprint", ()))
     result = MeasureResult(
         status=MeasureStatus(res["status"]),
         costs=tuple(float(c) for c in res["costs"]),
         error=str(res.get("error", "")),
         compile_seconds=float(res.get("compile_seconds", 0.0)),
-        cost_unit=str(res.get("cost_unit", "s")),
+        cost_unit=logged_unit(str(res.get("cost_unit", "s")), dict(fingerprint)),
         extra=tuple((str(k), float(v)) for k, v in res.get("extra", ())),
     )
     # Fields added to MeasureOptions later keep their defaults; fields it lost are ignored.
@@ -140,7 +157,7 @@ def _record_from_dict(data: dict[str, Any]) -> Record:
         knobs=tuple((str(k), _knob_value(v)) for k, v in data["knobs"]),
         result=result,
         options=options,
-        fingerprint=tuple((str(k), str(v)) for k, v in data.get("fingerprint", ())),
+        fingerprint=fingerprint,
         version=int(data["v"]),
         xtune_version=str(data.get("xtune", "")),
         time=float(data.get("time", 0.0)),
@@ -259,7 +276,12 @@ class TuningLog:
         return measured(self.read(), workload, target, board, cpu)
 
     def best(
-        self, workload: str, target: str, k: int = 1, cost_unit: str = "s", board: str | None = None
+        self,
+        workload: str,
+        target: str,
+        k: int = 1,
+        cost_unit: CostUnit | None = None,
+        board: str | None = None,
     ) -> list[Record]:
         return best(self.read(), workload, target, k, cost_unit, board)
 
@@ -318,15 +340,10 @@ def read_usable(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Record], 
 
 def build_choice(records: Iterable[Record], workload: str, target: str) -> Record | None:
     """The record `xtune build` compiles and `xtune best` shows for `workload` on `target`: the best
-    (`best`) in wall time if any OK record has one, else the best in instruction counts (an emulated
-    board's); the two units are never compared."""
-    mine = of_machine(records, workload, target)
-    units = sorted({r.result.cost_unit for r in mine if r.result.ok}, key=lambda u: (u != "s", u))
-    for unit in units:
-        top = best(mine, workload, target, k=1, cost_unit=unit)
-        if top:
-            return top[0]
-    return None
+    (`best`) in the records' `ranking_unit` (wall time, else instruction counts; never a correctness-only
+    board's), or None. The log reader has already left out records that no longer match their template."""
+    top = best(records, workload, target, k=1)
+    return top[0] if top else None
 
 
 def _template_of(record: Record, cache: dict[tuple[str, str], TemplateOrWhy]) -> TemplateOrWhy:
@@ -400,22 +417,51 @@ def unmeasured(
     return list(dict.fromkeys(r.index for r in mine if r.index not in done))
 
 
+def ranking_unit(records: Iterable[Record]) -> CostUnit | None:
+    """The unit whose figures decide among `records` (of one workload and target): real seconds beat
+    instruction counts beat nothing (cost.RANKING_UNITS). Only a figure of a config that could be a best
+    counts: a failed record's unit decides nothing, a correctness-only board has no figure, and a config
+    that ever gave a wrong answer or crashed is out. None if no config has a figure."""
+    return _preferred(_figures(records))
+
+
+def _preferred(figures: Mapping[CostUnit, object]) -> CostUnit | None:
+    return next((unit for unit in RANKING_UNITS if unit in figures), None)
+
+
+def _figures(records: Iterable[Record]) -> dict[CostUnit, dict[tuple[int, Knobs], list[Record]]]:
+    """Unit -> config -> its OK records with a figure in that unit; disqualified configs left out."""
+    figures: dict[CostUnit, dict[tuple[int, Knobs], list[Record]]] = {}
+    disqualified: set[tuple[int, Knobs]] = set()
+    for r in records:
+        if r.result.status in DISQUALIFYING:
+            disqualified.add((r.index, r.knobs))
+        elif r.result.ok and math.isfinite(r.cost) and r.cost > 0:
+            figures.setdefault(r.result.cost_unit, {}).setdefault((r.index, r.knobs), []).append(r)
+    for configs in figures.values():
+        for config in disqualified & configs.keys():
+            del configs[config]
+    return {unit: configs for unit, configs in figures.items() if configs}
+
+
 def best(
     records: Iterable[Record],
     workload: str,
     target: str,
     k: int = 1,
-    cost_unit: str = "s",
+    cost_unit: CostUnit | None = None,
     board: str | None = None,
 ) -> list[Record]:
-    """The `k` distinct configs with the lowest cost among OK records in `cost_unit`, best first.
+    """The `k` distinct configs with the lowest cost among OK records in `cost_unit` (by default the
+    `ranking_unit` of the records of `workload` on `target`), best first; figures of other units are
+    never compared with these.
 
     A config measured several times (`xtune tune` times its leaders again at the end of a run, see
     `TuneOptions.confirm`) is represented by its median record, the faster of the middle two for an even
     count: the fastest of hundreds of noisy timings is the luckiest one, not the config's speed (the
     winner's curse, docs/benchmarks.md). A config that ever gave a wrong answer or crashed is never a best,
-    whatever its other records say. Ties go to the earlier record, then to the lower index, so the answer
-    does not depend on file order."""
+    whatever its other records say (a correctness-only board's records count for that). Ties go to the
+    earlier record, then to the lower index, so the answer does not depend on file order."""
     return [r for r, _ in leaders(records, workload, target, k, cost_unit, board)]
 
 
@@ -424,21 +470,17 @@ def leaders(
     workload: str,
     target: str,
     k: int = 1,
-    cost_unit: str = "s",
+    cost_unit: CostUnit | None = None,
     board: str | None = None,
 ) -> list[tuple[Record, int]]:
     """`best`, each with the count of timings its median record is the median of.
 
     A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
     says nothing about another config that now has its index."""
-    timings: dict[tuple[int, Knobs], list[Record]] = {}
-    disqualified: set[tuple[int, Knobs]] = set()
-    for r in of_machine(records, workload, target, board):
-        if r.result.status in DISQUALIFYING:
-            disqualified.add((r.index, r.knobs))
-        elif r.result.ok and r.result.cost_unit == cost_unit and math.isfinite(r.cost) and r.cost > 0:
-            timings.setdefault((r.index, r.knobs), []).append(r)
-    medians = [(_median_record(rs), len(rs)) for config, rs in timings.items() if config not in disqualified]
+    figures = _figures(of_machine(records, workload, target, board))
+    unit = _preferred(figures) if cost_unit is None else cost_unit
+    timings = figures.get(unit, {}) if unit is not None else {}
+    medians = [(_median_record(rs), len(rs)) for rs in timings.values()]
     return sorted(medians, key=lambda pair: _rank(pair[0]))[: max(k, 0)]
 
 

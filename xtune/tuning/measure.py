@@ -19,6 +19,7 @@ import numpy as np
 
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, RunStatus
 from xtune.boards.board import Board, InsnCountingSession
+from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
@@ -38,7 +39,7 @@ class MeasureStatus(Enum):
     BOARD_ERROR = "board_error"  # the board or its connection failed; the candidate itself may be fine
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MeasureOptions:
     """How a board times a candidate; written into the log with every result."""
 
@@ -54,10 +55,12 @@ class MeasureOptions:
 @dataclass(frozen=True)
 class MeasureResult:
     status: MeasureStatus
-    costs: tuple[float, ...] = ()  # seconds per call, one per repeat
+    costs: tuple[float, ...] = ()  # per call in `cost_unit`, one per repeat; none on a correctness-only board
     error: str = ""
     compile_seconds: float = 0.0
-    cost_unit: str = "s"  # "s" for wall time, "insn" for QEMU instruction counts
+    # What the board measures. `Measurer.run` stamps its board's unit on every result, failures included;
+    # the default is for results made up in tests of the logic.
+    cost_unit: CostUnit = CostUnit.SECONDS
     extra: tuple[tuple[str, float], ...] = field(default=())
 
     @property
@@ -66,8 +69,11 @@ class MeasureResult:
 
     @property
     def cost(self) -> float:
-        """The figure of merit: median repeat cost; +inf for anything that is not OK."""
-        return statistics.median(self.costs) if self.ok and self.costs else float("inf")
+        """The figure of merit: median repeat cost; +inf for anything not OK, and for a correctness-only
+        board's result (it has no figure: OK says the output was right, nothing more)."""
+        if not self.ok or not self.costs or self.cost_unit is CostUnit.NONE:
+            return float("inf")
+        return statistics.median(self.costs)
 
 
 ENTRY = "xt_kernel"  # the entry point name of a candidate image
@@ -290,8 +296,13 @@ class Measurer:
         return results + [not_measured] * (len(indices) - len(results))
 
     def run(self, built: BuiltImage) -> MeasureResult:
-        """The candidate's result; a transient board fault is retried once with a fresh session and then
-        recorded as board_error. Raises the BoardError (naming the board) when the board failed for good."""
+        """The result of one built candidate, stamped with what this board measures (failures too: a
+        log reader never guesses a failure's unit, docs/design.md "Measurement"). A transient board fault
+        is retried once with a fresh session and then recorded as board_error; raises the BoardError
+        (naming the board) when the board failed for good."""
+        return replace(self._run(built), cost_unit=self.board.cost_unit)
+
+    def _run(self, built: BuiltImage) -> MeasureResult:
         if built.status is not MeasureStatus.OK:
             return MeasureResult(built.status, error=built.error)
         for attempt in (1, 2):
@@ -329,15 +340,18 @@ class Measurer:
         mismatch = check_output(got, self.expected, opts.rtol)
         if mismatch:
             return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
-        if self.board.cost_unit == "insn":
+        if self.board.cost_unit is CostUnit.NONE:
+            # Correctness only: the output was checked, and emulated wall time would rank nothing
+            # (docs/boards.md), so no timed run follows.
+            return MeasureResult(MeasureStatus.OK)
+        if self.board.cost_unit is CostUnit.INSTRUCTIONS:
             # QEMU boards: the check run was exactly one call and the insncount plugin counted its
-            # instructions: a deterministic cost. Emulated wall time is no signal (docs/notes.md §3),
-            # so no timed run follows.
+            # instructions: a deterministic cost (docs/qemu-insn-count.md), so no timed run follows.
             count = session.last_insn_count if isinstance(session, InsnCountingSession) else None
             if count is None:
                 raise BoardError(f"board {self.board.name} reported no instruction count for the run",
                                  BoardFault.AGENT)  # fmt: skip
-            return MeasureResult(MeasureStatus.OK, (float(count),), cost_unit="insn")
+            return MeasureResult(MeasureStatus.OK, (float(count),))
         flush = 2 * self.board.target.l2_bytes if opts.flush_cache else 0
         timed = RunRequest(
             built.entry_offset, args, opts.number, opts.repeat, opts.min_repeat_ms, opts.warmup,

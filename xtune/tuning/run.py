@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 
 import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
+from xtune.boards.cost import CostUnit, gflops
 from xtune.errors import BoardError, InputError
 from xtune.peers import numpy_seconds
 from xtune.templates import ScheduleTemplate, template_for
@@ -19,6 +22,7 @@ from xtune.tuning.database import (
     Record,
     TuningLog,
     config_of,
+    cpu_of,
     leaders,
     make_record,
     measured,
@@ -26,16 +30,16 @@ from xtune.tuning.database import (
     unmeasured,
 )
 from xtune.tuning.features import estimate_prior, featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
-from xtune.tuning.tuner import StopReason, StopTuning, TuneProgress, TuneSummary, make_tuner, tune
+from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
+from xtune.tuning.tuner import StopReason, StopTuning, TuneProgress, TunerName, TuneSummary, make_tuner, tune
 from xtune.workload import Workload
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TuneOptions:
     """Everything a tuning run was asked to do; written into the report and (measure part) the log."""
 
-    tuner: str = "xgb"
+    tuner: TunerName = "xgb"
     trials: int = 64
     batch_size: int = 16
     early_stopping: int | None = None
@@ -57,7 +61,25 @@ class TuneOptions:
 CONFIRM_TIMINGS = 3
 
 
-@dataclass(frozen=True)
+class Confirmation(Enum):
+    """How the best's figure stands to the promise of `TuneOptions.confirm` (a median of CONFIRM_TIMINGS
+    timings), and why, when it has fewer."""
+
+    CONFIRMED = "confirmed"  # a median of CONFIRM_TIMINGS timings or more
+    EXACT = "exact"  # an instruction count: exactly reproducible, one count is the figure
+    OFF = "off"  # the run was asked not to confirm (confirm=0)
+    INTERRUPTED = "interrupted"  # the run stopped before its leaders were timed again
+    FAILED = "failed"  # timing it again failed (timeouts or board errors) as often as it was tried
+
+
+_SHORT_BECAUSE = {
+    Confirmation.OFF: "confirmation is off (--confirm 0)",
+    Confirmation.INTERRUPTED: "interrupted before the leaders were timed again",
+    Confirmation.FAILED: "timing it again failed",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
 class TuningReport:
     workload: str
     target: str
@@ -68,17 +90,28 @@ class TuningReport:
     counts: tuple[tuple[str, int], ...]  # this run's trials by status
     best_index: int | None  # over the log's whole history and this run
     best_knobs: tuple[tuple[str, object], ...]
-    best_cost: float  # seconds per call (or instructions, when cost_unit is "insn"): its median timing
+    best_cost: float  # per call in `cost_unit`: its median timing (an exact count for INSTRUCTIONS)
     best_timings: int  # how many timings of the best config that median is over
+    confirmation: Confirmation | None  # whether best_timings keeps the promise of `confirm`; None: no best
     confirm_timings: int  # timings this run added to confirm its leaders (not counted in trials)
-    cost_unit: str
+    cost_unit: CostUnit  # what the boards measure
     best_gflops: float | None
     numpy_gflops: float | None  # single thread, measured in this run (local board only)
     seconds: float
     tuner_seconds: float
     curve_gflops: tuple[float, ...]  # best-so-far GFLOP/s after each trial of this run (0 before any OK)
-    stop: str
-    error: str = ""  # why the run stopped, when a board failed for good (stop "board_failed")
+    stop: StopReason
+    error: str = ""  # why the run stopped, when a board failed for good (stop BOARD_FAILED)
+
+    def timings_text(self) -> str:
+        """How many timings the best's figure is over, and why not CONFIRM_TIMINGS when fewer."""
+        n = self.best_timings
+        if self.confirmation is Confirmation.EXACT:
+            return "an exact count" if n == 1 else f"an exact count, counted {n} times"
+        timed = "timed once" if n == 1 else f"median of {n} timings"
+        if self.confirmation is None or self.confirmation is Confirmation.CONFIRMED:
+            return timed
+        return f"{timed}: {_SHORT_BECAUSE[self.confirmation]}"
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -87,9 +120,28 @@ class TuningReport:
         d["best_config"] = {"index": self.best_index, "knobs": dict(self.best_knobs)}
         del d["best_knobs"], d["best_index"]
         d["best_cost"] = self.best_cost if math.isfinite(self.best_cost) else None
+        d["cost_unit"], d["stop"] = self.cost_unit.value, self.stop.value
+        d["confirmation"] = self.confirmation.value if self.confirmation else None
         ratio = self.best_gflops / self.numpy_gflops if self.best_gflops and self.numpy_gflops else None
         d["ratio_vs_numpy"] = round(ratio, 4) if ratio else None
         return d
+
+
+def check_boards(boards: Sequence[Board]) -> None:
+    """InputError unless `boards` can share a tuning run: some, all of one target, all measuring one unit
+    that ranks configs (a correctness-only board cannot: `xtune bench` is the command for it)."""
+    if not boards:
+        raise InputError("no board to tune on")
+    target = boards[0].target
+    if any(b.target != target for b in boards):
+        raise InputError("all --board flags of one run must be boards of the same target")
+    for b in boards:
+        if b.cost_unit is CostUnit.NONE:
+            raise InputError(f"board '{b.name}' checks correctness only (emulated wall time ranks nothing, "
+                             f"docs/boards.md): tune on a timing or instruction-counting board; "
+                             f"`xtune bench --board {b.name}` checks a config on it")  # fmt: skip
+    if len({b.cost_unit for b in boards}) > 1:
+        raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
 
 
 class _BoardsMeasurer:
@@ -98,6 +150,7 @@ class _BoardsMeasurer:
     def __init__(
         self, boards: Sequence[Board], workload: Workload, options: MeasureOptions, pool: CompilePool
     ):
+        self.boards = tuple(boards)
         self.measurers = [Measurer(board, workload, options, pool) for board in boards]
         self.threads = ThreadPoolExecutor(len(boards)) if len(boards) > 1 else None
 
@@ -106,17 +159,20 @@ class _BoardsMeasurer:
         """The first board that failed for good: the run stops, even if other boards could go on."""
         return next((m.failure for m in self.measurers if m.failure is not None), None)
 
+    def dealt(self, count: int) -> list[int]:
+        """Which board (its position in `boards`) measures each of `count` candidates of a batch."""
+        return [i % len(self.boards) for i in range(count)]
+
     def __call__(self, batch: list[int]) -> list[MeasureResult]:
         if self.threads is None:
             return self.measurers[0].measure(batch)
-        n = len(self.measurers)
-        shares = [batch[i::n] for i in range(n)]
+        dealt = self.dealt(len(batch))
+        shares = [
+            [index for index, b in zip(batch, dealt, strict=True) if b == n] for n in range(len(self.boards))
+        ]
         jobs = zip(self.measurers, shares, strict=True)
-        parts = list(self.threads.map(lambda job: job[0].measure(job[1]), jobs))
-        results: list[MeasureResult] = [MeasureResult(MeasureStatus.BOARD_ERROR)] * len(batch)
-        for i, part in enumerate(parts):
-            results[i::n] = part
-        return results
+        parts = [iter(part) for part in self.threads.map(lambda job: job[0].measure(job[1]), jobs)]
+        return [next(parts[b]) for b in dealt]
 
     def close(self) -> None:
         for measurer in self.measurers:
@@ -125,15 +181,17 @@ class _BoardsMeasurer:
             self.threads.shutdown()
 
 
-def past_records(log: TuningLog | None, template: ScheduleTemplate, cpu: str | None = None) -> list[Record]:
-    """Records of this workload and target already in the log, measured on `cpu` (any if None), whose
-    knobs still mean the same config."""
+def past_records(
+    log: TuningLog | None, template: ScheduleTemplate, cpus: Collection[str] | None = None
+) -> list[Record]:
+    """Records of this workload and target already in the log, measured on one of `cpus` (any if None;
+    records without a fingerprint count as any cpu's), whose knobs still mean the same config."""
     if log is None:
         return []
     return [
         r
-        for r in of_machine(log.read(), template.workload.key, template.target.name, cpu=cpu)
-        if config_of(template, r) is not None
+        for r in of_machine(log.read(), template.workload.key, template.target.name)
+        if (cpus is None or cpu_of(r) in (None, *cpus)) and config_of(template, r) is not None
     ]
 
 
@@ -147,26 +205,22 @@ def run_tuning(
     pretrained: CostModel | None = None,
     hedge_with_estimate: bool = False,
 ) -> TuningReport:
-    """Tune `workload` on `boards` (all of one target); every finished batch is appended to `log`.
+    """Tune `workload` on `boards` (all of one target, see `check_boards`); every finished batch is
+    appended to `log`, each record with the name and fingerprint of the board that measured it.
 
     `pretrained` (transfer learning, xgb tuner only) scores the configs of this workload's operator: it
     ranks the first batches and is the fading base of the local model (see XGBoostCostModel). With
     `hedge_with_estimate` (for a model that saw no logs of this target) the analytic estimate shares those
     first batches with it, and then whichever of the two picked the fastest config is the base."""
-    if not boards:
-        raise InputError("no board to tune on")
+    check_boards(boards)
     if pretrained is not None and options.tuner != "xgb":
         raise InputError(f"a pretrained model (--transfer-from) needs the xgb tuner, not {options.tuner}")
-    target = boards[0].target
-    if any(b.target != target for b in boards):
-        raise InputError("all --board flags of one run must be boards of the same target")
-    if len({b.cost_unit for b in boards}) > 1:
-        raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
+    target, unit = boards[0].target, boards[0].cost_unit
     template = template_for(workload, target)
     if log is not None:
         log.check_appendable()
-    fingerprint = tuple(sorted(boards[0].fingerprint().items()))
-    past = past_records(log, template, dict(fingerprint).get("cpu"))
+    fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
+    past = past_records(log, template, {cpu for fp in fingerprints if (cpu := dict(fp).get("cpu"))})
     history = measured(past, workload.key, target.name)
     if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
         pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
@@ -185,18 +239,19 @@ def run_tuning(
         tuner.propose_first([template.default_config().index])
     # Configs an earlier run chose but lost to a board error: measured first (docs/boards.md, "Faults").
     tuner.propose_first(unmeasured(past, workload.key, target.name))
-    label, space, wl = "+".join(b.name for b in boards), template.space, workload.key
+    space, wl = template.space, workload.key
     this_run: list[Record] = []
+    pool = CompilePool()
+    measure = _BoardsMeasurer(boards, workload, options.measure, pool)
 
     def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        records = [make_record(wl, target.name, label, space.config(i), r, options.measure, fingerprint)
-                   for i, r in zip(batch, results, strict=True)]  # fmt: skip
+        dealt = measure.dealt(len(batch))
+        records = [make_record(wl, target.name, boards[b].name, space.config(i), r, options.measure,
+                               fingerprints[b])
+                   for i, r, b in zip(batch, results, dealt, strict=True)]  # fmt: skip
         this_run.extend(records)
         if log is not None:
             log.append(records)
-
-    pool = CompilePool()
-    measure = _BoardsMeasurer(boards, workload, options.measure, pool)
 
     def stop_if_failed() -> None:
         if measure.failure is not None:  # called after keep: the batch, its board errors too, is logged
@@ -215,9 +270,8 @@ def run_tuning(
                        options.early_stopping, callbacks)  # fmt: skip
         # Instruction counts (emulated boards) are exact: timing them again would add nothing.
         done = summary.stop not in (StopReason.INTERRUPTED, StopReason.BOARD_FAILED)
-        if done and boards[0].cost_unit == "s":
-            _confirm(lambda: past + this_run, template, boards[0].cost_unit, options.confirm, measure,
-                     keep_or_stop)  # fmt: skip
+        if done and unit is CostUnit.SECONDS:
+            _confirm(lambda: past + this_run, template, options.confirm, measure, keep_or_stop)
         stop = summary.stop
     except StopTuning as request:  # a board failed while confirming
         stop = request.reason
@@ -245,25 +299,30 @@ def run_tuning(
 def _confirm(
     records: Callable[[], list[Record]],
     template: ScheduleTemplate,
-    unit: str,
     count: int,
     measure: Callable[[list[int]], list[MeasureResult]],
     keep: Callable[[Sequence[int], Sequence[MeasureResult]], None],
 ) -> None:
-    """Time the `count` best configs again, one round at a time (so that a slow spell of the host falls
-    on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops out of the lead
-    lets the next one in, and that one is timed too, up to a budget of twice the timings the first
-    leaders need; the best goes first in every round, so it is the last to miss out. Each round's
-    results go to `keep` as they arrive."""
+    """Time the `count` best configs (by wall time) again, one round at a time (so that a slow spell of
+    the host falls on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops
+    out of the lead lets the next one in, and that one is timed too, up to a budget of twice the timings
+    the first leaders need; the best goes first in every round. Past the budget only the best is still
+    timed, until it has its CONFIRM_TIMINGS: a config that took the lead on one lucky timing as the
+    others' medians rose would otherwise be the run's best, timed once, which is what `confirm` promises
+    against. No config is tried more than twice the timings it needs, so one whose timings keep failing
+    (timeouts, board errors) cannot hold the run. Each round's results go to `keep` as they arrive."""
     wl, target = template.workload.key, template.target.name
     budget = 2 * count * (CONFIRM_TIMINGS - 1)
-    while budget > 0:
-        short = [r.index for r, n in leaders(records(), wl, target, count, unit) if n < CONFIRM_TIMINGS]
+    tries: Counter[int] = Counter()
+    while True:
+        top = [(r.index, n) for r, n in leaders(records(), wl, target, count, CostUnit.SECONDS)]
+        short = [i for i, n in top if n < CONFIRM_TIMINGS and tries[i] < 2 * (CONFIRM_TIMINGS - 1)]
+        short = short[:budget] if budget > 0 else [i for i in short[:1] if i == top[0][0]]
         if not short:
             return
-        short = short[:budget]
         keep(short, measure(short))
         budget -= len(short)
+        tries.update(short)
 
 
 def _report(
@@ -285,16 +344,31 @@ def _report(
     if top:
         best_cost, best_index, best_timings = top[0][0].cost, top[0][0].index, top[0][1]
     flops = workload.flops()
-    gflops = flops / best_cost / 1e9 if unit == "s" and math.isfinite(best_cost) else None
-    curve = tuple(flops / c / 1e9 if unit == "s" and math.isfinite(c) else 0.0 for c in summary.curve)
     return TuningReport(
-        wl, target, tuple(b.name for b in boards), options,
-        summary.trials, resumed,
-        tuple((s.value, n) for s, n in summary.counts), best_index,
-        template.space.config(best_index).values if best_index is not None else (),
-        best_cost, best_timings, confirm_timings, unit, gflops,
-        numpy_gflops, summary.seconds, summary.tuner_seconds, curve, stop.value,
+        workload=wl, target=target, boards=tuple(b.name for b in boards), options=options,
+        trials=summary.trials, resumed=resumed, counts=tuple((s.value, n) for s, n in summary.counts),
+        best_index=best_index,
+        best_knobs=template.space.config(best_index).values if best_index is not None else (),
+        best_cost=best_cost, best_timings=best_timings,
+        confirmation=_confirmation(unit, best_timings, options, stop) if top else None,
+        confirm_timings=confirm_timings, cost_unit=unit, best_gflops=gflops(flops, best_cost, unit),
+        numpy_gflops=numpy_gflops, seconds=summary.seconds, tuner_seconds=summary.tuner_seconds,
+        curve_gflops=tuple(gflops(flops, c, unit) or 0.0 for c in summary.curve), stop=stop,
     )  # fmt: skip
+
+
+def _confirmation(unit: CostUnit, timings: int, options: TuneOptions, stop: StopReason) -> Confirmation:
+    """Why the best has `timings` timings (see `_confirm`, which gives it CONFIRM_TIMINGS unless one of
+    these stopped it)."""
+    if unit is CostUnit.INSTRUCTIONS:
+        return Confirmation.EXACT
+    if timings >= CONFIRM_TIMINGS:
+        return Confirmation.CONFIRMED
+    if options.confirm == 0:
+        return Confirmation.OFF
+    if stop is StopReason.INTERRUPTED:
+        return Confirmation.INTERRUPTED
+    return Confirmation.FAILED
 
 
 def local_numpy_gflops(workload: Workload, boards: Sequence[Board]) -> float | None:

@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -278,7 +279,8 @@ class ModelTuner(Tuner):
         return np.concatenate([best, ends, random]).astype(np.int64)
 
 
-TUNERS = ("xgb", "ga", "random", "grid")
+TunerName = Literal["xgb", "ga", "random", "grid"]
+TUNERS: tuple[TunerName, ...] = get_args(TunerName)
 
 
 def make_tuner(
