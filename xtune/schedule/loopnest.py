@@ -61,8 +61,11 @@ class Buffer:
 
 class BinaryOp(Enum):
     ADD = "add"
+    SUB = "sub"
     MUL = "mul"
+    DIV = "div"
     MAX = "max"
+    MIN = "min"
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,14 @@ class MulAdd:
     c: Value
 
 
-Value = Load | Const | Broadcast | Reg | Binary | MulAdd
+@dataclass(frozen=True)
+class Exp:
+    """e**a, lane by lane: expanded by the lowering into native instructions (llvm.exp would be expf)."""
+
+    a: Value
+
+
+Value = Load | Const | Broadcast | Reg | Binary | MulAdd | Exp
 
 
 @dataclass(frozen=True)
