@@ -8,30 +8,24 @@ import random
 import pytest
 
 from xtune.errors import InputError
-from xtune.network.memory import ALIGN, MemoryPlan, TensorLife, plan_memory
+from xtune.network.memory import ALIGN, MemoryPlan, Sharing, Step, TensorLife, plan_memory
+from xtune.network.memory import lifetimes as tensor_lives
 
 Layer = tuple[str, int, tuple[str, ...], str]  # name, float elements, inputs, kind: op | inplace | alias
 
 
+SHARING = {"op": Sharing.NONE, "inplace": Sharing.IN_PLACE, "alias": Sharing.ALIAS}
+
+
 def lifetimes(layers: list[Layer]) -> list[TensorLife]:
     """Execution order = list order; the first layer reads the network input and the last one's output is
-    the network output (neither planned). An "inplace" layer may reuse its first input, "alias" is a view."""
-    step = {name: i for i, (name, _, _, _) in enumerate(layers)}
-    last = {name: i for i, (name, _, _, _) in enumerate(layers)}
-    for i, (_, _, inputs, _) in enumerate(layers):
-        for src in inputs:
-            last[src] = max(last[src], i)
-    return [
-        TensorLife(
-            name=name,
-            nbytes=4 * elems,
-            produced=step[name],
-            last_read=last[name],
-            alias_of=inputs[0] if kind == "alias" else None,
-            in_place_of=inputs[0] if kind == "inplace" else None,
-        )
-        for name, elems, inputs, kind in layers[:-1]
+    the network output (neither planned). An "inplace" layer may reuse an input, "alias" is a view."""
+    steps = [
+        Step(inputs=inputs or ("input",), output=name, sharing=SHARING[kind])
+        for name, _, inputs, kind in layers
     ]
+    nbytes = {"input": 4 * 3 * 224 * 224} | {name: 4 * elems for name, elems, _, _ in layers}
+    return tensor_lives(steps, nbytes, frozenset({"input", layers[-1][0]}))
 
 
 def resnet18() -> list[Layer]:
@@ -192,3 +186,23 @@ def test_inconsistent_lifetimes_are_input_errors(tensors: list[TensorLife], mess
 
 def test_empty_network_needs_no_workspace() -> None:
     assert plan_memory([]) == MemoryPlan(offsets=(), workspace_bytes=0, lower_bound=0, intermediate_bytes=0)
+
+
+def test_lifetimes_from_steps() -> None:
+    """The sharing rule from an execution order: an Add overwrites the input that dies there (not the
+    residual that lives on), a Flatten aliases its source, network inputs and outputs are not planned."""
+    steps = [
+        Step(inputs=("in",), output="a"),
+        Step(inputs=("a",), output="b"),
+        Step(inputs=("a", "b"), output="sum", sharing=Sharing.IN_PLACE),  # a is read again below
+        Step(inputs=("sum", "a"), output="cat"),
+        Step(inputs=("cat",), output="flat", sharing=Sharing.ALIAS),
+        Step(inputs=("flat",), output="out"),
+    ]
+    nbytes = {"in": 64, "a": 400, "b": 400, "sum": 400, "cat": 800, "flat": 800, "out": 40}
+    lives = {t.name: t for t in tensor_lives(steps, nbytes, frozenset({"in", "out"}))}
+    assert sorted(lives) == ["a", "b", "cat", "flat", "sum"]
+    assert lives["sum"].in_place_of == "b" and lives["flat"].alias_of == "cat"
+    assert (lives["a"].produced, lives["a"].last_read, lives["flat"].last_read) == (0, 3, 5)
+    with pytest.raises(InputError, match="external"):
+        tensor_lives([Step(inputs=("in",), output="out", sharing=Sharing.ALIAS)], nbytes, frozenset({"in"}))

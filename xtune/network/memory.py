@@ -20,7 +20,9 @@ not intermediates either and must not be passed here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from xtune.errors import InputError
 
@@ -37,6 +39,23 @@ class TensorLife:
     last_read: int  # index of the last step that reads it (== produced if nothing reads it)
     alias_of: str | None = None  # a view of that tensor: the same bytes, no copy
     in_place_of: str | None = None  # may overwrite that input if the input's last read is `produced`
+
+
+class Sharing(Enum):
+    """What a step's output may share with its inputs (the rule in this module's docstring)."""
+
+    NONE = "none"  # a buffer of its own (convolutions, pooling, softmax, concat, ...)
+    IN_PLACE = "in_place"  # elementwise: may overwrite an input of the same size that dies at this step
+    ALIAS = "alias"  # Flatten/Reshape: the output is inputs[0]'s bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One operator in the execution order: the tensors it reads and the one it writes."""
+
+    inputs: tuple[str, ...]
+    output: str
+    sharing: Sharing = Sharing.NONE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +209,34 @@ def _greedy(buffers: list[_Buffer], ceiling: int | None) -> dict[str, int]:
         placed.append((chosen, buf))
         placed.sort(key=lambda p: p[0])
     return offsets
+
+
+def lifetimes(steps: Sequence[Step], nbytes: Mapping[str, int], external: frozenset[str]) -> list[TensorLife]:
+    """The TensorLife of every intermediate of `steps` (in execution order), given every tensor's size and
+    the `external` tensors (network inputs, outputs, weights) that live outside the workspace. An in-place
+    step overwrites its first input that is an intermediate of its size read for the last time there."""
+    last: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for name in step.inputs:
+            last[name] = i
+    lives = []
+    for i, step in enumerate(steps):
+        out, first = step.output, step.inputs[0] if step.inputs else ""
+        if step.sharing is Sharing.ALIAS and (out in external) != (first in external):
+            raise InputError(f"memory plan: view '{out}' of '{first}': one is external, the other is not")
+        if out in external:
+            continue
+        alias = first if step.sharing is Sharing.ALIAS else None
+        in_place = None
+        if step.sharing is Sharing.IN_PLACE:
+            dying = [
+                x for x in step.inputs if x not in external and last[x] == i and nbytes[x] == nbytes[out]
+            ]
+            in_place = dying[0] if dying else None
+        life = TensorLife(name=out, nbytes=nbytes[out], produced=i, last_read=last.get(out, i),
+                          alias_of=alias, in_place_of=in_place)  # fmt: skip
+        lives.append(life)
+    return lives
 
 
 def plan_memory(tensors: list[TensorLife] | tuple[TensorLife, ...]) -> MemoryPlan:
