@@ -5,7 +5,7 @@ Writing 11.7 M floats as an LLVM IR constant (text, then parsing and emitting it
 a whole-network build may. Instead the module declares an all-zero constant of the blob's size in its own
 section; LLVM emits it as SHT_PROGBITS holding that many zero bytes in the file (a read-only constant is never
 .bss: verified for x86-64, AArch64 and RISC-V by tests/test_rodata.py), and `patch_weights` overwrites those
-bytes in the emitted ELF. A 50 MB section compiles in about 0.2 s and patches in milliseconds
+bytes in the emitted ELF. A 50 MB section compiles in about 0.1 s and patches in 0.02 s
 (docs/firmware.md, "Weights").
 
 Because the constant is visibly zero, LLVM would fold every load from it to 0.0. `weights_base` therefore
