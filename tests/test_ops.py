@@ -78,6 +78,33 @@ def test_operators_under_qemu(qemu_board: str, name: str) -> None:
     check(qemu_board, CASES[name])
 
 
+def check_in_place(board: str, op: Elementwise, slot: int) -> None:
+    """The output is input `slot` itself, as the memory plan's in-place steps call it."""
+    target = get_board(board).target
+    rng = np.random.default_rng(5)
+    inputs = [(rng.standard_normal(s) * 3).astype(np.float32) for s in op.input_shapes]
+    args = (*range(len(inputs)), slot)
+    got = run_entry(board, image(op.kernel_nest("op", target.fp32_lanes), target), "op", inputs, args)
+    np.testing.assert_allclose(got[slot], op.reference(*inputs), rtol=2e-6, atol=1e-7)
+
+
+IN_PLACE = (("add", 0), ("add-relu", 1), ("relu6", 0))
+
+
+@pytest.mark.parametrize(("name", "slot"), IN_PLACE)
+def test_elementwise_in_place_on_host(name: str, slot: int) -> None:
+    op = CASES[name]
+    assert isinstance(op, Elementwise)
+    check_in_place("local", op, slot)
+
+
+@pytest.mark.parametrize(("name", "slot"), IN_PLACE)
+def test_elementwise_in_place_under_qemu(qemu_board: str, name: str, slot: int) -> None:
+    op = CASES[name]
+    assert isinstance(op, Elementwise)
+    check_in_place(qemu_board, op, slot)
+
+
 def exp_values() -> np.ndarray:
     edges = [-np.inf, -200, -104, -103.5, -100, -90, -87.5, -1e-30, 0, 1e-30, 88.7, 88.73, 89, np.inf]
     return np.concatenate([np.linspace(-87.3, 88.7, 20011), edges]).astype(np.float32)
@@ -146,3 +173,10 @@ def test_nests_match_the_references_without_llvm(name: str) -> None:
     out = np.full(op.output_shape, np.nan, np.float32)
     run_kernel(op.kernel_nest("op", 3), [*inputs, out])
     np.testing.assert_allclose(out, op.reference(*inputs), rtol=1e-5, atol=1e-6)
+
+
+def test_only_elementwise_kernels_may_alias() -> None:
+    """An in-place call would break a noalias promise (undefined behaviour): elementwise kernels make none."""
+    for name, op in CASES.items():
+        text = lower([op.kernel_nest("op", 8)])
+        assert ("noalias" in text) != isinstance(op, Elementwise), name

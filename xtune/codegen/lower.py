@@ -121,7 +121,9 @@ class _FunctionLowering:
         self.emit("ret void")
         # noalias: the caller promises A, B and C do not overlap (documented in every header we emit);
         # without it LLVM must reload B after every store to C.
-        params = ", ".join(f"ptr noalias {self.buffers[b.name]}" for b in self.kernel.params)
+        # A kernel that may run in place says so (Kernel.noalias), and gets plain pointers.
+        attribute = "ptr noalias" if self.kernel.noalias else "ptr"
+        params = ", ".join(f"{attribute} {self.buffers[b.name]}" for b in self.kernel.params)
         head = f"define void @{quoted(self.kernel.name)}({params}) #0 {{"
         return "\n".join([head, *self.lines, "}"])
 

@@ -2,12 +2,14 @@
 a loop-nest `Kernel` (lowered by xtune.codegen.lower like any template's) out. NCHW, float32.
 
 Every kernel takes its inputs then its output as pointer parameters, in that order, and writes every
-element of the output. Semantics follow the ONNX operator definitions (https://onnx.ai/onnx/operators/):
-MaxPool and AveragePool with `pads` as (top, left, bottom, right), ceil_mode=0 and, for AveragePool, the
-default count_include_pad=0 (padding is neither a maximum candidate nor counted in the mean);
-GlobalAveragePool; Add (same shapes, optionally followed by ReLU); Relu and Clip; Softmax over the last axis
-(opset 13); Concat along channels; Flatten/Reshape, which need no code at all: the output is the input's
-bytes (`Reshape.alias`), which the memory planner shares (xtune/network/memory.py, `alias_of`).
+element of the output. The parameters must not overlap, except that an elementwise kernel's output may be
+exactly one of its inputs (it runs in place, `Kernel.noalias` is off). Semantics follow the ONNX operator
+definitions (https://onnx.ai/onnx/operators/): MaxPool and AveragePool with `pads` as (top, left, bottom,
+right), ceil_mode=0 and, for AveragePool, the default count_include_pad=0 (padding is neither a maximum
+candidate nor counted in the mean); GlobalAveragePool; Add (same shapes, optionally followed by ReLU);
+Relu and Clip; Softmax over the last axis (opset 13); Concat along channels; Flatten/Reshape, which need no
+code at all: the output is the input's bytes (`Reshape.alias`), which the memory planner shares
+(xtune/network/memory.py, `alias_of`).
 
 Vectorization: elementwise ops, Concat and Softmax run along contiguous memory in vectors of the target's
 fp32 lanes (a partial vector at the end, never a read past it); pooling with unit column stride runs whole
@@ -296,7 +298,9 @@ class Elementwise:
 
         _vector_map(b, self.size, lanes, emit)
         names = "a" if self.op is ElementwiseOp.CLIP else "ab"
-        return b.kernel(name, _params([(n, self.size) for n in names], self.size))
+        # In place (the memory plan's in_place_of): `out` may be `a` or `b`. Every element is loaded before
+        # the same element is stored, so this is correct as long as LLVM is not told the pointers differ.
+        return b.kernel(name, _params([(n, self.size) for n in names], self.size), noalias=False)
 
 
 def relu(shape: Shape) -> Elementwise:
