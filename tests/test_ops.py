@@ -3,6 +3,8 @@ agent on this machine and under QEMU, and compared with their numpy references (
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -180,3 +182,20 @@ def test_only_elementwise_kernels_may_alias() -> None:
     for name, op in CASES.items():
         text = lower([op.kernel_nest("op", 8)])
         assert ("noalias" in text) != isinstance(op, Elementwise), name
+
+
+def test_random_pools_match_the_reference_without_llvm() -> None:
+    """Windows clipped by any mix of kernel, stride and pads (each pad below the kernel, as ONNX requires)."""
+    rng = random.Random(0)
+    for seed in range(300):
+        kh, kw, sh, sw = rng.randint(1, 5), rng.randint(1, 5), rng.randint(1, 3), rng.randint(1, 3)
+        pads = (rng.randrange(kh), rng.randrange(kw), rng.randrange(kh), rng.randrange(kw))
+        h, w = rng.randint(1, 9), rng.randint(1, 9)
+        if h + pads[0] + pads[2] < kh or w + pads[1] + pads[3] < kw:
+            continue
+        kind = rng.choice(list(PoolKind))
+        op = Pool2d(kind=kind, n=1, c=2, h=h, w=w, kernel=(kh, kw), stride=(sh, sw), pads=pads)
+        x = np.random.default_rng(seed).standard_normal(op.input_shapes[0]).astype(np.float32)
+        out = np.full(op.output_shape, np.nan, np.float32)
+        run_kernel(op.kernel_nest("p", rng.choice([1, 3, 4])), [x, out])
+        np.testing.assert_allclose(out, op.reference(x), rtol=1e-5, atol=1e-6, err_msg=str(op))
