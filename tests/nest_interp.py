@@ -16,6 +16,7 @@ from xtune.schedule.loopnest import (
     Load,
     MulAdd,
     Reg,
+    Shuffle,
     Stmt,
     Store,
     Value,
@@ -48,6 +49,8 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
             return np.full(v.lanes, value(v.value, env)[0], dtype=np.float32)
         if isinstance(v, MulAdd):
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
+        if isinstance(v, Shuffle):
+            return np.concatenate([value(v.a, env), value(v.b, env)])[list(v.mask)]
         a, b = value(v.a, env), value(v.b, env)
         return {BinaryOp.ADD: a + b, BinaryOp.MUL: a * b, BinaryOp.MAX: np.maximum(a, b)}[v.op]
 

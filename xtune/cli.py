@@ -175,7 +175,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
+    from xtune.templates import template_for
     from xtune.tuning.database import TuningLog
+    from xtune.tuning.features import features_op
     from xtune.tuning.measure import MeasureOptions
     from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
     from xtune.workload import parse_workload
@@ -188,7 +190,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InputError("--confirm must be 0 or more")
     log = TuningLog(args.log)
     log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
-    transfer, pretrained = _transfer_source(args, boards[0], workload.op)
+    # A pointwise conv2d is tuned as the matmul it lowers to: that operator's model scores its configs.
+    op = features_op(template_for(workload, boards[0].target))
+    transfer, pretrained = _transfer_source(args, boards[0], op)
     options = TuneOptions(
         args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
         MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms),

@@ -30,6 +30,7 @@ from xtune.schedule.loopnest import (
     LoopKind,
     MulAdd,
     Reg,
+    Shuffle,
     Stmt,
     Store,
     Value,
@@ -194,7 +195,16 @@ class _FunctionLowering:
             return self.broadcast(self.value(v.value, env)[0], v.lanes), v.lanes
         if isinstance(v, MulAdd):
             return self.muladd(v, env)
+        if isinstance(v, Shuffle):
+            return self.shuffle(v, env)
         return self.binary(v, env)
+
+    def shuffle(self, v: Shuffle, env: Env) -> Operand:
+        """LangRef "shufflevector": the mask is a constant vector of i32 lane numbers over a ++ b."""
+        (a, lanes), (b, _) = self.value(v.a, env), self.value(v.b, env)
+        ty = ftype(lanes)
+        mask = ", ".join(f"i32 {i}" for i in v.mask)
+        return self.define(f"shufflevector {ty} {a}, {ty} {b}, <{len(v.mask)} x i32> <{mask}>"), len(v.mask)
 
     def muladd(self, v: MulAdd, env: Env) -> Operand:
         """llvm.fmuladd: one FMA where the target has it, mul + add elsewhere (never a libcall)."""

@@ -25,6 +25,7 @@ from xtune.schedule.loopnest import (
     LoopKind,
     MulAdd,
     NestBuilder,
+    Shuffle,
     Value,
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
@@ -160,14 +161,31 @@ class _DepthwiseEmitter:
                     "px",
                 )
                 return
-            for phase in range(sh.stride):
-                q0 = -(-(sh.pad - phase) // sh.stride) if sh.pad > phase else 0  # first q with x >= 0
+            done = self.deinterleave(src, dst) if sh.stride == 2 and lanes > 1 else 0
+            for phase in range(sh.stride):  # the columns left, one by one
+                q0 = max(0, -(-(done + sh.pad - phase) // sh.stride))  # first q with x >= done
                 q1 = (sh.w - 1 + sh.pad - phase) // sh.stride  # last q with x < w
                 if q1 < q0:
                     continue
                 with b.loop(q1 - q0 + 1, "pq") as q:
                     x = (q + q0) * sh.stride + (phase - sh.pad)
                     b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
+
+    def deinterleave(self, src: Affine, dst: Affine) -> int:
+        """Stride 2: each 2V input columns are two vector loads and two shuffles into V even and V odd
+        columns, stored whole into their phases (XNNPACK's and MLAS's stride-2 depthwise kernels read
+        strided columns instead; packing once per row makes every later load contiguous). Returns how
+        many columns it packed: whole chunks, the rest is left to scalar copies."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        chunks = sh.w // (2 * lanes)
+        with b.loop(chunks, "pv") as t:
+            x0 = t * (2 * lanes)
+            lo, hi = Load("input", src + x0, lanes), Load("input", src + x0 + lanes, lanes)
+            for first in (0, 1):  # input columns x0 + first + 2i, padded x0 + first + pad + 2i
+                phase, q = (first + sh.pad) % 2, (first + sh.pad) // 2
+                picked = Shuffle(lo, hi, tuple(range(first, 2 * lanes, 2)))
+                b.store("Ip", dst + phase * self.wq + t * lanes + q, picked, lanes)
+        return chunks * 2 * lanes
 
     def plane(self, ni: Affine, oc: Affine) -> None:
         """All outputs of output channel `oc` of image `ni`, from the packed plane Ip."""

@@ -170,6 +170,21 @@ class MatmulSchedule:
         return self.nv * self.lanes
 
 
+@dataclass(frozen=True, kw_only=True)
+class Operands:
+    """Where the product's operands live, for a template that lowers through this one (a pointwise
+    conv2d): buffer names, the kernel's parameters in order (None: A, B, bias, C), bias per row of C
+    instead of per column, and `batch` products one after another that share A (B and C advance by one
+    whole matrix per product)."""
+
+    a: str = "A"
+    b: str = "B"
+    c: str = "C"
+    params: tuple[Buffer, ...] | None = None
+    bias_rows: bool = False
+    batch: int = 1
+
+
 class MatmulTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
@@ -219,7 +234,11 @@ class MatmulTemplate:
         return self.space.config(self.space.index_of(values))
 
     def kernel(self, config: Config, name: str) -> Kernel:
-        return _MatmulEmitter(self.workload, self.schedule(config)).kernel(name)
+        return self.kernel_over(config, name, Operands())
+
+    def kernel_over(self, config: Config, name: str, operands: Operands) -> Kernel:
+        """The nest of one config, over `operands` (another template's buffers)."""
+        return _MatmulEmitter(self.workload, self.schedule(config), operands).kernel(name)
 
 
 def _largest(options: tuple[int | str, ...], fits: object) -> int:
@@ -229,21 +248,22 @@ def _largest(options: tuple[int | str, ...], fits: object) -> int:
 
 
 class _MatmulEmitter:
-    def __init__(self, workload: Workload, s: MatmulSchedule):
+    def __init__(self, workload: Workload, s: MatmulSchedule, operands: Operands):
         self.m, self.n, self.k = workload["m"], workload["n"], workload["k"]
-        self.s = s
+        self.s, self.o = s, operands
+        self.b_at, self.c_at = Affine(), Affine()  # the current product's B and C (batch > 1)
         self.b = NestBuilder()
         self.multi_k = self.k > s.kc
         self.bias, self.relu = bool(workload["bias"]), bool(workload["relu"])
 
     def kernel(self, name: str) -> Kernel:
         s, b = self.s, self.b
-        buffers = [
+        buffers = list(self.o.params or (
             Buffer("A", self.m * self.k, BufferKind.INPUT),
             Buffer("B", self.k * self.n, BufferKind.INPUT),
             *([Buffer("bias", self.n, BufferKind.INPUT)] if self.bias else []),
             Buffer("C", self.m * self.n, BufferKind.OUTPUT),
-        ]
+        ))  # fmt: skip
         if s.pack_b:
             buffers.append(
                 Buffer("Bp", min(s.kc, self.k) * -(-min(s.nc, self.n) // s.nr) * s.nr, BufferKind.LOCAL)
@@ -252,18 +272,27 @@ class _MatmulEmitter:
             buffers.append(
                 Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL)
             )
-        if self.multi_k:
-            self.zero_c()  # every k block then accumulates into C
-        self.blocks(s.order, {})
+        with b.loop(self.o.batch, "bn") as product:
+            self.b_at, self.c_at = product * (self.k * self.n), product * (self.m * self.n)
+            if self.multi_k:
+                self.zero_c()  # every k block then accumulates into C
+            self.blocks(s.order, {})
         return b.kernel(name, tuple(buffers))
+
+    def bias_vector(self, row: Affine, col: Affine, cols: int) -> Value:
+        """The bias of C[row, col : col + lanes] (its first `cols`): one per column, or a row's broadcast."""
+        v = self.s.lanes
+        if self.o.bias_rows:
+            return Broadcast(Load("bias", row), v)
+        return Load("bias", col, v, cols % v)
 
     def zero_c(self) -> None:
         """C = 0 (or the bias row) before the k blocks accumulate into it."""
         v = self.s.lanes
 
         def row(i: Affine, j: Affine, cols: int) -> None:
-            value: Value = Load("bias", j, v, cols % v) if self.bias else Const(0.0, v)
-            self.b.store("C", i * self.n + j, value, v, cols)
+            value = self.bias_vector(i, j, cols) if self.bias else Const(0.0, v)
+            self.b.store(self.o.c, self.c_at + i * self.n + j, value, v, cols)
 
         with self.b.loop(self.m, "zi") as i:
             self.b.split(self.n, v, lambda j, cols: row(i, j, cols), "zj")
@@ -301,7 +330,12 @@ class _MatmulEmitter:
                 for c in range(s.nv):
                     cols = min(max(ncols - c * s.lanes, 0), s.lanes)
                     value: Value = (
-                        Load("B", (k0 + kk) * self.n + n0 + js + c * s.lanes, s.lanes, cols % s.lanes)
+                        Load(
+                            self.o.b,
+                            self.b_at + (k0 + kk) * self.n + n0 + js + c * s.lanes,
+                            s.lanes,
+                            cols % s.lanes,
+                        )
                         if cols
                         else Const(0.0, s.lanes)
                     )
@@ -317,7 +351,7 @@ class _MatmulEmitter:
         def panel(io: Affine, rows: int) -> None:
             with b.loop(kcur, "pak") as kk:
                 for r in range(rows):
-                    src = Load("A", (m0 + io + r) * self.k + k0 + kk)
+                    src = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)
                     b.store("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r, src)
 
         b.split(mcur, s.mr, panel, "pai")
@@ -356,15 +390,15 @@ class _MatmulEmitter:
         breg = [b.register(f"b{c}", lanes) for c in range(nvec)]
 
         def c_index(r: int, c: int) -> Affine:
-            return (m0 + io + r) * self.n + n0 + jo + c * lanes
+            return self.c_at + (m0 + io + r) * self.n + n0 + jo + c * lanes
 
         for r in range(rows):
             for c in range(nvec):
                 init: Value = Const(0.0, lanes)
                 if self.multi_k:
-                    init = Load("C", c_index(r, c), lanes, counts[c])
+                    init = Load(self.o.c, c_index(r, c), lanes, counts[c])
                 elif self.bias:
-                    init = Load("bias", n0 + jo + c * lanes, lanes, counts[c])
+                    init = self.bias_vector(m0 + io + r, n0 + jo + c * lanes, counts[c])
                 b.assign(acc[r][c], init)
 
         def step(kk: Affine) -> None:
@@ -372,13 +406,14 @@ class _MatmulEmitter:
                 if s.pack_b:
                     src = Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
                 else:
-                    src = Load("B", (k0 + kk) * self.n + n0 + jo + c * lanes, lanes, counts[c])
+                    at = self.b_at + (k0 + kk) * self.n + n0 + jo + c * lanes
+                    src = Load(self.o.b, at, lanes, counts[c])
                 b.assign(breg[c], src)
             for r in range(rows):
                 if s.pack_a:
                     a = Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r)
                 else:
-                    a = Load("A", (m0 + io + r) * self.k + k0 + kk)
+                    a = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)
                 bcast = Broadcast(a, lanes)
                 for c in range(nvec):
                     b.assign(acc[r][c], MulAdd(bcast, breg[c], acc[r][c]))
@@ -394,4 +429,4 @@ class _MatmulEmitter:
         relu = self.relu and "not_last_k" not in ctx
         for r in range(rows):
             for c in range(nvec):
-                b.store("C", c_index(r, c), epilogue(acc[r][c], lanes, relu), lanes, counts[c])
+                b.store(self.o.c, c_index(r, c), epilogue(acc[r][c], lanes, relu), lanes, counts[c])

@@ -35,6 +35,7 @@ from xtune.tuning.features import (
     FEATURES_VERSION,
     estimate_prior,
     feature_names,
+    features_op,
     featurize,
 )
 from xtune.tuning.measure import MeasureStatus
@@ -160,7 +161,7 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
     for number, (key, g) in enumerate(sorted(groups.items())):
         indices = np.fromiter(g.costs, dtype=np.int64, count=len(g.costs))
         costs = np.fromiter(g.costs.values(), dtype=np.float64, count=len(g.costs))
-        op = g.template.workload.op
+        op = features_op(g.template)
         count = GroupCount(op, *key[:3], g.records, len(indices), key[3])
         features = np.asarray(featurize(g.template, indices), dtype=np.float32)
         parts.setdefault(op, []).append((features, costs, np.full(len(indices), number), count))

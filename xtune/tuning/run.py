@@ -15,7 +15,7 @@ from xtune.peers import numpy_seconds
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders, make_record, measured, of_machine
-from xtune.tuning.features import estimate_prior, featurize
+from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
 from xtune.tuning.tuner import StopReason, TuneProgress, TuneSummary, make_tuner, tune
 from xtune.workload import Workload
@@ -153,9 +153,10 @@ def run_tuning(
     fingerprint = tuple(sorted(boards[0].fingerprint().items()))
     past = past_records(log, template, dict(fingerprint).get("cpu"))
     history = measured(past, workload.key, target.name)
+    op = features_op(template)
     if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
-        pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
-    hedge = estimate_prior(workload.op) if hedge_with_estimate and pretrained is not None else None
+        pretrained = estimate_prior(op)  # no transfer model: the analytic estimate ranks first
+    hedge = estimate_prior(op) if hedge_with_estimate and pretrained is not None else None
     tuner = make_tuner(
         options.tuner,
         template.space,
