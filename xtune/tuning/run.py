@@ -154,9 +154,12 @@ def run_tuning(
     past = past_records(log, template, dict(fingerprint).get("cpu"))
     history = measured(past, workload.key, target.name)
     op = features_op(template)
+    estimate = estimate_prior(op)
     if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
-        pretrained = estimate_prior(op)  # no transfer model: the analytic estimate ranks first
-    hedge = estimate_prior(op) if hedge_with_estimate and pretrained is not None else None
+        pretrained = estimate  # no transfer model: the analytic estimate ranks first
+    hedge = estimate if hedge_with_estimate and pretrained is not None else None
+    # The default (and the estimate's pick) join the model tuner's first batch whatever the prior, even
+    # when the run does not measure the default first: a warm start never starts below them.
     tuner = make_tuner(
         options.tuner,
         template.space,
@@ -164,6 +167,8 @@ def run_tuning(
         lambda idx: featurize(template, idx),
         pretrained=pretrained,
         hedge=hedge,
+        anchors=[template.default_config().index],
+        estimate=estimate if options.analytic_prior else None,
     )
     if history:
         tuner.load_history(list(history), [r.result for r in history.values()])
