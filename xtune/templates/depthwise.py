@@ -30,7 +30,7 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
-from xtune.templates.matmul import Real, Scalars, clipped, epilogue, parse_tile, whole_tiles
+from xtune.templates.matmul import Real, Scalars, clipped, div, epilogue, parse_tile, whole_tiles
 from xtune.workload import ConvShape, Workload, conv_shape
 
 OW_OPTIONS = (8, 16, 32, 64, 128, 256)
@@ -152,14 +152,16 @@ class _DepthwiseEmitter:
             src = (plane * sh.h + y) * sh.w
             dst = (y + sh.pad) * self.row
             if sh.stride == 1:
-                b.split(
-                    sh.w,
-                    lanes,
-                    lambda x, n: b.store(
-                        "Ip", dst + sh.pad + x, Load("input", src + x, lanes, n % lanes), lanes, n
-                    ),
-                    "px",
-                )
+
+                def copy(x: Affine, n: int) -> None:
+                    b.store("Ip", dst + sh.pad + x, Load("input", src + x, lanes, n % lanes), lanes, n)
+
+                full, tail = divmod(sh.w, lanes)
+                b.split(full * lanes, lanes, copy, "px")
+                if tail and full:  # a whole vector ending at the row's end (overlapping) beats a partial one
+                    copy(Affine.of(sh.w - lanes), lanes)
+                elif tail:
+                    copy(Affine(), tail)
                 return
             done = self.deinterleave(src, dst) if sh.stride == 2 and lanes > 1 else 0
             for phase in range(sh.stride):  # the columns left, one by one
@@ -177,15 +179,25 @@ class _DepthwiseEmitter:
         strided columns instead; packing once per row makes every later load contiguous). Returns how
         many columns it packed: whole chunks, the rest is left to scalar copies."""
         sh, b, lanes = self.sh, self.b, self.s.lanes
-        chunks = sh.w // (2 * lanes)
-        with b.loop(chunks, "pv") as t:
-            x0 = t * (2 * lanes)
+        width = 2 * lanes
+
+        def chunk(x0: Affine) -> None:  # x0 even
             lo, hi = Load("input", src + x0, lanes), Load("input", src + x0 + lanes, lanes)
             for first in (0, 1):  # input columns x0 + first + 2i, padded x0 + first + pad + 2i
                 phase, q = (first + sh.pad) % 2, (first + sh.pad) // 2
-                picked = Shuffle(lo, hi, tuple(range(first, 2 * lanes, 2)))
-                b.store("Ip", dst + phase * self.wq + t * lanes + q, picked, lanes)
-        return chunks * 2 * lanes
+                picked = Shuffle(lo, hi, tuple(range(first, width, 2)))
+                b.store("Ip", dst + phase * self.wq + div(x0, 2) + q, picked, lanes)
+
+        chunks = sh.w // width
+        with b.loop(chunks, "pv") as t:
+            chunk(t * width)
+        if not chunks or sh.w % width < 2:
+            return chunks * width
+        # The rest: one more chunk ending at the row's last even column, overlapping the previous one
+        # (it rewrites the same values), so at most one column is left to a scalar copy.
+        last = (sh.w - width) // 2 * 2
+        chunk(Affine.of(last))
+        return last + width
 
     def plane(self, ni: Affine, oc: Affine) -> None:
         """All outputs of output channel `oc` of image `ni`, from the packed plane Ip."""
