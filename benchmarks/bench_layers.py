@@ -177,17 +177,14 @@ def main() -> None:
         # quiet spell during the tuning run must not flatter xtune's ratios.
         numpy = max(numpy, local_numpy_gflops(wl, [board]) or math.nan)
         ort = max(ort, ort_gflops(wl) or math.nan)
+        peak = max(peak, measured_peak_gflops())  # the best probe so far: a peak is an undisturbed figure
         rows.append(Row(layer=layer, numpy=numpy, ort=ort, at64=at64, long=long))
         gap = f"{at64 / long:.3f}" if args.long and long else "-"
         long_text = f"{long:.1f}" if args.long else "-"
         print(f"| {layer.name} | {layer.count} | {numpy:.1f} | {ort:.1f} | {at64:.1f} | {at64 / ort:.2f} "
               f"| {at64 / numpy:.2f} | {100 * at64 / peak:.0f}% | {long_text} | {gap} |",
               flush=True)  # fmt: skip
-    peak = max(peak, measured_peak_gflops())  # again: the better of two, like the peers
-    print(
-        f"\nmeasured FMA peak, the better of before and after: {peak:.1f} GFLOP/s (the % column used the "
-        "first)\n"
-    )
+    print(f"\nmeasured FMA peak, the best of every layer's probe: {peak:.1f} GFLOP/s\n")
     for table in TABLES:
         chosen = [r for r in rows if r.layer in TABLES[table] and r.at64 > 0]
         if not chosen:
