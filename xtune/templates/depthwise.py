@@ -182,10 +182,12 @@ class _DepthwiseEmitter:
         width = 2 * lanes
 
         def chunk(x0: Affine) -> None:  # x0 even
-            lo, hi = Load("input", src + x0, lanes), Load("input", src + x0 + lanes, lanes)
+            # One load of 2V floats and two even/odd shuffles of it: the pattern LLVM's InterleavedAccess
+            # pass turns into one AArch64 LD2 or RISC-V VLSEG2 (on x86: two loads and two permutes).
+            both = Load("input", src + x0, width)
             for first in (0, 1):  # input columns x0 + first + 2i, padded x0 + first + pad + 2i
                 phase, q = (first + sh.pad) % 2, (first + sh.pad) // 2
-                picked = Shuffle(lo, hi, tuple(range(first, width, 2)))
+                picked = Shuffle(both, both, tuple(range(first, width, 2)))
                 b.store("Ip", dst + phase * self.wq + div(x0, 2) + q, picked, lanes)
 
         chunks = sh.w // width
