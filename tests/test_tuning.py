@@ -146,3 +146,15 @@ def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
     assert rounds == [[0, 1], [0, 1], [2], [2]]
     top = best(records, template.workload.key, template.target.name, k=2)
     assert [(r.index, r.cost) for r in top] == [(1, 2.0), (2, 2.5)]
+
+
+def test_the_xgb_first_batch_holds_the_default_even_when_not_measured_first() -> None:
+    """start_from_default=False (search-efficiency benchmarks) no longer leaves the default out of the xgb
+    tuner's first batch: it is an anchor of the model tuner itself (issue 18, item 4)."""
+    workload = parse_workload("conv2d:n=1,c=5,h=9,w=11,k=13,r=3,s=3,stride=2,pad=1")
+    board = get_board("local")
+    default = template_for(workload, board.target).default_config().index
+    batches: list[tuple[int, ...]] = []
+    options = TuneOptions("xgb", 4, 4, None, 3, QUICK, start_from_default=False, confirm=0)
+    run_tuning(workload, [board], options, None, lambda progress: batches.append(progress.batch))
+    assert default in batches[0]
