@@ -281,3 +281,18 @@ def test_stride_2_depthwise_packs_rows_with_vectors(target_name: str) -> None:
     kernel = template.kernel(template.default_config(), "k")
     assert executed_scalar_stores(kernel.body, "Ip") == 3 * 10 * 1
     assert "shufflevector" in lower([kernel])
+
+
+def test_a_pointwise_kernel_is_its_matmuls_nest_over_the_conv_tensors() -> None:
+    """NCHW, one image: the lowered body is the equivalent matmul's with A = weights, B = input, C = output
+    (so a 64-trial run tunes exactly what the matmul's would)."""
+    target = get_target("x86-avx512")
+    conv = template_for(parse_workload("conv2d:n=1,c=40,h=6,w=9,k=24,r=1,s=1,relu=1"), target)
+    gemm = template_for(parse_workload("matmul:m=24,n=54,k=40,relu=1"), target)
+    for index in configs("conv2d:n=1,c=40,h=6,w=9,k=24,r=1,s=1,relu=1", target.name, 5):
+        ir = lower([conv.kernel(conv.space.config(index), "k")]).splitlines()
+        renamed = lower([gemm.kernel(gemm.space.config(index), "k")])
+        for old, new in (('"A"', '"weights"'), ('"B"', '"input"'), ('"C"', '"output"')):
+            renamed = renamed.replace(old, new)
+        body = [line for line in ir if not line.startswith("define")]
+        assert body == [line for line in renamed.splitlines() if not line.startswith("define")]
