@@ -68,6 +68,15 @@ def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
     return p * nv * sh.r * sh.s / loads
 
 
+# A packed row of up to this many vector copies or deinterleave chunks is unrolled: each is 2-3
+# instructions, which the loop's counter, compare and branch would otherwise nearly double.
+PACK_UNROLL = 16
+
+
+def pack_loop_kind(steps: int) -> LoopKind:
+    return LoopKind.UNROLLED if steps <= PACK_UNROLL else LoopKind.SERIAL
+
+
 def column_block(sh: ConvShape, width: Scalars, tile_ow: Scalars) -> np.ndarray:
     """The output columns per block a `tile_ow` knob resolves to for tiles `width` columns wide: whole
     tile widths, except a block that covers the row."""
@@ -157,7 +166,8 @@ class _DepthwiseEmitter:
                     b.store("Ip", dst + sh.pad + x, Load("input", src + x, lanes, n % lanes), lanes, n)
 
                 full, tail = divmod(sh.w, lanes)
-                b.split(full * lanes, lanes, copy, "px")
+                with b.loop(full, "px", pack_loop_kind(full)) as t:
+                    copy(t * lanes, lanes)
                 if tail and full:  # a whole vector ending at the row's end (overlapping) beats a partial one
                     copy(Affine.of(sh.w - lanes), lanes)
                 elif tail:
@@ -191,7 +201,7 @@ class _DepthwiseEmitter:
                 b.store("Ip", dst + phase * self.wq + div(x0, 2) + q, picked, lanes)
 
         chunks = sh.w // width
-        with b.loop(chunks, "pv") as t:
+        with b.loop(chunks, "pv", pack_loop_kind(chunks)) as t:
             chunk(t * width)
         if not chunks or sh.w % width < 2:
             return chunks * width
