@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import QEMU_BOARDS
+from tests.nest_interp import run_kernel
 from xtune.boards.board import get_board
 from xtune.codegen.compile import parse_verified
 from xtune.codegen.lower import lower
@@ -296,3 +297,32 @@ def test_a_pointwise_kernel_is_its_matmuls_nest_over_the_conv_tensors() -> None:
             renamed = renamed.replace(old, new)
         body = [line for line in ir if not line.startswith("define")]
         assert body == [line for line in renamed.splitlines() if not line.startswith("define")]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "depthwise:n=1,c=2,h=13,w=9,r=3,s=3,stride=2,pad=1",
+        "depthwise:n=2,c=2,h=10,w=6,r=3,s=3,stride=2,pad=3,dilation=2,multiplier=2",
+        "depthwise:n=1,c=2,h=9,w=9,r=1,s=1,stride=2,pad=0",
+        "depthwise:n=1,c=2,h=7,w=9,r=3,s=3,stride=3,pad=0",
+        "depthwise:n=1,c=2,h=11,w=7,r=5,s=3,stride=1,pad=2",
+    ],
+)
+def test_depthwise_row_tiles_pack_every_row_before_reading_it(key: str) -> None:
+    """Order "yx" packs each tile's new input rows just before the tile (first and last tiles peeled and
+    clipped to the input, the tail too): for every tile height, in the interpreter, over two planes (a row
+    left unpacked would hold the other plane's values) the output is the reference's."""
+    wl = parse_workload(key)
+    template = template_for(wl, get_target("x86-sse42"))
+    base = template.default_config().as_dict()
+    inputs = random_inputs(wl)
+    expected = wl.reference(inputs)
+    for p in range(1, 9):
+        for order in ("yx", "xy"):
+            config = template.space.config(
+                template.space.index_of({**base, "tile": f"{p}x1", "order": order})
+            )
+            out = np.full(expected.shape, np.nan, dtype=np.float32)
+            run_kernel(template.kernel(config, "k"), [*inputs, out])
+            np.testing.assert_allclose(out, expected, atol=1e-5, err_msg=f"{p} rows, {order}")

@@ -149,39 +149,79 @@ class _DepthwiseEmitter:
         with b.loop(-(-ip_size // s.lanes), "z") as z:
             b.store("Ip", z * s.lanes, Const(0.0, s.lanes), s.lanes)
         with b.loop(sh.n, "n") as ni, b.loop(sh.c, "c") as ci:
-            self.pack(ni * sh.c + ci)
-            with b.loop(sh.multiplier, "m") as m:  # the packed plane serves all its output channels
-                self.plane(ni, ci * sh.multiplier + m)
+            if s.order == "yx":
+                self.row_tiles(ni, ci)
+            else:
+                with b.loop(sh.h, "py") as y:
+                    self.pack_row(ni * sh.c + ci, y)
+                with b.loop(sh.multiplier, "m") as m:  # the packed plane serves all its output channels
+                    self.plane(ni, ci * sh.multiplier + m)
         return b.kernel(name, buffers)
 
-    def pack(self, plane: Affine) -> None:
+    def row_tiles(self, ni: Affine, ci: Affine) -> None:
+        """Order "yx": each tile of output rows packs the input rows it is the first to need, then computes
+        its rows for every output channel of the plane. The rows are packed right before they are read
+        (in L1, and the loads of the next rows overlap the FMAs), not a whole plane ahead, which at 112²
+        and stride 2 outgrows L1 (docs/design.md, Convolutions)."""
+        sh, s, b = self.sh, self.s, self.b
+        step = s.p * sh.stride  # padded input rows a full tile adds
+        lead = (sh.r - 1) * sh.dilation + 1 - sh.stride  # tile t needs rows [t*step + lead, +step) first
+        first, end = sh.pad, sh.pad + sh.h  # the padded rows that hold input (the rest stay zero)
+
+        def pack(start: int, stop: int) -> None:  # constant padded rows, clipped to the input's
+            for row in range(max(start, first), min(stop, end)):
+                self.pack_row(ni * sh.c + ci, Affine.of(row - sh.pad))
+
+        def compute(y: Affine, nrows: int) -> None:
+            with b.loop(sh.multiplier, "m") as m:
+                self.columns(ni, ci * sh.multiplier + m, y, nrows)
+
+        pack(0, lead)
+        full, tail = divmod(sh.oh, s.p)
+        # Tiles whose new rows all hold input run in one loop; the others are peeled, their rows clipped.
+        lo = min(full, max(0, -(-(first - lead) // step)))
+        hi = max(lo, min(full, (end - lead - step) // step + 1))
+        for t in range(lo):
+            pack(t * step + lead, (t + 1) * step + lead)
+            compute(Affine.of(t * s.p), s.p)
+        with b.loop(hi - lo, "ty") as tv:
+            with b.loop(step, "pr") as k:
+                self.pack_row(ni * sh.c + ci, (tv + lo) * step + (lead - sh.pad) + k)
+            compute((tv + lo) * s.p, s.p)
+        for t in range(hi, full):
+            pack(t * step + lead, (t + 1) * step + lead)
+            compute(Affine.of(t * s.p), s.p)
+        if tail:
+            pack(full * step + lead, full * step + lead + tail * sh.stride)
+            compute(Affine.of(full * s.p), tail)
+
+    def pack_row(self, plane: Affine, y: Affine) -> None:
         """Ip[pad + y][phase][q] <- input[plane][y][x] for the padded column x + pad = q*stride + phase."""
         sh, b, lanes = self.sh, self.b, self.s.lanes
-        with b.loop(sh.h, "py") as y:
-            src = (plane * sh.h + y) * sh.w
-            dst = (y + sh.pad) * self.row
-            if sh.stride == 1:
+        src = (plane * sh.h + y) * sh.w
+        dst = (y + sh.pad) * self.row
+        if sh.stride == 1:
 
-                def copy(x: Affine, n: int) -> None:
-                    b.store("Ip", dst + sh.pad + x, Load("input", src + x, lanes, n % lanes), lanes, n)
+            def copy(x: Affine, n: int) -> None:
+                b.store("Ip", dst + sh.pad + x, Load("input", src + x, lanes, n % lanes), lanes, n)
 
-                full, tail = divmod(sh.w, lanes)
-                with b.loop(full, "px", pack_loop_kind(full)) as t:
-                    copy(t * lanes, lanes)
-                if tail and full:  # a whole vector ending at the row's end (overlapping) beats a partial one
-                    copy(Affine.of(sh.w - lanes), lanes)
-                elif tail:
-                    copy(Affine(), tail)
-                return
-            done = self.deinterleave(src, dst) if sh.stride == 2 and lanes > 1 else 0
-            for phase in range(sh.stride):  # the columns left, one by one
-                q0 = max(0, -(-(done + sh.pad - phase) // sh.stride))  # first q with x >= done
-                q1 = (sh.w - 1 + sh.pad - phase) // sh.stride  # last q with x < w
-                if q1 < q0:
-                    continue
-                with b.loop(q1 - q0 + 1, "pq") as q:
-                    x = (q + q0) * sh.stride + (phase - sh.pad)
-                    b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
+            full, tail = divmod(sh.w, lanes)
+            with b.loop(full, "px", pack_loop_kind(full)) as t:
+                copy(t * lanes, lanes)
+            if tail and full:  # a whole vector ending at the row's end (overlapping) beats a partial one
+                copy(Affine.of(sh.w - lanes), lanes)
+            elif tail:
+                copy(Affine(), tail)
+            return
+        done = self.deinterleave(src, dst) if sh.stride == 2 and lanes > 1 else 0
+        for phase in range(sh.stride):  # the columns left, one by one
+            q0 = max(0, -(-(done + sh.pad - phase) // sh.stride))  # first q with x >= done
+            q1 = (sh.w - 1 + sh.pad - phase) // sh.stride  # last q with x < w
+            if q1 < q0:
+                continue
+            with b.loop(q1 - q0 + 1, "pq") as q:
+                x = (q + q0) * sh.stride + (phase - sh.pad)
+                b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
 
     def deinterleave(self, src: Affine, dst: Affine) -> int:
         """Stride 2: each 2V input columns are two vector loads and two shuffles into V even and V odd
@@ -212,7 +252,8 @@ class _DepthwiseEmitter:
         return last + width
 
     def plane(self, ni: Affine, oc: Affine) -> None:
-        """All outputs of output channel `oc` of image `ni`, from the packed plane Ip."""
+        """Order "xy": all outputs of output channel `oc` of image `ni`, column blocks outside row tiles,
+        from the packed plane."""
         sh, s, b = self.sh, self.s, self.b
         cols = s.nv * s.lanes
 
@@ -226,22 +267,18 @@ class _DepthwiseEmitter:
                 "y",
             )
 
-        if s.order == "yx":
-            b.split(
-                sh.oh,
-                s.p,
-                lambda y, nrows: b.split(
-                    sh.ow,
-                    s.owb,
-                    lambda x0, nb: b.split(
-                        nb, cols, lambda x, nc: self.micro(ni, oc, y, nrows, x0 + x, nc), "x"
-                    ),
-                    "bx",
-                ),
-                "y",
-            )
-        else:
-            b.split(sh.ow, s.owb, block, "bx")
+        b.split(sh.ow, s.owb, block, "bx")
+
+    def columns(self, ni: Affine, oc: Affine, y: Affine, nrows: int) -> None:
+        """Order "yx": one tile of output rows of channel `oc`, block by block of columns."""
+        sh, s, b = self.sh, self.s, self.b
+        cols = s.nv * s.lanes
+        b.split(
+            sh.ow,
+            s.owb,
+            lambda x0, nb: b.split(nb, cols, lambda x, nc: self.micro(ni, oc, y, nrows, x0 + x, nc), "x"),
+            "bx",
+        )
 
     def micro(self, ni: Affine, oc: Affine, y: Affine, nrows: int, x: Affine, ncols: int) -> None:
         """acc[p][v] = bias + sum over (kh, kw) of broadcast(weight) * Ip row vector; epilogue; store."""
