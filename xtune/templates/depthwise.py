@@ -73,6 +73,15 @@ def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
 PACK_UNROLL = 16
 
 
+def row_lanes(extent: int, lanes: int) -> int:
+    """The vectors that pack a row of `extent` floats: the target's, or for a narrower row the widest
+    power of two that fits it (a 14-wide row is packed in 8-float pieces, not copied float by float)."""
+    v = lanes
+    while v > max(extent, 1):
+        v //= 2
+    return v
+
+
 def pack_loop_kind(steps: int) -> LoopKind:
     return LoopKind.UNROLLED if steps <= PACK_UNROLL else LoopKind.SERIAL
 
@@ -201,19 +210,19 @@ class _DepthwiseEmitter:
         src = (plane * sh.h + y) * sh.w
         dst = (y + sh.pad) * self.row
         if sh.stride == 1:
+            v = row_lanes(sh.w, lanes)
 
-            def copy(x: Affine, n: int) -> None:
-                b.store("Ip", dst + sh.pad + x, Load("input", src + x, lanes, n % lanes), lanes, n)
+            def copy(x: Affine) -> None:
+                b.store("Ip", dst + sh.pad + x, Load("input", src + x, v), v)
 
-            full, tail = divmod(sh.w, lanes)
+            full, tail = divmod(sh.w, v)
             with b.loop(full, "px", pack_loop_kind(full)) as t:
-                copy(t * lanes, lanes)
-            if tail and full:  # a whole vector ending at the row's end (overlapping) beats a partial one
-                copy(Affine.of(sh.w - lanes), lanes)
-            elif tail:
-                copy(Affine(), tail)
+                copy(t * v)
+            if tail:  # a whole vector ending at the row's end (overlapping) beats a partial one
+                copy(Affine.of(sh.w - v))
             return
-        done = self.deinterleave(src, dst) if sh.stride == 2 and lanes > 1 else 0
+        v = row_lanes(sh.w // 2, lanes)
+        done = self.deinterleave(src, dst, v) if sh.stride == 2 and v > 1 else 0
         for phase in range(sh.stride):  # the columns left, one by one
             q0 = max(0, -(-(done + sh.pad - phase) // sh.stride))  # first q with x >= done
             q1 = (sh.w - 1 + sh.pad - phase) // sh.stride  # last q with x < w
@@ -223,12 +232,12 @@ class _DepthwiseEmitter:
                 x = (q + q0) * sh.stride + (phase - sh.pad)
                 b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
 
-    def deinterleave(self, src: Affine, dst: Affine) -> int:
+    def deinterleave(self, src: Affine, dst: Affine, lanes: int) -> int:
         """Stride 2: each 2V input columns are two vector loads and two shuffles into V even and V odd
         columns, stored whole into their phases (XNNPACK's and MLAS's stride-2 depthwise kernels read
         strided columns instead; packing once per row makes every later load contiguous). Returns how
         many columns it packed: whole chunks, the rest is left to scalar copies."""
-        sh, b, lanes = self.sh, self.b, self.s.lanes
+        sh, b = self.sh, self.b
         width = 2 * lanes
 
         def chunk(x0: Affine) -> None:  # x0 even
