@@ -179,9 +179,18 @@ class _FunctionLowering:
             self.emit(f"store {ftype(lanes)} {value}, ptr {ptr}, align 4")
             return
         vty = ftype(lanes)
-        for lane in range(stmt.valid):  # a partial vector: the tail of a row, lane by lane
-            elem = self.define(f"extractelement {vty} {value}, i64 {lane}")
-            self.emit(f"store float {elem}, ptr {self.lane_address(ptr, lane)}, align 4")
+        # A partial vector (the tail of a row) as power-of-two pieces, widest first: 7 lanes are one
+        # 4-lane, one 2-lane and one scalar store rather than 7 scalar ones (never past the valid lanes).
+        lane = 0
+        while lane < stmt.valid:
+            width = 1 << ((stmt.valid - lane).bit_length() - 1)
+            if width == 1:
+                piece = self.define(f"extractelement {vty} {value}, i64 {lane}")
+            else:
+                mask = ", ".join(f"i32 {i}" for i in range(lane, lane + width))
+                piece = self.define(f"shufflevector {vty} {value}, {vty} poison, <{width} x i32> <{mask}>")
+            self.emit(f"store {ftype(width)} {piece}, ptr {self.lane_address(ptr, lane)}, align 4")
+            lane += width
 
     # --- values -----------------------------------------------------------------------------
     def value(self, v: Value, env: Env) -> Operand:
