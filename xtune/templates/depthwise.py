@@ -1,9 +1,10 @@
 """The depthwise template: a depthwise workload + target in, a nest vectorized along output width out.
 
 Depthwise convolution has r*s FMAs per output and no reuse across channels, so it is vectorized over
-the output width. Per image and input channel the plane is copied once into a zero-padded local
-buffer split by column phase (col % stride), which makes the columns of consecutive outputs
-contiguous for any stride and removes every padding branch. The register tile is P output rows x
+the output width. Per image and input channel the plane is copied into a zero-padded local buffer
+split by column phase (col % stride), which makes the columns of consecutive outputs contiguous for
+any stride and removes every padding branch: stride-2 rows by vector deinterleaving, and in order
+"yx" row tile by row tile, just before the rows are read. The register tile is P output rows x
 V width vectors; the weights are broadcast, kw is always unrolled (its phase must be a constant),
 kh optionally. Bias initialises the accumulators and ReLU runs on them before the store.
 """
