@@ -17,6 +17,7 @@ from xtune.schedule.loopnest import (
     Load,
     MulAdd,
     Reg,
+    Shuffle,
     Stmt,
     Store,
     Value,
@@ -51,6 +52,8 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
         if isinstance(v, Exp):
             return np.exp(value(v.a, env))
+        if isinstance(v, Shuffle):
+            return np.concatenate([value(v.a, env), value(v.b, env)])[list(v.mask)]
         a, b = value(v.a, env), value(v.b, env)
         ops = {BinaryOp.ADD: np.add, BinaryOp.SUB: np.subtract, BinaryOp.MUL: np.multiply,
                BinaryOp.DIV: np.divide, BinaryOp.MAX: np.maximum, BinaryOp.MIN: np.minimum}  # fmt: skip

@@ -4,16 +4,20 @@ parsing, numpy references, errors and checked kernel outputs on the local board 
 from __future__ import annotations
 
 import random
+import shutil
 
 import numpy as np
 import pytest
 
+from tests.conftest import QEMU_BOARDS
+from tests.nest_interp import run_kernel
 from xtune.boards.board import get_board
 from xtune.codegen.compile import parse_verified
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
+from xtune.schedule.loopnest import For, Stmt, Store
 from xtune.target import get_target
-from xtune.templates import template_for
+from xtune.templates import features_template, template_for
 from xtune.tuning.features import feature_names, featurize
 from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, MeasureStatus, build_image
 from xtune.workload import conv_shape, parse_workload, random_inputs
@@ -210,3 +214,115 @@ def test_every_packing_and_reduction_order(layout: str) -> None:
         for unroll in (0, 1)
     ]
     check("local", key, indices)
+
+
+# --- issue 18: pointwise through the matmul template, stride 2 without a cliff ----------------------
+
+# Pointwise layers (NCHW and NHWC, a batch, bias and ReLU), stride 2 with odd input sizes, padding 0 and
+# 2, channel counts that are no multiple of any vector width, depthwise with multiplier 2 and rows wide
+# enough for whole stride-2 deinterleave chunks on every board (2 x 16 lanes) plus a tail.
+LAYER_SHAPES = (
+    "conv2d:n=1,c=19,h=7,w=9,k=21,r=1,s=1,stride=1,pad=0,bias=1,relu=1",
+    "conv2d:n=2,c=33,h=5,w=7,k=10,r=1,s=1,stride=1,pad=0,bias=1",
+    "conv2d:n=2,c=13,h=5,w=3,k=35,r=1,s=1,stride=1,pad=0,layout=nhwc,bias=1,relu=1",
+    "conv2d:n=1,c=7,h=6,w=5,k=3,r=1,s=1,stride=2,pad=0,relu=1",
+    "conv2d:n=1,c=5,h=13,w=15,k=11,r=3,s=3,stride=2,pad=2,bias=1",
+    "conv2d:n=1,c=6,h=11,w=9,k=17,r=3,s=3,stride=2,pad=0,layout=nhwc,relu=1",
+    "depthwise:n=1,c=3,h=11,w=37,r=3,s=3,stride=2,pad=1,bias=1,relu=1",
+    "depthwise:n=1,c=2,h=9,w=67,r=3,s=3,stride=2,pad=0,multiplier=2",
+    "depthwise:n=2,c=3,h=7,w=35,r=5,s=5,stride=2,pad=2,multiplier=2,bias=1",
+    "depthwise:n=1,c=5,h=9,w=33,r=3,s=3,stride=1,pad=2,relu=1",
+)
+
+
+@pytest.mark.parametrize("board", ["local", *QEMU_BOARDS])
+@pytest.mark.parametrize("key", LAYER_SHAPES)
+def test_layer_table_correct_on_every_board(board: str, key: str) -> None:
+    if board != "local" and shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip(f"needs {get_board(board).target.qemu_binary} (qemu-user)")
+    check(board, key, configs(key, get_board(board).target.name, 2))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_pointwise_conv2d_is_tuned_as_its_matmul(layout: str) -> None:
+    """A 1x1, stride 1, pad 0 conv2d has the matmul's space, default and features (so its models and
+    analytic estimate), and its kernel is the matmul nest over the conv's tensors: no transposing tile."""
+    key = f"conv2d:n=1,c=128,h=56,w=56,k=128,r=1,s=1,layout={layout},bias=1"
+    target = get_target("x86-avx512")
+    conv = template_for(parse_workload(key), target)
+    mn = "m=128,n=3136" if layout == "nchw" else "m=3136,n=128"
+    gemm = template_for(parse_workload(f"matmul:{mn},k=128,bias=1"), target)
+    assert features_template(conv).workload == gemm.workload
+    assert conv.space == gemm.space and conv.default_config() == gemm.default_config()
+    indices = configs(key, target.name, 20)
+    np.testing.assert_array_equal(featurize(conv, indices), featurize(gemm, indices))
+    kernel = conv.kernel(conv.default_config(), "k")
+    assert [b.name for b in kernel.params] == ["input", "weights", "bias", "output"]
+    assert "Ot" not in {b.name for b in kernel.buffers}
+
+
+def executed_scalar_stores(stmts: tuple[Stmt, ...], buffer: str, trips: int = 1) -> int:
+    """How many one-float stores to `buffer` the nest executes."""
+    count = 0
+    for stmt in stmts:
+        if isinstance(stmt, For):
+            count += executed_scalar_stores(stmt.body, buffer, trips * stmt.extent)
+        elif isinstance(stmt, Store) and stmt.buffer == buffer and stmt.lanes == 1:
+            count += trips
+    return count
+
+
+@pytest.mark.parametrize("target_name", ["x86-avx512", "x86-avx2", "arm-a72-neon"])
+def test_stride_2_depthwise_packs_rows_with_vectors(target_name: str) -> None:
+    """Stride 2 deinterleaves chunks of 2 vectors per row (loads + shuffles), the last one overlapping:
+    only an odd row's last column is copied alone (before, every column was)."""
+    key = "depthwise:n=1,c=3,h=10,w=75,r=3,s=3,stride=2,pad=1"
+    target = get_target(target_name)
+    template = template_for(parse_workload(key), target)
+    kernel = template.kernel(template.default_config(), "k")
+    assert executed_scalar_stores(kernel.body, "Ip") == 3 * 10 * 1
+    assert "shufflevector" in lower([kernel])
+
+
+def test_a_pointwise_kernel_is_its_matmuls_nest_over_the_conv_tensors() -> None:
+    """NCHW, one image: the lowered body is the equivalent matmul's with A = weights, B = input, C = output
+    (so a 64-trial run tunes exactly what the matmul's would)."""
+    target = get_target("x86-avx512")
+    conv = template_for(parse_workload("conv2d:n=1,c=40,h=6,w=9,k=24,r=1,s=1,relu=1"), target)
+    gemm = template_for(parse_workload("matmul:m=24,n=54,k=40,relu=1"), target)
+    for index in configs("conv2d:n=1,c=40,h=6,w=9,k=24,r=1,s=1,relu=1", target.name, 5):
+        ir = lower([conv.kernel(conv.space.config(index), "k")]).splitlines()
+        renamed = lower([gemm.kernel(gemm.space.config(index), "k")])
+        for old, new in (('"A"', '"weights"'), ('"B"', '"input"'), ('"C"', '"output"')):
+            renamed = renamed.replace(old, new)
+        body = [line for line in ir if not line.startswith("define")]
+        assert body == [line for line in renamed.splitlines() if not line.startswith("define")]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "depthwise:n=1,c=2,h=13,w=9,r=3,s=3,stride=2,pad=1",
+        "depthwise:n=2,c=2,h=10,w=6,r=3,s=3,stride=2,pad=3,dilation=2,multiplier=2",
+        "depthwise:n=1,c=2,h=9,w=9,r=1,s=1,stride=2,pad=0",
+        "depthwise:n=1,c=2,h=7,w=9,r=3,s=3,stride=3,pad=0",
+        "depthwise:n=1,c=2,h=11,w=7,r=5,s=3,stride=1,pad=2",
+    ],
+)
+def test_depthwise_row_tiles_pack_every_row_before_reading_it(key: str) -> None:
+    """Order "yx" packs each tile's new input rows just before the tile (first and last tiles peeled and
+    clipped to the input, the tail too): for every tile height, in the interpreter, over two planes (a row
+    left unpacked would hold the other plane's values) the output is the reference's."""
+    wl = parse_workload(key)
+    template = template_for(wl, get_target("x86-sse42"))
+    base = template.default_config().as_dict()
+    inputs = random_inputs(wl)
+    expected = wl.reference(inputs)
+    for p in range(1, 9):
+        for order in ("yx", "xy"):
+            config = template.space.config(
+                template.space.index_of({**base, "tile": f"{p}x1", "order": order})
+            )
+            out = np.full(expected.shape, np.nan, dtype=np.float32)
+            run_kernel(template.kernel(config, "k"), [*inputs, out])
+            np.testing.assert_allclose(out, expected, atol=1e-5, err_msg=f"{p} rows, {order}")

@@ -260,3 +260,17 @@ def test_wide_records_take_keywords_only(record: type) -> None:
     """A positional slip (trials where batch_size was meant) cannot compile into a wrong run."""
     with pytest.raises(TypeError, match="positional"):
         record("xgb", 64, 16)
+
+
+def test_the_xgb_first_batch_holds_the_default_even_when_not_measured_first() -> None:
+    """start_from_default=False (search-efficiency benchmarks) no longer leaves the default out of the xgb
+    tuner's first batch: it is an anchor of the model tuner itself (issue 18, item 4)."""
+    workload = parse_workload("conv2d:n=1,c=5,h=9,w=11,k=13,r=3,s=3,stride=2,pad=1")
+    board = get_board("local")
+    default = template_for(workload, board.target).default_config().index
+    batches: list[tuple[int, ...]] = []
+    options = TuneOptions(
+        tuner="xgb", trials=4, batch_size=4, seed=3, measure=QUICK, start_from_default=False, confirm=0
+    )
+    run_tuning(workload, [board], options, None, lambda progress: batches.append(progress.batch))
+    assert default in batches[0]

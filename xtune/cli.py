@@ -221,7 +221,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
+    from xtune.templates import template_for
     from xtune.tuning.database import TuningLog
+    from xtune.tuning.features import features_op
     from xtune.tuning.measure import MeasureOptions
     from xtune.tuning.run import TuneOptions, check_boards, local_numpy_gflops, run_tuning
     from xtune.tuning.tuner import StopReason
@@ -234,7 +236,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # run_tuning checks both too, but only after training --transfer-from logs
     check_boards(boards)
     log.check_appendable()
-    transfer, pretrained = _transfer_source(args, boards[0], workload.op)
+    # A pointwise conv2d is tuned as the matmul it lowers to: that operator's model scores its configs.
+    op = features_op(template_for(workload, boards[0].target))
+    transfer, pretrained = _transfer_source(args, boards[0], op)
     options = TuneOptions(
         tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
         early_stopping=args.early_stopping, seed=args.seed,

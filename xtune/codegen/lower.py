@@ -31,6 +31,7 @@ from xtune.schedule.loopnest import (
     LoopKind,
     MulAdd,
     Reg,
+    Shuffle,
     Stmt,
     Store,
     Value,
@@ -189,9 +190,18 @@ class _FunctionLowering:
             self.emit(f"store {ftype(lanes)} {value}, ptr {ptr}, align 4")
             return
         vty = ftype(lanes)
-        for lane in range(stmt.valid):  # a partial vector: the tail of a row, lane by lane
-            elem = self.define(f"extractelement {vty} {value}, i64 {lane}")
-            self.emit(f"store float {elem}, ptr {self.lane_address(ptr, lane)}, align 4")
+        # A partial vector (the tail of a row) as power-of-two pieces, widest first: 7 lanes are one
+        # 4-lane, one 2-lane and one scalar store rather than 7 scalar ones (never past the valid lanes).
+        lane = 0
+        while lane < stmt.valid:
+            width = 1 << ((stmt.valid - lane).bit_length() - 1)
+            if width == 1:
+                piece = self.define(f"extractelement {vty} {value}, i64 {lane}")
+            else:
+                mask = ", ".join(f"i32 {i}" for i in range(lane, lane + width))
+                piece = self.define(f"shufflevector {vty} {value}, {vty} poison, <{width} x i32> <{mask}>")
+            self.emit(f"store {ftype(width)} {piece}, ptr {self.lane_address(ptr, lane)}, align 4")
+            lane += width
 
     # --- values -----------------------------------------------------------------------------
     def value(self, v: Value, env: Env) -> Operand:
@@ -207,7 +217,16 @@ class _FunctionLowering:
             return self.muladd(v, env)
         if isinstance(v, Exp):
             return self.exp(self.value(v.a, env))
+        if isinstance(v, Shuffle):
+            return self.shuffle(v, env)
         return self.binary(v, env)
+
+    def shuffle(self, v: Shuffle, env: Env) -> Operand:
+        """LangRef "shufflevector": the mask is a constant vector of i32 lane numbers over a ++ b."""
+        (a, lanes), (b, _) = self.value(v.a, env), self.value(v.b, env)
+        ty = ftype(lanes)
+        mask = ", ".join(f"i32 {i}" for i in v.mask)
+        return self.define(f"shufflevector {ty} {a}, {ty} {b}, <{len(v.mask)} x i32> <{mask}>"), len(v.mask)
 
     def muladd(self, v: MulAdd, env: Env) -> Operand:
         """llvm.fmuladd: one FMA where the target has it, mul + add elsewhere (never a libcall)."""

@@ -122,7 +122,17 @@ class Exp:
     a: Value
 
 
-Value = Load | Const | Broadcast | Reg | Binary | MulAdd | Exp
+@dataclass(frozen=True)
+class Shuffle:
+    """Lanes picked from two vectors of equal width (LLVM shufflevector): `mask[i]` < lanes picks lane
+    mask[i] of `a`, else lane mask[i] - lanes of `b`. A deinterleave (stride-2 packing) is one of these."""
+
+    a: Value
+    b: Value
+    mask: tuple[int, ...]
+
+
+Value = Load | Const | Broadcast | Reg | Binary | MulAdd | Exp | Shuffle
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,13 @@ def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
         raise InputError(f"no schedule template for operator '{workload.op}'")
     template: ScheduleTemplate = templates[workload.op](workload, target)
     return template
+
+
+def features_template(template: ScheduleTemplate) -> ScheduleTemplate:
+    """The template whose features, analytic estimate and cost models describe `template`'s configs:
+    itself, or the matmul a pointwise conv2d lowers through (the same space)."""
+    from xtune.templates.conv2d import Conv2dTemplate
+
+    if isinstance(template, Conv2dTemplate) and template.as_matmul is not None:
+        return template.as_matmul
+    return template

@@ -35,6 +35,8 @@ from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 from xtune.templates.matmul import (
     Epilogue,
+    MatmulTemplate,
+    Operands,
     Scalars,
     clipped,
     fmas_per_load,
@@ -44,7 +46,7 @@ from xtune.templates.matmul import (
     tile_registers,
     whole_tiles,
 )
-from xtune.workload import ConvShape, Workload, conv_shape
+from xtune.workload import EPILOGUE, ConvShape, Workload, conv_shape, parse_workload
 
 IC_OPTIONS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 OC_OPTIONS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -107,11 +109,47 @@ def stack_clamped(sh: ConvShape, nr: int, cb: int, kb: int) -> int:
     return kb
 
 
+def is_pointwise(sh: ConvShape) -> bool:
+    """A 1x1 window at stride 1 without padding: every output pixel is a dot product of its own input pixel
+    with each output channel's weights, i.e. the convolution is a matmul."""
+    return sh.r == 1 and sh.s == 1 and sh.stride == 1 and sh.pad == 0
+
+
+def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
+    """The matmul a pointwise conv2d is, and where its operands live. NCHW, per image: out[k, p] =
+    W[k, c] . X[c, p] (A = OIHW weights, B = the image's planes, C = its output planes, bias per row),
+    the images one after another. NHWC, the whole batch: out[p, k] = X[p, c] . W[c, k] (A = the pixels,
+    B = HWIO weights, bias per column, as matmul's own)."""
+    sh = conv_shape(workload)
+    params = (
+        Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
+        Buffer("weights", sh.k * sh.c, BufferKind.INPUT),
+        *Epilogue.of(workload).buffers(sh.k, sh.n * sh.k * sh.h * sh.w),
+        Buffer("output", sh.n * sh.k * sh.h * sh.w, BufferKind.OUTPUT),
+    )
+    if sh.nhwc:
+        m, n, k = sh.n * sh.h * sh.w, sh.k, sh.c
+        operands = Operands(a="input", b="weights", c="output", params=params)
+    else:
+        m, n, k = sh.k, sh.h * sh.w, sh.c
+        operands = Operands(a="weights", b="input", c="output", params=params, bias_rows=True, batch=sh.n)
+    epilogue = ",".join(f"{key}={workload[key]}" for key in EPILOGUE)  # the same fused epilogue
+    return parse_workload(f"matmul:m={m},n={n},k={k},{epilogue}"), operands
+
+
 class Conv2dTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
         self.target = target
         self.shape = sh = conv_shape(workload)
+        # A pointwise conv2d lowers through the matmul template: its space, default, features and cost
+        # models are the matmul's (the register tiles and blocking that make a matmul fast).
+        self.as_matmul: MatmulTemplate | None = None
+        if is_pointwise(sh):
+            gemm, self.operands = pointwise_matmul(workload)
+            self.as_matmul = MatmulTemplate(gemm, target)
+            self.space = self.as_matmul.space
+            return
         self.space = ConfigSpace(
             (
                 Knob("tile", KnobKind.CHOICE, register_tiles(target)),
@@ -143,6 +181,8 @@ class Conv2dTemplate:
         )  # fmt: skip
 
     def default_config(self) -> Config:
+        if self.as_matmul is not None:
+            return self.as_matmul.default_config()
         sh, t = self.shape, self.target
         knobs = {k.name: k.options for k in self.space.knobs}
         ints = {name: [int(o) for o in opts] for name, opts in knobs.items() if name.startswith("tile_")}
@@ -167,6 +207,8 @@ class Conv2dTemplate:
         return self.space.config(self.space.index_of(values))
 
     def kernel(self, config: Config, name: str) -> Kernel:
+        if self.as_matmul is not None:
+            return self.as_matmul.kernel_over(config, name, self.operands)
         return _ConvEmitter(self.workload, self.schedule(config)).kernel(name)
 
 

@@ -1,9 +1,10 @@
 """The depthwise template: a depthwise workload + target in, a nest vectorized along output width out.
 
 Depthwise convolution has r*s FMAs per output and no reuse across channels, so it is vectorized over
-the output width. Per image and input channel the plane is copied once into a zero-padded local
-buffer split by column phase (col % stride), which makes the columns of consecutive outputs
-contiguous for any stride and removes every padding branch. The register tile is P output rows x
+the output width. Per image and input channel the plane is copied into a zero-padded local buffer
+split by column phase (col % stride), which makes the columns of consecutive outputs contiguous for
+any stride and removes every padding branch: stride-2 rows by vector deinterleaving, and in order
+"yx" row tile by row tile, just before the rows are read. The register tile is P output rows x
 V width vectors; the weights are broadcast, kw is always unrolled (its phase must be a constant),
 kh optionally. Bias plus residual initialise the accumulators and ReLU/ReLU6 run on them before the
 store.
@@ -26,10 +27,11 @@ from xtune.schedule.loopnest import (
     LoopKind,
     MulAdd,
     NestBuilder,
+    Shuffle,
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
-from xtune.templates.matmul import Epilogue, Real, Scalars, clipped, parse_tile, whole_tiles
+from xtune.templates.matmul import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 from xtune.workload import ConvShape, Workload, conv_shape
 
 OW_OPTIONS = (8, 16, 32, 64, 128, 256)
@@ -65,6 +67,24 @@ def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
     input rows they read (s kw positions, V vectors each), plus the r*s weight broadcasts."""
     loads = ((p - 1) * sh.stride + sh.r) * sh.s * nv + sh.r * sh.s
     return p * nv * sh.r * sh.s / loads
+
+
+# A packed row of up to this many vector copies or deinterleave chunks is unrolled: each is 2-3
+# instructions, which the loop's counter, compare and branch would otherwise nearly double.
+PACK_UNROLL = 16
+
+
+def row_lanes(extent: int, lanes: int) -> int:
+    """The vectors that pack a row of `extent` floats: the target's, or for a narrower row the widest
+    power of two that fits it (a 14-wide row is packed in 8-float pieces, not copied float by float)."""
+    v = lanes
+    while v > max(extent, 1):
+        v //= 2
+    return v
+
+
+def pack_loop_kind(steps: int) -> LoopKind:
+    return LoopKind.UNROLLED if steps <= PACK_UNROLL else LoopKind.SERIAL
 
 
 def column_block(sh: ConvShape, width: Scalars, tile_ow: Scalars) -> np.ndarray:
@@ -139,38 +159,111 @@ class _DepthwiseEmitter:
         with b.loop(-(-ip_size // s.lanes), "z") as z:
             b.store("Ip", z * s.lanes, Const(0.0, s.lanes), s.lanes)
         with b.loop(sh.n, "n") as ni, b.loop(sh.c, "c") as ci:
-            self.pack(ni * sh.c + ci)
-            with b.loop(sh.multiplier, "m") as m:  # the packed plane serves all its output channels
-                self.plane(ni, ci * sh.multiplier + m)
+            if s.order == "yx":
+                self.row_tiles(ni, ci)
+            else:
+                with b.loop(sh.h, "py") as y:
+                    self.pack_row(ni * sh.c + ci, y)
+                with b.loop(sh.multiplier, "m") as m:  # the packed plane serves all its output channels
+                    self.plane(ni, ci * sh.multiplier + m)
         return b.kernel(name, buffers)
 
-    def pack(self, plane: Affine) -> None:
+    def row_tiles(self, ni: Affine, ci: Affine) -> None:
+        """Order "yx": each tile of output rows packs the input rows it is the first to need, then computes
+        its rows for every output channel of the plane. The rows are packed right before they are read
+        (in L1, and the loads of the next rows overlap the FMAs), not a whole plane ahead, which at 112²
+        and stride 2 outgrows L1 (docs/design.md, Convolutions)."""
+        sh, s, b = self.sh, self.s, self.b
+        step = s.p * sh.stride  # padded input rows a full tile adds
+        lead = (sh.r - 1) * sh.dilation + 1 - sh.stride  # tile t needs rows [t*step + lead, +step) first
+        first, end = sh.pad, sh.pad + sh.h  # the padded rows that hold input (the rest stay zero)
+
+        def pack(start: int, stop: int) -> None:  # constant padded rows, clipped to the input's
+            for row in range(max(start, first), min(stop, end)):
+                self.pack_row(ni * sh.c + ci, Affine.of(row - sh.pad))
+
+        def compute(y: Affine, nrows: int) -> None:
+            with b.loop(sh.multiplier, "m") as m:
+                self.columns(ni, ci * sh.multiplier + m, y, nrows)
+
+        pack(0, lead)
+        full, tail = divmod(sh.oh, s.p)
+        # Tiles whose new rows all hold input run in one loop; the others are peeled, their rows clipped.
+        lo = min(full, max(0, -(-(first - lead) // step)))
+        hi = max(lo, min(full, (end - lead - step) // step + 1))
+        for t in range(lo):
+            pack(t * step + lead, (t + 1) * step + lead)
+            compute(Affine.of(t * s.p), s.p)
+        with b.loop(hi - lo, "ty") as tv:
+            with b.loop(step, "pr") as k:
+                self.pack_row(ni * sh.c + ci, (tv + lo) * step + (lead - sh.pad) + k)
+            compute((tv + lo) * s.p, s.p)
+        for t in range(hi, full):
+            pack(t * step + lead, (t + 1) * step + lead)
+            compute(Affine.of(t * s.p), s.p)
+        if tail:
+            pack(full * step + lead, full * step + lead + tail * sh.stride)
+            compute(Affine.of(full * s.p), tail)
+
+    def pack_row(self, plane: Affine, y: Affine) -> None:
         """Ip[pad + y][phase][q] <- input[plane][y][x] for the padded column x + pad = q*stride + phase."""
         sh, b, lanes = self.sh, self.b, self.s.lanes
-        with b.loop(sh.h, "py") as y:
-            src = (plane * sh.h + y) * sh.w
-            dst = (y + sh.pad) * self.row
-            if sh.stride == 1:
-                b.split(
-                    sh.w,
-                    lanes,
-                    lambda x, n: b.store(
-                        "Ip", dst + sh.pad + x, Load("input", src + x, lanes, n % lanes), lanes, n
-                    ),
-                    "px",
-                )
-                return
-            for phase in range(sh.stride):
-                q0 = -(-(sh.pad - phase) // sh.stride) if sh.pad > phase else 0  # first q with x >= 0
-                q1 = (sh.w - 1 + sh.pad - phase) // sh.stride  # last q with x < w
-                if q1 < q0:
-                    continue
-                with b.loop(q1 - q0 + 1, "pq") as q:
-                    x = (q + q0) * sh.stride + (phase - sh.pad)
-                    b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
+        src = (plane * sh.h + y) * sh.w
+        dst = (y + sh.pad) * self.row
+        if sh.stride == 1:
+            v = row_lanes(sh.w, lanes)
+
+            def copy(x: Affine) -> None:
+                b.store("Ip", dst + sh.pad + x, Load("input", src + x, v), v)
+
+            full, tail = divmod(sh.w, v)
+            with b.loop(full, "px", pack_loop_kind(full)) as t:
+                copy(t * v)
+            if tail:  # a whole vector ending at the row's end (overlapping) beats a partial one
+                copy(Affine.of(sh.w - v))
+            return
+        v = row_lanes(sh.w // 2, lanes)
+        done = self.deinterleave(src, dst, v) if sh.stride == 2 and v > 1 else 0
+        for phase in range(sh.stride):  # the columns left, one by one
+            q0 = max(0, -(-(done + sh.pad - phase) // sh.stride))  # first q with x >= done
+            q1 = (sh.w - 1 + sh.pad - phase) // sh.stride  # last q with x < w
+            if q1 < q0:
+                continue
+            with b.loop(q1 - q0 + 1, "pq") as q:
+                x = (q + q0) * sh.stride + (phase - sh.pad)
+                b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
+
+    def deinterleave(self, src: Affine, dst: Affine, lanes: int) -> int:
+        """Stride 2: each 2V input columns are two vector loads and two shuffles into V even and V odd
+        columns, stored whole into their phases (XNNPACK's and MLAS's stride-2 depthwise kernels read
+        strided columns instead; packing once per row makes every later load contiguous). Returns how
+        many columns it packed: whole chunks, the rest is left to scalar copies."""
+        sh, b = self.sh, self.b
+        width = 2 * lanes
+
+        def chunk(x0: Affine) -> None:  # x0 even
+            # One load of 2V floats and two even/odd shuffles of it: the pattern LLVM's InterleavedAccess
+            # pass turns into one AArch64 LD2 or RISC-V VLSEG2 (on x86: two loads and two permutes).
+            both = Load("input", src + x0, width)
+            for first in (0, 1):  # input columns x0 + first + 2i, padded x0 + first + pad + 2i
+                phase, q = (first + sh.pad) % 2, (first + sh.pad) // 2
+                picked = Shuffle(both, both, tuple(range(first, width, 2)))
+                b.store("Ip", dst + phase * self.wq + div(x0, 2) + q, picked, lanes)
+
+        chunks = sh.w // width
+        with b.loop(chunks, "pv", pack_loop_kind(chunks)) as t:
+            chunk(t * width)
+        if not chunks or sh.w % width < 2:
+            return chunks * width
+        # The rest: one more chunk ending at the row's last even column, overlapping the previous one
+        # (it rewrites the same values), so at most one column is left to a scalar copy.
+        last = (sh.w - width) // 2 * 2
+        chunk(Affine.of(last))
+        return last + width
 
     def plane(self, ni: Affine, oc: Affine) -> None:
-        """All outputs of output channel `oc` of image `ni`, from the packed plane Ip."""
+        """Order "xy": all outputs of output channel `oc` of image `ni`, column blocks outside row tiles,
+        from the packed plane."""
         sh, s, b = self.sh, self.s, self.b
         cols = s.nv * s.lanes
 
@@ -184,22 +277,18 @@ class _DepthwiseEmitter:
                 "y",
             )
 
-        if s.order == "yx":
-            b.split(
-                sh.oh,
-                s.p,
-                lambda y, nrows: b.split(
-                    sh.ow,
-                    s.owb,
-                    lambda x0, nb: b.split(
-                        nb, cols, lambda x, nc: self.micro(ni, oc, y, nrows, x0 + x, nc), "x"
-                    ),
-                    "bx",
-                ),
-                "y",
-            )
-        else:
-            b.split(sh.ow, s.owb, block, "bx")
+        b.split(sh.ow, s.owb, block, "bx")
+
+    def columns(self, ni: Affine, oc: Affine, y: Affine, nrows: int) -> None:
+        """Order "yx": one tile of output rows of channel `oc`, block by block of columns."""
+        sh, s, b = self.sh, self.s, self.b
+        cols = s.nv * s.lanes
+        b.split(
+            sh.ow,
+            s.owb,
+            lambda x0, nb: b.split(nb, cols, lambda x, nc: self.micro(ni, oc, y, nrows, x0 + x, nc), "x"),
+            "bx",
+        )
 
     def micro(self, ni: Affine, oc: Affine, y: Affine, nrows: int, x: Affine, ncols: int) -> None:
         """acc[p][v] = bias + sum over (kh, kw) of broadcast(weight) * Ip row vector; epilogue; store."""

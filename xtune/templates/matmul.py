@@ -208,6 +208,21 @@ class MatmulSchedule:
         return self.nv * self.lanes
 
 
+@dataclass(frozen=True, kw_only=True)
+class Operands:
+    """Where the product's operands live, for a template that lowers through this one (a pointwise
+    conv2d): buffer names, the kernel's parameters in order (None: A, B, bias, C), bias per row of C
+    instead of per column, and `batch` products one after another that share A (B and C advance by one
+    whole matrix per product)."""
+
+    a: str = "A"
+    b: str = "B"
+    c: str = "C"
+    params: tuple[Buffer, ...] | None = None
+    bias_rows: bool = False
+    batch: int = 1
+
+
 class MatmulTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
@@ -257,7 +272,11 @@ class MatmulTemplate:
         return self.space.config(self.space.index_of(values))
 
     def kernel(self, config: Config, name: str) -> Kernel:
-        return _MatmulEmitter(self.workload, self.schedule(config)).kernel(name)
+        return self.kernel_over(config, name, Operands())
+
+    def kernel_over(self, config: Config, name: str, operands: Operands) -> Kernel:
+        """The nest of one config, over `operands` (another template's buffers)."""
+        return _MatmulEmitter(self.workload, self.schedule(config), operands).kernel(name)
 
 
 def _largest(options: tuple[int | str, ...], fits: object) -> int:
@@ -267,21 +286,22 @@ def _largest(options: tuple[int | str, ...], fits: object) -> int:
 
 
 class _MatmulEmitter:
-    def __init__(self, workload: Workload, s: MatmulSchedule):
+    def __init__(self, workload: Workload, s: MatmulSchedule, operands: Operands):
         self.m, self.n, self.k = workload["m"], workload["n"], workload["k"]
-        self.s = s
+        self.s, self.o = s, operands
+        self.b_at, self.c_at = Affine(), Affine()  # the current product's B and C (batch > 1)
         self.b = NestBuilder()
         self.multi_k = self.k > s.kc
         self.epi = Epilogue.of(workload)
 
     def kernel(self, name: str) -> Kernel:
         s, b = self.s, self.b
-        buffers = [
+        buffers = list(self.o.params or (
             Buffer("A", self.m * self.k, BufferKind.INPUT),
             Buffer("B", self.k * self.n, BufferKind.INPUT),
             *self.epi.buffers(self.n, self.m * self.n),
             Buffer("C", self.m * self.n, BufferKind.OUTPUT),
-        ]
+        ))  # fmt: skip
         if s.pack_b:
             buffers.append(
                 Buffer("Bp", min(s.kc, self.k) * -(-min(s.nc, self.n) // s.nr) * s.nr, BufferKind.LOCAL)
@@ -290,19 +310,29 @@ class _MatmulEmitter:
             buffers.append(
                 Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL)
             )
-        if self.multi_k:
-            self.zero_c()  # every k block then accumulates into C
-        self.blocks(s.order, {})
+        with b.loop(self.o.batch, "bn") as product:
+            self.b_at, self.c_at = product * (self.k * self.n), product * (self.m * self.n)
+            if self.multi_k:
+                self.zero_c()  # every k block then accumulates into C
+            self.blocks(s.order, {})
         return b.kernel(name, tuple(buffers))
+
+    def bias_vector(self, row: Affine, col: Affine, cols: int) -> Value:
+        """The bias of C[row, col : col + lanes] (its first `cols`): one per column, or a row's broadcast."""
+        v = self.s.lanes
+        if self.o.bias_rows:
+            return Broadcast(Load("bias", row), v)
+        return Load("bias", col, v, cols % v)
 
     def zero_c(self) -> None:
         """C = 0 (or the bias row plus the residual) before the k blocks accumulate into it."""
         v = self.s.lanes
 
         def row(i: Affine, j: Affine, cols: int) -> None:
-            bias, residual = Load("bias", j, v, cols % v), Load("residual", i * self.n + j, v, cols % v)
+            bias = self.bias_vector(i, j, cols)
+            residual = Load("residual", self.c_at + i * self.n + j, v, cols % v)
             value = self.epi.initial(v, bias, residual)
-            self.b.store("C", i * self.n + j, value, v, cols)
+            self.b.store(self.o.c, self.c_at + i * self.n + j, value, v, cols)
 
         with self.b.loop(self.m, "zi") as i:
             self.b.split(self.n, v, lambda j, cols: row(i, j, cols), "zj")
@@ -340,7 +370,12 @@ class _MatmulEmitter:
                 for c in range(s.nv):
                     cols = min(max(ncols - c * s.lanes, 0), s.lanes)
                     value: Value = (
-                        Load("B", (k0 + kk) * self.n + n0 + js + c * s.lanes, s.lanes, cols % s.lanes)
+                        Load(
+                            self.o.b,
+                            self.b_at + (k0 + kk) * self.n + n0 + js + c * s.lanes,
+                            s.lanes,
+                            cols % s.lanes,
+                        )
                         if cols
                         else Const(0.0, s.lanes)
                     )
@@ -356,7 +391,7 @@ class _MatmulEmitter:
         def panel(io: Affine, rows: int) -> None:
             with b.loop(kcur, "pak") as kk:
                 for r in range(rows):
-                    src = Load("A", (m0 + io + r) * self.k + k0 + kk)
+                    src = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)
                     b.store("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r, src)
 
         b.split(mcur, s.mr, panel, "pai")
@@ -395,16 +430,16 @@ class _MatmulEmitter:
         breg = [b.register(f"b{c}", lanes) for c in range(nvec)]
 
         def c_index(r: int, c: int) -> Affine:
-            return (m0 + io + r) * self.n + n0 + jo + c * lanes
+            return self.c_at + (m0 + io + r) * self.n + n0 + jo + c * lanes
 
         for r in range(rows):
             for c in range(nvec):
                 if self.multi_k:
-                    init: Value = Load("C", c_index(r, c), lanes, counts[c])
+                    init: Value = Load(self.o.c, c_index(r, c), lanes, counts[c])
                 else:
                     init = self.epi.initial(
                         lanes,
-                        Load("bias", n0 + jo + c * lanes, lanes, counts[c]),
+                        self.bias_vector(m0 + io + r, n0 + jo + c * lanes, counts[c]),
                         Load("residual", c_index(r, c), lanes, counts[c]),
                     )
                 b.assign(acc[r][c], init)
@@ -414,13 +449,14 @@ class _MatmulEmitter:
                 if s.pack_b:
                     src = Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
                 else:
-                    src = Load("B", (k0 + kk) * self.n + n0 + jo + c * lanes, lanes, counts[c])
+                    at = self.b_at + (k0 + kk) * self.n + n0 + jo + c * lanes
+                    src = Load(self.o.b, at, lanes, counts[c])
                 b.assign(breg[c], src)
             for r in range(rows):
                 if s.pack_a:
                     a = Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r)
                 else:
-                    a = Load("A", (m0 + io + r) * self.k + k0 + kk)
+                    a = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)
                 bcast = Broadcast(a, lanes)
                 for c in range(nvec):
                     b.assign(acc[r][c], MulAdd(bcast, breg[c], acc[r][c]))
@@ -436,4 +472,4 @@ class _MatmulEmitter:
         last = "not_last_k" not in ctx
         for r in range(rows):
             for c in range(nvec):
-                b.store("C", c_index(r, c), self.epi.apply(acc[r][c], lanes, last), lanes, counts[c])
+                b.store(self.o.c, c_index(r, c), self.epi.apply(acc[r][c], lanes, last), lanes, counts[c])

@@ -37,6 +37,7 @@ from xtune.tuning.features import (
     FEATURES_VERSION,
     estimate_prior,
     feature_names,
+    features_op,
     featurize,
 )
 from xtune.tuning.measure import MeasureStatus
@@ -151,7 +152,7 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
     for number, (key, g) in enumerate(in_order):
         indices = np.fromiter(g.costs, dtype=np.int64, count=len(g.costs))
         costs = np.fromiter(g.costs.values(), dtype=np.float64, count=len(g.costs))
-        op = g.template.workload.op
+        op = features_op(g.template)
         count = GroupCount(
             op=op,
             workload=key[0],

@@ -18,7 +18,7 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
-from xtune.templates import ScheduleTemplate, conv2d, depthwise, matmul
+from xtune.templates import ScheduleTemplate, conv2d, depthwise, features_template, matmul
 from xtune.templates.matmul import ORDERS, parse_tile
 from xtune.workload import conv_shape
 
@@ -351,8 +351,15 @@ def feature_names(op: str) -> tuple[str, ...]:
     return FEATURIZERS[op][0]
 
 
+def features_op(template: ScheduleTemplate) -> str:
+    """The operator whose features (and cost models, and estimate) describe `template`'s configs: its own,
+    or "matmul" for a conv2d that lowers through the matmul template (templates.features_template)."""
+    return features_template(template).workload.op
+
+
 def featurize(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
     """An (len(indices), n_features) float64 matrix for configs of one template."""
-    if template.workload.op not in FEATURIZERS:
-        raise InputError(f"no features defined for operator '{template.workload.op}'")
-    return FEATURIZERS[template.workload.op][1](template, indices)
+    view = features_template(template)
+    if view.workload.op not in FEATURIZERS:
+        raise InputError(f"no features defined for operator '{view.workload.op}'")
+    return FEATURIZERS[view.workload.op][1](view, indices)

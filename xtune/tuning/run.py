@@ -29,7 +29,7 @@ from xtune.tuning.database import (
     of_machine,
     unmeasured,
 )
-from xtune.tuning.features import estimate_prior, featurize
+from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
 from xtune.tuning.tuner import StopReason, StopTuning, TuneProgress, TunerName, TuneSummary, make_tuner, tune
 from xtune.workload import Workload
@@ -222,9 +222,13 @@ def run_tuning(
     fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
     past = past_records(log, template, {cpu for fp in fingerprints if (cpu := dict(fp).get("cpu"))})
     history = measured(past, workload.key, target.name)
+    op = features_op(template)
+    estimate = estimate_prior(op)
     if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
-        pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
-    hedge = estimate_prior(workload.op) if hedge_with_estimate and pretrained is not None else None
+        pretrained = estimate  # no transfer model: the analytic estimate ranks first
+    hedge = estimate if hedge_with_estimate and pretrained is not None else None
+    # The default (and the estimate's pick) join the model tuner's first batch whatever the prior, even
+    # when the run does not measure the default first: a warm start never starts below them.
     tuner = make_tuner(
         options.tuner,
         template.space,
@@ -232,6 +236,8 @@ def run_tuning(
         lambda idx: featurize(template, idx),
         pretrained=pretrained,
         hedge=hedge,
+        anchors=[template.default_config().index],
+        estimate=estimate if options.analytic_prior else None,
     )
     if history:
         tuner.load_history(list(history), [r.result for r in history.values()])
