@@ -16,7 +16,8 @@ from xtune.boards.board import LocalBoard, get_board
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, best, make_record, read_logs
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.run import TuneOptions, _confirm, run_tuning
+from xtune.tuning.run import TuneOptions, run_tuning
+from xtune.tuning.session import _confirm
 from xtune.workload import parse_workload
 
 WORKLOAD = "matmul:m=64,n=48,k=40"

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
-from xtune.errors import InputError
 from xtune.peers import numpy_seconds
-from xtune.templates import ScheduleTemplate, template_for
+from xtune.templates import ScheduleTemplate
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, leaders, make_record, measured, of_machine
-from xtune.tuning.features import estimate_prior, featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
-from xtune.tuning.tuner import StopReason, TuneProgress, TuneSummary, make_tuner, tune
+from xtune.tuning.database import Record, TuningLog, leaders
+from xtune.tuning.measure import MeasureOptions
+from xtune.tuning.session import TuningSession
+from xtune.tuning.tuner import StopReason, TuneProgress, TuneSummary
 from xtune.workload import Workload
 
 
@@ -37,14 +35,11 @@ class TuneOptions:
     # With no pretrained model, the xgb tuner ranks its first batch by the analytic estimate (features.py)
     # and keeps it as a fading base; False makes it start blind (random first batch), as AutoTVM did.
     analytic_prior: bool = True
-    # At the end of a run the `confirm` fastest configs are timed again until each has CONFIRM_TIMINGS
+    # At the end of a run the `confirm` fastest configs are timed again until each has session.CONFIRM_TIMINGS
     # timings, and the best is the config with the lowest median (database.best): on a noisy host the
     # fastest of a run's single timings is mostly the luckiest (docs/benchmarks.md, "winner's curse"),
     # and `xtune build` should ship the fastest kernel, not the best-timed one. 0 skips it.
     confirm: int = 3
-
-
-CONFIRM_TIMINGS = 3
 
 
 @dataclass(frozen=True)
@@ -81,47 +76,6 @@ class TuningReport:
         return d
 
 
-class _BoardsMeasurer:
-    """One Measurer per board; a batch is dealt round-robin and measured on the boards in parallel."""
-
-    def __init__(
-        self, boards: Sequence[Board], workload: Workload, options: MeasureOptions, pool: CompilePool
-    ):
-        self.measurers = [Measurer(board, workload, options, pool) for board in boards]
-        self.threads = ThreadPoolExecutor(len(boards)) if len(boards) > 1 else None
-
-    def __call__(self, batch: list[int]) -> list[MeasureResult]:
-        if self.threads is None:
-            return self.measurers[0].measure(batch)
-        n = len(self.measurers)
-        shares = [batch[i::n] for i in range(n)]
-        jobs = zip(self.measurers, shares, strict=True)
-        parts = list(self.threads.map(lambda job: job[0].measure(job[1]), jobs))
-        results: list[MeasureResult] = [MeasureResult(MeasureStatus.BOARD_ERROR)] * len(batch)
-        for i, part in enumerate(parts):
-            results[i::n] = part
-        return results
-
-    def close(self) -> None:
-        for measurer in self.measurers:
-            measurer.close()
-        if self.threads is not None:
-            self.threads.shutdown()
-
-
-def past_records(log: TuningLog | None, template: ScheduleTemplate, cpu: str | None = None) -> list[Record]:
-    """Records of this workload and target already in the log, measured on `cpu` (any if None), whose
-    knobs still mean the same config."""
-    if log is None:
-        return []
-    space = template.space
-    return [
-        r
-        for r in of_machine(log.read(), template.workload.key, template.target.name, cpu=cpu)
-        if 0 <= r.index < space.size and space.config(r.index).values == r.knobs
-    ]
-
-
 def run_tuning(
     workload: Workload,
     boards: Sequence[Board],
@@ -132,105 +86,33 @@ def run_tuning(
     pretrained: CostModel | None = None,
     hedge_with_estimate: bool = False,
 ) -> TuningReport:
-    """Tune `workload` on `boards` (all of one target); every finished batch is appended to `log`.
-
-    `pretrained` (transfer learning, xgb tuner only) scores the configs of this workload's operator: it
-    ranks the first batches and is the fading base of the local model (see XGBoostCostModel). With
-    `hedge_with_estimate` (for a model that saw no logs of this target) the analytic estimate shares those
-    first batches with it, and then whichever of the two picked the fastest config is the base."""
-    if not boards:
-        raise InputError("no board to tune on")
-    if pretrained is not None and options.tuner != "xgb":
-        raise InputError(f"a pretrained model (--transfer-from) needs the xgb tuner, not {options.tuner}")
-    target = boards[0].target
-    if any(b.target != target for b in boards):
-        raise InputError("all --board flags of one run must be boards of the same target")
-    if len({b.cost_unit for b in boards}) > 1:
-        raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
-    template = template_for(workload, target)
-    if log is not None:
-        log.check_appendable()
-    fingerprint = tuple(sorted(boards[0].fingerprint().items()))
-    past = past_records(log, template, dict(fingerprint).get("cpu"))
-    history = measured(past, workload.key, target.name)
-    if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
-        pretrained = estimate_prior(workload.op)  # no transfer model: the analytic estimate ranks first
-    hedge = estimate_prior(workload.op) if hedge_with_estimate and pretrained is not None else None
-    tuner = make_tuner(
-        options.tuner,
-        template.space,
-        options.seed,
-        lambda idx: featurize(template, idx),
-        pretrained=pretrained,
-        hedge=hedge,
-    )
-    if history:
-        tuner.load_history(list(history), [r.result for r in history.values()])
-    if options.start_from_default:
-        tuner.propose_first([template.default_config().index])
-    label, space, wl = "+".join(b.name for b in boards), template.space, workload.key
-    this_run: list[Record] = []
-
-    def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        records = [make_record(wl, target.name, label, space.config(i), r, options.measure, fingerprint)
-                   for i, r in zip(batch, results, strict=True)]  # fmt: skip
-        this_run.extend(records)
-        if log is not None:
-            log.append(records)
-
-    callbacks = [lambda progress: keep(progress.batch, progress.results)]
-    callbacks += [on_progress] if on_progress else []
-    pool = CompilePool()
-    measure = _BoardsMeasurer(boards, workload, options.measure, pool)
+    """Tune `workload` on `boards` (all of one target) for `options.trials`, then confirm the leaders;
+    every finished batch is appended to `log`. `pretrained` and `hedge_with_estimate`: see TuningSession."""
+    session = TuningSession(workload, boards, options, log, pretrained=pretrained,
+                            hedge_with_estimate=hedge_with_estimate,
+                            callbacks=[on_progress] if on_progress else [])  # fmt: skip
     stop = StopReason.INTERRUPTED
     try:
-        summary = tune(template.space, tuner, measure, options.trials, options.batch_size,
-                       options.early_stopping, callbacks)  # fmt: skip
-        # Instruction counts (emulated boards) are exact: timing them again would add nothing.
-        if summary.stop is not StopReason.INTERRUPTED and boards[0].cost_unit == "s":
-            _confirm(lambda: past + this_run, template, boards[0].cost_unit, options.confirm, measure, keep)
+        summary = session.run(options.trials, options.batch_size, options.early_stopping)
+        if summary.stop is not StopReason.INTERRUPTED:
+            session.confirm(options.confirm)
         stop = summary.stop
     except KeyboardInterrupt:
         pass  # while confirming: every timing taken is kept, the run reports itself interrupted
     finally:
-        measure.close()
-        pool.close()
+        session.close()
     return _report(
         workload,
-        template,
+        session.template,
         boards,
         options,
         summary,
         stop,
-        past + this_run,
-        len(history),
-        len(this_run) - summary.trials,
+        session.records(),
+        session.resumed,
+        len(session.this_run) - summary.trials,
         numpy_gflops,
     )
-
-
-def _confirm(
-    records: Callable[[], list[Record]],
-    template: ScheduleTemplate,
-    unit: str,
-    count: int,
-    measure: Callable[[list[int]], list[MeasureResult]],
-    keep: Callable[[Sequence[int], Sequence[MeasureResult]], None],
-) -> None:
-    """Time the `count` best configs again, one round at a time (so that a slow spell of the host falls
-    on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops out of the lead
-    lets the next one in, and that one is timed too, up to a budget of twice the timings the first
-    leaders need; the best goes first in every round, so it is the last to miss out. Each round's
-    results go to `keep` as they arrive."""
-    wl, target = template.workload.key, template.target.name
-    budget = 2 * count * (CONFIRM_TIMINGS - 1)
-    while budget > 0:
-        short = [r.index for r, n in leaders(records(), wl, target, count, unit) if n < CONFIRM_TIMINGS]
-        if not short:
-            return
-        short = short[:budget]
-        keep(short, measure(short))
-        budget -= len(short)
 
 
 def _report(
