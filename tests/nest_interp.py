@@ -49,7 +49,8 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
         if isinstance(v, MulAdd):
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
         a, b = value(v.a, env), value(v.b, env)
-        return {BinaryOp.ADD: a + b, BinaryOp.MUL: a * b, BinaryOp.MAX: np.maximum(a, b)}[v.op]
+        ops = {BinaryOp.ADD: a + b, BinaryOp.MUL: a * b, BinaryOp.MAX: np.maximum(a, b)}
+        return ops[v.op] if v.op in ops else np.minimum(a, b)
 
     def run(stmts: tuple[Stmt, ...], env: dict[str, int]) -> None:
         for s in stmts:

@@ -1,3 +1,22 @@
 """xtune: auto-tuned tensor kernels for embedded targets (x86 AVX2, ARM NEON, RISC-V)."""
 
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
+
+    from xtune.network.tasks import TaskSet
+    from xtune.target import Target
+
 __version__ = "0.1.0"
+
+
+def tasks(model: str | os.PathLike[str] | onnx.ModelProto, target: str | Target | None = None) -> TaskSet:
+    """The unique tuning tasks of an ONNX model for `target` (default: the host's), as `xtune tasks`
+    prints them. Imported on first call, so that `import xtune` stays cheap (no onnx, no numpy)."""
+    from xtune.network.tasks import extract_tasks
+
+    return extract_tasks(model, target)

@@ -18,8 +18,10 @@ from xtune.tuning.tuner import TUNERS
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
+    from xtune.network.tasks import TaskSet
     from xtune.transfer.pretrained import TransferSource
     from xtune.tuning.costmodel import CostModel
+    from xtune.tuning.database import Record
     from xtune.tuning.run import TuningReport
     from xtune.tuning.tuner import TuneProgress
 
@@ -360,6 +362,60 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from xtune.network.tasks import extract_tasks, logged_best
+    from xtune.tuning.database import read_logs
+
+    taskset = extract_tasks(args.model, args.target)
+    with _plain_warnings():
+        records = read_logs(args.log or ())
+    bests = logged_best(taskset.tasks, taskset.target, records)
+    if args.json:
+        _emit_json(_tasks_json(taskset, bests, args.log or []))
+        return 0
+    width = max(len("workload"), *(len(t.workload.key) for t in taskset.tasks)) if taskset.tasks else 8
+    print(f"{'workload':<{width}} {'nodes':>5} {'flops':>6} {'MFLOP':>9}  best in log")
+    for task, record in zip(taskset.tasks, bests, strict=True):
+        if record is None:
+            logged = "-"
+        elif record.result.cost_unit == "s":
+            logged = f"{task.flops / record.cost / 1e9:.1f} GFLOP/s (config {record.index})"
+        else:
+            logged = f"{record.cost:.0f} {record.result.cost_unit} (config {record.index})"
+        share = 100 * taskset.share(task)
+        print(
+            f"{task.workload.key:<{width}} {task.count:>5} {share:>5.1f}% {task.flops / 1e6:>9.1f}  {logged}"
+        )
+    calls = sum(t.count for t in taskset.tasks)
+    tuned = sum(r is not None for r in bests)
+    print(f"{len(taskset.tasks)} tasks for {calls} kernel calls, {taskset.total_flops / 1e9:.3f} GFLOP per "
+          f"inference, {tuned} with a best on {taskset.target.name}")  # fmt: skip
+    if taskset.other_nodes:
+        shown = ", ".join(f"{o.name} ({o.op})" for o in taskset.other_nodes)
+        print(f"{len(taskset.other_nodes)} other nodes (not tuning tasks): {shown}")
+    return 0
+
+
+def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence[str]) -> dict[str, object]:
+    def best(record: Record | None) -> dict[str, object] | None:
+        if record is None:
+            return None
+        return {"config": record.index, "cost": record.cost, "cost_unit": record.result.cost_unit,
+                "board": record.board}  # fmt: skip
+
+    return {
+        "model": taskset.model, "target": taskset.target.name, "total_flops": taskset.total_flops,
+        "logs": list(logs),
+        "tasks": [
+            {"workload": t.workload.key, "op": t.workload.op, "count": t.count, "nodes": list(t.nodes),
+             "flops": t.flops, "share": taskset.share(t), "fused": [list(op.fused) for op in t.ops],
+             "weights_transposed": list(t.transposed), "best": best(r)}
+            for t, r in zip(taskset.tasks, bests, strict=True)
+        ],
+        "other_nodes": [{"name": o.name, "op": o.op, "kind": o.kind} for o in taskset.other_nodes],
+    }  # fmt: skip
+
+
 def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser("model", help="pretrained cost models for transfer learning (train, info)")
     model_sub = p.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
@@ -475,6 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="xt", help="entry point prefix (default: xt)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_build)
+
+    p = sub.add_parser("tasks", help="the unique tuning tasks of an ONNX model (fused epilogues included)")
+    p.add_argument("model", help="ONNX model file, e.g. resnet18.onnx")
+    p.add_argument("--target", default=None, help="target name (default: the host's target)")
+    p.add_argument("--log", action="append", help="tuning log(s): show which tasks already have a best")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_tasks)
 
     _add_model_parser(sub)
     return parser

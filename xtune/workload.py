@@ -91,14 +91,19 @@ class Operator(Protocol):
     def flops(self, wl: Workload) -> int: ...
 
 
-EPILOGUE = {"bias": 0, "relu": 0}  # the fused epilogue switches every operator takes
+# The fused epilogue switches every operator takes, in the order they apply: out = conv/matmul
+# (+ bias[channel]) (+ residual[same index as out]), then max(., 0) (relu) or min(max(., 0), 6) (relu6,
+# the Clip(0, 6) of MobileNetV2). residual is a whole extra input tensor shaped like the output (ResNet's
+# skip connection). All default to 0 and are left out of the text then, so older logs stay valid.
+EPILOGUE = {"bias": 0, "residual": 0, "relu": 0, "relu6": 0}
 
 
 class Matmul:
-    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (then max(., 0)), float32, row-major; the kernel overwrites C."""
+    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (+ residual[m,n]) (then ReLU/ReLU6), float32, row-major; the
+    kernel overwrites C."""
 
     name: ClassVar[str] = "matmul"
-    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", "bias", "relu")
+    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", *EPILOGUE)
     defaults: ClassVar[dict[str, ParamValue]] = dict(EPILOGUE)
     optional: ClassVar[frozenset[str]] = frozenset(EPILOGUE)
     words: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -109,31 +114,44 @@ class Matmul:
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         m, n, k = wl["m"], wl["n"], wl["k"]
-        bias = (TensorSpec("bias", (n,)),) if wl["bias"] else ()
         return (
             TensorSpec("A", (m, k)),
             TensorSpec("B", (k, n)),
-            *bias,
+            *_epilogue_tensors(wl, n, (m, n)),
             TensorSpec("C", (m, n), is_output=True),
         )
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
         out = np.matmul(inputs[0], inputs[1], dtype=np.float32)
-        return _epilogue(wl, out, inputs[2] if wl["bias"] else None, axis=1)
+        return _epilogue(wl, out, inputs[2:], axis=1)
 
     def flops(self, wl: Workload) -> int:
         return 2 * wl["m"] * wl["n"] * wl["k"]
 
 
-def _epilogue(wl: Workload, out: np.ndarray, bias: np.ndarray | None, axis: int) -> np.ndarray:
-    """out + bias along `axis`, then ReLU: the numpy side of the kernels' fused epilogue."""
-    if bias is not None:
+def _epilogue_tensors(wl: Workload, channels: int, out_shape: tuple[int, ...]) -> tuple[TensorSpec, ...]:
+    """The epilogue's extra inputs, between the operator's own inputs and its output: bias, residual."""
+    bias = (TensorSpec("bias", (channels,)),) if wl["bias"] else ()
+    residual = (TensorSpec("residual", out_shape),) if wl["residual"] else ()
+    return (*bias, *residual)
+
+
+def _epilogue(wl: Workload, out: np.ndarray, extra: list[np.ndarray], axis: int) -> np.ndarray:
+    """out + bias along `axis` + residual, then ReLU or ReLU6: the numpy side of the fused epilogue.
+    `extra` are the inputs after the operator's own (the `_epilogue_tensors`)."""
+    rest = iter(extra)
+    if wl["bias"]:
+        bias = next(rest)
         shape = [1] * out.ndim
         shape[axis] = bias.size
         out = out + bias.reshape(shape)
-    if wl["relu"]:
+    if wl["residual"]:
+        out = out + next(rest)
+    if wl["relu"] or wl["relu6"]:
         out = np.maximum(out, np.float32(0))
-    return out
+    if wl["relu6"]:
+        out = np.minimum(out, np.float32(6))
+    return out.astype(np.float32, copy=False)
 
 
 def _require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
@@ -149,6 +167,8 @@ def _require_switches(op: str, params: dict[str, ParamValue]) -> None:
     for key in EPILOGUE:
         if params[key] not in (0, 1):
             raise InputError(f"{op}: '{key}' must be 0 or 1, got {params[key]}")
+    if params["relu"] and params["relu6"]:
+        raise InputError(f"{op}: 'relu' and 'relu6' exclude each other (relu6 already clamps at 0)")
 
 
 @dataclass(frozen=True)
@@ -222,7 +242,8 @@ class Conv2d:
 
     layout=nchw: input (n,c,h,w), weights (k,c,r,s) [OIHW, PyTorch/ONNX], output (n,k,oh,ow).
     layout=nhwc: input (n,h,w,c), weights (r,s,c,k) [HWIO, TensorFlow's tf.nn.conv2d], output (n,oh,ow,k).
-    bias=1 adds a (k,) tensor before the output; relu=1 clamps at 0. oh = (h+2pad-dil(r-1)-1)//stride+1."""
+    bias=1 adds a (k,) tensor, residual=1 a tensor shaped like the output; relu=1 clamps at 0, relu6=1
+    to [0, 6]. oh = (h+2pad-dil(r-1)-1)//stride+1."""
 
     name: ClassVar[str] = "conv2d"
     keys: ClassVar[tuple[str, ...]] = (
@@ -237,8 +258,7 @@ class Conv2d:
         "pad",
         "dilation",
         "layout",
-        "bias",
-        "relu",
+        *EPILOGUE,
     )
     defaults: ClassVar[dict[str, ParamValue]] = {
         "stride": 1,
@@ -255,7 +275,6 @@ class Conv2d:
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)
-        bias = (TensorSpec("bias", (sh.k,)),) if wl["bias"] else ()
         if sh.nhwc:
             io = (
                 TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
@@ -268,21 +287,20 @@ class Conv2d:
                 TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s)),
             )
             out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
-        return (*io, *bias, out)
+        return (*io, *_epilogue_tensors(wl, sh.k, out.shape), out)
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
         """im2col + one np.matmul: also the "numpy" baseline that benchmarks compare against."""
         sh = conv_shape(wl)
         x, wt = inputs[0], inputs[1]
-        bias = inputs[2] if wl["bias"] else None
         if sh.nhwc:  # view (n, r, s, c, oh, ow) -> columns (n, oh, ow, r, s, c) @ (r*s*c, k)
             win = _windows(x, sh, (1, 2)).transpose(0, 4, 5, 1, 2, 3)
             rows = win.reshape(sh.n * sh.oh * sh.ow, sh.r * sh.s * sh.c)
             out = np.matmul(rows, wt.reshape(-1, sh.k)).reshape(sh.n, sh.oh, sh.ow, sh.k)
-            return _epilogue(wl, out, bias, axis=3)
+            return _epilogue(wl, out, inputs[2:], axis=3)
         cols = _windows(x, sh, (2, 3)).reshape(sh.n, sh.c * sh.r * sh.s, sh.oh * sh.ow)
         out = np.matmul(wt.reshape(sh.k, -1), cols).reshape(sh.n, sh.k, sh.oh, sh.ow)
-        return _epilogue(wl, out, bias, axis=1)
+        return _epilogue(wl, out, inputs[2:], axis=1)
 
     def flops(self, wl: Workload) -> int:
         sh = conv_shape(wl)
@@ -291,7 +309,8 @@ class Conv2d:
 
 class Depthwise:
     """Depthwise 2-D convolution, NCHW: input (n,c,h,w), weights (c*multiplier,1,r,s), optional bias
-    (c*multiplier,), output (n,c*multiplier,oh,ow); output channel i reads input channel i // multiplier."""
+    (c*multiplier,) and residual (like the output), output (n,c*multiplier,oh,ow); output channel i reads
+    input channel i // multiplier."""
 
     name: ClassVar[str] = "depthwise"
     keys: ClassVar[tuple[str, ...]] = (
@@ -305,8 +324,7 @@ class Depthwise:
         "pad",
         "multiplier",
         "dilation",
-        "bias",
-        "relu",
+        *EPILOGUE,
     )
     defaults: ClassVar[dict[str, ParamValue]] = {
         "stride": 1,
@@ -323,10 +341,10 @@ class Depthwise:
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)
-        bias = (TensorSpec("bias", (sh.k,)),) if wl["bias"] else ()
+        out = (sh.n, sh.k, sh.oh, sh.ow)
         return (
             TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)), TensorSpec("weights", (sh.k, 1, sh.r, sh.s)),
-            *bias, TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True),
+            *_epilogue_tensors(wl, sh.k, out), TensorSpec("output", out, is_output=True),
         )  # fmt: skip
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
@@ -337,7 +355,7 @@ class Depthwise:
         for i in range(sh.r):  # r*s whole-tensor multiply-adds: vectorized, and exact in fp32 order
             for j in range(sh.s):
                 out += win[:, :, None, i, j] * wt[:, :, :, i, j]
-        return _epilogue(wl, out.reshape(sh.n, sh.k, sh.oh, sh.ow), inputs[2] if wl["bias"] else None, axis=1)
+        return _epilogue(wl, out.reshape(sh.n, sh.k, sh.oh, sh.ow), inputs[2:], axis=1)
 
     def flops(self, wl: Workload) -> int:
         sh = conv_shape(wl)

@@ -210,10 +210,11 @@ class _FunctionLowering:
             return self.define(f"fadd {ty} {lhs}, {rhs}"), lanes
         if v.op is BinaryOp.MUL:
             return self.define(f"fmul {ty} {lhs}, {rhs}"), lanes
-        # max via compare + select: llvm.maxnum would be a libcall (fmaxf) on some targets.
-        greater = self.define(f"fcmp ogt {ty} {lhs}, {rhs}")
+        # max/min via compare + select: llvm.maxnum/minnum would be libcalls (fmaxf, fminf) on some targets.
+        predicate = "ogt" if v.op is BinaryOp.MAX else "olt"
+        wins = self.define(f"fcmp {predicate} {ty} {lhs}, {rhs}")
         cond = "i1" if lanes == 1 else f"<{lanes} x i1>"
-        return self.define(f"select {cond} {greater}, {ty} {lhs}, {ty} {rhs}"), lanes
+        return self.define(f"select {cond} {wins}, {ty} {lhs}, {ty} {rhs}"), lanes
 
     def broadcast(self, scalar: str, lanes: int) -> str:
         """The splat idiom instcombine produces itself (insertelement into poison, zero shuffle mask)."""

@@ -63,6 +63,7 @@ class BinaryOp(Enum):
     ADD = "add"
     MUL = "mul"
     MAX = "max"
+    MIN = "min"
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ buffer (CHW or channel-blocked HWC, a knob), so padding costs no branch anywhere
 `tile_oc` output channels the weights are packed into strips of nr = V vectors of output channels
 (zero past k). The register tile is P output pixels along a row x V channel vectors, updated by
 broadcast(input) x weight-vector FMAs over the (c, kh, kw) reduction in a tunable order, kw
-optionally unrolled (`unroll_kw`). Accumulators start from the bias (first channel block) or the
-output (later blocks); ReLU runs on registers in the last block; tails are constant-size tiles.
+optionally unrolled (`unroll_kw`). Accumulators start from the bias plus the residual (first channel
+block) or the output (later blocks); ReLU/ReLU6 run on registers in the last block; tails are
+constant-size tiles.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.matmul import clipped, epilogue, parse_tile, register_tiles, split_edges
+from xtune.templates.matmul import Epilogue, clipped, parse_tile, register_tiles, split_edges
 from xtune.workload import ConvShape, Workload, conv_shape
 
 IC_OPTIONS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -162,7 +163,7 @@ class _ConvEmitter:
         self.sh = conv_shape(workload)
         self.s = s
         self.b = NestBuilder()
-        self.bias, self.relu = bool(workload["bias"]), bool(workload["relu"])
+        self.epi = Epilogue.of(workload)
         self.hp, self.wp = padded(self.sh)
 
     def kernel(self, name: str) -> Kernel:
@@ -171,7 +172,7 @@ class _ConvEmitter:
         buffers = [
             Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
             Buffer("weights", sh.k * sh.c * sh.r * sh.s, BufferKind.INPUT),
-            *([Buffer("bias", sh.k, BufferKind.INPUT)] if self.bias else []),
+            *self.epi.buffers(sh.k, sh.n * sh.k * sh.oh * sh.ow),
             Buffer("output", sh.n * sh.k * sh.oh * sh.ow, BufferKind.OUTPUT),
             Buffer("Ip", ip_size, BufferKind.LOCAL),
             Buffer("Wp", s.cb * sh.r * sh.s * s.kb, BufferKind.LOCAL),
@@ -331,16 +332,16 @@ class _ConvEmitter:
         full = np_ == s.p and nc == s.nr
         serial = [a for a, _ in axes if not (a == "s" and s.unroll_kw and full)]
         self.reduce(axes, serial[-1] if serial and full else "", s.unroll_kw and full, {}, step)
-        relu = self.relu and ctx.last
+        epi = self.epi
         if sh.nhwc:
             for p in range(np_):
                 for v in range(nvec):
                     idx = self.out_index(ctx, y, x + p, js + v * lanes)
-                    b.store("output", idx, epilogue(acc[p][v], lanes, relu), lanes, counts[v])
+                    b.store("output", idx, epi.apply(acc[p][v], lanes, ctx.last), lanes, counts[v])
             return
         for p in range(np_):  # NCHW: channels are far apart in the output, so go through Ot
             for v in range(nvec):
-                b.store("Ot", Affine.of(p * s.nr + v * lanes), epilogue(acc[p][v], lanes, relu), lanes)
+                b.store("Ot", Affine.of(p * s.nr + v * lanes), epi.apply(acc[p][v], lanes, ctx.last), lanes)
         with b.loop(nc, "oc") as ch:
             for p in range(np_):
                 b.store("output", self.out_index(ctx, y, x + p, js + ch), Load("Ot", ch + p * s.nr))
@@ -348,23 +349,26 @@ class _ConvEmitter:
     def init(
         self, ctx: _Block, acc: list[list[Reg]], y: Affine, x: Affine, js: Affine, nc: int, counts: list[int]
     ) -> None:
-        """Accumulators start at the bias (or 0) in the first channel block, else at the partial output."""
-        s, b, lanes = self.s, self.b, self.s.lanes
+        """Accumulators start at the bias plus the residual (or 0) in the first channel block, else at the
+        partial output. In NCHW both the output and the residual are gathered through Ot."""
+        s, b, lanes, nhwc = self.s, self.b, self.s.lanes, self.sh.nhwc
         k0 = ctx.k0
         first = ctx.first
-        if not first and not self.sh.nhwc:
+        gather = "output" if not first else "residual" if self.epi.residual else ""
+        if gather and not nhwc:
             with b.loop(nc, "ic") as ch:
                 for p in range(len(acc)):
-                    b.store("Ot", ch + p * s.nr, Load("output", self.out_index(ctx, y, x + p, js + ch)))
+                    b.store("Ot", ch + p * s.nr, Load(gather, self.out_index(ctx, y, x + p, js + ch)))
         for p, row in enumerate(acc):
             for v, reg in enumerate(row):
-                init: Value = Const(0.0, lanes)
-                if not first and self.sh.nhwc:
-                    init = Load("output", self.out_index(ctx, y, x + p, js + v * lanes), lanes, counts[v])
-                elif not first:
-                    init = Load("Ot", Affine.of(p * s.nr + v * lanes), lanes)
-                elif self.bias:
-                    init = Load("bias", k0 + js + v * lanes, lanes, counts[v])
+                at = self.out_index(ctx, y, x + p, js + v * lanes)
+                tile: Value = Load("Ot", Affine.of(p * s.nr + v * lanes), lanes)
+                if not first:
+                    init = Load("output", at, lanes, counts[v]) if nhwc else tile
+                else:
+                    residual = Load("residual", at, lanes, counts[v]) if nhwc else tile
+                    bias = Load("bias", k0 + js + v * lanes, lanes, counts[v])
+                    init = self.epi.initial(lanes, bias, residual)
                 b.assign(reg, init)
 
     def reduce(

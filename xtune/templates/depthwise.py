@@ -5,7 +5,8 @@ the output width. Per image and input channel the plane is copied once into a ze
 buffer split by column phase (col % stride), which makes the columns of consecutive outputs
 contiguous for any stride and removes every padding branch. The register tile is P output rows x
 V width vectors; the weights are broadcast, kw is always unrolled (its phase must be a constant),
-kh optionally. Bias initialises the accumulators and ReLU runs on them before the store.
+kh optionally. Bias plus residual initialise the accumulators and ReLU/ReLU6 run on them before the
+store.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from xtune.schedule.loopnest import (
     LoopKind,
     MulAdd,
     NestBuilder,
-    Value,
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
-from xtune.templates.matmul import clipped, epilogue, parse_tile
+from xtune.templates.matmul import Epilogue, clipped, parse_tile
 from xtune.workload import ConvShape, Workload, conv_shape
 
 OW_OPTIONS = (8, 16, 32, 64, 128, 256)
@@ -109,7 +109,7 @@ class _DepthwiseEmitter:
         self.sh = sh = conv_shape(workload)
         self.s = s
         self.b = NestBuilder()
-        self.bias, self.relu = bool(workload["bias"]), bool(workload["relu"])
+        self.epi = Epilogue.of(workload)
         self.wq = phase_width(sh, s.lanes)
         self.row = sh.stride * self.wq  # packed floats per padded input row
 
@@ -119,7 +119,7 @@ class _DepthwiseEmitter:
         buffers = (
             Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
             Buffer("weights", sh.k * sh.r * sh.s, BufferKind.INPUT),
-            *((Buffer("bias", sh.k, BufferKind.INPUT),) if self.bias else ()),
+            *self.epi.buffers(sh.k, sh.n * sh.k * sh.oh * sh.ow),
             Buffer("output", sh.n * sh.k * sh.oh * sh.ow, BufferKind.OUTPUT),
             Buffer("Ip", -(-ip_size // s.lanes) * s.lanes, BufferKind.LOCAL),
         )
@@ -195,12 +195,14 @@ class _DepthwiseEmitter:
         nvec = -(-ncols // lanes)
         counts = [min(ncols - v * lanes, lanes) % lanes for v in range(nvec)]
         acc = [[b.register(f"acc{p}_{v}", lanes) for v in range(nvec)] for p in range(nrows)]
+
+        def out_index(p: int, v: int) -> Affine:
+            return ((ni * sh.k + oc) * sh.oh + y + p) * sh.ow + x + v * lanes
+
         for p in range(nrows):
             for v in range(nvec):
-                init: Value = Const(0.0, lanes)
-                if self.bias:
-                    init = Broadcast(Load("bias", oc), lanes)
-                b.assign(acc[p][v], init)
+                residual = Load("residual", out_index(p, v), lanes, counts[v])
+                b.assign(acc[p][v], self.epi.initial(lanes, Broadcast(Load("bias", oc), lanes), residual))
         wv = b.register("wv", lanes)
         kind = LoopKind.UNROLLED if s.unroll_kh else LoopKind.SERIAL
         with b.loop(sh.r, "ki", kind) as i:
@@ -214,5 +216,4 @@ class _DepthwiseEmitter:
                         b.assign(acc[p][v], MulAdd(wv, a, acc[p][v]))
         for p in range(nrows):
             for v in range(nvec):
-                idx = ((ni * sh.k + oc) * sh.oh + y + p) * sh.ow + x + v * lanes
-                b.store("output", idx, epilogue(acc[p][v], lanes, self.relu), lanes, counts[v])
+                b.store("output", out_index(p, v), self.epi.apply(acc[p][v], lanes, True), lanes, counts[v])

@@ -3,8 +3,9 @@
 C[m,n] = A[m,k] @ B[k,n]. Three block loops (mc, nc, kc) in a tunable order; B packed into kc x nr
 strips and A into mr x kc panels (each optional); an mr x (nv vectors) register tile of accumulators
 updated by broadcast(A) * B-vector FMAs, the k loop unrolled by `unroll_k`. Tails of every axis
-become constant-size tiles, so any shape is exact. bias=1 starts C (or the accumulators) at the
-bias row; relu=1 clamps the accumulators of the last k block before their store.
+become constant-size tiles, so any shape is exact. bias=1 and residual=1 start C (or the accumulators)
+at the bias row plus the residual; relu=1 / relu6=1 clamp the accumulators of the last k block before
+their store.
 """
 
 from __future__ import annotations
@@ -79,9 +80,46 @@ def split_edges(
         body(Affine.of((full - 1) * tile), tile, False, True)
 
 
-def epilogue(acc: Value, lanes: int, relu: bool) -> Value:
-    """The fused ReLU on the accumulators before their store (the bias is their initial value)."""
-    return Binary(BinaryOp.MAX, acc, Const(0.0, lanes)) if relu else acc
+@dataclass(frozen=True)
+class Epilogue:
+    """A workload's fused epilogue (workload.EPILOGUE) as every template emits it: the bias and the
+    residual are the accumulators' initial value (added once, in the first reduction block), ReLU or
+    ReLU6 clamps them before the last block's store."""
+
+    bias: bool
+    residual: bool
+    relu: bool
+    relu6: bool
+
+    @staticmethod
+    def of(workload: Workload) -> Epilogue:
+        w = workload
+        return Epilogue(bool(w["bias"]), bool(w["residual"]), bool(w["relu"]), bool(w["relu6"]))
+
+    @property
+    def clamps(self) -> bool:
+        return self.relu or self.relu6
+
+    def buffers(self, channels: int, out_size: int) -> list[Buffer]:
+        """The kernel parameters after the operator's own inputs, in workload.tensors() order."""
+        return [
+            *([Buffer("bias", channels, BufferKind.INPUT)] if self.bias else []),
+            *([Buffer("residual", out_size, BufferKind.INPUT)] if self.residual else []),
+        ]
+
+    def initial(self, lanes: int, bias: Value, residual: Value) -> Value:
+        """bias + residual (the loads of whichever the workload has), else 0: where accumulation starts."""
+        parts = [*([bias] if self.bias else []), *([residual] if self.residual else [])]
+        if not parts:
+            return Const(0.0, lanes)
+        return parts[0] if len(parts) == 1 else Binary(BinaryOp.ADD, parts[0], parts[1])
+
+    def apply(self, acc: Value, lanes: int, last: bool) -> Value:
+        """The clamp on the accumulators before their store, in the last reduction block only."""
+        if not last or not self.clamps:
+            return acc
+        out: Value = Binary(BinaryOp.MAX, acc, Const(0.0, lanes))
+        return Binary(BinaryOp.MIN, out, Const(6.0, lanes)) if self.relu6 else out
 
 
 def div(index: Affine, d: int) -> Affine:
@@ -177,14 +215,14 @@ class _MatmulEmitter:
         self.s = s
         self.b = NestBuilder()
         self.multi_k = self.k > s.kc
-        self.bias, self.relu = bool(workload["bias"]), bool(workload["relu"])
+        self.epi = Epilogue.of(workload)
 
     def kernel(self, name: str) -> Kernel:
         s, b = self.s, self.b
         buffers = [
             Buffer("A", self.m * self.k, BufferKind.INPUT),
             Buffer("B", self.k * self.n, BufferKind.INPUT),
-            *([Buffer("bias", self.n, BufferKind.INPUT)] if self.bias else []),
+            *self.epi.buffers(self.n, self.m * self.n),
             Buffer("C", self.m * self.n, BufferKind.OUTPUT),
         ]
         if s.pack_b:
@@ -201,11 +239,12 @@ class _MatmulEmitter:
         return b.kernel(name, tuple(buffers))
 
     def zero_c(self) -> None:
-        """C = 0 (or the bias row) before the k blocks accumulate into it."""
+        """C = 0 (or the bias row plus the residual) before the k blocks accumulate into it."""
         v = self.s.lanes
 
         def row(i: Affine, j: Affine, cols: int) -> None:
-            value: Value = Load("bias", j, v, cols % v) if self.bias else Const(0.0, v)
+            bias, residual = Load("bias", j, v, cols % v), Load("residual", i * self.n + j, v, cols % v)
+            value = self.epi.initial(v, bias, residual)
             self.b.store("C", i * self.n + j, value, v, cols)
 
         with self.b.loop(self.m, "zi") as i:
@@ -221,7 +260,7 @@ class _MatmulEmitter:
         def body(offset: Affine, size: int, last: bool = True) -> None:
             inner = {**ctx, axis: (offset, size)}
             if axis == "k" and not last:
-                inner["not_last_k"] = (offset, 0)  # ReLU waits for the last k block
+                inner["not_last_k"] = (offset, 0)  # the clamp waits for the last k block
             # Pack a panel as soon as the loops that fix it are open (BLIS: B per (jc,pc), A per (ic,pc)).
             if self.s.pack_b and axis in "nk" and ("k" if axis == "n" else "n") in ctx:
                 self.pack_b(inner)
@@ -229,7 +268,7 @@ class _MatmulEmitter:
                 self.pack_a(inner)
             self.blocks(rest, inner)
 
-        if axis == "k" and self.relu and self.multi_k:
+        if axis == "k" and self.epi.clamps and self.multi_k:
             split_edges(self.b, extent, tile, lambda o, size, _first, last: body(o, size, last), "kc")
         else:
             self.b.split(extent, tile, body, f"{axis}c")
@@ -303,11 +342,14 @@ class _MatmulEmitter:
 
         for r in range(rows):
             for c in range(nvec):
-                init: Value = Const(0.0, lanes)
                 if self.multi_k:
-                    init = Load("C", c_index(r, c), lanes, counts[c])
-                elif self.bias:
-                    init = Load("bias", n0 + jo + c * lanes, lanes, counts[c])
+                    init: Value = Load("C", c_index(r, c), lanes, counts[c])
+                else:
+                    init = self.epi.initial(
+                        lanes,
+                        Load("bias", n0 + jo + c * lanes, lanes, counts[c]),
+                        Load("residual", c_index(r, c), lanes, counts[c]),
+                    )
                 b.assign(acc[r][c], init)
 
         def step(kk: Affine) -> None:
@@ -334,7 +376,7 @@ class _MatmulEmitter:
         if rest:
             with b.loop(rest, "kr", LoopKind.UNROLLED) as kr:
                 step(kr + full * unroll)
-        relu = self.relu and "not_last_k" not in ctx
+        last = "not_last_k" not in ctx
         for r in range(rows):
             for c in range(nvec):
-                b.store("C", c_index(r, c), epilogue(acc[r][c], lanes, relu), lanes, counts[c])
+                b.store("C", c_index(r, c), self.epi.apply(acc[r][c], lanes, last), lanes, counts[c])

@@ -1,0 +1,1 @@
+"""Networks: ONNX import (graph), the built-in model zoo (zoo), fusion and task extraction (tasks)."""

@@ -1,0 +1,233 @@
+"""Task extraction: an ONNX model and a target in, the unique tuning tasks of the network out.
+
+Every Conv, Gemm and MatMul is a kernel call (`FusedOp`) with what follows it fused into its epilogue
+while the chain allows it (each step's tensor read by that one next node only):
+BatchNormalization, folded into the weights and bias (Conv, or Gemm/MatMul over the last axis); an
+Add of a per-channel constant (a bias); an Add of a tensor shaped like the output, available before
+the kernel runs (the residual of ResNet and MobileNetV2 blocks); then Relu, or Clip(0, 6) as ReLU6
+(Clip(0, ∞) as ReLU), which ends the chain. Calls with the same workload are one `Task`, tuned once.
+Pooling, elementwise, reshape, softmax and concat nodes are listed as other nodes; anything else is
+refused in one line naming the node and its op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.network.anchors import Anchor, anchor_of
+from xtune.network.graph import Graph, Node, Source, load_graph
+from xtune.target import Target, get_target, host_target
+from xtune.tuning.database import Record, best
+from xtune.workload import Workload, parse_workload
+
+OtherKind = Literal["pooling", "elementwise", "reshape", "softmax", "concat"]
+_OTHER_OPS: dict[OtherKind, str] = {
+    "pooling": "MaxPool AveragePool GlobalAveragePool GlobalMaxPool",
+    "elementwise": "Add Sub Mul Div Relu Clip Sigmoid Tanh HardSigmoid HardSwish LeakyRelu "
+    "BatchNormalization Pad",
+    "reshape": "Reshape Flatten Squeeze Unsqueeze Transpose Identity Dropout",
+    "softmax": "Softmax LogSoftmax",
+    "concat": "Concat",
+}
+OTHER_KINDS: dict[str, OtherKind] = {op: kind for kind, ops in _OTHER_OPS.items() for op in ops.split()}
+# Epilogue stages in the order they apply; a chain only moves forward (workload.EPILOGUE).
+_BN, _BIAS, _RESIDUAL, _CLAMP = 1, 2, 3, 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class FusedOp:
+    """One kernel call of the network: an anchor node (Conv, Gemm, MatMul) and the nodes fused after it.
+
+    `weights` and `bias` are what the kernel takes, in the workload's layout: BatchNormalization folded
+    in, Gemm's transposed (n, k) weights transposed to (k, n) (`transposed`) and its alpha applied.
+    `weights` is None when the second matmul operand is an activation (`weights_input` names it)."""
+
+    anchor: str
+    fused: tuple[str, ...]  # names of the nodes folded into the call, in graph order
+    workload: Workload
+    input: str  # the activation tensor the kernel reads
+    weights_input: str  # the ONNX tensor its weights come from
+    residual: str | None  # the tensor added in the epilogue (residual=1)
+    output: str  # the tensor the call writes: the output of the last fused node
+    weights: np.ndarray | None = field(default=None, compare=False, repr=False)
+    bias: np.ndarray | None = field(default=None, compare=False, repr=False)
+    transposed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """One unique tuning task: a workload (fused epilogue included) and the nodes that run it."""
+
+    workload: Workload
+    nodes: tuple[str, ...]  # names of the ONNX anchor nodes that run it
+    flops: float  # per call
+    ops: tuple[FusedOp, ...] = field(default=(), compare=False, repr=False)  # the calls, node by node
+
+    @property
+    def count(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def transposed(self) -> tuple[str, ...]:
+        """Nodes whose constant weights were transposed at extraction (Gemm transB=1)."""
+        return tuple(op.anchor for op in self.ops if op.transposed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OtherNode:
+    """A node that is not a tuning task and was not fused into one."""
+
+    name: str
+    op: str
+    kind: OtherKind
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSet:
+    """What `xtune.tasks()` returns: the model's unique tasks in graph order and its other nodes."""
+
+    model: str
+    target: Target
+    tasks: tuple[Task, ...]
+    other_nodes: tuple[OtherNode, ...]
+    total_flops: float  # of every kernel call: sum of flops * count (other nodes are not counted)
+
+    def share(self, task: Task) -> float:
+        """The task's fraction of the model's flops (every call of it)."""
+        return task.flops * task.count / self.total_flops if self.total_flops else 0.0
+
+
+def extract_tasks(source: Source, target: str | Target | None = None) -> TaskSet:
+    """The unique tasks of an ONNX model (path or ModelProto) for `target` (default: the host's)."""
+    tgt = target if isinstance(target, Target) else get_target(target) if target else host_target()
+    graph = load_graph(source)
+    ops, others = fuse(graph)
+    calls: dict[str, list[FusedOp]] = {}
+    for op in ops:
+        calls.setdefault(op.workload.key, []).append(op)
+    tasks = tuple(
+        Task(workload=group[0].workload, nodes=tuple(o.anchor for o in group),
+             flops=float(group[0].workload.flops()), ops=tuple(group))
+        for group in calls.values()
+    )  # fmt: skip
+    total = sum(t.flops * t.count for t in tasks)
+    return TaskSet(model=graph.name, target=tgt, tasks=tasks, other_nodes=tuple(others), total_flops=total)
+
+
+def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
+    """Per task, the best OK record of `records` on `target` (wall time before instruction counts,
+    as `xtune build` chooses), or None if the logs have none."""
+    out: list[Record | None] = []
+    for task in tasks:
+        key = task.workload.key
+        found = best(records, key, target.name, 1, "s") or best(records, key, target.name, 1, "insn")
+        out.append(found[0] if found else None)
+    return out
+
+
+def fuse(graph: Graph) -> tuple[list[FusedOp], list[OtherNode]]:
+    """The kernel calls of `graph` with their fused epilogues, and the nodes left over, in graph order."""
+    readers, writers = graph.consumers(), graph.producers()
+    ops: list[FusedOp] = []
+    claimed: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        if node.op in ("Conv", "Gemm", "MatMul"):
+            op, used = _fuse_chain(graph, i, anchor_of(graph, node), readers, writers)
+            ops.append(op)
+            claimed.update(used)
+    others = []
+    for i, node in enumerate(graph.nodes):
+        if i in claimed or node.op in ("Conv", "Gemm", "MatMul"):
+            continue
+        if node.op not in OTHER_KINDS:
+            raise InputError(
+                f"{graph.name}: {node.label} is not supported (xtune runs Conv, Gemm, MatMul and "
+                "pooling, elementwise, reshape, softmax and concat nodes)"
+            )
+        others.append(OtherNode(name=node.name, op=node.op, kind=OTHER_KINDS[node.op]))
+    return ops, others
+
+
+def _fuse_chain(
+    graph: Graph, index: int, a: Anchor, readers: dict[str, list[int]], writers: dict[str, int]
+) -> tuple[FusedOp, list[int]]:
+    out, stage, used, flags = a.node.outputs[0], 0, [], {"residual": 0, "relu": 0, "relu6": 0}
+    weights, bias, residual = a.weights, a.bias, None
+    while stage < _CLAMP and out not in graph.outputs and len(readers.get(out, [])) == 1:
+        j = readers[out][0]
+        nxt = graph.nodes[j]
+        other = next((t for t in nxt.inputs[:2] if t != out), "") if nxt.op == "Add" else ""
+        # BatchNormalization normalizes axis 1: the channels of a conv, the columns of a 2-D matmul.
+        if nxt.op == "BatchNormalization" and stage < _BN and weights is not None and a.channel_axis == 1:
+            folded = _fold_batchnorm(graph, nxt, a, weights, bias)
+            if folded is None:
+                break
+            weights, bias, stage = *folded, _BN
+        elif nxt.op == "Add" and stage < _BIAS and graph.constant(other) is not None:
+            vector = a.channel_vector(graph, graph.constants[other])
+            if vector is None:
+                break
+            bias, stage = vector if bias is None else bias + vector, _BIAS
+        elif nxt.op == "Add" and stage < _RESIDUAL and _available(graph, other, out, index, writers):
+            residual, flags["residual"], stage = other, 1, _RESIDUAL
+        elif nxt.op in ("Relu", "Clip") and (clamp := _clamp(graph, nxt)):
+            flags[clamp], stage = 1, _CLAMP
+        else:
+            break
+        used.append(j)
+        out = nxt.outputs[0]
+    workload = parse_workload(a.workload_key(bias is not None, flags))
+    op = FusedOp(
+        anchor=a.node.name, fused=tuple(graph.nodes[j].name for j in used), workload=workload,
+        input=a.node.inputs[0], weights_input=a.node.inputs[1], residual=residual, output=out,
+        weights=weights, bias=bias, transposed=a.transposed,
+    )  # fmt: skip
+    return op, used
+
+
+def _fold_batchnorm(
+    graph: Graph, bn: Node, a: Anchor, weights: np.ndarray, bias: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """BatchNormalization (inference form) folded into the anchor: w' = w * g/sqrt(v+eps) per output
+    channel, b' = (b - mean) * g/sqrt(v+eps) + beta (ONNX operator spec, BatchNormalization)."""
+    params = [graph.constant(t) for t in bn.inputs[1:5]]
+    if (len(bn.outputs) > 1 and any(bn.outputs[1:])) or any(p is None for p in params):
+        return None  # training mode, or statistics that are not constants
+    gamma, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params)
+    eps = float(bn.attr("epsilon", 1e-5))  # type: ignore[arg-type]
+    if gamma.size != a.channels:
+        return None
+    scale = gamma / np.sqrt(var + eps)
+    folded = a.scale_channels(weights, scale).astype(np.float32)
+    start = np.zeros(a.channels) if bias is None else bias.astype(np.float64)
+    return folded, ((start - mean) * scale + beta).astype(np.float32)
+
+
+def _available(graph: Graph, other: str, out: str, anchor: int, writers: dict[str, int]) -> bool:
+    """`other` can be the residual of the kernel that writes `out`: same shape, and already computed
+    when the anchor runs (a graph input, or written by an earlier node), so the call needs no reorder."""
+    if not other or graph.shapes.get(other) != graph.shapes.get(out):
+        return False
+    return other in graph.inputs or writers.get(other, anchor) < anchor
+
+
+def _clamp(graph: Graph, node: Node) -> Literal["relu", "relu6", ""]:
+    """Relu, Clip(0, 6) -> relu6 (MobileNetV2's ReLU6), Clip(0, none) -> relu; other clips don't fuse."""
+    if node.op == "Relu":
+        return "relu"
+    lo_name, hi_name = (*node.inputs[1:3], "", "")[:2]
+    if _scalar(graph, lo_name) != 0.0:
+        return ""
+    if not hi_name:  # an omitted max is +inf (ONNX Clip, opset 11+)
+        return "relu"
+    return "relu6" if _scalar(graph, hi_name) == 6.0 else ""
+
+
+def _scalar(graph: Graph, tensor: str) -> float | None:
+    value = graph.constant(tensor) if tensor else None
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
