@@ -576,7 +576,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuner", choices=TUNERS, default="xgb")
     p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
     p.add_argument(
-        "--early-stopping", type=int, default=None, metavar="N", help="stop after N trials without gain"
+        "--early-stopping",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N trials without gain (with --model: each task)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
