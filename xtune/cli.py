@@ -339,7 +339,9 @@ def _print_tuning(report: TuningReport, log: str) -> None:
 def _cost_text(cost: float, unit: str) -> str:
     if cost == float("inf"):
         return "-"
-    return f"{cost * 1e3:.4g} ms" if unit == "s" else f"{cost:.0f} {unit}"
+    if unit != "s":
+        return f"{cost:.0f} {unit}"
+    return f"{cost * 1e3:.4g} ms" if cost >= 1e-4 else f"{cost * 1e6:.4g} us"
 
 
 class _ModelProgressBar:
