@@ -180,7 +180,7 @@ class ModelProgress:
     estimate: float
 
 
-@dataclass
+@dataclass(eq=False)
 class _Task:
     """The scheduler's state of one task."""
 
@@ -261,9 +261,8 @@ class TaskScheduler:
         # Ansor's round: every task gets at least one in the first round, none more than a batch.
         size = max(1, min(self.options.batch_size, budget // max(1, len(fresh))))
         for state in self.tasks:
-            if state in fresh:
-                continue
-            state.history = _resumed_history(state.session, size)
+            if math.isfinite(state.latency):  # resumed: it skips the first round
+                state.history = _resumed_history(state.session, size)
         self._point()
         try:
             for state in fresh:  # the first round: every task's default and the estimate's picks
@@ -386,7 +385,7 @@ def tune_tasks(
     counts = [t.count for t in results]
     return ModelTuningResult(
         model=model, target=boards[0].target.name, boards=tuple(b.name for b in boards),
-        strategy=scheduler.strategy, budget=options.trials, trials=run.trials,
+        strategy=scheduler.strategy, budget=options.trials, trials=sum(t.trials for t in results),
         confirm_timings=run.confirm_timings, cost_unit=boards[0].cost_unit,
         estimate=end_to_end(counts, [t.best_cost for t in results]),
         default_estimate=end_to_end(counts, [t.default_cost for t in results]),
