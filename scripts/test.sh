@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PYTHON="${PYTHON:-python3}"
-"$PYTHON" -m ruff check xtune tests scripts
-"$PYTHON" -m ruff format --check xtune tests scripts
+"$PYTHON" -m ruff check xtune tests benchmarks
+"$PYTHON" -m ruff format --check xtune tests benchmarks
 "$PYTHON" -m mypy
 exec "$PYTHON" -m pytest -q "$@"

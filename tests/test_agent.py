@@ -78,7 +78,7 @@ define void @trap() nounwind {
 }
 """
 
-# What `llvm.trap` raises: ud2 -> SIGILL, brk -> SIGTRAP, unimp -> SIGILL (MEASURED.md §5).
+# What `llvm.trap` raises: ud2 -> SIGILL, brk -> SIGTRAP, unimp -> SIGILL (docs/notes.md §5).
 TRAP_SIGNAL = {"x86_64": signal.SIGILL, "aarch64": signal.SIGTRAP, "riscv64": signal.SIGILL}
 
 BOARDS = [

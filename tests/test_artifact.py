@@ -95,7 +95,7 @@ def _runner(target: Target) -> list[str]:
     if target.arch == "x86_64":
         return []
     _need(target.qemu_binary)
-    # riscv64-gcv's qemu_cpu is "rv64,v=true,vlen=256,vext_spec=v1.0" (RVV 1.0, as DESIGN.md says).
+    # riscv64-gcv's qemu_cpu is "rv64,v=true,vlen=256,vext_spec=v1.0" (RVV 1.0, docs/notes.md §3).
     return [target.qemu_binary, "-cpu", target.qemu_cpu]
 
 
@@ -115,6 +115,7 @@ def link_and_run(artifact: Artifact, workloads: Sequence[str], tmp: Path, archiv
 # ---- real toolchains ----------------------------------------------------------------------------------
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_host_gcc_links_the_object_and_every_kernel_is_right(tmp_path: Path) -> None:
     artifact = build("x86-avx2", WORKLOADS)
     out = link_and_run(artifact, WORKLOADS, tmp_path)
@@ -123,6 +124,7 @@ def test_host_gcc_links_the_object_and_every_kernel_is_right(tmp_path: Path) -> 
     assert all(k.code_bytes > 0 for k in artifact.kernels)
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_archive_links_too(tmp_path: Path) -> None:
     out = link_and_run(build("x86-avx2", WORKLOADS[:2]), WORKLOADS[:2], tmp_path, archive=True)
     assert out.count(" 0 of ") == 2, out
@@ -191,6 +193,7 @@ def test_header_compiles_as_strict_c99_and_as_cpp(tmp_path: Path) -> None:
     assert f"#define XT_MATMUL_M8_N16_K4_STACK_BYTES {artifact.kernels[0].stack_bytes}u" in header
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_example_makefile_builds_and_runs(tmp_path: Path) -> None:
     _need("make", "gcc")
     xtune = f"{shutil.which('python3') or 'python3'} -m xtune.cli"
@@ -279,8 +282,10 @@ def test_no_log_and_stale_log_fall_back_with_reasons(tmp_path: Path) -> None:
     line = json.loads(log.read_text())
     line["knobs"][0][1] = "99x9"  # the template has changed since this was logged
     log.write_text(json.dumps(line) + "\n")
-    (entry,) = build("x86-avx2", ["matmul:m=8,n=16,k=4"], logs=[log]).kernels
-    assert entry.source == "default" and "no longer match" in entry.reason
+    artifact = build("x86-avx2", ["matmul:m=8,n=16,k=4"], logs=[log])
+    (entry,) = artifact.kernels
+    assert entry.source == "default" and entry.reason == "never tuned on x86-avx2"
+    assert any(f"{log}: skipped 1 record" in w and "no longer match" in w for w in artifact.warnings)
 
 
 def test_bad_input_is_an_input_error(tmp_path: Path) -> None:

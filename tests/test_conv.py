@@ -4,7 +4,6 @@ parsing, numpy references, errors and checked kernel outputs on the local board 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from xtune.errors import InputError
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.features import feature_names, featurize
-from xtune.tuning.measure import MeasureOptions, Measurer, MeasureStatus, build_image
+from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, MeasureStatus, build_image
 from xtune.workload import conv_shape, parse_workload, random_inputs
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0)
@@ -64,7 +63,8 @@ def check(board_name: str, key: str, indices: list[int]) -> None:
     measurer = Measurer(board, parse_workload(key), FAST)
     try:
         for index in indices:
-            result = measurer.run(build_image(key, board.target.name, index))
+            candidate = Candidate(workload=measurer.workload, target=board.target, index=index)
+            result = measurer.run(build_image(candidate))
             assert result.status is MeasureStatus.OK, (key, index, result.status, result.error)
     finally:
         measurer.close()
@@ -189,12 +189,6 @@ def test_channel_blocks_accumulate_then_apply_relu(layout: str) -> None:
 # --- boards: the same kernels under QEMU ------------------------------------------------------------
 
 
-@pytest.fixture(params=["qemu-aarch64", "qemu-riscv64", "qemu-riscv64-v"])
-def qemu_board(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield request.param
-
-
-@pytest.mark.board
 @pytest.mark.parametrize("key", BOARD_SHAPES)
 def test_kernels_correct_under_qemu(qemu_board: str, key: str) -> None:
     check(qemu_board, key, configs(key, get_board(qemu_board).target.name, 1))

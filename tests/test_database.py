@@ -14,8 +14,14 @@ from pathlib import Path
 import pytest
 
 import xtune
+from tests.conftest import CliRunner
+from xtune.artifact import build
+from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
+from xtune.report import format_table, summarize
 from xtune.schedule.space import Config
+from xtune.target import get_target
+from xtune.templates import template_for
 from xtune.tuning.database import (
     FORMAT_VERSION,
     LogWarning,
@@ -23,11 +29,13 @@ from xtune.tuning.database import (
     TuningLog,
     best,
     make_record,
+    ranking_unit,
     read_logs,
     record_from_json,
     record_to_json,
 )
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.workload import parse_workload
 
 WL, TARGET = "matmul:m=64,n=64,k=64", "x86-avx2"
 
@@ -38,15 +46,22 @@ def rec(
     status: MeasureStatus = MeasureStatus.OK,
     workload: str = WL,
     target: str = TARGET,
-    unit: str = "s",
+    unit: CostUnit = CostUnit.SECONDS,
     when: float = 1.0,
 ) -> Record:
     result = MeasureResult(status, costs, "" if status is MeasureStatus.OK else "boom", cost_unit=unit)
-    return Record(workload, target, "local", index, (("tile", index), ("order", "mnk")), result, time=when)
+    return Record(workload, target, "local", index, knobs_of(index), result, time=when)
+
+
+def knobs_of(index: int) -> tuple[tuple[str, int | str], ...]:
+    """The real knobs of config `index` of WL on TARGET: read_logs leaves out records that do not match."""
+    return template_for(parse_workload(WL), get_target(TARGET)).space.config(index).values
 
 
 def test_round_trip_keeps_every_field() -> None:
-    result = MeasureResult(MeasureStatus.OK, (1e-3, 1.1e-3, 0.9e-3), "", 0.025, "s", (("gflops", 12.5),))
+    result = MeasureResult(
+        MeasureStatus.OK, (1e-3, 1.1e-3, 0.9e-3), "", 0.025, CostUnit.SECONDS, (("gflops", 12.5),)
+    )
     options = MeasureOptions(number=4, repeat=5, flush_cache=True)
     fingerprint = (("uname", "Linux 6.1"), ("cpu", "A72"))
     record = Record(
@@ -127,7 +142,7 @@ def test_best_picks_lowest_median_of_ok_records_only(tmp_path: Path) -> None:
         rec(3, (0.1,), MeasureStatus.WRONG_ANSWER),  # a wrong answer is never a best
         rec(4, status=MeasureStatus.COMPILE_ERROR),
         rec(5, (0.2,), MeasureStatus.TIMEOUT),
-        rec(6, (0.01,), unit="insn"),  # another unit: not comparable with seconds
+        rec(6, (0.01,), unit=CostUnit.INSTRUCTIONS),  # another unit: not comparable with seconds
         rec(7, (0.01,), workload="matmul:m=1,n=1,k=1"),
         rec(8, (0.01,), target="riscv64-gc"),
         rec(9, (7.0,)),
@@ -135,7 +150,7 @@ def test_best_picks_lowest_median_of_ok_records_only(tmp_path: Path) -> None:
     ]
     assert [r.index for r in best(records, WL, TARGET)] == [9]
     assert [(r.index, r.cost) for r in best(records, WL, TARGET, k=3)] == [(9, 3.0), (1, 5.0), (2, 100.0)]
-    assert [r.index for r in best(records, WL, TARGET, cost_unit="insn")] == [6]
+    assert [r.index for r in best(records, WL, TARGET, cost_unit=CostUnit.INSTRUCTIONS)] == [6]
     assert best(records, "conv2d:n=1", TARGET) == []
     assert best([rec(1, status=MeasureStatus.RUNTIME_ERROR)], WL, TARGET) == []
 
@@ -164,7 +179,9 @@ def test_best_over_several_logs(tmp_path: Path) -> None:
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     TuningLog(a).append([rec(1, (2.0,)), rec(2, (3.0,))])
     TuningLog(b).append([rec(3, (1.5,)), rec(4, (0.5,), MeasureStatus.WRONG_ANSWER)])
-    records = read_logs([a, b, tmp_path / "missing.jsonl"])
+    records = read_logs([a, b])
+    with pytest.raises(InputError, match=r"no such log: .*missing\.jsonl"):
+        read_logs([a, tmp_path / "missing.jsonl"])
     assert [r.index for r in best(records, WL, TARGET, k=2)] == [3, 1]
     assert [r.index for r in TuningLog(a).best(WL, TARGET)] == [1]
 
@@ -198,7 +215,7 @@ def test_resume_takes_only_this_cpus_records(tmp_path: Path) -> None:
     assert sorted(log.measured(WL, TARGET)) == [1, 2, 3]
 
 
-def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path) -> None:
+def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path, xtune_cli: CliRunner) -> None:
     plain, packed = TuningLog(tmp_path / "log.jsonl"), TuningLog(tmp_path / "log.jsonl.gz")
     plain.append([rec(1, (2.0,)), rec(2, (1.0,))])
     packed.path.write_bytes(gzip.compress(plain.path.read_bytes()))
@@ -208,22 +225,7 @@ def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path) -> None:
     packed.path.write_bytes(b"not gzip")
     with pytest.raises(InputError, match="not a readable gzip"):
         packed.read()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "xtune.cli",
-            "tune",
-            "--workload",
-            "matmul:m=8,n=8,k=8",
-            "--trials",
-            "1",
-            "--log",
-            str(packed.path),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    out = xtune_cli("tune", "--workload", "matmul:m=8,n=8,k=8", "--trials", "1", "--log", str(packed.path))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "compressed log" in out.stderr
 
 
@@ -257,3 +259,106 @@ def test_a_killed_writer_leaves_complete_lines(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert [r.index for r in TuningLog(path).read()] == list(range(50))
+
+
+# ---- what a board measured: logs of emulated boards, old and new ----------------------------------------
+
+ARM_WL, ARM = "matmul:m=16,n=16,k=16", "arm-a72-neon"
+# Fingerprints as the boards wrote them before cost_unit "none" existed (xtune/boards/board.py, ssh.py).
+QEMU_FP = {"board": "qemu-aarch64", "target": ARM, "uname": "Linux 6.1.0 x86_64 (emulated aarch64)",
+           "cpu": "qemu-aarch64 version 7.2.9 -cpu cortex-a72", "cores": "1", "agent": "a1",
+           "cost": "instructions per call (insncount plugin)"}  # fmt: skip
+WRAPPER_FP = {"board": "pi-emu", "target": ARM, "uname": "Linux lab 6.1.0 #1 SMP x86_64 GNU/Linux",
+              "cpu": "AMD EPYC (family 25, model 1)", "cores": "4", "agent": "a1",
+              "wrapper": "qemu-aarch64 -cpu cortex-a72"}  # fmt: skip
+PI_FP = {"board": "pi4", "target": ARM, "uname": "Linux pi4 6.1.21-v8+ aarch64", "cpu": "Cortex-A72",
+         "cores": "4", "agent": "a1"}  # fmt: skip
+
+
+def old_line(index: int, status: str, costs: list[float], unit: str, fp: dict[str, str]) -> str:
+    """One log line as xtune wrote it before the CostUnit enum: failures always said "s"."""
+    knobs = template_for(parse_workload(ARM_WL), get_target(ARM)).space.config(index).values
+    return json.dumps({
+        "v": 1, "workload": ARM_WL, "target": ARM, "board": fp["board"],
+        "fingerprint": [list(pair) for pair in fp.items()], "index": index, "knobs": [list(k) for k in knobs],
+        "result": {"status": status, "costs": costs, "error": "" if status == "ok" else "bad",
+                   "compile_seconds": 0.1, "cost_unit": unit, "extra": []},
+        "options": {}, "xtune": "0.1.0", "time": 1000.0 + index,
+    })  # fmt: skip
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture
+def qemu_log(tmp_path: Path) -> Path:
+    return write_lines(tmp_path / "qemu.jsonl", [
+        old_line(1, "compile_error", [], "s", QEMU_FP),  # the first record failed: its "s" decides nothing
+        old_line(2, "ok", [5000.0], "insn", QEMU_FP),
+        old_line(3, "ok", [4000.0], "insn", QEMU_FP),
+        old_line(4, "timeout", [], "s", QEMU_FP),
+    ])  # fmt: skip
+
+
+@pytest.fixture
+def wrapper_log(tmp_path: Path) -> Path:
+    # qemu behind SSH timed emulated wall time: config 5 "ran at 0.3 GFLOP/s", which is no speed at all.
+    return write_lines(tmp_path / "wrapper.jsonl", [
+        old_line(5, "ok", [2.7e-5], "s", WRAPPER_FP),
+        old_line(3, "ok", [9e-4], "s", WRAPPER_FP),
+        old_line(6, "wrong_answer", [], "s", WRAPPER_FP),
+    ])  # fmt: skip
+
+
+def test_an_old_qemu_log_whose_first_record_failed_still_has_a_best(qemu_log: Path) -> None:
+    records = read_logs([qemu_log])
+    assert [r.result.cost_unit for r in records] == [CostUnit.INSTRUCTIONS] * 4  # failures: the board's unit
+    (row,) = summarize(records)
+    assert row.cost_unit is CostUnit.INSTRUCTIONS and row.best is not None and row.best.index == 3
+    assert "4000 insn" in format_table([row]) and "no correct run" not in format_table([row])
+    out = subprocess.run([sys.executable, "-m", "xtune.cli", "best", "--log", str(qemu_log), "--json"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["best"][0]["best"]["cost_unit"] == "insn"
+
+
+def test_best_never_takes_a_wall_time_from_a_correctness_only_board(
+    qemu_log: Path, wrapper_log: Path
+) -> None:
+    records = read_logs([qemu_log, wrapper_log])
+    assert {r.result.cost_unit for r in records if r.board == "pi-emu"} == {CostUnit.NONE}
+    assert [r.index for r in best(records, ARM_WL, ARM, k=5)] == [3, 2]  # counts; config 5's time is none
+    (row,) = summarize(records)
+    assert row.best is not None and row.best.index == 3 and row.best_gflops is None
+    artifact = build(ARM, [ARM_WL], logs=[wrapper_log, qemu_log])  # what `xtune build` ships
+    assert (artifact.kernels[0].source, artifact.kernels[0].config_index) == ("log", 3)
+    # A wrapper board's log alone: correct configs, nothing to rank them by.
+    (alone,) = summarize(read_logs([wrapper_log]))
+    assert alone.best is None and alone.checked_only and "checked only" in format_table([alone])
+    kernel = build(ARM, [ARM_WL], logs=[wrapper_log]).kernels[0]
+    assert kernel.source == "default" and "correctness-only" in kernel.reason
+
+
+def test_real_seconds_beat_instruction_counts_and_are_never_compared_with_them(qemu_log: Path) -> None:
+    seconds = write_lines(qemu_log.with_name("pi.jsonl"), [
+        old_line(7, "ok", [2e-3], "s", PI_FP), old_line(2, "ok", [1e-3], "s", PI_FP),
+        old_line(8, "runtime_error", [], "s", PI_FP),
+    ])  # fmt: skip
+    records = read_logs([qemu_log, seconds])
+    assert ranking_unit(records) is CostUnit.SECONDS
+    assert [r.index for r in best(records, ARM_WL, ARM, k=5)] == [2, 7]  # seconds only, in seconds order
+    assert [r.index for r in best(records, ARM_WL, ARM, k=5, cost_unit=CostUnit.INSTRUCTIONS)] == [3, 2]
+    (row,) = summarize(records)
+    assert row.cost_unit is CostUnit.SECONDS and row.best_gflops is not None
+
+
+def test_a_correctness_only_result_round_trips_as_none_and_has_no_figure() -> None:
+    result = MeasureResult(MeasureStatus.OK, cost_unit=CostUnit.NONE)
+    config = template_for(parse_workload(ARM_WL), get_target(ARM)).space.config(1)
+    line = record_to_json(make_record(ARM_WL, ARM, "pi-emu", config, result, fingerprint=(("cores", "4"),)))
+    assert json.loads(line)["result"]["cost_unit"] == "none"
+    back = record_from_json(line)
+    assert back.result == result and back.result.ok and back.cost == float("inf")
+    assert ranking_unit([back]) is None and best([back], ARM_WL, ARM) == []

@@ -1,14 +1,22 @@
-"""Matmul features: finite, relative to the target, and an analytic estimate that orders the obvious cases."""
+"""Features: finite, relative to the target, an analytic estimate that orders the obvious cases, and the
+blocks and register tiles the templates resolve (never a restatement of them)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
 
 from xtune.target import get_target, load_targets
+from xtune.templates import conv2d as conv2d_template
+from xtune.templates import depthwise as depthwise_template
+from xtune.templates import matmul as matmul_template
 from xtune.templates import template_for
+from xtune.templates.conv2d import padded, stack_clamped
+from xtune.templates.matmul import tile_registers
 from xtune.tuning.features import MATMUL_FEATURES, estimate_prior, feature_names, featurize
-from xtune.workload import parse_workload
+from xtune.workload import conv_shape, parse_workload
 
 EST = MATMUL_FEATURES.index("est_eff")
 VECTOR_TARGETS = ("x86-avx2", "x86-sse42", "x86-avx512", "arm-a72-neon", "riscv64-gcv")
@@ -55,3 +63,93 @@ def test_the_prior_scores_by_the_estimate_column() -> None:
     assert prior is not None
     np.testing.assert_array_equal(prior.predict(x), x[:, EST])
     assert estimate_prior("conv2d") is None  # no estimate column: a cold tuner starts from random configs
+
+
+# ---- the templates are the one home of what a config resolves to -------------------------------------
+
+RESOLVED = (
+    "matmul:m=512,n=512,k=512",
+    "matmul:m=37,n=200,k=71",
+    "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1",
+    "conv2d:n=1,c=512,h=14,w=14,k=512,r=3,s=3,pad=1",  # the stack budget shrinks some output blocks
+    "conv2d:n=1,c=3,h=224,w=224,k=30,r=3,s=3,stride=2,pad=1,layout=nhwc",
+    "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1",
+    "depthwise:n=1,c=16,h=33,w=57,r=5,s=5,stride=2,pad=2",
+)
+
+
+def _resolved_by_features(template: Any, indices: np.ndarray) -> list[dict[str, float]]:
+    """The block sizes (and register use) the feature columns were computed from, recovered from them."""
+    t, op = template.target, template.workload.op
+    x = featurize(template, indices)
+
+    def col(name: str) -> np.ndarray:
+        return x[:, feature_names(op).index(name)]
+
+    out: dict[str, np.ndarray] = {"acc": col("acc_regs_frac") * t.vector_registers}
+    if op != "depthwise":
+        out["used"] = col("regs_used_frac") * t.vector_registers
+    if op == "matmul":
+        kc = np.array([template.space.config(i).int("kc") for i in indices.tolist()])
+        out.update(mc=2 ** col("a_block_l2") * t.l2_bytes / (4 * kc), kc=kc)
+        out["nc"] = 2 ** col("c_block_l2") * t.l2_bytes / (4 * out["mc"])
+    elif op == "conv2d":
+        sh = conv_shape(template.workload)
+        hp, wp = padded(sh)
+        cb = 2 ** col("input_block_l2") * t.l2_bytes / (4 * hp * wp)
+        rows = 2 ** col("input_rows_l1") * t.l1d_bytes / (4 * wp * cb)
+        out.update(cb=cb, kb=2 ** col("weight_block_l2") * t.l2_bytes / (4 * cb * sh.r * sh.s))
+        out["ohb"] = (rows - (sh.r - 1) * sh.dilation - 1) / sh.stride + 1
+    else:
+        out["owb"] = col("block_cols_frac") * conv_shape(template.workload).ow
+    return [{name: float(v[n]) for name, v in out.items()} for n in range(len(indices))]
+
+
+@pytest.mark.parametrize("target_name", ["x86-avx2", "x86-sse42", "x86-avx512", "arm-a53-neon", "riscv64-gc"])
+@pytest.mark.parametrize("workload", RESOLVED)
+def test_features_see_the_blocks_the_template_resolves(workload: str, target_name: str) -> None:
+    template: Any = template_for(parse_workload(workload), get_target(target_name))
+    indices = np.random.default_rng(3).integers(0, template.space.size, 250)
+    regs = template.target.vector_registers
+    for i, seen in zip(indices.tolist(), _resolved_by_features(template, indices), strict=True):
+        s = template.schedule(template.space.config(i))
+        tile = (s.mr, s.nv) if hasattr(s, "mr") else (s.p, s.nv)
+        assert seen["acc"] == pytest.approx(tile[0] * tile[1])
+        if "used" in seen:  # the tile the config names fits the register file, as the features count it
+            assert seen["used"] == tile_registers(*tile) <= regs
+        if template.workload.op == "matmul":
+            assert (seen["mc"], seen["nc"], seen["kc"]) == pytest.approx((s.mc, s.nc, s.kc))
+        elif template.workload.op == "conv2d":
+            assert (seen["cb"], seen["ohb"]) == pytest.approx((s.cb, s.ohb))
+            # The features see the output block the config asks for; the stack budget may then shrink it.
+            kb = round(seen["kb"])
+            assert kb == pytest.approx(seen["kb"]) and stack_clamped(template.shape, s.nr, s.cb, kb) == s.kb
+        else:
+            assert seen["owb"] == pytest.approx(s.owb)
+
+
+def test_a_changed_block_rule_moves_template_and_features_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rule has one home in its template: change it there, and both the nest and the features follow."""
+    whole_axis = lambda block, extent, tile: np.where(np.asarray(block) >= 0, extent, block)  # noqa: E731
+    monkeypatch.setattr(matmul_template, "whole_tiles", whole_axis)
+
+    def one_strip(sh: object, nr: object, ic: object, oc: object, oh: object) -> tuple[np.ndarray, ...]:
+        ones = np.ones_like(np.asarray(ic, dtype=np.float64))
+        return ones, ones * nr, ones  # type: ignore[operator]
+
+    monkeypatch.setattr(conv2d_template, "channel_blocks", one_strip)
+    monkeypatch.setattr(
+        depthwise_template, "column_block", lambda sh, width, ow: whole_axis(ow, sh.ow, width)
+    )
+    for workload in ("matmul:m=300,n=200,k=64", "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1",
+                     "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1"):  # fmt: skip
+        template: Any = template_for(parse_workload(workload), get_target("x86-avx2"))
+        indices = np.random.default_rng(4).integers(0, template.space.size, 50)
+        for i, seen in zip(indices.tolist(), _resolved_by_features(template, indices), strict=True):
+            s = template.schedule(template.space.config(i))
+            if template.workload.op == "matmul":
+                assert s.mc == 300 and s.nc == 200 and (seen["mc"], seen["nc"]) == pytest.approx((300, 200))
+            elif template.workload.op == "conv2d":
+                assert s.cb == 1 and s.kb == s.nr and (seen["cb"], seen["kb"]) == pytest.approx((1, s.nr))
+            else:
+                assert s.owb == 112 and seen["owb"] == pytest.approx(112)

@@ -17,7 +17,6 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import SymbolTableSection
 
-from xtune.boards.board import host_cannot_run
 from xtune.codegen.compile import ObjectCode, compile_object, parse_verified
 from xtune.codegen.link import FlatImage, check_object, inspect_object, link_flat
 from xtune.errors import LinkError
@@ -242,7 +241,7 @@ def test_image_does_not_depend_on_page_aligned_base(kernel_obj: ObjectCode) -> N
 
 
 def test_kernel_relocation_types(kernel_obj: ObjectCode) -> None:
-    """The relocations LLVM emits with reloc='pic', codemodel='small' (MEASURED.md §1)."""
+    """The relocations LLVM emits with reloc='pic', codemodel='small' (docs/notes.md §1)."""
     expected = {
         "x86_64": {"R_X86_64_PC32", "R_X86_64_PLT32"},
         "aarch64": {"R_AARCH64_ADR_PREL_PG_HI21", "R_AARCH64_LDST128_ABS_LO12_NC", "R_AARCH64_CALL26"},
@@ -427,11 +426,9 @@ def test_out_of_range_branch_is_refused(tmp_path: Path) -> None:
         link_flat(assemble("aarch64", source, tmp_path))
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_runs_on_host() -> None:
     """Relocations are right, not only identical to ld: map the x86 image executable and call it."""
-    why = host_cannot_run(_target("x86-avx2"))
-    if why:
-        pytest.skip(why)
     image = link_flat(compile_object(KERNEL_IR, _target("x86-avx2"), ("kernel", "pick")))
     size = -(-len(image.code) // mmap.PAGESIZE) * mmap.PAGESIZE
     mem = mmap.mmap(-1, size, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)

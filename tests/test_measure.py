@@ -5,21 +5,27 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from xtune.boards.board import get_board
+from xtune.bench import bench
+from xtune.boards.board import QemuBoard, get_board
+from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
+from xtune.schedule.loopnest import Kernel
+from xtune.schedule.space import Config
 from xtune.target import get_target
 from xtune.templates import template_for
+from xtune.templates.matmul import MatmulTemplate
 from xtune.tuning.measure import (
     BuiltImage,
+    Candidate,
     CompilePool,
     MeasureOptions,
     Measurer,
@@ -43,13 +49,6 @@ HANG = "  br label %spin\nspin:\n  %x = load volatile float, ptr %C\n  br label 
 WRONG = "  store float 1.0, ptr %C\n  ret void"  # writes one element and leaves the rest
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[CompilePool]:
-    p = CompilePool()
-    yield p
-    p.close()
-
-
 def configs(workload: str, target_name: str, count: int, seed: int) -> list[int]:
     template = template_for(parse_workload(workload), get_target(target_name))
     rng = random.Random(seed)
@@ -58,9 +57,9 @@ def configs(workload: str, target_name: str, count: int, seed: int) -> list[int]
 
 @pytest.mark.parametrize("shape", ["matmul:m=127,n=255,k=63", "matmul:m=1,n=1,k=1", "matmul:m=3,n=1000,k=17",
                                    "matmul:m=64,n=64,k=64", "matmul:m=33,n=7,k=300"])  # fmt: skip
-def test_local_board_candidates_match_numpy(shape: str, pool: CompilePool) -> None:
+def test_local_board_candidates_match_numpy(shape: str, compile_pool: CompilePool) -> None:
     board = get_board("local")
-    measurer = Measurer(board, parse_workload(shape), FAST, pool)
+    measurer = Measurer(board, parse_workload(shape), FAST, compile_pool)
     try:
         results = measurer.measure(configs(shape, board.target.name, 4, seed=len(shape)))
     finally:
@@ -69,12 +68,10 @@ def test_local_board_candidates_match_numpy(shape: str, pool: CompilePool) -> No
     assert all(len(r.costs) == 2 and all(c > 0 for c in r.costs) for r in results)
 
 
-@pytest.mark.board
-@pytest.mark.parametrize("board_name", ["qemu-aarch64", "qemu-riscv64", "qemu-riscv64-v"])
-def test_emulated_boards_candidates_match_numpy(board_name: str, pool: CompilePool) -> None:
-    board = get_board(board_name)
+def test_emulated_boards_candidates_match_numpy(qemu_board: str, compile_pool: CompilePool) -> None:
+    board = get_board(qemu_board)
     shape = "matmul:m=19,n=37,k=23"
-    measurer = Measurer(board, parse_workload(shape), FAST, pool)
+    measurer = Measurer(board, parse_workload(shape), FAST, compile_pool)
     try:
         results = measurer.measure(configs(shape, board.target.name, 3, seed=3))
     finally:
@@ -82,10 +79,13 @@ def test_emulated_boards_candidates_match_numpy(board_name: str, pool: CompilePo
     assert [r.status for r in results] == [MeasureStatus.OK] * len(results), [r.error for r in results]
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_faulty_candidates_become_statuses_and_the_run_goes_on() -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
     measurer = Measurer(get_board("local"), wl, FAST)
-    good = build_image(wl.key, "x86-avx2", template_for(wl, get_target("x86-avx2")).default_config().index)
+    target = get_target("x86-avx2")
+    default = template_for(wl, target).default_config().index
+    good = build_image(Candidate(workload=wl, target=target, index=default))
     try:
         crashed = measurer.run(image_of(SEGFAULT))
         hung = measurer.run(image_of(HANG))
@@ -100,11 +100,59 @@ def test_faulty_candidates_become_statuses_and_the_run_goes_on() -> None:
     assert crashed.cost == hung.cost == wrong.cost == float("inf")  # never a best
 
 
-def abort_on_odd(workload_key: str, target_name: str, index: int) -> BuiltImage:
+@pytest.mark.board
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user")
+def test_every_result_carries_its_boards_unit_failures_included() -> None:
+    wl = parse_workload("matmul:m=4,n=4,k=4")
+    measurer = Measurer(get_board("qemu-aarch64"), wl, FAST)
+    target = get_target("arm-a72-neon")
+    good = build_image(
+        Candidate(workload=wl, target=target, index=template_for(wl, target).default_config().index)
+    )
+    try:
+        results = [
+            measurer.run(BuiltImage(MeasureStatus.COMPILE_ERROR, error="no such instruction")),
+            measurer.run(image_of(SEGFAULT, "arm-a72-neon")),
+            measurer.run(good),
+        ]
+    finally:
+        measurer.close()
+    assert [r.status for r in results] == [MeasureStatus.COMPILE_ERROR, MeasureStatus.RUNTIME_ERROR,
+                                           MeasureStatus.OK]  # fmt: skip
+    # A failure is stamped like an OK result: no reader guesses "s" for a count that never happened.
+    assert [r.cost_unit for r in results] == [CostUnit.INSTRUCTIONS] * 3
+
+
+@pytest.mark.board
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user")
+def test_a_correctness_only_board_checks_and_bench_says_so() -> None:
+    wl = parse_workload("matmul:m=6,n=10,k=7")
+    target = get_target("arm-a72-neon")
+    emulated = QemuBoard("qemu-aarch64", target, count_insns=False)
+    measurer = Measurer(emulated, wl, FAST)
+    wrong = image_of(WRONG, "arm-a72-neon")
+    try:
+        checked = measurer.measure([template_for(wl, target).default_config().index])[0]
+        caught = measurer.run(wrong)
+    finally:
+        measurer.close()
+    assert checked.ok and checked.costs == () and checked.cost == float("inf")  # correct, and no figure
+    assert checked.cost_unit is CostUnit.NONE and caught.status is MeasureStatus.WRONG_ANSWER
+    report = bench(wl, emulated).as_dict()
+    assert report["correct"] and report["cost_unit"] == "none" and report["error"] == ""
+    assert report["seconds"] is None and report["instructions"] is None and report["gflops"] is None
+    # An instruction-counting board: the count is a count, not seconds, and no error is made up.
+    counted = bench(wl, get_board("qemu-aarch64")).as_dict()
+    assert counted["correct"] and counted["cost_unit"] == "insn" and counted["error"] == ""
+    assert counted["seconds"] is None and counted["gflops"] is None
+    assert isinstance(counted["instructions"], float) and counted["instructions"] > 0
+
+
+def abort_on_odd(candidate: Candidate) -> BuiltImage:
     """A build job whose odd candidates kill the worker, as an LLVM abort() would."""
-    if index % 2:
+    if candidate.index % 2:
         os.abort()
-    return build_image(workload_key, target_name, index)
+    return build_image(candidate)
 
 
 def _alive(pid: int) -> bool:
@@ -147,3 +195,44 @@ def test_a_compiler_crash_is_a_status_not_the_end_of_the_run() -> None:
         MeasureStatus.OK
     ] * 2
     assert "compiler process died" in built[1].error
+
+
+RAISES, ASSERTS, HANGS = 3, 5, 7  # configs of matmul:m=8,n=8,k=8 whose builds fail in BrokenMatmul
+
+
+class BrokenMatmul(MatmulTemplate):
+    """The matmul template with a bug in two configs and a build that never ends in a third."""
+
+    def kernel(self, config: Config, name: str) -> Kernel:
+        if config.index == RAISES:
+            raise ValueError(f"tile {config.index} does not divide\nthe loop")
+        assert config.index != ASSERTS
+        if config.index == HANGS:
+            time.sleep(600)  # the pool kills the worker long before
+        return super().kernel(config, name)
+
+
+def build_broken(candidate: Candidate) -> BuiltImage:
+    """The real build of a candidate, from BrokenMatmul (imported by the spawned worker from this module)."""
+    return build_image(candidate, BrokenMatmul(candidate.workload, candidate.target))
+
+
+def test_a_failing_or_hanging_build_is_a_status_and_the_others_are_measured() -> None:
+    wl = parse_workload("matmul:m=8,n=8,k=8")
+    pool = CompilePool(workers=1, job=build_broken, build_timeout_s=10)
+    measurer = Measurer(get_board("local"), wl, FAST, pool)
+    indices = [2, RAISES, ASSERTS, 4, HANGS, 6, 8]
+    start = time.monotonic()
+    try:
+        results = dict(zip(indices, measurer.measure(indices), strict=True))
+    finally:
+        measurer.close()
+        pool.close()
+    assert time.monotonic() - start < 120  # the hung worker was killed: no waiting out its sleep
+    failed = {RAISES, ASSERTS, HANGS}
+    assert all(results[i].status is MeasureStatus.COMPILE_ERROR for i in failed)
+    assert results[RAISES].error == "ValueError: tile 3 does not divide the loop"
+    assert results[ASSERTS].error == "AssertionError"
+    assert "10 s build timeout" in results[HANGS].error
+    for i in set(indices) - failed:  # before, between and after them (in flight when the pool restarted)
+        assert results[i].status is MeasureStatus.OK and results[i].cost > 0, (i, results[i])

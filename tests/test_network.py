@@ -109,14 +109,18 @@ def test_conv_bias_batchnorm_residual_relu_fuse_into_one_call() -> None:
     assert ts.other_nodes == ()
 
 
-def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias() -> None:
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias(opset: int) -> None:
     inits = {"w": f32(6, 3, 1, 1), "c": f32(1, 6, 1, 1), "lo": np.array(0, np.float32),
              "hi": np.array(6, np.float32)}  # fmt: skip
     nodes = [conv("conv", "x", "w", "o"), helper.make_node("Add", ["o", "c"], ["a"], name="bias"),
              helper.make_node("Clip", ["a", "lo", "hi"], ["y"], name="relu6")]  # fmt: skip
-    model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits)
+    model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset)
     _, op = only_op(model)
     assert op.workload.key == "conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,bias=1,relu6=1"
+    nodes[-1] = helper.make_node("Clip", ["a", "lo"], ["y"], name="relu")  # no max: Clip(0, inf) is ReLU
+    _, op = only_op(make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset))
+    assert op.workload.key.endswith("bias=1,relu=1") and op.fused == ("bias", "relu")
 
 
 def test_what_does_not_fuse_stays_a_node_of_its_own() -> None:
@@ -188,6 +192,19 @@ def test_conv_same_upper_and_constant_nodes() -> None:
     assert op.workload.key == "conv2d:n=1,c=2,h=6,w=5,k=4,r=3,s=3,stride=1,pad=1"
 
 
+def test_initializers_declared_as_inputs_and_shape_tensors() -> None:
+    """An export that lists its weights among the graph inputs (keep_initializers_as_inputs) and reads a
+    constant shape tensor (Reshape): the weights are constants, not inputs to feed."""
+    inits = {"w": f32(10, 96), "shape": np.array([1, 96], dtype=np.int64)}
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+             helper.make_node("Gemm", ["r", "w"], ["y"], name="fc", transB=1)]  # fmt: skip
+    model = make(nodes, {"x": [1, 6, 4, 4], "w": [10, 96]}, ["y"], inits)
+    graph = load_graph(model)
+    assert graph.inputs == ("x",) and graph.shape("r") == (1, 96)
+    ts, op = only_op(model)
+    assert op.workload.key == "matmul:m=1,n=10,k=96" and [o.op for o in ts.other_nodes] == ["Reshape"]
+
+
 # --- refusals: one line naming the node and its op -----------------------------------------------------
 
 
@@ -219,6 +236,25 @@ def test_refusals_name_the_node_and_op() -> None:
     assert "node 'fl' (Floor) is not supported" in refusal(floor)
     old = make([helper.make_node("Relu", ["x"], ["y"], name="r")], {"x": [1, 4]}, ["y"], opset=10)
     assert "opset 10 is not supported" in refusal(old)
+
+
+def test_refusals_of_matmul_and_weights() -> None:
+    half = make(
+        [conv("h", "x", "w", "y")], {"x": [1, 4, 8, 8]}, ["y"], {"w": f32(4, 4, 3, 3).astype(np.float16)}
+    )
+    assert "node 'h' (Conv): weight 'w' is float16, xtune runs float32 only" in refusal(half)
+    dil = make(
+        [conv("d", "x", "w", "y", dilations=[1, 2])], {"x": [1, 4, 8, 8]}, ["y"], {"w": f32(4, 4, 3, 3)}
+    )
+    assert "node 'd' (Conv): dilations (1, 2) differ per axis" in refusal(dil)
+    gemm = helper.make_node("Gemm", ["x", "w"], ["y"], name="g", transA=1)
+    assert "node 'g' (Gemm): transA=1" in refusal(make([gemm], {"x": [4, 3]}, ["y"], {"w": f32(4, 5)}))
+    gemm = helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="g")
+    full_c = make([gemm], {"x": [3, 4]}, ["y"], {"w": f32(4, 5), "c": f32(3, 5)})
+    assert "node 'g' (Gemm): C 'c' is not a constant per-column bias" in refusal(full_c)
+    bmm = helper.make_node("MatMul", ["a", "b"], ["y"], name="bmm")
+    batched = make([bmm], {"a": [2, 3, 4], "b": [2, 4, 5]}, ["y"])
+    assert "node 'bmm' (MatMul): MatMul of shapes (2, 3, 4) @ (2, 4, 5) is not supported" in refusal(batched)
 
 
 def test_unreadable_files_are_input_errors(tmp_path: Path) -> None:

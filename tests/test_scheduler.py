@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 import xtune
+from xtune.boards.agent import AgentSession
 from xtune.boards.board import get_board
-from xtune.errors import InputError
+from xtune.boards.cost import CostUnit
+from xtune.errors import BoardError, BoardFault, InputError
 from xtune.network.scheduler import (
     ModelStop,
     ModelTuningResult,
@@ -32,8 +34,9 @@ from xtune.network.scheduler import (
 from xtune.network.tasks import Task
 from xtune.templates import template_for
 from xtune.tuning.database import Record, TuningLog, best, read_logs
-from xtune.tuning.measure import MeasureOptions
+from xtune.tuning.measure import MeasureOptions, MeasureStatus
 from xtune.tuning.run import TuneOptions
+from xtune.tuning.tuner import TunerName
 from xtune.workload import parse_workload
 
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
@@ -103,8 +106,8 @@ SMALL = [task("matmul:m=32,n=32,k=32"), task("matmul:m=48,n=32,k=24", 3),
          task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1")]  # fmt: skip
 
 
-def options(trials: int, tuner: str = "random", batch: int = 2) -> TuneOptions:
-    return TuneOptions(tuner, trials, batch, None, 0, QUICK, confirm=0)
+def options(trials: int, tuner: TunerName = "random", batch: int = 2) -> TuneOptions:
+    return TuneOptions(tuner=tuner, trials=trials, batch_size=batch, measure=QUICK, confirm=0)
 
 
 def run(tasks: list[Task], log: Path, trials: int, **kw: object) -> ModelTuningResult:
@@ -167,7 +170,8 @@ def test_a_resumed_run_continues_and_measures_nothing_again(
     assert result.trials == 6 == len(new)
     assert not {(r.workload, r.index) for r in new} & {(r.workload, r.index) for r in before}
     assert [t.resumed for t in result.tasks] == [t.trials for t in first.tasks]
-    assert result.curve[0] == (0, pytest.approx(first.estimate))  # it starts where the first run ended
+    n, estimate = result.curve[0]
+    assert n == 0 and estimate == pytest.approx(first.estimate)  # it starts where the first run ended
 
 
 def test_the_gradient_favours_the_task_with_the_larger_weight(tmp_path: Path) -> None:
@@ -184,7 +188,7 @@ def test_the_gradient_favours_the_task_with_the_larger_weight(tmp_path: Path) ->
 def test_tasks_stop_early_and_the_run_ends_when_every_task_has(tmp_path: Path) -> None:
     # early_stopping=1: a task stops at its first batch that does not lower its best latency. A random
     # search improves on batch k with a chance of about 1/k, so 60 trials are never needed.
-    opts = TuneOptions("random", 60, 2, 1, 0, QUICK, confirm=0)
+    opts = TuneOptions(tuner="random", trials=60, batch_size=2, early_stopping=1, measure=QUICK, confirm=0)
     result = tune_tasks(SMALL[:2], [get_board("local")], opts, TuningLog(tmp_path / "log.jsonl"))
     assert result.stop is ModelStop.TASKS_DONE and result.trials < 60
     assert all(t.stop is TaskStop.EARLY_STOPPING for t in result.tasks)
@@ -194,6 +198,44 @@ def test_tasks_stop_early_and_the_run_ends_when_every_task_has(tmp_path: Path) -
 def test_fewer_trials_than_new_tasks_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="fewer than the 3 tasks"):
         run(SMALL, tmp_path / "log.jsonl", 2)
+
+
+class RefusingBoard:
+    """The local board, until its `good` sessions are used up: then every open() is refused for good, as
+    when a board's key is rotated mid-run (a unit-test fake: tests/test_faults.py has the real faults)."""
+
+    cost_unit = CostUnit.SECONDS
+
+    def __init__(self, good: int) -> None:
+        self.real = get_board("local")
+        self.name, self.target, self.good = "flaky", self.real.target, good
+
+    def open(self) -> AgentSession:
+        if self.good <= 0:
+            raise BoardError("authentication as pi@lab:22 failed", BoardFault.AUTHENTICATION)
+        self.good -= 1
+        return self.real.open()
+
+    def fingerprint(self) -> dict[str, str]:
+        return self.real.fingerprint()
+
+
+def test_a_board_that_fails_for_good_stops_the_model_run_and_a_resumed_run_measures_its_losses(
+    tmp_path: Path,
+) -> None:
+    # One session per task, one task's open at a time: the second task's batch meets the refusal.
+    log = tmp_path / "log.jsonl"
+    result = tune_tasks(SMALL, [RefusingBoard(good=1)], options(12), TuningLog(log))
+    records = read_logs([log])
+    assert result.stop is ModelStop.BOARD_FAILED and result.error.startswith("board flaky: authentication")
+    assert [t.trials for t in result.tasks] == [2, 2, 0] and result.trials == 4 == len(records)
+    lost = measured_in(records, SMALL[1].workload.key)
+    assert [r.result.status for r in records] == [MeasureStatus.OK] * 2 + [MeasureStatus.BOARD_ERROR] * 2
+    assert result.as_dict()["stop"] == "board_failed" and result.confirm_timings == 0
+    # Resumed on a board that works: the configs lost to the board error are the task's first batch.
+    again = run(SMALL, log, 4)
+    assert again.stop is ModelStop.TRIALS
+    assert set(measured_in(read_logs([log])[4:], SMALL[1].workload.key)) == set(lost)
 
 
 # --- the command line and the library entry ---------------------------------------------------------------

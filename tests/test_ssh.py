@@ -4,31 +4,44 @@ connection, and the QEMU instruction-count cost."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
 from xtune.boards.agent import RunRequest
 from xtune.boards.board import QemuBoard, get_board
+from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import HELLO_TIMEOUT, SshBoard, deploy, load_boards
 from xtune.cli import main
-from xtune.errors import BoardError, InputError
+from xtune.errors import BoardError, BoardFault, InputError
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, make_record
-from xtune.tuning.measure import MeasureOptions, Measurer, MeasureStatus, build_image
+from xtune.tuning.measure import (
+    Candidate,
+    MeasureOptions,
+    Measurer,
+    MeasureResult,
+    MeasureStatus,
+    build_image,
+)
 from xtune.workload import parse_workload
 
 from .test_measure import HANG, SEGFAULT, configs, image_of
+from .test_scheduler import tiny_model
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = [
@@ -49,7 +62,7 @@ def _free_port() -> int:
 
 
 class PrivateSshd:
-    """An OpenSSH sshd of our own on 127.0.0.1: own config, host key, authorized key, log (MEASURED.md §4)."""
+    """A private OpenSSH sshd on 127.0.0.1: own config, host key, authorized key, log (docs/notes.md §4)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -66,7 +79,7 @@ class PrivateSshd:
             f"AuthorizedKeysFile {root}/authorized_keys\nUsePAM no\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nStrictModes no\nSubsystem sftp internal-sftp\n"
             # sshd runs commands as `$SHELL -c`; SHLVL=1 keeps Debian's bash from sourcing ~/.bashrc
-            # (270-360 ms per exec channel with pyenv there, MEASURED.md §4).
+            # (270-360 ms per exec channel with pyenv there, docs/notes.md §4).
             "SetEnv SHLVL=1\nLogLevel VERBOSE\n"
         )
         self.known_hosts = root / "known_hosts"
@@ -184,7 +197,7 @@ def test_deploy_uploads_the_agent_and_records_the_fingerprint(sshd: PrivateSshd,
     assert (sshd.root / "remote-ssh-native" / "xtune-agent.json").is_file()
     with native.open() as session:
         assert session.hello.arch == "x86_64" and session.hello.pid > 0
-    assert native.wall_time_is_meaningful and native.cost_unit == "s"
+    assert native.cost_unit is CostUnit.SECONDS
 
 
 def test_ssh_config_supplies_hostname_port_user_and_key(sshd: PrivateSshd, tmp_path: Path) -> None:
@@ -211,7 +224,7 @@ def test_bad_boards_file_is_an_input_error(tmp_path: Path) -> None:
 def test_qemu_behind_ssh_measures_matmul_correctly(sshd: PrivateSshd) -> None:
     board = ssh_board(sshd, "ssh-a72")
     assert deploy(board)["arch"] == "aarch64"
-    assert not board.wall_time_is_meaningful
+    assert board.cost_unit is CostUnit.NONE  # qemu behind ssh: correctness only
     shape = "matmul:m=19,n=37,k=23"
     measurer = Measurer(board, parse_workload(shape), FAST)
     try:
@@ -258,9 +271,12 @@ def test_wrong_client_key_is_a_clear_one_line_error(
     assert err[-1].startswith("xtune: error: board ssh-wrongkey: authentication") and "Traceback" not in err
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_crashing_and_hanging_candidates_are_statuses_over_ssh(native: SshBoard) -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
-    good = build_image(wl.key, "x86-avx2", template_for(wl, get_target("x86-avx2")).default_config().index)
+    target = get_target("x86-avx2")
+    default = template_for(wl, target).default_config().index
+    good = build_image(Candidate(workload=wl, target=target, index=default))
     measurer = Measurer(native, wl, FAST)
     try:
         crashed, hung, after = (measurer.run(b) for b in (image_of(SEGFAULT), image_of(HANG), good))
@@ -271,9 +287,11 @@ def test_crashing_and_hanging_candidates_are_statuses_over_ssh(native: SshBoard)
     assert after.status is MeasureStatus.OK and after.cost > 0
 
 
+@pytest.mark.host_runs("x86-avx2")
 def test_an_agent_that_stops_answering_is_killed_by_pid(native: SshBoard) -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")
-    built = build_image(wl.key, "x86-avx2", template_for(wl, native.target).default_config().index)
+    index = template_for(wl, native.target).default_config().index
+    built = build_image(Candidate(workload=wl, target=native.target, index=index))
     native.timeout = 1.0  # the host-side margin over the agent's own deadlines
     try:
         session = native.open()
@@ -301,7 +319,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sshd_killed_mid_run_gives_board_errors_then_the_run_resumes(
+@pytest.mark.host_runs("x86-avx2")
+def test_sshd_killed_mid_run_stops_the_measurer_then_a_resumed_run_measures_the_rest(
     sshd: PrivateSshd, native: SshBoard, tmp_path: Path
 ) -> None:
     wl = parse_workload("matmul:m=16,n=16,k=16")
@@ -310,7 +329,7 @@ def test_sshd_killed_mid_run_gives_board_errors_then_the_run_resumes(
     log = TuningLog(tmp_path / "log.jsonl")
     fingerprint = tuple(sorted(native.fingerprint().items()))
 
-    def measure_and_log(batch: list[int]) -> list[MeasureStatus]:
+    def measure_and_log(measurer: Measurer, batch: list[int]) -> list[MeasureStatus]:
         results = measurer.measure(batch)
         log.append([make_record(wl.key, "x86-avx2", native.name, space.config(i), r, FAST, fingerprint)
                     for i, r in zip(batch, results, strict=True)])  # fmt: skip
@@ -318,21 +337,26 @@ def test_sshd_killed_mid_run_gives_board_errors_then_the_run_resumes(
 
     measurer = Measurer(native, wl, FAST)
     try:
-        assert measure_and_log(indices[:2]) == [MeasureStatus.OK] * 2
+        assert measure_and_log(measurer, indices[:2]) == [MeasureStatus.OK] * 2
         sshd.kill_all()  # sshd and every session under it: the connection drops mid-run
-        during = measurer.measure(indices[2:])
-        log.append([make_record(wl.key, "x86-avx2", native.name, space.config(i), r, FAST, fingerprint)
-                    for i, r in zip(indices[2:], during, strict=True)])  # fmt: skip
-        sshd.start()
-        done = log.measured(wl.key, "x86-avx2")  # resume: what is left is what failed on the board
-        todo = [i for i in indices if i not in done]
-        assert measure_and_log(todo) == [MeasureStatus.OK] * len(todo)
+        start = time.monotonic()
+        during = measure_and_log(measurer, indices[2:])
+        stopped_after = time.monotonic() - start
+        assert measurer.measure(indices[:1]) == [MeasureResult(MeasureStatus.BOARD_ERROR, error=ANY)]
     finally:
         measurer.close()
-        if sshd.proc is None:
-            sshd.start()
-    assert [r.status for r in during] == [MeasureStatus.BOARD_ERROR] * 2
-    assert "cannot connect" in during[0].error and "127.0.0.1" in during[0].error
+    sshd.start()
+    resumed = Measurer(native, wl, FAST)  # a resumed run: what is left is what failed on the board
+    try:
+        todo = [i for i in indices if i not in log.measured(wl.key, "x86-avx2")]
+        assert measure_and_log(resumed, todo) == [MeasureStatus.OK] * len(todo)
+    finally:
+        resumed.close()
+    failure = measurer.failure
+    assert failure is not None and failure.kind is BoardFault.REFUSED and not failure.transient
+    assert str(failure).startswith("board ssh-native: ") and "gave up after 3 attempts" in str(failure)
+    assert stopped_after < 10  # one retry of the candidate, 0.3 s of reconnect backoff: no minutes
+    assert during == [MeasureStatus.BOARD_ERROR] * 2
     assert todo == indices[2:]
     assert set(log.measured(wl.key, "x86-avx2")) == set(indices)
     assert all(dict(r.fingerprint)["agent"] for r in log.read())
@@ -359,7 +383,7 @@ def test_cli_deploy_unknown_board_is_one_line(sshd: PrivateSshd, capsys: pytest.
 @pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user")
 def test_qemu_instruction_counts_are_deterministic_and_grow_with_work() -> None:
     board = get_board("qemu-aarch64")
-    assert isinstance(board, QemuBoard) and board.cost_unit == "insn"
+    assert isinstance(board, QemuBoard) and board.cost_unit is CostUnit.INSTRUCTIONS
     costs = {}
     for shape in ("matmul:m=8,n=16,k=16", "matmul:m=16,n=16,k=16"):
         measurer = Measurer(board, parse_workload(shape), FAST)
@@ -369,6 +393,257 @@ def test_qemu_instruction_counts_are_deterministic_and_grow_with_work() -> None:
         finally:
             measurer.close()
     small, big = costs.values()
-    assert all(r.ok and r.cost_unit == "insn" and len(r.costs) == 1 for r in small + big)
+    assert all(r.ok and r.cost_unit is CostUnit.INSTRUCTIONS and len(r.costs) == 1 for r in small + big)
     assert small[0].costs == small[1].costs and big[0].costs == big[1].costs  # exactly reproducible
     assert big[0].cost > 1.5 * small[0].cost > 0
+
+
+# ---- the CLI over a real SSH board (issue 17: `--boards` was a str for tune and bench) ---------------
+
+
+def xtune_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`xtune ARGS` as a user runs it: a fresh interpreter, exit status, stdout and stderr."""
+    return subprocess.run([sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+                          check=False)  # fmt: skip
+
+
+TINY = "matmul:m=8,n=8,k=8"
+QUICK = ("--tuner", "random", "--batch-size", "2", "--repeat", "1", "--min-repeat-ms", "1", "--confirm", "0")
+
+
+def test_cli_tune_and_bench_on_an_ssh_board_with_a_boards_file(
+    sshd: PrivateSshd, native: SshBoard, tmp_path: Path
+) -> None:
+    log = tmp_path / "log.jsonl"
+    boards = str(boards_file(sshd))
+    tuned = xtune_cli("tune", "--workload", TINY, "--board", "ssh-native", "--boards", boards,
+                      "--trials", "4", "--log", str(log), "--json", *QUICK)  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    report = json.loads(tuned.stdout)
+    assert report["boards"] == ["ssh-native"] and report["counts"]["ok"] == 4 and report["stop"] == "trials"
+    assert len(TuningLog(log).measured(parse_workload(TINY).key, "x86-avx2")) == 4
+    bench = xtune_cli("bench", "--workload", TINY, "--board", "ssh-native", "--boards", boards, "--json")
+    assert bench.returncode == 0, bench.stderr
+    assert json.loads(bench.stdout)["correct"] is True
+
+
+def _one_error_line(out: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("xtune: error:")]
+    assert len(errors) == 1, out.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize("fault", ["wrong client key", "changed host key"])
+def test_tune_and_bench_on_a_deployed_board_that_refuses_us_stop_at_once_with_exit_2(
+    sshd: PrivateSshd, native: SshBoard, tmp_path: Path, fault: str
+) -> None:
+    # "ssh-native" is deployed (its fingerprint is cached), so the run starts and meets the fault at
+    # its first measurement, as after a key rotation or a reinstall of the board.
+    if fault == "wrong client key":
+        extra, expect = {"key": str(sshd.root / "other_ed25519")}, "authentication as"
+    else:
+        _keygen(tmp_path / "impostor")
+        pub = (tmp_path / "impostor.pub").read_text().split()
+        (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {pub[0]} {pub[1]}\n")
+        extra, expect = {"known_hosts": str(tmp_path / "known_hosts")}, "HOST KEY CHANGED"
+    boards = tmp_path / "boards.toml"
+    boards.write_text(sshd.boards_toml("ssh-native", "x86-avx2", **extra))
+    log = tmp_path / "log.jsonl"
+    start = time.monotonic()
+    tuned = xtune_cli("tune", "--workload", TINY, "--board", "ssh-native", "--boards", str(boards),
+                      "--trials", "8", "--log", str(log), *QUICK)  # fmt: skip
+    assert tuned.returncode == 2 and time.monotonic() - start < 60
+    line = _one_error_line(tuned)
+    assert line.startswith("xtune: error: board ssh-native: ") and expect in line
+    assert "board_failed" in tuned.stdout  # the summary says why it stopped
+    records = TuningLog(log).read()
+    assert 0 < len(records) < 8 and all(r.result.status is MeasureStatus.BOARD_ERROR for r in records)
+    bench = xtune_cli("bench", "--workload", TINY, "--board", "ssh-native", "--boards", str(boards))
+    assert bench.returncode == 2 and bench.stdout == ""
+    assert expect in _one_error_line(bench)
+
+
+def test_tune_model_on_a_deployed_board_that_refuses_us_stops_with_one_line_and_exit_2(
+    sshd: PrivateSshd, native: SshBoard, tmp_path: Path
+) -> None:
+    # As `tune --workload` above: the model's first task meets the refusal, and the whole run stops.
+    boards = tmp_path / "boards.toml"
+    boards.write_text(sshd.boards_toml("ssh-native", "x86-avx2", key=str(sshd.root / "other_ed25519")))
+    log, model = tmp_path / "log.jsonl", tiny_model(tmp_path / "tiny.onnx")
+    tuned = xtune_cli("tune", "--model", str(model), "--board", "ssh-native", "--boards", str(boards),
+                      "--trials", "8", "--log", str(log), *QUICK)  # fmt: skip
+    assert tuned.returncode == 2, tuned.stderr
+    line = _one_error_line(tuned)
+    assert line.startswith("xtune: error: board ssh-native: ") and "authentication as" in line
+    assert "board_failed" in tuned.stdout  # the table's header says why it stopped
+    records = TuningLog(log).read()
+    assert 0 < len(records) < 8 and all(r.result.status is MeasureStatus.BOARD_ERROR for r in records)
+    assert {r.workload for r in records} == {records[0].workload}  # no task after the failing one ran
+
+
+def test_a_resumed_run_measures_every_board_error_config_first(
+    sshd: PrivateSshd, native: SshBoard, tmp_path: Path
+) -> None:
+    wl = parse_workload(TINY)
+    space = template_for(wl, native.target).space
+    lost = configs(wl.key, "x86-avx2", 5, seed=3)
+    fingerprint = tuple(sorted(native.fingerprint().items()))
+    log = TuningLog(tmp_path / "log.jsonl")
+    log.append([make_record(wl.key, "x86-avx2", "ssh-native", space.config(i),
+                            MeasureResult(MeasureStatus.BOARD_ERROR, error="board ssh-native: lost"),
+                            FAST, fingerprint) for i in lost])  # fmt: skip
+    tuned = xtune_cli("tune", "--workload", TINY, "--board", "ssh-native", "--boards", str(boards_file(sshd)),
+                      "--trials", str(len(lost)), "--log", str(log.path), *QUICK)  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    again = [r.index for r in log.read()[len(lost) :]]
+    default = template_for(wl, native.target).default_config().index
+    assert set(again) - {default} == set(lost) - {default} and len(again) == len(lost)
+    assert set(log.measured(wl.key, "x86-avx2")) >= set(lost)
+
+
+# ---- boards.toml as a schema (issue 21) ----------------------------------------------------------------
+
+_VALID = {"host": '"127.0.0.1"', "target": '"x86-avx2"'}
+# One TOML value of every type, and the edges of the integers.
+_WRONG = {
+    "string": '"22"', "empty string": '""', "float": "22.5", "nan": "nan", "date": "1979-05-27",
+    "datetime": "1979-05-27T07:32:00Z", "time": "07:32:00", "array": '["qemu-aarch64"]',
+    "table": "{ a = 1 }", "bool": "true", "zero": "0", "negative": "-1", "huge int": str(2**70),
+    "port-sized int": "70000",
+}  # fmt: skip
+_KEY_TYPES = {"host": "str", "target": "str", "port": "port", "user": "str", "key": "str", "workdir": "str",
+              "wrapper": "str", "known_hosts": "str", "ssh_config": "str", "use_agent": "bool",
+              "connect_timeout": "seconds"}  # fmt: skip
+
+
+def _accepted(key: str, value: str) -> bool:
+    """Whether one of the _WRONG values is in fact valid for `key` (then it is not a case)."""
+    kind = _KEY_TYPES[key]
+    if kind == "str":
+        return key != "target" and value.startswith('"') and (value != '""' or key == "wrapper")
+    return (kind, value) in (("bool", "true"), ("seconds", "22.5"))
+
+
+def _fuzz_cases() -> list[tuple[str, str, str]]:
+    return [(key, name, value) for key in _KEY_TYPES for name, value in _WRONG.items()
+            if not _accepted(key, value)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("key", "what", "value"), _fuzz_cases())
+def test_every_wrong_type_in_boards_toml_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, what: str, value: str
+) -> None:
+    table = {**_VALID, key: value}
+    (tmp_path / "boards.toml").write_text("[boards.pi]\n" + "".join(f"{k} = {v}\n" for k, v in table.items()))
+    assert main(["boards", "--boards", str(tmp_path / "boards.toml")]) == 2, what
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"xtune: error: {tmp_path / 'boards.toml'}: board 'pi': {key} must be ")
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ('[boards.pi]\nhost = "h"\ntarget = "x86-avx2"\nport = 70000\n', "board 'pi': port must be"),
+        ('[boards.pi]\nhost = "h"\ntarget = "x86-avx2"\nport = "22"\n', "board 'pi': port must be"),
+        ('[boards.pi]\nhost = 1\ntarget = "x86-avx2"\n', "board 'pi': host must be"),
+        ('[boards.pi]\nhost = "h"\ntarget = "arm-a72-neon"\nwrapper = ["qemu-aarch64"]\n', "wrapper must be"),
+        ('[boards.pi]\nhost = "h"\ntarget = "x86-avx2"\nuse_agent = "yes"\n', "use_agent must be true or"),
+        ('[boards.pi]\ntarget = "x86-avx2"\n', "board 'pi': missing required key 'host'"),
+        ('[boards.pi]\nhost = "h"\n', "board 'pi': missing required key 'target'"),
+        ('[boards.pi]\nhost = "h"\ntarget = "z80"\n', "target must be a target name"),
+        ('[boards.local]\nhost = "h"\ntarget = "x86-avx2"\n', "board 'local' clashes with a built-in"),
+        ('[boards.qemu-pi]\nhost = "h"\ntarget = "x86-avx2"\n', "board 'qemu-pi' clashes with a built-in"),
+        ('[boards."../../etc"]\nhost = "h"\ntarget = "x86-avx2"\n', "board name '../../etc' must be"),
+        ('[board.pi]\nhost = "h"\ntarget = "x86-avx2"\n', "stray top-level table [board]"),
+        ('host = "h"\n[boards.pi]\nhost = "h"\ntarget = "x86-avx2"\n', "stray top-level key 'host'"),
+        ("boards = 1\n", "'boards' must be tables"),
+        ('[boards]\npi = "h"\n', "board 'pi' must be a table"),
+        ('[boards.pi]\nhost = "h\\nx"\ntarget = "x86-avx2"\n', "host must be"),
+        ('[boards.pi]\nhost = "' + "a" * 70 + '.lab"\ntarget = "x86-avx2"\n', "host must be"),
+    ],
+)
+def test_boards_toml_mistakes_from_the_issue_name_the_board_and_key(
+    tmp_path: Path, text: str, expect: str
+) -> None:
+    (tmp_path / "boards.toml").write_text(text)
+    out = xtune_cli("boards", "--boards", str(tmp_path / "boards.toml"))
+    assert out.returncode == 2 and out.stdout == ""
+    assert expect in _one_error_line(out) and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_valid_boards_toml_values_are_kept(tmp_path: Path) -> None:
+    (tmp_path / "boards.toml").write_text(
+        '[boards.pi]\nhost = "pi.lab"\ntarget = "arm-a72-neon"\nport = 2222\n'
+        'use_agent = true\nconnect_timeout = 2\nworkdir = "~/x"\n'
+    )
+    config = load_boards(tmp_path / "boards.toml")["pi"]
+    assert (config.port, config.use_agent, config.connect_timeout, config.workdir) == (2222, True, 2.0, "x")
+
+
+# ---- known_hosts as OpenSSH handles it (issue 21) ------------------------------------------------------
+
+
+def test_accepting_a_new_host_key_starts_a_new_line_in_known_hosts(sshd: PrivateSshd, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("# the user's own file, its last line without a newline")
+    boards = tmp_path / "boards.toml"
+    boards.write_text(sshd.boards_toml("ssh-nl", "x86-avx2", known_hosts=str(known)))
+    board = get_board("ssh-nl", boards)
+    assert isinstance(board, SshBoard)
+    deploy(board, accept_new_host_key=True)
+    lines = known.read_text().splitlines()
+    assert lines[0] == "# the user's own file, its last line without a newline"
+    assert lines[1].startswith(f"[127.0.0.1]:{sshd.port} ssh-ed25519 ") and len(lines) == 2
+    assert deploy(board)["arch"] == "x86_64"  # the key is known now: no flag needed
+
+
+def test_malformed_known_hosts_lines_are_skipped_with_a_warning(sshd: PrivateSshd, tmp_path: Path) -> None:
+    good = sshd.known_hosts.read_text().strip()
+    key = good.split()[2]
+    salt = base64.b64encode(bytes(20)).decode()
+    bad = [
+        f"|1|abc=|def= ssh-ed25519 {key}",  # hashed, salt and hash too short: paramiko asserted on it
+        f"|1|{salt}|!!! ssh-ed25519 {key}",  # hashed, not base64
+        f"|2|{salt}|{salt} ssh-ed25519 {key}",  # hashed with an unknown scheme
+        "pi.lab ssh-ed25519",  # two fields
+        "pi.lab ssh-ed25519 %%%not-base64%%%",
+        f"pi.lab ssh-ed25519 {base64.b64encode(b'garbage').decode()}",  # base64 of no key
+        f"@cert-authority *.lab ssh-ed25519 {key}",
+    ]
+    hashed = tmp_path / "hashed"  # the good entry as `ssh-keygen -H` hashes it (HashKnownHosts yes)
+    hashed.write_text(good + "\n")
+    subprocess.run(["ssh-keygen", "-H", "-f", str(hashed)], check=True, capture_output=True)
+    assert hashed.read_text().startswith("|1|")
+    known = tmp_path / "known_hosts"
+    known.write_text("\n".join(bad) + f"\n# comment\n\n{hashed.read_text()}")
+    boards = tmp_path / "boards.toml"
+    boards.write_text(sshd.boards_toml("ssh-kh", "x86-avx2", known_hosts=str(known)))
+    listed = xtune_cli("boards", "--boards", str(boards))
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert "ssh-kh" in listed.stdout and "unreachable" not in listed.stdout
+    warned = [line for line in listed.stderr.splitlines() if line.startswith("xtune: warning:")]
+    assert [w.split(":")[3] for w in warned] == [str(n) for n in range(1, len(bad) + 1)]
+    assert all(f"{known}:" in w and "malformed known_hosts line" in w for w in warned)
+    deployed = xtune_cli("deploy", "--board", "ssh-kh", "--boards", str(boards))
+    assert deployed.returncode == 0 and "Traceback" not in deployed.stderr, deployed.stderr
+    assert len(known.read_text().splitlines()) == len(bad) + 3  # nothing appended, nothing rewritten
+
+
+def test_an_agent_removed_from_the_board_is_agent_gone_not_a_retry(sshd: PrivateSshd, tmp_path: Path) -> None:
+    boards = tmp_path / "boards.toml"
+    boards.write_text(sshd.boards_toml("ssh-gone", "x86-avx2", workdir=str(tmp_path / "remote")))
+    board = get_board("ssh-gone", boards)
+    assert isinstance(board, SshBoard)
+    deploy(board)
+    (tmp_path / "remote" / "xtune-agent").unlink()  # the board was wiped: the connection still works
+    try:
+        with pytest.raises(BoardError, match=r"No such file.*xtune deploy --board ssh-gone") as info:
+            board.open()
+    finally:
+        board.close()
+    assert info.value.kind is BoardFault.AGENT_GONE and not info.value.transient

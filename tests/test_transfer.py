@@ -7,7 +7,6 @@ import base64
 import json
 import statistics
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,12 +15,15 @@ import numpy as np
 import pytest
 
 import xtune
+from tests.conftest import CliRunner
+from tests.test_database import QEMU_FP, WRAPPER_FP, old_line
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
+from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
 from xtune.schedule.space import Config
-from xtune.target import get_target, missing_host_features
+from xtune.target import get_target
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.transfer.modelfile import PretrainedModel, read_model
+from xtune.transfer.modelfile import Objective, PretrainedModel, read_model
 from xtune.transfer.pretrained import (
     TrainOptions,
     TransferWarning,
@@ -32,7 +34,7 @@ from xtune.transfer.pretrained import (
     train_from_logs,
 )
 from xtune.tuning.costmodel import XGBoostCostModel, grouped_throughput_target
-from xtune.tuning.database import Record, make_record, read_logs, record_to_json
+from xtune.tuning.database import LogWarning, Record, make_record, read_logs, record_from_json, record_to_json
 from xtune.tuning.features import FEATURES_VERSION, feature_names, featurize
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.search import SpaceArrays, knob_featurizer
@@ -47,12 +49,6 @@ ModelFile = tuple[Path, dict[str, object]]  # a model written by `xtune model tr
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
-
-
-def xtune_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=300
-    )
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -146,12 +142,15 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
 
 
 @pytest.fixture(scope="module")
-def model_file(corpus: Corpus) -> ModelFile:
+def model_file(corpus: Corpus, xtune_cli: CliRunner) -> ModelFile:
     """A model written by `xtune model train`, and the command's --json report."""
     path = corpus.logs[0].parent / "model.json"
     out = xtune_cli("model", "train", *map(str, corpus.logs), "-o", str(path), "--json")
     assert out.returncode == 0, out.stderr
-    assert "left out" in out.stderr  # the stale records are warned about, as one "xtune: warning:" line
+    # The stale records are warned about by the log reader: one "xtune: warning:" line per log, naming it.
+    stale = [line for line in out.stderr.splitlines() if "no longer match" in line]
+    assert len(stale) == len(corpus.logs) and all(line.startswith("xtune: warning: ") for line in stale)
+    assert all(any(str(log) in line for line in stale) for log in corpus.logs)
     return path, json.loads(out.stdout)
 
 
@@ -180,7 +179,7 @@ def test_model_train_writes_the_manifest_a_user_checks(corpus: Corpus, model_fil
     assert m.targets == TARGETS and m.xtune_version == xtune.__version__
     assert m.sources == tuple(p.name for p in corpus.logs)  # base names: paths are private to a machine
     assert {(g.workload, g.target): (g.records, g.configs) for g in m.groups} == corpus.expected
-    assert {g.cost_unit for g in m.groups} == {"s"}
+    assert {g.cost_unit for g in m.groups} == {CostUnit.SECONDS}
     assert m.records_used == sum(r for r, _ in corpus.expected.values())
     assert dict(m.skipped) == {"board_error": 4, "stale_config": 4}  # one of each per (workload, target)
     assert m.records_used + m.records_skipped == len(corpus.records)
@@ -188,7 +187,7 @@ def test_model_train_writes_the_manifest_a_user_checks(corpus: Corpus, model_fil
 
 @pytest.mark.parametrize("objective", ["reg", "rank"])
 def test_a_saved_model_predicts_what_the_trained_one_did(
-    corpus: Corpus, tmp_path: Path, objective: str
+    corpus: Corpus, tmp_path: Path, objective: Objective
 ) -> None:
     with pytest.warns(TransferWarning, match="no longer matches"):
         trained = train(corpus.records, TrainOptions(objective=objective), [str(p) for p in corpus.logs])
@@ -317,7 +316,7 @@ def test_a_model_of_another_features_version_is_refused(old_model: Path, tmp_pat
         read_model(tmp_path / "future.json")
 
 
-def test_model_info_shows_an_old_model_and_says_to_retrain(old_model: Path) -> None:
+def test_model_info_shows_an_old_model_and_says_to_retrain(old_model: Path, xtune_cli: CliRunner) -> None:
     out = xtune_cli("model", "info", str(old_model))
     assert out.returncode == 0, out.stderr
     assert "retrain" in out.stdout and NEIGHBOURS[0] in out.stdout and "x86-sse42" in out.stdout
@@ -326,15 +325,16 @@ def test_model_info_shows_an_old_model_and_says_to_retrain(old_model: Path) -> N
     assert info["manifest"]["features_version"] == FEATURES_VERSION - 1
 
 
-def test_model_info_of_a_good_model_says_usable(model_file: ModelFile) -> None:
+def test_model_info_of_a_good_model_says_usable(model_file: ModelFile, xtune_cli: CliRunner) -> None:
     info = json.loads(xtune_cli("model", "info", str(model_file[0]), "--json").stdout)
     assert info["usable"] is True and info["reason"] is None
     assert info["manifest"]["targets"] == list(TARGETS)
 
 
+@pytest.mark.host_runs("x86-avx2")  # the local board refuses a target it cannot run first
 @pytest.mark.parametrize("case", ["old", "garbage", "missing", "model_and_log", "damaged", "other_op"])
 def test_tune_refuses_a_bad_transfer_source_in_one_line(
-    case: str, old_model: Path, corpus: Corpus, tmp_path: Path
+    case: str, old_model: Path, corpus: Corpus, tmp_path: Path, xtune_cli: CliRunner
 ) -> None:
     bad = tmp_path / "bad.json"
     if case == "garbage":
@@ -367,7 +367,7 @@ def test_tune_refuses_a_bad_transfer_source_in_one_line(
 
 
 def test_a_log_is_not_a_model_nor_a_model_a_log(
-    corpus: Corpus, model_file: ModelFile, tmp_path: Path
+    corpus: Corpus, model_file: ModelFile, tmp_path: Path, xtune_cli: CliRunner
 ) -> None:
     assert_one_line_error(xtune_cli("model", "info", str(corpus.logs[0])), "not an xtune model file")
     assert_one_line_error(xtune_cli("model", "info", str(tmp_path / "nothere.json")), "no model file")
@@ -375,7 +375,8 @@ def test_a_log_is_not_a_model_nor_a_model_a_log(
         train_from_logs([model_file[0]])
 
 
-def test_transfer_needs_the_xgb_tuner(model_file: ModelFile, tmp_path: Path) -> None:
+@pytest.mark.host_runs("x86-avx2")
+def test_transfer_needs_the_xgb_tuner(model_file: ModelFile, tmp_path: Path, xtune_cli: CliRunner) -> None:
     out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "4", "--tuner", "ga",
                     "--log", str(tmp_path / "log.jsonl"), "--transfer-from", str(model_file[0]))  # fmt: skip
     assert_one_line_error(out, "xgb")
@@ -385,7 +386,7 @@ def test_transfer_needs_the_xgb_tuner(model_file: ModelFile, tmp_path: Path) -> 
 
 
 def test_logs_as_a_transfer_source_are_trained_on_the_fly(corpus: Corpus) -> None:
-    with pytest.warns(TransferWarning):
+    with pytest.warns(LogWarning, match="no longer match"):  # the stale records
         source = load_source(map(str, corpus.logs), get_target("x86-avx2"), "matmul")
     assert source.kind == "logs" and source.paths == tuple(map(str, corpus.logs))
     assert source.as_dict()["manifest"]["records"] == sum(r for r, _ in corpus.expected.values())
@@ -397,8 +398,8 @@ def test_a_model_of_other_hardware_is_used_with_a_warning(corpus: Corpus) -> Non
     sse42_log = str(corpus.logs[TARGETS.index("x86-sse42")])
     with (
         pytest.warns(TransferWarning, match="saw no x86-avx2 logs \\(only x86-sse42\\)"),
-        pytest.warns(TransferWarning, match="no longer matches"),
-    ):  # the corpus's stale records
+        pytest.warns(LogWarning, match="no longer match"),
+    ):  # the corpus's stale records, left out by the log reader
         source = load_source([sse42_log], get_target("x86-avx2"), "matmul")
     assert source.model.manifest.targets == ("x86-sse42",)
 
@@ -559,9 +560,10 @@ def test_after_the_first_batch_the_prior_whose_picks_measured_faster_is_the_base
 # ---- end to end on the local board ------------------------------------------------------------------------
 
 
-def test_tune_with_a_trained_model_on_the_local_board(model_file: ModelFile, tmp_path: Path) -> None:
-    if missing_host_features(get_target("x86-avx2")):
-        pytest.skip("this machine cannot run x86-avx2 code")
+@pytest.mark.host_runs("x86-avx2")
+def test_tune_with_a_trained_model_on_the_local_board(
+    model_file: ModelFile, tmp_path: Path, xtune_cli: CliRunner
+) -> None:
     log = tmp_path / "log.jsonl"
     out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "8", "--batch-size", "4",
                     "--repeat", "2", "--min-repeat-ms", "2", "--transfer-from", str(model_file[0]), "--json",
@@ -592,12 +594,21 @@ def test_the_shipped_model_is_usable_and_found_for_every_x86_target(workload: st
         assert np.isfinite(model.cost_model(op).predict(x)).all()
 
 
-def test_tune_with_the_builtin_model(tmp_path: Path) -> None:
-    if missing_host_features(get_target("x86-sse42")):
-        pytest.skip("this machine cannot run x86-sse42 code")
+@pytest.mark.host_runs("x86-sse42")
+def test_tune_with_the_builtin_model(tmp_path: Path, xtune_cli: CliRunner) -> None:
     out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-sse42", "--trials", "4", "--batch-size",
                     "4", "--repeat", "2", "--min-repeat-ms", "2", "--transfer-from", "builtin", "--json",
                     "--log", str(tmp_path / "log.jsonl"))  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["transfer"]["kind"] == "builtin" and report["trials"] == 4
+
+
+def test_training_groups_failures_by_their_boards_unit_and_skips_correctness_only_boards() -> None:
+    qemu = [old_line(1, "compile_error", [], "s", QEMU_FP), old_line(2, "ok", [5000.0], "insn", QEMU_FP),
+            old_line(3, "ok", [4000.0], "insn", QEMU_FP)]  # fmt: skip
+    wrapper = [old_line(5, "ok", [2.7e-5], "s", WRAPPER_FP), old_line(6, "ok", [9e-4], "s", WRAPPER_FP)]
+    data, skipped = collect([record_from_json(line) for line in qemu + wrapper])
+    (count,) = data["matmul"].counts
+    assert (count.cost_unit, count.configs, count.records) == (CostUnit.INSTRUCTIONS, 3, 3)
+    assert skipped["correctness_only"] == 2  # emulated wall time is nothing to learn from

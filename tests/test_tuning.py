@@ -3,38 +3,42 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from xtune.boards.board import LocalBoard, get_board
+from tests.conftest import CliRunner
+from xtune.bench import BenchReport
+from xtune.boards.board import LocalBoard, QemuBoard, get_board
+from xtune.boards.cost import CostUnit
+from xtune.cli import _ProgressBar
+from xtune.errors import InputError
+from xtune.target import get_target
 from xtune.templates import template_for
-from xtune.tuning.database import TuningLog, best, make_record, read_logs
+from xtune.transfer.modelfile import Manifest
+from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.run import TuneOptions, run_tuning
+from xtune.tuning.run import Confirmation, TuneOptions, TuningReport, run_tuning
 from xtune.tuning.session import _confirm
+from xtune.tuning.tuner import TuneProgress
 from xtune.workload import parse_workload
 
 WORKLOAD = "matmul:m=64,n=48,k=40"
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
 
 
-def xtune(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=600
-    )
-
-
 @pytest.fixture(scope="module")
-def tuned_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tuned_log(tmp_path_factory: pytest.TempPathFactory, xtune_cli: CliRunner) -> Path:
     path = tmp_path_factory.mktemp("tune") / "log.jsonl"
-    out = xtune("tune", "--workload", WORKLOAD, "--trials", "12", "--batch-size", "4", "--log", str(path),
-                "--repeat", "2", "--min-repeat-ms", "2", "--json")  # fmt: skip
+    out = xtune_cli("tune", "--workload", WORKLOAD, "--trials", "12", "--batch-size", "4", "--log", str(path),
+                    "--repeat", "2", "--min-repeat-ms", "2", "--json")  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     path.with_name("report.json").write_text(out.stdout)
@@ -70,23 +74,27 @@ def test_resume_learns_from_the_log_and_measures_only_new_configs(tuned_log: Pat
     log_copy.write_text(tuned_log.read_text())
     board = get_board("local")
     before = len(read_logs([tuned_log]))
-    options = TuneOptions("xgb", 8, 4, None, 1, QUICK, confirm=0)
+    options = TuneOptions(tuner="xgb", trials=8, batch_size=4, seed=1, measure=QUICK, confirm=0)
     report = run_tuning(parse_workload(WORKLOAD), [board], options, TuningLog(log_copy))
     assert report.resumed == 12 and report.trials == 8 and report.confirm_timings == 0
+    # The best of a run that was asked not to confirm says so, not just "timed once".
+    assert report.confirmation in (Confirmation.CONFIRMED, Confirmation.OFF)
+    if report.best_timings < 3:
+        assert report.timings_text().endswith("confirmation is off (--confirm 0)")
     indices = [r.index for r in read_logs([log_copy])[before:]]
     assert len(indices) == 8 == len(set(indices) - {r.index for r in read_logs([tuned_log])})
 
 
-def test_best_and_report_commands(tuned_log: Path, tmp_path: Path) -> None:
-    out = xtune("best", "--log", str(tuned_log), "--workload", "matmul:k=40,m=64,n=48", "--json")
+def test_best_and_report_commands(tuned_log: Path, tmp_path: Path, xtune_cli: CliRunner) -> None:
+    out = xtune_cli("best", "--log", str(tuned_log), "--workload", "matmul:k=40,m=64,n=48", "--json")
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)["best"]
     assert row["trials"] == 12 and row["failed"] == 0 and row["best"]["gflops"] > 0
-    table = xtune("report", str(tuned_log))
+    table = xtune_cli("report", str(tuned_log))
     assert table.returncode == 0 and WORKLOAD in table.stdout and "GFLOP/s" in table.stdout
     pytest.importorskip("matplotlib")
     png = tmp_path / "curve.png"
-    assert xtune("report", str(tuned_log), "--plot", str(png)).returncode == 0
+    assert xtune_cli("report", str(tuned_log), "--plot", str(png)).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -112,20 +120,60 @@ def test_ctrl_c_stops_cleanly_with_the_log_intact(tmp_path: Path) -> None:
     assert 8 <= len(records) < 400
 
 
-def test_boards_of_different_targets_cannot_share_a_run() -> None:
-    out = xtune(
+def test_boards_of_different_targets_cannot_share_a_run(xtune_cli: CliRunner) -> None:
+    out = xtune_cli(
         "tune", "--workload", WORKLOAD, "--board", "local", "--board", "qemu-aarch64", "--trials", "1"
     )
     assert out.returncode == 2 and "same target" in out.stderr
 
 
-def test_two_boards_of_one_target_share_a_run(tmp_path: Path) -> None:
+class _OtherCpu(LocalBoard):
+    """This host, reporting another cpu: a stand-in for a second machine's board of the same target."""
+
+    def fingerprint(self) -> dict[str, str]:
+        return {**super().fingerprint(), "cpu": f"other cpu of {self.name}"}
+
+
+def test_two_boards_of_one_target_share_a_run_and_each_record_names_its_board(tmp_path: Path) -> None:
     target = get_board("local").target
-    boards = [LocalBoard(target, "local"), LocalBoard(target, "local-2")]
+    boards = [LocalBoard(target, "local"), _OtherCpu(target, "local-2")]
     log = TuningLog(tmp_path / "log.jsonl")
-    report = run_tuning(parse_workload(WORKLOAD), boards, TuneOptions("random", 8, 4, None, 0, QUICK), log)
+    options = TuneOptions(tuner="random", trials=8, batch_size=4, measure=QUICK, confirm=0)
+    report = run_tuning(parse_workload(WORKLOAD), boards, options, log)
     assert report.trials == 8 and dict(report.counts)["ok"] == 8
-    assert {r.board for r in log.read()} == {"local+local-2"}
+    records = log.read()
+    # Each record carries the name and fingerprint of the board that measured it: per-machine resume and
+    # training group by that fingerprint's cpu.
+    assert {(r.board, dict(r.fingerprint)["board"]) for r in records} == {("local", "local"),
+                                                                          ("local-2", "local-2")}  # fmt: skip
+    assert {dict(r.fingerprint)["cpu"] for r in records if r.board == "local-2"} == {"other cpu of local-2"}
+    # Resuming on the second machine alone learns from what it measured, not from the first one's timings.
+    resumed = run_tuning(parse_workload(WORKLOAD), boards[1:], replace(options, trials=1), log)
+    assert resumed.resumed == sum(r.board == "local-2" for r in records) == 4
+
+
+def test_tune_refuses_a_correctness_only_board_in_one_line(tmp_path: Path, xtune_cli: CliRunner) -> None:
+    boards = tmp_path / "boards.toml"  # qemu behind SSH: never contacted, the refusal comes first
+    boards.write_text('[boards.emu]\nhost = "127.0.0.1"\ntarget = "arm-a72-neon"\n'
+                      'wrapper = "qemu-aarch64 -cpu cortex-a72"\n')  # fmt: skip
+    out = xtune_cli("tune", "--workload", WORKLOAD, "--board", "emu", "--boards", str(boards),
+                "--log", str(tmp_path / "log.jsonl"))  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "correctness only" in out.stderr, out.stderr
+    assert not (tmp_path / "log.jsonl").exists()
+    emulated = QemuBoard("qemu-aarch64", get_target("arm-a72-neon"), count_insns=False)
+    with pytest.raises(InputError, match="correctness only"):
+        run_tuning(parse_workload(WORKLOAD), [emulated], TuneOptions(trials=1))
+
+
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-user")
+def test_an_instruction_counting_run_says_its_best_is_an_exact_count(tmp_path: Path) -> None:
+    board = get_board("qemu-aarch64")
+    options = TuneOptions(tuner="random", trials=3, batch_size=3, measure=QUICK)
+    report = run_tuning(parse_workload("matmul:m=8,n=8,k=8"), [board], options, TuningLog(tmp_path / "l"))
+    assert report.cost_unit is CostUnit.INSTRUCTIONS and report.confirm_timings == 0
+    assert report.confirmation is Confirmation.EXACT and report.best_gflops is None
+    assert report.timings_text() == "an exact count" and "timed once" not in report.timings_text()
 
 
 def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
@@ -147,8 +195,69 @@ def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
             for i, r in zip(batch, results, strict=True)
         )
 
-    _confirm(lambda: records, template, "s", 2, measure, keep)
+    _confirm(lambda: records, template, 2, measure, keep)
     # 0 and 1 lead; after two rounds 0's median is its typical 3.0, so 2 moves up and is timed twice.
     assert rounds == [[0, 1], [0, 1], [2], [2]]
     top = best(records, template.workload.key, template.target.name, k=2)
     assert [(r.index, r.cost) for r in top] == [(1, 2.0), (2, 2.5)]
+
+
+def test_confirm_keeps_its_promise_when_leaders_keep_changing() -> None:
+    """Every config's first timing is lucky; the lead changes each time one is timed again, past the
+    budget of the first leaders. The run's best must still be a median of three timings."""
+    template = template_for(parse_workload(WORKLOAD), get_board("local").target)
+    first = {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}
+    typical = {i: 5.0 + i for i in first}
+    records = [make_record(template.workload.key, template.target.name, "local", template.space.config(i),
+                           MeasureResult(MeasureStatus.OK, (c,))) for i, c in first.items()]  # fmt: skip
+
+    def measure(batch: list[int]) -> list[MeasureResult]:
+        return [MeasureResult(MeasureStatus.OK, (typical[i],)) for i in batch]
+
+    def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        records.extend(
+            make_record(template.workload.key, template.target.name, "local", template.space.config(i), r)
+            for i, r in zip(batch, results, strict=True)
+        )
+
+    _confirm(lambda: records, template, 1, measure, keep)
+    ((top, timings),) = leaders(records, template.workload.key, template.target.name)
+    assert timings == 3 and top.cost == typical[top.index]
+
+
+def test_confirm_gives_up_on_a_config_whose_timings_keep_failing() -> None:
+    template = template_for(parse_workload(WORKLOAD), get_board("local").target)
+    records = [make_record(template.workload.key, template.target.name, "local", template.space.config(0),
+                           MeasureResult(MeasureStatus.OK, (1.0,)))]  # fmt: skip
+    tried: list[int] = []
+
+    def measure(batch: list[int]) -> list[MeasureResult]:
+        tried.extend(batch)
+        return [MeasureResult(MeasureStatus.TIMEOUT) for _ in batch]
+
+    def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        records.extend(
+            make_record(template.workload.key, template.target.name, "local", template.space.config(i), r)
+            for i, r in zip(batch, results, strict=True)
+        )
+
+    _confirm(lambda: records, template, 3, measure, keep)
+    assert tried == [0] * 4  # twice the two timings it needed, then the run goes on
+
+
+def test_the_progress_bar_reads_the_boards_unit_not_the_first_result() -> None:
+    failed = MeasureResult(MeasureStatus.COMPILE_ERROR, error="x", cost_unit=CostUnit.INSTRUCTIONS)
+    counted = MeasureResult(MeasureStatus.OK, (4000.0,), cost_unit=CostUnit.INSTRUCTIONS)
+    progress = TuneProgress((1, 2), (failed, counted), 2, 4, 2, 4000.0, 0)
+    bar = _ProgressBar(4, 2 * 8 * 8 * 8, None, CostUnit.INSTRUCTIONS)
+    bar.update(progress)
+    postfix = str(bar.bar.postfix)
+    bar.close()
+    assert "GFLOP/s" not in postfix and "4000 insn" in postfix and "failed=1" in postfix
+
+
+@pytest.mark.parametrize("record", [TuneOptions, TuningReport, BenchReport, Manifest, MeasureOptions])
+def test_wide_records_take_keywords_only(record: type) -> None:
+    """A positional slip (trials where batch_size was meant) cannot compile into a wrong run."""
+    with pytest.raises(TypeError, match="positional"):
+        record("xgb", 64, 16)

@@ -13,15 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import xtune
+from xtune.boards.cost import CostUnit, gflops
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
+from xtune.files import check_output, write_all_atomic
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.tuning.database import Record, best, read_logs
+from xtune.tuning.database import Record, build_choice, config_of, read_logs
 from xtune.workload import TensorSpec, Workload, parse_workload
 
 PathLike = str | os.PathLike[str]
@@ -34,6 +36,10 @@ ABIS = {
     "riscv64": "RISC-V ELF psABI, LP64D (hard-float double calling convention)",
 }
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
+# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
+# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB.
+MAX_STACK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -75,13 +81,30 @@ class Artifact:
     def write(
         self, object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None
     ) -> None:
-        Path(object_path).write_bytes(self.object)
-        Path(header_path).write_text(self.header)
+        """Write the files, each atomically, after checking every path (`check_outputs`) first."""
+        check_outputs(object_path, header_path, archive_path)
+        files: list[tuple[PathLike, bytes | str, str]] = [
+            (object_path, self.object, "object"), (header_path, self.header, "header")
+        ]  # fmt: skip
         if archive_path is not None:
             name = Path(object_path).name
             # The SysV/GNU member name ends with '/' in a 16-byte field: longer names would need a
             # "//" long-name table, which one fixed member never needs.
-            Path(archive_path).write_bytes(self.archive(name if len(name) <= 15 else "kernels.o"))
+            files.append((archive_path, self.archive(name if len(name) <= 15 else "kernels.o"), "archive"))
+        write_all_atomic(files)  # all three written before any replaces its old file
+
+
+def check_outputs(object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None) -> None:
+    """InputError unless each output can be written and no two name the same file (call it before a build)."""
+    paths = {"object": object_path, "header": header_path, "archive": archive_path}
+    real: dict[Path, str] = {}
+    for what, path in paths.items():
+        if path is None:
+            continue
+        resolved = check_output(path, what)
+        if resolved in real:
+            raise InputError(f"the {real[resolved]} and the {what} are the same file {path}")
+        real[resolved] = what
 
 
 @dataclass(frozen=True)
@@ -113,8 +136,13 @@ def build(
     choices = [_choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]
     names = tuple(f"{prefix}_{w.symbol}" for w in wls)
     kernels = [t.kernel(c.config, name) for t, c, name in zip(templates, choices, names, strict=True)]
-    for wl, kernel in zip(wls, kernels, strict=True):
+    for wl, kernel, choice in zip(wls, kernels, choices, strict=True):
         _check_signature(wl, kernel)
+        if kernel.stack_bytes > MAX_STACK_BYTES:
+            raise InputError(
+                f"{wl.key}: config {choice.config.index} ({choice.source}) needs {kernel.stack_bytes} bytes "
+                f"of stack, more than the {MAX_STACK_BYTES} a built kernel may use (docs/firmware.md, Stack)"
+            )
     # One LLVM module, so one object; lower() makes only the kernels external.
     obj = compile_object(lower(kernels, module_name=f"{prefix}_kernels"), tgt, names)
     sizes = dict(check_object(obj, tgt).functions)
@@ -151,9 +179,6 @@ def _read(logs: Sequence[PathLike]) -> tuple[list[Record] | None, list[str]]:
     """The records of every log (None if no log was given) and the reader's warnings, as text."""
     if not logs:
         return None, []
-    missing = [str(p) for p in logs if not Path(p).is_file()]
-    if missing:  # read_logs counts a missing file as empty; for a build that is almost always a typo
-        raise InputError(f"no such log: {', '.join(missing)}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         records = read_logs(logs)
@@ -172,30 +197,17 @@ def _choose(
         others = sorted({r.target for r in records if r.workload == wl.key})
         elsewhere = f"; logged only for {', '.join(others)}" if others else ""
         return _Choice(default, "default", f"never tuned on {target.name}{elsewhere}", None)
-    # Wall time from a real board beats QEMU instruction counts; the two are never compared.
-    units = sorted({r.result.cost_unit for r in mine if r.result.ok}, key=lambda u: (u != "s", u))
-    stale = 0
-    for unit in units:
-        for record in best(mine, wl.key, target.name, k=len(mine), cost_unit=unit):
-            config = _config_of(template, record)
-            if config is None:
-                stale += 1
-                continue
-            gflops = wl.flops() / record.cost / 1e9 if unit == "s" else None
-            return _Choice(config, "log", "", gflops)
-    if stale:
-        return _Choice(default, "default", "logged configs no longer match the template", None)
+    record = build_choice(mine, wl.key, target.name)  # what `xtune best` shows, by construction
+    config = config_of(template, record) if record else None  # read_logs left out stale records
+    if record and config:
+        return _Choice(config, "log", "", gflops(wl.flops(), record.cost, record.result.cost_unit))
+    checked = [r.result.cost_unit for r in mine if r.result.ok]
+    if checked and all(unit is CostUnit.NONE for unit in checked):
+        why = f"only correctness-only boards measured it on {target.name} (no figure to rank by)"
+        return _Choice(default, "default", why, None)
     failures = Counter(r.result.status.value for r in mine)
     shown = ", ".join(f"{n} {status}" for status, n in sorted(failures.items()))
     return _Choice(default, "default", f"only failed records on {target.name} ({shown})", None)
-
-
-def _config_of(template: ScheduleTemplate, record: Record) -> Config | None:
-    """The record's config, if its index still means the same knobs (a changed template renumbers)."""
-    if not 0 <= record.index < template.space.size:
-        return None
-    config = template.space.config(record.index)
-    return config if config.values == record.knobs else None
 
 
 # ---- the header ---------------------------------------------------------------------------------------

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from xtune.errors import InputError, XtuneError
+from xtune.files import check_output
 from xtune.tuning.tuner import TUNERS
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
+    from xtune.boards.cost import CostUnit
     from xtune.network.scheduler import ModelProgress, ModelTuningResult
     from xtune.network.tasks import Task, TaskSet
     from xtune.transfer.pretrained import TransferSource
@@ -34,6 +38,43 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# Flag ranges: what the agent protocol's u32 fields carry (xtune/agent_src/PROTOCOL.md: repeat <= 1024,
+# timeout_ms >= 1) and what numpy and xgboost take as seeds and thread counts. A flag outside its range is
+# one usage line and exit 2 here, not a ValueError from deep inside a run.
+U32 = 2**32 - 1
+MAX_REPEAT = 1024
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an ASCII decimal integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        digits = text[1:] if text.startswith("-") else text
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in {low}..{high}")
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside {low}..{high}")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] (no nan, no inf)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text} is outside {low:g}..{high:g}")
+        return value
+
+    return parse
 
 
 def _emit_json(obj: object) -> None:
@@ -63,6 +104,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 def cmd_boards(args: argparse.Namespace) -> int:
     from xtune.boards.board import board_names, get_board
+    from xtune.boards.cost import CostUnit
     from xtune.boards.ssh import SshBoard, probe
 
     rows = []
@@ -72,8 +114,8 @@ def cmd_boards(args: argparse.Namespace) -> int:
             "name": name,
             "target": board.target.name,
             "kind": "built-in",
-            "timing": board.wall_time_is_meaningful,
-            "cost_unit": board.cost_unit,
+            "timing": board.cost_unit is CostUnit.SECONDS,
+            "cost_unit": board.cost_unit.value,
         }
         if isinstance(board, SshBoard):  # a short connect per SSH board: reachable, or why not
             why = probe(board, timeout=args.timeout)
@@ -83,13 +125,11 @@ def cmd_boards(args: argparse.Namespace) -> int:
         _emit_json({"boards": rows})
         return 0
     for row in rows:
-        cost = {"s": "wall time", "insn": "instructions (emulated)"}.get(str(row["cost_unit"]), "")
-        cost = cost if row["timing"] or row["cost_unit"] == "insn" else "correctness only (emulated)"
         status = ""
         if row["kind"] == "ssh":
             state = "reachable" if row["reachable"] else f"unreachable: {row['reason']}"
             status = f"  ssh {row['host']}: {state}"
-        print(f"{row['name']:<16} {row['target']:<14} {cost}{status}")
+        print(f"{row['name']:<16} {row['target']:<14} {CostUnit(row['cost_unit']).describe}{status}")
     return 0
 
 
@@ -131,23 +171,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{report.config_source} config {report.config_index}"
         )
         print(f"  knobs: {', '.join(f'{k}={v}' for k, v in report.config)}")
-        if report.status.value != "ok":
+        if not report.correct:
             print(f"  xtune  {report.status.value}: {report.error}")
-        elif not board.wall_time_is_meaningful or report.gflops == 0.0:
-            print(f"  xtune  correct on an emulated board; {report.error or 'wall time is not a speed here'}")
-        else:
+        elif report.gflops is not None:
             print(
                 f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct"
             )
+        elif d["instructions"] is not None:
+            print(
+                f"  xtune  {report.cost:.0f} instructions per call (emulated; no wall-time figure), correct"
+            )
+        else:
+            print("  xtune  correct (a correctness-only board: no speed figure)")
         print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread on this host, same run)")
-        if board.wall_time_is_meaningful and report.gflops:
-            print(f"  ratio  {report.ratio:8.2f}x numpy")
-    return 0 if report.status.value == "ok" else 1
+        if report.ort_gflops is not None:
+            print(f"  ORT    {report.ort_gflops:8.1f} GFLOP/s  (ONNX Runtime, single thread, same run)")
+        if report.ratio is not None:
+            versus_ort = f", {report.ratio_vs_ort:.2f}x ONNX Runtime" if report.ratio_vs_ort else ""
+            print(f"  ratio  {report.ratio:8.2f}x numpy{versus_ort}")
+    return 0 if report.correct else 1
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from xtune.artifact import build
+    from xtune.artifact import build, check_outputs
 
+    check_outputs(args.output, args.header, args.archive)  # before compiling anything
     artifact = build(args.target, args.workload, args.log or (), args.prefix)
     artifact.write(args.output, args.header, args.archive)
     for warning in artifact.warnings:
@@ -176,22 +224,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
     from xtune.tuning.database import TuningLog
     from xtune.tuning.run import local_numpy_gflops, run_tuning
+    from xtune.tuning.session import check_boards
+    from xtune.tuning.tuner import StopReason
     from xtune.workload import parse_workload
 
-    if args.trials < 1:
-        raise InputError("--trials must be at least 1")
-    if args.confirm < 0:
-        raise InputError("--confirm must be 0 or more")
+    check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
+    workload = parse_workload(args.workload) if args.workload is not None else None
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     log = TuningLog(args.log)
-    log.check_appendable()  # run_tuning checks too, but only after training --transfer-from logs
-    if args.model:
+    # run_tuning and the scheduler check both too, but only after training --transfer-from logs
+    check_boards(boards)
+    log.check_appendable()
+    if workload is None:
         return _tune_model(args, boards, log)
-    workload = parse_workload(args.workload)
     transfer, pretrained = _transfer_source(args, boards[0], workload.op)
     options = _tune_options(args)
     numpy_gflops = local_numpy_gflops(workload, boards)
-    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops)
+    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops, boards[0].cost_unit)
     try:
         report = run_tuning(
             workload,
@@ -210,9 +259,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _emit_json({**report.as_dict(), "log": str(args.log), "transfer": used})
     else:
         _print_tuning(report, args.log)
-    if report.stop == "interrupted":
+    if report.stop is StopReason.INTERRUPTED:
         print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
         return 130
+    if report.stop is StopReason.BOARD_FAILED:  # the summary above says what was measured; the log has it all
+        print(f"xtune: error: {report.error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -221,15 +273,17 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
     from xtune.tuning.run import TuneOptions
 
     return TuneOptions(
-        args.tuner, args.trials, args.batch_size, args.early_stopping, args.seed,
-        MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms),
+        tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
+        early_stopping=args.early_stopping, seed=args.seed,
+        measure=MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                               timeout_ms=args.timeout_ms),
         confirm=args.confirm,
     )  # fmt: skip
 
 
 def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog) -> int:
     """`xtune tune --model`: every task of the model under one budget (xtune.network.scheduler)."""
-    from xtune.network.scheduler import SchedulerOptions, Strategy, tune_tasks
+    from xtune.network.scheduler import ModelStop, SchedulerOptions, Strategy, tune_tasks
     from xtune.network.tasks import extract_tasks
 
     taskset = extract_tasks(args.model, boards[0].target)
@@ -244,7 +298,7 @@ def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog) -
         if source is not None and model is not None:
             pretrained[op] = (model, not source.saw(boards[0].target))
             used[op] = source.as_dict()
-    bar = _ModelProgressBar(args.trials, taskset.tasks)
+    bar = _ModelProgressBar(args.trials, taskset.tasks, boards[0].cost_unit)
     try:
         result = tune_tasks(taskset.tasks, boards, _tune_options(args), log, model=taskset.model,
                             scheduler=SchedulerOptions(strategy=Strategy(args.strategy)),
@@ -255,9 +309,12 @@ def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog) -
         _emit_json({**result.as_dict(), "log": str(args.log), "transfer": used or None})
     else:
         _print_model_tuning(result, args.log)
-    if result.stop.value == "interrupted":
+    if result.stop is ModelStop.INTERRUPTED:
         print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
         return 130
+    if result.stop is ModelStop.BOARD_FAILED:  # the table above says what was measured; the log has it all
+        print(f"xtune: error: {result.error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -271,7 +328,7 @@ def _transfer_source(
 
     if args.tuner != "xgb":
         raise InputError(f"--transfer-from needs the xgb tuner (--tuner {args.tuner} has no cost model)")
-    with _plain_warnings():
+    with _warnings_unless_error():
         source = load_source(args.transfer_from, board.target, op, cpu=board.fingerprint().get("cpu"))
     pretrained = source.model.cost_model(op)
     m = source.model.manifest
@@ -281,32 +338,38 @@ def _transfer_source(
 
 
 @contextlib.contextmanager
-def _plain_warnings() -> Iterator[None]:
-    """xtune's own warnings (skipped log lines or records) as one "xtune: warning:" line each."""
+def _warnings_unless_error() -> Iterator[None]:
+    """Warnings raised in the block are shown (one line each, see `_show_warning`) only if it ends
+    well: when it raises, the error line alone says what went wrong (a log whose every line is unreadable
+    is one error, not a warning per line and then an error)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield
     for w in caught:
-        print(f"xtune: warning: {w.message}", file=sys.stderr)
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 class _ProgressBar:
-    """tqdm on stderr: trials done, best GFLOP/s, % of numpy, failures, ETA."""
+    """tqdm on stderr: trials done, best GFLOP/s (or instructions), % of numpy, failures, ETA."""
 
-    def __init__(self, total: int, flops: int, numpy_gflops: float | None):
+    def __init__(self, total: int, flops: int, numpy_gflops: float | None, unit: CostUnit):
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
-        self.flops, self.numpy_gflops, self.failed = flops, numpy_gflops, 0
+        self.flops, self.numpy_gflops, self.failed, self.unit = flops, numpy_gflops, 0, unit
 
     def update(self, progress: TuneProgress) -> None:
+        from xtune.boards.cost import gflops
+
         self.failed += sum(1 for r in progress.results if not r.ok)
         post: dict[str, object] = {"failed": self.failed}
-        if progress.best_cost < float("inf") and progress.results[0].cost_unit == "s":
-            gflops = self.flops / progress.best_cost / 1e9
-            post["best"] = f"{gflops:.1f} GFLOP/s"
+        speed = gflops(self.flops, progress.best_cost, self.unit)  # the boards' unit, never a result's
+        if speed is not None:
+            post["best"] = f"{speed:.1f} GFLOP/s"
             if self.numpy_gflops:
-                post["numpy"] = f"{100 * gflops / self.numpy_gflops:.0f}%"
+                post["numpy"] = f"{100 * speed / self.numpy_gflops:.0f}%"
+        elif progress.best_cost < float("inf"):
+            post["best"] = f"{progress.best_cost:.0f} insn"
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(len(progress.batch))
 
@@ -317,13 +380,13 @@ class _ProgressBar:
 def _print_tuning(report: TuningReport, log: str) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in report.counts if v)
     print(f"{report.workload} on {'+'.join(report.boards)} ({report.target}): {report.trials} trials"
-          f" ({counts}), {report.resumed} resumed from {log}, stopped: {report.stop}")  # fmt: skip
+          f" ({counts}), {report.resumed} resumed from {log}, stopped: {report.stop.value}")  # fmt: skip
     if report.best_index is None:
         print("  no correct config yet")
         return
     knobs = ", ".join(f"{k}={v}" for k, v in report.best_knobs)
     print(f"  best config #{report.best_index}: {knobs}")
-    timed = f"median of {report.best_timings} timings" if report.best_timings > 1 else "timed once"
+    timed = report.timings_text()
     if report.best_gflops is not None:
         line = f"  best {report.best_gflops:.1f} GFLOP/s ({report.best_cost * 1e3:.3f} ms, {timed})"
         if report.numpy_gflops:
@@ -332,29 +395,33 @@ def _print_tuning(report: TuningReport, log: str) -> None:
             )
         print(line)
     else:
-        print(f"  best {report.best_cost:.0f} instructions per call (emulated board: not a wall-time figure)")
+        print(
+            f"  best {report.best_cost:.0f} instructions per call ({timed}; emulated board: not a wall time)"
+        )
     print(f"  {report.seconds:.1f} s wall, of which {report.tuner_seconds:.1f} s in the tuner")
 
 
-def _cost_text(cost: float, unit: str) -> str:
-    if cost == float("inf"):
+def _cost_text(cost: float, unit: CostUnit) -> str:
+    from xtune.boards.cost import CostUnit
+
+    if not math.isfinite(cost):
         return "-"
-    if unit != "s":
-        return f"{cost:.0f} {unit}"
+    if unit is not CostUnit.SECONDS:
+        return f"{cost:.0f} {unit.value}"
     return f"{cost * 1e3:.4g} ms" if cost >= 1e-4 else f"{cost * 1e6:.4g} us"
 
 
 class _ModelProgressBar:
     """tqdm on stderr over the model's budget; a line per batch: the task, its best, the model estimate."""
 
-    def __init__(self, total: int, tasks: Sequence[Task]):
+    def __init__(self, total: int, tasks: Sequence[Task], unit: CostUnit):
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
-        self.tasks = tasks
+        self.tasks, self.unit = tasks, unit
 
     def update(self, progress: ModelProgress) -> None:
-        task, unit = self.tasks[progress.task], progress.batch.results[0].cost_unit
+        task, unit = self.tasks[progress.task], self.unit  # the boards' unit, never a result's
         model = _cost_text(progress.estimate, unit)
         self.bar.write(f"[{progress.trials:>5}/{progress.budget}] task {progress.task + 1}/{len(self.tasks)} "
                        f"{task.workload.key} (x{task.count}): best "
@@ -404,7 +471,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from xtune.report import format_table, plot_convergence, summarize
     from xtune.tuning.database import read_logs
 
+    if args.plot:
+        check_output(args.plot, "plot")
     records = read_logs(args.log)
+    if not records:
+        raise InputError("no usable records in " + ", ".join(args.log))
     rows = summarize(records)
     if args.json:
         _emit_json({"workloads": [row.as_dict() for row in rows], "plot": args.plot})
@@ -412,21 +483,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(format_table(rows))
     if args.plot:
         plot_convergence(records, args.plot)
-        print(f"convergence plot written to {args.plot}", file=sys.stderr)
+        print(f"xtune: convergence plot written to {args.plot}", file=sys.stderr)
     return 0
 
 
 def cmd_model_train(args: argparse.Namespace) -> int:
     from xtune.transfer.pretrained import TrainOptions, train_from_logs
 
-    if args.threads < 0:
-        raise InputError("--threads must be 0 (every core) or more")
-    if not Path(args.output).resolve().parent.is_dir():  # before training, not after
-        raise InputError(f"cannot write the model file {args.output}: no directory "
-                         f"{Path(args.output).resolve().parent}")  # fmt: skip
+    check_output(args.output, "model file")  # before training, not after
     start = time.perf_counter()
-    with _plain_warnings():
-        options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
+    options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
+    with _warnings_unless_error():
         model = train_from_logs(args.log, options)
     model.save(args.output)
     seconds = time.perf_counter() - start
@@ -455,12 +522,25 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _defaults(options: type) -> dict[str, Any]:
+    """The field defaults of an options dataclass (TuneOptions, MeasureOptions, TrainOptions): the one home
+    of every default the CLI offers, so a flag left out means what the library means."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(options):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
+    from xtune.boards.cost import gflops
     from xtune.network.tasks import extract_tasks, logged_best
     from xtune.tuning.database import read_logs
 
     taskset = extract_tasks(args.model, args.target)
-    with _plain_warnings():
+    with _warnings_unless_error():
         records = read_logs(args.log or ())
     bests = logged_best(taskset.tasks, taskset.target, records)
     if args.json:
@@ -471,10 +551,10 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for task, record in zip(taskset.tasks, bests, strict=True):
         if record is None:
             logged = "-"
-        elif record.result.cost_unit == "s":
-            logged = f"{task.flops / record.cost / 1e9:.1f} GFLOP/s (config {record.index})"
+        elif (speed := gflops(task.flops, record.cost, record.result.cost_unit)) is not None:
+            logged = f"{speed:.1f} GFLOP/s (config {record.index})"
         else:
-            logged = f"{record.cost:.0f} {record.result.cost_unit} (config {record.index})"
+            logged = f"{record.cost:.0f} {record.result.cost_unit.value} (config {record.index})"
         share = 100 * taskset.share(task)
         print(
             f"{task.workload.key:<{width}} {task.count:>5} {share:>5.1f}% {task.flops / 1e6:>9.1f}  {logged}"
@@ -493,7 +573,7 @@ def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence
     def best(record: Record | None) -> dict[str, object] | None:
         if record is None:
             return None
-        return {"config": record.index, "cost": record.cost, "cost_unit": record.result.cost_unit,
+        return {"config": record.index, "cost": record.cost, "cost_unit": record.result.cost_unit.value,
                 "board": record.board}  # fmt: skip
 
     return {
@@ -510,6 +590,9 @@ def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence
 
 
 def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from xtune.transfer.pretrained import TrainOptions
+
+    train = _defaults(TrainOptions)
     p = sub.add_parser("model", help="pretrained cost models for transfer learning (train, info)")
     model_sub = p.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
     t = model_sub.add_parser("train", help="train a cost model on tuning logs of any workloads and targets")
@@ -518,16 +601,16 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     t.add_argument(
         "--objective",
         choices=("reg", "rank"),
-        default="reg",
-        help="reg: squared error on normalized throughput (default); rank: pairwise ranking",
+        default=train["objective"],
+        help="reg: squared error on normalized throughput; rank: pairwise ranking (default %(default)s)",
     )
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=_int_in(0, 2**31 - 1), default=train["seed"])
     t.add_argument(
         "--threads",
-        type=int,
-        default=1,
+        type=_int_in(0, 1024),
+        default=train["nthread"],
         metavar="N",
-        help="xgboost threads (default 1; 0 = every core, best on an otherwise idle machine)",
+        help="xgboost threads (default %(default)s; 0 = every core, best on an otherwise idle machine)",
     )
     t.add_argument("--json", action="store_true", help="one JSON object on stdout")
     t.set_defaults(handler=cmd_model_train)
@@ -538,6 +621,12 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from xtune.network.scheduler import SchedulerOptions, Strategy
+    from xtune.tuning.measure import MeasureOptions
+    from xtune.tuning.run import TuneOptions
+    from xtune.tuning.session import CONFIRM_TIMINGS
+
+    tune, measure, scheduler = _defaults(TuneOptions), _defaults(MeasureOptions), _defaults(SchedulerOptions)
     parser = _Parser(prog="xtune", description="Auto-tune tensor kernels for embedded targets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -548,7 +637,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("boards", help="list boards (SSH ones with their reachability)")
     p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
                    "then ~/.config/xtune/boards.toml)")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds per SSH reachability check")
+    p.add_argument(
+        "--timeout", type=_float_in(0.001, 3600), default=3.0, help="seconds per SSH reachability check"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_boards)
 
@@ -567,31 +658,39 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--workload")
     what.add_argument("--model", metavar="MODEL.onnx", help="tune every task of the model (see `xtune "
                       "tasks`) under the one budget of --trials, with a task scheduler")  # fmt: skip
-    p.add_argument("--strategy", choices=("gradient", "round-robin"), default="gradient",
+    p.add_argument("--strategy", choices=[s.value for s in Strategy], default=scheduler["strategy"].value,
                    help="--model: which task gets the next batch: the largest expected gain of the model's "
-                   "latency (default), or each in turn")  # fmt: skip
+                   "latency (gradient), or each in turn (default %(default)s)")  # fmt: skip
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)")
+    p.add_argument(
+        "--boards", type=Path, metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)"
+    )
     p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
-    p.add_argument("--trials", type=int, default=64)
-    p.add_argument("--tuner", choices=TUNERS, default="xgb")
+    p.add_argument("--trials", type=_int_in(1, 10**9), default=tune["trials"], metavar="N",
+                   help="new trials to measure in this run (default %(default)s): configs already in the "
+                   "log for this workload, target and cpu are resumed, not measured again, and do not "
+                   "count")  # fmt: skip
+    p.add_argument("--tuner", choices=TUNERS, default=tune["tuner"])
     p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
     p.add_argument(
         "--early-stopping",
-        type=int,
-        default=None,
+        type=_int_in(1, 10**9),
+        default=tune["early_stopping"],
         metavar="N",
         help="stop after N trials without gain (with --model: each task)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
-    p.add_argument("--min-repeat-ms", type=float, default=10.0)
-    p.add_argument("--timeout-ms", type=int, default=10_000, help="deadline per kernel call/repeat")
-    p.add_argument("--confirm", type=int, default=3, metavar="K",
-                   help="at the end, time the K fastest configs again until each has 3 timings; the best is "
-                   "the lowest median, not the luckiest single timing (default 3; 0 = off)")  # fmt: skip
+    p.add_argument("--seed", type=_int_in(0, U32), default=tune["seed"])
+    p.add_argument("--batch-size", type=_int_in(1, 4096), default=tune["batch_size"])
+    p.add_argument("--repeat", type=_int_in(1, MAX_REPEAT), default=measure["repeat"],
+                   help="timed repeats per candidate")  # fmt: skip
+    p.add_argument("--min-repeat-ms", type=_float_in(0, U32 / 1000), default=measure["min_repeat_ms"])
+    p.add_argument("--timeout-ms", type=_int_in(1, U32), default=measure["timeout_ms"],
+                   help="deadline per kernel call/repeat")  # fmt: skip
+    p.add_argument("--confirm", type=_int_in(0, 1024), default=tune["confirm"], metavar="K",
+                   help=f"at the end, time the K fastest configs again until each has {CONFIRM_TIMINGS} "
+                   "timings; the best is the lowest median, not the luckiest single timing "
+                   "(default %(default)s; 0 = off)")  # fmt: skip
     p.add_argument(
         "--transfer-from",
         action="extend",
@@ -615,11 +714,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_report)
 
-    p = sub.add_parser("bench", help="default (or given) config vs numpy, measured in one run")
+    p = sub.add_parser("bench", help="default (or given) config vs numpy and ONNX Runtime, in one run")
     p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--board", default="local")
-    p.add_argument("--boards", metavar="FILE", help="boards.toml for SSH boards")
-    p.add_argument("--config", type=int, default=None, help="config index (default: the template's default)")
+    p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
+    p.add_argument("--config", type=_int_in(0, 2**63 - 1), default=None,
+                   help="config index (default: the template's default)")  # fmt: skip
     p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -647,13 +747,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    """Every warning as one line (Python's default format adds the source line that raised it)."""
+    text = " ".join(str(message).split())
+    print(f"xtune: warning: {text}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
+    with warnings.catch_warnings():  # restored on return: main() may run in a caller's process
+        warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
+        warnings.showwarning = _show_warning
+        return _run(handler, args)
+
+
+def _run(handler: Handler, args: argparse.Namespace) -> int:
     try:
         return handler(args)
     except XtuneError as err:
-        print(f"xtune: error: {err}", file=sys.stderr)
+        print(f"xtune: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("xtune: error: out of memory (a workload's tensors are bounded, see README.md; "
+              "their sum may still exceed this machine's)", file=sys.stderr)  # fmt: skip
         return 2
     except KeyboardInterrupt:
         print("xtune: interrupted", file=sys.stderr)

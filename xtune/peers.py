@@ -1,13 +1,23 @@
-"""Peers: a workload in, the seconds per call of the library a user would run instead (numpy, one thread)."""
+"""Peers: a workload in, the seconds per call of the library a user would run instead, on one thread:
+numpy (always) and ONNX Runtime (with the `bench` extra)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
+import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
-from xtune.workload import Workload, random_inputs
+import numpy as np
+
+from xtune.errors import InputError, XtuneError
+from xtune.workload import RTOL, Workload, check_output, conv_shape, random_inputs
+
+if TYPE_CHECKING:
+    import onnx
 
 # Names under which OpenBLAS builds export their thread-count setter (numpy's wheels rename it).
 _BLAS_SETTERS = (
@@ -51,20 +61,118 @@ def single_thread_blas() -> Iterator[None]:
         setter(before)
 
 
-def numpy_seconds(workload: Workload, repeat: int = 5, min_repeat_s: float = 0.05) -> list[float]:
-    """Seconds per call of the numpy reference, one figure per repeat, on one thread."""
-    inputs = random_inputs(workload)
+def _seconds_per_call(call: Callable[[], object], repeat: int, min_repeat_s: float) -> list[float]:
+    """Seconds per call of `call`, one figure per repeat, after one warm-up call."""
 
     def per_call(number: int) -> float:
         start = time.perf_counter()
         for _ in range(number):
-            workload.reference(inputs)
+            call()
         return (time.perf_counter() - start) / number
 
+    call()  # warm up: page in, let the library pick its kernels
+    number = 1
+    while (first := per_call(number)) * number < min_repeat_s:
+        number *= 2  # like the agent: calls per repeat grow until a repeat is long enough
+    return [first] + [per_call(number) for _ in range(repeat - 1)]
+
+
+def numpy_seconds(workload: Workload, repeat: int = 5, min_repeat_s: float = 0.05) -> list[float]:
+    """Seconds per call of the numpy reference, one figure per repeat, on one thread."""
+    inputs = random_inputs(workload)
     with single_thread_blas():
-        workload.reference(inputs)  # warm up: page in, let BLAS pick its kernels
-        number = 1
-        while (first := per_call(number)) * number < min_repeat_s:
-            number *= 2  # like the agent: calls per repeat grow until a repeat is long enough
-        costs = [first] + [per_call(number) for _ in range(repeat - 1)]
-    return costs
+        return _seconds_per_call(lambda: workload.reference(inputs), repeat, min_repeat_s)
+
+
+def ort_available() -> bool:
+    """Whether the ONNX Runtime peer can run here (the `bench` extra: onnx and onnxruntime)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxruntime"))
+
+
+def ort_seconds(workload: Workload, repeat: int = 5, min_repeat_s: float = 0.05) -> list[float]:
+    """Seconds per call of ONNX Runtime running the workload's ONNX model (`onnx_model`), one figure per
+    repeat, on one thread, after checking its output against the workload's numpy reference."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise InputError(_MISSING) from None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    model = onnx_model(workload).SerializeToString()
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    inputs = random_inputs(workload)
+    feed = {_INPUT: inputs[0]}
+    got = session.run(None, feed)[0]
+    mismatch = check_output(got, workload.reference(inputs).astype(np.float32), RTOL)
+    if mismatch:
+        raise XtuneError(f"ONNX Runtime's output for {workload.key} differs from numpy's: {mismatch}")
+    return _seconds_per_call(lambda: session.run(None, feed), repeat, min_repeat_s)
+
+
+def ort_gflops(workload: Workload) -> float | None:
+    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it."""
+    if not ort_available():
+        return None
+    return workload.flops() / statistics.median(ort_seconds(workload)) / 1e9
+
+
+_MISSING = "the ONNX Runtime peer needs onnx and onnxruntime: pip install 'xtune[bench]'"
+_INPUT, _OUTPUT = "x", "y"
+_OPSET = 17  # Conv, MatMul, Add, Relu, Transpose are unchanged since opset 13 or earlier
+_IR_VERSION = 8  # the IR version of opset 17 (onnx/docs/Versioning.md), for older runtimes too
+
+
+def onnx_model(workload: Workload) -> onnx.ModelProto:
+    """The workload as an ONNX model: its first tensor is the graph input, the other inputs (weights,
+    bias) are initializers, as in a deployed model, from `random_inputs` like numpy's.
+
+    matmul -> MatMul (+ Add bias) (+ Relu); conv2d and depthwise -> Conv with bias, strides, pads and
+    dilations (+ Relu), depthwise with group=c and c*multiplier output channels (ONNX's grouped weights
+    (M, C/group, kH, kW) are exactly depthwise's (c*multiplier, 1, r, s)). ONNX's Conv is NCHW only, so
+    an nhwc conv2d is wrapped in Transposes, with its HWIO weights stored as OIHW: the graph a converter
+    (tf2onnx) writes for an NHWC model, and what ORT then runs."""
+    try:
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        raise InputError(_MISSING) from None
+    tensors = workload.tensors()
+    x, *params = [t for t in tensors if not t.is_output]
+    out = next(t for t in tensors if t.is_output)
+    inits = {t.name: a for t, a in zip(params, random_inputs(workload)[1:], strict=True)}
+    nodes: list[onnx.NodeProto] = []
+    relu = bool(workload["relu"])
+    last = _OUTPUT if not relu else "pre_relu"
+    if workload.op == "matmul":
+        product = last if not workload["bias"] else "product"
+        nodes.append(helper.make_node("MatMul", [_INPUT, "B"], [product]))
+        if workload["bias"]:
+            nodes.append(helper.make_node("Add", [product, "bias"], [last]))
+    else:
+        sh = conv_shape(workload)
+        conv_in, conv_out = (_INPUT, last) if not sh.nhwc else ("x_nchw", "y_nchw")
+        if sh.nhwc:
+            inits["weights"] = inits["weights"].transpose(3, 2, 0, 1)  # HWIO -> OIHW
+            nodes.append(helper.make_node("Transpose", [_INPUT], [conv_in], perm=[0, 3, 1, 2]))
+        bias = ["bias"] if workload["bias"] else []
+        nodes.append(helper.make_node(
+            "Conv", [conv_in, "weights", *bias], [conv_out], kernel_shape=[sh.r, sh.s],
+            strides=[sh.stride] * 2, pads=[sh.pad] * 4, dilations=[sh.dilation] * 2,
+            group=sh.c if workload.op == "depthwise" else 1,
+        ))  # fmt: skip
+        if sh.nhwc:
+            nodes.append(helper.make_node("Transpose", [conv_out], [last], perm=[0, 2, 3, 1]))
+    if relu:
+        nodes.append(helper.make_node("Relu", [last], [_OUTPUT]))
+    graph = helper.make_graph(
+        nodes,
+        workload.symbol,
+        [helper.make_tensor_value_info(_INPUT, TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info(_OUTPUT, TensorProto.FLOAT, list(out.shape))],
+        [numpy_helper.from_array(np.ascontiguousarray(a), name) for name, a in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="xtune")
+    model.ir_version = _IR_VERSION
+    return model

@@ -1,4 +1,5 @@
-"""Target descriptors: targets/*.toml in, frozen `Target` values out; also detects the host's target."""
+"""Target descriptors: targets/*.toml in, frozen `Target` values out; also the host: its architecture,
+its target and which targets it can run (`host_cpu`)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,12 @@ def get_target(name: str) -> Target:
     return targets[name]
 
 
+# ---- the host: what it is and what it can run (the one home of both) ---------------------------------
+
+# platform.machine() spellings -> the ELF/agent architecture names of Target.arch (macOS and Windows
+# say arm64 and AMD64 for aarch64 and x86_64).
+_MACHINE_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
+                 "riscv64": "riscv64"}  # fmt: skip
 # x86 targets from the widest vectors down: the host's target is the first whose features its CPU has.
 _X86_PREFERENCE = ("x86-avx512", "x86-avx2", "x86-sse42")
 # LLVM feature name -> the /proc/cpuinfo flag that says the CPU has it, where the two spellings differ.
@@ -79,27 +86,73 @@ _CPUINFO_FLAG = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "bmi": "bmi1", "neon": 
                  "crc": "crc32"}  # fmt: skip
 
 
+@dataclass(frozen=True, kw_only=True)
+class HostCpu:
+    """This machine's CPU as xtune sees it: its architecture and feature flags."""
+
+    machine: str  # as platform.machine() spells it
+    arch: str  # x86_64 | aarch64 | riscv64 (Target.arch), or `machine` for an architecture xtune lacks
+    flags: frozenset[str]  # /proc/cpuinfo "flags" (x86), "Features" (aarch64) or ISA letters (RISC-V)
+
+    def missing_features(self, target: Target) -> list[str]:
+        """The LLVM features `target` enables (+avx2, +sse4.2, ...) that this CPU's flags lack."""
+        wanted = [f[1:] for f in target.features.split(",") if f.startswith("+")]
+        return [f for f in wanted if _CPUINFO_FLAG.get(f, f) not in self.flags]
+
+    def target(self) -> Target:
+        """The shipped target that describes this CPU best."""
+        if self.arch == "x86_64":
+            targets = load_targets()
+            for name in _X86_PREFERENCE:
+                if name in targets and not self.missing_features(targets[name]):
+                    return targets[name]
+            raise InputError("this x86-64 host has none of the features of the shipped x86 targets")
+        if self.arch == "aarch64":
+            return get_target("arm-a72-neon")
+        if self.arch == "riscv64":
+            return get_target("riscv64-gcv" if "v" in self.flags else "riscv64-gc")
+        raise InputError(f"no target is shipped for host architecture '{self.machine}'")
+
+    def cannot_run(self, target: Target) -> str | None:
+        """Why this CPU cannot execute `target`'s code natively, or None if it can.
+
+        Every feature the target enables must be in the CPU's flags; the host's own target always
+        qualifies. A feature whose flag we cannot check makes the answer "no": running code for an ISA the
+        CPU lacks dies with SIGILL mid-tuning, which is worse than refusing up front."""
+        if self.arch != target.arch:
+            return f"this host is {self.machine}, target {target.name} is {target.arch}"
+        try:
+            if self.target() == target:
+                return None
+        except InputError:
+            pass
+        missing = self.missing_features(target)
+        if missing:
+            return f"this host's CPU lacks {', '.join(missing)}, which target {target.name} needs"
+        return None
+
+
+def host_cpu() -> HostCpu:
+    """This machine's CPU: every question about the host (its agent architecture, its target, which
+    targets it can run) is answered from this one reading of platform.machine() and /proc/cpuinfo."""
+    machine = platform.machine()
+    arch = _MACHINE_ARCH.get(machine, machine)
+    return HostCpu(machine=machine, arch=arch, flags=_cpu_flags(_host_cpuinfo()))
+
+
 def host_target() -> Target:
     """The shipped target that describes this machine's CPU best."""
-    machine = platform.machine()
-    if machine in ("x86_64", "AMD64"):
-        targets = load_targets()
-        for name in _X86_PREFERENCE:
-            if name in targets and not missing_host_features(targets[name]):
-                return targets[name]
-        raise InputError("this x86-64 host has none of the features of the shipped x86 targets")
-    if machine in ("aarch64", "arm64"):
-        return get_target("arm-a72-neon")
-    if machine == "riscv64":
-        return get_target("riscv64-gcv" if "v" in host_cpu_flags() else "riscv64-gc")
-    raise InputError(f"no target is shipped for host architecture '{machine}'")
+    return host_cpu().target()
+
+
+def host_cannot_run(target: Target) -> str | None:
+    """Why this host cannot execute `target`'s code natively, or None if it can (HostCpu.cannot_run)."""
+    return host_cpu().cannot_run(target)
 
 
 def missing_host_features(target: Target) -> list[str]:
     """The LLVM features `target` enables (+avx2, +sse4.2, ...) that this CPU's cpuinfo flags lack."""
-    flags = host_cpu_flags()
-    wanted = [f[1:] for f in target.features.split(",") if f.startswith("+")]
-    return [f for f in wanted if _CPUINFO_FLAG.get(f, f) not in flags]
+    return host_cpu().missing_features(target)
 
 
 def _host_cpuinfo() -> str:
@@ -110,15 +163,15 @@ def _host_cpuinfo() -> str:
         return ""
 
 
-def host_cpu_flags() -> set[str]:
+def _cpu_flags(cpuinfo: str) -> frozenset[str]:
     """The CPU's feature flags: "flags" (x86), "Features" (aarch64) or the single-letter ISA extensions."""
-    for line in _host_cpuinfo().splitlines():
+    for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
-            return set(value.split())
+            return frozenset(value.split())
         if key.strip() == "isa":  # rv64imafdcv_zicsr_...: one letter per base extension
-            return set(value.strip().split("_")[0].removeprefix("rv64"))
-    return set()
+            return frozenset(value.strip().split("_")[0].removeprefix("rv64"))
+    return frozenset()
 
 
 # The /proc/cpuinfo fields that number a core's microarchitecture: x86 family/model (Intel SDM vol. 2A,

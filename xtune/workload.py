@@ -3,6 +3,7 @@ numpy reference and flop count out."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -21,7 +22,7 @@ class TensorSpec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)  # exact: np.prod wraps around at 2^63
 
 
 ParamValue = int | str
@@ -99,8 +100,7 @@ EPILOGUE = {"bias": 0, "residual": 0, "relu": 0, "relu6": 0}
 
 
 class Matmul:
-    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (+ residual[m,n]) (then ReLU/ReLU6), float32, row-major; the
-    kernel overwrites C."""
+    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (+ residual[m,n]) (then ReLU/ReLU6), float32; overwrites C."""
 
     name: ClassVar[str] = "matmul"
     keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", *EPILOGUE)
@@ -365,43 +365,98 @@ class Depthwise:
 OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(), Conv2d(), Depthwise())}
 
 
+# The grammar (README.md, "Workloads"): OP ":" ITEM ("," ITEM)*, ITEM = KEY "=" VALUE, each KEY at most
+# once, VALUE an ASCII decimal integer ("-" allowed, "+", "_" and other scripts' digits not) or one of the
+# key's words; no spaces and no empty items. Python's int() would take " +1_6 " and "١٦", so it is never the
+# grammar. Every integer and every tensor is bounded below so that no index of any kernel can overflow.
+MAX_VALUE = 2**31 - 1  # any size, stride, pad or dilation: an i32 even after a target narrows it
+# Each tensor at most 2^27 float32 (512 MiB): below the agent protocol's 1 GiB payload limit
+# (xtune/agent_src/PROTOCOL.md), what a 1 GiB board can hold, and indexable by any 32- or 64-bit pointer;
+# every index a kernel computes is then far inside its i64 arithmetic.
+MAX_TENSOR_ELEMENTS = 2**27
+
+
 def _parse_value(op: Operator, key: str, text: str) -> ParamValue:
-    text = text.strip()
     if key in op.words:
         if text not in op.words[key]:
-            raise InputError(f"{op.name}: '{key}' must be one of {', '.join(op.words[key])}, got '{text}'")
+            raise InputError(f"{op.name}: '{key}' must be one of {', '.join(op.words[key])}, got {text!r}")
         return text
-    try:
-        return int(text)
-    except ValueError:
-        raise InputError(f"{op.name}: '{key}' must be an integer, got '{text}'") from None
+    digits = text.removeprefix("-")  # parsed, so that the operator's check says what the key takes
+    if not (digits.isascii() and digits.isdigit()):
+        raise InputError(f"{op.name}: '{key}' must be an integer (ASCII digits 0-9), got {text!r}")
+    if len(digits.lstrip("0")) > len(str(MAX_VALUE)) or int(digits) > MAX_VALUE:  # no int() of 10^6 digits
+        bound = f"less than the smallest value xtune takes (-{MAX_VALUE})" if text.startswith("-") else (
+            f"more than the largest value xtune takes ({MAX_VALUE})")  # fmt: skip
+        raise InputError(f"{op.name}: '{key}' is {text[:24]}{'...' if len(text) > 24 else ''}, {bound}")
+    return int(text)
+
+
+def _items(op: Operator, rest: str, text: str) -> dict[str, ParamValue]:
+    """The key=value items of `rest`, each key once, with the operator's defaults for the others."""
+    params, seen = dict(op.defaults), set()
+    for item in rest.split(",") if rest else []:
+        key, eq, value = item.partition("=")
+        if not item:
+            raise InputError(f"{op.name}: empty item in workload {text!r} (key=value items, comma-separated)")
+        if not eq:
+            raise InputError(f"{op.name}: expected key=value, got {item!r}")
+        if key not in op.keys:
+            raise InputError(f"{op.name}: unknown key {key!r} (known: {', '.join(op.keys)})")
+        if key in seen:
+            raise InputError(f"{op.name}: '{key}' is given twice in workload {text!r}")
+        seen.add(key)
+        params[key] = _parse_value(op, key, value)
+    return params
+
+
+def _check_tensors(wl: Workload) -> None:
+    for t in wl.tensors():
+        if t.size > MAX_TENSOR_ELEMENTS:
+            dims = "x".join(map(str, t.shape))
+            raise InputError(
+                f"{wl.op}: tensor '{t.name}' ({dims}) has {t.size} elements, more than the "
+                f"{MAX_TENSOR_ELEMENTS} (512 MiB of float32) xtune allows per tensor"
+            )
 
 
 def parse_workload(text: str) -> Workload:
     """Parse "OP:key=value,..." into a canonical Workload, or raise InputError naming the problem."""
-    op_name, sep, rest = text.strip().partition(":")
+    op_name, sep, rest = text.partition(":")
     if op_name not in OPERATORS:
-        raise InputError(f"unknown operator '{op_name}' in workload '{text}' (known: {', '.join(OPERATORS)})")
+        raise InputError(f"unknown operator {op_name!r} in workload {text!r} (known: {', '.join(OPERATORS)})")
+    if sep and not rest:
+        raise InputError(f"{op_name}: no key=value items after ':' in workload '{text}'")
     op = OPERATORS[op_name]
-    params = dict(op.defaults)
-    for item in filter(None, (part.strip() for part in rest.split(","))) if sep else ():
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise InputError(f"{op_name}: expected key=value, got '{item}'")
-        if key not in op.keys:
-            raise InputError(f"{op_name}: unknown key '{key}' (known: {', '.join(op.keys)})")
-        params[key] = _parse_value(op, key, value)
+    params = _items(op, rest, text)
     op.validate(params)
     canonical = (
         (key, params[key])
         for key in op.keys
         if key in params and not (key in op.optional and params[key] == op.defaults[key])
     )
-    return Workload(op_name, tuple(canonical))
+    wl = Workload(op_name, tuple(canonical))
+    _check_tensors(wl)
+    return wl
 
 
 def random_inputs(wl: Workload, seed: int = 0) -> list[np.ndarray]:
     """Deterministic inputs in [-1, 1): small enough that fp32 sums stay well conditioned."""
     rng = np.random.default_rng(seed)
     return [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in wl.tensors() if not t.is_output]
+
+
+# check_output's default tolerance: max|got - ref| <= RTOL * max(1, max|ref|) (docs/design.md, Measurement)
+RTOL = 1e-4
+
+
+def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
+    """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
+    if not np.all(np.isfinite(got)):
+        bad = int(np.count_nonzero(~np.isfinite(got)))
+        return f"{bad} of {got.size} outputs are not finite (never written or overflowed)"
+    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    err = float(np.max(np.abs(got - expected))) if expected.size else 0.0
+    if err > rtol * scale:
+        where = np.unravel_index(int(np.argmax(np.abs(got - expected))), expected.shape)
+        return f"max abs error {err:.3g} > {rtol * scale:.3g} at {tuple(int(i) for i in where)}"
+    return ""

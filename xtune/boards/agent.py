@@ -14,7 +14,7 @@ from enum import Enum
 from types import TracebackType
 from typing import Protocol
 
-from xtune.errors import BoardError
+from xtune.errors import BoardError, BoardFault
 
 PROTOCOL_VERSION = 1
 HELLO_PREFIX = b"XTUNE-AGENT "
@@ -34,6 +34,12 @@ _RUN = struct.Struct(
     "<QIIIIIIQ8i"
 )  # entry, number, repeat, warmup, timeout_ms, min_repeat_us, nargs, flush, args
 _RUN_REPLY = struct.Struct("<IiII")  # run status, signal, number used, count of u64 ns that follow
+
+
+def stderr_note(tail: str, label: str = "stderr") -> str:
+    """ "; stderr: ..." for an error message, its lines joined: a board error is one line on the terminal."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return f"; {label}: {' | '.join(lines)}" if lines else ""
 
 
 class Transport(Protocol):
@@ -74,7 +80,7 @@ class SubprocessTransport:
                 bufsize=0,
             )
         except OSError as err:
-            raise BoardError(f"cannot start agent {' '.join(argv)}: {err}") from None
+            raise BoardError(f"cannot start agent {' '.join(argv)}: {err}", BoardFault.AGENT_GONE) from None
         assert self._proc.stdin and self._proc.stdout and self._proc.stderr
         self._stdin = self._proc.stdin.fileno()
         self._stdout = self._proc.stdout.fileno()
@@ -109,12 +115,16 @@ class SubprocessTransport:
         with self._lock:
             return self._stderr.decode(errors="replace").strip()[-2000:]
 
-    def _fail(self, what: str) -> BoardError:
+    def exited(self) -> bool:
+        return self._proc.poll() is not None
+
+    def _fail(self, what: str, kind: BoardFault) -> BoardError:
         code = self._proc.poll()
         status = f" (exit status {code})" if code is not None else ""
         tail = self.stderr_tail()
         return BoardError(
-            f"agent `{' '.join(self._argv)[:120]}`: {what}{status}" + (f"; stderr: {tail}" if tail else "")
+            f"agent `{' '.join(self._argv)[:120]}`: {what}{status}" + stderr_note(tail),
+            kind,
         )
 
     def write(self, data: bytes) -> None:
@@ -129,10 +139,11 @@ class SubprocessTransport:
                 except BlockingIOError:
                     pass
                 except OSError as err:  # EPIPE: the agent is gone
-                    raise self._fail(f"write failed: {err.strerror}") from None
+                    raise self._fail(f"write failed: {err.strerror}", BoardFault.LOST) from None
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
-                    raise self._fail(f"agent did not accept input within {self._write_timeout:.1f} s")
+                    why = f"agent did not accept input within {self._write_timeout:.1f} s"
+                    raise self._fail(why, BoardFault.TIMEOUT)
 
     def read(self, n: int, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
@@ -141,12 +152,12 @@ class SubprocessTransport:
             while len(self._buf) < n:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
-                    raise self._fail(f"no reply within {timeout:.1f} s")
+                    raise self._fail(f"no reply within {timeout:.1f} s", BoardFault.TIMEOUT)
                 chunk = os.read(self._stdout, max(65536, n - len(self._buf)))
                 if not chunk:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         self._proc.wait(0.5)  # so the message can give its exit status
-                    raise self._fail("agent closed its stdout (it died or exited)")
+                    raise self._fail("agent closed its stdout (it died or exited)", BoardFault.LOST)
                 self._buf += chunk
         out = bytes(self._buf[:n])
         del self._buf[:n]
@@ -256,9 +267,10 @@ def parse_hello(line: bytes) -> AgentHello:
             int(words[1]), fields["arch"], int(fields["pid"]), int(fields["page"]), fields["exec"]
         )
     except (IndexError, KeyError, ValueError):
-        raise BoardError(f"malformed agent hello line {line!r}") from None
+        raise BoardError(f"malformed agent hello line {line!r}", BoardFault.AGENT_GONE) from None
     if hello.version != PROTOCOL_VERSION:
-        raise BoardError(f"agent speaks protocol {hello.version}, this xtune speaks {PROTOCOL_VERSION}")
+        raise BoardError(f"agent speaks protocol {hello.version}, this xtune speaks {PROTOCOL_VERSION} "
+                         "(deploy it again)", BoardFault.AGENT_GONE)  # fmt: skip
     return hello
 
 
@@ -283,28 +295,28 @@ class AgentSession:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self._error(f"no hello line within {self._timeout:.1f} s")
+                raise self._error(f"no hello line within {self._timeout:.1f} s", BoardFault.TIMEOUT)
             byte = self._transport.read(1, left)
             if byte != b"\n":
                 line += byte
                 if len(line) > _MAX_SKIPPED:
-                    raise self._error("no hello line in the first 64 KiB of output")
+                    raise self._error("no hello line in the first 64 KiB of output", BoardFault.AGENT_GONE)
                 continue
             start = line.find(HELLO_PREFIX)
             if start >= 0:
                 return parse_hello(bytes(line[start:]))
             skipped += len(line) + 1
             if skipped > _MAX_SKIPPED:
-                raise self._error("no hello line in the first 64 KiB of output")
+                raise self._error("no hello line in the first 64 KiB of output", BoardFault.AGENT_GONE)
             line.clear()
 
-    def _error(self, what: str) -> BoardError:
+    def _error(self, what: str, kind: BoardFault = BoardFault.AGENT) -> BoardError:
         tail = self._transport.stderr_tail()
-        return BoardError(what + (f"; agent stderr: {tail}" if tail else ""))
+        return BoardError(what + stderr_note(tail, "agent stderr"), kind)
 
     def _request(self, op: int, payload: bytes, timeout: float) -> bytes:
         if self._broken:
-            raise BoardError("agent session is closed or broken; open a new one")
+            raise BoardError("agent session is closed or broken; open a new one", BoardFault.LOST)
         try:
             self._transport.write(_HEADER.pack(b"XQ", op, len(payload)) + payload)
             magic, status, length = _HEADER.unpack(self._transport.read(_HEADER.size, timeout))
@@ -317,7 +329,9 @@ class AgentSession:
             self._transport.kill()
             raise
         if status == _ST_ERROR:
-            raise BoardError(f"agent refused {_OP_NAMES[op]}: {body.decode(errors='replace')}")
+            raise BoardError(
+                f"agent refused {_OP_NAMES[op]}: {body.decode(errors='replace')}", BoardFault.AGENT
+            )
         return body
 
     def load_image(self, image: bytes) -> int:

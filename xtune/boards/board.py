@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shutil
@@ -13,11 +12,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
-from xtune.boards import ssh
+from xtune.boards import agent_build, ssh
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
-from xtune.errors import BoardError, InputError
-from xtune.target import Target, get_target, host_cpu_identity, host_target, missing_host_features
+from xtune.boards.cost import CostUnit
+from xtune.errors import BoardError, BoardFault, InputError
+from xtune.target import Target, get_target, host_cannot_run, host_cpu_identity, host_target
 
 LOCAL_HELLO_TIMEOUT = 10.0  # seconds; also the margin added to every request's own timeout
 QEMU_HELLO_TIMEOUT = 30.0  # qemu-user start-up is ~10 ms, but a loaded CI machine can be slow
@@ -28,8 +28,9 @@ class Board(Protocol):
 
     name: str
     target: Target
-    wall_time_is_meaningful: bool  # False under emulation: qemu wall time inverts rankings (MEASURED.md §3)
-    cost_unit: str  # "s": Measurer times the kernel; "insn": open() gives an InsnCountingSession
+    # What it measures, the one decision (xtune/boards/cost.py): SECONDS, the Measurer times the kernel;
+    # INSTRUCTIONS, open() gives an InsnCountingSession; NONE, the board checks correctness only.
+    cost_unit: CostUnit
 
     def open(self) -> AgentSession: ...
 
@@ -51,8 +52,7 @@ def _host_target_name() -> str:
 class LocalBoard:
     """The host itself: the agent runs as a plain subprocess and timings are real."""
 
-    wall_time_is_meaningful = True
-    cost_unit = "s"
+    cost_unit = CostUnit.SECONDS
 
     def __init__(self, target: Target, name: str = "local") -> None:
         self.name = name
@@ -90,29 +90,27 @@ def _qemu_version(binary: str) -> str:
 INSN_MIN_VADDR = 0x1000000000
 
 
+def insn_plugin_command() -> list[str]:
+    """The host compiler and flags the instruction-count plugin is built with (a shared object for qemu)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise BoardError(
+            "the QEMU instruction-count plugin needs a host C compiler: apt-get install gcc",
+            BoardFault.AGENT_GONE,
+        )
+    return [cc, "-shared", "-fPIC", "-O2"]
+
+
 def build_insn_plugin() -> Path:
     """The TCG plugin counting kernel instructions (board_agent/insncount.c), built once with host gcc."""
     source = (resources.files("xtune") / "agent_src" / "insncount.c").read_bytes()
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        raise BoardError("the QEMU instruction-count plugin needs a host C compiler: apt-get install gcc")
-    key = hashlib.sha256(source + cc.encode()).hexdigest()[:12]
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    out = Path(base) / "xtune" / "agents" / f"insncount-{key}" / "libxtune-insncount.so"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="xtune-plugin-") as tmp:
-        src, partial = Path(tmp) / "insncount.c", Path(tmp) / "plugin.so"
-        src.write_bytes(source)
-        cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(partial), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        if proc.returncode != 0:
-            tail = proc.stderr.strip()[-2000:]
-            raise BoardError(f"building the QEMU instruction-count plugin failed: {tail}")
-        shutil.copyfile(partial, f"{out}.{os.getpid()}")
-        os.replace(f"{out}.{os.getpid()}", out)  # atomic: concurrent builders never load a half file
-    return out
+    return agent_build.compile_cached(
+        source,
+        insn_plugin_command(),
+        name="insncount",
+        output="libxtune-insncount.so",
+        what="the QEMU instruction-count plugin",
+    )
 
 
 class InsnCountingSession(AgentSession):
@@ -150,21 +148,21 @@ class QemuBoard:
     """The agent under qemu-user: results are correct, but wall time is no performance signal.
 
     With `count_insns` (the default) the cost is the number of instructions one kernel call executes,
-    counted by a TCG plugin: deterministic, unlike emulated wall time (MEASURED.md §3, §7)."""
-
-    wall_time_is_meaningful = False
+    counted by a TCG plugin: deterministic, unlike emulated wall time (docs/qemu-insn-count.md). Without
+    it the board checks correctness only (CostUnit.NONE): emulated wall time ranks nothing."""
 
     def __init__(self, name: str, target: Target, count_insns: bool = True) -> None:
         self.name = name
         self.target = target
         self.count_insns = count_insns
-        self.cost_unit = "insn" if count_insns else "s"
+        self.cost_unit = CostUnit.INSTRUCTIONS if count_insns else CostUnit.NONE
 
     def _qemu(self) -> str:
         path = shutil.which(self.target.qemu_binary)
         if path is None:
             raise BoardError(
-                f"board {self.name} needs {self.target.qemu_binary}: 'apt-get install qemu-user' provides it"
+                f"board {self.name} needs {self.target.qemu_binary}: 'apt-get install qemu-user' provides it",
+                BoardFault.AGENT_GONE,
             )
         return path
 
@@ -196,7 +194,8 @@ class QemuBoard:
             "cpu": f"{_qemu_version(self._qemu())} -cpu {self.target.qemu_cpu}",
             "cores": "1",
             "agent": agent_version(),
-            "cost": "instructions per call (insncount plugin)" if self.count_insns else "emulated wall time",
+            # database.logged_unit reads failures of older logs (all logged as "s") back by this key.
+            "cost": "instructions per call (insncount plugin)" if self.count_insns else "correctness only",
         }
 
 
@@ -226,32 +225,6 @@ def get_board(name: str, boards_file: Path | None = None, target: str | None = N
         raise InputError(f"board '{name}' runs {board.target.name} code; --target {target} is only for the "
                          f"local board")  # fmt: skip
     return board
-
-
-# ---- which targets the host can run --------------------------------------------------------------------
-
-_HOST_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
-              "riscv64": "riscv64"}  # fmt: skip
-
-
-def host_cannot_run(target: Target) -> str | None:
-    """Why this host cannot execute `target`'s code natively, or None if it can.
-
-    Every feature the target enables (+avx2, +sse4.2, ...) must be in the host's cpuinfo flags; the host's
-    own target always qualifies. A feature whose flag we cannot check makes the answer "no": running code
-    for an ISA the CPU lacks dies with SIGILL mid-tuning, which is worse than refusing up front."""
-    machine = platform.machine()
-    if _HOST_ARCH.get(machine) != target.arch:
-        return f"this host is {machine}, target {target.name} is {target.arch}"
-    try:
-        if host_target() == target:
-            return None
-    except InputError:
-        pass
-    missing = missing_host_features(target)
-    if missing:
-        return f"this host's CPU lacks {', '.join(missing)}, which target {target.name} needs"
-    return None
 
 
 def local_target(name: str | None = None) -> Target:

@@ -37,7 +37,7 @@ def _initialize() -> None:
 
 @cache
 def _target_machine(triple: str, cpu: str, features: str, abi: str) -> llvm.TargetMachine:
-    # Measured facts (DESIGN.md): llvmlite's default code model is the large one on 64-bit and
+    # Measured facts (docs/notes.md §1): llvmlite's default code model is the large one on 64-bit and
     # yields GOT/absolute relocations; 'medium' aborts the process on AArch64. reloc='pic' keeps
     # everything PC-relative, which the flat linker and any firmware link can place anywhere.
     _initialize()
@@ -55,8 +55,8 @@ def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
     pto = llvm.PipelineTuningOptions(speed_level=3)
     # Our loop nests are already unrolled and vectorized where the config says. LLVM's own
     # unroller and vectorizers would second-guess the schedule being measured, and its full
-    # unrolling of constant-trip loops doubled both compile time and code size (measured:
-    # docs/benchmarks.md, "compile time").
+    # unrolling of constant-trip loops doubled both compile time and code size (docs/benchmarks.md,
+    # issue 2, "Compile + link of one candidate").
     pto.loop_unrolling = False
     pto.loop_vectorization = False
     pto.slp_vectorization = False

@@ -1,1 +1,2 @@
-"""Networks: ONNX import (graph), the built-in model zoo (zoo), fusion and task extraction (tasks)."""
+"""Networks: ONNX import (graph), what each Conv/Gemm/MatMul computes (anchors), fusion and task
+extraction (tasks), and ResNet/MobileNetV2 built here (zoo). Nothing below this package imports it."""

@@ -11,7 +11,9 @@ optimistic forward guess — g_i falls like 1/t in the number of batches t, or, 
 operator, flops within one step of Ansor's 1.618-base log scale) already runs faster per flop, g_i could
 drop to `beta` times the latency at that task's throughput. A task stops when its space is exhausted,
 when it went `early_stopping` trials without improvement, or when its first round found no correct
-config. The round-robin strategy (the budget split evenly, Ansor's baseline) is there to compare with.
+config. A board that fails for good stops the whole run, as it stops `xtune tune --workload`
+(docs/boards.md, "Faults"). The round-robin strategy (the budget split evenly, Ansor's baseline) is there
+to compare with.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from xtune.boards.board import Board
+from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders
 from xtune.tuning.measure import CompilePool, MeasureStatus
 from xtune.tuning.session import TuningSession, check_boards
-from xtune.tuning.tuner import TuneProgress
+from xtune.tuning.tuner import StopTuning, TuneProgress
 from xtune.workload import Workload
 
 if TYPE_CHECKING:
@@ -79,6 +82,7 @@ class ModelStop(Enum):
     TRIALS = "trials"  # the budget is spent
     TASKS_DONE = "tasks_done"  # every task stopped on its own before the budget was spent
     INTERRUPTED = "interrupted"  # Ctrl-C: every finished batch is in the log
+    BOARD_FAILED = "board_failed"  # a board failed for good (docs/boards.md, "Faults"); the result's error
 
 
 def expected_gain(
@@ -144,23 +148,24 @@ class ModelTuningResult:
     budget: int
     trials: int  # measured in this run (confirming timings not counted)
     confirm_timings: int
-    cost_unit: str
+    cost_unit: CostUnit  # what the boards measure
     estimate: float  # Σ count × best_cost: the estimated end-to-end latency
     default_estimate: float  # Σ count × default_cost
     tasks: tuple[TaskResult, ...]
     curve: tuple[tuple[int, float], ...]  # (trials spent in this run, estimate), once the estimate is finite
     stop: ModelStop
     seconds: float
+    error: str = ""  # why the run stopped, when a board failed for good (stop BOARD_FAILED)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "model": self.model, "target": self.target, "boards": list(self.boards),
             "strategy": self.strategy.value, "budget": self.budget, "trials": self.trials,
-            "confirm_timings": self.confirm_timings, "cost_unit": self.cost_unit,
+            "confirm_timings": self.confirm_timings, "cost_unit": self.cost_unit.value,
             "estimate": _finite(self.estimate), "default_estimate": _finite(self.default_estimate),
             "tasks": [t.as_dict() for t in self.tasks],
             "curve": [[n, _finite(e)] for n, e in self.curve], "stop": self.stop.value,
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "error": self.error,
         }  # fmt: skip
 
 
@@ -242,12 +247,20 @@ class TaskScheduler:
         self.curve: list[tuple[int, float]] = []
         self._turn = 0  # round-robin's next task
         self._last = 0  # the task whose agents are open
-        self.confirm_timings = 0
 
     def close(self) -> None:
         for state in self.tasks:
             state.session.close()
         self.pool.close()
+
+    @property
+    def confirm_timings(self) -> int:
+        return sum(s.session.confirm_timings for s in self.tasks)
+
+    @property
+    def error(self) -> str:
+        """Why a board failed for good, if one did (the run then stopped BOARD_FAILED)."""
+        return next((str(s.session.failure) for s in self.tasks if s.session.failure is not None), "")
 
     def estimate(self) -> float:
         return end_to_end([s.task.count for s in self.tasks], [s.latency for s in self.tasks])
@@ -276,15 +289,19 @@ class TaskScheduler:
                 self._step(chosen, min(size, budget - self.trials), budget)
         except KeyboardInterrupt:
             return ModelStop.INTERRUPTED
+        except StopTuning:  # a board failed for good: no task can be measured on it, nor confirmed
+            return ModelStop.BOARD_FAILED
         return self._confirm(ModelStop.TRIALS)
 
     def _confirm(self, stop: ModelStop) -> ModelStop:
         try:
             for state in self.tasks:
-                self.confirm_timings += state.session.confirm(self.options.confirm)
+                state.session.confirm(self.options.confirm)
                 state.session.suspend()
         except KeyboardInterrupt:
             return ModelStop.INTERRUPTED
+        except StopTuning:  # every timing taken before is kept
+            return ModelStop.BOARD_FAILED
         return stop
 
     def _choose(self) -> _Task | None:
@@ -311,8 +328,12 @@ class TaskScheduler:
         if self.tasks[self._last].session is not state.session:
             self.tasks[self._last].session.suspend()  # one task's agents open at a time
         self._last = self.tasks.index(state)
-        before = state.latency
-        progress = state.session.step(n, budget)
+        before, trials = state.latency, state.session.trials
+        try:
+            progress = state.session.step(n, budget)
+        except StopTuning:  # a board failed for good; the batch is kept (logged) all the same
+            self.trials += state.session.trials - trials
+            raise
         if progress is None:
             state.stop = TaskStop.EXHAUSTED
             return
@@ -390,6 +411,7 @@ def tune_tasks(
         estimate=end_to_end(counts, [t.best_cost for t in results]),
         default_estimate=end_to_end(counts, [t.default_cost for t in results]),
         tasks=results, curve=tuple(run.curve), stop=stop, seconds=time.perf_counter() - start,
+        error=run.error,
     )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from xtune.errors import InputError
 from xtune.network.anchors import Anchor, anchor_of
 from xtune.network.graph import Graph, Node, Source, load_graph
 from xtune.target import Target, get_target, host_target
-from xtune.tuning.database import Record, best
+from xtune.tuning.database import Record, build_choice
 from xtune.workload import Workload, parse_workload
 
 OtherKind = Literal["pooling", "elementwise", "reshape", "softmax", "concat"]
@@ -120,14 +120,8 @@ def extract_tasks(source: Source, target: str | Target | None = None) -> TaskSet
 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
-    """Per task, the best OK record of `records` on `target` (wall time before instruction counts,
-    as `xtune build` chooses), or None if the logs have none."""
-    out: list[Record | None] = []
-    for task in tasks:
-        key = task.workload.key
-        found = best(records, key, target.name, 1, "s") or best(records, key, target.name, 1, "insn")
-        out.append(found[0] if found else None)
-    return out
+    """Per task, the record `xtune build` would take from `records` on `target`, or None."""
+    return [build_choice(records, task.workload.key, target.name) for task in tasks]
 
 
 def fuse(graph: Graph) -> tuple[list[FusedOp], list[OtherNode]]:

@@ -165,7 +165,7 @@ def mobilenet_v2_small(seed: int = 0) -> onnx.ModelProto:
     return mobilenet_v2(0.35, 96, 10, seed)
 
 
-# The networks `scripts/make_networks.py` writes, by file stem.
+# The networks `benchmarks/make_networks.py` writes, by file stem.
 NETWORKS: dict[str, Callable[[], onnx.ModelProto]] = {
     "resnet18": resnet18,
     "mobilenet_v2": mobilenet_v2,

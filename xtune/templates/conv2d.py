@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
@@ -31,7 +33,17 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.matmul import Epilogue, clipped, parse_tile, register_tiles, split_edges
+from xtune.templates.matmul import (
+    Epilogue,
+    Scalars,
+    clipped,
+    fmas_per_load,
+    parse_tile,
+    register_tiles,
+    split_edges,
+    tile_registers,
+    whole_tiles,
+)
 from xtune.workload import ConvShape, Workload, conv_shape
 
 IC_OPTIONS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -75,6 +87,26 @@ def ic_options(sh: ConvShape) -> tuple[int, ...]:
     return fits or (1,)
 
 
+def channel_blocks(
+    sh: ConvShape, nr: Scalars, tile_ic: Scalars, tile_oc: Scalars, tile_oh: Scalars
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (cb, kb, ohb) a config's block knobs resolve to for strips of nr output channels: no block
+    larger than its axis, and output-channel blocks of whole strips (at least one). `kb` is as the config
+    asks: Conv2dTemplate.schedule then shrinks it to the stack budget (`stack_clamped`), which features.py
+    leaves out (its conv2d features, and the models trained on them, predate the clamp)."""
+    cb = np.minimum(tile_ic, sh.c)
+    kb = np.maximum(nr, -(-np.minimum(tile_oc, sh.k) // nr) * nr)
+    return cb, kb, np.minimum(tile_oh, sh.oh)
+
+
+def stack_clamped(sh: ConvShape, nr: int, cb: int, kb: int) -> int:
+    """`kb` less whole strips until the packed input and weights fit STACK_BUDGET (never below one strip)."""
+    hp, wp = padded(sh)
+    while kb > nr and 4 * (cb * hp * wp + cb * sh.r * sh.s * kb) > STACK_BUDGET:
+        kb -= nr
+    return kb
+
+
 class Conv2dTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
@@ -99,16 +131,13 @@ class Conv2dTemplate:
         sh, lanes = self.shape, self.target.fp32_lanes
         p, nv = parse_tile(str(config["tile"]))
         nr = nv * lanes
-        cb = min(config.int("tile_ic"), sh.c)
-        hp, wp = padded(sh)
-        # Output-channel blocks hold whole strips, and their packed weights share the stack budget.
-        kb = max(nr, -(-min(config.int("tile_oc"), sh.k) // nr) * nr)
-        while kb > nr and 4 * (cb * hp * wp + cb * sh.r * sh.s * kb) > STACK_BUDGET:
-            kb -= nr
-        owb = config.int("tile_ow")
-        owb = sh.ow if owb >= sh.ow else max(p, owb // p * p)
+        knobs = (config.int("tile_ic"), config.int("tile_oc"), config.int("tile_oh"))
+        cb, kb, ohb = (int(b) for b in channel_blocks(sh, nr, *knobs))
+        # The packed weights of an output-channel block share the stack budget with the packed input.
+        kb = stack_clamped(sh, nr, cb, kb)
+        owb = int(whole_tiles(config.int("tile_ow"), sh.ow, p))
         return ConvSchedule(
-            p, nv, lanes, cb, kb, min(config.int("tile_oh"), sh.oh), owb, str(config["order"]),
+            p, nv, lanes, cb, kb, ohb, owb, str(config["order"]),
             str(config["reduction"]), config["pack_layout"] == "hwc", bool(config["unroll_kw"]),
             config.int("unroll"),
         )  # fmt: skip
@@ -123,12 +152,13 @@ class Conv2dTemplate:
             p, nv = parse_tile(tile)
             nr = nv * t.fp32_lanes
             waste = (sh.ow / (-(-sh.ow // p) * p)) * (sh.k / (-(-sh.k // nr) * nr))
-            return p * nv / (p + nv) * waste + 1e-3 * p * nv
+            return fmas_per_load(p, nv) * waste + 1e-3 * p * nv
 
-        # A spare register: a tile that fills the file exactly spills (measured: 4x3 vs 6x2 on AVX2).
+        # A spare register: a tile that fills the register file exactly spills (docs/benchmarks.md, History).
         roomy = [str(o) for o in knobs["tile"] if _fits(str(o), t.vector_registers - 1)]
         tile = max(roomy or [str(o) for o in knobs["tile"]], key=score)
-        # unroll_kw: a 7-wide window unrolled doubles code and compile time for no measured gain.
+        # unroll_kw: a 7-wide window unrolled doubles code and compile time for no gain
+        # (docs/benchmarks.md, History).
         values: dict[str, KnobValue] = {
             "tile": tile, "tile_ic": max(ints["tile_ic"]), "tile_oc": max(ints["tile_oc"]),
             "tile_oh": min(ints["tile_oh"]), "tile_ow": max(ints["tile_ow"]), "order": "pk",
@@ -142,7 +172,7 @@ class Conv2dTemplate:
 
 def _fits(tile: str, registers: int) -> bool:
     p, nv = parse_tile(tile)
-    return p * nv + nv + 1 <= registers
+    return tile_registers(p, nv) <= registers
 
 
 @dataclass(frozen=True)

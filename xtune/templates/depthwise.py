@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
@@ -27,7 +29,7 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
-from xtune.templates.matmul import Epilogue, clipped, parse_tile
+from xtune.templates.matmul import Epilogue, Real, Scalars, clipped, parse_tile, whole_tiles
 from xtune.workload import ConvShape, Workload, conv_shape
 
 OW_OPTIONS = (8, 16, 32, 64, 128, 256)
@@ -58,6 +60,19 @@ def phase_width(sh: ConvShape, lanes: int) -> int:
     return -(-sh.ow // lanes) * lanes + (sh.s - 1) * sh.dilation // sh.stride + 1
 
 
+def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
+    """FMAs per loaded vector of a P rows x V vectors tile: the tile's rows share the (P-1)*stride + r
+    input rows they read (s kw positions, V vectors each), plus the r*s weight broadcasts."""
+    loads = ((p - 1) * sh.stride + sh.r) * sh.s * nv + sh.r * sh.s
+    return p * nv * sh.r * sh.s / loads
+
+
+def column_block(sh: ConvShape, width: Scalars, tile_ow: Scalars) -> np.ndarray:
+    """The output columns per block a `tile_ow` knob resolves to for tiles `width` columns wide: whole
+    tile widths, except a block that covers the row."""
+    return whole_tiles(tile_ow, sh.ow, width)
+
+
 class DepthwiseTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
@@ -75,8 +90,7 @@ class DepthwiseTemplate:
     def schedule(self, config: Config) -> DepthwiseSchedule:
         p, nv = parse_tile(str(config["tile"]))
         w = nv * self.target.fp32_lanes
-        owb = config.int("tile_ow")
-        owb = self.shape.ow if owb >= self.shape.ow else max(w, owb // w * w)
+        owb = int(column_block(self.shape, w, config.int("tile_ow")))
         return DepthwiseSchedule(
             p, nv, self.target.fp32_lanes, owb, str(config["order"]), bool(config["unroll_kh"])
         )
@@ -86,13 +100,11 @@ class DepthwiseTemplate:
         knobs = {k.name: k.options for k in self.space.knobs}
 
         def score(tile: str) -> float:
-            # FMAs per loaded vector: P rows x V vectors share the (P-1)*stride + r input rows they
-            # read, and the r*s weight broadcasts; discounted by lanes wasted on partial tiles.
+            # FMAs per loaded vector, discounted by lanes wasted on partial tiles.
             p, nv = parse_tile(tile)
-            loads = ((p - 1) * sh.stride + sh.r) * sh.s * nv + sh.r * sh.s
             cols = nv * lanes
             waste = (sh.ow / (-(-sh.ow // cols) * cols)) * (sh.oh / (-(-sh.oh // p) * p))
-            return p * nv * sh.r * sh.s / loads * waste + 1e-3 * p * nv
+            return fmas_per_load(sh, p, nv) * waste + 1e-3 * p * nv
 
         values = {
             "tile": max((str(o) for o in knobs["tile"]), key=score), "tile_ow": max(knobs["tile_ow"]),

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from typing import TypeVar
+
+import numpy as np
 
 from xtune.schedule.loopnest import (
     Affine,
@@ -39,12 +43,67 @@ NC_OPTIONS = (16, 32, 64, 128, 256, 512, 1024)
 UNROLL_OPTIONS = (1, 2, 4, 8)
 
 
+# The rules below take Python ints (the template resolving one config) or numpy arrays (features.py
+# resolving thousands at once): one home for each, whichever the caller needs.
+Num = TypeVar("Num", int, float, np.ndarray)
+Real = TypeVar("Real", float, np.ndarray)
+Scalars = int | float | np.ndarray  # one config's value, or one per config
+
+
+def tile_registers(rows: Num, vectors: Num) -> Num:
+    """Vector registers a rows x vectors register tile holds live: its accumulators, one row of B
+    vectors (conv2d: weight vectors) and one broadcast of A (conv2d: of the input)."""
+    return rows * vectors + vectors + 1
+
+
+def fmas_per_load(rows: Real, vectors: Real) -> Real:
+    """FMAs per loaded value of a rows x vectors tile: rows * vectors FMAs per rows + vectors loads."""
+    return rows * vectors / (rows + vectors)
+
+
+def whole_tiles(block: Scalars, extent: Scalars, tile: Scalars) -> np.ndarray:
+    """A block size resolved against its axis: whole register tiles (at least one), except a block that
+    covers the whole axis, which is the axis (so no block is larger than its axis)."""
+    return np.where(block >= extent, extent, np.maximum(tile, block // tile * tile))
+
+
+def effective_blocks(
+    workload: Workload, lanes: int, tile: tuple[Scalars, Scalars], blocks: tuple[Scalars, Scalars, Scalars]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (mc, nc, kc) a config's block knobs resolve to for an (mr, nv) register tile: mc holds whole
+    rows of tiles and nc whole vector strips of nr = nv * lanes (unless one covers its axis); kc is used
+    as given (its options never exceed k)."""
+    mr, nv = tile
+    mc, nc, kc = blocks
+    m, n = int(workload["m"]), int(workload["n"])
+    return whole_tiles(mc, m, mr), whole_tiles(nc, n, nv * lanes), np.asarray(kc)
+
+
+# The block loops that fix each packed panel: B's strips by (n, k), A's panels by (m, k).
+PANEL_AXES = {"B": ("n", "k"), "A": ("m", "k")}
+
+
+@cache
+def packed_at(order: str, operand: str) -> str:
+    """The block loop whose body packs `operand`'s panel: the inner of the two that fix it, as soon as both
+    are open (BLIS: B per (jc, pc), A per (ic, pc))."""
+    a, b = PANEL_AXES[operand]
+    return a if order.index(a) > order.index(b) else b
+
+
+@cache
+def repacked_per_block(order: str, operand: str) -> bool:
+    """Whether `operand`'s panel is packed again for every block of the third loop (outside the packer)."""
+    (third,) = set("mnk") - set(PANEL_AXES[operand])
+    return order.index(third) < order.index(packed_at(order, operand))
+
+
 def register_tiles(target: Target) -> tuple[str, ...]:
     """Tiles "MRxNV" whose accumulators, B vectors and one broadcast fit in the register file."""
     tiles = []
     for mr in range(1, 13):
         for nv in range(1, 7):
-            if mr * nv + nv + 1 <= target.vector_registers and nv * target.fp32_lanes <= 64:
+            if tile_registers(mr, nv) <= target.vector_registers and nv * target.fp32_lanes <= 64:
                 tiles.append(f"{mr}x{nv}")
     return tuple(tiles)
 
@@ -169,23 +228,21 @@ class MatmulTemplate:
         )
 
     def schedule(self, config: Config) -> MatmulSchedule:
-        m, n = self.workload["m"], self.workload["n"]
         mr, nv = parse_tile(str(config["tile"]))
-        nr = nv * self.target.fp32_lanes
-        mc, nc = config.int("mc"), config.int("nc")
-        # Blocks hold whole register tiles, except a block that covers the whole axis.
-        mc = m if mc >= m else max(mr, mc // mr * mr)
-        nc = n if nc >= n else max(nr, nc // nr * nr)
+        lanes = self.target.fp32_lanes
+        mc, nc, kc = effective_blocks(
+            self.workload, lanes, (mr, nv), (config.int("mc"), config.int("nc"), config.int("kc"))
+        )
         return MatmulSchedule(
-            mr, nv, self.target.fp32_lanes, mc, nc, config.int("kc"), str(config["order"]),
+            mr, nv, lanes, int(mc), int(nc), int(kc), str(config["order"]),
             str(config["inner"]), bool(config["pack_a"]), bool(config["pack_b"]), config.int("unroll_k"),
         )  # fmt: skip
 
     def default_config(self) -> Config:
         t = self.target
         tiles = [parse_tile(s) for s in register_tiles(t)]
-        # Most FMAs per loaded value (mr*nv / (mr+nv)), then the larger tile.
-        mr, nv = max(tiles, key=lambda p: (p[0] * p[1] / (p[0] + p[1]), p[0] * p[1]))
+        # Most FMAs per loaded value, then the larger tile.
+        mr, nv = max(tiles, key=lambda p: (fmas_per_load(p[0], p[1]), p[0] * p[1]))
         nr = nv * t.fp32_lanes
         knobs = {k.name: k.options for k in self.space.knobs}
         # kc: the B strip and A panel of one k block share half of L1; mc: the A block half of L2;
@@ -262,9 +319,9 @@ class _MatmulEmitter:
             if axis == "k" and not last:
                 inner["not_last_k"] = (offset, 0)  # the clamp waits for the last k block
             # Pack a panel as soon as the loops that fix it are open (BLIS: B per (jc,pc), A per (ic,pc)).
-            if self.s.pack_b and axis in "nk" and ("k" if axis == "n" else "n") in ctx:
+            if self.s.pack_b and axis == packed_at(self.s.order, "B"):
                 self.pack_b(inner)
-            if self.s.pack_a and axis in "mk" and ("k" if axis == "m" else "m") in ctx:
+            if self.s.pack_a and axis == packed_at(self.s.order, "A"):
                 self.pack_a(inner)
             self.blocks(rest, inner)
 

@@ -10,36 +10,40 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
+from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
+from xtune.files import write_atomic
 from xtune.tuning.costmodel import CostModel, XGBoostCostModel
 from xtune.tuning.features import FEATURES_VERSION, EstimatePrior, feature_names
 
 MODEL_FORMAT = 1
 _MODEL_HEAD = re.compile(rb'^\s*\{\s*"manifest"\s*:')  # a log line starts {"v": ...
+# "reg": squared error on tuning's [0, 1] throughput labels; "rank": pairwise ranking (costmodel.py)
+Objective = Literal["reg", "rank"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GroupCount:
     """What one (workload, target, cost unit, cpu) of the logs contributed to its operator's booster."""
 
     op: str
     workload: str
     target: str
-    cost_unit: str
+    cost_unit: CostUnit
     records: int  # log records used (repeats of a config included)
     configs: int  # distinct configs = training rows
     cpu: str = ""  # the cpu the board reported (fingerprint); "" in logs without one
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Manifest:
     """What a model file was trained on; `xtune model info` prints it."""
 
     format: int
     features_version: int
-    objective: str
+    objective: Objective
     feature_names: tuple[tuple[str, tuple[str, ...]], ...]  # op -> the columns its booster expects
     targets: tuple[str, ...]
     groups: tuple[GroupCount, ...]
@@ -81,7 +85,8 @@ class Manifest:
     def as_dict(self) -> dict[str, Any]:
         workloads: dict[str, list[dict[str, Any]]] = {op: [] for op in self.ops}
         for g in self.groups:
-            workloads[g.op].append({k: v for k, v in asdict(g).items() if k != "op"})
+            row = {k: v for k, v in asdict(g).items() if k != "op"}
+            workloads[g.op].append({**row, "cost_unit": g.cost_unit.value})
         return {
             "format": self.format, "features_version": self.features_version, "objective": self.objective,
             "feature_names": {op: list(names) for op, names in self.feature_names},
@@ -94,17 +99,21 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         groups = tuple(
-            GroupCount(op, str(g["workload"]), str(g["target"]), str(g["cost_unit"]), int(g["records"]),
-                       int(g["configs"]), str(g.get("cpu", "")))
+            GroupCount(op=op, workload=str(g["workload"]), target=str(g["target"]),
+                       cost_unit=CostUnit(g["cost_unit"]), records=int(g["records"]),
+                       configs=int(g["configs"]), cpu=str(g.get("cpu", "")))
             for op, rows in d["workloads"].items() for g in rows
         )  # fmt: skip
         return cls(
-            int(d["format"]), int(d["features_version"]), str(d["objective"]),
-            tuple((str(op), tuple(map(str, names))) for op, names in d["feature_names"].items()),
-            tuple(map(str, d["targets"])), groups, int(d["records_used"]),
-            tuple((str(k), int(v)) for k, v in d.get("skipped", {}).items()), str(d["xtune_version"]),
-            str(d["created"]), tuple(map(str, d["sources"])),
-            tuple((str(op), str(col)) for op, col in d.get("base_columns", {}).items()),
+            format=int(d["format"]), features_version=int(d["features_version"]),
+            objective=objective(d["objective"]),
+            feature_names=tuple((str(op), tuple(map(str, names)))
+                                for op, names in d["feature_names"].items()),
+            targets=tuple(map(str, d["targets"])), groups=groups, records_used=int(d["records_used"]),
+            skipped=tuple((str(k), int(v)) for k, v in d.get("skipped", {}).items()),
+            xtune_version=str(d["xtune_version"]), created=str(d["created"]),
+            sources=tuple(map(str, d["sources"])),
+            base_columns=tuple((str(op), str(col)) for op, col in d.get("base_columns", {}).items()),
         )  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
@@ -154,14 +163,7 @@ class PretrainedModel:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically: a concurrent reader sees the old file or the new one, never half of one."""
-        path = Path(path)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            partial.write_text(self.to_json() + "\n", encoding="utf-8")
-            os.replace(partial, path)
-        except OSError as e:
-            partial.unlink(missing_ok=True)
-            raise InputError(f"cannot write the model file {path}: {e.strerror or e}") from None
+        write_atomic(path, self.to_json() + "\n", "model file")
 
 
 # ---- reading ----------------------------------------------------------------------------------------
@@ -196,7 +198,7 @@ def read_model(path: str | os.PathLike[str], check_features: bool = True) -> Pre
         )
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error, RecursionError) as e:
         raise InputError(f"{path} is a damaged xtune model file ({type(e).__name__}: {e})") from None
     if check_features and manifest.features_version != FEATURES_VERSION:
         raise InputError(f"{path} was {manifest.version_mismatch()}")
@@ -223,6 +225,15 @@ def format_manifest(manifest: Manifest, path: str = "") -> str:
         f"{'op':<10} {'workload':<56} {'target':<12} {'unit':<5} {'records':>8} {'configs':>8}  cpu",
     ]
     for g in manifest.groups:
-        lines.append(f"{g.op:<10} {g.workload:<56} {g.target:<12} {g.cost_unit:<5} {g.records:>8} "
+        lines.append(f"{g.op:<10} {g.workload:<56} {g.target:<12} {g.cost_unit.value:<5} {g.records:>8} "
                      f"{g.configs:>8}  {g.cpu or '-'}")  # fmt: skip
     return "\n".join(lines)
+
+
+def objective(value: object) -> Objective:
+    """`value` as an Objective; ValueError (a damaged manifest, or a user's typo) if it is none."""
+    if value == "reg":
+        return "reg"
+    if value == "rank":
+        return "rank"
+    raise ValueError(f"unknown objective {value!r} (known: {', '.join(get_args(Objective))})")

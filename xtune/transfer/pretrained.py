@@ -12,24 +12,26 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 import xtune
-from xtune.errors import InputError
+from xtune.boards.cost import CostUnit
+from xtune.errors import InputError, XtuneWarning
 from xtune.target import Target, cpu_name, get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.transfer.modelfile import (
     MODEL_FORMAT,
     GroupCount,
     Manifest,
+    Objective,
     PretrainedModel,
     is_model_file,
     read_model,
 )
 from xtune.tuning.costmodel import XGBoostCostModel
-from xtune.tuning.database import Record, cpu_of, read_logs
+from xtune.tuning.database import Record, config_of, cpu_of, read_usable
 from xtune.tuning.features import (
     ESTIMATE_COLUMN,
     FEATURES_VERSION,
@@ -40,31 +42,34 @@ from xtune.tuning.features import (
 from xtune.tuning.measure import MeasureStatus
 from xtune.workload import parse_workload
 
+SourceKind = Literal["model", "builtin", "logs"]  # a model file, the shipped model, logs trained on the fly
 BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/models/ for the tuned target
 
 
-class TransferWarning(UserWarning):
+class TransferWarning(XtuneWarning):
     """Log records were left out of training (stale configs, unknown workloads or targets), or a model is
     used on a target it never saw."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainOptions:
     """How `xtune model train` fits; the model quality knobs live here, not in the CLI."""
 
-    objective: str = "reg"  # "reg": labels on tuning's [0, 1] scale, fit for a base margin; "rank": pairwise
+    objective: Objective = (
+        "reg"  # "reg": labels on tuning's [0, 1] scale, fit for a base margin; "rank": pairwise
+    )
     # Boost from the operator's analytic estimate (features.py): the trees learn where the estimate is wrong,
     # and where the logs say nothing (shapes and configs far from theirs) the estimate still ranks.
     on_estimate: bool = True
-    # 200 trees of depth 6 rank held-out shapes as well as 300 of depth 8 did (leave-one-shape-out on the
-    # corpus, rank correlation 0.59 against 0.58) in 40 % of the file size.
+    # The smallest forest that ranked held-out shapes as well as larger ones (docs/benchmarks.md, History):
+    # model files ship inside the package.
     n_trees: int = 200
     max_depth: int = 6
     learning_rate: float = 0.1
     seed: int = 0
     # 1 by default: xgboost's OpenMP threads spin at every barrier, so with another process busy on a core
-    # (a board timing kernels on this host) 2 threads trained a small log 100-300x slower than 1 did, and
-    # stole that core from the timing. 0 = every core, for an otherwise idle machine.
+    # (a board timing kernels on this host) more threads train far slower than one and steal that core
+    # from the timing (docs/benchmarks.md, History). 0 = every core, for an otherwise idle machine.
     nthread: int = 1
 
 
@@ -85,33 +90,16 @@ class OpData:
 @dataclass
 class _Group:
     template: ScheduleTemplate
-    cost_unit: str
+    cost_unit: CostUnit
     costs: dict[int, float] = field(default_factory=dict)  # config index -> min cost
     records: int = 0
 
 
-# (workload key, target name, cost unit, cpu): "s" and "insn" never mix, and each machine's costs are
-# normalized by its own best (a shared corpus holds several machines' "local" boards of one target).
-GroupKey = tuple[str, str, str, str]
-
-
-def _run_units(records: Sequence[Record]) -> dict[tuple[object, ...], set[str]]:
-    """The cost units OK records of each run (workload, target, board, fingerprint) were measured in.
-
-    A failed result carries the default unit "s" even on an instruction-counting board (it never reached
-    the counter), so a failure belongs to the group of its run's OK records, not to its own unit."""
-    units: dict[tuple[object, ...], set[str]] = {}
-    for r in records:
-        if r.result.ok:
-            units.setdefault((r.workload, r.target, r.board, r.fingerprint), set()).add(r.result.cost_unit)
-    return units
-
-
-def _unit_of(r: Record, run_units: dict[tuple[object, ...], set[str]]) -> str:
-    if r.result.ok:
-        return r.result.cost_unit
-    units = run_units.get((r.workload, r.target, r.board, r.fingerprint), set())
-    return next(iter(units)) if len(units) == 1 else r.result.cost_unit
+# (workload key, target name, cost unit, cpu): seconds and instruction counts never mix, and each machine's
+# costs are normalized by its own best (a shared corpus holds several machines' "local" boards of one target).
+# Every record's unit is its board's, failures included (Measurer.run stamps it; database.logged_unit reads
+# it back from older logs), so a failed config joins the group of its board's figures.
+GroupKey = tuple[str, str, CostUnit, str]
 
 
 def _template(key: GroupKey, cache: dict[GroupKey, ScheduleTemplate | None]) -> ScheduleTemplate | None:
@@ -124,8 +112,8 @@ def _template(key: GroupKey, cache: dict[GroupKey, ScheduleTemplate | None]) -> 
 
 
 def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[str]]:
-    """Records -> per-group min cost per config; board errors, stale configs and unknown names skipped."""
-    run_units = _run_units(records)
+    """Records -> per-group min cost per config; board errors, correctness-only boards' records (no
+    figure to learn from), stale configs and unknown names skipped."""
     templates: dict[GroupKey, ScheduleTemplate | None] = {}
     valid: dict[tuple[GroupKey, int, tuple[tuple[str, object], ...]], bool] = {}
     groups: dict[GroupKey, _Group] = {}
@@ -134,15 +122,17 @@ def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[s
         if r.result.status is MeasureStatus.BOARD_ERROR:  # says nothing about the config itself
             skipped["board_error"] += 1
             continue
-        key = (r.workload, r.target, _unit_of(r, run_units), cpu_of(r) or "")
+        if r.result.cost_unit is CostUnit.NONE:
+            skipped["correctness_only"] += 1
+            continue
+        key = (r.workload, r.target, r.result.cost_unit, cpu_of(r) or "")
         template = _template(key, templates)
         if template is None:
             skipped["unknown_workload_or_target"] += 1
             continue
         check = (key, r.index, r.knobs)
         if check not in valid:
-            space = template.space
-            valid[check] = 0 <= r.index < space.size and space.config(r.index).values == r.knobs
+            valid[check] = config_of(template, r) is not None
         if not valid[check]:  # the template changed since: the index now means another config
             skipped["stale_config"] += 1
             continue
@@ -157,11 +147,20 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
     """Training rows per operator (each group featurized in one vectorized call), and skip counts."""
     groups, skipped = _group(records)
     parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, GroupCount]]] = {}
-    for number, (key, g) in enumerate(sorted(groups.items())):
+    in_order = sorted(groups.items(), key=lambda item: (*item[0][:2], item[0][2].value, item[0][3]))
+    for number, (key, g) in enumerate(in_order):
         indices = np.fromiter(g.costs, dtype=np.int64, count=len(g.costs))
         costs = np.fromiter(g.costs.values(), dtype=np.float64, count=len(g.costs))
         op = g.template.workload.op
-        count = GroupCount(op, *key[:3], g.records, len(indices), key[3])
+        count = GroupCount(
+            op=op,
+            workload=key[0],
+            target=key[1],
+            cost_unit=key[2],
+            records=g.records,
+            configs=len(indices),
+            cpu=key[3],
+        )
         features = np.asarray(featurize(g.template, indices), dtype=np.float32)
         parts.setdefault(op, []).append((features, costs, np.full(len(indices), number), count))
     data = {
@@ -173,20 +172,27 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
 
 
 def train(
-    records: Sequence[Record], options: TrainOptions = TrainOptions(), sources: Sequence[str] = ()
+    records: Sequence[Record],
+    options: TrainOptions = TrainOptions(),
+    sources: Sequence[str] = (),
+    left_out: Counter[str] | None = None,
 ) -> PretrainedModel:
-    """One booster per operator on every usable record (labels: throughput relative to the group's best)."""
-    if not records:
+    """One booster per operator on every usable record (labels: throughput relative to the group's best).
+
+    `left_out` counts the records the log reader already left out (and warned about, with file and line):
+    the manifest's skip counts include them."""
+    if not records and not left_out:
         raise InputError(f"no log records in {', '.join(sources) or 'the logs'} (are they tuning logs?)")
     data, skipped = collect(records)
     if skipped["stale_config"] or skipped["unknown_workload_or_target"]:
         warnings.warn(f"left out {skipped['stale_config']} record(s) whose config no longer matches its "
                       f"template and {skipped['unknown_workload_or_target']} of unknown workloads or targets",
                       TransferWarning, stacklevel=2)  # fmt: skip
+    skipped.update(left_out or Counter())
     if not data:
         why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items()))
         raise InputError(f"no usable records to train on in {', '.join(sources) or 'the logs'} "
-                         f"({len(records)} left out: {why})")  # fmt: skip
+                         f"({skipped.total()} left out: {why})")  # fmt: skip
     nthread = options.nthread or os.cpu_count() or 1
     boosters, bases = [], []
     for op, d in data.items():
@@ -201,11 +207,12 @@ def train(
             bases.append((op, ESTIMATE_COLUMN))
     counts = tuple(c for d in data.values() for c in d.counts)
     manifest = Manifest(
-        MODEL_FORMAT, FEATURES_VERSION, options.objective,
-        tuple((op, feature_names(op)) for op in data), tuple(sorted({c.target for c in counts})), counts,
-        sum(c.records for c in counts), tuple(sorted(skipped.items())), xtune.__version__,
-        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), tuple(Path(s).name for s in sources),
-        tuple(bases),
+        format=MODEL_FORMAT, features_version=FEATURES_VERSION, objective=options.objective,
+        feature_names=tuple((op, feature_names(op)) for op in data),
+        targets=tuple(sorted({c.target for c in counts})), groups=counts,
+        records_used=sum(c.records for c in counts), skipped=tuple(sorted(skipped.items())),
+        xtune_version=xtune.__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        sources=tuple(Path(s).name for s in sources), base_columns=tuple(bases),
     )  # fmt: skip
     return PretrainedModel(manifest, tuple(boosters))
 
@@ -218,7 +225,8 @@ def train_from_logs(
             raise InputError(f"no log file {path}")
         if is_model_file(path):
             raise InputError(f"{path} is a model file, not a tuning log")
-    return train(read_logs(paths), options, [os.fspath(p) for p in paths])
+    records, left_out = read_usable(paths)
+    return train(records, options, [os.fspath(p) for p in paths], left_out)
 
 
 # ---- loading ------------------------------------------------------------------------------------------
@@ -275,11 +283,11 @@ def _arch(target_name: str) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TransferSource:
     """Where a tuning run's pretrained model came from, for its report."""
 
-    kind: str  # "model", "builtin" or "logs"
+    kind: SourceKind
     paths: tuple[str, ...]
     model: PretrainedModel
 
@@ -319,7 +327,7 @@ def _load_source(
         if len(sources) > 1:
             raise InputError("--transfer-from builtin takes no other sources")
         path = builtin_model_path(target, op, cpu=cpu)
-        return TransferSource("builtin", (str(path),), read_model(path))
+        return TransferSource(kind="builtin", paths=(str(path),), model=read_model(path))
     missing = [s for s in sources if not Path(s).is_file()]
     if missing:
         raise InputError(f"--transfer-from: no such file {missing[0]}")
@@ -327,5 +335,5 @@ def _load_source(
     if models and len(sources) > 1:
         raise InputError("--transfer-from takes one model file, or log files to train on; not both")
     if models:
-        return TransferSource("model", (models[0],), read_model(models[0]))
-    return TransferSource("logs", tuple(sources), train_from_logs(sources, options))
+        return TransferSource(kind="model", paths=(models[0],), model=read_model(models[0]))
+    return TransferSource(kind="logs", paths=tuple(sources), model=train_from_logs(sources, options))

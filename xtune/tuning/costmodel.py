@@ -87,7 +87,8 @@ class XGBoostCostModel:
             "objective": "reg:squarederror" if objective == "reg" else "rank:pairwise",
             "tree_method": "hist",
             "max_depth": max_depth,
-            "max_bin": max_bin,  # 64 bins instead of 256: fits ~2x faster, ranks the same on tuning data
+            # Fewer bins than xgboost's 256 fit faster and rank the same (docs/benchmarks.md, History).
+            "max_bin": max_bin,
             "eta": learning_rate,
             "subsample": 1.0,
             "min_child_weight": 1,
@@ -100,7 +101,8 @@ class XGBoostCostModel:
         if objective == "reg":
             self.params["base_score"] = 0.0
         else:
-            # A few random pairs per row (not xgboost's default top-k pairs) fit ~2x faster and rank as well.
+            # A few random pairs per row (not xgboost's default top-k pairs) fit faster and rank as well
+            # (docs/benchmarks.md, History).
             self.params.update(lambdarank_pair_method="mean", lambdarank_num_pair_per_sample=4)
         self.base = base
         self.base_weight = base_weight

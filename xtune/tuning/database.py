@@ -8,24 +8,32 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import xtune
-from xtune.errors import InputError
+from xtune.boards.cost import RANKING_UNITS, CostUnit
+from xtune.errors import InputError, XtuneWarning
 from xtune.schedule.space import Config, KnobValue
+from xtune.target import get_target
+from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.workload import parse_workload
 
 FORMAT_VERSION = 1
+GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952, section 2.3.1
 DEFAULT_OPTIONS = MeasureOptions()
 Knobs = tuple[tuple[str, KnobValue], ...]
+TemplateOrWhy = ScheduleTemplate | str  # a template, or why a record has none
 # A kernel that once computed a wrong answer or died by a signal has a bug that some run may hit again.
 DISQUALIFYING = frozenset({MeasureStatus.WRONG_ANSWER, MeasureStatus.RUNTIME_ERROR})
 
 
-class LogWarning(UserWarning):
+class LogWarning(XtuneWarning):
     """A log line was skipped: torn by a kill, corrupt, or written by another format version."""
 
 
@@ -84,7 +92,7 @@ def record_to_json(record: Record) -> str:
             "costs": list(result.costs),
             "error": result.error,
             "compile_seconds": result.compile_seconds,
-            "cost_unit": result.cost_unit,
+            "cost_unit": result.cost_unit.value,
             "extra": [list(pair) for pair in result.extra],
         },
         "options": asdict(record.options),
@@ -98,7 +106,9 @@ def record_from_json(line: str) -> Record:
     """The record of one log line; InputError if it is not a record of FORMAT_VERSION."""
     try:
         data = json.loads(line)
-    except json.JSONDecodeError as e:
+    except RecursionError:
+        raise InputError("JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of more than 4300 digits
         raise InputError(f"not JSON: {e}") from None
     if not isinstance(data, dict):
         raise InputError("not a JSON object")
@@ -106,18 +116,34 @@ def record_from_json(line: str) -> Record:
         raise InputError(f"format version {data.get('v')!r}, expected {FORMAT_VERSION}")
     try:
         return _record_from_dict(data)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise InputError(f"malformed record: {type(e).__name__}: {e}") from None
+
+
+def logged_unit(spelled: str, fingerprint: Mapping[str, str]) -> CostUnit:
+    """The unit of a logged result. Before "none" existed, every board's failures and an emulated
+    board's wall times were logged as "s"; the board's fingerprint says what it really measured:
+    an instruction-counting qemu board says so under "cost" (since counting began, commit 10f1fca), a
+    qemu board's uname ends "(emulated ARCH)", and an SSH board behind qemu lists its "wrapper"."""
+    unit = CostUnit(spelled)
+    if unit is not CostUnit.SECONDS:
+        return unit
+    if fingerprint.get("cost", "").startswith("instructions"):
+        return CostUnit.INSTRUCTIONS  # a failure on a counting board: it never reached the counter
+    if "wrapper" in fingerprint or "(emulated " in fingerprint.get("uname", ""):
+        return CostUnit.NONE  # emulated wall time: correctness only
+    return unit
 
 
 def _record_from_dict(data: dict[str, Any]) -> Record:
     res = data["result"]
+    fingerprint = tuple((str(k), str(v)) for k, v in data.get("fingerprint", ()))
     result = MeasureResult(
         status=MeasureStatus(res["status"]),
         costs=tuple(float(c) for c in res["costs"]),
         error=str(res.get("error", "")),
         compile_seconds=float(res.get("compile_seconds", 0.0)),
-        cost_unit=str(res.get("cost_unit", "s")),
+        cost_unit=logged_unit(str(res.get("cost_unit", "s")), dict(fingerprint)),
         extra=tuple((str(k), float(v)) for k, v in res.get("extra", ())),
     )
     # Fields added to MeasureOptions later keep their defaults; fields it lost are ignored.
@@ -127,15 +153,21 @@ def _record_from_dict(data: dict[str, Any]) -> Record:
         workload=str(data["workload"]),
         target=str(data["target"]),
         board=str(data["board"]),
-        index=int(data["index"]),
+        index=_integer(data["index"]),
         knobs=tuple((str(k), _knob_value(v)) for k, v in data["knobs"]),
         result=result,
         options=options,
-        fingerprint=tuple((str(k), str(v)) for k, v in data.get("fingerprint", ())),
+        fingerprint=fingerprint,
         version=int(data["v"]),
         xtune_version=str(data.get("xtune", "")),
         time=float(data.get("time", 0.0)),
     )
+
+
+def _integer(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
 
 
 def _knob_value(value: object) -> KnobValue:
@@ -161,7 +193,7 @@ class TuningLog:
         return self.path.suffix == ".gz"
 
     def check_appendable(self) -> None:
-        if self.compressed:
+        if self.compressed or _starts_with(self.path, GZIP_MAGIC):
             raise InputError(f"{self.path} is a compressed log: xtune reads it but appends only to plain "
                              "JSON-lines logs (give --log a name without .gz)")  # fmt: skip
 
@@ -184,35 +216,43 @@ class TuningLog:
 
     def read(self) -> list[Record]:
         """Every readable record, in file order; torn, corrupt and unknown-version lines are warned about."""
+        return [record for _, record in self.numbered()]
+
+    def numbered(self) -> list[tuple[int, Record]]:
+        """`read`, each record with its line number (from 1)."""
         if not self.path.exists():
             return []
-        raw = self.path.read_bytes()
-        if self.compressed:
+        try:
+            raw = self.path.read_bytes()
+        except OSError as e:
+            raise InputError(f"cannot read the log {self.path}: {e.strerror or e}") from None
+        if self.compressed or raw.startswith(GZIP_MAGIC):  # a gzip log by any name is read as one
             try:
                 raw = gzip.decompress(raw)
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, zlib.error) as e:
                 raise InputError(f"{self.path} is not a readable gzip file ({e})") from None
         lines = raw.decode(errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
-        records: list[Record] = []
+        records: list[tuple[int, Record]] = []
         corrupt: list[int] = []
-        versions: dict[object, int] = {}
+        versions: dict[str, int] = {}
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                records.append(record_from_json(line))
+                records.append((number, record_from_json(line)))
             except InputError:
                 version = _version_of(line)
                 if version is not None and version != FORMAT_VERSION:
-                    versions[version] = versions.get(version, 0) + 1
+                    shown = repr(version)[:40]  # any JSON value, e.g. a dict: not hashable, maybe long
+                    versions[shown] = versions.get(shown, 0) + 1
                 else:
                     corrupt.append(number)
         self._warn(corrupt, versions, len(lines))
         return records
 
-    def _warn(self, corrupt: list[int], versions: dict[object, int], n_lines: int) -> None:
+    def _warn(self, corrupt: list[int], versions: dict[str, int], n_lines: int) -> None:
         if corrupt == [n_lines]:
             warnings.warn(
                 f"{self.path}: skipped a torn last line {n_lines} (a killed run?)", LogWarning, stacklevel=3
@@ -224,7 +264,7 @@ class TuningLog:
             )
         for version, count in versions.items():
             warnings.warn(
-                f"{self.path}: skipped {count} record(s) of format version {version!r} "
+                f"{self.path}: skipped {count} record(s) of format version {version} "
                 f"(this xtune reads version {FORMAT_VERSION})",
                 LogWarning,
                 stacklevel=3,
@@ -236,26 +276,104 @@ class TuningLog:
         return measured(self.read(), workload, target, board, cpu)
 
     def best(
-        self, workload: str, target: str, k: int = 1, cost_unit: str = "s", board: str | None = None
+        self,
+        workload: str,
+        target: str,
+        k: int = 1,
+        cost_unit: CostUnit | None = None,
+        board: str | None = None,
     ) -> list[Record]:
         return best(self.read(), workload, target, k, cost_unit, board)
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False  # missing, or unreadable: appending says why
 
 
 def _version_of(line: str) -> object:
     """The "v" of a line that is a JSON object, else None."""
     try:
         data = json.loads(line)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     return data.get("v") if isinstance(data, dict) else None
 
 
 def read_logs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
-    """The records of several logs, concatenated in the order given (missing files count as empty)."""
+    """The usable records of several logs, concatenated in the order given.
+
+    A missing log is an InputError (a typo, almost always). A record this xtune cannot use (unknown
+    operator or target, a config outside its template's space or whose knobs no longer match) is left
+    out with one LogWarning per log naming the file and its line numbers; it never stops the rest."""
+    return read_usable(paths)[0]
+
+
+def read_usable(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Record], Counter[str]]:
+    """`read_logs`, and how many records it left out by kind: "unknown_workload_or_target" and
+    "stale_config" (a model file's manifest counts them)."""
     records: list[Record] = []
+    left_out: Counter[str] = Counter()
+    templates: dict[tuple[str, str], TemplateOrWhy] = {}
     for path in paths:
-        records.extend(TuningLog(path).read())
-    return records
+        log = TuningLog(path)
+        if not log.path.exists():
+            raise InputError(f"no such log: {path}")
+        skipped: list[tuple[int, str]] = []
+        for number, record in log.numbered():
+            template = _template_of(record, templates)
+            why = template if isinstance(template, str) else _mismatch(template, record)
+            if why:
+                skipped.append((number, why))
+                left_out["unknown_workload_or_target" if template is why else "stale_config"] += 1
+            else:
+                records.append(record)
+        if skipped:
+            lines = ", ".join(str(n) for n, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+            warnings.warn(f"{path}: skipped {len(skipped)} record(s) this xtune cannot use (line {lines}); "
+                          f"line {skipped[0][0]}: {skipped[0][1]}", LogWarning, stacklevel=3)  # fmt: skip
+    return records, left_out
+
+
+def build_choice(records: Iterable[Record], workload: str, target: str) -> Record | None:
+    """The record `xtune build` compiles and `xtune best` shows for `workload` on `target`: the best
+    (`best`) in the records' `ranking_unit` (wall time, else instruction counts; never a correctness-only
+    board's), or None. The log reader has already left out records that no longer match their template."""
+    top = best(records, workload, target, k=1)
+    return top[0] if top else None
+
+
+def _template_of(record: Record, cache: dict[tuple[str, str], TemplateOrWhy]) -> TemplateOrWhy:
+    """The template of the record's workload on its target, or why there is none."""
+    key = (record.workload, record.target)
+    if key not in cache:
+        try:
+            cache[key] = template_for(parse_workload(record.workload), get_target(record.target))
+        except InputError as e:
+            cache[key] = str(e)
+    return cache[key]
+
+
+def config_of(template: ScheduleTemplate, record: Record) -> Config | None:
+    """The record's config if its index still means the same knobs in `template`, else None.
+
+    The one rule for "a logged record still matches its template": a changed template renumbers its
+    space, and an index outside it, or one whose knobs differ, is another version's config."""
+    return None if _mismatch(template, record) else template.space.config(record.index)
+
+
+def _mismatch(template: ScheduleTemplate, record: Record) -> str:
+    space = template.space
+    if record.workload != template.workload.key or record.target != template.target.name:
+        return f"the record is of {record.workload} on {record.target}"
+    if not 0 <= record.index < space.size:
+        return f"config index {record.index} is outside the space of {space.size} configs"
+    if space.config(record.index).values != record.knobs:
+        return f"config {record.index}'s knobs no longer match the template"
+    return ""
 
 
 # ---- queries over records -----------------------------------------------------------------------------
@@ -289,22 +407,61 @@ def measured(
     }
 
 
+def unmeasured(
+    records: Iterable[Record], workload: str, target: str, board: str | None = None, cpu: str | None = None
+) -> list[int]:
+    """Configs that have board-error records and nothing else (of `cpu`, see `of_machine`), in the order
+    they were first tried: an earlier run chose them, but never measured them. `measured` leaves them out."""
+    mine = of_machine(records, workload, target, board, cpu)
+    done = measured(mine, workload, target)
+    return list(dict.fromkeys(r.index for r in mine if r.index not in done))
+
+
+def ranking_unit(records: Iterable[Record]) -> CostUnit | None:
+    """The unit whose figures decide among `records` (of one workload and target): real seconds beat
+    instruction counts beat nothing (cost.RANKING_UNITS). Only a figure of a config that could be a best
+    counts: a failed record's unit decides nothing, a correctness-only board has no figure, and a config
+    that ever gave a wrong answer or crashed is out. None if no config has a figure."""
+    return _preferred(_figures(records))
+
+
+def _preferred(figures: Mapping[CostUnit, object]) -> CostUnit | None:
+    return next((unit for unit in RANKING_UNITS if unit in figures), None)
+
+
+def _figures(records: Iterable[Record]) -> dict[CostUnit, dict[tuple[int, Knobs], list[Record]]]:
+    """Unit -> config -> its OK records with a figure in that unit; disqualified configs left out."""
+    figures: dict[CostUnit, dict[tuple[int, Knobs], list[Record]]] = {}
+    disqualified: set[tuple[int, Knobs]] = set()
+    for r in records:
+        if r.result.status in DISQUALIFYING:
+            disqualified.add((r.index, r.knobs))
+        elif r.result.ok and math.isfinite(r.cost) and r.cost > 0:
+            figures.setdefault(r.result.cost_unit, {}).setdefault((r.index, r.knobs), []).append(r)
+    for configs in figures.values():
+        for config in disqualified & configs.keys():
+            del configs[config]
+    return {unit: configs for unit, configs in figures.items() if configs}
+
+
 def best(
     records: Iterable[Record],
     workload: str,
     target: str,
     k: int = 1,
-    cost_unit: str = "s",
+    cost_unit: CostUnit | None = None,
     board: str | None = None,
 ) -> list[Record]:
-    """The `k` distinct configs with the lowest cost among OK records in `cost_unit`, best first.
+    """The `k` distinct configs with the lowest cost among OK records in `cost_unit` (by default the
+    `ranking_unit` of the records of `workload` on `target`), best first; figures of other units are
+    never compared with these.
 
     A config measured several times (`xtune tune` times its leaders again at the end of a run, see
     `TuneOptions.confirm`) is represented by its median record, the faster of the middle two for an even
     count: the fastest of hundreds of noisy timings is the luckiest one, not the config's speed (the
     winner's curse, docs/benchmarks.md). A config that ever gave a wrong answer or crashed is never a best,
-    whatever its other records say. Ties go to the earlier record, then to the lower index, so the answer
-    does not depend on file order."""
+    whatever its other records say (a correctness-only board's records count for that). Ties go to the
+    earlier record, then to the lower index, so the answer does not depend on file order."""
     return [r for r, _ in leaders(records, workload, target, k, cost_unit, board)]
 
 
@@ -313,21 +470,17 @@ def leaders(
     workload: str,
     target: str,
     k: int = 1,
-    cost_unit: str = "s",
+    cost_unit: CostUnit | None = None,
     board: str | None = None,
 ) -> list[tuple[Record, int]]:
     """`best`, each with the count of timings its median record is the median of.
 
     A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
     says nothing about another config that now has its index."""
-    timings: dict[tuple[int, Knobs], list[Record]] = {}
-    disqualified: set[tuple[int, Knobs]] = set()
-    for r in of_machine(records, workload, target, board):
-        if r.result.status in DISQUALIFYING:
-            disqualified.add((r.index, r.knobs))
-        elif r.result.ok and r.result.cost_unit == cost_unit and math.isfinite(r.cost) and r.cost > 0:
-            timings.setdefault((r.index, r.knobs), []).append(r)
-    medians = [(_median_record(rs), len(rs)) for config, rs in timings.items() if config not in disqualified]
+    figures = _figures(of_machine(records, workload, target, board))
+    unit = _preferred(figures) if cost_unit is None else cost_unit
+    timings = figures.get(unit, {}) if unit is not None else {}
+    medians = [(_median_record(rs), len(rs)) for rs in timings.values()]
     return sorted(medians, key=lambda pair: _rank(pair[0]))[: max(k, 0)]
 
 

@@ -3,7 +3,9 @@ trained on one board's logs ranks configs for a similar board.
 
 Computed analytically from each config's resolved loop structure (block sizes, register tile,
 packing, order) rather than by building the nest, so that simulated annealing can score thousands
-of configs per batch (vectorized over indices with numpy).
+of configs per batch (vectorized over indices with numpy). What a config resolves to (effective
+blocks, register use, loads per FMA) is the templates' rule, called here on arrays
+(templates.matmul.effective_blocks, conv2d.channel_blocks, ...), never restated.
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
-from xtune.templates import ScheduleTemplate
-from xtune.templates.conv2d import padded
-from xtune.templates.depthwise import phase_width
+from xtune.templates import ScheduleTemplate, conv2d, depthwise, matmul
 from xtune.templates.matmul import ORDERS, parse_tile
 from xtune.workload import conv_shape
 
@@ -36,7 +36,7 @@ MATMUL_FEATURES = (
 )  # fmt: skip
 
 # Machine constants the estimate assumes for every target (none is in the descriptors; fitted by eye to
-# 512³ and three other shapes on Zen 3, see docs/design.md): FMA latency in cycles, vector loads and
+# a few matmul shapes on one machine, docs/benchmarks.md, History): FMA latency in cycles, vector loads and
 # broadcasts per cycle, cache line bytes, cache associativity, and the bytes per cycle that L2 and what
 # lies beyond it stream to one core.
 FMA_LATENCY, LOADS_PER_CYCLE, BROADCASTS_PER_CYCLE = 4.0, 2.0, 1.0
@@ -100,20 +100,17 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     mr, nv = cfg.tiles()
     lanes = float(t.fp32_lanes)
     nr = nv * lanes
-    # Effective blocks, as MatmulTemplate.schedule resolves them.
-    mc, nc, kc = ints("mc"), ints("nc"), ints("kc")
-    mc = np.where(mc >= m, m, np.maximum(mr, np.floor(mc / mr) * mr))
-    nc = np.where(nc >= n, n, np.maximum(nr, np.floor(nc / nr) * nr))
+    mc, nc, kc = matmul.effective_blocks(wl, t.fp32_lanes, (mr, nv), (ints("mc"), ints("nc"), ints("kc")))
     order = cfg.values("order")
     pack_a, pack_b, unroll = ints("pack_a"), ints("pack_b"), ints("unroll_k")
     regs, l1, l2 = float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
     # How often a panel is packed again: once per block of every loop outside the pair that fixes it.
-    m_out = np.array([o.index("m") < max(o.index("n"), o.index("k")) for o in order], dtype=np.float64)
-    n_out = np.array([o.index("n") < max(o.index("m"), o.index("k")) for o in order], dtype=np.float64)
+    m_out = np.array([matmul.repacked_per_block(o, "B") for o in order], dtype=np.float64)
+    n_out = np.array([matmul.repacked_per_block(o, "A") for o in order], dtype=np.float64)
     cols = [
         np.full_like(mr, np.log2(m)), np.full_like(mr, np.log2(n)), np.full_like(mr, np.log2(k)),
         np.full_like(mr, np.log2(lanes)),
-        mr * nv / regs, (mr * nv + nv + 1) / regs, mr * nv / (mr + nv), mr, nv,
+        mr * nv / regs, matmul.tile_registers(mr, nv) / regs, matmul.fmas_per_load(mr, nv), mr, nv,
         _log2(4 * kc * nr / l1), _log2(4 * kc * mr / l1), _log2(4 * mc * kc / l2), _log2(4 * kc * nc / l2),
         _log2(4 * mc * nc / l2),
         np.ceil(m / mr) * mr / m - 1, np.ceil(n / nr) * nr / n - 1, _log2(np.ceil(k / kc)), _log2(unroll),
@@ -270,11 +267,8 @@ def conv2d_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     p, nv = cfg.tiles()
     lanes, regs, l1, l2 = _target_sizes(t)
     nr = nv * lanes
-    hp, wp = (float(v) for v in padded(sh))
-    # Effective blocks, as Conv2dTemplate.schedule resolves them (its stack-budget clamp aside).
-    cb = np.minimum(ints("tile_ic"), sh.c)
-    kb = np.maximum(nr, np.ceil(np.minimum(ints("tile_oc"), sh.k) / nr) * nr)
-    ohb = np.minimum(ints("tile_oh"), sh.oh)
+    hp, wp = (float(v) for v in conv2d.padded(sh))
+    cb, kb, ohb = conv2d.channel_blocks(sh, nr, ints("tile_ic"), ints("tile_oc"), ints("tile_oh"))
     unroll_kw, unroll = ints("unroll_kw"), ints("unroll")
     hwc = flag("pack_layout", "hwc")
     rows = (ohb - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
@@ -283,7 +277,7 @@ def conv2d_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     cols = [
         one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow),
         one * np.log2(sh.r * sh.s), one * sh.stride, one * sh.dilation, one * np.log2(lanes), one * sh.nhwc,
-        p * nv / regs, (p * nv + nv + 1) / regs, p * nv / (p + nv), p, nv,
+        p * nv / regs, matmul.tile_registers(p, nv) / regs, matmul.fmas_per_load(p, nv), p, nv,
         np.ceil(sh.k / nr) * nr / sh.k - 1, np.ceil(sh.ow / p) * p / sh.ow - 1,
         one * (hp * wp / (sh.h * sh.w) - 1),
         _log2(4 * cb * hp * wp / l2), _log2(4 * rows * wp * cb / l1), _log2(4 * cb * sh.r * sh.s * nr / l1),
@@ -302,16 +296,14 @@ def depthwise_features(template: ScheduleTemplate, indices: Sequence[int] | np.n
     p, nv = cfg.tiles()
     lanes, regs, l1, l2 = _target_sizes(t)
     width = nv * lanes
-    owb = cfg.ints("tile_ow")
-    owb = np.where(owb >= sh.ow, sh.ow, np.maximum(width, np.floor(owb / width) * width))
+    owb = depthwise.column_block(sh, width, cfg.ints("tile_ow"))
     unroll_kh = cfg.flag("unroll_kh", 1)
-    plane = 4.0 * (sh.h + 2 * sh.pad) * sh.stride * phase_width(sh, t.fp32_lanes)
-    loads = ((p - 1) * sh.stride + sh.r) * sh.s * nv + sh.r * sh.s
+    plane = 4.0 * (sh.h + 2 * sh.pad) * sh.stride * depthwise.phase_width(sh, t.fp32_lanes)
     one = np.ones_like(p)
     cols = [
         one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow), one * np.log2(sh.r * sh.s),
         one * sh.stride, one * sh.dilation, one * sh.multiplier, one * np.log2(lanes),
-        p * nv / regs, p * nv * sh.r * sh.s / loads, p, nv,
+        p * nv / regs, depthwise.fmas_per_load(sh, p, nv), p, nv,
         np.ceil(sh.ow / width) * width / sh.ow - 1, np.ceil(sh.oh / p) * p / sh.oh - 1,
         one * ((sh.h + 2 * sh.pad) * (sh.w + 2 * sh.pad) / (sh.h * sh.w) - 1),
         one * np.log2(plane / l1), one * np.log2(plane / l2), owb / sh.ow,

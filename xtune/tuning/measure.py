@@ -10,7 +10,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -19,13 +19,14 @@ import numpy as np
 
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, RunStatus
 from xtune.boards.board import Board, InsnCountingSession
+from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
-from xtune.errors import BoardError, LinkError, XtuneError
-from xtune.target import Target, get_target
-from xtune.templates import template_for
-from xtune.workload import Workload, parse_workload, random_inputs
+from xtune.errors import BoardError, BoardFault, LinkError, XtuneError
+from xtune.target import Target
+from xtune.templates import ScheduleTemplate, template_for
+from xtune.workload import RTOL, Workload, check_output, random_inputs
 
 
 class MeasureStatus(Enum):
@@ -38,7 +39,7 @@ class MeasureStatus(Enum):
     BOARD_ERROR = "board_error"  # the board or its connection failed; the candidate itself may be fine
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MeasureOptions:
     """How a board times a candidate; written into the log with every result."""
 
@@ -48,16 +49,18 @@ class MeasureOptions:
     warmup: int = 1
     timeout_ms: int = 10_000
     flush_cache: bool = False
-    rtol: float = 1e-4  # relative to the reference's max magnitude times sqrt(reduction length)
+    rtol: float = RTOL
 
 
 @dataclass(frozen=True)
 class MeasureResult:
     status: MeasureStatus
-    costs: tuple[float, ...] = ()  # seconds per call, one per repeat
+    costs: tuple[float, ...] = ()  # per call in `cost_unit`, one per repeat; none on a correctness-only board
     error: str = ""
     compile_seconds: float = 0.0
-    cost_unit: str = "s"  # "s" for wall time, "insn" for QEMU instruction counts
+    # What the board measures. `Measurer.run` stamps its board's unit on every result, failures included;
+    # the default is for results made up in tests of the logic.
+    cost_unit: CostUnit = CostUnit.SECONDS
     extra: tuple[tuple[str, float], ...] = field(default=())
 
     @property
@@ -66,11 +69,28 @@ class MeasureResult:
 
     @property
     def cost(self) -> float:
-        """The figure of merit: median repeat cost; +inf for anything that is not OK."""
-        return statistics.median(self.costs) if self.ok and self.costs else float("inf")
+        """The figure of merit: median repeat cost; +inf for anything not OK, and for a correctness-only
+        board's result (it has no figure: OK says the output was right, nothing more)."""
+        if not self.ok or not self.costs or self.cost_unit is CostUnit.NONE:
+            return float("inf")
+        return statistics.median(self.costs)
 
 
 ENTRY = "xt_kernel"  # the entry point name of a candidate image
+
+# A build (template, lowering, LLVM O3, link) takes 30-150 ms (docs/benchmarks.md), a fresh worker's
+# imports a second or two; one that runs this long is stuck, in a template or in LLVM.
+BUILD_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One config of one workload's template on one target: what a compile worker builds. It carries the
+    objects themselves, so a worker looks nothing up again (a target read from a file has no name to find)."""
+
+    workload: Workload
+    target: Target
+    index: int  # the config's index in the template's space
 
 
 @dataclass(frozen=True)
@@ -84,14 +104,17 @@ class BuiltImage:
     error: str = ""
 
 
-def build_image(workload_key: str, target_name: str, config_index: int) -> BuiltImage:
-    """template -> loop nest -> LLVM IR -> object -> flat image; runs in a compile worker process."""
+def build_image(candidate: Candidate, template: ScheduleTemplate | None = None) -> BuiltImage:
+    """template -> loop nest -> LLVM IR -> object -> flat image; runs in a compile worker process.
+
+    `template` is the candidate's registered template unless one is given. xtune's own errors become
+    statuses here; any other exception (a bug in a template or in lowering) leaves the worker, and the
+    pool makes it the candidate's `compile_error` (CompilePool.build_all)."""
     start = time.perf_counter()
     try:
-        target = get_target(target_name)
-        template = template_for(parse_workload(workload_key), target)
-        kernel = template.kernel(template.space.config(config_index), ENTRY)
-        obj = compile_object(lower([kernel]), target, (ENTRY,))
+        template = template or template_for(candidate.workload, candidate.target)
+        kernel = template.kernel(template.space.config(candidate.index), ENTRY)
+        obj = compile_object(lower([kernel]), candidate.target, (ENTRY,))
     except XtuneError as err:  # CompileError, or a config/workload the template rejects
         return BuiltImage(MeasureStatus.COMPILE_ERROR, error=str(err))
     try:
@@ -101,61 +124,110 @@ def build_image(workload_key: str, target_name: str, config_index: int) -> Built
     return BuiltImage(MeasureStatus.OK, image.code, image.entry(ENTRY), time.perf_counter() - start)
 
 
-BuildJob = Callable[[str, str, int], BuiltImage]
+BuildJob = Callable[[Candidate], BuiltImage]
+
+
+class _Lost(Enum):
+    """Why a build gave no answer at all."""
+
+    DIED = "the compiler process died (LLVM abort)"
+    HUNG = "the build did not finish within the {timeout:g} s build timeout; its worker was killed"
 
 
 class CompilePool:
     """Compile workers (spawned, so an LLVM abort() kills a worker, never the tuner).
 
-    One worker by default on a 2-core machine: the other core is the board's while it times."""
+    One worker by default on a 2-core machine: the other core is the board's while it times. No
+    candidate ends the run: an exception in its build, a worker it kills or a build that outlasts
+    `build_timeout_s` become its `compile_error` (docs/design.md, Compilation)."""
 
-    def __init__(self, workers: int | None = None, job: BuildJob = build_image):
+    def __init__(
+        self,
+        workers: int | None = None,
+        job: BuildJob = build_image,
+        build_timeout_s: float = BUILD_TIMEOUT_S,
+    ):
         self.workers = workers or max(1, (os.cpu_count() or 2) - 1)
-        self.job = job  # a picklable module-level function; tests substitute one that aborts
+        self.job = job  # a picklable module-level function; tests substitute ones that fail
+        self.build_timeout_s = build_timeout_s
         self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()  # one pool per board thread of a run (_BoardsMeasurer) at a time
+        self._running: set[Future[BuiltImage]] = set()
 
     def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(os.getpid(),),
-            )
-        return self._pool
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    self.workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_worker,
+                    initargs=(os.getpid(),),
+                )
+            return self._pool
 
-    def submit(self, workload: Workload, target: Target, index: int) -> Future[BuiltImage]:
-        return self._executor().submit(self.job, workload.key, target.name, index)
+    def submit(self, candidate: Candidate) -> Future[BuiltImage]:
+        future = self._executor().submit(self.job, candidate)
+        self._running.add(future)
+        future.add_done_callback(self._running.discard)
+        return future
 
     def build_all(self, workload: Workload, target: Target, indices: Sequence[int]) -> Iterator[BuiltImage]:
         """Built images in the order of `indices`, compiled ahead while the caller measures."""
-        futures = [self.submit(workload, target, i) for i in indices]
-        for pos, index in enumerate(indices):
-            try:
-                yield futures[pos].result()
-            except BrokenProcessPool:
-                # A worker died (LLVM abort): every pending future failed with it. Retry this
-                # candidate alone in a fresh pool; if it kills that one too, it is the culprit.
-                self.close()
-                retry = self.submit(workload, target, index)
-                try:
-                    built = retry.result()
-                except BrokenProcessPool:
-                    self.close()
-                    built = BuiltImage(
-                        MeasureStatus.COMPILE_ERROR, error="the compiler process died (LLVM abort)"
-                    )
-                futures[pos + 1 :] = [self.submit(workload, target, i) for i in indices[pos + 1 :]]
-                yield built
+        candidates = [Candidate(workload=workload, target=target, index=i) for i in indices]
+        futures = [self.submit(c) for c in candidates]
+        for pos, candidate in enumerate(candidates):
+            built = self._outcome(futures[pos])
+            if isinstance(built, _Lost):
+                # A worker died (LLVM abort) or a build hung, which may be another's, queued ahead of
+                # this one: the pool is restarted (every pending future fails with it) and this
+                # candidate built alone in the fresh one. If it is lost there too, it is the culprit.
+                self._stop(kill=built is _Lost.HUNG)
+                built = self._outcome(self.submit(candidate))
+                if isinstance(built, _Lost):
+                    self._stop(kill=built is _Lost.HUNG)
+                    text = built.value.format(timeout=self.build_timeout_s)
+                    built = BuiltImage(MeasureStatus.COMPILE_ERROR, error=text)
+                futures[pos + 1 :] = [self.submit(c) for c in candidates[pos + 1 :]]
+            yield built
+
+    def _outcome(self, future: Future[BuiltImage]) -> BuiltImage | _Lost:
+        """The build's image or status, or why there is none. The deadline runs from now: every earlier
+        candidate of the caller is done, so this one has been running since at most now, unless another
+        caller's (another board's) builds are queued ahead of it, which the lone retry sorts out."""
+        done, _ = wait([future], timeout=self.build_timeout_s)
+        if not done:
+            return _Lost.HUNG
+        err = future.exception()
+        if isinstance(err, BrokenProcessPool):
+            return _Lost.DIED
+        if err is not None:  # a bug in a template or in lowering: the candidate's, not the run's
+            return BuiltImage(MeasureStatus.COMPILE_ERROR, error=_one_line(err))
+        return future.result()
+
+    def _stop(self, kill: bool) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kill:  # a hung worker never takes the shutdown sentinel; the pool fails its pending jobs
+            for process in list((pool._processes or {}).values()):
+                process.kill()
+        # wait=True: the pending jobs are cancelled, so this waits for at most one compile per worker.
+        # With wait=False, CPython 3.11's exit handler could still wake the pool's manager thread while
+        # that thread closed its pipe, printing "Exception ignored ... Bad file descriptor" at the end
+        # of a run (seen once in 16 `xtune tune` runs; the race of cpython issue gh-83279).
+        pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
-        if self._pool is not None:
-            # wait=True: the pending jobs are cancelled, so this waits for at most one compile per worker.
-            # With wait=False, CPython 3.11's exit handler could still wake the pool's manager thread while
-            # that thread closed its pipe, printing "Exception ignored ... Bad file descriptor" at the end
-            # of a run (seen once in 16 `xtune tune` runs; the race of cpython issue gh-83279).
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """Stop the workers; one still building (the caller was interrupted, or left early) is killed, so
+        that a hung build cannot hold up the end of a run."""
+        self._stop(kill=bool(self._running))
+
+
+def _one_line(err: BaseException) -> str:
+    """`Type: message` on one line, for the log."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _init_worker(parent: int) -> None:
@@ -172,21 +244,16 @@ def _exit_with(parent: int) -> None:
     os._exit(0)
 
 
-def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
-    """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
-    if not np.all(np.isfinite(got)):
-        bad = int(np.count_nonzero(~np.isfinite(got)))
-        return f"{bad} of {got.size} outputs are not finite (never written or overflowed)"
-    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
-    err = float(np.max(np.abs(got - expected))) if expected.size else 0.0
-    if err > rtol * scale:
-        where = np.unravel_index(int(np.argmax(np.abs(got - expected))), expected.shape)
-        return f"max abs error {err:.3g} > {rtol * scale:.3g} at {tuple(int(i) for i in where)}"
-    return ""
+# Candidates in a row that end in board_error (each after one retry with a fresh session) before the
+# board counts as failed for good: transient faults that keep coming are not transient.
+MAX_BOARD_ERRORS_IN_A_ROW = 3
 
 
 class Measurer:
-    """Measures configs of one workload on one board: build (in workers), check against numpy, time."""
+    """Measures configs of one workload on one board: build (in workers), check against numpy, time.
+
+    A BoardError that is not transient (docs/boards.md, "Faults") ends measuring: `measure` records
+    it in `failure`, returns board_error for the candidates it did not finish, and measures no more."""
 
     def __init__(
         self, board: Board, workload: Workload, options: MeasureOptions, pool: CompilePool | None = None
@@ -204,6 +271,8 @@ class Measurer:
         self.out_shape = self.tensors[self.out_slot].shape
         self._poison = np.full(self.out_shape, np.nan, dtype=np.float32).tobytes()
         self._session: AgentSession | None = None
+        self.failure: BoardError | None = None  # why this board cannot measure any more
+        self._errors_in_a_row = 0
 
     def session(self) -> AgentSession:
         if self._session is None:
@@ -215,20 +284,50 @@ class Measurer:
         return self._session
 
     def measure(self, indices: Sequence[int]) -> list[MeasureResult]:
-        return [self.run(built) for built in self.pool.build_all(self.workload, self.board.target, indices)]
+        results: list[MeasureResult] = []
+        if self.failure is None:
+            builds = self.pool.build_all(self.workload, self.board.target, indices)
+            try:
+                for built in builds:
+                    results.append(self.run(built))
+            except BoardError as err:
+                self.failure = err  # `builds` is dropped: compiles nobody will run are not waited for
+        not_measured = MeasureResult(MeasureStatus.BOARD_ERROR, error=f"not measured: {self.failure}")
+        return results + [not_measured] * (len(indices) - len(results))
 
     def run(self, built: BuiltImage) -> MeasureResult:
+        """The result of one built candidate, stamped with what this board measures (failures too: a
+        log reader never guesses a failure's unit, docs/design.md "Measurement"). A transient board fault
+        is retried once with a fresh session and then recorded as board_error; raises the BoardError
+        (naming the board) when the board failed for good."""
+        return replace(self._run(built), cost_unit=self.board.cost_unit)
+
+    def _run(self, built: BuiltImage) -> MeasureResult:
         if built.status is not MeasureStatus.OK:
             return MeasureResult(built.status, error=built.error)
-        for attempt in (1, 2):  # a dead agent is restarted once; the candidate is then retried
+        for attempt in (1, 2):
             try:
                 result = self._check_and_time(built)
+                self._errors_in_a_row = 0
                 return replace(result, compile_seconds=built.compile_seconds)
             except BoardError as err:
                 self.close_session()
+                failed = self._on_board(err)
+                if not failed.transient:
+                    raise failed from None
                 if attempt == 2:
-                    return MeasureResult(MeasureStatus.BOARD_ERROR, error=str(err))
+                    self._errors_in_a_row += 1
+                    if self._errors_in_a_row >= MAX_BOARD_ERRORS_IN_A_ROW:
+                        raise failed.gave_up(f" ({self._errors_in_a_row} candidates in a row)") from None
+                    return MeasureResult(MeasureStatus.BOARD_ERROR, error=str(failed))
         raise AssertionError("unreachable")
+
+    def _on_board(self, err: BoardError) -> BoardError:
+        """`err`, its message starting with the board's name (the one line a stopped run prints)."""
+        prefix = f"board {self.board.name}"
+        if str(err).startswith(prefix):
+            return err
+        return BoardError(f"{prefix}: {err}", err.kind, err.transient)
 
     def _check_and_time(self, built: BuiltImage) -> MeasureResult:
         session, opts, args = self.session(), self.options, self.args
@@ -241,14 +340,18 @@ class Measurer:
         mismatch = check_output(got, self.expected, opts.rtol)
         if mismatch:
             return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
-        if self.board.cost_unit == "insn":
+        if self.board.cost_unit is CostUnit.NONE:
+            # Correctness only: the output was checked, and emulated wall time would rank nothing
+            # (docs/boards.md), so no timed run follows.
+            return MeasureResult(MeasureStatus.OK)
+        if self.board.cost_unit is CostUnit.INSTRUCTIONS:
             # QEMU boards: the check run was exactly one call and the insncount plugin counted its
-            # instructions: a deterministic cost. Emulated wall time is no signal (MEASURED.md §3),
-            # so no timed run follows.
+            # instructions: a deterministic cost (docs/qemu-insn-count.md), so no timed run follows.
             count = session.last_insn_count if isinstance(session, InsnCountingSession) else None
             if count is None:
-                raise BoardError(f"board {self.board.name} reported no instruction count for the run")
-            return MeasureResult(MeasureStatus.OK, (float(count),), cost_unit="insn")
+                raise BoardError(f"board {self.board.name} reported no instruction count for the run",
+                                 BoardFault.AGENT)  # fmt: skip
+            return MeasureResult(MeasureStatus.OK, (float(count),))
         flush = 2 * self.board.target.l2_bytes if opts.flush_cache else 0
         timed = RunRequest(
             built.entry_offset, args, opts.number, opts.repeat, opts.min_repeat_ms, opts.warmup,

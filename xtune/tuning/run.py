@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 
 import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
+from xtune.boards.cost import CostUnit, gflops
 from xtune.peers import numpy_seconds
 from xtune.templates import ScheduleTemplate
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders
 from xtune.tuning.measure import MeasureOptions
-from xtune.tuning.session import TuningSession
-from xtune.tuning.tuner import StopReason, TuneProgress, TuneSummary
+from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession
+from xtune.tuning.tuner import StopReason, StopTuning, TuneProgress, TunerName, TuneSummary
 from xtune.workload import Workload
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TuneOptions:
     """Everything a tuning run was asked to do; written into the report and (measure part) the log."""
 
-    tuner: str = "xgb"
+    tuner: TunerName = "xgb"
     trials: int = 64
     batch_size: int = 16
     early_stopping: int | None = None
@@ -42,7 +45,25 @@ class TuneOptions:
     confirm: int = 3
 
 
-@dataclass(frozen=True)
+class Confirmation(Enum):
+    """How the best's figure stands to the promise of `TuneOptions.confirm` (a median of CONFIRM_TIMINGS
+    timings), and why, when it has fewer."""
+
+    CONFIRMED = "confirmed"  # a median of CONFIRM_TIMINGS timings or more
+    EXACT = "exact"  # an instruction count: exactly reproducible, one count is the figure
+    OFF = "off"  # the run was asked not to confirm (confirm=0)
+    INTERRUPTED = "interrupted"  # the run stopped before its leaders were timed again
+    FAILED = "failed"  # timing it again failed (timeouts or board errors) as often as it was tried
+
+
+_SHORT_BECAUSE = {
+    Confirmation.OFF: "confirmation is off (--confirm 0)",
+    Confirmation.INTERRUPTED: "interrupted before the leaders were timed again",
+    Confirmation.FAILED: "timing it again failed",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
 class TuningReport:
     workload: str
     target: str
@@ -53,16 +74,28 @@ class TuningReport:
     counts: tuple[tuple[str, int], ...]  # this run's trials by status
     best_index: int | None  # over the log's whole history and this run
     best_knobs: tuple[tuple[str, object], ...]
-    best_cost: float  # seconds per call (or instructions, when cost_unit is "insn"): its median timing
+    best_cost: float  # per call in `cost_unit`: its median timing (an exact count for INSTRUCTIONS)
     best_timings: int  # how many timings of the best config that median is over
+    confirmation: Confirmation | None  # whether best_timings keeps the promise of `confirm`; None: no best
     confirm_timings: int  # timings this run added to confirm its leaders (not counted in trials)
-    cost_unit: str
+    cost_unit: CostUnit  # what the boards measure
     best_gflops: float | None
     numpy_gflops: float | None  # single thread, measured in this run (local board only)
     seconds: float
     tuner_seconds: float
     curve_gflops: tuple[float, ...]  # best-so-far GFLOP/s after each trial of this run (0 before any OK)
-    stop: str
+    stop: StopReason
+    error: str = ""  # why the run stopped, when a board failed for good (stop BOARD_FAILED)
+
+    def timings_text(self) -> str:
+        """How many timings the best's figure is over, and why not CONFIRM_TIMINGS when fewer."""
+        n = self.best_timings
+        if self.confirmation is Confirmation.EXACT:
+            return "an exact count" if n == 1 else f"an exact count, counted {n} times"
+        timed = "timed once" if n == 1 else f"median of {n} timings"
+        if self.confirmation is None or self.confirmation is Confirmation.CONFIRMED:
+            return timed
+        return f"{timed}: {_SHORT_BECAUSE[self.confirmation]}"
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -71,6 +104,8 @@ class TuningReport:
         d["best_config"] = {"index": self.best_index, "knobs": dict(self.best_knobs)}
         del d["best_knobs"], d["best_index"]
         d["best_cost"] = self.best_cost if math.isfinite(self.best_cost) else None
+        d["cost_unit"], d["stop"] = self.cost_unit.value, self.stop.value
+        d["confirmation"] = self.confirmation.value if self.confirmation else None
         ratio = self.best_gflops / self.numpy_gflops if self.best_gflops and self.numpy_gflops else None
         d["ratio_vs_numpy"] = round(ratio, 4) if ratio else None
         return d
@@ -86,22 +121,26 @@ def run_tuning(
     pretrained: CostModel | None = None,
     hedge_with_estimate: bool = False,
 ) -> TuningReport:
-    """Tune `workload` on `boards` (all of one target) for `options.trials`, then confirm the leaders;
-    every finished batch is appended to `log`. `pretrained` and `hedge_with_estimate`: see TuningSession."""
+    """Tune `workload` on `boards` (all of one target, see session.check_boards) for `options.trials`,
+    then confirm the leaders; every finished batch is appended to `log`, each record with the name and
+    fingerprint of the board that measured it. A board that fails for good stops the run (stop
+    BOARD_FAILED, `error` says why). `pretrained` and `hedge_with_estimate`: see TuningSession."""
     session = TuningSession(workload, boards, options, log, pretrained=pretrained,
                             hedge_with_estimate=hedge_with_estimate,
                             callbacks=[on_progress] if on_progress else [])  # fmt: skip
-    stop = StopReason.INTERRUPTED
+    stop, start = StopReason.INTERRUPTED, time.perf_counter()
     try:
         summary = session.run(options.trials, options.batch_size, options.early_stopping)
-        if summary.stop is not StopReason.INTERRUPTED:
+        if summary.stop not in (StopReason.INTERRUPTED, StopReason.BOARD_FAILED):
             session.confirm(options.confirm)
         stop = summary.stop
+    except StopTuning as request:  # a board failed while confirming
+        stop = request.reason
     except KeyboardInterrupt:
         pass  # while confirming: every timing taken is kept, the run reports itself interrupted
     finally:
         session.close()
-    return _report(
+    report = _report(
         workload,
         session.template,
         boards,
@@ -110,9 +149,11 @@ def run_tuning(
         stop,
         session.records(),
         session.resumed,
-        len(session.this_run) - summary.trials,
+        session.confirm_timings,
         numpy_gflops,
     )
+    # The whole run's wall time, confirming included (summary.seconds is the tuning loop's alone).
+    return replace(report, seconds=time.perf_counter() - start, error=str(session.failure or ""))
 
 
 def _report(
@@ -134,16 +175,31 @@ def _report(
     if top:
         best_cost, best_index, best_timings = top[0][0].cost, top[0][0].index, top[0][1]
     flops = workload.flops()
-    gflops = flops / best_cost / 1e9 if unit == "s" and math.isfinite(best_cost) else None
-    curve = tuple(flops / c / 1e9 if unit == "s" and math.isfinite(c) else 0.0 for c in summary.curve)
     return TuningReport(
-        wl, target, tuple(b.name for b in boards), options,
-        summary.trials, resumed,
-        tuple((s.value, n) for s, n in summary.counts), best_index,
-        template.space.config(best_index).values if best_index is not None else (),
-        best_cost, best_timings, confirm_timings, unit, gflops,
-        numpy_gflops, summary.seconds, summary.tuner_seconds, curve, stop.value,
+        workload=wl, target=target, boards=tuple(b.name for b in boards), options=options,
+        trials=summary.trials, resumed=resumed, counts=tuple((s.value, n) for s, n in summary.counts),
+        best_index=best_index,
+        best_knobs=template.space.config(best_index).values if best_index is not None else (),
+        best_cost=best_cost, best_timings=best_timings,
+        confirmation=_confirmation(unit, best_timings, options, stop) if top else None,
+        confirm_timings=confirm_timings, cost_unit=unit, best_gflops=gflops(flops, best_cost, unit),
+        numpy_gflops=numpy_gflops, seconds=summary.seconds, tuner_seconds=summary.tuner_seconds,
+        curve_gflops=tuple(gflops(flops, c, unit) or 0.0 for c in summary.curve), stop=stop,
     )  # fmt: skip
+
+
+def _confirmation(unit: CostUnit, timings: int, options: TuneOptions, stop: StopReason) -> Confirmation:
+    """Why the best has `timings` timings (see `_confirm`, which gives it CONFIRM_TIMINGS unless one of
+    these stopped it)."""
+    if unit is CostUnit.INSTRUCTIONS:
+        return Confirmation.EXACT
+    if timings >= CONFIRM_TIMINGS:
+        return Confirmation.CONFIRMED
+    if options.confirm == 0:
+        return Confirmation.OFF
+    if stop is StopReason.INTERRUPTED:
+        return Confirmation.INTERRUPTED
+    return Confirmation.FAILED
 
 
 def local_numpy_gflops(workload: Workload, boards: Sequence[Board]) -> float | None:

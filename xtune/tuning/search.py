@@ -14,35 +14,35 @@ Scorer = Callable[[np.ndarray], np.ndarray]  # config indices (int64) -> scores,
 
 
 class SpaceArrays:
-    """The mixed-radix arithmetic of a space on int64 arrays (so spaces must stay below 2**62 configs)."""
+    """A space's mixed-radix arithmetic (ConfigSpace.digits/indices/with_digit) for the annealer: int64
+    arrays only (so spaces must stay below 2**62 configs), and random one-knob moves."""
 
     def __init__(self, space: ConfigSpace) -> None:
         if space.size >= 2**62:
             raise InputError(f"config space of {space.size} configs is too large for vectorized search")
+        self.space = space
         self.size = space.size
-        self.radices = np.array([len(k.options) for k in space.knobs], dtype=np.int64)
-        self.strides = np.concatenate([[1], np.cumprod(self.radices)[:-1]]).astype(np.int64)
+        self.radices, self.strides = space.radices, space.strides
         # Moves only make sense on knobs with a choice; a space of one config has none.
         self.movable = np.flatnonzero(self.radices > 1)
 
     def digits(self, indices: np.ndarray) -> np.ndarray:
         """(n,) indices -> (n, knobs) option numbers."""
-        indices = np.asarray(indices, dtype=np.int64)
-        return (indices[:, None] // self.strides[None, :]) % self.radices[None, :]
+        return self.space.digits(indices)
 
     def indices(self, digits: np.ndarray) -> np.ndarray:
         """(n, knobs) option numbers -> (n,) indices."""
-        return np.asarray(digits, dtype=np.int64) @ self.strides
+        return self.space.indices(digits)
 
     def random_moves(self, indices: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Each index with one random knob set to a different random option (a `space.neighbour` step)."""
         if len(self.movable) == 0:
             return indices.copy()
         knob = self.movable[rng.integers(len(self.movable), size=len(indices))]
-        radix, stride = self.radices[knob], self.strides[knob]
-        old = (indices // stride) % radix
+        radix = self.radices[knob]
+        old = self.space.digits(indices)[np.arange(len(indices)), knob]
         new = (old + rng.integers(1, radix)) % radix  # never the same option
-        return indices + (new - old) * stride
+        return self.space.with_digit(indices, knob, new)
 
 
 def knob_featurizer(space: ConfigSpace) -> Callable[[Sequence[int]], np.ndarray]:

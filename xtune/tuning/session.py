@@ -5,18 +5,38 @@ chooses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from xtune.boards.board import Board
-from xtune.errors import InputError
+from xtune.boards.cost import CostUnit
+from xtune.errors import BoardError, InputError
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, leaders, make_record, measured, of_machine
+from xtune.tuning.database import (
+    Record,
+    TuningLog,
+    config_of,
+    cpu_of,
+    leaders,
+    make_record,
+    measured,
+    of_machine,
+    unmeasured,
+)
 from xtune.tuning.features import estimate_prior, featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult, MeasureStatus
-from xtune.tuning.tuner import TuneLoop, TuneProgress, TuneSummary, make_tuner, run_loop
+from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
+from xtune.tuning.tuner import (
+    StopReason,
+    StopTuning,
+    TuneLoop,
+    TuneProgress,
+    TuneSummary,
+    make_tuner,
+    run_loop,
+)
 from xtune.workload import Workload
 
 if TYPE_CHECKING:
@@ -31,20 +51,29 @@ class _BoardsMeasurer:
     def __init__(
         self, boards: Sequence[Board], workload: Workload, options: MeasureOptions, pool: CompilePool
     ):
+        self.boards = tuple(boards)
         self.measurers = [Measurer(board, workload, options, pool) for board in boards]
         self.threads = ThreadPoolExecutor(len(boards)) if len(boards) > 1 else None
+
+    @property
+    def failure(self) -> BoardError | None:
+        """The first board that failed for good: the run stops, even if other boards could go on."""
+        return next((m.failure for m in self.measurers if m.failure is not None), None)
+
+    def dealt(self, count: int) -> list[int]:
+        """Which board (its position in `boards`) measures each of `count` candidates of a batch."""
+        return [i % len(self.boards) for i in range(count)]
 
     def __call__(self, batch: list[int]) -> list[MeasureResult]:
         if self.threads is None:
             return self.measurers[0].measure(batch)
-        n = len(self.measurers)
-        shares = [batch[i::n] for i in range(n)]
+        dealt = self.dealt(len(batch))
+        shares = [
+            [index for index, b in zip(batch, dealt, strict=True) if b == n] for n in range(len(self.boards))
+        ]
         jobs = zip(self.measurers, shares, strict=True)
-        parts = list(self.threads.map(lambda job: job[0].measure(job[1]), jobs))
-        results: list[MeasureResult] = [MeasureResult(MeasureStatus.BOARD_ERROR)] * len(batch)
-        for i, part in enumerate(parts):
-            results[i::n] = part
-        return results
+        parts = [iter(part) for part in self.threads.map(lambda job: job[0].measure(job[1]), jobs)]
+        return [next(parts[b]) for b in dealt]
 
     def close_sessions(self) -> None:
         for measurer in self.measurers:
@@ -57,31 +86,42 @@ class _BoardsMeasurer:
             self.threads.shutdown()
 
 
-def past_records(log: TuningLog | None, template: ScheduleTemplate, cpu: str | None = None) -> list[Record]:
-    """Records of this workload and target already in the log, measured on `cpu` (any if None), whose
-    knobs still mean the same config."""
+def past_records(
+    log: TuningLog | None, template: ScheduleTemplate, cpus: Collection[str] | None = None
+) -> list[Record]:
+    """Records of this workload and target already in the log, measured on one of `cpus` (any if None;
+    records without a fingerprint count as any cpu's), whose knobs still mean the same config."""
     if log is None:
         return []
-    space = template.space
     return [
         r
-        for r in of_machine(log.read(), template.workload.key, template.target.name, cpu=cpu)
-        if 0 <= r.index < space.size and space.config(r.index).values == r.knobs
+        for r in of_machine(log.read(), template.workload.key, template.target.name)
+        if (cpus is None or cpu_of(r) in (None, *cpus)) and config_of(template, r) is not None
     ]
 
 
 def check_boards(boards: Sequence[Board]) -> None:
-    """InputError unless `boards` can share a run: at least one, all of one target and cost unit."""
+    """InputError unless `boards` can share a tuning run: some, all of one target, all measuring one unit
+    that ranks configs (a correctness-only board cannot: `xtune bench` is the command for it)."""
     if not boards:
         raise InputError("no board to tune on")
-    if any(b.target != boards[0].target for b in boards):
+    target = boards[0].target
+    if any(b.target != target for b in boards):
         raise InputError("all --board flags of one run must be boards of the same target")
+    for b in boards:
+        if b.cost_unit is CostUnit.NONE:
+            raise InputError(f"board '{b.name}' checks correctness only (emulated wall time ranks nothing, "
+                             f"docs/boards.md): tune on a timing or instruction-counting board; "
+                             f"`xtune bench --board {b.name}` checks a config on it")  # fmt: skip
     if len({b.cost_unit for b in boards}) > 1:
         raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
 
 
 class TuningSession:
-    """Tunes `workload` on `boards` (all of one target), one batch per `step`; every batch goes to `log`.
+    """Tunes `workload` on `boards` (all of one target, see `check_boards`), one batch per `step`; every
+    batch goes to `log`, each record with the name and fingerprint of the board that measured it. A board
+    that fails for good ends the step (and `run`, `confirm`) that saw it with StopTuning(BOARD_FAILED),
+    after its batch is logged; `failure` says why.
 
     `pretrained` (transfer learning, xgb tuner only) scores the configs of this workload's operator: it
     ranks the first batches and is the fading base of the local model (see XGBoostCostModel). With
@@ -109,8 +149,9 @@ class TuningSession:
         self.template = template = template_for(workload, self.target)
         if log is not None:
             log.check_appendable()
-        self.fingerprint = tuple(sorted(boards[0].fingerprint().items()))
-        self.past = past_records(log, template, dict(self.fingerprint).get("cpu"))
+        self.fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
+        cpus = {cpu for fp in self.fingerprints if (cpu := dict(fp).get("cpu"))}
+        self.past = past_records(log, template, cpus)
         history = measured(self.past, workload.key, self.target.name)
         self.resumed = len(history)  # configs already in the log, learned from and not measured again
         if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
@@ -122,32 +163,56 @@ class TuningSession:
             tuner.load_history(list(history), [r.result for r in history.values()])
         if options.start_from_default:
             tuner.propose_first([template.default_config().index])
+        # Configs an earlier run chose but lost to a board error: measured first (docs/boards.md, "Faults").
+        tuner.propose_first(unmeasured(self.past, workload.key, self.target.name))
         self.this_run: list[Record] = []
         self._own_pool = pool is None
         self.pool = pool or CompilePool()
         self.measure = _BoardsMeasurer(boards, workload, options.measure, self.pool)
-        self.loop = TuneLoop(tuner, self.measure, [lambda p: self._keep(p.batch, p.results), *callbacks])
+        self.loop = TuneLoop(tuner, self.measure, [lambda p: self._keep(p.batch, p.results), *callbacks,
+                                                   lambda p: self._stop_if_failed()])  # fmt: skip
 
     def _keep(self, batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        label, space, wl = "+".join(b.name for b in self.boards), self.template.space, self.workload.key
-        records = [make_record(wl, self.target.name, label, space.config(i), r, self.options.measure,
-                               self.fingerprint) for i, r in zip(batch, results, strict=True)]  # fmt: skip
+        boards, space, wl = self.boards, self.template.space, self.workload.key
+        dealt = self.measure.dealt(len(batch))
+        records = [make_record(wl, self.target.name, boards[b].name, space.config(i), r, self.options.measure,
+                               self.fingerprints[b])
+                   for i, r, b in zip(batch, results, dealt, strict=True)]  # fmt: skip
         self.this_run.extend(records)
         if self.log is not None:
             self.log.append(records)
 
+    def _stop_if_failed(self) -> None:
+        if self.measure.failure is not None:  # called after _keep: the batch, its board errors too, is logged
+            raise StopTuning(StopReason.BOARD_FAILED)
+
+    def _keep_or_stop(self, batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        self._keep(batch, results)
+        self._stop_if_failed()
+
+    @property
+    def failure(self) -> BoardError | None:
+        """Why a board of this session cannot measure any more (it failed for good), else None."""
+        return self.measure.failure
+
     def step(self, n: int, n_trials: int = 0) -> TuneProgress | None:
-        """Measure one batch of at most `n` configs (see TuneLoop.step); None when the space is exhausted."""
+        """Measure one batch of at most `n` configs (see TuneLoop.step); None when the space is exhausted.
+        Raises StopTuning(BOARD_FAILED), after keeping the batch, when a board failed for good."""
         return self.loop.step(n, n_trials)
 
     def run(self, n_trials: int, batch_size: int, early_stopping: int | None = None) -> TuneSummary:
-        """Batches until `n_trials`, exhaustion, early stopping or Ctrl-C (see tuner.tune)."""
+        """Batches until `n_trials`, exhaustion, early stopping, a board's failure or Ctrl-C (tuner.tune)."""
         return run_loop(self.loop, n_trials, batch_size, early_stopping)
 
     @property
     def trials(self) -> int:
         """Configs measured by this session (confirming timings not counted)."""
         return self.loop.trials
+
+    @property
+    def confirm_timings(self) -> int:
+        """Timings this session added to confirm its leaders (see `confirm`)."""
+        return len(self.this_run) - self.trials
 
     def records(self) -> list[Record]:
         """The log's earlier records of this workload on this machine, then this session's."""
@@ -159,14 +224,12 @@ class TuningSession:
         top = leaders(self.records(), self.workload.key, self.target.name, 1, self.cost_unit)
         return top[0] if top else None
 
-    def confirm(self, count: int) -> int:
-        """Time the `count` leaders again (TuneOptions.confirm); returns the timings added. Instruction
-        counts (emulated boards) are exact: timing them again would add nothing."""
-        if self.cost_unit != "s" or count <= 0:
-            return 0
-        before = len(self.this_run)
-        _confirm(self.records, self.template, self.cost_unit, count, self.measure, self._keep)
-        return len(self.this_run) - before
+    def confirm(self, count: int) -> None:
+        """Time the `count` leaders again (TuneOptions.confirm; `confirm_timings` counts them). Instruction
+        counts (emulated boards) are exact: timing them again would add nothing. Raises StopTuning
+        (BOARD_FAILED) when a board fails for good; every timing taken is kept."""
+        if self.cost_unit is CostUnit.SECONDS and count > 0:
+            _confirm(self.records, self.template, count, self.measure, self._keep_or_stop)
 
     def suspend(self) -> None:
         """Close the boards' agent sessions (reopened by the next step): a scheduler of many tasks keeps
@@ -182,22 +245,27 @@ class TuningSession:
 def _confirm(
     records: Callable[[], list[Record]],
     template: ScheduleTemplate,
-    unit: str,
     count: int,
     measure: Callable[[list[int]], list[MeasureResult]],
     keep: Callable[[Sequence[int], Sequence[MeasureResult]], None],
 ) -> None:
-    """Time the `count` best configs again, one round at a time (so that a slow spell of the host falls
-    on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops out of the lead
-    lets the next one in, and that one is timed too, up to a budget of twice the timings the first
-    leaders need; the best goes first in every round, so it is the last to miss out. Each round's
-    results go to `keep` as they arrive."""
+    """Time the `count` best configs (by wall time) again, one round at a time (so that a slow spell of
+    the host falls on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops
+    out of the lead lets the next one in, and that one is timed too, up to a budget of twice the timings
+    the first leaders need; the best goes first in every round. Past the budget only the best is still
+    timed, until it has its CONFIRM_TIMINGS: a config that took the lead on one lucky timing as the
+    others' medians rose would otherwise be the run's best, timed once, which is what `confirm` promises
+    against. No config is tried more than twice the timings it needs, so one whose timings keep failing
+    (timeouts, board errors) cannot hold the run. Each round's results go to `keep` as they arrive."""
     wl, target = template.workload.key, template.target.name
     budget = 2 * count * (CONFIRM_TIMINGS - 1)
-    while budget > 0:
-        short = [r.index for r, n in leaders(records(), wl, target, count, unit) if n < CONFIRM_TIMINGS]
+    tries: Counter[int] = Counter()
+    while True:
+        top = [(r.index, n) for r, n in leaders(records(), wl, target, count, CostUnit.SECONDS)]
+        short = [i for i, n in top if n < CONFIRM_TIMINGS and tries[i] < 2 * (CONFIRM_TIMINGS - 1)]
+        short = short[:budget] if budget > 0 else [i for i in short[:1] if i == top[0][0]]
         if not short:
             return
-        short = short[:budget]
         keep(short, measure(short))
         budget -= len(short)
+        tries.update(short)

@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -237,9 +238,9 @@ class ModelTuner(Tuner):
         """With a hedge: the local model's base is the prior whose first-batch picks measured fastest.
 
         The best pick, not how well each orders all that was measured: the search exploits the top of the
-        base's order, and a rank correlation weighs the bottom as much. Choosing by Spearman's rho left a
-        model of SSE4.2 logs in charge of AVX2 runs (0.42 against the estimate's 0.37 in one 384^3 run):
-        a median of 42.5 trials to 90 % of the best-known, against 23 this way (docs/benchmarks.md)."""
+        base's order, and a rank correlation weighs the bottom as much: choosing by Spearman's rho left a
+        model of SSE4.2 logs in charge of AVX2 runs, which then needed more trials (docs/benchmarks.md,
+        History)."""
         if self.hedge is None or self.pretrained is None or not isinstance(self.model, XGBoostCostModel):
             return
         best = [min((self.costs[i] for i in picks if i in self.costs), default=math.inf)
@@ -258,8 +259,8 @@ class ModelTuner(Tuner):
             assert self.pretrained is not None
             scorers = [self.pretrained] + ([self.hedge] if self.hedge is not None else [])
             tops = [self._annealed_top(scorer, n - n_explore) for scorer in scorers]
-            # The hedge leads the pairs: on a Zen 5, an SSE4.2 model's first AVX2 pick was at 85 % of the
-            # best where the estimate's was at 98 % (docs/benchmarks.md, issue 7).
+            # The hedge leads the pairs: a model from other hardware can pick far worse first than the
+            # analytic estimate does (docs/benchmarks.md, History).
             pairs = itertools.zip_longest(*reversed(tops))
             alternating = (i for row in pairs for i in row if i is not None)
             picks = list(dict.fromkeys(alternating))[: n - n_explore]
@@ -278,7 +279,8 @@ class ModelTuner(Tuner):
         return np.concatenate([best, ends, random]).astype(np.int64)
 
 
-TUNERS = ("xgb", "ga", "random", "grid")
+TunerName = Literal["xgb", "ga", "random", "grid"]
+TUNERS: tuple[TunerName, ...] = get_args(TunerName)
 
 
 def make_tuner(
@@ -314,6 +316,15 @@ class StopReason(Enum):
     EXHAUSTED = "exhausted"  # every config of the space measured
     EARLY_STOPPING = "early_stopping"  # `early_stopping` trials without improvement
     INTERRUPTED = "interrupted"  # KeyboardInterrupt (Ctrl-C) during measuring or a callback
+    BOARD_FAILED = "board_failed"  # a board failed for good (docs/boards.md, "Faults"): a callback said so
+
+
+class StopTuning(Exception):
+    """Raised by a callback to end the loop after the batch it was handed (which is kept)."""
+
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -396,7 +407,8 @@ class TuneLoop:
     def step(self, n: int, n_trials: int = 0) -> TuneProgress | None:
         """Measure one batch of at most `n` configs; None when the space is exhausted. `n_trials` is the
         run's budget, passed on to the callbacks. A KeyboardInterrupt while measuring propagates and the
-        batch is dropped (neither given to the tuner nor to callbacks); in a callback, the batch is kept."""
+        batch is dropped (neither given to the tuner nor to callbacks); in a callback, the batch is kept,
+        as it is when a callback raises StopTuning (which propagates too: `run_loop` stops on it)."""
         if not self.tuner.has_next():
             return None
         t0 = time.perf_counter()
@@ -438,7 +450,8 @@ def tune(
     Ctrl-C (KeyboardInterrupt) while measuring or in a callback ends the loop and returns the summary of
     every batch measured so far with `stop=INTERRUPTED` (a batch interrupted mid-measurement is dropped:
     it was neither given to the tuner nor to callbacks). The caller decides what to do next, e.g. print the
-    best so far and exit 130."""
+    best so far and exit 130. A callback that raises StopTuning ends the loop with its reason, the batch
+    it was handed kept."""
     return run_loop(TuneLoop(tuner, measure_batch, callbacks), n_trials, batch_size, early_stopping)
 
 
@@ -462,4 +475,6 @@ def run_loop(
                 break
     except KeyboardInterrupt:
         stop = StopReason.INTERRUPTED
+    except StopTuning as request:
+        stop = request.reason
     return loop.summary(stop, time.perf_counter() - start)

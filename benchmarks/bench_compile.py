@@ -1,6 +1,6 @@
 """Compile + link time of one matmul candidate: template -> nest -> LLVM IR -> O3 object -> flat image.
 
-Usage: python scripts/bench_compile.py [--workload W] [--configs N] [--targets T,...]
+Usage: python benchmarks/bench_compile.py [--workload W] [--configs N] [--targets T,...]
 Sequential, in this process (what one compile worker does per candidate); median over N random
 configs plus the default, after one warm-up compile. Prints a markdown table.
 """

@@ -1,6 +1,6 @@
 """What the end-of-run confirmation (`xtune tune --confirm`, TuneOptions.confirm) changes, on the local board.
 
-Usage: python scripts/bench_confirm.py [--trials 128] [--rounds 15]
+Usage: python benchmarks/bench_confirm.py [--trials 128] [--rounds 15]
 
 For each workload, one `xtune tune`-like xgb run of `--trials` trials with the default confirmation (the 3
 fastest configs timed until each has 3 timings). From its log:
@@ -35,7 +35,7 @@ def one(workload: str, trials: int, rounds: int) -> str:
     board = get_board("local")
     with tempfile.TemporaryDirectory() as tmp:
         log = TuningLog(Path(tmp) / "log.jsonl")
-        report = run_tuning(wl, [board], TuneOptions("xgb", trials, 16, None, 0), log)
+        report = run_tuning(wl, [board], TuneOptions(tuner="xgb", trials=trials, batch_size=16), log)
         records = log.read()
     gflops = wl.flops() / 1e9
     ok = [r for r in records if r.result.ok]

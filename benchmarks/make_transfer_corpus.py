@@ -1,6 +1,6 @@
 """Measure the transfer-learning corpus on this machine and train the shipped models (issue 7).
 
-Usage: python scripts/make_transfer_corpus.py [--targets x86-avx2,x86-sse42] [--ops matmul,conv2d]
+Usage: python benchmarks/make_transfer_corpus.py [--targets x86-avx2,x86-sse42] [--ops matmul,conv2d]
                                               [--only-train]
 
 For every training workload and target, one tuning log in xtune/data/corpus/<target>.jsonl.gz gets some
@@ -14,7 +14,7 @@ and packed again. Then one model per machine is trained on that machine's record
 `xtune model train` would) into xtune/data/models/x86-<cpu>.json; `xtune tune --transfer-from builtin` on
 an x86 target uses the one of the board's cpu, else another x86 one.
 
-The held-out shapes of scripts/transfer_eval.py are deliberately not among TRAIN_SHAPES.
+The held-out shapes of benchmarks/transfer_eval.py are deliberately not among TRAIN_SHAPES.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ CORPUS = ROOT / "xtune" / "data" / "corpus"
 MODELS = ROOT / "xtune" / "data" / "models"
 
 # Square, tall, wide, deep and shallow products between 64 and 1024: the shapes of dense and attention
-# layers of small models, none of them a held-out shape of scripts/transfer_eval.py. The first eight were
+# layers of small models, none of them a held-out shape of benchmarks/transfer_eval.py. The first eight were
 # picked by hand; the other sixteen were drawn (random.Random(0), each of m, n, k uniform over 64, 96,
 # 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, m*n*k between 2^20 and 2^28, held-out shapes, the
 # first eight and repeats skipped) so that the corpus is not shaped by anyone's idea of the held-out set.
@@ -62,7 +62,7 @@ TRAIN_SHAPES = (
     (64, 96, 1024),
 )
 # Convolution layers of small image models (session 8): 1x1, 3x3 and 5x5, stride 1 and 2, 3 to 128 input
-# channels, 7x7 to 64x64 images; none is a held-out layer of scripts/transfer_eval.py --op conv2d. Fewer
+# channels, 7x7 to 64x64 images; none is a held-out layer of benchmarks/transfer_eval.py --op conv2d. Fewer
 # configs per layer than matmul (32 random + 96 xgb): conv2d has no analytic estimate to start from, and
 # the corpus is meant to show what a few hours of a team's tuning on another board give.
 CONV_TRAIN_LAYERS = (

@@ -1,6 +1,6 @@
 """The task scheduler's benchmark (issue 19): gradient allocation against round-robin on one budget.
 
-Usage: python scripts/bench_scheduler.py [--model mobilenet_v2] [--trials 1500] [--out curves.json]
+Usage: python benchmarks/bench_scheduler.py [--model mobilenet_v2] [--trials 1500] [--out curves.json]
 Each strategy tunes every task of the model from an empty log on the local board. Prints a markdown
 table and the trials the gradient scheduler needed to reach round-robin's final end-to-end estimate
 (the goal: at most 50 % of the budget); --out writes both curves as JSON (trials spent, estimate).

@@ -1,6 +1,6 @@
 """Time `xtune model train` on a 100,000-record log (issue 7: must take under 60 s here).
 
-Usage: python scripts/bench_model_train.py [--records 100000] [--keep DIR]
+Usage: python benchmarks/bench_model_train.py [--records 100000] [--keep DIR]
 
 The log holds random configs of several real matmul, conv2d and depthwise spaces on x86-avx2, but their
 costs come from a simple synthetic function of the knobs (a fixed random weight per knob option, plus

@@ -4,7 +4,7 @@ Starts its own private sshd (the test fixture's PrivateSshd), deploys the agent 
 qemu-aarch64 behind SSH, and times check-only RUN requests of an empty kernel (one fork-per-run each,
 as every measurement does). Issue #4 targets: median <= 2 ms native, <= 5 ms under qemu.
 
-    python scripts/bench_ssh.py [--requests 200] [--json]
+    python benchmarks/bench_ssh.py [--requests 200] [--json]
 """
 
 from __future__ import annotations

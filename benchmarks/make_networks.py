@@ -2,7 +2,7 @@
 MobileNetV2 1.0 at 224x224 (torchvision's layer structure, BatchNormalization included, random
 weights from a fixed seed), and the small variants the tests build in memory.
 
-Usage: python3 scripts/make_networks.py [OUTDIR] [--only NAME ...]; then e.g.
+Usage: python3 benchmarks/make_networks.py [OUTDIR] [--only NAME ...]; then e.g.
 `xtune tasks OUTDIR/resnet18.onnx`.
 """
 

@@ -1,6 +1,7 @@
-"""Convolution benchmarks on the local board: tuned conv2d/depthwise vs numpy's im2col + GEMM (same run).
+"""Convolution benchmarks on the local board: tuned conv2d/depthwise vs numpy's im2col + GEMM and vs ONNX
+Runtime (one thread each, same run; ORT needs the `bench` extra).
 
-Usage: python scripts/bench_conv.py [--trials 256] [--workload W ...]; prints a markdown table.
+Usage: python benchmarks/bench_conv.py [--trials 256] [--workload W ...]; prints a markdown table.
 Depthwise is reported as GFLOP/s and share of the target's nominal fp32 peak (little reuse, no GEMM).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from xtune.boards.board import get_board
+from xtune.peers import ort_gflops
 from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
 from xtune.workload import parse_workload
 
@@ -26,19 +28,23 @@ def main() -> None:
     args = parser.parse_args()
     board = get_board("local")
     peak = board.target.peak_gflops
-    print(f"| workload | numpy GFLOP/s | default | after 64 | after {args.trials} | × numpy | % of peak |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| workload | numpy GFLOP/s | ORT GFLOP/s | default | after 64 | after {args.trials} | × numpy "
+          "| × ORT | % of peak |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for text in args.workload or WORKLOADS:
         wl = parse_workload(text)
         numpy_gflops = local_numpy_gflops(wl, [board]) or 0.0
+        ort = ort_gflops(wl)
         report = run_tuning(
-            wl, [board], TuneOptions("xgb", args.trials, 16, None, 0), None, None, numpy_gflops
+            wl, [board], TuneOptions(tuner="xgb", trials=args.trials, batch_size=16), None, None, numpy_gflops
         )
         curve = report.curve_gflops
         at64 = curve[min(63, len(curve) - 1)]
         best = report.best_gflops or 0.0
-        print(f"| {text} | {numpy_gflops:.1f} | {curve[0]:.1f} | {at64:.1f} | {best:.1f} "
-              f"| {best / numpy_gflops:.2f} | {100 * best / peak:.0f}% |", flush=True)  # fmt: skip
+        ort_text, versus_ort = (f"{ort:.1f}", f"{best / ort:.2f}") if ort else ("–", "–")
+        print(f"| {text} | {numpy_gflops:.1f} | {ort_text} | {curve[0]:.1f} | {at64:.1f} | {best:.1f} "
+              f"| {best / numpy_gflops:.2f} | {versus_ort} | {100 * best / peak:.0f}% |",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

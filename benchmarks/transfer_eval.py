@@ -1,11 +1,11 @@
 """How many trials transfer learning saves (issue 7), measured on this machine's local board.
 
-Usage: python scripts/transfer_eval.py [--seeds 3] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
-       python scripts/transfer_eval.py --leave-one-out [--seeds 2] [--cap 32]
-       python scripts/transfer_eval.py --op conv2d [--cap 64] [--long 256]
-       python scripts/transfer_eval.py --load docs/transfer_eval.json [--bars 0.9,0.95,0.97]
+Usage: python benchmarks/transfer_eval.py [--seeds 3] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
+       python benchmarks/transfer_eval.py --leave-one-out [--seeds 2] [--cap 32]
+       python benchmarks/transfer_eval.py --op conv2d [--cap 64] [--long 256]
+       python benchmarks/transfer_eval.py --load docs/transfer_eval.json [--bars 0.9,0.95,0.97]
 
-Held-out workloads are matmul shapes that are not in the corpus (scripts/make_transfer_corpus.py). For
+Held-out workloads are matmul shapes that are not in the corpus (benchmarks/make_transfer_corpus.py). For
 each one on x86-avx2:
   1. a long cold xgb run (`--long` trials) gives the best-known GFLOP/s;
   2. for each seed, five runs of `--cap` trials, none seeded with the template's default config:
@@ -75,7 +75,7 @@ from xtune.workload import Workload, parse_workload
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "xtune" / "data" / "corpus"
 # The first four were picked by hand (sessions 3-5); the other four are the next draws of the rule that
-# drew the corpus's random shapes (scripts/make_transfer_corpus.py), so that the set is not a choice.
+# drew the corpus's random shapes (benchmarks/make_transfer_corpus.py), so that the set is not a choice.
 # The medians over held-out shapes are the issue's figures; with four shapes one lucky shape moved them.
 HELD_OUT = {
     "matmul": tuple("matmul:m={},n={},k={}".format(*shape) for shape in (
@@ -115,7 +115,7 @@ def corpus_records(target: str, cpu: str, op: str, other_machines: bool = False)
     if not records:
         whose = "other machines than this one" if other_machines else "this machine"
         sys.exit(f"the corpus has no {op} {target} records of {whose} ({cpu}): run "
-                 "scripts/make_transfer_corpus.py first")  # fmt: skip
+                 "benchmarks/make_transfer_corpus.py first")  # fmt: skip
     return records
 
 
@@ -145,7 +145,13 @@ def run(
     # confirm=0: the count reads the best-so-far curve of single timings, which re-timing at the end of
     # the run does not change (the reference's re-measure below does the same job at a larger scale).
     options = TuneOptions(
-        "xgb", cap, BATCH, None, seed, start_from_default=False, analytic_prior=mode != "blind", confirm=0
+        tuner="xgb",
+        trials=cap,
+        batch_size=BATCH,
+        seed=seed,
+        start_from_default=False,
+        analytic_prior=mode != "blind",
+        confirm=0,
     )
     # As `xtune tune` runs a model that saw no logs of the target: hedged with the estimate.
     report = run_tuning(workload, [board], options, pretrained=model, hedge_with_estimate=mode == "sse42")
@@ -190,7 +196,9 @@ def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argp
     board = get_board("local", target=TARGET)
     with tempfile.TemporaryDirectory() as tmp:
         log = TuningLog(Path(tmp) / "reference.jsonl")
-        options = TuneOptions("xgb", args.long, BATCH, None, 1000, start_from_default=False, confirm=0)
+        options = TuneOptions(
+            tuner="xgb", trials=args.long, batch_size=BATCH, seed=1000, start_from_default=False, confirm=0
+        )
         reference = run_tuning(workload, [board], options, log=log)
         records = read_logs([log.path])
     remeasured, spread = remeasure(workload, board, records, args.top, args.rounds)

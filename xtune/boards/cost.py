@@ -1,0 +1,40 @@
+"""What a board measures: one `CostUnit`, declared by the board, stamped on every result, read everywhere.
+
+The values are the log's spelling of `cost_unit` ("s" and "insn" since format 1; "none" added for boards
+that check correctness only), so logs written before the enum read unchanged."""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+
+class CostUnit(Enum):
+    SECONDS = "s"  # wall time per call on real hardware
+    INSTRUCTIONS = "insn"  # instructions per call under qemu's insncount plugin (docs/qemu-insn-count.md)
+    # Correctness only: the board checks outputs but gives no figure. Emulated wall time is no speed
+    # signal (qemu-user's translation cost and its host inverted rankings, docs/qemu-insn-count.md).
+    NONE = "none"
+
+    @property
+    def describe(self) -> str:
+        """What a board of this unit is good for, as `xtune boards` lists it."""
+        return _DESCRIBE[self]
+
+
+_DESCRIBE = {
+    CostUnit.SECONDS: "wall time",
+    CostUnit.INSTRUCTIONS: "instructions (emulated)",
+    CostUnit.NONE: "correctness only (emulated)",
+}
+
+# Which figures decide when records of one workload and target come in several units: real seconds beat
+# instruction counts beat nothing. Figures of two units are never compared with each other.
+RANKING_UNITS = (CostUnit.SECONDS, CostUnit.INSTRUCTIONS)
+
+
+def gflops(flops: float, cost: float, unit: CostUnit) -> float | None:
+    """GFLOP/s of a call costing `cost` in `unit`; None unless that is a wall time (a count is no speed)."""
+    if unit is not CostUnit.SECONDS or not math.isfinite(cost) or cost <= 0:
+        return None
+    return flops / cost / 1e9
