@@ -11,6 +11,7 @@ from xtune.schedule.loopnest import (
     Broadcast,
     BufferKind,
     Const,
+    Exp,
     For,
     Kernel,
     Load,
@@ -48,9 +49,12 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
             return np.full(v.lanes, value(v.value, env)[0], dtype=np.float32)
         if isinstance(v, MulAdd):
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
+        if isinstance(v, Exp):
+            return np.exp(value(v.a, env))
         a, b = value(v.a, env), value(v.b, env)
-        ops = {BinaryOp.ADD: a + b, BinaryOp.MUL: a * b, BinaryOp.MAX: np.maximum(a, b)}
-        return ops[v.op] if v.op in ops else np.minimum(a, b)
+        ops = {BinaryOp.ADD: np.add, BinaryOp.SUB: np.subtract, BinaryOp.MUL: np.multiply,
+               BinaryOp.DIV: np.divide, BinaryOp.MAX: np.maximum, BinaryOp.MIN: np.minimum}  # fmt: skip
+        return ops[v.op](a, b)
 
     def run(stmts: tuple[Stmt, ...], env: dict[str, int]) -> None:
         for s in stmts:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import posixpath
 import shlex
 import threading
@@ -17,7 +16,7 @@ from pathlib import Path
 import paramiko
 
 from xtune.boards.agent import AgentSession, stderr_note
-from xtune.boards.agent_build import agent_version, build_agent
+from xtune.boards.agent_build import agent_version, build_agent, cache_root
 from xtune.boards.config import AGENT_NAME as AGENT_NAME  # re-exported
 from xtune.boards.config import SshBoardConfig
 from xtune.boards.config import find_boards_file as find_boards_file  # the boards.toml API, re-exported
@@ -260,8 +259,8 @@ def run_command(client: paramiko.SSHClient, cmd: str, timeout: float = 30.0) -> 
 
 
 def fingerprint_cache(name: str) -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "xtune" / "boards" / f"{name}.json"
+    """Where `deploy` keeps a board's fingerprint, in xtune's one cache folder."""
+    return cache_root() / "boards" / f"{name}.json"
 
 
 def _write_cache(name: str, data: dict[str, str]) -> None:

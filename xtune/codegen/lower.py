@@ -24,6 +24,7 @@ from xtune.schedule.loopnest import (
     Broadcast,
     BufferKind,
     Const,
+    Exp,
     For,
     Kernel,
     Load,
@@ -42,6 +43,14 @@ LOCAL_ALIGN = 64
 # otherwise turn our copy/zero loops into memcpy/memset calls, i.e. undefined symbols (measured on all
 # three architectures, docs/notes.md §1).
 FUNCTION_ATTRIBUTES = 'attributes #0 = { nounwind "no-builtins" }'
+
+# exp (see _FunctionLowering.exp): ln(FLT_MAX); ln(2**-150), below which e**x rounds to 0 in float32;
+# log2(e); ln 2 = _LN2_HI + _LN2_LO with _LN2_HI exact in 9 bits; Cephes expf's polynomial, highest first.
+_EXP_HI, _EXP_LO = 88.72283905206835, -103.97207708399179
+_LOG2E = 1.44269504088896341
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+             5.0000001201e-1)  # fmt: skip
 
 Operand = tuple[str, int]  # (LLVM operand text without its type, fp32 lanes)
 Env = dict[str, str | int]  # loop variable -> an i64 SSA name (serial loop) or a constant (unrolled)
@@ -112,7 +121,9 @@ class _FunctionLowering:
         self.emit("ret void")
         # noalias: the caller promises A, B and C do not overlap (documented in every header we emit);
         # without it LLVM must reload B after every store to C.
-        params = ", ".join(f"ptr noalias {self.buffers[b.name]}" for b in self.kernel.params)
+        # A kernel that may run in place says so (Kernel.noalias), and gets plain pointers.
+        attribute = "ptr noalias" if self.kernel.noalias else "ptr"
+        params = ", ".join(f"{attribute} {self.buffers[b.name]}" for b in self.kernel.params)
         head = f"define void @{quoted(self.kernel.name)}({params}) #0 {{"
         return "\n".join([head, *self.lines, "}"])
 
@@ -194,6 +205,8 @@ class _FunctionLowering:
             return self.broadcast(self.value(v.value, env)[0], v.lanes), v.lanes
         if isinstance(v, MulAdd):
             return self.muladd(v, env)
+        if isinstance(v, Exp):
+            return self.exp(self.value(v.a, env))
         return self.binary(v, env)
 
     def muladd(self, v: MulAdd, env: Env) -> Operand:
@@ -206,15 +219,59 @@ class _FunctionLowering:
     def binary(self, v: Binary, env: Env) -> Operand:
         (lhs, lanes), (rhs, _) = self.value(v.a, env), self.value(v.b, env)
         ty = ftype(lanes)
-        if v.op is BinaryOp.ADD:
-            return self.define(f"fadd {ty} {lhs}, {rhs}"), lanes
-        if v.op is BinaryOp.MUL:
-            return self.define(f"fmul {ty} {lhs}, {rhs}"), lanes
-        # max/min via compare + select: llvm.maxnum/minnum would be libcalls (fmaxf, fminf) on some targets.
-        predicate = "ogt" if v.op is BinaryOp.MAX else "olt"
-        wins = self.define(f"fcmp {predicate} {ty} {lhs}, {rhs}")
-        cond = "i1" if lanes == 1 else f"<{lanes} x i1>"
-        return self.define(f"select {cond} {wins}, {ty} {lhs}, {ty} {rhs}"), lanes
+        arithmetic = {BinaryOp.ADD: "fadd", BinaryOp.SUB: "fsub", BinaryOp.MUL: "fmul", BinaryOp.DIV: "fdiv"}
+        if v.op in arithmetic:
+            return self.define(f"{arithmetic[v.op]} {ty} {lhs}, {rhs}"), lanes
+        # max/min via compare + select: llvm.maxnum/minnum would be libcalls (fmaxf) on some targets.
+        return self.select(lhs, "ogt" if v.op is BinaryOp.MAX else "olt", rhs, lhs, rhs, lanes), lanes
+
+    def select(self, a: str, pred: str, b: str, then: str, other: str, lanes: int) -> str:
+        """`a PRED b ? then : other`, lane by lane."""
+        ty = ftype(lanes)
+        cond = self.define(f"fcmp {pred} {ty} {a}, {b}")
+        cty = "i1" if lanes == 1 else f"<{lanes} x i1>"
+        return self.define(f"select {cty} {cond}, {ty} {then}, {ty} {other}")
+
+    def exp(self, operand: Operand) -> Operand:
+        """e**x without libm, after Cephes' expf (S. L. Moshier, "Methods and Programs for Mathematical
+        Functions", 1989): Cody-Waite reduction x = n ln2 + r with ln2 split in two so that n * _LN2_HI is
+        exact (W. J. Cody and W. Waite, "Software Manual for the Elementary Functions", 1980), |r| <= ln2/2,
+        e**r by Cephes' degree-7 minimax polynomial, then times 2**n built in the exponent bits. 2**n is
+        applied as two factors so that n from -150 to 128 (subnormal results to FLT_MAX) stays in range.
+        Beyond the range: +inf above ln(FLT_MAX), 0 below ln of half the smallest subnormal."""
+        x, lanes = operand
+        ty, ity = ftype(lanes), "i32" if lanes == 1 else f"<{lanes} x i32>"
+
+        def c(value: float) -> str:
+            return constant(value, lanes)
+
+        def ic(value: int) -> str:
+            return str(value) if lanes == 1 else "<" + ", ".join([f"i32 {value}"] * lanes) + ">"
+
+        def fma(a: str, b: str, addend: str) -> str:
+            self.intrinsics.add(lanes)
+            return self.define(f"call {ty} @llvm.fmuladd.{_suffix(lanes)}({ty} {a}, {ty} {b}, {ty} {addend})")
+
+        clamped = self.select(x, "olt", c(_EXP_LO), c(_EXP_LO), x, lanes)
+        clamped = self.select(clamped, "ogt", c(_EXP_HI), c(_EXP_HI), clamped, lanes)
+        t = self.define(f"fmul {ty} {clamped}, {c(_LOG2E)}")
+        half = self.select(t, "olt", c(0.0), c(-0.5), c(0.5), lanes)  # round half away from zero
+        n = self.define(f"fptosi {ty} {self.define(f'fadd {ty} {t}, {half}')} to {ity}")
+        nf = self.define(f"sitofp {ity} {n} to {ty}")
+        r = fma(nf, c(-_LN2_HI), clamped)
+        r = fma(nf, c(-_LN2_LO), r)
+        poly = c(_EXP_POLY[0])
+        for coeff in _EXP_POLY[1:]:
+            poly = fma(poly, r, c(coeff))
+        z = self.define(f"fmul {ty} {r}, {r}")
+        y = self.define(f"fadd {ty} {fma(poly, z, r)}, {c(1.0)}")
+        n1 = self.define(f"ashr {ity} {n}, {ic(1)}")
+        n2 = self.define(f"sub {ity} {n}, {n1}")
+        for part in (n1, n2):
+            bits = self.define(f"shl {ity} {self.define(f'add {ity} {part}, {ic(127)}')}, {ic(23)}")
+            y = self.define(f"fmul {ty} {y}, {self.define(f'bitcast {ity} {bits} to {ty}')}")
+        y = self.select(x, "ogt", c(_EXP_HI), c(float("inf")), y, lanes)
+        return self.select(x, "olt", c(_EXP_LO), c(0.0), y, lanes), lanes
 
     def broadcast(self, scalar: str, lanes: int) -> str:
         """The splat idiom instcombine produces itself (insertelement into poison, zero shuffle mask)."""

@@ -61,7 +61,9 @@ class Buffer:
 
 class BinaryOp(Enum):
     ADD = "add"
+    SUB = "sub"
     MUL = "mul"
+    DIV = "div"
     MAX = "max"
     MIN = "min"
 
@@ -113,7 +115,14 @@ class MulAdd:
     c: Value
 
 
-Value = Load | Const | Broadcast | Reg | Binary | MulAdd
+@dataclass(frozen=True)
+class Exp:
+    """e**a, lane by lane: expanded by the lowering into native instructions (llvm.exp would be expf)."""
+
+    a: Value
+
+
+Value = Load | Const | Broadcast | Reg | Binary | MulAdd | Exp
 
 
 @dataclass(frozen=True)
@@ -157,12 +166,17 @@ Stmt = Assign | Store | For
 
 @dataclass(frozen=True)
 class Kernel:
-    """One entry point: params are the INPUT/OUTPUT buffers in order; registers are (name, lanes)."""
+    """One entry point: params are the INPUT/OUTPUT buffers in order; registers are (name, lanes).
+
+    `noalias`: the caller promises the parameters never overlap (C's restrict), which lets LLVM reorder
+    loads and stores freely. A kernel that may run in place (an elementwise op whose output is one of its
+    inputs, xtune/network/memory.py) is built without it."""
 
     name: str
     buffers: tuple[Buffer, ...]
     registers: tuple[tuple[str, int], ...]
     body: tuple[Stmt, ...]
+    noalias: bool = True
 
     @property
     def params(self) -> tuple[Buffer, ...]:
@@ -222,9 +236,9 @@ class NestBuilder:
         if tail:
             body(Affine.of(full * tile), tail)
 
-    def kernel(self, name: str, buffers: tuple[Buffer, ...]) -> Kernel:
+    def kernel(self, name: str, buffers: tuple[Buffer, ...], noalias: bool = True) -> Kernel:
         assert len(self._stack) == 1, "unclosed loop"
-        return Kernel(name, buffers, tuple(self._registers.items()), tuple(self._stack[0]))
+        return Kernel(name, buffers, tuple(self._registers.items()), tuple(self._stack[0]), noalias)
 
 
 def walk(stmts: tuple[Stmt, ...], loops: tuple[For, ...] = ()) -> Iterator[tuple[Stmt, tuple[For, ...]]]:

@@ -1,0 +1,201 @@
+"""Network operator tests: shapes in; kernels generated from loop nests, compiled, run once through the
+agent on this machine and under QEMU, and compared with their numpy references (odd sizes, pads, tails)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tests.board_run import run_entry
+from tests.nest_interp import run_kernel
+from xtune.boards.board import get_board
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import FlatImage, link_flat
+from xtune.codegen.lower import lower
+from xtune.errors import InputError
+from xtune.network.ops import (
+    Concat,
+    Elementwise,
+    ElementwiseOp,
+    GlobalAveragePool,
+    Operator,
+    Pool2d,
+    PoolKind,
+    Reshape,
+    Softmax,
+    relu,
+)
+from xtune.schedule.loopnest import Buffer, BufferKind, Exp, Kernel, Load, NestBuilder
+from xtune.target import Target
+
+MAX, AVG = PoolKind.MAX, PoolKind.AVERAGE
+CASES: dict[str, Operator] = {
+    "maxpool3s2p1": Pool2d(kind=MAX, n=1, c=5, h=13, w=11, kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1)),
+    "maxpool2s2": Pool2d(kind=MAX, n=2, c=3, h=8, w=9, kernel=(2, 2), stride=(2, 2)),
+    "maxpool3s1-asym": Pool2d(kind=MAX, n=1, c=3, h=7, w=19, kernel=(3, 3), pads=(1, 0, 2, 1)),
+    "avgpool3s1p1": Pool2d(kind=AVG, n=1, c=4, h=9, w=21, kernel=(3, 3), pads=(1, 1, 1, 1)),
+    "avgpool2s2-end": Pool2d(kind=AVG, n=1, c=3, h=7, w=7, kernel=(2, 2), stride=(2, 2), pads=(0, 0, 1, 1)),
+    "avgpool5x3s21": Pool2d(kind=AVG, n=1, c=2, h=11, w=13, kernel=(5, 3), stride=(2, 1), pads=(2, 1, 2, 1)),
+    "gap7x7": GlobalAveragePool(n=1, c=13, h=7, w=7),
+    "gap-batch": GlobalAveragePool(n=2, c=3, h=5, w=3),
+    "add": Elementwise(op=ElementwiseOp.ADD, shape=(1, 5, 7, 9)),
+    "add-relu": Elementwise(op=ElementwiseOp.ADD_RELU, shape=(1, 3, 11, 11)),
+    "relu": relu((1, 7, 5, 3)),
+    "relu6": Elementwise(op=ElementwiseOp.CLIP, shape=(1, 37, 3, 3), lo=0.0, hi=6.0),
+    "clip": Elementwise(op=ElementwiseOp.CLIP, shape=(3,), lo=-1.0, hi=0.5),
+    "softmax1000": Softmax(rows=1, length=1000),
+    "softmax-rows": Softmax(rows=3, length=13),
+    "softmax-short": Softmax(rows=2, length=5),
+    "concat3": Concat(n=1, channels=(3, 5, 2), h=7, w=5),
+    "concat-batch": Concat(n=2, channels=(4, 1), h=3, w=3),
+}
+BOARD_CASES = ("maxpool3s2p1", "maxpool3s1-asym", "avgpool5x3s21", "gap7x7", "add-relu", "relu6",
+               "softmax1000", "softmax-short", "concat3")  # fmt: skip
+
+
+def image(kernel: Kernel, target: Target) -> FlatImage:
+    return link_flat(compile_object(lower([kernel]), target, (kernel.name,)))
+
+
+def check(board: str, op: Operator) -> None:
+    target = get_board(board).target
+    rng = np.random.default_rng(7)
+    inputs = [(rng.standard_normal(s) * 3).astype(np.float32) for s in op.input_shapes]
+    out = np.full(op.output_shape, np.nan, np.float32)
+    got = run_entry(board, image(op.kernel_nest("op", target.fp32_lanes), target), "op", [*inputs, out])
+    for before, after in zip(inputs, got, strict=False):
+        np.testing.assert_array_equal(after, before)  # inputs are read only
+    np.testing.assert_allclose(got[-1], op.reference(*inputs), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_operators_on_host(name: str) -> None:
+    check("local", CASES[name])
+
+
+@pytest.mark.parametrize("name", BOARD_CASES)
+def test_operators_under_qemu(qemu_board: str, name: str) -> None:
+    check(qemu_board, CASES[name])
+
+
+def check_in_place(board: str, op: Elementwise, slot: int) -> None:
+    """The output is input `slot` itself, as the memory plan's in-place steps call it."""
+    target = get_board(board).target
+    rng = np.random.default_rng(5)
+    inputs = [(rng.standard_normal(s) * 3).astype(np.float32) for s in op.input_shapes]
+    args = (*range(len(inputs)), slot)
+    got = run_entry(board, image(op.kernel_nest("op", target.fp32_lanes), target), "op", inputs, args)
+    np.testing.assert_allclose(got[slot], op.reference(*inputs), rtol=2e-6, atol=1e-7)
+
+
+IN_PLACE = (("add", 0), ("add-relu", 1), ("relu6", 0))
+
+
+@pytest.mark.parametrize(("name", "slot"), IN_PLACE)
+def test_elementwise_in_place_on_host(name: str, slot: int) -> None:
+    op = CASES[name]
+    assert isinstance(op, Elementwise)
+    check_in_place("local", op, slot)
+
+
+@pytest.mark.parametrize(("name", "slot"), IN_PLACE)
+def test_elementwise_in_place_under_qemu(qemu_board: str, name: str, slot: int) -> None:
+    op = CASES[name]
+    assert isinstance(op, Elementwise)
+    check_in_place(qemu_board, op, slot)
+
+
+def exp_values() -> np.ndarray:
+    edges = [-np.inf, -200, -104, -103.5, -100, -90, -87.5, -1e-30, 0, 1e-30, 88.7, 88.73, 89, np.inf]
+    return np.concatenate([np.linspace(-87.3, 88.7, 20011), edges]).astype(np.float32)
+
+
+def check_exp(board: str) -> None:
+    """Exp against numpy in float64: within 1e-6 relative where the result is a normal float."""
+    target = get_board(board).target
+    x = exp_values()
+    b, lanes = NestBuilder(), target.fp32_lanes
+    b.split(x.size, lanes, lambda i, n: b.store("y", i, Exp(Load("x", i, lanes, n)), lanes, n))
+    kernel = b.kernel("exp", (Buffer("x", x.size, BufferKind.INPUT), Buffer("y", x.size, BufferKind.OUTPUT)))
+    _, y = run_entry(board, image(kernel, target), "exp", [x, np.full_like(x, np.nan)])
+    want = np.exp(x.astype(np.float64))
+    normal = (want >= np.finfo(np.float32).tiny) & (want <= np.finfo(np.float32).max)
+    rel = np.abs(y[normal] - want[normal]) / want[normal]
+    assert rel.max() <= 1e-6, (rel.max(), x[normal][rel.argmax()])
+    tiny = ~normal & (want < 1)
+    np.testing.assert_allclose(y[tiny], want[tiny], rtol=0, atol=2.0**-149)  # subnormal: within one step
+    assert np.all(np.isposinf(y[want > np.finfo(np.float32).max]))
+
+
+def test_exp_accuracy_on_host() -> None:
+    check_exp("local")
+
+
+def test_exp_accuracy_under_qemu(qemu_board: str) -> None:
+    check_exp(qemu_board)
+
+
+def test_reshape_is_an_alias() -> None:
+    op = Reshape(input_shape=(1, 512, 1, 1), shape=(1, 512))
+    x = np.arange(512, dtype=np.float32).reshape(op.input_shapes[0])
+    assert op.alias and op.reference(x).shape == op.output_shape and np.shares_memory(op.reference(x), x)
+
+
+def test_pool_output_shapes_follow_onnx() -> None:
+    """floor((in + pads - kernel) / stride) + 1 (ceil_mode=0): ResNet's stem pool; one that drops a row."""
+    assert Pool2d(kind=MAX, n=1, c=64, h=112, w=112, kernel=(3, 3), stride=(2, 2),
+                  pads=(1, 1, 1, 1)).output_shape == (1, 64, 56, 56)  # fmt: skip
+    assert CASES["maxpool2s2"].output_shape == (2, 3, 4, 4)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Pool2d(kind=MAX, n=1, c=1, h=5, w=5, kernel=(3, 3), pads=(3, 0, 0, 0)), "smaller than"),
+        (lambda: Pool2d(kind=AVG, n=1, c=1, h=2, w=5, kernel=(3, 3)), "does not fit"),
+        (lambda: Pool2d(kind=AVG, n=1, c=0, h=5, w=5, kernel=(3, 3)), "'c' must be a positive"),
+        (lambda: Elementwise(op=ElementwiseOp.CLIP, shape=(4,), lo=1.0, hi=0.0), "above max"),
+        (lambda: Reshape(input_shape=(2, 3), shape=(5,)), "element count"),
+        (lambda: Concat(n=1, channels=(2, 0), h=1, w=1), "'channels1' must be a positive"),
+    ],
+)
+def test_impossible_operators_are_input_errors(make: object, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        make()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_nests_match_the_references_without_llvm(name: str) -> None:
+    """The loop nests themselves, through the reference interpreter, at a width no target has (3 lanes)."""
+    op = CASES[name]
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in op.input_shapes]
+    out = np.full(op.output_shape, np.nan, np.float32)
+    run_kernel(op.kernel_nest("op", 3), [*inputs, out])
+    np.testing.assert_allclose(out, op.reference(*inputs), rtol=1e-5, atol=1e-6)
+
+
+def test_only_elementwise_kernels_may_alias() -> None:
+    """An in-place call would break a noalias promise (undefined behaviour): elementwise kernels make none."""
+    for name, op in CASES.items():
+        text = lower([op.kernel_nest("op", 8)])
+        assert ("noalias" in text) != isinstance(op, Elementwise), name
+
+
+def test_random_pools_match_the_reference_without_llvm() -> None:
+    """Windows clipped by any mix of kernel, stride and pads (each pad below the kernel, as ONNX requires)."""
+    rng = random.Random(0)
+    for seed in range(300):
+        kh, kw, sh, sw = rng.randint(1, 5), rng.randint(1, 5), rng.randint(1, 3), rng.randint(1, 3)
+        pads = (rng.randrange(kh), rng.randrange(kw), rng.randrange(kh), rng.randrange(kw))
+        h, w = rng.randint(1, 9), rng.randint(1, 9)
+        if h + pads[0] + pads[2] < kh or w + pads[1] + pads[3] < kw:
+            continue
+        kind = rng.choice(list(PoolKind))
+        op = Pool2d(kind=kind, n=1, c=2, h=h, w=w, kernel=(kh, kw), stride=(sh, sw), pads=pads)
+        x = np.random.default_rng(seed).standard_normal(op.input_shapes[0]).astype(np.float32)
+        out = np.full(op.output_shape, np.nan, np.float32)
+        run_kernel(op.kernel_nest("p", rng.choice([1, 3, 4])), [x, out])
+        np.testing.assert_allclose(out, op.reference(x), rtol=1e-5, atol=1e-6, err_msg=str(op))
