@@ -41,6 +41,7 @@ from xtune.tuning.measure import (
 from xtune.workload import parse_workload
 
 from .test_measure import HANG, SEGFAULT, configs, image_of
+from .test_scheduler import tiny_model
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = [
@@ -462,6 +463,24 @@ def test_tune_and_bench_on_a_deployed_board_that_refuses_us_stop_at_once_with_ex
     bench = xtune_cli("bench", "--workload", TINY, "--board", "ssh-native", "--boards", str(boards))
     assert bench.returncode == 2 and bench.stdout == ""
     assert expect in _one_error_line(bench)
+
+
+def test_tune_model_on_a_deployed_board_that_refuses_us_stops_with_one_line_and_exit_2(
+    sshd: PrivateSshd, native: SshBoard, tmp_path: Path
+) -> None:
+    # As `tune --workload` above: the model's first task meets the refusal, and the whole run stops.
+    boards = tmp_path / "boards.toml"
+    boards.write_text(sshd.boards_toml("ssh-native", "x86-avx2", key=str(sshd.root / "other_ed25519")))
+    log, model = tmp_path / "log.jsonl", tiny_model(tmp_path / "tiny.onnx")
+    tuned = xtune_cli("tune", "--model", str(model), "--board", "ssh-native", "--boards", str(boards),
+                      "--trials", "8", "--log", str(log), *QUICK)  # fmt: skip
+    assert tuned.returncode == 2, tuned.stderr
+    line = _one_error_line(tuned)
+    assert line.startswith("xtune: error: board ssh-native: ") and "authentication as" in line
+    assert "board_failed" in tuned.stdout  # the table's header says why it stopped
+    records = TuningLog(log).read()
+    assert 0 < len(records) < 8 and all(r.result.status is MeasureStatus.BOARD_ERROR for r in records)
+    assert {r.workload for r in records} == {records[0].workload}  # no task after the failing one ran
 
 
 def test_a_resumed_run_measures_every_board_error_config_first(

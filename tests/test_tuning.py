@@ -25,7 +25,8 @@ from xtune.templates import template_for
 from xtune.transfer.modelfile import Manifest
 from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.run import Confirmation, TuneOptions, TuningReport, _confirm, run_tuning
+from xtune.tuning.run import Confirmation, TuneOptions, TuningReport, run_tuning
+from xtune.tuning.session import _confirm
 from xtune.tuning.tuner import TuneProgress
 from xtune.workload import parse_workload
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
+    from xtune.network.scheduler import tune_model as tune_model
     from xtune.network.tasks import TaskSet
     from xtune.target import Target
 
@@ -20,3 +21,13 @@ def tasks(model: str | os.PathLike[str] | onnx.ModelProto, target: str | Target 
     from xtune.network.tasks import extract_tasks
 
     return extract_tasks(model, target)
+
+
+def __getattr__(name: str) -> object:
+    """`xtune.tune_model`: every task of an ONNX model tuned under one trial budget, as `xtune tune
+    --model` does (xtune.network.scheduler.tune_model), imported on first use like `tasks`."""
+    if name == "tune_model":
+        from xtune.network.scheduler import tune_model
+
+        return tune_model
+    raise AttributeError(f"module 'xtune' has no attribute '{name}'")

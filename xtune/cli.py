@@ -22,11 +22,12 @@ from xtune.tuning.tuner import TUNERS
 if TYPE_CHECKING:
     from xtune.boards.board import Board
     from xtune.boards.cost import CostUnit
-    from xtune.network.tasks import TaskSet
+    from xtune.network.scheduler import ModelProgress, ModelTuningResult
+    from xtune.network.tasks import Task, TaskSet
     from xtune.transfer.pretrained import TransferSource
     from xtune.tuning.costmodel import CostModel
-    from xtune.tuning.database import Record
-    from xtune.tuning.run import TuningReport
+    from xtune.tuning.database import Record, TuningLog
+    from xtune.tuning.run import TuneOptions, TuningReport
     from xtune.tuning.tuner import TuneProgress
 
 Handler = Callable[[argparse.Namespace], int]
@@ -224,28 +225,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.templates import template_for
     from xtune.tuning.database import TuningLog
     from xtune.tuning.features import features_op
-    from xtune.tuning.measure import MeasureOptions
-    from xtune.tuning.run import TuneOptions, check_boards, local_numpy_gflops, run_tuning
+    from xtune.tuning.run import local_numpy_gflops, run_tuning
+    from xtune.tuning.session import check_boards
     from xtune.tuning.tuner import StopReason
     from xtune.workload import parse_workload
 
     check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
-    workload = parse_workload(args.workload)
+    workload = parse_workload(args.workload) if args.workload is not None else None
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     log = TuningLog(args.log)
-    # run_tuning checks both too, but only after training --transfer-from logs
+    # run_tuning and the scheduler check both too, but only after training --transfer-from logs
     check_boards(boards)
     log.check_appendable()
+    if workload is None:
+        return _tune_model(args, boards, log)
     # A pointwise conv2d is tuned as the matmul it lowers to: that operator's model scores its configs.
     op = features_op(template_for(workload, boards[0].target))
     transfer, pretrained = _transfer_source(args, boards[0], op)
-    options = TuneOptions(
-        tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
-        early_stopping=args.early_stopping, seed=args.seed,
-        measure=MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
-                               timeout_ms=args.timeout_ms),
-        confirm=args.confirm,
-    )  # fmt: skip
+    options = _tune_options(args)
     numpy_gflops = local_numpy_gflops(workload, boards)
     bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops, boards[0].cost_unit)
     try:
@@ -271,6 +268,59 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 130
     if report.stop is StopReason.BOARD_FAILED:  # the summary above says what was measured; the log has it all
         print(f"xtune: error: {report.error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _tune_options(args: argparse.Namespace) -> TuneOptions:
+    from xtune.tuning.measure import MeasureOptions
+    from xtune.tuning.run import TuneOptions
+
+    return TuneOptions(
+        tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
+        early_stopping=args.early_stopping, seed=args.seed,
+        measure=MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                               timeout_ms=args.timeout_ms),
+        confirm=args.confirm,
+    )  # fmt: skip
+
+
+def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog) -> int:
+    """`xtune tune --model`: every task of the model under one budget (xtune.network.scheduler)."""
+    from xtune.network.scheduler import ModelStop, SchedulerOptions, Strategy, tune_tasks
+    from xtune.network.tasks import extract_tasks
+    from xtune.templates import template_for
+    from xtune.tuning.features import features_op
+
+    taskset = extract_tasks(args.model, boards[0].target)
+    pretrained: dict[str, tuple[CostModel, bool]] = {}
+    used: dict[str, object] = {}
+    source: TransferSource | None = None
+    ops = {features_op(template_for(t.workload, boards[0].target)) for t in taskset.tasks}  # as the scheduler
+    for op in sorted(ops):
+        if source is None or source.kind == "builtin":  # the built-in model is chosen per operator
+            source, model = _transfer_source(args, boards[0], op)
+        else:  # one model file, or logs trained on once, has a booster per operator
+            model = source.model.cost_model(op)
+        if source is not None and model is not None:
+            pretrained[op] = (model, not source.saw(boards[0].target))
+            used[op] = source.as_dict()
+    bar = _ModelProgressBar(args.trials, taskset.tasks, boards[0].cost_unit)
+    try:
+        result = tune_tasks(taskset.tasks, boards, _tune_options(args), log, model=taskset.model,
+                            scheduler=SchedulerOptions(strategy=Strategy(args.strategy)),
+                            pretrained=pretrained, on_progress=bar.update)  # fmt: skip
+    finally:
+        bar.close()
+    if args.json:
+        _emit_json({**result.as_dict(), "log": str(args.log), "transfer": used or None})
+    else:
+        _print_model_tuning(result, args.log)
+    if result.stop is ModelStop.INTERRUPTED:
+        print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
+        return 130
+    if result.stop is ModelStop.BOARD_FAILED:  # the table above says what was measured; the log has it all
+        print(f"xtune: error: {result.error}", file=sys.stderr)
         return 2
     return 0
 
@@ -356,6 +406,58 @@ def _print_tuning(report: TuningReport, log: str) -> None:
             f"  best {report.best_cost:.0f} instructions per call ({timed}; emulated board: not a wall time)"
         )
     print(f"  {report.seconds:.1f} s wall, of which {report.tuner_seconds:.1f} s in the tuner")
+
+
+def _cost_text(cost: float, unit: CostUnit) -> str:
+    from xtune.boards.cost import CostUnit
+
+    if not math.isfinite(cost):
+        return "-"
+    if unit is not CostUnit.SECONDS:
+        return f"{cost:.0f} {unit.value}"
+    return f"{cost * 1e3:.4g} ms" if cost >= 1e-4 else f"{cost * 1e6:.4g} us"
+
+
+class _ModelProgressBar:
+    """tqdm on stderr over the model's budget; a line per batch: the task, its best, the model estimate."""
+
+    def __init__(self, total: int, tasks: Sequence[Task], unit: CostUnit):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
+        self.tasks, self.unit = tasks, unit
+
+    def update(self, progress: ModelProgress) -> None:
+        task, unit = self.tasks[progress.task], self.unit  # the boards' unit, never a result's
+        model = _cost_text(progress.estimate, unit)
+        self.bar.write(f"[{progress.trials:>5}/{progress.budget}] task {progress.task + 1}/{len(self.tasks)} "
+                       f"{task.workload.key} (x{task.count}): best "
+                       f"{_cost_text(progress.latencies[progress.task], unit)}; model {model}",
+                       file=sys.stderr)  # fmt: skip
+        self.bar.set_postfix({"model": model}, refresh=False)
+        self.bar.update(len(progress.batch.batch))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _print_model_tuning(result: ModelTuningResult, log: str) -> None:
+    unit = result.cost_unit
+    print(f"{result.model} on {'+'.join(result.boards)} ({result.target}), {result.strategy.value}: "
+          f"{result.trials} of {result.budget} trials, stopped: {result.stop.value}; log {log}")  # fmt: skip
+    width = max(len("workload"), *(len(t.workload) for t in result.tasks))
+    print(f"{'workload':<{width}} {'nodes':>5} {'trials':>6} {'resumed':>7} {'default':>11} {'best':>11} "
+          f"{'speedup':>7}  stop")  # fmt: skip
+    for t in result.tasks:
+        gain = t.default_cost / t.best_cost if 0 < t.best_cost < float("inf") > t.default_cost else None
+        print(f"{t.workload:<{width}} {t.count:>5} {t.trials:>6} {t.resumed:>7} "
+              f"{_cost_text(t.default_cost, unit):>11} {_cost_text(t.best_cost, unit):>11} "
+              f"{f'{gain:.2f}x' if gain else '-':>7}  {t.stop.value}")  # fmt: skip
+    line = f"estimated end-to-end latency: {_cost_text(result.estimate, unit)}"
+    if 0 < result.estimate < float("inf") > result.default_estimate:
+        line += (f" (default configs: {_cost_text(result.default_estimate, unit)}, "
+                 f"{result.default_estimate / result.estimate:.2f}x)")  # fmt: skip
+    print(line + " = sum of node count x best latency over the tasks")
 
 
 def cmd_best(args: argparse.Namespace) -> int:
@@ -526,10 +628,12 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from xtune.network.scheduler import SchedulerOptions, Strategy
     from xtune.tuning.measure import MeasureOptions
-    from xtune.tuning.run import CONFIRM_TIMINGS, TuneOptions
+    from xtune.tuning.run import TuneOptions
+    from xtune.tuning.session import CONFIRM_TIMINGS
 
-    tune, measure = _defaults(TuneOptions), _defaults(MeasureOptions)
+    tune, measure, scheduler = _defaults(TuneOptions), _defaults(MeasureOptions), _defaults(SchedulerOptions)
     parser = _Parser(prog="xtune", description="Auto-tune tensor kernels for embedded targets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -555,8 +659,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_deploy)
 
-    p = sub.add_parser("tune", help="tune a workload on a board; every measurement goes to the log")
-    p.add_argument("--workload", required=True)
+    p = sub.add_parser("tune", help="tune a workload, or every task of an ONNX model under one budget, on a "
+                       "board; every measurement goes to the log")  # fmt: skip
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--workload")
+    what.add_argument("--model", metavar="MODEL.onnx", help="tune every task of the model (see `xtune "
+                      "tasks`) under the one budget of --trials, with a task scheduler")  # fmt: skip
+    p.add_argument("--strategy", choices=[s.value for s in Strategy], default=scheduler["strategy"].value,
+                   help="--model: which task gets the next batch: the largest expected gain of the model's "
+                   "latency (gradient), or each in turn (default %(default)s)")  # fmt: skip
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
     p.add_argument(
         "--boards", type=Path, metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)"
@@ -574,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_in(1, 10**9),
         default=tune["early_stopping"],
         metavar="N",
-        help="stop after N trials without gain",
+        help="stop after N trials without gain (with --model: each task)",
     )
     p.add_argument("--seed", type=_int_in(0, U32), default=tune["seed"])
     p.add_argument("--batch-size", type=_int_in(1, 4096), default=tune["batch_size"])

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
-from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 
@@ -14,24 +12,13 @@ import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
 from xtune.boards.cost import CostUnit, gflops
-from xtune.errors import BoardError, InputError
 from xtune.peers import numpy_seconds
-from xtune.templates import ScheduleTemplate, template_for
+from xtune.templates import ScheduleTemplate
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import (
-    Record,
-    TuningLog,
-    config_of,
-    cpu_of,
-    leaders,
-    make_record,
-    measured,
-    of_machine,
-    unmeasured,
-)
-from xtune.tuning.features import estimate_prior, features_op, featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
-from xtune.tuning.tuner import StopReason, StopTuning, TuneProgress, TunerName, TuneSummary, make_tuner, tune
+from xtune.tuning.database import Record, TuningLog, leaders
+from xtune.tuning.measure import MeasureOptions
+from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession
+from xtune.tuning.tuner import StopReason, StopTuning, TuneProgress, TunerName, TuneSummary
 from xtune.workload import Workload
 
 
@@ -51,14 +38,11 @@ class TuneOptions:
     # With no pretrained model, the xgb tuner ranks its first batch by the analytic estimate (features.py)
     # and keeps it as a fading base; False makes it start blind (random first batch), as AutoTVM did.
     analytic_prior: bool = True
-    # At the end of a run the `confirm` fastest configs are timed again until each has CONFIRM_TIMINGS
+    # At the end of a run the `confirm` fastest configs are timed again until each has session.CONFIRM_TIMINGS
     # timings, and the best is the config with the lowest median (database.best): on a noisy host the
     # fastest of a run's single timings is mostly the luckiest (docs/benchmarks.md, "winner's curse"),
     # and `xtune build` should ship the fastest kernel, not the best-timed one. 0 skips it.
     confirm: int = 3
-
-
-CONFIRM_TIMINGS = 3
 
 
 class Confirmation(Enum):
@@ -127,74 +111,6 @@ class TuningReport:
         return d
 
 
-def check_boards(boards: Sequence[Board]) -> None:
-    """InputError unless `boards` can share a tuning run: some, all of one target, all measuring one unit
-    that ranks configs (a correctness-only board cannot: `xtune bench` is the command for it)."""
-    if not boards:
-        raise InputError("no board to tune on")
-    target = boards[0].target
-    if any(b.target != target for b in boards):
-        raise InputError("all --board flags of one run must be boards of the same target")
-    for b in boards:
-        if b.cost_unit is CostUnit.NONE:
-            raise InputError(f"board '{b.name}' checks correctness only (emulated wall time ranks nothing, "
-                             f"docs/boards.md): tune on a timing or instruction-counting board; "
-                             f"`xtune bench --board {b.name}` checks a config on it")  # fmt: skip
-    if len({b.cost_unit for b in boards}) > 1:
-        raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
-
-
-class _BoardsMeasurer:
-    """One Measurer per board; a batch is dealt round-robin and measured on the boards in parallel."""
-
-    def __init__(
-        self, boards: Sequence[Board], workload: Workload, options: MeasureOptions, pool: CompilePool
-    ):
-        self.boards = tuple(boards)
-        self.measurers = [Measurer(board, workload, options, pool) for board in boards]
-        self.threads = ThreadPoolExecutor(len(boards)) if len(boards) > 1 else None
-
-    @property
-    def failure(self) -> BoardError | None:
-        """The first board that failed for good: the run stops, even if other boards could go on."""
-        return next((m.failure for m in self.measurers if m.failure is not None), None)
-
-    def dealt(self, count: int) -> list[int]:
-        """Which board (its position in `boards`) measures each of `count` candidates of a batch."""
-        return [i % len(self.boards) for i in range(count)]
-
-    def __call__(self, batch: list[int]) -> list[MeasureResult]:
-        if self.threads is None:
-            return self.measurers[0].measure(batch)
-        dealt = self.dealt(len(batch))
-        shares = [
-            [index for index, b in zip(batch, dealt, strict=True) if b == n] for n in range(len(self.boards))
-        ]
-        jobs = zip(self.measurers, shares, strict=True)
-        parts = [iter(part) for part in self.threads.map(lambda job: job[0].measure(job[1]), jobs)]
-        return [next(parts[b]) for b in dealt]
-
-    def close(self) -> None:
-        for measurer in self.measurers:
-            measurer.close()
-        if self.threads is not None:
-            self.threads.shutdown()
-
-
-def past_records(
-    log: TuningLog | None, template: ScheduleTemplate, cpus: Collection[str] | None = None
-) -> list[Record]:
-    """Records of this workload and target already in the log, measured on one of `cpus` (any if None;
-    records without a fingerprint count as any cpu's), whose knobs still mean the same config."""
-    if log is None:
-        return []
-    return [
-        r
-        for r in of_machine(log.read(), template.workload.key, template.target.name)
-        if (cpus is None or cpu_of(r) in (None, *cpus)) and config_of(template, r) is not None
-    ]
-
-
 def run_tuning(
     workload: Workload,
     boards: Sequence[Board],
@@ -205,130 +121,39 @@ def run_tuning(
     pretrained: CostModel | None = None,
     hedge_with_estimate: bool = False,
 ) -> TuningReport:
-    """Tune `workload` on `boards` (all of one target, see `check_boards`); every finished batch is
-    appended to `log`, each record with the name and fingerprint of the board that measured it.
-
-    `pretrained` (transfer learning, xgb tuner only) scores the configs of this workload's operator: it
-    ranks the first batches and is the fading base of the local model (see XGBoostCostModel). With
-    `hedge_with_estimate` (for a model that saw no logs of this target) the analytic estimate shares those
-    first batches with it, and then whichever of the two picked the fastest config is the base."""
-    check_boards(boards)
-    if pretrained is not None and options.tuner != "xgb":
-        raise InputError(f"a pretrained model (--transfer-from) needs the xgb tuner, not {options.tuner}")
-    target, unit = boards[0].target, boards[0].cost_unit
-    template = template_for(workload, target)
-    if log is not None:
-        log.check_appendable()
-    fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
-    past = past_records(log, template, {cpu for fp in fingerprints if (cpu := dict(fp).get("cpu"))})
-    history = measured(past, workload.key, target.name)
-    op = features_op(template)
-    estimate = estimate_prior(op)
-    if pretrained is None and options.tuner == "xgb" and options.analytic_prior:
-        pretrained = estimate  # no transfer model: the analytic estimate ranks first
-    hedge = estimate if hedge_with_estimate and pretrained is not None else None
-    # The default (and the estimate's pick) join the model tuner's first batch whatever the prior, even
-    # when the run does not measure the default first: a warm start never starts below them.
-    tuner = make_tuner(
-        options.tuner,
-        template.space,
-        options.seed,
-        lambda idx: featurize(template, idx),
-        pretrained=pretrained,
-        hedge=hedge,
-        anchors=[template.default_config().index],
-        estimate=estimate if options.analytic_prior else None,
-    )
-    if history:
-        tuner.load_history(list(history), [r.result for r in history.values()])
-    if options.start_from_default:
-        tuner.propose_first([template.default_config().index])
-    # Configs an earlier run chose but lost to a board error: measured first (docs/boards.md, "Faults").
-    tuner.propose_first(unmeasured(past, workload.key, target.name))
-    space, wl = template.space, workload.key
-    this_run: list[Record] = []
-    pool = CompilePool()
-    measure = _BoardsMeasurer(boards, workload, options.measure, pool)
-
-    def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        dealt = measure.dealt(len(batch))
-        records = [make_record(wl, target.name, boards[b].name, space.config(i), r, options.measure,
-                               fingerprints[b])
-                   for i, r, b in zip(batch, results, dealt, strict=True)]  # fmt: skip
-        this_run.extend(records)
-        if log is not None:
-            log.append(records)
-
-    def stop_if_failed() -> None:
-        if measure.failure is not None:  # called after keep: the batch, its board errors too, is logged
-            raise StopTuning(StopReason.BOARD_FAILED)
-
-    def keep_or_stop(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        keep(batch, results)
-        stop_if_failed()
-
-    callbacks = [lambda progress: keep(progress.batch, progress.results)]
-    callbacks += [on_progress] if on_progress else []
-    callbacks += [lambda progress: stop_if_failed()]
+    """Tune `workload` on `boards` (all of one target, see session.check_boards) for `options.trials`,
+    then confirm the leaders; every finished batch is appended to `log`, each record with the name and
+    fingerprint of the board that measured it. A board that fails for good stops the run (stop
+    BOARD_FAILED, `error` says why). `pretrained` and `hedge_with_estimate`: see TuningSession."""
+    session = TuningSession(workload, boards, options, log, pretrained=pretrained,
+                            hedge_with_estimate=hedge_with_estimate,
+                            callbacks=[on_progress] if on_progress else [])  # fmt: skip
     stop, start = StopReason.INTERRUPTED, time.perf_counter()
     try:
-        summary = tune(template.space, tuner, measure, options.trials, options.batch_size,
-                       options.early_stopping, callbacks)  # fmt: skip
-        # Instruction counts (emulated boards) are exact: timing them again would add nothing.
-        done = summary.stop not in (StopReason.INTERRUPTED, StopReason.BOARD_FAILED)
-        if done and unit is CostUnit.SECONDS:
-            _confirm(lambda: past + this_run, template, options.confirm, measure, keep_or_stop)
+        summary = session.run(options.trials, options.batch_size, options.early_stopping)
+        if summary.stop not in (StopReason.INTERRUPTED, StopReason.BOARD_FAILED):
+            session.confirm(options.confirm)
         stop = summary.stop
     except StopTuning as request:  # a board failed while confirming
         stop = request.reason
     except KeyboardInterrupt:
         pass  # while confirming: every timing taken is kept, the run reports itself interrupted
     finally:
-        measure.close()
-        pool.close()
+        session.close()
     report = _report(
         workload,
-        template,
+        session.template,
         boards,
         options,
         summary,
         stop,
-        past + this_run,
-        len(history),
-        len(this_run) - summary.trials,
+        session.records(),
+        session.resumed,
+        session.confirm_timings,
         numpy_gflops,
     )
     # The whole run's wall time, confirming included (summary.seconds is the tuning loop's alone).
-    return replace(report, seconds=time.perf_counter() - start, error=str(measure.failure or ""))
-
-
-def _confirm(
-    records: Callable[[], list[Record]],
-    template: ScheduleTemplate,
-    count: int,
-    measure: Callable[[list[int]], list[MeasureResult]],
-    keep: Callable[[Sequence[int], Sequence[MeasureResult]], None],
-) -> None:
-    """Time the `count` best configs (by wall time) again, one round at a time (so that a slow spell of
-    the host falls on all of them), until each has CONFIRM_TIMINGS timings. A config whose median drops
-    out of the lead lets the next one in, and that one is timed too, up to a budget of twice the timings
-    the first leaders need; the best goes first in every round. Past the budget only the best is still
-    timed, until it has its CONFIRM_TIMINGS: a config that took the lead on one lucky timing as the
-    others' medians rose would otherwise be the run's best, timed once, which is what `confirm` promises
-    against. No config is tried more than twice the timings it needs, so one whose timings keep failing
-    (timeouts, board errors) cannot hold the run. Each round's results go to `keep` as they arrive."""
-    wl, target = template.workload.key, template.target.name
-    budget = 2 * count * (CONFIRM_TIMINGS - 1)
-    tries: Counter[int] = Counter()
-    while True:
-        top = [(r.index, n) for r, n in leaders(records(), wl, target, count, CostUnit.SECONDS)]
-        short = [i for i, n in top if n < CONFIRM_TIMINGS and tries[i] < 2 * (CONFIRM_TIMINGS - 1)]
-        short = short[:budget] if budget > 0 else [i for i in short[:1] if i == top[0][0]]
-        if not short:
-            return
-        keep(short, measure(short))
-        budget -= len(short)
-        tries.update(short)
+    return replace(report, seconds=time.perf_counter() - start, error=str(session.failure or ""))
 
 
 def _report(

@@ -417,6 +417,58 @@ class _Loop:
         self.curve, self.counts = curve, counts
 
 
+class TuneLoop:
+    """A tuning loop advanced one batch at a time: `step` proposes, measures, learns and reports one batch.
+
+    `tune` runs one to the end; a task scheduler (xtune.network.scheduler) keeps one per task and steps
+    whichever task it chooses, so every task's tuner keeps learning across its batches."""
+
+    def __init__(
+        self,
+        tuner: Tuner,
+        measure_batch: Callable[[list[int]], list[MeasureResult]],
+        callbacks: Sequence[Callable[[TuneProgress], None]] = (),
+    ) -> None:
+        self.tuner, self.measure_batch, self.callbacks = tuner, measure_batch, list(callbacks)
+        self.state = _Loop()
+        self.tuner_seconds = 0.0
+
+    @property
+    def trials(self) -> int:
+        return len(self.state.curve)
+
+    def step(self, n: int, n_trials: int = 0) -> TuneProgress | None:
+        """Measure one batch of at most `n` configs; None when the space is exhausted. `n_trials` is the
+        run's budget, passed on to the callbacks. A KeyboardInterrupt while measuring propagates and the
+        batch is dropped (neither given to the tuner nor to callbacks); in a callback, the batch is kept,
+        as it is when a callback raises StopTuning (which propagates too: `run_loop` stops on it)."""
+        if not self.tuner.has_next():
+            return None
+        t0 = time.perf_counter()
+        batch = self.tuner.next_batch(n)
+        self.tuner_seconds += time.perf_counter() - t0
+        if not batch:
+            return None
+        results = list(self.measure_batch(list(batch)))
+        if len(results) != len(batch):
+            raise InputError(f"measure_batch returned {len(results)} results for {len(batch)} configs")
+        t0 = time.perf_counter()
+        self.tuner.update(batch, results)
+        self.tuner_seconds += time.perf_counter() - t0
+        self.state.record(batch, results)
+        state = self.state
+        progress = TuneProgress(tuple(batch), tuple(results), self.trials, n_trials, state.best_index,
+                                state.best_cost, state.since_improvement)  # fmt: skip
+        for callback in self.callbacks:
+            callback(progress)
+        return progress
+
+    def summary(self, stop: StopReason, seconds: float) -> TuneSummary:
+        state = self.state
+        return TuneSummary(state.best_index, state.best_cost, len(state.curve), tuple(state.curve),
+                           tuple(state.counts.items()), stop, seconds, self.tuner_seconds)  # fmt: skip
+
+
 def tune(
     space: ConfigSpace,
     tuner: Tuner,
@@ -431,58 +483,31 @@ def tune(
     Ctrl-C (KeyboardInterrupt) while measuring or in a callback ends the loop and returns the summary of
     every batch measured so far with `stop=INTERRUPTED` (a batch interrupted mid-measurement is dropped:
     it was neither given to the tuner nor to callbacks). The caller decides what to do next, e.g. print the
-    best so far and exit 130."""
+    best so far and exit 130. A callback that raises StopTuning ends the loop with its reason, the batch
+    it was handed kept."""
+    return run_loop(TuneLoop(tuner, measure_batch, callbacks), n_trials, batch_size, early_stopping)
+
+
+def run_loop(
+    loop: TuneLoop, n_trials: int, batch_size: int, early_stopping: int | None = None
+) -> TuneSummary:
+    """`tune` over a loop built by the caller (xtune.tuning.session): `n_trials` more trials."""
     if n_trials < 0 or batch_size < 1:
         raise InputError(f"need n_trials >= 0 and batch_size >= 1 (got {n_trials}, {batch_size})")
     start = time.perf_counter()
-    tuner_seconds = 0.0
-    loop = _Loop()
     stop = StopReason.TRIALS
-    trials = 0
+    first = loop.trials
     try:
-        while trials < n_trials:
-            if not tuner.has_next():
+        while loop.trials - first < n_trials:
+            progress = loop.step(min(batch_size, n_trials - (loop.trials - first)), n_trials)
+            if progress is None:
                 stop = StopReason.EXHAUSTED
                 break
-            t0 = time.perf_counter()
-            batch = tuner.next_batch(min(batch_size, n_trials - trials))
-            tuner_seconds += time.perf_counter() - t0
-            if not batch:
-                stop = StopReason.EXHAUSTED
-                break
-            results = list(measure_batch(list(batch)))
-            if len(results) != len(batch):
-                raise InputError(f"measure_batch returned {len(results)} results for {len(batch)} configs")
-            t0 = time.perf_counter()
-            tuner.update(batch, results)
-            tuner_seconds += time.perf_counter() - t0
-            loop.record(batch, results)
-            trials += len(batch)
-            progress = TuneProgress(
-                tuple(batch),
-                tuple(results),
-                trials,
-                n_trials,
-                loop.best_index,
-                loop.best_cost,
-                loop.since_improvement,
-            )
-            for callback in callbacks:
-                callback(progress)
-            if early_stopping is not None and loop.since_improvement >= early_stopping:
+            if early_stopping is not None and progress.since_improvement >= early_stopping:
                 stop = StopReason.EARLY_STOPPING
                 break
     except KeyboardInterrupt:
         stop = StopReason.INTERRUPTED
     except StopTuning as request:
         stop = request.reason
-    return TuneSummary(
-        loop.best_index,
-        loop.best_cost,
-        len(loop.curve),
-        tuple(loop.curve),
-        tuple(loop.counts.items()),
-        stop,
-        time.perf_counter() - start,
-        tuner_seconds,
-    )
+    return loop.summary(stop, time.perf_counter() - start)

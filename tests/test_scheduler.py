@@ -1,0 +1,316 @@
+"""The task scheduler (issue 19): Ansor's gradient on made-up numbers, then whole runs on the local board
+with small hand-made tasks — the budget, the first round, resume, the allocation, the end-to-end
+estimate — and `xtune tune --model` through the CLI, Ctrl-C included."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xtune
+from xtune.boards.agent import AgentSession
+from xtune.boards.board import get_board
+from xtune.boards.cost import CostUnit
+from xtune.errors import BoardError, BoardFault, InputError
+from xtune.network.scheduler import (
+    ModelStop,
+    ModelTuningResult,
+    SchedulerOptions,
+    Strategy,
+    TaskStop,
+    end_to_end,
+    expected_gain,
+    similarity_key,
+    tune_tasks,
+)
+from xtune.network.tasks import Task
+from xtune.templates import template_for
+from xtune.tuning.database import Record, TuningLog, best, read_logs
+from xtune.tuning.measure import MeasureOptions, MeasureStatus
+from xtune.tuning.run import TuneOptions
+from xtune.tuning.tuner import TunerName
+from xtune.workload import parse_workload
+
+QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
+GRADIENT = SchedulerOptions()
+
+
+def task(key: str, count: int = 1) -> Task:
+    workload = parse_workload(key)
+    return Task(workload=workload, nodes=tuple(f"{workload.op}_{i}" for i in range(count)),
+                flops=float(workload.flops()))  # fmt: skip
+
+
+# --- the gradient, on made-up numbers ---------------------------------------------------------------------
+
+
+def test_gain_after_one_batch_is_the_optimistic_forward_guess() -> None:
+    # One batch: no backward window yet; g(t) ~ 1/t says the next batch could take the latency from 1 ms
+    # down to 0 (1 - 1/1): a drop of 1 ms, weighted by 1 - alpha, times the node count.
+    gain = expected_gain(count=2, history=[1e-3], flops=1e6, peer_throughput=0.0, options=GRADIENT)
+    assert gain == pytest.approx(2 * (1 - GRADIENT.alpha) * 1e-3)
+
+
+def test_gain_scales_with_the_node_count() -> None:
+    history = [4e-3, 3e-3, 2.5e-3, 2.2e-3, 2e-3]
+    one, five = (expected_gain(count=c, history=history, flops=1e6, peer_throughput=0.0, options=GRADIENT)
+                 for c in (1, 5))  # fmt: skip
+    assert five == pytest.approx(5 * one) and one > 0
+
+
+def test_backward_term_is_the_mean_drop_over_the_window() -> None:
+    options = SchedulerOptions(alpha=1.0, window=3)  # backward term alone
+    history = [9.0, 8.0, 4.0, 2.0, 1.0]  # over the last 3 batches: from 8 to 1, 7/3 per batch
+    assert expected_gain(count=1, history=history, flops=1.0, peer_throughput=0.0, options=options) == (
+        pytest.approx(7 / 3)
+    )
+    flat = [5.0, 5.0, 5.0, 5.0]
+    assert expected_gain(count=1, history=flat, flops=1.0, peer_throughput=0.0, options=options) == 0
+    short = [9.0, 8.0, 4.0]  # not more batches than the window: no backward term yet
+    assert expected_gain(count=1, history=short, flops=1.0, peer_throughput=0.0, options=options) == 0
+
+
+def test_a_faster_similar_task_raises_the_forward_guess() -> None:
+    options = SchedulerOptions(alpha=0.0, beta=2.0)  # forward term alone
+    history = [1e-3] * 10  # 1 GFLOP/s for 1 MFLOP, and 1/t says little after 10 batches: 0.1 ms
+    alone = expected_gain(count=1, history=history, flops=1e6, peer_throughput=1e9, options=options)
+    assert alone == pytest.approx(1e-4)
+    # A similar task runs 10 GFLOP/s: at half that (beta = 2) this one would take 0.2 ms, a drop of 0.8 ms.
+    peer = expected_gain(count=1, history=history, flops=1e6, peer_throughput=1e10, options=options)
+    assert peer == pytest.approx(8e-4)
+
+
+def test_similar_tasks_are_one_operator_of_about_the_same_flops() -> None:
+    a = task("matmul:m=64,n=64,k=64")
+    assert similarity_key(a) == similarity_key(task("matmul:m=64,n=64,k=66"))
+    assert similarity_key(a) != similarity_key(task("matmul:m=64,n=64,k=256"))
+    assert similarity_key(task("conv2d:n=1,c=16,h=8,w=8,k=32,r=1,s=1,stride=1,pad=0"))[0] == "conv2d"
+
+
+def test_end_to_end_is_count_times_latency_and_unknown_while_a_task_has_none() -> None:
+    assert end_to_end([1, 3], [2.0, 0.5]) == 3.5
+    assert end_to_end([1, 3], [2.0, math.inf]) == math.inf
+
+
+# --- whole runs on the local board ------------------------------------------------------------------------
+
+SMALL = [task("matmul:m=32,n=32,k=32"), task("matmul:m=48,n=32,k=24", 3),
+         task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1")]  # fmt: skip
+
+
+def options(trials: int, tuner: TunerName = "random", batch: int = 2) -> TuneOptions:
+    return TuneOptions(tuner=tuner, trials=trials, batch_size=batch, measure=QUICK, confirm=0)
+
+
+def run(tasks: list[Task], log: Path, trials: int, **kw: object) -> ModelTuningResult:
+    board = get_board("local")
+    return tune_tasks(tasks, [board], options(trials, **kw), TuningLog(log))  # type: ignore[arg-type]
+
+
+def measured_in(records: list[Record], key: str) -> list[int]:
+    return [r.index for r in records if r.workload == key]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ModelTuningResult]:
+    log = tmp_path_factory.mktemp("sched") / "log.jsonl"
+    return log, run(SMALL, log, 12, tuner="xgb")
+
+
+def test_the_budget_is_spent_and_the_first_round_measures_every_default(
+    first_run: tuple[Path, ModelTuningResult],
+) -> None:
+    log, result = first_run
+    records = read_logs([log])
+    assert result.stop is ModelStop.TRIALS and result.trials == 12 == len(records)
+    assert sum(t.trials for t in result.tasks) == 12 and all(t.resumed == 0 for t in result.tasks)
+    target = get_board("local").target
+    # The first round is one batch per task, in task order, each led by the template's default config.
+    for i, t in enumerate(SMALL):
+        default = template_for(t.workload, target).default_config().index
+        assert records[2 * i].workload == t.workload.key and records[2 * i].index == default
+        assert result.tasks[i].default_cost == records[2 * i].cost
+    assert len({(r.workload, r.index) for r in records}) == 12  # no config measured twice
+
+
+def test_the_estimate_is_count_times_best_latency(first_run: tuple[Path, ModelTuningResult]) -> None:
+    log, result = first_run
+    records, target = read_logs([log]), get_board("local").target.name
+    shipped = [best(records, t.workload.key, target)[0] for t in SMALL]  # what `xtune build` would take
+    assert [t.best_cost for t in result.tasks] == [r.cost for r in shipped]
+    assert [t.best_index for t in result.tasks] == [r.index for r in shipped]
+    assert result.estimate == pytest.approx(
+        sum(t.count * r.cost for t, r in zip(SMALL, shipped, strict=True))
+    )
+    assert result.estimate <= result.default_estimate
+    # The curve starts once every task has a latency (after the first round) and ends at the estimate.
+    spent = [n for n, _ in result.curve]
+    assert spent[0] == 6 and spent == sorted(spent) and spent[-1] == 12
+    assert result.curve[-1][1] == pytest.approx(result.estimate)
+    assert all(a >= b for (_, a), (_, b) in zip(result.curve, result.curve[1:], strict=False))
+
+
+def test_a_resumed_run_continues_and_measures_nothing_again(
+    first_run: tuple[Path, ModelTuningResult], tmp_path: Path
+) -> None:
+    log, first = first_run
+    copy = tmp_path / "log.jsonl"
+    copy.write_text(log.read_text())
+    before = read_logs([copy])
+    result = run(SMALL, copy, 6, tuner="xgb")
+    new = read_logs([copy])[len(before) :]
+    assert result.trials == 6 == len(new)
+    assert not {(r.workload, r.index) for r in new} & {(r.workload, r.index) for r in before}
+    assert [t.resumed for t in result.tasks] == [t.trials for t in first.tasks]
+    n, estimate = result.curve[0]
+    assert n == 0 and estimate == pytest.approx(first.estimate)  # it starts where the first run ended
+
+
+def test_the_gradient_favours_the_task_with_the_larger_weight(tmp_path: Path) -> None:
+    # Two tasks of about one latency; one runs in 16 nodes: its batches lower the model's latency 16x more.
+    tasks = [task("matmul:m=40,n=40,k=40"), task("matmul:m=40,n=40,k=41", 16)]
+    gradient = run(tasks, tmp_path / "g.jsonl", 16)
+    light, heavy = gradient.tasks
+    assert heavy.trials >= 3 * light.trials, (light.trials, heavy.trials)
+    even = tune_tasks(tasks, [get_board("local")], options(16), TuningLog(tmp_path / "r.jsonl"),
+                      scheduler=SchedulerOptions(strategy=Strategy.ROUND_ROBIN))  # fmt: skip
+    assert [t.trials for t in even.tasks] == [8, 8]
+
+
+def test_tasks_stop_early_and_the_run_ends_when_every_task_has(tmp_path: Path) -> None:
+    # early_stopping=1: a task stops at its first batch that does not lower its best latency. A random
+    # search improves on batch k with a chance of about 1/k, so 60 trials are never needed.
+    opts = TuneOptions(tuner="random", trials=60, batch_size=2, early_stopping=1, measure=QUICK, confirm=0)
+    result = tune_tasks(SMALL[:2], [get_board("local")], opts, TuningLog(tmp_path / "log.jsonl"))
+    assert result.stop is ModelStop.TASKS_DONE and result.trials < 60
+    assert all(t.stop is TaskStop.EARLY_STOPPING for t in result.tasks)
+    assert result.trials == len(read_logs([tmp_path / "log.jsonl"]))
+
+
+def test_fewer_trials_than_new_tasks_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="fewer than the 3 tasks"):
+        run(SMALL, tmp_path / "log.jsonl", 2)
+
+
+class RefusingBoard:
+    """The local board, until its `good` sessions are used up: then every open() is refused for good, as
+    when a board's key is rotated mid-run (a unit-test fake: tests/test_faults.py has the real faults)."""
+
+    cost_unit = CostUnit.SECONDS
+
+    def __init__(self, good: int) -> None:
+        self.real = get_board("local")
+        self.name, self.target, self.good = "flaky", self.real.target, good
+
+    def open(self) -> AgentSession:
+        if self.good <= 0:
+            raise BoardError("authentication as pi@lab:22 failed", BoardFault.AUTHENTICATION)
+        self.good -= 1
+        return self.real.open()
+
+    def fingerprint(self) -> dict[str, str]:
+        return self.real.fingerprint()
+
+
+def test_a_board_that_fails_for_good_stops_the_model_run_and_a_resumed_run_measures_its_losses(
+    tmp_path: Path,
+) -> None:
+    # One session per task, one task's open at a time: the second task's batch meets the refusal.
+    log = tmp_path / "log.jsonl"
+    result = tune_tasks(SMALL, [RefusingBoard(good=1)], options(12), TuningLog(log))
+    records = read_logs([log])
+    assert result.stop is ModelStop.BOARD_FAILED and result.error.startswith("board flaky: authentication")
+    assert [t.trials for t in result.tasks] == [2, 2, 0] and result.trials == 4 == len(records)
+    lost = measured_in(records, SMALL[1].workload.key)
+    assert [r.result.status for r in records] == [MeasureStatus.OK] * 2 + [MeasureStatus.BOARD_ERROR] * 2
+    assert result.as_dict()["stop"] == "board_failed" and result.confirm_timings == 0
+    # Resumed on a board that works: the configs lost to the board error are the task's first batch.
+    again = run(SMALL, log, 4)
+    assert again.stop is ModelStop.TRIALS
+    assert set(measured_in(read_logs([log])[4:], SMALL[1].workload.key)) == set(lost)
+
+
+# --- the command line and the library entry ---------------------------------------------------------------
+
+
+def tiny_model(path: Path) -> Path:
+    """X[8,32] -> MatMul -> Relu -> MatMul (same shapes: the same task) -> Relu -> MatMul[32,16]."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = {"w1": rng.standard_normal((32, 32)), "w2": rng.standard_normal((32, 32)),
+             "w3": rng.standard_normal((32, 16))}  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+             helper.make_node("Relu", ["a"], ["ar"], name="r1"),
+             helper.make_node("MatMul", ["ar", "w2"], ["b"], name="mm2"),
+             helper.make_node("Relu", ["b"], ["br"], name="r2"),
+             helper.make_node("MatMul", ["br", "w3"], ["y"], name="mm3")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )  # fmt: skip
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def xtune_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+QUICK_FLAGS = ("--repeat", "2", "--min-repeat-ms", "2", "--batch-size", "2", "--confirm", "0")
+
+
+def test_cli_tune_model_json_matches_the_library(tmp_path: Path) -> None:
+    model = tiny_model(tmp_path / "tiny.onnx")
+    log = tmp_path / "log.jsonl"
+    out = xtune_cli("tune", "--model", str(model), "--trials", "6", "--log", str(log), "--json", *QUICK_FLAGS)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["trials"] == 6 == len(read_logs([log])) and report["strategy"] == "gradient"
+    assert [t["count"] for t in report["tasks"]] == [2, 1]
+    assert report["estimate"] == pytest.approx(sum(t["count"] * t["best_cost"] for t in report["tasks"]))
+    assert "model" in out.stderr and "task 1/2" in out.stderr  # progress per task and for the model
+    # The library entry resumes the same log and returns what the command prints.
+    result = xtune.tune_model(model, trials=4, log=log, options=options(4), strategy="round-robin")
+    assert isinstance(result, ModelTuningResult) and result.trials == 4 and len(read_logs([log])) == 10
+    assert [t.resumed for t in result.tasks] == [t["trials"] for t in report["tasks"]]
+
+
+def test_cli_model_and_workload_exclude_each_other(tmp_path: Path) -> None:
+    model = tiny_model(tmp_path / "tiny.onnx")
+    out = xtune_cli("tune", "--model", str(model), "--workload", "matmul:m=8,n=8,k=8")
+    assert out.returncode == 2 and "not allowed with" in out.stderr
+    out = xtune_cli("tune", "--model", str(model), "--trials", "1", "--log", str(tmp_path / "l.jsonl"))
+    assert out.returncode == 2 and "fewer than the 2 tasks" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ctrl_c_keeps_the_log_of_a_model_run(tmp_path: Path) -> None:
+    model = tiny_model(tmp_path / "tiny.onnx")
+    log = tmp_path / "log.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xtune.cli", "tune", "--model", str(model), "--trials", "400",
+         "--log", str(log), *QUICK_FLAGS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # As in test_tuning: give the tuner the SIGINT disposition a terminal gives it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not log.exists() or log.read_text().count("\n") < 8):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "estimated end-to-end latency" in stdout
+    records = read_logs([log])  # every line parses: nothing torn
+    assert 8 <= len(records) < 400
