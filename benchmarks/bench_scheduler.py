@@ -1,6 +1,7 @@
 """The task scheduler's benchmark (issue 19): gradient allocation against round-robin on one budget.
 
 Usage: python benchmarks/bench_scheduler.py [--model mobilenet_v2] [--trials 1500] [--out curves.json]
+       [--plot curves.png];  python benchmarks/bench_scheduler.py --replot curves.json --plot curves.png
 Each strategy tunes every task of the model from an empty log on the local board. Prints a markdown
 table and the trials the gradient scheduler needed to reach round-robin's final end-to-end estimate
 (the goal: at most 50 % of the budget); --out writes both curves as JSON (trials spent, estimate).
@@ -26,13 +27,38 @@ def trials_to(result: ModelTuningResult, goal: float) -> int | None:
     return next((n for n, estimate in result.curve if estimate <= goal), None)
 
 
+def plot(data: dict[str, object], path: Path) -> None:
+    """Both strategies' estimated end-to-end latency against trials spent (needs the `plot` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    curves = data["curves"]
+    assert isinstance(curves, dict)
+    for name, points in curves.items():
+        ax.plot([n for n, _ in points], [e * 1e3 for _, e in points], label=name)
+    ax.set_xlabel("trials spent")
+    ax.set_ylabel("estimated end-to-end latency (ms)")
+    ax.set_title(f"{data['model']}: task scheduler, {data['trials']} trials")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="mobilenet_v2", choices=sorted(zoo.NETWORKS))
     parser.add_argument("--trials", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None, help="both curves as a PNG")
+    parser.add_argument("--replot", type=Path, default=None, help="plot a saved --out file; run nothing")
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads(args.replot.read_text()), args.plot or args.replot.with_suffix(".png"))
+        return
     board = get_board("local")
     tasks = extract_tasks(zoo.NETWORKS[args.model](), board.target).tasks
     # confirm=0: the curves compare allocation alone; confirming would re-time leaders after the budget.
@@ -53,9 +79,12 @@ def main() -> None:
     reached = trials_to(gradient, even.estimate)
     share = f"{100 * reached / args.trials:.0f} %" if reached is not None else "never"
     print(f"\ngradient reached round-robin's final estimate after {reached} trials ({share} of the budget)")
+    curves = {s.value: [[n, e] for n, e in r.curve] for s, r in results.items()}
+    data = {"model": args.model, "trials": args.trials, "curves": curves}
     if args.out:
-        curves = {s.value: [[n, e] for n, e in r.curve] for s, r in results.items()}
-        args.out.write_text(json.dumps({"model": args.model, "trials": args.trials, "curves": curves}))
+        args.out.write_text(json.dumps(data))
+    if args.plot:
+        plot(data, args.plot)
 
 
 if __name__ == "__main__":
