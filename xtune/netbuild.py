@@ -14,11 +14,11 @@ that the object is the one its header describes. docs/firmware.md, "Whole networ
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
 from collections.abc import Sequence
-import dataclasses
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
