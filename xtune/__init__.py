@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnx
 
+    from xtune.netbuild import NetArtifact
     from xtune.network.tasks import TaskSet
     from xtune.target import Target
 
@@ -20,3 +22,16 @@ def tasks(model: str | os.PathLike[str] | onnx.ModelProto, target: str | Target 
     from xtune.network.tasks import extract_tasks
 
     return extract_tasks(model, target)
+
+
+def build_model(
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    target: str | Target,
+    logs: Sequence[str | os.PathLike[str]] = (),
+    prefix: str = "net",
+) -> NetArtifact:
+    """One relocatable object running the whole network of `model` on `target`, with its C header
+    (`xtune build --model`); see xtune.netbuild.build_model. Imported on first call, like `tasks`."""
+    from xtune.netbuild import build_model as build
+
+    return build(model, target, logs, prefix)
