@@ -235,3 +235,64 @@ def test_example_makefile_builds_and_runs_on_the_host(tmp_path: Path) -> None:
           "CC=gcc"])  # fmt: skip
     out = _run([build / "demo", build / "net.ref"]).stdout
     assert out.startswith("match: max abs error"), out
+
+
+def operators_model() -> onnx.ModelProto:
+    """A small network holding every generated operator: MaxPool and AveragePool (pads), Add then its only
+    reader Relu (one Add+ReLU call), Clip, Concat along channels, Relu, GlobalAveragePool, Reshape (a
+    view), Gemm, and Softmax as the output."""
+    rng = np.random.default_rng(3)
+
+    def const(name: str, value: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(
+            np.asarray(value, np.float32) if value.dtype.kind == "f" else value, name
+        )
+
+    inits = [
+        const("w1", rng.standard_normal((8, 4, 3, 3)) * 0.3), const("w2", rng.standard_normal((8, 4, 1, 1))),
+        const("fc", rng.standard_normal((10, 16)) * 0.3),
+        const("lo", np.array(-0.5)), const("hi", np.array(1.5)),
+        numpy_helper.from_array(np.array([1, 16], np.int64), "shape"),
+    ]  # fmt: skip
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        node("Conv", ["x", "w2"], ["c2"], name="c2"),
+        node("MaxPool", ["c1"], ["p1"], name="p1", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        node("AveragePool", ["c2"], ["p2"], name="p2", kernel_shape=[2, 2], strides=[2, 2]),
+        node("Add", ["p1", "p2"], ["sum"], name="sum"),
+        node("Relu", ["sum"], ["r"], name="r"),
+        node("Clip", ["p1", "lo", "hi"], ["clip"], name="clip"),
+        node("Concat", ["r", "clip"], ["cat"], name="cat", axis=1),
+        node("Relu", ["cat"], ["rc"], name="rc"),
+        node("GlobalAveragePool", ["rc"], ["gap"], name="gap"),
+        node("Reshape", ["gap", "shape"], ["flat"], name="flat"),
+        node("Gemm", ["flat", "fc"], ["logits"], name="fc", transB=1),
+        node("Softmax", ["logits"], ["y"], name="softmax", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "operators", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def check_operators(board_name: str) -> None:
+    board = get_board(board_name)
+    m = operators_model()
+    artifact = build_model(m, board.target)
+    kinds = {k.what.split(":")[0] for k in artifact.kernels}
+    assert kinds == {"conv2d", "pool2d", "elementwise", "concat", "globalaveragepool", "matmul", "softmax"}
+    assert any("op=add_relu" in k.what for k in artifact.kernels)
+    x = random_input(artifact.program.input_shape)
+    got, _ = run_network(board, artifact, x)
+    ref, _ = ort_network(m.SerializeToString(), x)
+    assert check_output(got, ref, RTOL) == ""
+
+
+def test_every_generated_operator_matches_onnx_runtime_on_the_host() -> None:
+    check_operators("local")
+
+
+def test_every_generated_operator_matches_onnx_runtime_under_qemu(qemu_board: str) -> None:
+    check_operators(qemu_board)
