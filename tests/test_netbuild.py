@@ -296,3 +296,35 @@ def test_every_generated_operator_matches_onnx_runtime_on_the_host() -> None:
 
 def test_every_generated_operator_matches_onnx_runtime_under_qemu(qemu_board: str) -> None:
     check_operators(qemu_board)
+
+
+PREPACK_CASES = (  # channel and pixel tails, strides, padding, an epilogue, and the nhwc layout
+    "conv2d:n=1,c=5,h=7,w=9,k=19,r=3,s=3,stride=1,pad=1",
+    "conv2d:n=2,c=9,h=8,w=8,k=13,r=3,s=3,stride=2,pad=1,bias=1,residual=1,relu=1",
+    "conv2d:n=1,c=6,h=5,w=5,k=11,r=1,s=1,stride=1,pad=0,layout=nhwc,bias=1,relu6=1",
+)
+
+
+@pytest.mark.parametrize("text", PREPACK_CASES)
+def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str) -> None:
+    """Random configs of conv2d (any blocking, reduction order and register tile): the `prepacked` nest
+    on `prepack`'s weights computes the workload's reference (loop-nest interpreter, no LLVM)."""
+    from tests.nest_interp import run_kernel
+    from xtune.templates import template_for
+    from xtune.templates.conv2d import Conv2dTemplate
+    from xtune.workload import parse_workload, random_inputs
+
+    wl = parse_workload(text)
+    template = template_for(wl, get_target("x86-avx2"))
+    assert isinstance(template, Conv2dTemplate)
+    inputs = random_inputs(wl)
+    expected = wl.reference(inputs)
+    rng = np.random.default_rng(1)
+    for index in [template.default_config().index, *rng.integers(0, template.space.size, 6).tolist()]:
+        config = template.space.config(int(index))
+        kernel = template.kernel(config, "k", prepacked=True)
+        assert not any(b.name == "Wp" for b in kernel.buffers)  # nothing packed per call
+        params = [inputs[0], template.prepack(config, inputs[1]), *inputs[2:]]
+        out = np.full(expected.shape, np.nan, np.float32)
+        run_kernel(kernel, [*params, out])
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4, err_msg=f"config {index}")

@@ -158,9 +158,13 @@ def valid_prefix(prefix: str) -> None:
 
 
 def kernel_for(wl: Workload, template: ScheduleTemplate, choice: Choice, name: str) -> Kernel:
-    """The kernel of `choice`, named `name`; CompileError if it does not take the workload's tensors in
-    order, InputError if its packed panels need more stack than MAX_STACK_BYTES."""
-    kernel = template.kernel(choice.config, name)
+    """The kernel of `choice`, named `name`, checked by `check_kernel`."""
+    return check_kernel(wl, choice, template.kernel(choice.config, name))
+
+
+def check_kernel(wl: Workload, choice: Choice, kernel: Kernel) -> Kernel:
+    """`kernel`, unless it does not take the workload's tensors in order (CompileError) or its packed
+    panels need more stack than MAX_STACK_BYTES (InputError)."""
     _check_signature(wl, kernel)
     if kernel.stack_bytes > MAX_STACK_BYTES:
         raise InputError(

@@ -6,7 +6,8 @@ template with the logs' best config (else the template's default, named in a war
 chooses for kernels: `xtune.artifact.choose`), and the generated kernels of the other operators
 (xtune/network/ops.py). The external entry `{prefix}_run(input, output, workspace)` calls them in graph
 order with pointers into the caller's three buffers and into the weights, which are read-only data of the
-object (xtune/codegen/rodata.py: BatchNorm folded at extraction, in the layouts the kernels take). The
+object (xtune/codegen/rodata.py: BatchNorm folded at extraction; conv2d weights packed at build time into
+the strips the kernel reads, `Conv2dTemplate.prepack`, other kernels' in the layout the workload takes). The
 workspace layout is the static memory plan of xtune/network/program.py. Small queries
 (`{prefix}_workspace_bytes`, `_input_size`, `_output_size`, `_build_id`) let a firmware check at run time
 that the object is the one its header describes. docs/firmware.md, "Whole networks", is the user's view.
@@ -15,16 +16,20 @@ that the object is the one its header describes. docs/firmware.md, "Whole networ
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+import numpy as np
+
 from xtune.artifact import (
     MAX_STACK_BYTES,
+    check_kernel,
     check_outputs,
     choose,
     fallback_notes,
@@ -46,6 +51,7 @@ from xtune.network.program import Program, Space, program
 from xtune.schedule.loopnest import Kernel
 from xtune.target import Target, get_target
 from xtune.templates import template_for
+from xtune.templates.conv2d import Conv2dTemplate
 from xtune.tuning.database import Record
 from xtune.workload import Workload
 
@@ -144,9 +150,9 @@ def build_model(
     valid_prefix(prefix)
     records, notes = _read_logs(logs, tgt)
     prog = program(model)
-    kernels, rows, task_notes = _kernels(prog, tgt, records, prefix)
+    kernels, rows, task_notes, prepack = _kernels(prog, tgt, records, prefix)
     notes += task_notes
-    layout, blob = pack_weights(list(prog.weights))
+    layout, blob = pack_weights(_packed_weights(prog, prepack))
     stack = max((k.stack_bytes for k in kernels.values()), default=0) + STACK_MARGIN
     entry = _entry_ir(prog, kernels, layout, prefix)
     fingerprint = hashlib.sha256(tgt.name.encode() + entry.encode() + hashlib.sha256(blob).digest())
@@ -184,11 +190,17 @@ def _read_logs(logs: Sequence[PathLike], target: Target) -> tuple[list[Record] |
     return records, notes
 
 
+Prepack = Callable[[np.ndarray], np.ndarray]
+
+
 def _kernels(
     prog: Program, target: Target, records: list[Record] | None, prefix: str
-) -> tuple[dict[str, Kernel], list[NetKernel], list[str]]:
-    """One kernel per distinct workload or operator (keyed by what it computes), its table row, and the
-    warning naming the tasks built from their template's default."""
+) -> tuple[dict[str, Kernel], list[NetKernel], list[str], dict[str, Prepack]]:
+    """One kernel per distinct workload or operator (keyed by what it computes), its table row, the
+    warning naming the tasks built from their template's default, and per kernel whose weights are packed
+    at build time (conv2d with constant weights) the function that packs them."""
+    constants = {name for name, _ in prog.weights}
+    prepack: dict[str, Prepack] = {}
     kernels: dict[str, Kernel] = {}
     rows: dict[str, NetKernel] = {}
     uses: dict[str, int] = {}
@@ -203,7 +215,11 @@ def _kernels(
             wl = call.kernel
             template = template_for(wl, target)
             choice = choose(wl, target, template, records)
-            kernel = kernel_for(wl, template, choice, name)
+            if isinstance(template, Conv2dTemplate) and call.args[1] in constants:
+                kernel = check_kernel(wl, choice, template.kernel(choice.config, name, prepacked=True))
+                prepack[key] = functools.partial(template.prepack, choice.config)
+            else:
+                kernel = kernel_for(wl, template, choice, name)
             built.append((wl.key, choice.source, choice.reason))
             row = NetKernel(symbol=name, what=wl.key, calls=0, source=choice.source,
                             config_index=choice.config.index, reason=choice.reason,
@@ -222,8 +238,18 @@ def _kernels(
         kernels[key], rows[key] = kernel, row
     table = [replace(r, calls=uses[k]) for k, r in rows.items()]
     if records is None and built:  # one short line rather than every task's key
-        return kernels, table, [f"default config used for all {len(built)} tasks (no log given)"]
-    return kernels, table, fallback_notes(built)
+        return kernels, table, [f"default config used for all {len(built)} tasks (no log given)"], prepack
+    return kernels, table, fallback_notes(built), prepack
+
+
+def _packed_weights(prog: Program, prepack: dict[str, Prepack]) -> list[tuple[str, np.ndarray]]:
+    """The program's constant arrays, those a prepacked kernel reads in its packed layout."""
+    weights = dict(prog.weights)
+    for call in prog.calls:
+        pack = prepack.get(_key(call.kernel))
+        if pack is not None:
+            weights[call.args[1]] = pack(weights[call.args[1]])  # names are per anchor: packed once
+    return list(weights.items())
 
 
 def _key(kernel: Workload | Operator) -> str:
@@ -305,7 +331,8 @@ def _with_header(a: NetArtifact) -> NetArtifact:
         f"{plan.intermediate_bytes} bytes.",
         f" *   stack: {a.stack_bytes} bytes (the largest kernel's packed panels, "
         f"{a.stack_bytes - STACK_MARGIN}, plus {STACK_MARGIN} for the frames).",
-        f" *   weights: {a.weights_bytes} bytes of read-only data in the object (BatchNorm folded).",
+        f" *   weights: {a.weights_bytes} bytes of read-only data in the object (BatchNorm folded, conv2d",
+        " *   weights packed into the strips their kernel reads).",
         " *   input, output and workspace must not overlap. Returns 0. Reentrant: no static state.",
         " */",
         f"#define {up}_INPUT_SHAPE {{{', '.join(map(str, prog.input_shape))}}}",
