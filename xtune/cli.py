@@ -270,7 +270,9 @@ def _build_model(args: argparse.Namespace) -> int:
         raise InputError("--model builds one network object: --workload and --archive are for kernels")
     check_outputs(args.output, args.header)  # before compiling anything
     if args.reference is not None:
-        check_outputs(args.output, args.header, args.reference)
+        reference = check_output(args.reference, "reference")
+        if reference in (check_output(args.output), check_output(args.header)):
+            raise InputError(f"the reference {args.reference} is the object or the header")
     start = time.perf_counter()
     with _warnings_unless_error():
         artifact = build_model(args.model, args.target, args.log or (), args.prefix or "net")
