@@ -328,3 +328,12 @@ def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str) -> No
         out = np.full(expected.shape, np.nan, np.float32)
         run_kernel(kernel, [*params, out])
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4, err_msg=f"config {index}")
+
+
+def test_bench_model_counts_the_instructions_of_one_inference_under_qemu(qemu_board: str) -> None:
+    from xtune.netbench import bench_model
+
+    report = bench_model(model("resnet_small"), get_board(qemu_board))
+    assert report.correct and report.error == "" and report.max_abs_error < 1e-4
+    assert report.instructions is not None and report.instructions > 1e6  # ~10 MFLOP of convolutions
+    assert report.seconds is None and report.ort_seconds is None  # emulated: no wall time to compare
