@@ -222,27 +222,29 @@ def _bound(graph: Graph, node: Node, tensor: str) -> float | None:
 def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
     if len(shape) != 4:
         raise _refuse(graph, node, f"only 2-D pooling (4-D NCHW input) is supported, the input is {shape}")
-    refusals = {
-        "ceil_mode": (int(node.attr("ceil_mode", 0)) != 0, "ceil_mode=1"),  # type: ignore[arg-type]
-        "dilations": (any(d != 1 for d in node.ints("dilations", (1, 1))), "dilations"),
-        "auto_pad": (str(node.attr("auto_pad", "NOTSET")) not in ("NOTSET", "VALID"), "auto_pad SAME"),
-        "storage_order": (int(node.attr("storage_order", 0)) != 0, "storage_order=1"),  # type: ignore[arg-type]
-        "count_include_pad": (int(node.attr("count_include_pad", 0)) != 0, "count_include_pad=1"),  # type: ignore[arg-type]
-    }
-    for _, (bad, what) in refusals.items():
+    auto_pad = str(node.attr("auto_pad", "NOTSET"))
+    refusals = (
+        (int(node.attr("ceil_mode", 0)) != 0, "ceil_mode=1"),  # type: ignore[arg-type]
+        (any(d != 1 for d in node.ints("dilations", (1, 1))), "dilations"),
+        (auto_pad not in ("NOTSET", "VALID"), f"auto_pad {auto_pad}"),
+        (int(node.attr("storage_order", 0)) != 0, "storage_order=1"),  # type: ignore[arg-type]
+        (int(node.attr("count_include_pad", 0)) != 0, "count_include_pad=1"),  # type: ignore[arg-type]
+    )
+    for bad, what in refusals:
         if bad:
             raise _refuse(graph, node, f"{what} is not supported")
     kernel = node.ints("kernel_shape", ())
     stride = node.ints("strides", (1, 1))
-    pads = (
-        (0, 0, 0, 0) if str(node.attr("auto_pad", "NOTSET")) == "VALID" else node.ints("pads", (0, 0, 0, 0))
-    )
+    pads = (0, 0, 0, 0) if auto_pad == "VALID" else node.ints("pads", (0, 0, 0, 0))
     if len(kernel) != 2 or len(stride) != 2 or len(pads) != 4:
         raise _refuse(graph, node, "kernel_shape, strides and pads must describe a 2-D window")
     kind = PoolKind.MAX if node.op == "MaxPool" else PoolKind.AVERAGE
     n, c, h, w = shape
-    return Pool2d(kind=kind, n=n, c=c, h=h, w=w, kernel=(kernel[0], kernel[1]), stride=(stride[0], stride[1]),
-                  pads=(pads[0], pads[1], pads[2], pads[3]))  # fmt: skip
+    try:
+        return Pool2d(kind=kind, n=n, c=c, h=h, w=w, kernel=(kernel[0], kernel[1]),
+                      stride=(stride[0], stride[1]), pads=(pads[0], pads[1], pads[2], pads[3]))  # fmt: skip
+    except InputError as err:  # pads as large as the window, a window larger than the padded input
+        raise _refuse(graph, node, str(err)) from None
 
 
 def _softmax(graph: Graph, node: Node, shape: tuple[int, ...]) -> Softmax:
