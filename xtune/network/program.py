@@ -14,6 +14,7 @@ caller's output; a view of the input or of a constant is that input or constant.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -60,13 +61,16 @@ class Call:
 
 @dataclass(frozen=True, kw_only=True)
 class Program:
+    """The calls in execution order and where every tensor they touch lives. A weights tensor's offset
+    is 0 here: the object's weights layout (xtune/codegen/rodata.py, `WeightsLayout`) places it."""
+
     model: str
     input: str
     output: str
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
     calls: tuple[Call, ...]
-    places: dict[str, tuple[Space, int]]  # tensor -> (space, byte offset)
+    places: Mapping[str, tuple[Space, int]]  # tensor -> (space, byte offset; weights: see netbuild)
     weights: tuple[tuple[str, np.ndarray], ...]  # constant arrays by tensor name, in first-use order
     memory: MemoryPlan
 
