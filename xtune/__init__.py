@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnx
 
+    from xtune.netbuild import NetArtifact
     from xtune.network.scheduler import tune_model as tune_model
     from xtune.network.tasks import TaskSet
     from xtune.target import Target
@@ -31,3 +33,16 @@ def __getattr__(name: str) -> object:
 
         return tune_model
     raise AttributeError(f"module 'xtune' has no attribute '{name}'")
+
+
+def build_model(
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    target: str | Target,
+    logs: Sequence[str | os.PathLike[str]] = (),
+    prefix: str = "net",
+) -> NetArtifact:
+    """One relocatable object running the whole network of `model` on `target`, with its C header
+    (`xtune build --model`); see xtune.netbuild.build_model. Imported on first call, like `tasks`."""
+    from xtune.netbuild import build_model as build
+
+    return build(model, target, logs, prefix)

@@ -108,7 +108,9 @@ def check_outputs(object_path: PathLike, header_path: PathLike, archive_path: Pa
 
 
 @dataclass(frozen=True)
-class _Choice:
+class Choice:
+    """Which config a workload is built with, where it came from, and why when it is the default."""
+
     config: Config
     source: str
     reason: str
@@ -126,23 +128,17 @@ def build(
     Entry points are `{prefix}_{workload.symbol}`; duplicate workloads are built once. Raises InputError
     for an unknown target or workload, a missing log or a bad prefix; LinkError if the object is unfit."""
     tgt = target if isinstance(target, Target) else get_target(target)
-    if not _C_IDENTIFIER.match(prefix):
-        raise InputError(f"prefix '{prefix}' is not a C identifier")
+    valid_prefix(prefix)
     wls = _unique([w if isinstance(w, Workload) else parse_workload(w) for w in workloads])
     if not wls:
         raise InputError("no workloads to build")
-    records, notes = _read(logs)
+    records, notes = read_noted(logs)
     templates = [template_for(w, tgt) for w in wls]
-    choices = [_choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]
+    choices = [choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]
     names = tuple(f"{prefix}_{w.symbol}" for w in wls)
-    kernels = [t.kernel(c.config, name) for t, c, name in zip(templates, choices, names, strict=True)]
-    for wl, kernel, choice in zip(wls, kernels, choices, strict=True):
-        _check_signature(wl, kernel)
-        if kernel.stack_bytes > MAX_STACK_BYTES:
-            raise InputError(
-                f"{wl.key}: config {choice.config.index} ({choice.source}) needs {kernel.stack_bytes} bytes "
-                f"of stack, more than the {MAX_STACK_BYTES} a built kernel may use (docs/firmware.md, Stack)"
-            )
+    kernels = [
+        kernel_for(w, t, c, name) for w, t, c, name in zip(wls, templates, choices, names, strict=True)
+    ]
     # One LLVM module, so one object; lower() makes only the kernels external.
     obj = compile_object(lower(kernels, module_name=f"{prefix}_kernels"), tgt, names)
     sizes = dict(check_object(obj, tgt).functions)
@@ -151,10 +147,39 @@ def build(
                     k.stack_bytes, c.gflops)
         for name, w, c, k in zip(names, wls, choices, kernels, strict=True)
     )  # fmt: skip
-    fallbacks = [f"{e.workload} ({e.reason})" for e in entries if e.source == "default"]
-    if fallbacks:
-        notes.append(f"default config used for {len(fallbacks)} workload(s): " + "; ".join(fallbacks))
+    notes += fallback_notes([(e.workload, e.source, e.reason) for e in entries])
     return Artifact(tgt, obj.data, render_header(tgt, wls, entries, prefix), entries, tuple(notes))
+
+
+def valid_prefix(prefix: str) -> None:
+    """InputError unless `prefix` can start a C identifier's name."""
+    if not _C_IDENTIFIER.match(prefix):
+        raise InputError(f"prefix '{prefix}' is not a C identifier")
+
+
+def kernel_for(wl: Workload, template: ScheduleTemplate, choice: Choice, name: str) -> Kernel:
+    """The kernel of `choice`, named `name`, checked by `check_kernel`."""
+    return check_kernel(wl, choice, template.kernel(choice.config, name))
+
+
+def check_kernel(wl: Workload, choice: Choice, kernel: Kernel) -> Kernel:
+    """`kernel`, unless it does not take the workload's tensors in order (CompileError) or its packed
+    panels need more stack than MAX_STACK_BYTES (InputError)."""
+    _check_signature(wl, kernel)
+    if kernel.stack_bytes > MAX_STACK_BYTES:
+        raise InputError(
+            f"{wl.key}: config {choice.config.index} ({choice.source}) needs {kernel.stack_bytes} bytes "
+            f"of stack, more than the {MAX_STACK_BYTES} a built kernel may use (docs/firmware.md, Stack)"
+        )
+    return kernel
+
+
+def fallback_notes(built: Sequence[tuple[str, str, str]]) -> list[str]:
+    """The one warning naming every (workload, source, reason) built from its template's default."""
+    fallbacks = [f"{workload} ({reason})" for workload, source, reason in built if source == "default"]
+    if not fallbacks:
+        return []
+    return [f"default config used for {len(fallbacks)} workload(s): " + "; ".join(fallbacks)]
 
 
 def _check_signature(wl: Workload, kernel: Kernel) -> None:
@@ -175,7 +200,7 @@ def _unique(workloads: list[Workload]) -> list[Workload]:
     return list(seen.values())
 
 
-def _read(logs: Sequence[PathLike]) -> tuple[list[Record] | None, list[str]]:
+def read_noted(logs: Sequence[PathLike]) -> tuple[list[Record] | None, list[str]]:
     """The records of every log (None if no log was given) and the reader's warnings, as text."""
     if not logs:
         return None, []
@@ -185,29 +210,27 @@ def _read(logs: Sequence[PathLike]) -> tuple[list[Record] | None, list[str]]:
     return records, [str(w.message) for w in caught]
 
 
-def _choose(
-    wl: Workload, target: Target, template: ScheduleTemplate, records: list[Record] | None
-) -> _Choice:
+def choose(wl: Workload, target: Target, template: ScheduleTemplate, records: list[Record] | None) -> Choice:
     """The best OK record of the whole history on this target, else the default config and why."""
     default = template.default_config()
     if records is None:
-        return _Choice(default, "default", "no log given", None)
+        return Choice(default, "default", "no log given", None)
     mine = [r for r in records if r.workload == wl.key and r.target == target.name]
     if not mine:
         others = sorted({r.target for r in records if r.workload == wl.key})
         elsewhere = f"; logged only for {', '.join(others)}" if others else ""
-        return _Choice(default, "default", f"never tuned on {target.name}{elsewhere}", None)
+        return Choice(default, "default", f"never tuned on {target.name}{elsewhere}", None)
     record = build_choice(mine, wl.key, target.name)  # what `xtune best` shows, by construction
     config = config_of(template, record) if record else None  # read_logs left out stale records
     if record and config:
-        return _Choice(config, "log", "", gflops(wl.flops(), record.cost, record.result.cost_unit))
+        return Choice(config, "log", "", gflops(wl.flops(), record.cost, record.result.cost_unit))
     checked = [r.result.cost_unit for r in mine if r.result.ok]
     if checked and all(unit is CostUnit.NONE for unit in checked):
         why = f"only correctness-only boards measured it on {target.name} (no figure to rank by)"
-        return _Choice(default, "default", why, None)
+        return Choice(default, "default", why, None)
     failures = Counter(r.result.status.value for r in mine)
     shown = ", ".join(f"{n} {status}" for status, n in sorted(failures.items()))
-    return _Choice(default, "default", f"only failed records on {target.name} ({shown})", None)
+    return Choice(default, "default", f"only failed records on {target.name} ({shown})", None)
 
 
 # ---- the header ---------------------------------------------------------------------------------------
@@ -218,7 +241,16 @@ def render_header(
 ) -> str:
     """A C99/C++ header: guard, extern "C", and per kernel its layouts, config, stack and prototype."""
     guard = f"{prefix.upper()}_KERNELS_H"
-    lines = [
+    lines = header_open(target, guard)
+    for wl, entry in zip(workloads, entries, strict=True):
+        lines += _kernel_block(wl, entry)
+    return "\n".join(lines + header_close(guard))
+
+
+def header_open(target: Target, guard: str, includes: Sequence[str] = ()) -> list[str]:
+    """The lines every generated header starts with: what made it, the ABI and the object's promises,
+    the include guard, `includes` and the opening of extern "C"."""
+    return [
         f"/* Generated by xtune {xtune.__version__} for target {target.name} "
         f"({target.triple}, cpu {target.cpu}). Do not edit.",
         f" * ABI: {ABIS.get(target.arch, target.arch)}.",
@@ -228,15 +260,17 @@ def render_header(
         f"#ifndef {guard}",
         f"#define {guard}",
         "",
+        *(f"#include <{name}>" for name in includes),
+        *([""] if includes else []),
         "#ifdef __cplusplus",
         'extern "C" {',
         "#endif",
         "",
     ]
-    for wl, entry in zip(workloads, entries, strict=True):
-        lines += _kernel_block(wl, entry)
-    lines += ["#ifdef __cplusplus", "}", "#endif", "", f"#endif /* {guard} */", ""]
-    return "\n".join(lines)
+
+
+def header_close(guard: str) -> list[str]:
+    return ["#ifdef __cplusplus", "}", "#endif", "", f"#endif /* {guard} */", ""]
 
 
 def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:

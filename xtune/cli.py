@@ -159,6 +159,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
     from xtune.workload import parse_workload
 
+    if args.model is not None:
+        return _bench_model(args)
+    if args.workload is None:
+        raise InputError("give --workload (a kernel) or --model (a whole network)")
+    if args.log:
+        raise InputError("--log is for --model; a kernel's config is --config")
     workload = parse_workload(args.workload)
     board = get_board(args.board, args.boards, target=args.target)
     report = bench(workload, board, args.config)
@@ -192,11 +198,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if report.correct else 1
 
 
+def _bench_model(args: argparse.Namespace) -> int:
+    from xtune.boards.board import get_board
+    from xtune.netbench import bench_model
+
+    if args.workload is not None or args.config is not None:
+        raise InputError("--model benches a whole network: --workload and --config are for one kernel")
+    board = get_board(args.board, args.boards, target=args.target)
+    with _warnings_unless_error():
+        report = bench_model(args.model, board, args.log or ())
+    if args.json:
+        _emit_json(report.as_dict())
+        return 0 if report.correct else 1
+    print(f"{report.model} on {report.board} ({report.target}): {report.kernels} kernels "
+          f"({report.defaults} at the default config), workspace {report.workspace_bytes} B")  # fmt: skip
+    if not report.correct:
+        print(f"  xtune  WRONG against ONNX Runtime: {report.error}")
+        return 1
+    print(f"  xtune  matches ONNX Runtime (max abs error {report.max_abs_error:.3g})")
+    if report.seconds is not None:
+        print(f"  xtune  {report.seconds * 1e3:9.3f} ms per inference")
+    elif report.instructions is not None:
+        print(f"  xtune  {report.instructions:.0f} instructions per inference (emulated: no wall time)")
+    if report.ort_seconds is not None:
+        print(f"  ORT    {report.ort_seconds * 1e3:9.3f} ms per inference (ONNX Runtime, 1 thread, same run)")
+    if report.ratio_vs_ort is not None:
+        print(f"  ratio  {report.ratio_vs_ort:9.2f}x ONNX Runtime's speed")
+    return 0
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from xtune.artifact import build, check_outputs
 
+    if args.model is not None:
+        return _build_model(args)
+    if not args.workload:
+        raise InputError("give --workload (repeat for each kernel) or --model (a whole network)")
+    if args.reference is not None:
+        raise InputError("--reference is for --model builds")
     check_outputs(args.output, args.header, args.archive)  # before compiling anything
-    artifact = build(args.target, args.workload, args.log or (), args.prefix)
+    artifact = build(args.target, args.workload, args.log or (), args.prefix or "xt")
     artifact.write(args.output, args.header, args.archive)
     for warning in artifact.warnings:
         print(f"xtune: warning: {warning}", file=sys.stderr)
@@ -217,6 +258,47 @@ def cmd_build(args: argparse.Namespace) -> int:
         )
     wrote = ", ".join(p for p in (args.output, args.header, args.archive) if p)
     print(f"{len(artifact.kernels)} kernel(s) for {artifact.target.name}: wrote {wrote}")
+    return 0
+
+
+def _build_model(args: argparse.Namespace) -> int:
+    from xtune.artifact import check_outputs
+    from xtune.files import write_all_atomic
+    from xtune.netbench import reference_file
+    from xtune.netbuild import build_model
+
+    if args.workload or args.archive:
+        raise InputError("--model builds one network object: --workload and --archive are for kernels")
+    check_outputs(args.output, args.header)  # before compiling anything
+    if args.reference is not None:
+        reference = check_output(args.reference, "reference")
+        if reference in (check_output(args.output), check_output(args.header)):
+            raise InputError(f"the reference {args.reference} is the object or the header")
+    start = time.perf_counter()
+    with _warnings_unless_error():
+        artifact = build_model(args.model, args.target, args.log or (), args.prefix or "net")
+    files: list[tuple[str, bytes | str, str]] = [(args.output, artifact.object, "object"),
+                                                  (args.header, artifact.header, "header")]  # fmt: skip
+    if args.reference is not None:
+        files.append((args.reference, reference_file(artifact, args.model), "reference"))
+    write_all_atomic(files)
+    seconds = time.perf_counter() - start
+    for warning in artifact.warnings:
+        print(f"xtune: warning: {warning}", file=sys.stderr)
+    if args.json:
+        _emit_json({**artifact.as_dict(), "object": args.output, "header": args.header,
+                    "reference": args.reference, "seconds": round(seconds, 3)})  # fmt: skip
+        return 0
+    plan = artifact.program.memory
+    print(f"{'kernel':<10} {'source':<9} {'config':>10} {'calls':>5} {'stack':>9}  computes")
+    for k in artifact.kernels:
+        config = f"{k.config_index:>10}" if k.config_index is not None else f"{'-':>10}"
+        print(f"{k.symbol:<10} {k.source:<9} {config} {k.calls:>5} {k.stack_bytes:>7} B  {k.what}")
+    print(f"{artifact.entry}: {len(artifact.program.calls)} calls, workspace {plan.workspace_bytes} bytes "
+          f"(lower bound {plan.lower_bound}, {plan.intermediate_bytes} of intermediates), stack "
+          f"{artifact.stack_bytes} bytes, weights {artifact.weights_bytes} bytes")  # fmt: skip
+    wrote = ", ".join(p for p in (args.output, args.header, args.reference) if p)
+    print(f"{artifact.target.name}: wrote {wrote} in {seconds:.1f} s")
     return 0
 
 
@@ -721,8 +803,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_report)
 
-    p = sub.add_parser("bench", help="default (or given) config vs numpy and ONNX Runtime, in one run")
-    p.add_argument("--workload", required=True, help='e.g. "matmul:m=512,n=512,k=512"')
+    p = sub.add_parser("bench", help="default (or given) config vs numpy and ONNX Runtime, in one run; "
+                       "or a whole network (--model) against ONNX Runtime")  # fmt: skip
+    p.add_argument("--workload", default=None, help='e.g. "matmul:m=512,n=512,k=512"')
+    p.add_argument("--model", default=None, help="ONNX model: build, run and check the whole network")
+    p.add_argument("--log", action="append", help="with --model: tuning log(s) to take the best configs from")
     p.add_argument("--board", default="local")
     p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
     p.add_argument("--config", type=_int_in(0, 2**63 - 1), default=None,
@@ -734,12 +819,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build", help="one object + C header of the best (or default) kernels for firmware")
     p.add_argument("--target", required=True, help="target name, see `xtune targets`")
-    p.add_argument("--workload", action="append", required=True, help="repeat for each kernel")
+    p.add_argument("--workload", action="append", help="repeat for each kernel")
+    p.add_argument("--model", default=None, help="ONNX model: one object running the whole network")
     p.add_argument("--log", action="append", help="tuning log(s) to take the best configs from")
     p.add_argument("-o", "--output", required=True, help="relocatable object to write, e.g. kernels.o")
     p.add_argument("--header", required=True, help="C header to write, e.g. kernels.h")
     p.add_argument("--archive", default=None, help="also write a static library, e.g. libkernels.a")
-    p.add_argument("--prefix", default="xt", help="entry point prefix (default: xt)")
+    p.add_argument("--prefix", default=None, help="entry point prefix (default: xt; net with --model)")
+    p.add_argument("--reference", default=None, help="with --model: also write a reference file (a random "
+                   "input and ONNX Runtime's output) for a firmware's self-test")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_build)
 

@@ -9,7 +9,7 @@ import importlib.util
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -92,6 +92,18 @@ def ort_available() -> bool:
 def ort_seconds(workload: Workload, repeat: int = 5, min_repeat_s: float = 0.05) -> list[float]:
     """Seconds per call of ONNX Runtime running the workload's ONNX model (`onnx_model`), one figure per
     repeat, on one thread, after checking its output against the workload's numpy reference."""
+    session = ort_session(onnx_model(workload).SerializeToString())
+    inputs = random_inputs(workload)
+    feed = {_INPUT: inputs[0]}
+    got = session.run(None, feed)[0]
+    mismatch = check_output(got, workload.reference(inputs).astype(np.float32), RTOL)
+    if mismatch:
+        raise XtuneError(f"ONNX Runtime's output for {workload.key} differs from numpy's: {mismatch}")
+    return _seconds_per_call(lambda: session.run(None, feed), repeat, min_repeat_s)
+
+
+def ort_session(model: bytes) -> Any:
+    """An ONNX Runtime CPU session of a serialized model on one thread, every graph optimization on."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -101,15 +113,19 @@ def ort_seconds(workload: Workload, repeat: int = 5, min_repeat_s: float = 0.05)
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    model = onnx_model(workload).SerializeToString()
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    inputs = random_inputs(workload)
-    feed = {_INPUT: inputs[0]}
-    got = session.run(None, feed)[0]
-    mismatch = check_output(got, workload.reference(inputs).astype(np.float32), RTOL)
-    if mismatch:
-        raise XtuneError(f"ONNX Runtime's output for {workload.key} differs from numpy's: {mismatch}")
-    return _seconds_per_call(lambda: session.run(None, feed), repeat, min_repeat_s)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def ort_network(
+    model: bytes, x: np.ndarray, repeat: int = 0, min_repeat_s: float = 0.05
+) -> tuple[np.ndarray, list[float]]:
+    """ONNX Runtime's output of a one-input network on `x`, and (with `repeat`) its seconds per
+    inference, one figure per repeat, on one thread."""
+    session = ort_session(model)
+    feed = {session.get_inputs()[0].name: x}
+    out = np.asarray(session.run(None, feed)[0], dtype=np.float32)
+    seconds = _seconds_per_call(lambda: session.run(None, feed), repeat, min_repeat_s) if repeat else []
+    return out, seconds
 
 
 def ort_gflops(workload: Workload) -> float | None:

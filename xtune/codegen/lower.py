@@ -44,6 +44,9 @@ LOCAL_ALIGN = 64
 # otherwise turn our copy/zero loops into memcpy/memset calls, i.e. undefined symbols (measured on all
 # three architectures, docs/notes.md §1).
 FUNCTION_ATTRIBUTES = 'attributes #0 = { nounwind "no-builtins" }'
+# Internal kernels of a whole-network module (xtune/netbuild.py) are never inlined into its entry: each
+# keeps its own frame, so the entry's stack is the largest kernel's, not the sum of all of them.
+INTERNAL_ATTRIBUTES = 'attributes #1 = { nounwind "no-builtins" noinline }'
 
 # exp (see _FunctionLowering.exp): ln(FLT_MAX); ln(2**-150), below which e**x rounds to 0 in float32;
 # log2(e); ln 2 = _LN2_HI + _LN2_LO with _LN2_HI exact in 9 bits; Cephes expf's polynomial, highest first.
@@ -88,8 +91,9 @@ def quoted(name: str) -> str:
 class _FunctionLowering:
     """Lowers one kernel's statements into the lines of one function definition."""
 
-    def __init__(self, kernel: Kernel, intrinsics: set[int]):
+    def __init__(self, kernel: Kernel, intrinsics: set[int], internal: bool = False):
         self.kernel = kernel
+        self.internal = internal
         self.intrinsics = intrinsics  # lane counts of the llvm.fmuladd variants the module must declare
         self.lines: list[str] = ["entry:"]
         self.block = "entry"  # the label of the block being filled, as referenced after '%'
@@ -125,7 +129,8 @@ class _FunctionLowering:
         # A kernel that may run in place says so (Kernel.noalias), and gets plain pointers.
         attribute = "ptr noalias" if self.kernel.noalias else "ptr"
         params = ", ".join(f"{attribute} {self.buffers[b.name]}" for b in self.kernel.params)
-        head = f"define void @{quoted(self.kernel.name)}({params}) #0 {{"
+        linkage, group = ("internal ", 1) if self.internal else ("", 0)
+        head = f"define {linkage}void @{quoted(self.kernel.name)}({params}) #{group} {{"
         return "\n".join([head, *self.lines, "}"])
 
     # --- statements -------------------------------------------------------------------------
@@ -375,13 +380,23 @@ def _suffix(lanes: int) -> str:
     return "f32" if lanes == 1 else f"v{lanes}f32"
 
 
-def lower(kernels: Sequence[Kernel], module_name: str = "xtune") -> str:
-    """LLVM IR text of a module holding every kernel as an external function (the only externals)."""
+def lower(
+    kernels: Sequence[Kernel],
+    module_name: str = "xtune",
+    *,
+    internal: bool = False,
+    extra: Sequence[str] = (),
+) -> str:
+    """LLVM IR text of a module holding every kernel as an external function (the only externals).
+
+    With `internal`, the kernels are internal, never-inlined functions instead, and `extra` holds the rest
+    of the module (globals, the external functions that call the kernels), written by the caller."""
     intrinsics: set[int] = set()
-    functions = [_FunctionLowering(kernel, intrinsics).text() for kernel in kernels]
+    functions = [_FunctionLowering(kernel, intrinsics, internal).text() for kernel in kernels]
     declarations = []
     for lanes in sorted(intrinsics):
         ty = ftype(lanes)
         declarations.append(f"declare {ty} @llvm.fmuladd.{_suffix(lanes)}({ty}, {ty}, {ty})")
     header = f"; ModuleID = {quoted(module_name)}"
-    return "\n\n".join([header, *functions, *declarations, FUNCTION_ATTRIBUTES]) + "\n"
+    attributes = [FUNCTION_ATTRIBUTES, *([INTERNAL_ATTRIBUTES] if internal else [])]
+    return "\n\n".join([header, *extra, *functions, *declarations, *attributes]) + "\n"

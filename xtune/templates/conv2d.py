@@ -206,10 +206,46 @@ class Conv2dTemplate:
         }  # fmt: skip
         return self.space.config(self.space.index_of(values))
 
-    def kernel(self, config: Config, name: str) -> Kernel:
+    def kernel(self, config: Config, name: str, prepacked: bool = False) -> Kernel:
+        """The nest of `config`. With `prepacked` its `weights` parameter holds every block's packed strips
+        as `prepack` lays them out (weights known at build time, as in a network): no packing per call.
+        A pointwise conv2d is its matmul, which reads the weights as they are (its A, or its B for nhwc)."""
         if self.as_matmul is not None:
             return self.as_matmul.kernel_over(config, name, self.operands)
-        return _ConvEmitter(self.workload, self.schedule(config)).kernel(name)
+        return _ConvEmitter(self.workload, self.schedule(config), prepacked).kernel(name)
+
+    def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
+        """The workload's weights (OIHW, or HWIO for nhwc) as the `prepacked` kernel of `config` reads them:
+        per input-channel block (outer) and output-channel block, the strips `pack_weights` would write,
+        zero past the last output channel; every block `cb*r*s*kb` floats (tail blocks padded). A pointwise
+        conv2d's matmul reads its weights as they are."""
+        if self.as_matmul is not None:
+            return np.asarray(weights, np.float32).ravel()
+        sh, s = self.shape, self.schedule(config)
+        layout = (sh.r, sh.s, sh.c, sh.k) if sh.nhwc else (sh.k, sh.c, sh.r, sh.s)
+        w = np.asarray(weights, np.float32).reshape(layout)
+        w = w.transpose(3, 2, 0, 1) if sh.nhwc else w  # now (k, c, r, s)
+        emitter = _ConvEmitter(self.workload, s, True)
+        kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
+        out = np.zeros(emitter.packed_size, np.float32)
+        # wp_index is affine in (strip, channel, kh, kw): its coefficients place every element at once.
+        idx = emitter.wp_index(Affine.of("st"), Affine.of("c"), Affine.of("i"), Affine.of("j"))
+        coeff = dict(idx.terms)
+        for c0 in range(0, sh.c, cb):
+            ccur = min(cb, sh.c - c0)
+            for k0 in range(0, sh.k, kb):
+                kcur = min(kb, sh.k - k0)
+                grid = np.meshgrid(*(np.arange(e) for e in (kcur, ccur, sh.r, sh.s)), indexing="ij")
+                kk, c, i, j = grid
+                at = (
+                    emitter.block_base(c0, k0).const
+                    + idx.const
+                    + kk % s.nr
+                    + coeff.get("st", 0) * (kk // s.nr)
+                )
+                at = at + coeff.get("c", 0) * c + coeff.get("i", 0) * i + coeff.get("j", 0) * j
+                out[at] = w[k0 : k0 + kcur, c0 : c0 + ccur]
+        return out
 
 
 def _fits(tile: str, registers: int) -> bool:
@@ -231,9 +267,10 @@ class _Block:
 
 
 class _ConvEmitter:
-    def __init__(self, workload: Workload, s: ConvSchedule):
+    def __init__(self, workload: Workload, s: ConvSchedule, prepacked: bool = False):
         self.sh = conv_shape(workload)
         self.s = s
+        self.prepacked = prepacked
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
         self.hp, self.wp = padded(self.sh)
@@ -241,14 +278,16 @@ class _ConvEmitter:
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
         ip_size = -(-s.cb * self.hp * self.wp // s.lanes) * s.lanes
+        weights = self.packed_size if self.prepacked else sh.k * sh.c * sh.r * sh.s
         buffers = [
             Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
-            Buffer("weights", sh.k * sh.c * sh.r * sh.s, BufferKind.INPUT),
+            Buffer("weights", weights, BufferKind.INPUT),
             *self.epi.buffers(sh.k, sh.n * sh.k * sh.oh * sh.ow),
             Buffer("output", sh.n * sh.k * sh.oh * sh.ow, BufferKind.OUTPUT),
             Buffer("Ip", ip_size, BufferKind.LOCAL),
-            Buffer("Wp", s.cb * sh.r * sh.s * s.kb, BufferKind.LOCAL),
         ]
+        if not self.prepacked:
+            buffers.append(Buffer("Wp", s.cb * sh.r * sh.s * s.kb, BufferKind.LOCAL))
         if not sh.nhwc:
             buffers.append(Buffer("Ot", s.p * s.nr, BufferKind.LOCAL))  # transposes a tile for NCHW
         if sh.pad:  # the border of the packed input is never written again: zero it once
@@ -262,6 +301,22 @@ class _ConvEmitter:
             split_edges(b, sh.c, s.cb, cblock, "cb")
         return b.kernel(name, tuple(buffers))
 
+    @property
+    def packed_size(self) -> int:
+        """Floats of the prepacked weights: one `cb*r*s*kb` block per (input, output) channel block."""
+        sh, s = self.sh, self.s
+        kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
+        return -(-sh.c // cb) * -(-sh.k // kb) * s.cb * sh.r * sh.s * s.kb
+
+    def block_base(self, c0: Affine | int, k0: Affine | int) -> Affine:
+        """Where the prepacked block of channels c0.. and output channels k0.. starts: blocks are laid out
+        input-channel block first, each c0/cb * (k blocks) + k0/kb blocks of `cb*r*s*kb` floats."""
+        sh, s = self.sh, self.s
+        kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
+        block = s.cb * sh.r * sh.s * s.kb
+        # c0 and k0 are multiples of cb and kb, so the division is exact in the coefficients.
+        return Affine.of(c0) * (-(-sh.k // kb) * block // cb) + Affine.of(k0) * (block // kb)
+
     def ip_index(self, cc: Affine | int, row: Affine | int, col: Affine | int) -> Affine:
         if self.s.hwc:
             return (Affine.of(row) * self.wp + col) * self.s.cb + cc
@@ -272,7 +327,8 @@ class _ConvEmitter:
 
         def kblock(k0: Affine, kcur: int) -> None:
             inner = replace(ctx, k0=k0, kcur=kcur)
-            self.pack_weights(inner)
+            if not self.prepacked:
+                self.pack_weights(inner)
             self.spatial(inner)
 
         self.b.split(self.sh.k, self.s.kb, kblock, "kb")
@@ -386,10 +442,12 @@ class _ConvEmitter:
         strip = Affine(tuple((var, c // s.nr) for var, c in js.terms), js.const // s.nr)
         self.init(ctx, acc, y, x, js, nc, counts)
 
+        packed, base = ("weights", self.block_base(ctx.c0, ctx.k0)) if self.prepacked else ("Wp", Affine())
+
         def step(env: dict[str, Affine]) -> None:
             cc, i, j = env["c"], env["r"], env["s"]
             for v in range(nvec):
-                b.assign(wreg[v], Load("Wp", self.wp_index(strip, cc, i, j) + v * lanes, lanes))
+                b.assign(wreg[v], Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes))
             for p in range(np_):
                 col = (x + p) * sh.stride + j * sh.dilation
                 a = Load("Ip", self.ip_index(cc, y * sh.stride + i * sh.dilation, col))

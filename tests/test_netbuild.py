@@ -1,0 +1,339 @@
+"""Whole-network firmware (`xtune build --model`, `xtune bench --model`): the small zoo networks built into
+one object, run through the agent locally and under QEMU and checked against ONNX Runtime; the object's
+promises (only the entry points global, nothing undefined or writable, a flat image equal to GNU ld's);
+the examples/ program linked by gcc and cross gcc; bad input as one line and exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import xtune
+from tests.test_artifact import CROSS, _need, _run, _runner, _write_log
+from tests.test_link import TARGETS, gnu_ld_image
+from xtune.boards.board import get_board
+from xtune.cli import main
+from xtune.codegen.compile import ObjectCode
+from xtune.codegen.link import inspect_object, link_flat
+from xtune.netbench import REFERENCE_MAGIC, random_input, run_network
+from xtune.netbuild import NetArtifact, build_model
+from xtune.network import zoo
+from xtune.peers import ort_network
+from xtune.target import get_target
+from xtune.tuning.measure import MeasureStatus
+from xtune.workload import RTOL, check_output
+
+pytest.importorskip("onnxruntime")
+ROOT = Path(__file__).resolve().parent.parent
+NETWORKS = ("resnet_small", "mobilenet_v2_small")
+Capture = pytest.CaptureFixture[str]
+
+
+@cache
+def model(name: str) -> onnx.ModelProto:
+    return zoo.NETWORKS[name]()
+
+
+@cache
+def built(name: str, target: str) -> NetArtifact:
+    return build_model(model(name), target)
+
+
+def check_network(board_name: str, name: str) -> None:
+    board = get_board(board_name)
+    artifact = built(name, board.target.name)
+    x = random_input(artifact.program.input_shape)
+    got, _ = run_network(board, artifact, x)
+    ref, _ = ort_network(model(name).SerializeToString(), x)
+    assert check_output(got, ref, RTOL) == "", (board_name, name)
+    assert np.argmax(got) == np.argmax(ref)
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_small_networks_match_onnx_runtime_on_the_host(name: str) -> None:
+    check_network("local", name)
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_small_networks_match_onnx_runtime_under_qemu(qemu_board: str, name: str) -> None:
+    check_network(qemu_board, name)
+
+
+def test_the_plan_and_the_header_state_what_the_entry_needs() -> None:
+    artifact = built("mobilenet_v2_small", "x86-avx2")
+    plan = artifact.program.memory
+    assert plan.lower_bound <= plan.workspace_bytes <= 1.1 * plan.lower_bound
+    assert plan.workspace_bytes < plan.intermediate_bytes  # buffers are reused
+    largest = max(k.stack_bytes for k in artifact.kernels)
+    assert artifact.stack_bytes > largest
+    header = artifact.header
+    assert f"#define NET_WORKSPACE_BYTES {plan.workspace_bytes}u" in header
+    assert f"#define NET_STACK_BYTES {artifact.stack_bytes}u" in header
+    assert "#define NET_INPUT_SHAPE {1, 3, 96, 96}" in header
+    assert "int net_run(const float *input, float *output, void *workspace);" in header
+    # Every task's kernel and every generated operator, ops built once per distinct shape.
+    sources = {k.source for k in artifact.kernels}
+    assert sources == {"default", "generated"}
+    assert sum(k.calls for k in artifact.kernels) == len(artifact.program.calls)
+    assert artifact.warnings == ("default config used for all 31 tasks (no log given)",)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_object_exports_only_the_entry_points_and_links_as_gnu_ld_does(target: str, tmp_path: Path) -> None:
+    artifact = built("resnet_small", target)
+    info = inspect_object(artifact.object)
+    assert sorted(name for name, _ in info.functions) == sorted(artifact.entry_points)
+    assert info.undefined == ()
+    obj = ObjectCode(target, get_target(target).arch, artifact.object, artifact.entry_points)
+    image = link_flat(obj, 0x10000)  # check_object ran in the build: no writable or zero-initialised data
+    assert image.code == gnu_ld_image(obj, image, tmp_path)
+
+
+@pytest.mark.host_runs("x86-avx2")
+def test_a_logged_config_is_built_and_still_right(tmp_path: Path) -> None:
+    artifact = built("resnet_small", "x86-avx2")
+    task = next(k for k in artifact.kernels if k.what.startswith("conv2d:") and "residual=1" in k.what)
+    log = tmp_path / "log.jsonl"
+    _write_log(log, "x86-avx2", [(task.what, (task.config_index or 0) + 1, MeasureStatus.OK, 1e-6)])
+    tuned = xtune.build_model(model("resnet_small"), "x86-avx2", logs=[log])
+    row = next(k for k in tuned.kernels if k.what == task.what)
+    assert (row.source, row.config_index) == ("log", (task.config_index or 0) + 1)
+    assert "for 12 workload(s)" in tuned.warnings[0] and task.what not in tuned.warnings[0]
+    board = get_board("local", target="x86-avx2")
+    x = random_input(tuned.program.input_shape)
+    got, _ = run_network(board, tuned, x)
+    ref, _ = ort_network(model("resnet_small").SerializeToString(), x)
+    assert check_output(got, ref, RTOL) == ""
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+
+
+def test_cli_build_and_bench_model(tmp_path: Path, capsys: Capture) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(model("resnet_small"), path)
+    files = ["-o", str(tmp_path / "net.o"), "--header", str(tmp_path / "net.h")]
+    assert (
+        main(["build", "--model", str(path), "--target", "x86-avx2", *files, "--prefix", "rn", "--json"]) == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["entry"] == "rn_run" and report["workspace_bytes"] == report["workspace_lower_bound"]
+    assert (tmp_path / "net.o").read_bytes()[:4] == b"\x7fELF"
+    assert "rn_run(" in (tmp_path / "net.h").read_text()
+    assert main(["bench", "--model", str(path), "--board", "local", "--json"]) == 0
+    bench = json.loads(capsys.readouterr().out)
+    assert bench["correct"] and bench["seconds"] > 0 and bench["ort_seconds"] > 0
+
+
+def _tiny(
+    op: str = "Relu", dims: list[int | str] | None = None, elem: int = TensorProto.FLOAT
+) -> onnx.ModelProto:
+    """input -> Conv(weights) -> `op` -> output."""
+    shape = dims or [1, 2, 4, 4]
+    w = numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node(op, ["c"], ["y"], name="act"),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("x", elem, shape)],
+        [helper.make_tensor_value_info("y", elem, shape)], [w],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+BAD = {
+    "unsupported operator": (lambda: _tiny("Sigmoid"), "node 'act' (Sigmoid)"),
+    "dynamic shape": (lambda: _tiny(dims=["N", 2, 4, 4]), "dynamic shape"),
+    "non-float model": (lambda: _tiny(elem=TensorProto.DOUBLE), "float32 only"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_models_are_one_line_exit_2_and_nothing_written(
+    case: str, tmp_path: Path, capsys: Capture
+) -> None:
+    make, expected = BAD[case]
+    path = tmp_path / "m.onnx"
+    onnx.save(make(), path)
+    check_refused(["--model", str(path)], expected, tmp_path, capsys)
+
+
+def test_unreadable_model_and_foreign_log_are_refused(tmp_path: Path, capsys: Capture) -> None:
+    (tmp_path / "junk.onnx").write_text("not a model")
+    check_refused(["--model", str(tmp_path / "junk.onnx")], "not an ONNX model", tmp_path, capsys)
+    check_refused(["--model", str(tmp_path / "none.onnx")], "no such ONNX file", tmp_path, capsys)
+    path = tmp_path / "m.onnx"
+    onnx.save(_tiny(), path)
+    log = tmp_path / "arm.jsonl"
+    _write_log(log, "arm-a72-neon", [("matmul:m=8,n=16,k=4", None, MeasureStatus.OK, 1e-6)])
+    check_refused(["--model", str(path), "--log", str(log)], "a log for arm-a72-neon", tmp_path, capsys)
+
+
+def check_refused(args: list[str], expected: str, tmp: Path, capsys: Capture) -> None:
+    before = sorted(tmp.iterdir())
+    outputs = ["-o", str(tmp / "net.o"), "--header", str(tmp / "net.h"), "--reference", str(tmp / "net.ref")]
+    assert main(["build", "--target", "x86-avx2", *args, *outputs]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("xtune: error:") and expected in err, err
+    assert sorted(tmp.iterdir()) == before
+
+
+# ---- the examples/ program, linked by the target's gcc ------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["arm-a72-neon", "riscv64-gcv"])
+def test_example_program_cross_links_runs_under_qemu_and_matches(target: str, tmp_path: Path) -> None:
+    tgt = get_target(target)
+    cc = CROSS[tgt.arch]
+    _need(cc)
+    runner = _runner(tgt)
+    path = tmp_path / "m.onnx"
+    onnx.save(model("mobilenet_v2_small"), path)
+    files = [
+        "-o",
+        str(tmp_path / "net.o"),
+        "--header",
+        str(tmp_path / "net.h"),
+        "--reference",
+        str(tmp_path / "net.ref"),
+    ]
+    assert main(["build", "--model", str(path), "--target", target, *files]) == 0
+    ref = (tmp_path / "net.ref").read_bytes()
+    assert ref[:8] == REFERENCE_MAGIC and struct.unpack_from("<I", ref, 8) == (1,)
+    static = ["-static"] if tgt.arch != "x86_64" else []
+    demo = tmp_path / "demo"
+    main_c = ROOT / "examples" / "network" / "main.c"
+    _run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", "-I", tmp_path, main_c, tmp_path / "net.o",
+          *static, "-lm", "-o", demo])  # fmt: skip
+    out = _run([*runner, demo, tmp_path / "net.ref"]).stdout
+    assert out.startswith("match: max abs error"), out
+    # A reference that is not this network's output is caught: flip one expected float.
+    (tmp_path / "bad.ref").write_bytes(ref[:-4] + struct.pack("<f", struct.unpack("<f", ref[-4:])[0] + 1.0))
+    done = subprocess.run([*runner, str(demo), str(tmp_path / "bad.ref")], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout.startswith("MISMATCH"), done.stdout
+
+
+@pytest.mark.host_runs("x86-avx2")
+def test_example_makefile_builds_and_runs_on_the_host(tmp_path: Path) -> None:
+    _need("make", "gcc")
+    path = tmp_path / "m.onnx"
+    onnx.save(model("resnet_small"), path)
+    build = tmp_path / "build"
+    xtune_cmd = f"{sys.executable} -m xtune.cli"
+    example = ROOT / "examples" / "network"
+    _run(["make", "-C", example, f"MODEL={path}", f"BUILD={build}", f"XTUNE={xtune_cmd}", "TARGET=x86-avx2",
+          "CC=gcc"])  # fmt: skip
+    out = _run([build / "demo", build / "net.ref"]).stdout
+    assert out.startswith("match: max abs error"), out
+
+
+def operators_model() -> onnx.ModelProto:
+    """A small network holding every generated operator: MaxPool and AveragePool (pads), Add then its only
+    reader Relu (one Add+ReLU call), Clip, Concat along channels, Relu, GlobalAveragePool, Reshape (a
+    view), Gemm, and Softmax as the output."""
+    rng = np.random.default_rng(3)
+
+    def const(name: str, value: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(
+            np.asarray(value, np.float32) if value.dtype.kind == "f" else value, name
+        )
+
+    inits = [
+        const("w1", rng.standard_normal((8, 4, 3, 3)) * 0.3), const("w2", rng.standard_normal((8, 4, 1, 1))),
+        const("fc", rng.standard_normal((10, 16)) * 0.3),
+        const("lo", np.array(-0.5)), const("hi", np.array(1.5)),
+        numpy_helper.from_array(np.array([1, 16], np.int64), "shape"),
+    ]  # fmt: skip
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        node("Conv", ["x", "w2"], ["c2"], name="c2"),
+        node("MaxPool", ["c1"], ["p1"], name="p1", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        node("AveragePool", ["c2"], ["p2"], name="p2", kernel_shape=[2, 2], strides=[2, 2]),
+        node("Add", ["p1", "p2"], ["sum"], name="sum"),
+        node("Relu", ["sum"], ["r"], name="r"),
+        node("Clip", ["p1", "lo", "hi"], ["clip"], name="clip"),
+        node("Concat", ["r", "clip"], ["cat"], name="cat", axis=1),
+        node("Relu", ["cat"], ["rc"], name="rc"),
+        node("GlobalAveragePool", ["rc"], ["gap"], name="gap"),
+        node("Reshape", ["gap", "shape"], ["flat"], name="flat"),
+        node("Gemm", ["flat", "fc"], ["logits"], name="fc", transB=1),
+        node("Softmax", ["logits"], ["y"], name="softmax", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "operators", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def check_operators(board_name: str) -> None:
+    board = get_board(board_name)
+    m = operators_model()
+    artifact = build_model(m, board.target)
+    kinds = {k.what.split(":")[0] for k in artifact.kernels}
+    assert kinds == {"conv2d", "pool2d", "elementwise", "concat", "globalaveragepool", "matmul", "softmax"}
+    assert any("op=add_relu" in k.what for k in artifact.kernels)
+    x = random_input(artifact.program.input_shape)
+    got, _ = run_network(board, artifact, x)
+    ref, _ = ort_network(m.SerializeToString(), x)
+    assert check_output(got, ref, RTOL) == ""
+
+
+def test_every_generated_operator_matches_onnx_runtime_on_the_host() -> None:
+    check_operators("local")
+
+
+def test_every_generated_operator_matches_onnx_runtime_under_qemu(qemu_board: str) -> None:
+    check_operators(qemu_board)
+
+
+PREPACK_CASES = (  # channel and pixel tails, strides, padding, an epilogue, and the nhwc layout
+    "conv2d:n=1,c=5,h=7,w=9,k=19,r=3,s=3,stride=1,pad=1",
+    "conv2d:n=2,c=9,h=8,w=8,k=13,r=3,s=3,stride=2,pad=1,bias=1,residual=1,relu=1",
+    "conv2d:n=1,c=6,h=5,w=5,k=11,r=1,s=1,stride=1,pad=0,layout=nhwc,bias=1,relu6=1",
+)
+
+
+@pytest.mark.parametrize("text", PREPACK_CASES)
+def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str) -> None:
+    """Random configs of conv2d (any blocking, reduction order and register tile): the `prepacked` nest
+    on `prepack`'s weights computes the workload's reference (loop-nest interpreter, no LLVM)."""
+    from tests.nest_interp import run_kernel
+    from xtune.templates import template_for
+    from xtune.templates.conv2d import Conv2dTemplate
+    from xtune.workload import parse_workload, random_inputs
+
+    wl = parse_workload(text)
+    template = template_for(wl, get_target("x86-avx2"))
+    assert isinstance(template, Conv2dTemplate)
+    inputs = random_inputs(wl)
+    expected = wl.reference(inputs)
+    rng = np.random.default_rng(1)
+    for index in [template.default_config().index, *rng.integers(0, template.space.size, 6).tolist()]:
+        config = template.space.config(int(index))
+        kernel = template.kernel(config, "k", prepacked=True)
+        assert not any(b.name == "Wp" for b in kernel.buffers)  # nothing packed per call
+        params = [inputs[0], template.prepack(config, inputs[1]), *inputs[2:]]
+        out = np.full(expected.shape, np.nan, np.float32)
+        run_kernel(kernel, [*params, out])
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4, err_msg=f"config {index}")
+
+
+def test_bench_model_counts_the_instructions_of_one_inference_under_qemu(qemu_board: str) -> None:
+    from xtune.netbench import bench_model
+
+    report = bench_model(model("resnet_small"), get_board(qemu_board))
+    assert report.correct and report.error == "" and report.max_abs_error < 1e-4
+    assert report.instructions is not None and report.instructions > 1e6  # ~10 MFLOP of convolutions
+    assert report.seconds is None and report.ort_seconds is None  # emulated: no wall time to compare

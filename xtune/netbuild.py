@@ -1,0 +1,357 @@
+"""Whole-network firmware: an ONNX model, a target and tuning logs in; one relocatable object that runs the
+network and its C header out (`build_model`, `xtune build --model`).
+
+One LLVM module holds every kernel as an internal, never-inlined function: each task's kernel from its
+template with the logs' best config (else the template's default, named in a warning, as `xtune build`
+chooses for kernels: `xtune.artifact.choose`), and the generated kernels of the other operators
+(xtune/network/ops.py). The external entry `{prefix}_run(input, output, workspace)` calls them in graph
+order with pointers into the caller's three buffers and into the weights, which are read-only data of the
+object (xtune/codegen/rodata.py: BatchNorm folded at extraction; conv2d weights packed at build time into
+the strips the kernel reads, `Conv2dTemplate.prepack`, other kernels' in the layout the workload takes). The
+workspace layout is the static memory plan of xtune/network/program.py. Small queries
+(`{prefix}_workspace_bytes`, `_input_size`, `_output_size`, `_build_id`) let a firmware check at run time
+that the object is the one its header describes. docs/firmware.md, "Whole networks", is the user's view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from xtune.artifact import (
+    MAX_STACK_BYTES,
+    check_kernel,
+    check_outputs,
+    choose,
+    fallback_notes,
+    header_close,
+    header_open,
+    kernel_for,
+    read_noted,
+    valid_prefix,
+)
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import check_object
+from xtune.codegen.lower import lower, quoted
+from xtune.codegen.rodata import WeightsLayout, pack_weights, patch_weights, weights_base, weights_global
+from xtune.errors import InputError
+from xtune.files import write_all_atomic
+from xtune.network.graph import Source
+from xtune.network.ops import Operator
+from xtune.network.program import Program, Space, program
+from xtune.schedule.loopnest import Kernel
+from xtune.target import Target, get_target
+from xtune.templates import template_for
+from xtune.templates.conv2d import Conv2dTemplate
+from xtune.tuning.database import Record
+from xtune.workload import Workload
+
+PathLike = str | os.PathLike[str]
+# Added to the largest kernel's packed panels: the entry's frame and one kernel's (callee-saved registers,
+# spills, the 64-byte realignment of the panels; ~0.9 KiB measured for a kernel on x86-64,
+# docs/firmware.md "Stack"), with room to spare.
+STACK_MARGIN = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetKernel:
+    """One row of the build table: an internal function of the object and what it runs."""
+
+    symbol: str
+    what: str  # the workload key, or the generated operator
+    calls: int  # how many calls of the entry use it
+    source: str  # "log", "default" (a task's config) or "generated" (an operator of ops.py)
+    config_index: int | None
+    reason: str  # why the default was used; "" otherwise
+    stack_bytes: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "symbol": self.symbol, "what": self.what, "calls": self.calls, "source": self.source,
+            "config": self.config_index, "reason": self.reason, "stack_bytes": self.stack_bytes,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetArtifact:
+    """What `build_model` returns: the object (bytes), its header (text), and what they hold."""
+
+    target: Target
+    model: str
+    prefix: str
+    object: bytes
+    header: str
+    kernels: tuple[NetKernel, ...]
+    program: Program
+    weights_bytes: int
+    stack_bytes: int
+    build_id: int
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def entry(self) -> str:
+        return f"{self.prefix}_run"
+
+    @property
+    def entry_points(self) -> tuple[str, ...]:
+        return (*(f"{self.prefix}_{name}" for name in _QUERIES), self.entry)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.program.memory.workspace_bytes
+
+    def write(self, object_path: PathLike, header_path: PathLike) -> None:
+        """Both files, each atomically, after checking both paths first."""
+        check_outputs(object_path, header_path)
+        write_all_atomic([(object_path, self.object, "object"), (header_path, self.header, "header")])
+
+    def as_dict(self) -> dict[str, Any]:
+        plan = self.program.memory
+        return {
+            "target": self.target.name, "model": self.model, "entry": self.entry,
+            "input_shape": list(self.program.input_shape), "output_shape": list(self.program.output_shape),
+            "calls": len(self.program.calls), "kernels": [k.as_dict() for k in self.kernels],
+            "workspace_bytes": plan.workspace_bytes, "workspace_lower_bound": plan.lower_bound,
+            "intermediate_bytes": plan.intermediate_bytes, "weights_bytes": self.weights_bytes,
+            "stack_bytes": self.stack_bytes, "build_id": f"{self.build_id:#010x}",
+            "warnings": list(self.warnings),
+        }  # fmt: skip
+
+
+# The small queries beside the entry: name -> (C return type, LLVM type, what the value is).
+_QUERIES = {
+    "workspace_bytes": ("uint64_t", "i64", "bytes of workspace the entry needs"),
+    "input_size": ("uint64_t", "i64", "floats of the input"),
+    "output_size": ("uint64_t", "i64", "floats of the output"),
+    "build_id": ("uint32_t", "i32", "the build's id: equal to the header's"),
+}
+
+
+def build_model(
+    model: Source,
+    target: str | Target,
+    logs: Sequence[PathLike] = (),
+    prefix: str = "net",
+) -> NetArtifact:
+    """The whole network of `model` (a path or a ModelProto) for `target`, as one checked object.
+
+    InputError (one line naming the node or file) for what xtune cannot run or read, a bad prefix, and a
+    log without a record for `target` but with records for other targets (built for another target)."""
+    tgt = target if isinstance(target, Target) else get_target(target)
+    valid_prefix(prefix)
+    records, notes = _read_logs(logs, tgt)
+    prog = program(model)
+    kernels, rows, task_notes, prepack = _kernels(prog, tgt, records, prefix)
+    notes += task_notes
+    layout, blob = pack_weights(_packed_weights(prog, prepack))
+    stack = max((k.stack_bytes for k in kernels.values()), default=0) + STACK_MARGIN
+    entry = _entry_ir(prog, kernels, layout, prefix)
+    fingerprint = hashlib.sha256(tgt.name.encode() + entry.encode() + hashlib.sha256(blob).digest())
+    build_id = int.from_bytes(fingerprint.digest()[:4], "little")
+    queries = _queries_ir(prog, prefix, build_id)
+    extra = ([weights_global(layout.nbytes)] if layout.nbytes else []) + [entry, queries]
+    module = lower(list(kernels.values()), module_name=f"{prefix}_network", internal=True, extra=extra)
+    names = (*(f"{prefix}_{q}" for q in _QUERIES), f"{prefix}_run")
+    obj = compile_object(module, tgt, names)
+    if layout.nbytes:
+        obj = patch_weights(obj, blob)
+    check_object(obj, tgt)
+    artifact = NetArtifact(
+        target=tgt, model=prog.model, prefix=prefix, object=obj.data, header="", kernels=tuple(rows),
+        program=prog, weights_bytes=len(blob), stack_bytes=stack, build_id=build_id, warnings=tuple(notes),
+    )  # fmt: skip
+    return _with_header(artifact)
+
+
+def _read_logs(logs: Sequence[PathLike], target: Target) -> tuple[list[Record] | None, list[str]]:
+    """Every log's records (None without logs), refusing a log that holds records only of other targets:
+    its configs would silently be left out, and the network built from defaults."""
+    if not logs:
+        return None, []
+    records: list[Record] = []
+    notes: list[str] = []
+    for log in logs:
+        mine, noted = read_noted([log])
+        assert mine is not None
+        others = sorted({r.target for r in mine if r.target != target.name})
+        if others and not any(r.target == target.name for r in mine):
+            raise InputError(f"{log}: a log for {', '.join(others)}, not for {target.name}")
+        records += mine
+        notes += noted
+    return records, notes
+
+
+Prepack = Callable[[np.ndarray], np.ndarray]
+
+
+def _kernels(
+    prog: Program, target: Target, records: list[Record] | None, prefix: str
+) -> tuple[dict[str, Kernel], list[NetKernel], list[str], dict[str, Prepack]]:
+    """One kernel per distinct workload or operator (keyed by what it computes), its table row, the
+    warning naming the tasks built from their template's default, and per kernel whose weights are packed
+    at build time (conv2d with constant weights) the function that packs them."""
+    constants = {name for name, _ in prog.weights}
+    prepack: dict[str, Prepack] = {}
+    kernels: dict[str, Kernel] = {}
+    rows: dict[str, NetKernel] = {}
+    uses: dict[str, int] = {}
+    built: list[tuple[str, str, str]] = []
+    for call in prog.calls:
+        key = _key(call.kernel)
+        uses[key] = uses.get(key, 0) + 1
+        if key in kernels:
+            continue
+        name = f"{prefix}.k{len(kernels)}"
+        if isinstance(call.kernel, Workload):
+            wl = call.kernel
+            template = template_for(wl, target)
+            choice = choose(wl, target, template, records)
+            if isinstance(template, Conv2dTemplate) and call.args[1] in constants:
+                kernel = check_kernel(wl, choice, template.kernel(choice.config, name, prepacked=True))
+                prepack[key] = functools.partial(template.prepack, choice.config)
+            else:
+                kernel = kernel_for(wl, template, choice, name)
+            built.append((wl.key, choice.source, choice.reason))
+            row = NetKernel(symbol=name, what=wl.key, calls=0, source=choice.source,
+                            config_index=choice.config.index, reason=choice.reason,
+                            stack_bytes=kernel.stack_bytes)  # fmt: skip
+        else:
+            kernel = call.kernel.kernel_nest(name, target.fp32_lanes)
+            row = NetKernel(symbol=name, what=key, calls=0, source="generated", config_index=None, reason="",
+                            stack_bytes=kernel.stack_bytes)  # fmt: skip
+        if len(kernel.params) != len(call.args):
+            raise InputError(f"{prog.model}: node '{call.nodes[0]}': the kernel takes {len(kernel.params)} "
+                             f"pointers, the node has {len(call.args)} tensors")  # fmt: skip
+        if kernel.stack_bytes > MAX_STACK_BYTES:
+            raise InputError(
+                f"{prog.model}: node '{call.nodes[0]}' needs {kernel.stack_bytes} bytes of stack"
+            )
+        kernels[key], rows[key] = kernel, row
+    table = [replace(r, calls=uses[k]) for k, r in rows.items()]
+    if records is None and built:  # one short line rather than every task's key
+        return kernels, table, [f"default config used for all {len(built)} tasks (no log given)"], prepack
+    return kernels, table, fallback_notes(built), prepack
+
+
+def _packed_weights(prog: Program, prepack: dict[str, Prepack]) -> list[tuple[str, np.ndarray]]:
+    """The program's constant arrays, those a prepacked kernel reads in its packed layout."""
+    weights = dict(prog.weights)
+    for call in prog.calls:
+        pack = prepack.get(_key(call.kernel))
+        if pack is not None:
+            weights[call.args[1]] = pack(weights[call.args[1]])  # names are per anchor: packed once
+    return list(weights.items())
+
+
+def _key(kernel: Workload | Operator) -> str:
+    """What a kernel computes, as the build table shows it: the workload key, or e.g.
+    "pool2d:kind=max,n=1,c=64,h=112,w=112,kernel=3x3,stride=2x2,pads=1x1x1x1" for an operator."""
+    if isinstance(kernel, Workload):
+        return kernel.key
+
+    def text(value: object) -> str:
+        if isinstance(value, tuple):
+            return "x".join(map(str, value))
+        return str(value.value) if isinstance(value, Enum) else str(value)
+
+    fields = ",".join(f"{f.name}={text(getattr(kernel, f.name))}" for f in dataclasses.fields(kernel))
+    return f"{type(kernel).__name__.lower()}:{fields}"
+
+
+def _entry_ir(prog: Program, kernels: dict[str, Kernel], layout: WeightsLayout, prefix: str) -> str:
+    """The external entry: one call per step, each argument a byte offset from one of four bases."""
+    bases = {
+        Space.INPUT: "%input",
+        Space.OUTPUT: "%output",
+        Space.WORKSPACE: "%workspace",
+        Space.WEIGHTS: "%w",
+    }
+    lines = [
+        f"define i32 @{quoted(prefix + '_run')}(ptr noalias %input, ptr noalias %output, "
+        "ptr noalias %workspace) #0 {",
+        "entry:",
+    ]
+    if layout.nbytes:
+        lines.append("  " + weights_base("%w"))
+    pointers: dict[str, str] = {}
+    for call in prog.calls:
+        args = []
+        for tensor in call.args:
+            if tensor not in pointers:
+                space, offset = prog.places[tensor]
+                if space is Space.WEIGHTS:
+                    offset = layout.offset(tensor)
+                name = f"%p{len(pointers)}"
+                lines.append(f"  {name} = getelementptr inbounds i8, ptr {bases[space]}, i64 {offset}")
+                pointers[tensor] = name
+            args.append(f"ptr {pointers[tensor]}")
+        kernel = kernels[_key(call.kernel)]
+        lines.append(f"  call void @{quoted(kernel.name)}({', '.join(args)})")
+    lines += ["  ret i32 0", "}"]
+    return "\n".join(lines)
+
+
+def _queries_ir(prog: Program, prefix: str, build_id: int) -> str:
+    values = {
+        "workspace_bytes": prog.memory.workspace_bytes,
+        "input_size": math.prod(prog.input_shape),
+        "output_size": math.prod(prog.output_shape),
+        "build_id": build_id,
+    }
+    return "\n".join(
+        f"define {ty} @{quoted(f'{prefix}_{name}')}() #0 {{\n  ret {ty} {values[name]}\n}}"
+        for name, (_, ty, _) in _QUERIES.items()
+    )
+
+
+def _with_header(a: NetArtifact) -> NetArtifact:
+    p, prog, plan, up = a.prefix, a.program, a.program.memory, a.prefix.upper()
+    guard = f"{up}_NETWORK_H"
+    dims = "".join(f"[{d}]" for d in prog.input_shape)
+    out_dims = "".join(f"[{d}]" for d in prog.output_shape)
+    tasks = sum(k.calls for k in a.kernels if k.source != "generated")
+    lines = header_open(a.target, guard, includes=("stdint.h",))
+    lines += [
+        f"/* {p}_run: the whole network {os.path.basename(a.model)}, {len(prog.calls)} kernel calls "
+        f"({tasks} tuned tasks, {len(prog.calls) - tasks} generated operators).",
+        f" *   input:  float{dims}, '{prog.input}', row-major (NCHW), read only",
+        f" *   output: float{out_dims}, '{prog.output}', row-major, overwritten",
+        f" *   workspace: {plan.workspace_bytes} bytes of the caller's memory, 64-byte aligned for speed",
+        " *   (4 is enough), reused between calls; needs no initialisation, means nothing after.",
+        f" *   Planned statically: lower bound {plan.lower_bound} bytes, intermediates "
+        f"{plan.intermediate_bytes} bytes.",
+        f" *   stack: {a.stack_bytes} bytes (the largest kernel's packed panels, "
+        f"{a.stack_bytes - STACK_MARGIN}, plus {STACK_MARGIN} for the frames).",
+        f" *   weights: {a.weights_bytes} bytes of read-only data in the object (BatchNorm folded, conv2d",
+        " *   weights packed into the strips their kernel reads).",
+        " *   input, output and workspace must not overlap. Returns 0. Reentrant: no static state.",
+        " */",
+        f"#define {up}_INPUT_SHAPE {{{', '.join(map(str, prog.input_shape))}}}",
+        f"#define {up}_OUTPUT_SHAPE {{{', '.join(map(str, prog.output_shape))}}}",
+        f"#define {up}_INPUT_SIZE {math.prod(prog.input_shape)}u",
+        f"#define {up}_OUTPUT_SIZE {math.prod(prog.output_shape)}u",
+        f"#define {up}_WORKSPACE_BYTES {plan.workspace_bytes}u",
+        f"#define {up}_STACK_BYTES {a.stack_bytes}u",
+        f"#define {up}_WEIGHTS_BYTES {a.weights_bytes}u",
+        f"#define {up}_BUILD_ID {a.build_id:#010x}u",
+        f"int {p}_run(const float *input, float *output, void *workspace);",
+        "",
+    ]
+    for name, (cty, _, what) in _QUERIES.items():
+        lines.append(f"{cty} {p}_{name}(void); /* {what} */")
+    lines += ["", "/* Kernels (internal functions of the object):"]
+    for k in a.kernels:
+        config = f"config {k.config_index} ({k.source}{': ' + k.reason if k.reason else ''})"
+        how = config if k.source != "generated" else "generated"
+        lines.append(f" *   {k.symbol}: {k.what}, {k.calls} call(s), {how}, {k.stack_bytes} B stack")
+    lines += [" */", ""]
+    return replace(a, header="\n".join(lines + header_close(guard)))
