@@ -18,7 +18,7 @@ from tests.conftest import CliRunner
 from xtune.bench import BenchReport
 from xtune.boards.board import LocalBoard, QemuBoard, get_board
 from xtune.boards.cost import CostUnit
-from xtune.cli import _ProgressBar
+from xtune.cli.progress import _ProgressBar
 from xtune.errors import InputError
 from xtune.target import get_target
 from xtune.templates import template_for

@@ -1,0 +1,160 @@
+"""`xtune bench`, `xtune build`, `xtune best`, `xtune report`, `xtune model train|info`: kernels, logs and
+cost models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from xtune.cli.common import _emit_json, _warnings_unless_error
+from xtune.cli.networks import _bench_model, _build_model
+from xtune.errors import InputError
+from xtune.files import check_output
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from xtune.bench import bench
+    from xtune.boards.board import get_board
+    from xtune.workload import parse_workload
+
+    if args.model is not None:
+        return _bench_model(args)
+    if args.workload is None:
+        raise InputError("give --workload (a kernel) or --model (a whole network)")
+    if args.log:
+        raise InputError("--log is for --model; a kernel's config is --config")
+    workload = parse_workload(args.workload)
+    board = get_board(args.board, args.boards, target=args.target)
+    report = bench(workload, board, args.config)
+    if args.json:
+        _emit_json(report.as_dict())
+    else:
+        d = report.as_dict()
+        print(
+            f"{report.workload} on {report.board} ({report.target}), "
+            f"{report.config_source} config {report.config_index}"
+        )
+        print(f"  knobs: {', '.join(f'{k}={v}' for k, v in report.config)}")
+        if not report.correct:
+            print(f"  xtune  {report.status.value}: {report.error}")
+        elif report.gflops is not None:
+            print(
+                f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct"
+            )
+        elif d["instructions"] is not None:
+            print(
+                f"  xtune  {report.cost:.0f} instructions per call (emulated; no wall-time figure), correct"
+            )
+        else:
+            print("  xtune  correct (a correctness-only board: no speed figure)")
+        print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread on this host, same run)")
+        if report.ort_gflops is not None:
+            print(f"  ORT    {report.ort_gflops:8.1f} GFLOP/s  (ONNX Runtime, single thread, same run)")
+        if report.ratio is not None:
+            versus_ort = f", {report.ratio_vs_ort:.2f}x ONNX Runtime" if report.ratio_vs_ort else ""
+            print(f"  ratio  {report.ratio:8.2f}x numpy{versus_ort}")
+    return 0 if report.correct else 1
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from xtune.artifact import build, check_outputs
+
+    if args.model is not None:
+        return _build_model(args)
+    if not args.workload:
+        raise InputError("give --workload (repeat for each kernel) or --model (a whole network)")
+    if args.reference is not None:
+        raise InputError("--reference is for --model builds")
+    check_outputs(args.output, args.header, args.archive)  # before compiling anything
+    artifact = build(args.target, args.workload, args.log or (), args.prefix or "xt")
+    artifact.write(args.output, args.header, args.archive)
+    for warning in artifact.warnings:
+        print(f"xtune: warning: {warning}", file=sys.stderr)
+    if args.json:
+        _emit_json({
+            "target": artifact.target.name, "object": args.output, "header": args.header,
+            "archive": args.archive, "kernels": [k.as_dict() for k in artifact.kernels],
+            "warnings": list(artifact.warnings),
+        })  # fmt: skip
+        return 0
+    width = max(len("symbol"), *(len(k.symbol) for k in artifact.kernels))
+    print(f"{'symbol':<{width}}  {'source':<7} {'config':>10} {'code':>8} {'stack':>9} {'GFLOP/s':>8}")
+    for k in artifact.kernels:
+        gflops = f"{k.gflops:8.1f}" if k.gflops is not None else f"{'-':>8}"
+        print(
+            f"{k.symbol:<{width}}  {k.source:<7} {k.config_index:>10} {k.code_bytes:>6} B "
+            f"{k.stack_bytes:>7} B {gflops}"
+        )
+    wrote = ", ".join(p for p in (args.output, args.header, args.archive) if p)
+    print(f"{len(artifact.kernels)} kernel(s) for {artifact.target.name}: wrote {wrote}")
+    return 0
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from xtune.report import format_table, summarize
+    from xtune.tuning.database import read_logs
+
+    rows = summarize(read_logs(args.log), args.workload, args.target)
+    if args.json:
+        _emit_json({"best": [row.as_dict() for row in rows]})
+    elif rows:
+        print(format_table(rows))
+    else:
+        raise InputError("no records match in " + ", ".join(args.log))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from xtune.report import format_table, plot_convergence, summarize
+    from xtune.tuning.database import read_logs
+
+    if args.plot:
+        check_output(args.plot, "plot")
+    records = read_logs(args.log)
+    if not records:
+        raise InputError("no usable records in " + ", ".join(args.log))
+    rows = summarize(records)
+    if args.json:
+        _emit_json({"workloads": [row.as_dict() for row in rows], "plot": args.plot})
+    else:
+        print(format_table(rows))
+    if args.plot:
+        plot_convergence(records, args.plot)
+        print(f"xtune: convergence plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def cmd_model_train(args: argparse.Namespace) -> int:
+    from xtune.transfer.pretrained import TrainOptions, train_from_logs
+
+    check_output(args.output, "model file")  # before training, not after
+    start = time.perf_counter()
+    options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
+    with _warnings_unless_error():
+        model = train_from_logs(args.log, options)
+    model.save(args.output)
+    seconds = time.perf_counter() - start
+    m = model.manifest
+    if args.json:
+        _emit_json({"model": args.output, "seconds": round(seconds, 3), "manifest": m.as_dict()})
+        return 0
+    print(f"wrote {args.output}: {', '.join(m.ops)} booster(s) on {m.records_used} records "
+          f"({len(m.groups)} workloads; targets {', '.join(m.targets)}; {m.records_skipped} skipped) "
+          f"in {seconds:.1f} s")  # fmt: skip
+    return 0
+
+
+def cmd_model_info(args: argparse.Namespace) -> int:
+    from xtune.transfer.modelfile import format_manifest, read_model
+
+    # A model of another features version is shown (that is how one finds out), only tuning refuses it.
+    manifest = read_model(args.model, check_features=False).manifest
+    if args.json:
+        reason = manifest.unusable_reason()
+        _emit_json(
+            {"model": args.model, "usable": reason is None, "reason": reason, "manifest": manifest.as_dict()}
+        )
+    else:
+        print(format_manifest(manifest, args.model))
+    return 0

@@ -1,0 +1,142 @@
+"""The commands on a whole ONNX model: `xtune tasks`, `xtune build --model`, `xtune bench --model`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from xtune.cli.common import _emit_json, _warnings_unless_error
+from xtune.errors import InputError
+from xtune.files import check_output
+
+if TYPE_CHECKING:
+    from xtune.network.tasks import TaskSet
+    from xtune.tuning.database import Record
+
+
+def _bench_model(args: argparse.Namespace) -> int:
+    from xtune.boards.board import get_board
+    from xtune.netbench import bench_model
+
+    if args.workload is not None or args.config is not None:
+        raise InputError("--model benches a whole network: --workload and --config are for one kernel")
+    board = get_board(args.board, args.boards, target=args.target)
+    with _warnings_unless_error():
+        report = bench_model(args.model, board, args.log or ())
+    if args.json:
+        _emit_json(report.as_dict())
+        return 0 if report.correct else 1
+    print(f"{report.model} on {report.board} ({report.target}): {report.kernels} kernels "
+          f"({report.defaults} at the default config), workspace {report.workspace_bytes} B")  # fmt: skip
+    if not report.correct:
+        print(f"  xtune  WRONG against ONNX Runtime: {report.error}")
+        return 1
+    print(f"  xtune  matches ONNX Runtime (max abs error {report.max_abs_error:.3g})")
+    if report.seconds is not None:
+        print(f"  xtune  {report.seconds * 1e3:9.3f} ms per inference")
+    elif report.instructions is not None:
+        print(f"  xtune  {report.instructions:.0f} instructions per inference (emulated: no wall time)")
+    if report.ort_seconds is not None:
+        print(f"  ORT    {report.ort_seconds * 1e3:9.3f} ms per inference (ONNX Runtime, 1 thread, same run)")
+    if report.ratio_vs_ort is not None:
+        print(f"  ratio  {report.ratio_vs_ort:9.2f}x ONNX Runtime's speed")
+    return 0
+
+
+def _build_model(args: argparse.Namespace) -> int:
+    from xtune.artifact import check_outputs
+    from xtune.files import write_all_atomic
+    from xtune.netbench import reference_file
+    from xtune.netbuild import build_model
+
+    if args.workload or args.archive:
+        raise InputError("--model builds one network object: --workload and --archive are for kernels")
+    check_outputs(args.output, args.header)  # before compiling anything
+    if args.reference is not None:
+        reference = check_output(args.reference, "reference")
+        if reference in (check_output(args.output), check_output(args.header)):
+            raise InputError(f"the reference {args.reference} is the object or the header")
+    start = time.perf_counter()
+    with _warnings_unless_error():
+        artifact = build_model(args.model, args.target, args.log or (), args.prefix or "net")
+    files: list[tuple[str, bytes | str, str]] = [(args.output, artifact.object, "object"),
+                                                  (args.header, artifact.header, "header")]  # fmt: skip
+    if args.reference is not None:
+        files.append((args.reference, reference_file(artifact, args.model), "reference"))
+    write_all_atomic(files)
+    seconds = time.perf_counter() - start
+    for warning in artifact.warnings:
+        print(f"xtune: warning: {warning}", file=sys.stderr)
+    if args.json:
+        _emit_json({**artifact.as_dict(), "object": args.output, "header": args.header,
+                    "reference": args.reference, "seconds": round(seconds, 3)})  # fmt: skip
+        return 0
+    plan = artifact.program.memory
+    print(f"{'kernel':<10} {'source':<9} {'config':>10} {'calls':>5} {'stack':>9}  computes")
+    for k in artifact.kernels:
+        config = f"{k.config_index:>10}" if k.config_index is not None else f"{'-':>10}"
+        print(f"{k.symbol:<10} {k.source:<9} {config} {k.calls:>5} {k.stack_bytes:>7} B  {k.what}")
+    print(f"{artifact.entry}: {len(artifact.program.calls)} calls, workspace {plan.workspace_bytes} bytes "
+          f"(lower bound {plan.lower_bound}, {plan.intermediate_bytes} of intermediates), stack "
+          f"{artifact.stack_bytes} bytes, weights {artifact.weights_bytes} bytes")  # fmt: skip
+    wrote = ", ".join(p for p in (args.output, args.header, args.reference) if p)
+    print(f"{artifact.target.name}: wrote {wrote} in {seconds:.1f} s")
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from xtune.boards.cost import gflops
+    from xtune.network.tasks import extract_tasks, logged_best
+    from xtune.tuning.database import read_logs
+
+    taskset = extract_tasks(args.model, args.target)
+    with _warnings_unless_error():
+        records = read_logs(args.log or ())
+    bests = logged_best(taskset.tasks, taskset.target, records)
+    if args.json:
+        _emit_json(_tasks_json(taskset, bests, args.log or []))
+        return 0
+    width = max(len("workload"), *(len(t.workload.key) for t in taskset.tasks)) if taskset.tasks else 8
+    print(f"{'workload':<{width}} {'nodes':>5} {'flops':>6} {'MFLOP':>9}  best in log")
+    for task, record in zip(taskset.tasks, bests, strict=True):
+        if record is None:
+            logged = "-"
+        elif (speed := gflops(task.flops, record.cost, record.result.cost_unit)) is not None:
+            logged = f"{speed:.1f} GFLOP/s (config {record.index})"
+        else:
+            logged = f"{record.cost:.0f} {record.result.cost_unit.value} (config {record.index})"
+        share = 100 * taskset.share(task)
+        print(
+            f"{task.workload.key:<{width}} {task.count:>5} {share:>5.1f}% {task.flops / 1e6:>9.1f}  {logged}"
+        )
+    calls = sum(t.count for t in taskset.tasks)
+    tuned = sum(r is not None for r in bests)
+    print(f"{len(taskset.tasks)} tasks for {calls} kernel calls, {taskset.total_flops / 1e9:.3f} GFLOP per "
+          f"inference, {tuned} with a best on {taskset.target.name}")  # fmt: skip
+    if taskset.other_nodes:
+        shown = ", ".join(f"{o.name} ({o.op})" for o in taskset.other_nodes)
+        print(f"{len(taskset.other_nodes)} other nodes (not tuning tasks): {shown}")
+    return 0
+
+
+def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence[str]) -> dict[str, object]:
+    def best(record: Record | None) -> dict[str, object] | None:
+        if record is None:
+            return None
+        return {"config": record.index, "cost": record.cost, "cost_unit": record.result.cost_unit.value,
+                "board": record.board}  # fmt: skip
+
+    return {
+        "model": taskset.model, "target": taskset.target.name, "total_flops": taskset.total_flops,
+        "logs": list(logs),
+        "tasks": [
+            {"workload": t.workload.key, "op": t.workload.op, "count": t.count, "nodes": list(t.nodes),
+             "flops": t.flops, "share": taskset.share(t), "fused": [list(op.fused) for op in t.ops],
+             "weights_transposed": list(t.transposed), "best": best(r)}
+            for t, r in zip(taskset.tasks, bests, strict=True)
+        ],
+        "other_nodes": [{"name": o.name, "op": o.op, "kind": o.kind} for o in taskset.other_nodes],
+    }  # fmt: skip

@@ -1,0 +1,177 @@
+"""The argument parser of `xtune`: every subcommand, its flags and their defaults."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from xtune.cli.boards import cmd_boards, cmd_deploy, cmd_targets
+from xtune.cli.common import MAX_REPEAT, U32, _defaults, _float_in, _int_in, _Parser
+from xtune.cli.kernels import cmd_bench, cmd_best, cmd_build, cmd_model_info, cmd_model_train, cmd_report
+from xtune.cli.networks import cmd_tasks
+from xtune.cli.tune import cmd_tune
+from xtune.tuning.tuner import TUNERS
+
+
+def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from xtune.transfer.pretrained import TrainOptions
+
+    train = _defaults(TrainOptions)
+    p = sub.add_parser("model", help="pretrained cost models for transfer learning (train, info)")
+    model_sub = p.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
+    t = model_sub.add_parser("train", help="train a cost model on tuning logs of any workloads and targets")
+    t.add_argument("log", nargs="+", help="tuning log(s), JSON lines")
+    t.add_argument("-o", "--output", required=True, help="model file to write (JSON), e.g. model.json")
+    t.add_argument(
+        "--objective",
+        choices=("reg", "rank"),
+        default=train["objective"],
+        help="reg: squared error on normalized throughput; rank: pairwise ranking (default %(default)s)",
+    )
+    t.add_argument("--seed", type=_int_in(0, 2**31 - 1), default=train["seed"])
+    t.add_argument(
+        "--threads",
+        type=_int_in(0, 1024),
+        default=train["nthread"],
+        metavar="N",
+        help="xgboost threads (default %(default)s; 0 = every core, best on an otherwise idle machine)",
+    )
+    t.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    t.set_defaults(handler=cmd_model_train)
+    i = model_sub.add_parser("info", help="print a model file's manifest")
+    i.add_argument("model")
+    i.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    i.set_defaults(handler=cmd_model_info)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from xtune.network.scheduler import SchedulerOptions, Strategy
+    from xtune.tuning.measure import MeasureOptions
+    from xtune.tuning.run import TuneOptions
+    from xtune.tuning.session import CONFIRM_TIMINGS
+
+    tune, measure, scheduler = _defaults(TuneOptions), _defaults(MeasureOptions), _defaults(SchedulerOptions)
+    parser = _Parser(prog="xtune", description="Auto-tune tensor kernels for embedded targets.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("targets", help="list target descriptors")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_targets)
+
+    p = sub.add_parser("boards", help="list boards (SSH ones with their reachability)")
+    p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
+                   "then ~/.config/xtune/boards.toml)")  # fmt: skip
+    p.add_argument(
+        "--timeout", type=_float_in(0.001, 3600), default=3.0, help="seconds per SSH reachability check"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_boards)
+
+    p = sub.add_parser("deploy", help="build and upload the agent to an SSH board, record its fingerprint")
+    p.add_argument("--board", required=True)
+    p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
+                   "then ~/.config/xtune/boards.toml)")  # fmt: skip
+    p.add_argument("--accept-new-host-key", action="store_true",
+                   help="trust the host key offered if known_hosts has none, and record it")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_deploy)
+
+    p = sub.add_parser("tune", help="tune a workload, or every task of an ONNX model under one budget, on a "
+                       "board; every measurement goes to the log")  # fmt: skip
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--workload")
+    what.add_argument("--model", metavar="MODEL.onnx", help="tune every task of the model (see `xtune "
+                      "tasks`) under the one budget of --trials, with a task scheduler")  # fmt: skip
+    p.add_argument("--strategy", choices=[s.value for s in Strategy], default=scheduler["strategy"].value,
+                   help="--model: which task gets the next batch: the largest expected gain of the model's "
+                   "latency (gradient), or each in turn (default %(default)s)")  # fmt: skip
+    p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
+    p.add_argument(
+        "--boards", type=Path, metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)"
+    )
+    p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
+                   "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
+    p.add_argument("--trials", type=_int_in(1, 10**9), default=tune["trials"], metavar="N",
+                   help="new trials to measure in this run (default %(default)s): configs already in the "
+                   "log for this workload, target and cpu are resumed, not measured again, and do not "
+                   "count")  # fmt: skip
+    p.add_argument("--tuner", choices=TUNERS, default=tune["tuner"])
+    p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
+    p.add_argument(
+        "--early-stopping",
+        type=_int_in(1, 10**9),
+        default=tune["early_stopping"],
+        metavar="N",
+        help="stop after N trials without gain (with --model: each task)",
+    )
+    p.add_argument("--seed", type=_int_in(0, U32), default=tune["seed"])
+    p.add_argument("--batch-size", type=_int_in(1, 4096), default=tune["batch_size"])
+    p.add_argument("--repeat", type=_int_in(1, MAX_REPEAT), default=measure["repeat"],
+                   help="timed repeats per candidate")  # fmt: skip
+    p.add_argument("--min-repeat-ms", type=_float_in(0, U32 / 1000), default=measure["min_repeat_ms"])
+    p.add_argument("--timeout-ms", type=_int_in(1, U32), default=measure["timeout_ms"],
+                   help="deadline per kernel call/repeat")  # fmt: skip
+    p.add_argument("--confirm", type=_int_in(0, 1024), default=tune["confirm"], metavar="K",
+                   help=f"at the end, time the K fastest configs again until each has {CONFIRM_TIMINGS} "
+                   "timings; the best is the lowest median, not the luckiest single timing "
+                   "(default %(default)s; 0 = off)")  # fmt: skip
+    p.add_argument(
+        "--transfer-from",
+        action="extend",
+        nargs="+",
+        metavar="SOURCE",
+        help="pretrained cost model: a model file, tuning log(s) to train on, or 'builtin'",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_tune)
+
+    p = sub.add_parser("best", help="the best correct config per workload and target in tuning logs")
+    p.add_argument("--log", required=True, action="append")
+    p.add_argument("--workload")
+    p.add_argument("--target")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_best)
+
+    p = sub.add_parser("report", help="summary table of a tuning log, and a convergence plot")
+    p.add_argument("log", nargs="+")
+    p.add_argument("--plot", metavar="PNG", help="write the convergence plot (needs xtune[plot])")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser("bench", help="default (or given) config vs numpy and ONNX Runtime, in one run; "
+                       "or a whole network (--model) against ONNX Runtime")  # fmt: skip
+    p.add_argument("--workload", default=None, help='e.g. "matmul:m=512,n=512,k=512"')
+    p.add_argument("--model", default=None, help="ONNX model: build, run and check the whole network")
+    p.add_argument("--log", action="append", help="with --model: tuning log(s) to take the best configs from")
+    p.add_argument("--board", default="local")
+    p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
+    p.add_argument("--config", type=_int_in(0, 2**63 - 1), default=None,
+                   help="config index (default: the template's default)")  # fmt: skip
+    p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
+                   "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_bench)
+
+    p = sub.add_parser("build", help="one object + C header of the best (or default) kernels for firmware")
+    p.add_argument("--target", required=True, help="target name, see `xtune targets`")
+    p.add_argument("--workload", action="append", help="repeat for each kernel")
+    p.add_argument("--model", default=None, help="ONNX model: one object running the whole network")
+    p.add_argument("--log", action="append", help="tuning log(s) to take the best configs from")
+    p.add_argument("-o", "--output", required=True, help="relocatable object to write, e.g. kernels.o")
+    p.add_argument("--header", required=True, help="C header to write, e.g. kernels.h")
+    p.add_argument("--archive", default=None, help="also write a static library, e.g. libkernels.a")
+    p.add_argument("--prefix", default=None, help="entry point prefix (default: xt; net with --model)")
+    p.add_argument("--reference", default=None, help="with --model: also write a reference file (a random "
+                   "input and ONNX Runtime's output) for a firmware's self-test")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_build)
+
+    p = sub.add_parser("tasks", help="the unique tuning tasks of an ONNX model (fused epilogues included)")
+    p.add_argument("model", help="ONNX model file, e.g. resnet18.onnx")
+    p.add_argument("--target", default=None, help="target name (default: the host's target)")
+    p.add_argument("--log", action="append", help="tuning log(s): show which tasks already have a best")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_tasks)
+
+    _add_model_parser(sub)
+    return parser

@@ -1,0 +1,143 @@
+"""`xtune tune`: one workload (--workload) or every task of an ONNX model (--model) under one budget."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from xtune.cli.common import _emit_json, _warnings_unless_error
+from xtune.cli.progress import _ModelProgressBar, _print_model_tuning, _print_tuning, _ProgressBar
+from xtune.errors import InputError
+from xtune.files import check_output
+
+if TYPE_CHECKING:
+    from xtune.boards.board import Board
+    from xtune.transfer.pretrained import TransferSource
+    from xtune.tuning.costmodel import CostModel
+    from xtune.tuning.database import TuningLog
+    from xtune.tuning.run import TuneOptions
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from xtune.boards.board import get_board
+    from xtune.templates import template_for
+    from xtune.tuning.database import TuningLog
+    from xtune.tuning.features import features_op
+    from xtune.tuning.run import local_numpy_gflops, run_tuning
+    from xtune.tuning.session import check_boards
+    from xtune.tuning.tuner import StopReason
+    from xtune.workload import parse_workload
+
+    check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
+    workload = parse_workload(args.workload) if args.workload is not None else None
+    boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
+    log = TuningLog(args.log)
+    # run_tuning and the scheduler check both too, but only after training --transfer-from logs
+    check_boards(boards)
+    log.check_appendable()
+    if workload is None:
+        return _tune_model(args, boards, log)
+    # A pointwise conv2d is tuned as the matmul it lowers to: that operator's model scores its configs.
+    op = features_op(template_for(workload, boards[0].target))
+    transfer, pretrained = _transfer_source(args, boards[0], op)
+    options = _tune_options(args)
+    numpy_gflops = local_numpy_gflops(workload, boards)
+    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops, boards[0].cost_unit)
+    try:
+        report = run_tuning(
+            workload,
+            boards,
+            options,
+            log,
+            bar.update,
+            numpy_gflops,
+            pretrained,
+            hedge_with_estimate=transfer is not None and not transfer.saw(boards[0].target),
+        )
+    finally:
+        bar.close()
+    if args.json:
+        used = transfer.as_dict() if transfer else None
+        _emit_json({**report.as_dict(), "log": str(args.log), "transfer": used})
+    else:
+        _print_tuning(report, args.log)
+    if report.stop is StopReason.INTERRUPTED:
+        print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
+        return 130
+    if report.stop is StopReason.BOARD_FAILED:  # the summary above says what was measured; the log has it all
+        print(f"xtune: error: {report.error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _tune_options(args: argparse.Namespace) -> TuneOptions:
+    from xtune.tuning.measure import MeasureOptions
+    from xtune.tuning.run import TuneOptions
+
+    return TuneOptions(
+        tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
+        early_stopping=args.early_stopping, seed=args.seed,
+        measure=MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                               timeout_ms=args.timeout_ms),
+        confirm=args.confirm,
+    )  # fmt: skip
+
+
+def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog) -> int:
+    """`xtune tune --model`: every task of the model under one budget (xtune.network.scheduler)."""
+    from xtune.network.scheduler import ModelStop, SchedulerOptions, Strategy, tune_tasks
+    from xtune.network.tasks import extract_tasks
+    from xtune.templates import template_for
+    from xtune.tuning.features import features_op
+
+    taskset = extract_tasks(args.model, boards[0].target)
+    pretrained: dict[str, tuple[CostModel, bool]] = {}
+    used: dict[str, object] = {}
+    source: TransferSource | None = None
+    ops = {features_op(template_for(t.workload, boards[0].target)) for t in taskset.tasks}  # as the scheduler
+    for op in sorted(ops):
+        if source is None or source.kind == "builtin":  # the built-in model is chosen per operator
+            source, model = _transfer_source(args, boards[0], op)
+        else:  # one model file, or logs trained on once, has a booster per operator
+            model = source.model.cost_model(op)
+        if source is not None and model is not None:
+            pretrained[op] = (model, not source.saw(boards[0].target))
+            used[op] = source.as_dict()
+    bar = _ModelProgressBar(args.trials, taskset.tasks, boards[0].cost_unit)
+    try:
+        result = tune_tasks(taskset.tasks, boards, _tune_options(args), log, model=taskset.model,
+                            scheduler=SchedulerOptions(strategy=Strategy(args.strategy)),
+                            pretrained=pretrained, on_progress=bar.update)  # fmt: skip
+    finally:
+        bar.close()
+    if args.json:
+        _emit_json({**result.as_dict(), "log": str(args.log), "transfer": used or None})
+    else:
+        _print_model_tuning(result, args.log)
+    if result.stop is ModelStop.INTERRUPTED:
+        print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
+        return 130
+    if result.stop is ModelStop.BOARD_FAILED:  # the table above says what was measured; the log has it all
+        print(f"xtune: error: {result.error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _transfer_source(
+    args: argparse.Namespace, board: Board, op: str
+) -> tuple[TransferSource | None, CostModel | None]:
+    """The source of --transfer-from (trained here if logs are given) and its model for `op`, or Nones."""
+    if not args.transfer_from:
+        return None, None
+    from xtune.transfer.pretrained import load_source
+
+    if args.tuner != "xgb":
+        raise InputError(f"--transfer-from needs the xgb tuner (--tuner {args.tuner} has no cost model)")
+    with _warnings_unless_error():
+        source = load_source(args.transfer_from, board.target, op, cpu=board.fingerprint().get("cpu"))
+    pretrained = source.model.cost_model(op)
+    m = source.model.manifest
+    print(f"xtune: transfer from {source.kind} {', '.join(source.paths)} ({m.records_used} records of "
+          f"{', '.join(m.targets)}, trained {m.created})", file=sys.stderr)  # fmt: skip
+    return source, pretrained
