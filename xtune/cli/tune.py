@@ -62,13 +62,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _emit_json({**report.as_dict(), "log": str(args.log), "transfer": used})
     else:
         _print_tuning(report, args.log)
-    if report.stop is StopReason.INTERRUPTED:
-        print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
-        return 130
-    if report.stop is StopReason.BOARD_FAILED:  # the summary above says what was measured; the log has it all
-        print(f"xtune: error: {report.error}", file=sys.stderr)
-        return 2
-    return 0
+    return _exit_status(
+        interrupted=report.stop is StopReason.INTERRUPTED,
+        board_failed=report.stop is StopReason.BOARD_FAILED,
+        error=report.error,
+    )
 
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:
@@ -115,11 +113,21 @@ def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog) -
         _emit_json({**result.as_dict(), "log": str(args.log), "transfer": used or None})
     else:
         _print_model_tuning(result, args.log)
-    if result.stop is ModelStop.INTERRUPTED:
+    return _exit_status(
+        interrupted=result.stop is ModelStop.INTERRUPTED,
+        board_failed=result.stop is ModelStop.BOARD_FAILED,
+        error=result.error,
+    )
+
+
+def _exit_status(*, interrupted: bool, board_failed: bool, error: str) -> int:
+    """How a tuning run that ended ends the command: 130 after Ctrl-C, 2 with one error line when a board
+    failed for good (the summary printed before says what was measured; the log has it all), else 0."""
+    if interrupted:
         print("xtune: interrupted; every finished measurement is in the log", file=sys.stderr)
         return 130
-    if result.stop is ModelStop.BOARD_FAILED:  # the table above says what was measured; the log has it all
-        print(f"xtune: error: {result.error}", file=sys.stderr)
+    if board_failed:
+        print(f"xtune: error: {error}", file=sys.stderr)
         return 2
     return 0
 
