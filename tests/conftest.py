@@ -4,9 +4,12 @@ the QEMU boards, and skipping tests whose kernels this host's CPU cannot execute
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +43,25 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=CLI_TIMEOUT
     )
+
+
+def interrupt_cli(*args: str, log: Path, after_records: int = 8) -> subprocess.CompletedProcess[str]:
+    """Run `xtune ARGS` and press Ctrl-C (SIGINT) once `log` holds `after_records` lines (or after 120 s)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xtune.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A shell without job control starts background jobs with SIGINT ignored (bash(1), "SIGNALS"), and
+        # Python then never installs its Ctrl-C handler: give the tuner the disposition a terminal gives it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not log.exists() or log.read_text().count("\n") < after_records):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="session")

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import xtune
+from tests.conftest import interrupt_cli
 from xtune.boards.agent import AgentSession
 from xtune.boards.board import get_board
 from xtune.boards.cost import CostUnit
@@ -298,19 +297,10 @@ def test_cli_model_and_workload_exclude_each_other(tmp_path: Path) -> None:
 def test_ctrl_c_keeps_the_log_of_a_model_run(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "tiny.onnx")
     log = tmp_path / "log.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "xtune.cli", "tune", "--model", str(model), "--trials", "400",
-         "--log", str(log), *QUICK_FLAGS],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        # As in test_tuning: give the tuner the SIGINT disposition a terminal gives it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not log.exists() or log.read_text().count("\n") < 8):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    out = interrupt_cli("tune", "--model", str(model), "--trials", "400", "--log", str(log), *QUICK_FLAGS,
+                        log=log)  # fmt: skip
+    stdout, stderr = out.stdout, out.stderr
+    assert out.returncode == 130, stderr
     assert "Traceback" not in stderr and "estimated end-to-end latency" in stdout
     records = read_logs([log])  # every line parses: nothing torn
     assert 8 <= len(records) < 400

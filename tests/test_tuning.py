@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CliRunner
+from tests.conftest import CliRunner, interrupt_cli
 from xtune.bench import BenchReport
 from xtune.boards.board import LocalBoard, QemuBoard, get_board
 from xtune.boards.cost import CostUnit
@@ -100,20 +96,10 @@ def test_best_and_report_commands(tuned_log: Path, tmp_path: Path, xtune_cli: Cl
 
 def test_ctrl_c_stops_cleanly_with_the_log_intact(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "xtune.cli", "tune", "--workload", "matmul:m=96,n=96,k=96", "--trials", "400",
-         "--batch-size", "4", "--log", str(log), "--repeat", "2", "--min-repeat-ms", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        # A shell without job control starts background jobs with SIGINT ignored (bash(1), "SIGNALS"), and
-        # Python then never installs its Ctrl-C handler: give the tuner the disposition a terminal gives it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not log.exists() or log.read_text().count("\n") < 8):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    out = interrupt_cli("tune", "--workload", "matmul:m=96,n=96,k=96", "--trials", "400", "--batch-size", "4",
+                        "--log", str(log), "--repeat", "2", "--min-repeat-ms", "5", log=log)  # fmt: skip
+    stdout, stderr = out.stdout, out.stderr
+    assert out.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "best config" in stdout  # the best so far is printed
     records = read_logs([log])  # every line parses: nothing torn

@@ -236,12 +236,13 @@ class TaskScheduler:
         self.boards, self.options, self.scheduler, self.on_progress = boards, options, scheduler, on_progress
         self.pool = CompilePool()
         self.tasks: list[_Task] = []
+        logged = log.read() if log is not None else []  # once: every task's session resumes from it
         try:
             for task in tasks:
                 op = features_op(template_for(task.workload, boards[0].target))  # matmul for a pointwise conv
                 model, hedge = (pretrained or {}).get(op, (None, False))
                 session = TuningSession(task.workload, boards, options, log, pretrained=model,
-                                        hedge_with_estimate=hedge, pool=self.pool)  # fmt: skip
+                                        hedge_with_estimate=hedge, pool=self.pool, logged=logged)  # fmt: skip
                 self.tasks.append(_Task(task, session))
         except BaseException:
             self.close()

@@ -6,7 +6,7 @@ chooses."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -87,15 +87,13 @@ class _BoardsMeasurer:
 
 
 def past_records(
-    log: TuningLog | None, template: ScheduleTemplate, cpus: Collection[str] | None = None
+    logged: Iterable[Record], template: ScheduleTemplate, cpus: Collection[str] | None = None
 ) -> list[Record]:
-    """Records of this workload and target already in the log, measured on one of `cpus` (any if None;
-    records without a fingerprint count as any cpu's), whose knobs still mean the same config."""
-    if log is None:
-        return []
+    """The `logged` records of this workload and target, measured on one of `cpus` (any if None; records
+    without a fingerprint count as any cpu's), whose knobs still mean the same config."""
     return [
         r
-        for r in of_machine(log.read(), template.workload.key, template.target.name)
+        for r in of_machine(logged, template.workload.key, template.target.name)
         if (cpus is None or cpu_of(r) in (None, *cpus)) and config_of(template, r) is not None
     ]
 
@@ -140,6 +138,7 @@ class TuningSession:
         hedge_with_estimate: bool = False,
         callbacks: Sequence[Callable[[TuneProgress], None]] = (),
         pool: CompilePool | None = None,
+        logged: Sequence[Record] | None = None,
     ) -> None:
         check_boards(boards)
         if pretrained is not None and options.tuner != "xgb":
@@ -151,7 +150,10 @@ class TuningSession:
             log.check_appendable()
         self.fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
         cpus = {cpu for fp in self.fingerprints if (cpu := dict(fp).get("cpu"))}
-        self.past = past_records(log, template, cpus)
+        # `logged`: the log's records, read once by a caller that opens many sessions on it (the scheduler).
+        if logged is None:
+            logged = log.read() if log is not None else []
+        self.past = past_records(logged, template, cpus)
         history = measured(self.past, workload.key, self.target.name)
         self.resumed = len(history)  # configs already in the log, learned from and not measured again
         # The operator whose features and models apply (a pointwise conv2d is tuned as its matmul).
