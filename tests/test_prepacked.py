@@ -214,3 +214,39 @@ def test_build_of_a_prepacked_workload_is_refused_in_one_line(xtune_cli: CliRunn
     )
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "xtune build --model" in out.stderr
+
+
+@pytest.mark.host_runs("x86-avx2")
+def test_a_network_whose_logged_configs_read_weight_panels_matches_onnx_runtime(tmp_path: Path) -> None:
+    """Every prepacked task built from a logged config that reads its weights in panels (pointwise conv2d:
+    A panels; the classifier: B strips of another width; 3x3: another blocking): netbuild lays the weights
+    out with the same hook the Measurer used, and the network still matches ONNX Runtime."""
+    from tests.test_artifact import _write_log
+    from xtune.netbench import random_input, run_network
+    from xtune.netbuild import build_model
+    from xtune.peers import ort_network
+    from xtune.workload import RTOL, check_output
+
+    onnx_model = zoo.NETWORKS["mobilenet_v2_small"]()
+    target = get_target("x86-avx2")
+    rows, rng = [], random.Random(7)
+    for task in extract_tasks(onnx_model, target).tasks:
+        if task.workload.op == "depthwise":
+            continue
+        template = template_for(task.workload, target)
+        values = dict(template.default_config().values)
+        options = {k.name: k.options for k in template.space.knobs}
+        if "pack_a" in values:  # through the matmul template: read the weights operand in panels
+            values = {**values, "pack_a": 1, "pack_b": 1, "tile": rng.choice(["4x2", "3x3", "6x2"])}
+        else:
+            values = {**values, "tile_oc": rng.choice(options["tile_oc"][:3]), "reduction": "crs"}
+        index = template.space.index_of(values)
+        rows.append((task.workload.key, index, MeasureStatus.OK, 1e-6))
+    log = tmp_path / "log.jsonl"
+    _write_log(log, "x86-avx2", rows)
+    artifact = build_model(onnx_model, target, logs=[log])
+    assert {k.source for k in artifact.kernels if k.what in {r[0] for r in rows}} == {"log"}
+    x = random_input(artifact.program.input_shape)
+    got, _ = run_network(get_board("local", target="x86-avx2"), artifact, x)
+    ref, _ = ort_network(onnx_model.SerializeToString(), x)
+    assert check_output(got, ref, RTOL) == ""
