@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.network.layout import Layout, physical, to_layout
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -117,7 +118,7 @@ def _segments(out: int, size: int, k: int, stride: int, pad: int) -> list[_Segme
 
 @dataclass(frozen=True, kw_only=True)
 class Pool2d:
-    """MaxPool / AveragePool over (n, c, h, w); pads (top, left, bottom, right)."""
+    """MaxPool / AveragePool over (n, c, h, w), or (n, h, w, c) in NHWC; pads (top, left, bottom, right)."""
 
     kind: PoolKind
     n: int
@@ -127,6 +128,7 @@ class Pool2d:
     kernel: tuple[int, int]
     stride: tuple[int, int] = (1, 1)
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    layout: Layout = Layout.NCHW
 
     def __post_init__(self) -> None:
         _positive("pool", n=self.n, c=self.c, h=self.h, w=self.w, kh=self.kernel[0], kw=self.kernel[1],
@@ -138,26 +140,33 @@ class Pool2d:
             or (self.pads[1] >= self.kernel[1] or self.pads[3] >= self.kernel[1])
         ):
             raise InputError(f"pool: pads {self.pads} must be non-negative and smaller than the kernel")
-        oh, ow = self.output_shape[2:]
+        oh, ow = self._nchw_output[2:]
         if oh < 1 or ow < 1:
             raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
-        return ((self.n, self.c, self.h, self.w),)
+        return (physical((self.n, self.c, self.h, self.w), self.layout),)
 
     @property
     def output_shape(self) -> Shape:
+        return physical(self._nchw_output, self.layout)
+
+    @property
+    def _nchw_output(self) -> Shape:
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = self.kernel, self.stride, self.pads
         return (self.n, self.c, (self.h + pt + pb - kh) // sh + 1, (self.w + pl + pr - kw) // sw + 1)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
+        if self.layout is Layout.NHWC:
+            nchw = replace(self, layout=Layout.NCHW)
+            return to_layout(nchw.reference(np.ascontiguousarray(x.transpose(0, 3, 1, 2))), Layout.NHWC)
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = self.kernel, self.stride, self.pads
         fill = -np.inf if self.kind is PoolKind.MAX else 0.0
         padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
         valid = np.pad(np.ones((self.h, self.w)), ((pt, pb), (pl, pr)))
-        oh, ow = self.output_shape[2:]
-        out = np.empty(self.output_shape)
+        oh, ow = self._nchw_output[2:]
+        out = np.empty(self._nchw_output)
         for i in range(oh):
             for j in range(ow):
                 win = padded[:, :, i * sh : i * sh + kh, j * sw : j * sw + kw]
@@ -169,6 +178,8 @@ class Pool2d:
         return out.astype(np.float32)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        if self.layout is Layout.NHWC:
+            return self._nhwc_nest(name, lanes)
         (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
         _, _, oh, ow = self.output_shape
         b = NestBuilder()
@@ -205,29 +216,65 @@ class Pool2d:
             with b.loop(cols.count, "x") as x:
                 window(x + cols.start, 1, 1)
 
+    def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
+        """NHWC: channels are contiguous, so every output pixel's channels run as vectors, any stride."""
+        (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
+        _, oh, ow, c = self.output_shape
+        op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
+        b, row = NestBuilder(), self.w * c
+        for rows in _segments(oh, self.h, kh, sh, pt):
+            for cols in _segments(ow, self.w, kw, sw, pl):
+                with b.loop(self.n, "n") as img, b.loop(rows.count, "y") as y, b.loop(cols.count, "x") as x:
+                    oy, ox = y + rows.start, x + cols.start
+                    at = img * (self.h * row) + (oy * sh + (-pt)) * row + (ox * sw + (-pl)) * c
+                    out = img * (oh * ow * c) + (oy * ow + ox) * c
+
+                    def window(ch: Affine, count: int, at: Affine = at, out: Affine = out,
+                               rows: _Segment = rows, cols: _Segment = cols) -> None:  # fmt: skip
+                        acc: Value | None = None
+                        for ky in range(rows.lo, rows.hi):
+                            for kx in range(cols.lo, cols.hi):
+                                tap = Load("x", at + ch + ky * row + kx * c, lanes, count)
+                                acc = tap if acc is None else Binary(op, acc, tap)
+                        assert acc is not None
+                        if self.kind is PoolKind.AVERAGE:
+                            taps = (rows.hi - rows.lo) * (cols.hi - cols.lo)
+                            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / taps, lanes))
+                        b.store("out", out + ch, acc, lanes, count)
+
+                    b.split(c, lanes, window, "c")
+        size = self.n * self.c
+        return b.kernel(name, _params([("x", size * self.h * self.w)], size * oh * ow))
+
 
 @dataclass(frozen=True, kw_only=True)
 class GlobalAveragePool:
+    """The mean of each channel of (n, c, h, w), or of (n, h, w, c) in NHWC: (n, c, 1, 1) either way."""
+
     n: int
     c: int
     h: int
     w: int
+    layout: Layout = Layout.NCHW
 
     def __post_init__(self) -> None:
         _positive("global average pool", n=self.n, c=self.c, h=self.h, w=self.w)
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
-        return ((self.n, self.c, self.h, self.w),)
+        return (physical((self.n, self.c, self.h, self.w), self.layout),)
 
     @property
     def output_shape(self) -> Shape:
         return (self.n, self.c, 1, 1)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float64).mean(axis=(2, 3), keepdims=True).astype(np.float32)
+        axes = (1, 2) if self.layout is Layout.NHWC else (2, 3)
+        return x.astype(np.float64).mean(axis=axes).reshape(self.output_shape).astype(np.float32)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        if self.layout is Layout.NHWC:
+            return self._nhwc_nest(name, lanes)
         b, plane = NestBuilder(), self.h * self.w
         acc = b.register("acc", lanes)
         with b.loop(self.n * self.c, "p") as p:
@@ -239,6 +286,63 @@ class GlobalAveragePool:
         size = self.n * self.c
         red = (Buffer("red", lanes, BufferKind.LOCAL),) if lanes > 1 else ()
         return b.kernel(name, (*_params([("x", size * plane)], size), *red))
+
+    def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
+        """NHWC: a vector of channels summed over the pixels, no horizontal reduction."""
+        b, plane, c = NestBuilder(), self.h * self.w, self.c
+        acc = b.register("acc", lanes)
+
+        def channels(img: Affine, ch: Affine, count: int) -> None:
+            b.assign(acc, Const(0.0, lanes))
+            with b.loop(plane, "p") as p:
+                b.assign(
+                    acc, Binary(BinaryOp.ADD, acc, Load("x", img * (plane * c) + p * c + ch, lanes, count))
+                )
+            b.store("out", img * c + ch, Binary(BinaryOp.MUL, acc, Const(1.0 / plane, lanes)), lanes, count)
+
+        with b.loop(self.n, "n") as img:
+            b.split(c, lanes, lambda ch, count: channels(img, ch, count), "c")
+        return b.kernel(name, _params([("x", self.n * c * plane)], self.n * c))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transpose:
+    """A 4-D activation converted between layouts: (n, c, h, w) to (n, h, w, c) (`to` NHWC), or back. The
+    layout pass (xtune/network/relayout.py) inserts it; scalar, writing the output in order."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    to: Layout
+
+    def __post_init__(self) -> None:
+        _positive("transpose", n=self.n, c=self.c, h=self.h, w=self.w)
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return (physical((self.n, self.c, self.h, self.w), _other(self.to)),)
+
+    @property
+    def output_shape(self) -> Shape:
+        return physical((self.n, self.c, self.h, self.w), self.to)
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x.transpose((0, 2, 3, 1) if self.to is Layout.NHWC else (0, 3, 1, 2)))
+
+    def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        b, plane, c = NestBuilder(), self.h * self.w, self.c
+        # Innermost runs along the output; the input's stride is then c (to NCHW) or plane (to NHWC).
+        inner, outer = (c, plane) if self.to is Layout.NHWC else (plane, c)
+        with b.loop(self.n, "n") as img, b.loop(outer, "o") as o, b.loop(inner, "i") as i:
+            base = img * (plane * c)
+            b.store("out", base + o * inner + i, Load("x", base + i * outer + o))
+        size = self.n * c * plane
+        return b.kernel(name, _params([("x", size)], size))
+
+
+def _other(layout: Layout) -> Layout:
+    return Layout.NCHW if layout is Layout.NHWC else Layout.NHWC
 
 
 class ElementwiseOp(Enum):
@@ -427,4 +531,4 @@ class Reshape:
         return x.reshape(self.shape)
 
 
-Operator = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat
+Operator = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose
