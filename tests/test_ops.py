@@ -30,7 +30,7 @@ from xtune.network.ops import (
     Transpose,
     relu,
 )
-from xtune.schedule.loopnest import Buffer, BufferKind, Exp, Kernel, Load, NestBuilder
+from xtune.schedule.loopnest import Assign, Buffer, BufferKind, Exp, Kernel, Load, NestBuilder, Shuffle, walk
 from xtune.target import Target
 
 MAX, AVG = PoolKind.MAX, PoolKind.AVERAGE
@@ -65,10 +65,13 @@ CASES: dict[str, Operator] = {
     "gap-batch-nhwc": GlobalAveragePool(n=2, c=3, h=5, w=3, layout=NHWC),
     "to-nhwc": Transpose(n=2, c=5, h=7, w=3, to=NHWC),
     "to-nchw": Transpose(n=1, c=19, h=4, w=9, to=Layout.NCHW),
+    # vector blocks of 4, 8 and 16 lanes with both edges left over
+    "to-nhwc-blocks": Transpose(n=2, c=35, h=9, w=7, to=NHWC),
+    "to-nchw-blocks": Transpose(n=1, c=37, h=5, w=11, to=Layout.NCHW),
 }
 BOARD_CASES = ("maxpool3s2p1", "maxpool3s1-asym", "avgpool5x3s21", "gap7x7", "add-relu", "relu6",
                "softmax1000", "softmax-short", "concat3", "maxpool3s2p1-nhwc", "avgpool5x3s21-nhwc",
-               "gap7x7-nhwc", "to-nhwc", "to-nchw")  # fmt: skip
+               "gap7x7-nhwc", "to-nhwc", "to-nchw", "to-nhwc-blocks", "to-nchw-blocks")  # fmt: skip
 
 
 def image(kernel: Kernel, target: Target) -> FlatImage:
@@ -207,6 +210,19 @@ def test_nests_match_the_references_without_llvm(name: str) -> None:
     out = np.full(op.output_shape, np.nan, np.float32)
     run_kernel(op.kernel_nest("op", 3), [*inputs, out])
     np.testing.assert_allclose(out, op.reference(*inputs), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_transposes_in_vector_blocks_without_llvm(lanes: int) -> None:
+    """The shuffle rounds of a block transpose, at every width a target has (the interpreter)."""
+    for name in ("to-nhwc-blocks", "to-nchw-blocks"):
+        op = CASES[name]
+        x = np.random.default_rng(lanes).standard_normal(op.input_shapes[0]).astype(np.float32)
+        out = np.full(op.output_shape, np.nan, np.float32)
+        kernel = op.kernel_nest("op", lanes)
+        assert any(isinstance(s, Assign) and isinstance(s.value, Shuffle) for s, _ in walk(kernel.body))
+        run_kernel(kernel, [x, out])
+        np.testing.assert_array_equal(out, op.reference(x), err_msg=name)
 
 
 def test_only_elementwise_kernels_may_alias() -> None:

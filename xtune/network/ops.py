@@ -43,6 +43,7 @@ from xtune.schedule.loopnest import (
     LoopKind,
     NestBuilder,
     Reg,
+    Shuffle,
     Value,
 )
 
@@ -308,7 +309,7 @@ class GlobalAveragePool:
 @dataclass(frozen=True, kw_only=True)
 class Transpose:
     """A 4-D activation converted between layouts: (n, c, h, w) to (n, h, w, c) (`to` NHWC), or back. The
-    layout pass (xtune/network/relayout.py) inserts it; scalar, writing the output in order."""
+    layout pass (xtune/network/relayout.py) inserts it."""
 
     n: int
     c: int
@@ -331,14 +332,42 @@ class Transpose:
         return np.ascontiguousarray(x.transpose((0, 2, 3, 1) if self.to is Layout.NHWC else (0, 3, 1, 2)))
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
-        b, plane, c = NestBuilder(), self.h * self.w, self.c
-        # Innermost runs along the output; the input's stride is then c (to NCHW) or plane (to NHWC).
-        inner, outer = (c, plane) if self.to is Layout.NHWC else (plane, c)
-        with b.loop(self.n, "n") as img, b.loop(outer, "o") as o, b.loop(inner, "i") as i:
-            base = img * (plane * c)
-            b.store("out", base + o * inner + i, Load("x", base + i * outer + o))
-        size = self.n * c * plane
+        """Per image, the input is a rows x cols matrix (channels x pixels, or back) written transposed:
+        blocks of lanes x lanes through log2(lanes) rounds of interleaving shuffles (each round pairs
+        row i with row i + lanes/2; after the last, row j holds column j), the edges element by element."""
+        b, plane = NestBuilder(), self.h * self.w
+        rows, cols = (self.c, plane) if self.to is Layout.NHWC else (plane, self.c)
+        width = lanes if lanes > 1 and lanes & (lanes - 1) == 0 and min(rows, cols) >= lanes else 1
+        full_rows, full_cols = (rows - rows % width, cols - cols % width) if width > 1 else (0, 0)
+        with b.loop(self.n, "n") as img:
+            base = img * (rows * cols)
+            if width > 1:
+                with b.loop(rows // width, "r") as r, b.loop(cols // width, "q") as q:
+                    self._block(b, base, r * width, q * width, rows, cols, width)
+            for r0, r1, c0 in ((0, full_rows, full_cols), (full_rows, rows, 0)):  # the right edge, the bottom
+                with b.loop(cols - c0, "j") as j, b.loop(r1 - r0, "i") as i:
+                    b.store(
+                        "out", base + (j + c0) * rows + i + r0, Load("x", base + (i + r0) * cols + j + c0)
+                    )
+        size = self.n * self.c * plane
         return b.kernel(name, _params([("x", size)], size))
+
+    @staticmethod
+    def _block(b: NestBuilder, base: Affine, r: Affine, q: Affine, rows: int, cols: int, width: int) -> None:
+        half = width // 2
+        lo = tuple(k // 2 + (k % 2) * width for k in range(width))  # a0 b0 a1 b1 ... of the first halves
+        hi = tuple(half + k for k in lo)
+        banks = [[b.register(f"{bank}{i}", width) for i in range(width)] for bank in "tu"]
+        for i, reg in enumerate(banks[0]):
+            b.assign(reg, Load("x", base + (r + i) * cols + q, width))
+        for round_ in range(width.bit_length() - 1):
+            old, new = banks[round_ % 2], banks[1 - round_ % 2]
+            for i in range(half):
+                b.assign(new[2 * i], Shuffle(old[i], old[i + half], lo))
+                b.assign(new[2 * i + 1], Shuffle(old[i], old[i + half], hi))
+        done = banks[(width.bit_length() - 1) % 2]
+        for j, reg in enumerate(done):
+            b.store("out", base + (q + j) * rows + r, reg, width)
 
 
 def _other(layout: Layout) -> Layout:
