@@ -369,7 +369,9 @@ def test_tasks_carry_the_layout_the_network_runs_in(
     onnx.save_model(zoo.mobilenet_v2_small(), path)
     for layout, how in (("nhwc", []), ("nhwc", ["--layout", "nhwc"]), ("nchw", ["--layout", "nchw"])):
         assert main(["tasks", str(path), "--target", TARGET, "--json", *how]) == 0
-        keys = [t["workload"] for t in json.loads(capsys.readouterr().out)["tasks"]]
+        data = json.loads(capsys.readouterr().out)
+        assert data["layout"] == layout
+        keys = [t["workload"] for t in data["tasks"]]
         convs = [k for k in keys if k.startswith("conv2d:")]
         assert convs and all(("layout=nhwc" in k) == (layout == "nhwc") for k in convs), how
         assert not any("layout=" in k for k in keys if not k.startswith("conv2d:"))

@@ -91,9 +91,10 @@ def _build_model(args: argparse.Namespace) -> int:
     for k in artifact.kernels:
         config = f"{k.config_index:>10}" if k.config_index is not None else f"{'-':>10}"
         print(f"{k.symbol:<10} {k.source:<9} {config} {k.calls:>5} {k.stack_bytes:>7} B  {k.what}")
-    print(f"{artifact.entry}: {len(artifact.program.calls)} calls, workspace {plan.workspace_bytes} bytes "
-          f"(lower bound {plan.lower_bound}, {plan.intermediate_bytes} of intermediates), stack "
-          f"{artifact.stack_bytes} bytes, weights {artifact.weights_bytes} bytes")  # fmt: skip
+    print(f"{artifact.entry}: {len(artifact.program.calls)} calls in {artifact.program.layout.value}, "
+          f"workspace {plan.workspace_bytes} bytes (lower bound {plan.lower_bound}, "
+          f"{plan.intermediate_bytes} of intermediates), stack {artifact.stack_bytes} bytes, weights "
+          f"{artifact.weights_bytes} bytes")  # fmt: skip
     wrote = ", ".join(p for p in (args.output, args.header, args.reference) if p)
     print(f"{artifact.target.name}: wrote {wrote} in {seconds:.1f} s")
     return 0
@@ -127,7 +128,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     calls = sum(t.count for t in taskset.tasks)
     tuned = sum(r is not None for r in bests)
     print(f"{len(taskset.tasks)} tasks for {calls} kernel calls, {taskset.total_flops / 1e9:.3f} GFLOP per "
-          f"inference, {tuned} with a best on {taskset.target.name}")  # fmt: skip
+          f"inference, {tuned} with a best on {taskset.target.name} (the network runs in "
+          f"{taskset.layout.value})")  # fmt: skip
     if taskset.other_nodes:
         shown = ", ".join(f"{o.name} ({o.op})" for o in taskset.other_nodes)
         print(f"{len(taskset.other_nodes)} other nodes (not tuning tasks): {shown}")
@@ -142,7 +144,8 @@ def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence
                 "board": record.board}  # fmt: skip
 
     return {
-        "model": taskset.model, "target": taskset.target.name, "total_flops": taskset.total_flops,
+        "model": taskset.model, "target": taskset.target.name, "layout": taskset.layout.value,
+        "total_flops": taskset.total_flops,
         "logs": list(logs),
         "tasks": [
             {"workload": t.workload.key, "op": t.workload.op, "count": t.count, "nodes": list(t.nodes),

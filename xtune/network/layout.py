@@ -98,7 +98,10 @@ def workload_layout(wl: Workload) -> Layout:
 
 def task_weights(wl: Workload, weights: np.ndarray) -> np.ndarray:
     """A task's ONNX weights (OIHW for a Conv; BatchNorm folded) in its workload's weight layout
-    (xtune/workload.py): conv2d nhwc takes HWIO (r, s, c, k); matmul's (k, n) have no layout."""
-    if workload_layout(wl) is Layout.NCHW or wl.op != "conv2d":
+    (xtune/workload.py): conv2d nhwc takes HWIO (r, s, c, k), depthwise nhwc (r, s, c*multiplier) from
+    ONNX's (c*multiplier, 1, r, s); matmul's (k, n) have no layout."""
+    if workload_layout(wl) is Layout.NCHW or wl.op not in ("conv2d", "depthwise"):
         return weights
+    if wl.op == "depthwise":
+        return np.ascontiguousarray(weights.reshape(weights.shape[0], *weights.shape[2:]).transpose(1, 2, 0))
     return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))

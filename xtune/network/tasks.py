@@ -95,6 +95,7 @@ class TaskSet:
 
     model: str
     target: Target
+    layout: Layout  # the network's (xtune/network/layout.py); each task's workload carries its own
     tasks: tuple[Task, ...]
     other_nodes: tuple[OtherNode, ...]
     total_flops: float  # of every kernel call: sum of flops * count (other nodes are not counted)
@@ -122,7 +123,8 @@ def extract_tasks(
         for group in calls.values()
     )  # fmt: skip
     total = sum(t.flops * t.count for t in tasks)
-    return TaskSet(model=graph.name, target=tgt, tasks=tasks, other_nodes=tuple(others), total_flops=total)
+    return TaskSet(model=graph.name, target=tgt, layout=where, tasks=tasks, other_nodes=tuple(others),
+                   total_flops=total)  # fmt: skip
 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
