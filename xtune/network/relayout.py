@@ -46,14 +46,17 @@ def physical_name(graph: Graph, tensor: str, layout: Layout) -> str:
 def relayout(
     graph: Graph, steps: list[OpStep], weights: dict[str, np.ndarray], network: Layout
 ) -> tuple[list[OpStep], dict[str, int]]:
-    """`steps` run in `network`'s layout, conversions inserted (constants converted into `weights`), and
-    the byte size of every tensor the pass named."""
+    """`steps` run in `network`'s layout, conversions inserted (constants converted in `weights`, which
+    then holds only what a step reads), and the byte size of every tensor the pass named."""
     run = _Pass(graph, weights)
     for step in steps:
         run.step(step, _layout(graph, step, network, run.have))
     for y in graph.outputs:  # in ONNX's order, whatever its writer ran in
         if y in run.writer:
             run.need(y, Layout.NCHW, run.writer[y])
+    read = {t for step in run.steps for t in step.args}
+    for name in [n for n in weights if n not in read]:  # a constant only read converted
+        del weights[name]
     return run.steps, run.sizes
 
 
