@@ -27,6 +27,7 @@ from xtune.codegen.link import inspect_object, link_flat
 from xtune.netbench import REFERENCE_MAGIC, random_input, run_network
 from xtune.netbuild import NetArtifact, build_model
 from xtune.network import zoo
+from xtune.network.layout import RUNS_IN, Layout, workload_layout
 from xtune.network.ops import Transpose
 from xtune.peers import ort_network
 from xtune.target import get_target
@@ -74,8 +75,8 @@ def test_small_networks_match_onnx_runtime_under_qemu(qemu_board: str, name: str
 
 
 def test_the_layout_pass_converts_only_where_layouts_differ() -> None:
-    """NHWC: every conv2d task runs NHWC on HWIO weights, the input is converted once at entry, and (while
-    depthwise runs NCHW only) a conversion stands on each side of every depthwise call; NCHW: none."""
+    """NHWC: every conv2d task runs NHWC on HWIO weights, the input is converted once at entry, and where
+    depthwise runs NCHW only a conversion stands on each side of every depthwise call; NCHW: none."""
     for name in NETWORKS:
         nchw, nhwc = built(name, "x86-avx2", "nchw"), built(name, "x86-avx2", "nhwc")
         assert not any(isinstance(c.kernel, Transpose) for c in nchw.program.calls)
@@ -87,10 +88,15 @@ def test_the_layout_pass_converts_only_where_layouts_differ() -> None:
             wl = c.kernel
             assert isinstance(wl, Workload)
             assert weights[c.args[1]].shape == (wl["r"], wl["s"], wl["c"], wl["k"])
+        for c in calls:  # every task's weights as its workload takes them
+            if isinstance(c.kernel, Workload) and c.args[1] in weights:
+                assert weights[c.args[1]].shape == c.kernel.tensors()[1].shape, c.kernel.key
         first = calls[0]
         assert isinstance(first.kernel, Transpose) and first.args[0] == nhwc.program.input
-        depthwise = sum(isinstance(c.kernel, Workload) and c.kernel.op == "depthwise" for c in calls)
-        assert sum(isinstance(c.kernel, Transpose) for c in calls) == 1 + 2 * depthwise
+        depthwise = [c.kernel for c in calls if isinstance(c.kernel, Workload) and c.kernel.op == "depthwise"]
+        nchw_only = Layout.NHWC not in RUNS_IN["depthwise"]
+        assert all(workload_layout(wl) is (Layout.NCHW if nchw_only else Layout.NHWC) for wl in depthwise)
+        assert sum(isinstance(c.kernel, Transpose) for c in calls) == 1 + 2 * len(depthwise) * nchw_only
         plan = nhwc.program.memory  # conversion buffers are planned like any intermediate
         assert plan.workspace_bytes == plan.lower_bound
 
