@@ -146,6 +146,11 @@ def test_a_logged_config_is_built_and_still_right(tmp_path: Path) -> None:
     got, _ = run_network(board, tuned, x)
     ref, _ = ort_network(model("resnet_small").SerializeToString(), x)
     assert check_output(got, ref, RTOL) == ""
+    # The log was tuned in NHWC: built in NCHW, that task has no best and takes its template's default.
+    nchw = xtune.build_model(model("resnet_small"), "x86-avx2", logs=[log], layout="nchw")
+    assert task.what not in {k.what for k in nchw.kernels}
+    assert {k.source for k in nchw.kernels} == {"default", "generated"}
+    assert "for 13 workload(s)" in nchw.warnings[0]
 
 
 # ---- the command line ---------------------------------------------------------------------------------
