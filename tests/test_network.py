@@ -387,6 +387,14 @@ def test_tasks_carry_the_layout_the_network_runs_in(
     assert not list(tmp_path.glob("n.*")) and not (tmp_path / "l.jsonl").exists()
     with pytest.raises(InputError, match="unknown layout 'nhcw'"):
         extract_tasks(path, TARGET, "nhcw")
+    with pytest.raises(InputError, match="unknown layout 'NHWC'"):  # before any board is opened
+        xtune.tune_model(path, board="no-such-board", trials=1, log=tmp_path / "t.jsonl", layout="NHWC")
+    from xtune.netbench import bench_model
+
+    with pytest.raises(InputError, match="unknown layout 'hw'"):
+        bench_model(path, get_board("local"), layout="hw")
+    with pytest.raises(InputError, match="unknown layout 'hw'"):
+        xtune.build_model(path, TARGET, layout="hw")
 
 
 def test_cli_bad_model_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
