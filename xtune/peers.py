@@ -189,7 +189,7 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
         if step == "residual":
             nodes.append(helper.make_node("Add", [before, "residual"], [after]))
         elif workload["relu6"]:
-            inits["relu6_lo"], inits["relu6_hi"] = np.float32(0), np.float32(6)
+            inits["relu6_lo"], inits["relu6_hi"] = np.array(0, np.float32), np.array(6, np.float32)
             nodes.append(helper.make_node("Clip", [before, "relu6_lo", "relu6_hi"], [after]))
         else:
             nodes.append(helper.make_node("Relu", [before], [after]))

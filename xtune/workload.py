@@ -346,6 +346,7 @@ class Depthwise:
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)
+        wt: tuple[int, ...]
         if sh.nhwc:
             x, wt, out = (sh.n, sh.h, sh.w, sh.c), (sh.r, sh.s, sh.k), (sh.n, sh.oh, sh.ow, sh.k)
         else:

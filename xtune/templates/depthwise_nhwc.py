@@ -290,9 +290,9 @@ class _NhwcEmitter:
                         b.assign(acc[p][v], MulAdd(wreg[v], a, acc[p][v]))
 
         if row.border:
-            for kh in range(sh.r):
-                if self.kh_valid(row, kh):
-                    taps(Affine.of(kh))
+            for i in range(sh.r):
+                if self.kh_valid(row, i):
+                    taps(Affine.of(i))
         else:
             with b.loop(sh.r, "kh", LoopKind.UNROLLED if s.unroll_kh else LoopKind.SERIAL) as kh:
                 taps(kh)
