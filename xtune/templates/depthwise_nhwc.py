@@ -34,8 +34,6 @@ from xtune.templates.matmul import (
     clipped,
     div,
     parse_tile,
-    register_tiles,
-    tile_registers,
     whole_tiles,
 )
 from xtune.workload import ConvShape, Workload, conv_shape
@@ -69,6 +67,23 @@ def interiors(sh: ConvShape) -> tuple[tuple[int, int], tuple[int, int]]:
     """The interior rows and columns of the output (`interior` along h and w)."""
     rows = interior(sh.h, sh.oh, sh.r, sh.stride, sh.pad, sh.dilation)
     return rows, interior(sh.w, sh.ow, sh.s, sh.stride, sh.pad, sh.dilation)
+
+
+def tile_registers(sh: ConvShape, p: Real, nv: Real) -> Real:
+    """Vector registers a P x V tile holds live: its accumulators, the s*V weight vectors of a kernel row
+    and the V vectors of one input column."""
+    return p * nv + sh.s * nv + nv
+
+
+def register_tiles(sh: ConvShape, target: Target) -> tuple[str, ...]:
+    """Tiles "PxV" that fit the register file (at least one: 1x1 even if a wide kernel row does not)."""
+    tiles = tuple(
+        f"{p}x{v}"
+        for p in range(1, 13)
+        for v in range(1, 7)
+        if tile_registers(sh, p, v) <= target.vector_registers and v * target.fp32_lanes <= 64
+    )
+    return tiles or ("1x1",)
 
 
 def input_columns(sh: ConvShape, p: Real) -> Real:
@@ -108,7 +123,7 @@ class DepthwiseNhwcTemplate:
         (lo, hi), _ = interiors(sh)
         self.space = ConfigSpace(
             (
-                Knob("tile", KnobKind.CHOICE, register_tiles(target)),
+                Knob("tile", KnobKind.CHOICE, register_tiles(sh, target)),
                 Knob("tile_k", KnobKind.TILE, clipped(K_OPTIONS, sh.k)),
                 Knob("tile_oh", KnobKind.TILE, clipped(OH_OPTIONS, max(1, hi - lo))),
                 Knob("unroll_kh", KnobKind.CHOICE, (1, 0)),
@@ -137,7 +152,9 @@ class DepthwiseNhwcTemplate:
             return float(fmas_per_load(sh, float(p), float(nv))) * waste + 1e-3 * p * nv
 
         # A spare register, as conv2d's default: a tile that fills the register file exactly spills.
-        roomy = [str(o) for o in knobs["tile"] if tile_registers(*parse_tile(str(o))) < t.vector_registers]
+        roomy = [
+            o for o in map(str, knobs["tile"]) if tile_registers(sh, *parse_tile(o)) < t.vector_registers
+        ]
         tile = max(roomy or [str(o) for o in knobs["tile"]], key=score)
         # The largest channel block whose input rows stay in half of L1 for the next output row to reuse.
         ks = [int(o) for o in knobs["tile_k"]]
@@ -264,7 +281,8 @@ class _NhwcEmitter:
         counts = [min(nc - v * lanes, lanes) % lanes for v in range(nvec)]
         ch = row.k0 + js
         acc = [[b.register(f"acc{p}_{v}", lanes) for v in range(nvec)] for p in range(len(xs))]
-        wreg = [b.register(f"w{v}", lanes) for v in range(nvec)]
+        wreg = [[b.register(f"w{kw}_{v}", lanes) for v in range(nvec)] for kw in range(sh.s)]
+        inp = [b.register(f"in{v}", lanes) for v in range(nvec)]
 
         def out_index(x: Affine, v: int) -> Affine:
             return ((row.n * sh.oh + row.y) * sh.ow + x) * sh.k + ch + v * lanes
@@ -276,18 +294,25 @@ class _NhwcEmitter:
                 b.assign(acc[p][v], self.epi.initial(lanes, bias, residual))
 
         def taps(kh: Affine) -> None:
-            for kw in range(sh.s):
-                pixels = [p for p, (x, border) in enumerate(xs) if not border or self.kw_valid(x.const, kw)]
-                if not pixels:
-                    continue
-                for v in range(nvec):  # loaded once, reused by every pixel of the tile
-                    b.assign(
-                        wreg[v], Load("weights", (kh * sh.s + kw) * sh.k + ch + v * lanes, lanes, counts[v])
-                    )
-                for p in pixels:
-                    for v in range(nvec):
-                        a = self.tap(row, kh, xs[p][0], kw, js + v * lanes, counts[v])
-                        b.assign(acc[p][v], MulAdd(wreg[v], a, acc[p][v]))
+            """One kernel row: its s*V weight vectors loaded once, then input column by input column, each
+            column's V vectors loaded once and multiplied into every (pixel, kw) that reads it."""
+            pairs = [
+                (p, kw) for p, (x, border) in enumerate(xs) for kw in range(sh.s)
+                if not border or self.kw_valid(x.const, kw)
+            ]  # fmt: skip
+            for kw in sorted({kw for _, kw in pairs}):
+                for v in range(nvec):
+                    at = (kh * sh.s + kw) * sh.k + ch + v * lanes
+                    b.assign(wreg[kw][v], Load("weights", at, lanes, counts[v]))
+            columns: dict[int, list[tuple[int, int]]] = {}
+            for p, kw in sorted(pairs, key=lambda pk: pk[0] * sh.stride + pk[1] * sh.dilation):
+                columns.setdefault(p * sh.stride + kw * sh.dilation, []).append((p, kw))
+            for users in columns.values():
+                p0, kw0 = users[0]
+                for v in range(nvec):
+                    b.assign(inp[v], self.tap(row, kh, xs[p0][0], kw0, js + v * lanes, counts[v]))
+                    for p, kw in users:
+                        b.assign(acc[p][v], MulAdd(wreg[kw][v], inp[v], acc[p][v]))
 
         if row.border:
             for i in range(sh.r):

@@ -342,7 +342,8 @@ def depthwise_nhwc_features(template: ScheduleTemplate, indices: Sequence[int] |
     cols = [
         one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow), one * np.log2(sh.r * sh.s),
         one * sh.stride, one * sh.dilation, one * sh.multiplier, one * np.log2(lanes),
-        p * nv / regs, matmul.tile_registers(p, nv) / regs, depthwise_nhwc.fmas_per_load(sh, p, nv), p, nv,
+        p * nv / regs, depthwise_nhwc.tile_registers(sh, p, nv) / regs,
+        depthwise_nhwc.fmas_per_load(sh, p, nv), p, nv,
         np.ceil(sh.k / nr) * nr / sh.k - 1, np.ceil(inner / p) * p / inner - 1, one * border,
         _log2(rows / l1), _log2(rows * block_rows / ((sh.r - 1) * sh.dilation + 1) / l2),
         _log2(4 * sh.r * sh.s * kb / l1), _log2(np.ceil(sh.k / kb)), _log2(np.ceil(max(1, yhi - ylo) / ohb)),
