@@ -144,12 +144,13 @@ class DepthwiseNhwcTemplate:
         inner = max(1, xhi - xlo)
 
         def score(tile: str) -> float:
-            # FMAs per loaded vector, discounted by lanes wasted on a partial channel vector and by
-            # interior pixels left to a narrower tail tile.
+            # FMAs per loaded vector (which V does not change: no weight serves two channels), discounted
+            # by interior pixels left to a narrower tail tile; then the most accumulators, whose FMA
+            # chains hide each other's latency.
             p, nv = parse_tile(tile)
-            nr = nv * t.fp32_lanes
-            waste = (sh.k / (-(-sh.k // nr) * nr)) * (inner / (-(-inner // p) * p))
-            return float(fmas_per_load(sh, float(p), float(nv))) * waste + 1e-3 * p * nv
+            return (
+                float(fmas_per_load(sh, float(p), float(nv))) * inner / (-(-inner // p) * p) + 1e-3 * p * nv
+            )
 
         # A spare register, as conv2d's default: a tile that fills the register file exactly spills.
         roomy = [
