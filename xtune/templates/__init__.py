@@ -30,11 +30,15 @@ class ScheduleTemplate(Protocol):
 def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     from xtune.templates.conv2d import Conv2dTemplate
     from xtune.templates.depthwise import DepthwiseTemplate
+    from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate
     from xtune.templates.matmul import MatmulTemplate
+    from xtune.workload import conv_shape
 
     templates: dict[str, type] = {
         "matmul": MatmulTemplate, "conv2d": Conv2dTemplate, "depthwise": DepthwiseTemplate,
     }  # fmt: skip
+    if workload.op == "depthwise" and conv_shape(workload).nhwc:  # channels, not rows, are its vectors
+        templates["depthwise"] = DepthwiseNhwcTemplate
     if workload.op not in templates:
         raise InputError(f"no schedule template for operator '{workload.op}'")
     template: ScheduleTemplate = templates[workload.op](workload, target)
