@@ -347,7 +347,8 @@ def test_every_generated_operator_matches_onnx_runtime_under_qemu(qemu_board: st
 def conversion_models() -> dict[str, onnx.ModelProto]:
     """Tiny graphs where NHWC needs a conversion inside: a Flatten of a 7x7 feature map (ONNX's byte order
     is what it reshapes), a 4-D network output (converted back at exit), an Add of a 4-D constant
-    (converted at build time) and a Concat that is not along channels (runs NCHW)."""
+    (converted at build time) and a Concat that is not along channels (runs NCHW); and one that needs
+    none but the input's: a depthwise conv with multiplier 2 (weights (r, s, c*2)), pooled to 1x1."""
     rng = np.random.default_rng(4)
     node = helper.make_node
 
@@ -363,6 +364,11 @@ def conversion_models() -> dict[str, onnx.ModelProto]:
                      {"w": f32(4, 3, 3, 3), "k": f32(1, 4, 7, 7)}, [1, 4, 7, 7]),
         "concat-w": ([conv, node("Concat", ["c", "c"], ["y"], name="cat", axis=3)],
                      {"w": f32(4, 3, 3, 3)}, [1, 4, 7, 14]),
+        "depthwise-m2": ([conv, node("Conv", ["c", "dw"], ["d"], name="dw", group=4, strides=[2, 2],
+                                     pads=[1, 1, 1, 1]),
+                          node("GlobalAveragePool", ["d"], ["g"], name="gap"),
+                          node("Flatten", ["g"], ["y"], name="flat")],
+                         {"w": f32(4, 3, 3, 3), "dw": f32(8, 1, 3, 3)}, [1, 8]),
     }  # fmt: skip
     models = {}
     for name, (nodes, inits, out) in graphs.items():
@@ -383,8 +389,8 @@ def check_conversions(board_name: str) -> None:
         where = [(c.kernel.to.value, c.nodes[0]) for c in calls if isinstance(c.kernel, Transpose)]
         # in at entry; back to NCHW before the Flatten, at exit after the Add (whose constant is converted
         # at build time), or before the Concat along W (once for both its reads, then none at exit)
-        back = {"flatten7x7": "flatten", "output4d": "addk", "concat-w": "cat"}[name]
-        assert where == [("nhwc", "conv"), ("nchw", back)], (name, where)
+        back = {"flatten7x7": "flatten", "output4d": "addk", "concat-w": "cat", "depthwise-m2": None}[name]
+        assert where == [("nhwc", "conv"), *([("nchw", back)] if back else [])], (name, where)
         if name == "output4d":  # the constant is in the object once, converted
             assert [n for n, _ in artifact.program.weights if n.startswith("k")] == ["k@nhwc"]
         x = random_input(artifact.program.input_shape)

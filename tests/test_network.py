@@ -161,7 +161,7 @@ def test_depthwise_with_multiplier_and_same_shapes_are_one_task() -> None:
     ts = extract_tasks(model, TARGET)
     keys = [(t.workload.key, t.count) for t in ts.tasks]
     # dw2 takes the Add: its other operand (dw1's output) is computed before dw2 runs.
-    shape = "depthwise:n=1,c=4,h=7,w=6,r=3,s=3,stride=1,pad=1,multiplier=2"
+    shape = "depthwise:n=1,c=4,h=7,w=6,r=3,s=3,stride=1,pad=1,multiplier=2,layout=nhwc"
     assert keys == [(f"{shape},bias=1", 1), (f"{shape},residual=1", 1)]
     assert_ops_match_onnx(model, [op for t in ts.tasks for op in t.ops])
     twice = make([conv("a", "x", "w", "y", **attrs), conv("b", "x", "w", "z", **attrs)], {"x": [1, 4, 7, 6]},
@@ -363,8 +363,8 @@ def exit_status(argv: list[str]) -> int:
 def test_tasks_carry_the_layout_the_network_runs_in(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """NHWC by default: every conv2d task says layout=nhwc (depthwise and matmul have no NHWC kernel yet
-    or no layout); --layout nchw lists ONNX's layout; a bad layout is one line and exit 2."""
+    """NHWC by default: every conv2d and depthwise task says layout=nhwc (a matmul has no layout);
+    --layout nchw lists ONNX's layout; a bad layout is one line and exit 2."""
     path = tmp_path / "net.onnx"
     onnx.save_model(zoo.mobilenet_v2_small(), path)
     for layout, how in (("nhwc", []), ("nhwc", ["--layout", "nhwc"]), ("nchw", ["--layout", "nchw"])):
@@ -372,9 +372,10 @@ def test_tasks_carry_the_layout_the_network_runs_in(
         data = json.loads(capsys.readouterr().out)
         assert data["layout"] == layout
         keys = [t["workload"] for t in data["tasks"]]
-        convs = [k for k in keys if k.startswith("conv2d:")]
-        assert convs and all(("layout=nhwc" in k) == (layout == "nhwc") for k in convs), how
-        assert not any("layout=" in k for k in keys if not k.startswith("conv2d:"))
+        convs = [k for k in keys if k.startswith(("conv2d:", "depthwise:"))]
+        assert {k.split(":")[0] for k in convs} == {"conv2d", "depthwise"}
+        assert all(("layout=nhwc" in k) == (layout == "nhwc") for k in convs), how
+        assert not any("layout=" in k for k in keys if k not in convs)
         assert keys == [t.workload.key for t in xtune.tasks(path, TARGET, layout=layout).tasks]
     for argv in (["tasks", str(path), "--layout", "nhcw"], ["bench", "--model", str(path), "--layout", "x"],
                  ["build", "--model", str(path), "--target", TARGET, "-o", str(tmp_path / "n.o"), "--header",

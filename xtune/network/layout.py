@@ -31,13 +31,14 @@ _BOTH = frozenset(Layout)
 _NCHW = frozenset((Layout.NCHW,))
 # What each operator runs in (its kind: a workload's op, an xtune/network/ops.py class name lowered, or
 # "view"). An operator runs in the network's layout when it can, else in NCHW with conversions around it.
-# Matmul reads the last axis of ONNX's order (a 4-D input's W) and Softmax normalizes it; a view that
-# changes the shape reinterprets ONNX's byte order. Concat runs in NHWC when it joins channels (ops.py
-# makes any axis an outer/channels/inner split; the pass maps the axis). Elementwise operators and views
-# that keep the shape (Identity, Dropout) take whichever layout their first input already has.
+# Conv2d and depthwise tasks carry their layout in the workload key (xtune/workload.py; weights through
+# `task_weights`). Matmul reads the last axis of ONNX's order (a 4-D input's W) and Softmax normalizes
+# it; a view that changes the shape reinterprets ONNX's byte order. Concat runs in NHWC when it joins
+# channels (ops.py makes any axis an outer/channels/inner split; the pass maps the axis). Elementwise
+# operators and views that keep the shape (Identity, Dropout) take the layout their first input has.
 RUNS_IN: dict[str, frozenset[Layout]] = {
     "conv2d": _BOTH,
-    "depthwise": _NCHW,  # until the depthwise template runs NHWC
+    "depthwise": _BOTH,
     "matmul": _NCHW,
     "pool2d": _BOTH,
     "globalaveragepool": _BOTH,
