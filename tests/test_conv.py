@@ -101,7 +101,7 @@ def test_keys_are_canonical_and_omit_default_options() -> None:
         ("conv2d:n=1,c=3,h=8,w=8,k=4,r=3,s=3,layout=nchwc", "one of nchw, nhwc"),
         ("conv2d:n=1,c=3,h=8,w=8,k=4,r=3,s=3,stride=two", "must be an integer"),
         ("depthwise:n=1,c=3,h=8,w=8,r=3,s=3,multiplier=0", "'multiplier' must be a positive"),
-        ("depthwise:n=1,c=3,h=8,w=8,r=3,s=3,layout=nhwc", "unknown key 'layout'"),
+        ("depthwise:n=1,c=3,h=8,w=8,r=3,s=3,layout=hwc", "'layout' must be one of nchw, nhwc"),
         ("matmul:m=2,n=2,k=2,relu=2", "'relu' must be 0 or 1"),
     ],
 )

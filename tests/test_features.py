@@ -11,11 +11,12 @@ import pytest
 from xtune.target import get_target, load_targets
 from xtune.templates import conv2d as conv2d_template
 from xtune.templates import depthwise as depthwise_template
+from xtune.templates import depthwise_nhwc as nhwc_template
 from xtune.templates import matmul as matmul_template
 from xtune.templates import template_for
 from xtune.templates.conv2d import padded, stack_clamped
 from xtune.templates.matmul import tile_registers
-from xtune.tuning.features import MATMUL_FEATURES, estimate_prior, feature_names, featurize
+from xtune.tuning.features import MATMUL_FEATURES, estimate_prior, feature_names, features_op, featurize
 from xtune.workload import conv_shape, parse_workload
 
 EST = MATMUL_FEATURES.index("est_eff")
@@ -75,12 +76,14 @@ RESOLVED = (
     "conv2d:n=1,c=3,h=224,w=224,k=30,r=3,s=3,stride=2,pad=1,layout=nhwc",
     "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1",
     "depthwise:n=1,c=16,h=33,w=57,r=5,s=5,stride=2,pad=2",
+    "depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc",
+    "depthwise:n=1,c=24,h=57,w=31,r=5,s=5,stride=2,pad=2,multiplier=2,dilation=2,layout=nhwc",
 )
 
 
 def _resolved_by_features(template: Any, indices: np.ndarray) -> list[dict[str, float]]:
     """The block sizes (and register use) the feature columns were computed from, recovered from them."""
-    t, op = template.target, template.workload.op
+    t, op = template.target, features_op(template)
     x = featurize(template, indices)
 
     def col(name: str) -> np.ndarray:
@@ -89,6 +92,12 @@ def _resolved_by_features(template: Any, indices: np.ndarray) -> list[dict[str, 
     out: dict[str, np.ndarray] = {"acc": col("acc_regs_frac") * t.vector_registers}
     if op != "depthwise":
         out["used"] = col("regs_used_frac") * t.vector_registers
+    if op == "depthwise_nhwc":
+        sh = conv_shape(template.workload)
+        reach = (sh.r - 1) * sh.dilation + 1
+        out["dw_kb"] = 2 ** col("weights_l1") * t.l1d_bytes / (4 * sh.r * sh.s)
+        block_rows = 2 ** col("row_block_l2") * t.l2_bytes * reach / (2 ** col("rows_l1") * t.l1d_bytes)
+        out["dw_ohb"] = (block_rows - reach) / sh.stride + 1
     if op == "matmul":
         kc = np.array([template.space.config(i).int("kc") for i in indices.tolist()])
         out.update(mc=2 ** col("a_block_l2") * t.l2_bytes / (4 * kc), kc=kc)
@@ -100,7 +109,7 @@ def _resolved_by_features(template: Any, indices: np.ndarray) -> list[dict[str, 
         rows = 2 ** col("input_rows_l1") * t.l1d_bytes / (4 * wp * cb)
         out.update(cb=cb, kb=2 ** col("weight_block_l2") * t.l2_bytes / (4 * cb * sh.r * sh.s))
         out["ohb"] = (rows - (sh.r - 1) * sh.dilation - 1) / sh.stride + 1
-    else:
+    elif op == "depthwise":
         out["owb"] = col("block_cols_frac") * conv_shape(template.workload).ow
     return [{name: float(v[n]) for name, v in out.items()} for n in range(len(indices))]
 
@@ -115,7 +124,10 @@ def test_features_see_the_blocks_the_template_resolves(workload: str, target_nam
         s = template.schedule(template.space.config(i))
         tile = (s.mr, s.nv) if hasattr(s, "mr") else (s.p, s.nv)
         assert seen["acc"] == pytest.approx(tile[0] * tile[1])
-        if "used" in seen:  # the tile the config names fits the register file, as the features count it
+        if "dw_kb" in seen:  # NHWC depthwise: its own register count (s weight vectors per channel vector)
+            assert seen["used"] == nhwc_template.tile_registers(template.shape, *tile) <= regs
+            assert (seen["dw_kb"], seen["dw_ohb"]) == pytest.approx((s.kb, s.ohb))
+        elif "used" in seen:  # the tile the config names fits the register file, as the features count it
             assert seen["used"] == tile_registers(*tile) <= regs
         if template.workload.op == "matmul":
             assert (seen["mc"], seen["nc"], seen["kc"]) == pytest.approx((s.mc, s.nc, s.kc))
@@ -124,7 +136,7 @@ def test_features_see_the_blocks_the_template_resolves(workload: str, target_nam
             # The features see the output block the config asks for; the stack budget may then shrink it.
             kb = round(seen["kb"])
             assert kb == pytest.approx(seen["kb"]) and stack_clamped(template.shape, s.nr, s.cb, kb) == s.kb
-        else:
+        elif "owb" in seen:
             assert seen["owb"] == pytest.approx(s.owb)
 
 
@@ -141,8 +153,10 @@ def test_a_changed_block_rule_moves_template_and_features_together(monkeypatch: 
     monkeypatch.setattr(
         depthwise_template, "column_block", lambda sh, width, ow: whole_axis(ow, sh.ow, width)
     )
+    monkeypatch.setattr(nhwc_template, "channel_block", lambda sh, nr, tile_k: whole_axis(tile_k, sh.k, nr))
     for workload in ("matmul:m=300,n=200,k=64", "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1",
-                     "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1"):  # fmt: skip
+                     "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1",
+                     "depthwise:n=1,c=96,h=14,w=14,r=3,s=3,pad=1,layout=nhwc"):  # fmt: skip
         template: Any = template_for(parse_workload(workload), get_target("x86-avx2"))
         indices = np.random.default_rng(4).integers(0, template.space.size, 50)
         for i, seen in zip(indices.tolist(), _resolved_by_features(template, indices), strict=True):
@@ -151,5 +165,7 @@ def test_a_changed_block_rule_moves_template_and_features_together(monkeypatch: 
                 assert s.mc == 300 and s.nc == 200 and (seen["mc"], seen["nc"]) == pytest.approx((300, 200))
             elif template.workload.op == "conv2d":
                 assert s.cb == 1 and s.kb == s.nr and (seen["cb"], seen["kb"]) == pytest.approx((1, s.nr))
+            elif "dw_kb" in seen:
+                assert s.kb == 96 and seen["dw_kb"] == pytest.approx(96)
             else:
                 assert s.owb == 112 and seen["owb"] == pytest.approx(112)

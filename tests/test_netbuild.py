@@ -27,14 +27,17 @@ from xtune.codegen.link import inspect_object, link_flat
 from xtune.netbench import REFERENCE_MAGIC, random_input, run_network
 from xtune.netbuild import NetArtifact, build_model
 from xtune.network import zoo
+from xtune.network.layout import RUNS_IN, Layout, workload_layout
+from xtune.network.ops import Transpose
 from xtune.peers import ort_network
 from xtune.target import get_target
 from xtune.tuning.measure import MeasureStatus
-from xtune.workload import RTOL, check_output
+from xtune.workload import RTOL, Workload, check_output
 
 pytest.importorskip("onnxruntime")
 ROOT = Path(__file__).resolve().parent.parent
 NETWORKS = ("resnet_small", "mobilenet_v2_small")
+LAYOUTS = ("nhwc", "nchw")
 Capture = pytest.CaptureFixture[str]
 
 
@@ -44,28 +47,58 @@ def model(name: str) -> onnx.ModelProto:
 
 
 @cache
-def built(name: str, target: str) -> NetArtifact:
-    return build_model(model(name), target)
+def built(name: str, target: str, layout: str = "nhwc") -> NetArtifact:
+    return build_model(model(name), target, layout=layout)
 
 
-def check_network(board_name: str, name: str) -> None:
+def check_network(board_name: str, name: str, layout: str) -> None:
     board = get_board(board_name)
-    artifact = built(name, board.target.name)
+    artifact = built(name, board.target.name, layout)
+    assert artifact.program.layout.value == layout
     x = random_input(artifact.program.input_shape)
     got, _ = run_network(board, artifact, x)
     ref, _ = ort_network(model(name).SerializeToString(), x)
-    assert check_output(got, ref, RTOL) == "", (board_name, name)
+    assert check_output(got, ref, RTOL) == "", (board_name, name, layout)
     assert np.argmax(got) == np.argmax(ref)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", NETWORKS)
-def test_small_networks_match_onnx_runtime_on_the_host(name: str) -> None:
-    check_network("local", name)
+def test_small_networks_match_onnx_runtime_on_the_host(name: str, layout: str) -> None:
+    check_network("local", name, layout)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", NETWORKS)
-def test_small_networks_match_onnx_runtime_under_qemu(qemu_board: str, name: str) -> None:
-    check_network(qemu_board, name)
+def test_small_networks_match_onnx_runtime_under_qemu(qemu_board: str, name: str, layout: str) -> None:
+    check_network(qemu_board, name, layout)
+
+
+def test_the_layout_pass_converts_only_where_layouts_differ() -> None:
+    """NHWC: every conv2d task runs NHWC on HWIO weights, the input is converted once at entry, and where
+    depthwise runs NCHW only a conversion stands on each side of every depthwise call; NCHW: none."""
+    for name in NETWORKS:
+        nchw, nhwc = built(name, "x86-avx2", "nchw"), built(name, "x86-avx2", "nhwc")
+        assert not any(isinstance(c.kernel, Transpose) for c in nchw.program.calls)
+        calls = nhwc.program.calls
+        convs = [c for c in calls if isinstance(c.kernel, Workload) and c.kernel.op == "conv2d"]
+        assert convs and all(c.kernel.value("layout") == "nhwc" for c in convs)  # type: ignore[union-attr]
+        weights = dict(nhwc.program.weights)
+        for c in convs:  # HWIO: (r, s, c, k)
+            wl = c.kernel
+            assert isinstance(wl, Workload)
+            assert weights[c.args[1]].shape == (wl["r"], wl["s"], wl["c"], wl["k"])
+        for c in calls:  # every task's weights as its workload takes them
+            if isinstance(c.kernel, Workload) and c.args[1] in weights:
+                assert weights[c.args[1]].shape == c.kernel.tensors()[1].shape, c.kernel.key
+        first = calls[0]
+        assert isinstance(first.kernel, Transpose) and first.args[0] == nhwc.program.input
+        depthwise = [c.kernel for c in calls if isinstance(c.kernel, Workload) and c.kernel.op == "depthwise"]
+        nchw_only = Layout.NHWC not in RUNS_IN["depthwise"]
+        assert all(workload_layout(wl) is (Layout.NCHW if nchw_only else Layout.NHWC) for wl in depthwise)
+        assert sum(isinstance(c.kernel, Transpose) for c in calls) == 1 + 2 * len(depthwise) * nchw_only
+        plan = nhwc.program.memory  # conversion buffers are planned like any intermediate
+        assert plan.workspace_bytes == plan.lower_bound
 
 
 def test_the_plan_and_the_header_state_what_the_entry_needs() -> None:
@@ -113,6 +146,11 @@ def test_a_logged_config_is_built_and_still_right(tmp_path: Path) -> None:
     got, _ = run_network(board, tuned, x)
     ref, _ = ort_network(model("resnet_small").SerializeToString(), x)
     assert check_output(got, ref, RTOL) == ""
+    # The log was tuned in NHWC: built in NCHW, that task has no best and takes its template's default.
+    nchw = xtune.build_model(model("resnet_small"), "x86-avx2", logs=[log], layout="nchw")
+    assert task.what not in {k.what for k in nchw.kernels}
+    assert {k.source for k in nchw.kernels} == {"default", "generated"}
+    assert "for 13 workload(s)" in nchw.warnings[0]
 
 
 # ---- the command line ---------------------------------------------------------------------------------
@@ -277,12 +315,18 @@ def operators_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def check_operators(board_name: str) -> None:
+def check_operators(board_name: str, layout: str) -> None:
     board = get_board(board_name)
     m = operators_model()
-    artifact = build_model(m, board.target)
+    artifact = build_model(m, board.target, layout=layout)
     kinds = {k.what.split(":")[0] for k in artifact.kernels}
-    assert kinds == {"conv2d", "pool2d", "elementwise", "concat", "globalaveragepool", "matmul", "softmax"}
+    ops = {"conv2d", "pool2d", "elementwise", "concat", "globalaveragepool", "matmul", "softmax"}
+    # NHWC: the input is converted at entry; every operator then runs NHWC, the pooled (1, 16, 1, 1) is
+    # the same bytes in both layouts, so the Reshape needs no conversion.
+    assert kinds == (ops | {"transpose"} if layout == "nhwc" else ops)
+    assert sum(isinstance(c.kernel, Transpose) for c in artifact.program.calls) == (layout == "nhwc")
+    pools = [k.what for k in artifact.kernels if k.what.split(":")[0] in ("pool2d", "globalaveragepool")]
+    assert pools and all(f"layout={layout}" in what for what in pools)
     assert any("op=add_relu" in k.what for k in artifact.kernels)
     x = random_input(artifact.program.input_shape)
     got, _ = run_network(board, artifact, x)
@@ -290,12 +334,77 @@ def check_operators(board_name: str) -> None:
     assert check_output(got, ref, RTOL) == ""
 
 
-def test_every_generated_operator_matches_onnx_runtime_on_the_host() -> None:
-    check_operators("local")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_generated_operator_matches_onnx_runtime_on_the_host(layout: str) -> None:
+    check_operators("local", layout)
 
 
-def test_every_generated_operator_matches_onnx_runtime_under_qemu(qemu_board: str) -> None:
-    check_operators(qemu_board)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_generated_operator_matches_onnx_runtime_under_qemu(qemu_board: str, layout: str) -> None:
+    check_operators(qemu_board, layout)
+
+
+def conversion_models() -> dict[str, onnx.ModelProto]:
+    """Tiny graphs where NHWC needs a conversion inside: a Flatten of a 7x7 feature map (ONNX's byte order
+    is what it reshapes), a 4-D network output (converted back at exit), an Add of a 4-D constant
+    (converted at build time) and a Concat that is not along channels (runs NCHW); and one that needs
+    none but the input's: a depthwise conv with multiplier 2 (weights (r, s, c*2)), pooled to 1x1."""
+    rng = np.random.default_rng(4)
+    node = helper.make_node
+
+    def f32(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
+    conv = node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1])
+    graphs = {
+        "flatten7x7": ([conv, node("Flatten", ["c"], ["f"], name="flatten"),
+                        node("Gemm", ["f", "fc"], ["y"], name="fc", transB=1)],
+                       {"w": f32(4, 3, 3, 3), "fc": f32(10, 4 * 7 * 7) * 0.1}, [1, 10]),
+        "output4d": ([conv, node("Add", ["c", "k"], ["y"], name="addk")],
+                     {"w": f32(4, 3, 3, 3), "k": f32(1, 4, 7, 7)}, [1, 4, 7, 7]),
+        "concat-w": ([conv, node("Concat", ["c", "c"], ["y"], name="cat", axis=3)],
+                     {"w": f32(4, 3, 3, 3)}, [1, 4, 7, 14]),
+        "depthwise-m2": ([conv, node("Conv", ["c", "dw"], ["d"], name="dw", group=4, strides=[2, 2],
+                                     pads=[1, 1, 1, 1]),
+                          node("GlobalAveragePool", ["d"], ["g"], name="gap"),
+                          node("Flatten", ["g"], ["y"], name="flat")],
+                         {"w": f32(4, 3, 3, 3), "dw": f32(8, 1, 3, 3)}, [1, 8]),
+    }  # fmt: skip
+    models = {}
+    for name, (nodes, inits, out) in graphs.items():
+        graph = helper.make_graph(
+            nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 7])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+            [numpy_helper.from_array(v, k) for k, v in inits.items()],
+        )  # fmt: skip
+        models[name] = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return models
+
+
+def check_conversions(board_name: str) -> None:
+    board = get_board(board_name)
+    for name, m in conversion_models().items():
+        artifact = build_model(m, board.target)  # NHWC, the default
+        calls = artifact.program.calls
+        where = [(c.kernel.to.value, c.nodes[0]) for c in calls if isinstance(c.kernel, Transpose)]
+        # in at entry; back to NCHW before the Flatten, at exit after the Add (whose constant is converted
+        # at build time), or before the Concat along W (once for both its reads, then none at exit)
+        back = {"flatten7x7": "flatten", "output4d": "addk", "concat-w": "cat", "depthwise-m2": None}[name]
+        assert where == [("nhwc", "conv"), *([("nchw", back)] if back else [])], (name, where)
+        if name == "output4d":  # the constant is in the object once, converted
+            assert [n for n, _ in artifact.program.weights if n.startswith("k")] == ["k@nhwc"]
+        x = random_input(artifact.program.input_shape)
+        got, _ = run_network(board, artifact, x)
+        ref, _ = ort_network(m.SerializeToString(), x)
+        assert check_output(got, ref, RTOL) == "", (board_name, name)
+
+
+def test_conversions_inside_a_network_match_onnx_runtime_on_the_host() -> None:
+    check_conversions("local")
+
+
+def test_conversions_inside_a_network_match_onnx_runtime_under_qemu(qemu_board: str) -> None:
+    check_conversions(qemu_board)
 
 
 PREPACK_CASES = (  # tails, strides, padding, epilogues, the nhwc layout, pointwise; the per-call weight copy

@@ -20,6 +20,7 @@ from xtune.cli import main
 from xtune.errors import InputError
 from xtune.network import zoo
 from xtune.network.graph import load_graph
+from xtune.network.layout import task_weights, to_layout, workload_layout
 from xtune.network.tasks import FusedOp, TaskSet, extract_tasks
 from xtune.schedule.space import Config
 from xtune.tuning.database import TuningLog, make_record
@@ -27,6 +28,7 @@ from xtune.tuning.measure import MeasureResult, MeasureStatus
 
 TARGET = "x86-avx2"
 RNG = np.random.default_rng(7)
+Capture = pytest.CaptureFixture[str]
 
 
 def f32(*shape: int, scale: float = 1.0) -> np.ndarray:
@@ -76,13 +78,16 @@ def assert_ops_match_onnx(model: onnx.ModelProto, ops: list[FusedOp] | tuple[Fus
     values = {**feeds, **computed}
     for op in ops:
         specs = op.workload.tensors()
-        weights = op.weights if op.weights is not None else values[op.weights_input]
-        args = [values[op.input], weights]
+        lay = workload_layout(op.workload)  # activations and weights as the workload takes them
+        weights = (
+            task_weights(op.workload, op.weights) if op.weights is not None else values[op.weights_input]
+        )
+        args = [to_layout(values[op.input], lay), weights]
         args += [op.bias] if op.workload["bias"] else []
-        args += [values[op.residual]] if op.residual else []
+        args += [to_layout(values[op.residual], lay)] if op.residual else []
         args = [np.asarray(a, dtype=np.float32).reshape(s.shape) for a, s in zip(args, specs, strict=False)]
         got = op.workload.reference(args)
-        want = values[op.output]
+        want = to_layout(np.asarray(values[op.output]), lay)
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=op.anchor)
 
 
@@ -104,7 +109,7 @@ def test_conv_bias_batchnorm_residual_relu_fuse_into_one_call() -> None:
              helper.make_node("Relu", ["a"], ["y"], name="relu")]  # fmt: skip
     model = make(nodes, {"x": [1, 4, 9, 9], "skip": [1, 8, 5, 5]}, ["y"], inits)
     ts, op = only_op(model)
-    key = "conv2d:n=1,c=4,h=9,w=9,k=8,r=3,s=3,stride=2,pad=1,bias=1,residual=1,relu=1,prepacked=1"
+    key = "conv2d:n=1,c=4,h=9,w=9,k=8,r=3,s=3,stride=2,pad=1,layout=nhwc,bias=1,residual=1,relu=1,prepacked=1"
     assert op.workload.key == key
     assert op.fused == ("bn", "add", "relu") and op.residual == "skip" and op.output == "y"
     assert ts.other_nodes == ()
@@ -118,7 +123,8 @@ def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias(opset: int) -> None:
              helper.make_node("Clip", ["a", "lo", "hi"], ["y"], name="relu6")]  # fmt: skip
     model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset)
     _, op = only_op(model)
-    assert op.workload.key == "conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,bias=1,relu6=1,prepacked=1"
+    key = "conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,layout=nhwc,bias=1,relu6=1,prepacked=1"
+    assert op.workload.key == key
     nodes[-1] = helper.make_node("Clip", ["a", "lo"], ["y"], name="relu")  # no max: Clip(0, inf) is ReLU
     _, op = only_op(make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset))
     assert op.workload.key.endswith("bias=1,relu=1,prepacked=1") and op.fused == ("bias", "relu")
@@ -135,8 +141,8 @@ def test_what_does_not_fuse_stays_a_node_of_its_own() -> None:
     model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits)
     ts = extract_tasks(model, TARGET)
     assert [(t.workload.key, t.nodes) for t in ts.tasks] == [
-        ("conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,prepacked=1", ("conv",)),
-        ("conv2d:n=1,c=6,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,prepacked=1", ("conv2",)),
+        ("conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,layout=nhwc,prepacked=1", ("conv",)),
+        ("conv2d:n=1,c=6,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,layout=nhwc,prepacked=1", ("conv2",)),
     ]
     assert [(o.name, o.op, o.kind) for o in ts.other_nodes] == [
         ("clip5", "Clip", "elementwise"), ("addfull", "Add", "elementwise"), ("relu", "Relu", "elementwise"),
@@ -154,7 +160,7 @@ def test_depthwise_with_multiplier_and_same_shapes_are_one_task() -> None:
     ts = extract_tasks(model, TARGET)
     keys = [(t.workload.key, t.count) for t in ts.tasks]
     # dw2 takes the Add: its other operand (dw1's output) is computed before dw2 runs.
-    shape = "depthwise:n=1,c=4,h=7,w=6,r=3,s=3,stride=1,pad=1,multiplier=2"
+    shape = "depthwise:n=1,c=4,h=7,w=6,r=3,s=3,stride=1,pad=1,multiplier=2,layout=nhwc"
     assert keys == [(f"{shape},bias=1", 1), (f"{shape},residual=1", 1)]
     assert_ops_match_onnx(model, [op for t in ts.tasks for op in t.ops])
     twice = make([conv("a", "x", "w", "y", **attrs), conv("b", "x", "w", "z", **attrs)], {"x": [1, 4, 7, 6]},
@@ -191,7 +197,7 @@ def test_conv_same_upper_and_constant_nodes() -> None:
     w = helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(f32(4, 2, 3, 3)))
     nodes = [w, conv("conv", "x", "w", "y", auto_pad="SAME_UPPER")]
     _, op = only_op(make(nodes, {"x": [1, 2, 6, 5]}, ["y"]))
-    assert op.workload.key == "conv2d:n=1,c=2,h=6,w=5,k=4,r=3,s=3,stride=1,pad=1,prepacked=1"
+    assert op.workload.key == "conv2d:n=1,c=2,h=6,w=5,k=4,r=3,s=3,stride=1,pad=1,layout=nhwc,prepacked=1"
 
 
 def test_initializers_declared_as_inputs_and_shape_tensors() -> None:
@@ -272,11 +278,14 @@ def test_unreadable_files_are_input_errors(tmp_path: Path) -> None:
 # --- the zoo --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("build", [zoo.resnet_small, zoo.mobilenet_v2_small])
-def test_small_networks_fuse_every_batchnorm_and_activation_and_match_onnx(build: object) -> None:
+def test_small_networks_fuse_every_batchnorm_and_activation_and_match_onnx(
+    build: object, layout: str
+) -> None:
     model = build()  # type: ignore[operator]
     onnx.checker.check_model(model, full_check=True)
-    ts = extract_tasks(model, TARGET)
+    ts = extract_tasks(model, TARGET, layout)
     assert {o.op for o in ts.other_nodes} <= {"MaxPool", "GlobalAveragePool", "Flatten"}
     ops = [op for t in ts.tasks for op in t.ops]
     fused = {name for op in ops for name in op.fused}
@@ -342,6 +351,52 @@ def test_cli_tasks_table_json_and_log(tmp_path: Path, capsys: pytest.CaptureFixt
     assert sum(t["share"] for t in data["tasks"]) == pytest.approx(1.0)
     assert data["other_nodes"] == [{"name": "avgpool", "op": "GlobalAveragePool", "kind": "pooling"},
                                    {"name": "flatten", "op": "Flatten", "kind": "reshape"}]  # fmt: skip
+
+
+def exit_status(argv: list[str]) -> int:
+    """main's status, or argparse's for a usage error (it exits)."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+
+
+def test_tasks_carry_the_layout_the_network_runs_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NHWC by default: every conv2d and depthwise task says layout=nhwc (a matmul has no layout);
+    --layout nchw lists ONNX's layout; a bad layout is one line and exit 2."""
+    path = tmp_path / "net.onnx"
+    onnx.save_model(zoo.mobilenet_v2_small(), path)
+    for layout, how in (("nhwc", []), ("nhwc", ["--layout", "nhwc"]), ("nchw", ["--layout", "nchw"])):
+        assert main(["tasks", str(path), "--target", TARGET, "--json", *how]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["layout"] == layout
+        keys = [t["workload"] for t in data["tasks"]]
+        convs = [k for k in keys if k.startswith(("conv2d:", "depthwise:"))]
+        assert {k.split(":")[0] for k in convs} == {"conv2d", "depthwise"}
+        assert all(("layout=nhwc" in k) == (layout == "nhwc") for k in convs), how
+        assert not any("layout=" in k for k in keys if k not in convs)
+        assert keys == [t.workload.key for t in xtune.tasks(path, TARGET, layout=layout).tasks]
+    for argv in (["tasks", str(path), "--layout", "nhcw"], ["bench", "--model", str(path), "--layout", "x"],
+                 ["build", "--model", str(path), "--target", TARGET, "-o", str(tmp_path / "n.o"), "--header",
+                  str(tmp_path / "n.h"), "--layout", "NCHW"],
+                 ["tune", "--model", str(path), "--layout", "chw", "--log", str(tmp_path / "l.jsonl")],
+                 ["bench", "--workload", "matmul:m=8,n=8,k=8", "--layout", "nchw"]):  # fmt: skip
+        assert exit_status(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "layout" in err, argv
+    assert not list(tmp_path.glob("n.*")) and not (tmp_path / "l.jsonl").exists()
+    with pytest.raises(InputError, match="unknown layout 'nhcw'"):
+        extract_tasks(path, TARGET, "nhcw")
+    with pytest.raises(InputError, match="unknown layout 'NHWC'"):  # before any board is opened
+        xtune.tune_model(path, board="no-such-board", trials=1, log=tmp_path / "t.jsonl", layout="NHWC")
+    from xtune.netbench import bench_model
+
+    with pytest.raises(InputError, match="unknown layout 'hw'"):
+        bench_model(path, get_board("local"), layout="hw")
+    with pytest.raises(InputError, match="unknown layout 'hw'"):
+        xtune.build_model(path, TARGET, layout="hw")
 
 
 def test_cli_bad_model_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ agent on this machine and under QEMU, and compared with their numpy references (
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import FlatImage, link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
+from xtune.network.layout import Layout
 from xtune.network.ops import (
     Concat,
     Elementwise,
@@ -25,12 +27,14 @@ from xtune.network.ops import (
     PoolKind,
     Reshape,
     Softmax,
+    Transpose,
     relu,
 )
-from xtune.schedule.loopnest import Buffer, BufferKind, Exp, Kernel, Load, NestBuilder
+from xtune.schedule.loopnest import Assign, Buffer, BufferKind, Exp, Kernel, Load, NestBuilder, Shuffle, walk
 from xtune.target import Target
 
 MAX, AVG = PoolKind.MAX, PoolKind.AVERAGE
+NHWC = Layout.NHWC
 CASES: dict[str, Operator] = {
     "maxpool3s2p1": Pool2d(kind=MAX, n=1, c=5, h=13, w=11, kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1)),
     "maxpool2s2": Pool2d(kind=MAX, n=2, c=3, h=8, w=9, kernel=(2, 2), stride=(2, 2)),
@@ -50,9 +54,24 @@ CASES: dict[str, Operator] = {
     "softmax-short": Softmax(rows=2, length=5),
     "concat3": Concat(n=1, channels=(3, 5, 2), h=7, w=5),
     "concat-batch": Concat(n=2, channels=(4, 1), h=3, w=3),
+    # NHWC (the layout pass's): channels as vectors, with a tail; windows clipped by the pads
+    "maxpool3s2p1-nhwc": Pool2d(
+        kind=MAX, n=1, c=21, h=13, w=11, kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1), layout=NHWC
+    ),
+    "avgpool5x3s21-nhwc": Pool2d(
+        kind=AVG, n=2, c=5, h=11, w=13, kernel=(5, 3), stride=(2, 1), pads=(2, 1, 2, 1), layout=NHWC
+    ),
+    "gap7x7-nhwc": GlobalAveragePool(n=1, c=37, h=7, w=7, layout=NHWC),
+    "gap-batch-nhwc": GlobalAveragePool(n=2, c=3, h=5, w=3, layout=NHWC),
+    "to-nhwc": Transpose(n=2, c=5, h=7, w=3, to=NHWC),
+    "to-nchw": Transpose(n=1, c=19, h=4, w=9, to=Layout.NCHW),
+    # vector blocks of 4, 8 and 16 lanes with both edges left over
+    "to-nhwc-blocks": Transpose(n=2, c=35, h=9, w=7, to=NHWC),
+    "to-nchw-blocks": Transpose(n=1, c=37, h=5, w=11, to=Layout.NCHW),
 }
 BOARD_CASES = ("maxpool3s2p1", "maxpool3s1-asym", "avgpool5x3s21", "gap7x7", "add-relu", "relu6",
-               "softmax1000", "softmax-short", "concat3")  # fmt: skip
+               "softmax1000", "softmax-short", "concat3", "maxpool3s2p1-nhwc", "avgpool5x3s21-nhwc",
+               "gap7x7-nhwc", "to-nhwc", "to-nchw", "to-nhwc-blocks", "to-nchw-blocks")  # fmt: skip
 
 
 def image(kernel: Kernel, target: Target) -> FlatImage:
@@ -143,6 +162,22 @@ def test_reshape_is_an_alias() -> None:
     assert op.alias and op.reference(x).shape == op.output_shape and np.shares_memory(op.reference(x), x)
 
 
+def test_nhwc_operators_compute_the_nchw_ones_transposed() -> None:
+    """An NHWC pool is the NCHW pool of the transposed input, transposed: not just its own reference."""
+    rng = np.random.default_rng(2)
+    for name in ("maxpool3s2p1-nhwc", "avgpool5x3s21-nhwc", "gap7x7-nhwc"):
+        op = CASES[name]
+        assert isinstance(op, Pool2d | GlobalAveragePool)
+        nchw = replace(op, layout=Layout.NCHW)
+        x = rng.standard_normal(nchw.input_shapes[0]).astype(np.float32)
+        to_nhwc = Transpose(n=x.shape[0], c=x.shape[1], h=x.shape[2], w=x.shape[3], to=NHWC)
+        out = np.full(op.output_shape, np.nan, np.float32)
+        run_kernel(op.kernel_nest("op", 4), [to_nhwc.reference(x), out])
+        want = nchw.reference(x)
+        got = out if want.shape[2:] == (1, 1) else out.transpose(0, 3, 1, 2)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_pool_output_shapes_follow_onnx() -> None:
     """floor((in + pads - kernel) / stride) + 1 (ceil_mode=0): ResNet's stem pool; one that drops a row."""
     assert Pool2d(kind=MAX, n=1, c=64, h=112, w=112, kernel=(3, 3), stride=(2, 2),
@@ -177,6 +212,19 @@ def test_nests_match_the_references_without_llvm(name: str) -> None:
     np.testing.assert_allclose(out, op.reference(*inputs), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_transposes_in_vector_blocks_without_llvm(lanes: int) -> None:
+    """The shuffle rounds of a block transpose, at every width a target has (the interpreter)."""
+    for name in ("to-nhwc-blocks", "to-nchw-blocks"):
+        op = CASES[name]
+        x = np.random.default_rng(lanes).standard_normal(op.input_shapes[0]).astype(np.float32)
+        out = np.full(op.output_shape, np.nan, np.float32)
+        kernel = op.kernel_nest("op", lanes)
+        assert any(isinstance(s, Assign) and isinstance(s.value, Shuffle) for s, _ in walk(kernel.body))
+        run_kernel(kernel, [x, out])
+        np.testing.assert_array_equal(out, op.reference(x), err_msg=name)
+
+
 def test_only_elementwise_kernels_may_alias() -> None:
     """An in-place call would break a noalias promise (undefined behaviour): elementwise kernels make none."""
     for name, op in CASES.items():
@@ -185,7 +233,8 @@ def test_only_elementwise_kernels_may_alias() -> None:
 
 
 def test_random_pools_match_the_reference_without_llvm() -> None:
-    """Windows clipped by any mix of kernel, stride and pads (each pad below the kernel, as ONNX requires)."""
+    """Windows clipped by any mix of kernel, stride and pads (each pad below the kernel, as ONNX requires),
+    in either layout."""
     rng = random.Random(0)
     for seed in range(300):
         kh, kw, sh, sw = rng.randint(1, 5), rng.randint(1, 5), rng.randint(1, 3), rng.randint(1, 3)
@@ -193,8 +242,9 @@ def test_random_pools_match_the_reference_without_llvm() -> None:
         h, w = rng.randint(1, 9), rng.randint(1, 9)
         if h + pads[0] + pads[2] < kh or w + pads[1] + pads[3] < kw:
             continue
-        kind = rng.choice(list(PoolKind))
-        op = Pool2d(kind=kind, n=1, c=2, h=h, w=w, kernel=(kh, kw), stride=(sh, sw), pads=pads)
+        kind, layout = rng.choice(list(PoolKind)), rng.choice(list(Layout))
+        c = rng.randint(1, 9)
+        op = Pool2d(kind=kind, n=1, c=c, h=h, w=w, kernel=(kh, kw), stride=(sh, sw), pads=pads, layout=layout)
         x = np.random.default_rng(seed).standard_normal(op.input_shapes[0]).astype(np.float32)
         out = np.full(op.output_shape, np.nan, np.float32)
         run_kernel(op.kernel_nest("p", rng.choice([1, 3, 4])), [x, out])

@@ -20,6 +20,10 @@ WORKLOADS = [
     "conv2d:n=1,c=6,h=10,w=9,k=5,r=3,s=3,stride=2,pad=1,layout=nhwc,bias=1,relu=1",
     "depthwise:n=1,c=6,h=12,w=12,r=3,s=3,stride=2,pad=1,multiplier=2,bias=1,relu=1",
     "depthwise:n=1,c=4,h=9,w=9,r=5,s=5,pad=2,dilation=1",
+    "depthwise:n=1,c=6,h=11,w=9,r=3,s=3,stride=2,pad=1,multiplier=2,layout=nhwc,bias=1,relu6=1",
+    "depthwise:n=2,c=5,h=7,w=8,r=3,s=3,pad=1,layout=nhwc,residual=1,relu=1",
+    "conv2d:n=1,c=3,h=8,w=8,k=5,r=3,s=3,pad=1,bias=1,residual=1,relu6=1",
+    "matmul:m=5,n=9,k=200,residual=1,relu6=1",  # sums of 200 products: many past 6 for Clip to clamp
 ]
 
 
@@ -36,8 +40,12 @@ def test_the_onnx_model_computes_what_numpy_computes(key: str) -> None:
     got, expected = ort_output(key)
     assert got.shape == expected.shape
     assert check_output(got, expected, RTOL) == ""
-    if "relu=1" in key:
+    if "relu=1" in key or "relu6=1" in key:
         assert got.min() == 0.0 and expected.min() == 0.0  # the epilogue clamps, on both sides
+    if "relu6=1" in key:  # ReLU6 is Clip(0, 6)
+        assert got.max() <= 6.0 and (got.max() == 6.0) == (expected.max() == 6.0)
+    if "k=200" in key:
+        assert got.max() == 6.0
 
 
 @pytest.mark.parametrize("key", WORKLOADS)

@@ -17,12 +17,15 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def tasks(model: str | os.PathLike[str] | onnx.ModelProto, target: str | Target | None = None) -> TaskSet:
-    """The unique tuning tasks of an ONNX model for `target` (default: the host's), as `xtune tasks`
-    prints them. Imported on first call, so that `import xtune` stays cheap (no onnx, no numpy)."""
+def tasks(
+    model: str | os.PathLike[str] | onnx.ModelProto, target: str | Target | None = None, layout: str = "nhwc"
+) -> TaskSet:
+    """The unique tuning tasks of an ONNX model for `target` (default: the host's), the network run in
+    `layout` ("nhwc" or "nchw", xtune/network/layout.py), as `xtune tasks` prints them. Imported on first
+    call, so that `import xtune` stays cheap (no onnx, no numpy)."""
     from xtune.network.tasks import extract_tasks
 
-    return extract_tasks(model, target)
+    return extract_tasks(model, target, layout)
 
 
 def __getattr__(name: str) -> object:
@@ -40,9 +43,10 @@ def build_model(
     target: str | Target,
     logs: Sequence[str | os.PathLike[str]] = (),
     prefix: str = "net",
+    layout: str = "nhwc",
 ) -> NetArtifact:
-    """One relocatable object running the whole network of `model` on `target`, with its C header
-    (`xtune build --model`); see xtune.netbuild.build_model. Imported on first call, like `tasks`."""
+    """One relocatable object running the whole network of `model` on `target` in `layout`, with its C
+    header (`xtune build --model`); see xtune.netbuild.build_model. Imported on first call, like `tasks`."""
     from xtune.netbuild import build_model as build
 
-    return build(model, target, logs, prefix)
+    return build(model, target, logs, prefix, layout)

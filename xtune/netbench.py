@@ -28,6 +28,7 @@ from xtune.codegen.link import link_flat
 from xtune.errors import BoardError, InputError
 from xtune.netbuild import NetArtifact, build_model
 from xtune.network.graph import Source, load_model
+from xtune.network.layout import DEFAULT, Layout, parse_layout
 from xtune.peers import ort_available, ort_network
 from xtune.workload import RTOL, check_output
 
@@ -41,6 +42,7 @@ class NetBenchReport:
     model: str
     target: str
     board: str
+    layout: str  # the layout the network ran in (xtune/network/layout.py)
     correct: bool
     error: str  # why not correct; "" when it is
     max_abs_error: float  # against ONNX Runtime
@@ -59,7 +61,8 @@ class NetBenchReport:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "model": self.model, "target": self.target, "board": self.board, "correct": self.correct,
+            "model": self.model, "target": self.target, "board": self.board, "layout": self.layout,
+            "correct": self.correct,
             "error": self.error, "max_abs_error": self.max_abs_error, "cost_unit": self.cost_unit.value,
             "seconds": self.seconds, "instructions": self.instructions, "ort_seconds": self.ort_seconds,
             "speedup_vs_ort": self.ratio_vs_ort, "workspace_bytes": self.workspace_bytes,
@@ -120,12 +123,18 @@ def _ok(status: RunStatus, signal: int, board: Board) -> None:
 
 
 def bench_model(
-    model: Source, board: Board, logs: Sequence[PathLike] = (), repeat: int = 5
+    model: Source,
+    board: Board,
+    logs: Sequence[PathLike] = (),
+    repeat: int = 5,
+    layout: str | Layout = DEFAULT,
 ) -> NetBenchReport:
-    """Build `model` for the board's target, run it on `board`, check it against ONNX Runtime, time both."""
+    """Build `model` for the board's target in `layout`, run it on `board`, check it against ONNX Runtime,
+    time both."""
+    where = parse_layout(layout)
     if not ort_available():
         raise InputError("checking a network needs ONNX Runtime: pip install 'xtune[bench]'")
-    artifact = build_model(model, board.target, logs)
+    artifact = build_model(model, board.target, logs, layout=where)
     x = random_input(artifact.program.input_shape)
     got, cost = run_network(board, artifact, x, repeat)
     serialized = load_model(model).SerializeToString()
@@ -134,7 +143,8 @@ def bench_model(
     mismatch = check_output(got, ref, RTOL)
     error = float(np.max(np.abs(got - ref))) if np.all(np.isfinite(got)) else float("inf")
     return NetBenchReport(
-        model=artifact.model, target=board.target.name, board=board.name, correct=not mismatch,
+        model=artifact.model, target=board.target.name, board=board.name, layout=where.value,
+        correct=not mismatch,
         error=mismatch, max_abs_error=error, cost_unit=board.cost_unit,
         seconds=cost if wall and not mismatch else None,
         instructions=cost if board.cost_unit is CostUnit.INSTRUCTIONS and not mismatch else None,

@@ -45,6 +45,7 @@ from xtune.codegen.rodata import WeightsLayout, pack_weights, patch_weights, wei
 from xtune.errors import InputError
 from xtune.files import write_all_atomic
 from xtune.network.graph import Source
+from xtune.network.layout import DEFAULT, Layout, parse_layout
 from xtune.network.ops import Operator
 from xtune.network.program import Program, Space, program
 from xtune.schedule.loopnest import Kernel
@@ -117,6 +118,7 @@ class NetArtifact:
         plan = self.program.memory
         return {
             "target": self.target.name, "model": self.model, "entry": self.entry,
+            "layout": self.program.layout.value,
             "input_shape": list(self.program.input_shape), "output_shape": list(self.program.output_shape),
             "calls": len(self.program.calls), "kernels": [k.as_dict() for k in self.kernels],
             "workspace_bytes": plan.workspace_bytes, "workspace_lower_bound": plan.lower_bound,
@@ -140,28 +142,30 @@ def build_model(
     target: str | Target,
     logs: Sequence[PathLike] = (),
     prefix: str = "net",
+    layout: str | Layout = DEFAULT,
 ) -> NetArtifact:
-    """The whole network of `model` (a path or a ModelProto) for `target`, as one checked object.
+    """The whole network of `model` (a path or a ModelProto) for `target`, as one checked object, run in
+    `layout` (xtune/network/layout.py; the entry's input and output are in ONNX's order whatever it is).
 
     InputError (one line naming the node or file) for what xtune cannot run or read, a bad prefix, and a
     log without a record for `target` but with records for other targets (built for another target)."""
     tgt = target if isinstance(target, Target) else get_target(target)
     valid_prefix(prefix)
     records, notes = _read_logs(logs, tgt)
-    prog = program(model)
+    prog = program(model, parse_layout(layout))
     kernels, rows, task_notes, prepack = _kernels(prog, tgt, records, prefix)
     notes += task_notes
-    layout, blob = pack_weights(_packed_weights(prog, prepack))
+    rodata, blob = pack_weights(_packed_weights(prog, prepack))
     stack = max((k.stack_bytes for k in kernels.values()), default=0) + STACK_MARGIN
-    entry = _entry_ir(prog, kernels, layout, prefix)
+    entry = _entry_ir(prog, kernels, rodata, prefix)
     fingerprint = hashlib.sha256(tgt.name.encode() + entry.encode() + hashlib.sha256(blob).digest())
     build_id = int.from_bytes(fingerprint.digest()[:4], "little")
     queries = _queries_ir(prog, prefix, build_id)
-    extra = ([weights_global(layout.nbytes)] if layout.nbytes else []) + [entry, queries]
+    extra = ([weights_global(rodata.nbytes)] if rodata.nbytes else []) + [entry, queries]
     module = lower(list(kernels.values()), module_name=f"{prefix}_network", internal=True, extra=extra)
     names = (*(f"{prefix}_{q}" for q in _QUERIES), f"{prefix}_run")
     obj = compile_object(module, tgt, names)
-    if layout.nbytes:
+    if rodata.nbytes:
         obj = patch_weights(obj, blob)
     check_object(obj, tgt)
     artifact = NetArtifact(
@@ -339,6 +343,8 @@ def _with_header(a: NetArtifact) -> NetArtifact:
         f"({tasks} tuned tasks, {len(prog.calls) - tasks} generated operators).",
         f" *   input:  float{dims}, '{prog.input}', row-major (NCHW), read only",
         f" *   output: float{out_dims}, '{prog.output}', row-major, overwritten",
+        f" *   (the network runs in {prog.layout.value.upper()} inside; input and output are as the model "
+        "declares them)",
         f" *   workspace: {plan.workspace_bytes} bytes of the caller's memory, 64-byte aligned for speed",
         " *   (4 is enough), reused between calls; needs no initialisation, means nothing after.",
         f" *   Planned statically: lower bound {plan.lower_bound} bytes, intermediates "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -145,11 +146,12 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
     """The workload as an ONNX model: its first tensor is the graph input, the other inputs (weights,
     bias) are initializers, as in a deployed model, from `random_inputs` like numpy's.
 
-    matmul -> MatMul (+ Add bias) (+ Relu); conv2d and depthwise -> Conv with bias, strides, pads and
-    dilations (+ Relu), depthwise with group=c and c*multiplier output channels (ONNX's grouped weights
-    (M, C/group, kH, kW) are exactly depthwise's (c*multiplier, 1, r, s)). ONNX's Conv is NCHW only, so
-    an nhwc conv2d is wrapped in Transposes, with its HWIO weights stored as OIHW: the graph a converter
-    (tf2onnx) writes for an NHWC model, and what ORT then runs."""
+    matmul -> MatMul (+ Add bias); conv2d and depthwise -> Conv with bias, strides, pads and dilations,
+    depthwise with group=c and c*multiplier output channels (ONNX's grouped weights (M, C/group, kH, kW)
+    are exactly depthwise's nchw (c*multiplier, 1, r, s)); then (+ Add residual) (+ Relu, or Clip(0, 6)
+    for relu6). ONNX's Conv is NCHW only, so an nhwc conv2d or depthwise is wrapped in Transposes, with
+    its HWIO (depthwise: (r, s, c*multiplier)) weights stored as OIHW: the graph a converter (tf2onnx)
+    writes for an NHWC model, and what ORT then runs."""
     try:
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
@@ -159,8 +161,10 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
     out = next(t for t in tensors if t.is_output)
     inits = {t.name: a for t, a in zip(params, random_inputs(workload)[1:], strict=True)}
     nodes: list[onnx.NodeProto] = []
-    relu = bool(workload["relu"])
-    last = _OUTPUT if not relu else "pre_relu"
+    # The fused epilogue after the op itself: + residual, then Relu or Clip(0, 6) (ReLU6).
+    tail = ["residual"] * bool(workload["residual"]) + ["relu"] * bool(workload["relu"] or workload["relu6"])
+    names = [f"pre_{step}" for step in tail] + [_OUTPUT]
+    last = names[0]
     if workload.op == "matmul":
         product = last if not workload["bias"] else "product"
         nodes.append(helper.make_node("MatMul", [_INPUT, "B"], [product]))
@@ -169,8 +173,9 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
     else:
         sh = conv_shape(workload)
         conv_in, conv_out = (_INPUT, last) if not sh.nhwc else ("x_nchw", "y_nchw")
-        if sh.nhwc:
-            inits["weights"] = inits["weights"].transpose(3, 2, 0, 1)  # HWIO -> OIHW
+        if sh.nhwc:  # HWIO -> OIHW; a depthwise filter (r, s, c*multiplier) -> (c*multiplier, 1, r, s)
+            w = inits["weights"]
+            inits["weights"] = w.transpose(3, 2, 0, 1) if w.ndim == 4 else w.transpose(2, 0, 1)[:, None]
             nodes.append(helper.make_node("Transpose", [_INPUT], [conv_in], perm=[0, 3, 1, 2]))
         bias = ["bias"] if workload["bias"] else []
         nodes.append(helper.make_node(
@@ -180,14 +185,20 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
         ))  # fmt: skip
         if sh.nhwc:
             nodes.append(helper.make_node("Transpose", [conv_out], [last], perm=[0, 2, 3, 1]))
-    if relu:
-        nodes.append(helper.make_node("Relu", [last], [_OUTPUT]))
+    for step, (before, after) in zip(tail, itertools.pairwise(names), strict=True):
+        if step == "residual":
+            nodes.append(helper.make_node("Add", [before, "residual"], [after]))
+        elif workload["relu6"]:
+            inits["relu6_lo"], inits["relu6_hi"] = np.array(0, np.float32), np.array(6, np.float32)
+            nodes.append(helper.make_node("Clip", [before, "relu6_lo", "relu6_hi"], [after]))
+        else:
+            nodes.append(helper.make_node("Relu", [before], [after]))
     graph = helper.make_graph(
         nodes,
         workload.symbol,
         [helper.make_tensor_value_info(_INPUT, TensorProto.FLOAT, list(x.shape))],
         [helper.make_tensor_value_info(_OUTPUT, TensorProto.FLOAT, list(out.shape))],
-        [numpy_helper.from_array(np.ascontiguousarray(a), name) for name, a in inits.items()],
+        [numpy_helper.from_array(np.array(a, order="C"), name) for name, a in inits.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="xtune")
     model.ir_version = _IR_VERSION

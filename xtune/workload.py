@@ -209,7 +209,7 @@ def conv_shape(wl: Workload) -> ConvShape:
     k = wl["c"] * mult if depthwise else wl["k"]
     return ConvShape(
         wl["n"], wl["c"], wl["h"], wl["w"], k, wl["r"], wl["s"], wl["stride"], wl["pad"], wl["dilation"],
-        not depthwise and wl.value("layout") == "nhwc", mult,
+        wl.value("layout") == "nhwc", mult,
     )  # fmt: skip
 
 
@@ -317,9 +317,12 @@ class Conv2d:
 
 
 class Depthwise:
-    """Depthwise 2-D convolution, NCHW: input (n,c,h,w), weights (c*multiplier,1,r,s), optional bias
-    (c*multiplier,) and residual (like the output), output (n,c*multiplier,oh,ow); output channel i reads
-    input channel i // multiplier."""
+    """Depthwise 2-D convolution; output channel o reads input channel o // multiplier (ONNX's group order).
+
+    layout=nchw: input (n,c,h,w), weights (c*multiplier,1,r,s) [ONNX's grouped OIHW], output
+    (n,c*multiplier,oh,ow). layout=nhwc: input (n,h,w,c), weights (r,s,c*multiplier) [TensorFlow's
+    depthwise filter (r,s,c,multiplier) with its last two axes flattened], output (n,oh,ow,c*multiplier).
+    Optional bias (c*multiplier,) and residual (like the output)."""
 
     name: ClassVar[str] = "depthwise"
     keys: ClassVar[tuple[str, ...]] = (
@@ -333,6 +336,7 @@ class Depthwise:
         "pad",
         "multiplier",
         "dilation",
+        "layout",
         *EPILOGUE,
     )
     defaults: ClassVar[dict[str, ParamValue]] = {
@@ -340,24 +344,37 @@ class Depthwise:
         "pad": 0,
         "multiplier": 1,
         "dilation": 1,
+        "layout": "nchw",
         **EPILOGUE,
     }
-    optional: ClassVar[frozenset[str]] = frozenset(("multiplier", "dilation", *EPILOGUE))
-    words: ClassVar[dict[str, tuple[str, ...]]] = {}
+    optional: ClassVar[frozenset[str]] = frozenset(("multiplier", "dilation", "layout", *EPILOGUE))
+    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc")}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         _validate_conv(self.name, params, ("n", "c", "h", "w", "r", "s", "multiplier"))
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)
-        out = (sh.n, sh.k, sh.oh, sh.ow)
+        wt: tuple[int, ...]
+        if sh.nhwc:
+            x, wt, out = (sh.n, sh.h, sh.w, sh.c), (sh.r, sh.s, sh.k), (sh.n, sh.oh, sh.ow, sh.k)
+        else:
+            x, wt, out = (sh.n, sh.c, sh.h, sh.w), (sh.k, 1, sh.r, sh.s), (sh.n, sh.k, sh.oh, sh.ow)
         return (
-            TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)), TensorSpec("weights", (sh.k, 1, sh.r, sh.s)),
+            TensorSpec("input", x), TensorSpec("weights", wt),
             *_epilogue_tensors(wl, sh.k, out), TensorSpec("output", out, is_output=True),
         )  # fmt: skip
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
         sh = conv_shape(wl)
+        if sh.nhwc:  # view (n, r, s, c, oh, ow) -> taps (n, oh, ow, c) per (i, j)
+            win = _windows(inputs[0], sh, (1, 2)).transpose(0, 1, 2, 4, 5, 3)
+            wt = inputs[1].reshape(sh.r, sh.s, sh.c, sh.multiplier)
+            out = np.zeros((sh.n, sh.oh, sh.ow, sh.c, sh.multiplier), dtype=np.float32)
+            for i in range(sh.r):  # the same r*s multiply-adds in the same order as NCHW's
+                for j in range(sh.s):
+                    out += win[:, i, j, ..., None] * wt[i, j]
+            return _epilogue(wl, out.reshape(sh.n, sh.oh, sh.ow, sh.k), inputs[2:], axis=3)
         win = _windows(inputs[0], sh, (2, 3))  # (n, c, r, s, oh, ow)
         wt = inputs[1].reshape(1, sh.c, sh.multiplier, sh.r, sh.s, 1, 1)
         out = np.zeros((sh.n, sh.c, sh.multiplier, sh.oh, sh.ow), dtype=np.float32)

@@ -8,7 +8,7 @@ import sys
 import time
 
 from xtune.cli.common import _emit_json, _warnings_unless_error
-from xtune.cli.networks import _bench_model, _build_model
+from xtune.cli.networks import _bench_model, _build_model, model_layout
 from xtune.errors import InputError
 from xtune.files import check_output
 
@@ -20,6 +20,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.model is not None:
         return _bench_model(args)
+    model_layout(args)  # refuses --layout without a model
     if args.workload is None:
         raise InputError("give --workload (a kernel) or --model (a whole network)")
     if args.log:
@@ -62,6 +63,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     if args.model is not None:
         return _build_model(args)
+    model_layout(args)  # refuses --layout without a model
     if not args.workload:
         raise InputError("give --workload (repeat for each kernel) or --model (a whole network)")
     if args.reference is not None:

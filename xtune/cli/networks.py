@@ -13,8 +13,18 @@ from xtune.errors import InputError
 from xtune.files import check_output
 
 if TYPE_CHECKING:
+    from xtune.network.layout import Layout
     from xtune.network.tasks import TaskSet
     from xtune.tuning.database import Record
+
+
+def model_layout(args: argparse.Namespace) -> Layout:
+    """--layout (default: xtune/network/layout.py's), which only a model takes."""
+    from xtune.network.layout import DEFAULT, parse_layout
+
+    if args.layout is not None and getattr(args, "model", None) is None:
+        raise InputError("--layout is the layout a whole network (--model) runs in")
+    return DEFAULT if args.layout is None else parse_layout(args.layout)
 
 
 def _bench_model(args: argparse.Namespace) -> int:
@@ -25,11 +35,11 @@ def _bench_model(args: argparse.Namespace) -> int:
         raise InputError("--model benches a whole network: --workload and --config are for one kernel")
     board = get_board(args.board, args.boards, target=args.target)
     with _warnings_unless_error():
-        report = bench_model(args.model, board, args.log or ())
+        report = bench_model(args.model, board, args.log or (), layout=model_layout(args))
     if args.json:
         _emit_json(report.as_dict())
         return 0 if report.correct else 1
-    print(f"{report.model} on {report.board} ({report.target}): {report.kernels} kernels "
+    print(f"{report.model} on {report.board} ({report.target}, {report.layout}): {report.kernels} kernels "
           f"({report.defaults} at the default config), workspace {report.workspace_bytes} B")  # fmt: skip
     if not report.correct:
         print(f"  xtune  WRONG against ONNX Runtime: {report.error}")
@@ -61,7 +71,9 @@ def _build_model(args: argparse.Namespace) -> int:
             raise InputError(f"the reference {args.reference} is the object or the header")
     start = time.perf_counter()
     with _warnings_unless_error():
-        artifact = build_model(args.model, args.target, args.log or (), args.prefix or "net")
+        artifact = build_model(
+            args.model, args.target, args.log or (), args.prefix or "net", layout=model_layout(args)
+        )
     files: list[tuple[str, bytes | str, str]] = [(args.output, artifact.object, "object"),
                                                   (args.header, artifact.header, "header")]  # fmt: skip
     if args.reference is not None:
@@ -79,9 +91,10 @@ def _build_model(args: argparse.Namespace) -> int:
     for k in artifact.kernels:
         config = f"{k.config_index:>10}" if k.config_index is not None else f"{'-':>10}"
         print(f"{k.symbol:<10} {k.source:<9} {config} {k.calls:>5} {k.stack_bytes:>7} B  {k.what}")
-    print(f"{artifact.entry}: {len(artifact.program.calls)} calls, workspace {plan.workspace_bytes} bytes "
-          f"(lower bound {plan.lower_bound}, {plan.intermediate_bytes} of intermediates), stack "
-          f"{artifact.stack_bytes} bytes, weights {artifact.weights_bytes} bytes")  # fmt: skip
+    print(f"{artifact.entry}: {len(artifact.program.calls)} calls in {artifact.program.layout.value}, "
+          f"workspace {plan.workspace_bytes} bytes (lower bound {plan.lower_bound}, "
+          f"{plan.intermediate_bytes} of intermediates), stack {artifact.stack_bytes} bytes, weights "
+          f"{artifact.weights_bytes} bytes")  # fmt: skip
     wrote = ", ".join(p for p in (args.output, args.header, args.reference) if p)
     print(f"{artifact.target.name}: wrote {wrote} in {seconds:.1f} s")
     return 0
@@ -92,7 +105,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from xtune.network.tasks import extract_tasks, logged_best
     from xtune.tuning.database import read_logs
 
-    taskset = extract_tasks(args.model, args.target)
+    taskset = extract_tasks(args.model, args.target, model_layout(args))
     with _warnings_unless_error():
         records = read_logs(args.log or ())
     bests = logged_best(taskset.tasks, taskset.target, records)
@@ -115,7 +128,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     calls = sum(t.count for t in taskset.tasks)
     tuned = sum(r is not None for r in bests)
     print(f"{len(taskset.tasks)} tasks for {calls} kernel calls, {taskset.total_flops / 1e9:.3f} GFLOP per "
-          f"inference, {tuned} with a best on {taskset.target.name}")  # fmt: skip
+          f"inference, {tuned} with a best on {taskset.target.name} (the network runs in "
+          f"{taskset.layout.value})")  # fmt: skip
     if taskset.other_nodes:
         shown = ", ".join(f"{o.name} ({o.op})" for o in taskset.other_nodes)
         print(f"{len(taskset.other_nodes)} other nodes (not tuning tasks): {shown}")
@@ -130,7 +144,8 @@ def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence
                 "board": record.board}  # fmt: skip
 
     return {
-        "model": taskset.model, "target": taskset.target.name, "total_flops": taskset.total_flops,
+        "model": taskset.model, "target": taskset.target.name, "layout": taskset.layout.value,
+        "total_flops": taskset.total_flops,
         "logs": list(logs),
         "tasks": [
             {"workload": t.workload.key, "op": t.workload.op, "count": t.count, "nodes": list(t.nodes),

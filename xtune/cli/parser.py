@@ -10,7 +10,14 @@ from xtune.cli.common import MAX_REPEAT, U32, _defaults, _float_in, _int_in, _Pa
 from xtune.cli.kernels import cmd_bench, cmd_best, cmd_build, cmd_model_info, cmd_model_train, cmd_report
 from xtune.cli.networks import cmd_tasks
 from xtune.cli.tune import cmd_tune
+from xtune.network.layout import DEFAULT, Layout
 from xtune.tuning.tuner import TUNERS
+
+
+def _add_layout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", choices=[lay.value for lay in Layout], default=None,
+                   help=f"with a model: the layout the network runs in (default {DEFAULT.value}); its "
+                   "input and output stay in ONNX's NCHW")  # fmt: skip
 
 
 def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -123,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="pretrained cost model: a model file, tuning log(s) to train on, or 'builtin'",
     )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _add_layout(p)
     p.set_defaults(handler=cmd_tune)
 
     p = sub.add_parser("best", help="the best correct config per workload and target in tuning logs")
@@ -150,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _add_layout(p)
     p.set_defaults(handler=cmd_bench)
 
     p = sub.add_parser("build", help="one object + C header of the best (or default) kernels for firmware")
@@ -164,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None, help="with --model: also write a reference file (a random "
                    "input and ONNX Runtime's output) for a firmware's self-test")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _add_layout(p)
     p.set_defaults(handler=cmd_build)
 
     p = sub.add_parser("tasks", help="the unique tuning tasks of an ONNX model (fused epilogues included)")
@@ -171,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="target name (default: the host's target)")
     p.add_argument("--log", action="append", help="tuning log(s): show which tasks already have a best")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _add_layout(p)
     p.set_defaults(handler=cmd_tasks)
 
     _add_model_parser(sub)

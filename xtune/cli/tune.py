@@ -7,12 +7,14 @@ import sys
 from typing import TYPE_CHECKING
 
 from xtune.cli.common import _emit_json, _warnings_unless_error
+from xtune.cli.networks import model_layout
 from xtune.cli.progress import _ModelProgressBar, _print_model_tuning, _print_tuning, _ProgressBar
 from xtune.errors import InputError
 from xtune.files import check_output
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
+    from xtune.network.layout import Layout
     from xtune.transfer.pretrained import TransferSource
     from xtune.tuning.costmodel import CostModel
     from xtune.tuning.database import TuningLog
@@ -30,6 +32,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.workload import parse_workload
 
     check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
+    layout = model_layout(args)
     workload = parse_workload(args.workload) if args.workload is not None else None
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     log = TuningLog(args.log)
@@ -37,7 +40,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     check_boards(boards)
     log.check_appendable()
     if workload is None:
-        return _tune_model(args, boards, log)
+        return _tune_model(args, boards, log, layout)
     # A pointwise conv2d is tuned as the matmul it lowers to: that operator's model scores its configs.
     op = features_op(template_for(workload, boards[0].target))
     transfer, pretrained = _transfer_source(args, boards[0], op)
@@ -82,14 +85,14 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
     )  # fmt: skip
 
 
-def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog) -> int:
+def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, layout: Layout) -> int:
     """`xtune tune --model`: every task of the model under one budget (xtune.network.scheduler)."""
     from xtune.network.scheduler import ModelStop, SchedulerOptions, Strategy, tune_tasks
     from xtune.network.tasks import extract_tasks
     from xtune.templates import template_for
     from xtune.tuning.features import features_op
 
-    taskset = extract_tasks(args.model, boards[0].target)
+    taskset = extract_tasks(args.model, boards[0].target, layout)
     pretrained: dict[str, tuple[CostModel, bool]] = {}
     used: dict[str, object] = {}
     source: TransferSource | None = None

@@ -17,6 +17,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.network.graph import Graph, Node
+from xtune.network.layout import Layout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,12 +35,14 @@ class Anchor:
     def channels(self) -> int:
         return self.out_shape[self.channel_axis]
 
-    def workload_key(self, bias: bool, flags: dict[str, int]) -> str:
-        # Constant weights are packed once, at build time (netbuild.py), so the task is tuned as it runs:
-        # prepacked=1 (workload.PREPACKED). Depthwise weights are too small to matter.
+    def workload_key(self, bias: bool, flags: dict[str, int], layout: Layout = Layout.NCHW) -> str:
+        """The workload, run in `layout` (xtune/network/layout.py decides which). Constant weights are
+        packed once, at build time (netbuild.py), so the task is tuned as it runs: prepacked=1
+        (workload.PREPACKED). Depthwise weights are too small to matter."""
         packed = {"prepacked": 1} if self.weights is not None and self.op != "depthwise" else {}
         switches = {"bias": int(bias), **flags, **packed}
-        return f"{self.op}:" + ",".join(f"{k}={v}" for k, v in (*self.sizes, *switches.items()))
+        where = (("layout", layout.value),) if layout is not Layout.NCHW else ()
+        return f"{self.op}:" + ",".join(f"{k}={v}" for k, v in (*self.sizes, *where, *switches.items()))
 
     def channel_vector(self, graph: Graph, const: np.ndarray) -> np.ndarray | None:
         """A constant that broadcasts against the output along its channel axis only, as a (channels,)

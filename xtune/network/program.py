@@ -22,6 +22,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.network.graph import Graph, Node, Source, load_graph
+from xtune.network.layout import DEFAULT, Layout, parse_layout, task_weights
 from xtune.network.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
 from xtune.network.ops import (
     Concat,
@@ -34,6 +35,7 @@ from xtune.network.ops import (
     Softmax,
     relu,
 )
+from xtune.network.relayout import OpStep, relayout
 from xtune.network.tasks import FusedOp, fuse
 from xtune.workload import Workload
 
@@ -65,6 +67,7 @@ class Program:
     is 0 here: the object's weights layout (xtune/codegen/rodata.py, `WeightsLayout`) places it."""
 
     model: str
+    layout: Layout  # what the network runs in between its input and output (those are in ONNX's order)
     input: str
     output: str
     input_shape: tuple[int, ...]
@@ -75,9 +78,11 @@ class Program:
     memory: MemoryPlan
 
 
-def program(source: Source) -> Program:
-    """The calls that run `source`'s network (a path or a ModelProto), or one InputError naming the node
-    xtune cannot run (or the file it cannot read)."""
+def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
+    """The calls that run `source`'s network (a path or a ModelProto) in `layout` (NHWC unless asked:
+    xtune/network/layout.py), or one InputError naming the node xtune cannot run (or the file it cannot
+    read)."""
+    where = parse_layout(layout)
     graph = load_graph(source)
     if len(graph.inputs) != 1 or len(graph.outputs) != 1:
         raise InputError(
@@ -88,31 +93,24 @@ def program(source: Source) -> Program:
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
         raise InputError(f"{graph.name}: two nodes are named '{twice}'; node names must be unique")
-    ops, _ = fuse(graph)  # refuses an operator no pass knows, naming the node
+    ops, _ = fuse(graph, where)  # refuses an operator no pass knows, naming the node
     steps, weights = _calls(graph, ops)
-    places, plan = _place(graph, steps, weights)
+    steps, sizes = relayout(graph, steps, weights, where)
+    places, plan = _place(graph, steps, weights, sizes)
     calls = tuple(Call(nodes=s.nodes, kernel=s.kernel, args=s.args) for s in steps if s.kernel is not None)
     (x,), (y,) = graph.inputs, graph.outputs
     return Program(
-        model=graph.name, input=x, output=y, input_shape=graph.shape(x), output_shape=graph.shape(y),
-        calls=calls, places=places, weights=tuple(weights.items()), memory=plan,
+        model=graph.name, layout=where, input=x, output=y, input_shape=graph.shape(x),
+        output_shape=graph.shape(y), calls=calls, places=places, weights=tuple(weights.items()), memory=plan,
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class _Step:
-    nodes: tuple[str, ...]
-    kernel: Workload | Operator | None  # None: a view
-    args: tuple[str, ...]  # inputs, then the output
-    sharing: Sharing
-
-
-def _calls(graph: Graph, ops: list[FusedOp]) -> tuple[list[_Step], dict[str, np.ndarray]]:
+def _calls(graph: Graph, ops: list[FusedOp]) -> tuple[list[OpStep], dict[str, np.ndarray]]:
     by_anchor = {op.anchor: op for op in ops}
     claimed = {name for op in ops for name in op.fused}
     readers = graph.consumers()
     weights: dict[str, np.ndarray] = {}
-    steps: list[_Step] = []
+    steps: list[OpStep] = []
     for i, node in enumerate(graph.nodes):
         if node.name in claimed:
             continue
@@ -131,17 +129,17 @@ def _calls(graph: Graph, ops: list[FusedOp]) -> tuple[list[_Step], dict[str, np.
             claimed.add(nxt.name)
             step = _other(graph, node, weights, fuse_relu=True)
             steps.append(
-                _Step((node.name, nxt.name), step.kernel, (*step.args[:-1], nxt.outputs[0]), step.sharing)
+                OpStep((node.name, nxt.name), step.kernel, (*step.args[:-1], nxt.outputs[0]), step.sharing)
             )
             continue
         steps.append(_other(graph, node, weights))
     return steps, weights
 
 
-def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> _Step:
+def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> OpStep:
     wl = op.workload
     if op.weights is not None:
-        weights[f"{op.anchor}.weights"] = op.weights
+        weights[f"{op.anchor}.weights"] = task_weights(wl, op.weights)  # in the workload's layout
         w = f"{op.anchor}.weights"
     else:
         w = op.weights_input
@@ -153,20 +151,20 @@ def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> _Step:
     if wl["residual"]:
         assert op.residual is not None
         args.append(op.residual)
-    return _Step((op.anchor, *op.fused), wl, (*args, op.output), Sharing.NONE)
+    return OpStep((op.anchor, *op.fused), wl, (*args, op.output), Sharing.NONE)
 
 
 def _refuse(graph: Graph, node: Node, why: str) -> InputError:
     return InputError(f"{graph.name}: {node.label}: {why}")
 
 
-def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], fuse_relu: bool = False) -> _Step:
+def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], fuse_relu: bool = False) -> OpStep:
     """The generated operator of a node that is not a task (or a view), with its arguments."""
     x, out = node.inputs[0] if node.inputs else "", node.outputs[0]
     if node.op in VIEWS:
         if node.op == "Dropout" and any(node.outputs[1:]):
             raise _refuse(graph, node, "Dropout's mask output is a training feature xtune does not run")
-        return _Step((node.name,), None, (x, out), Sharing.ALIAS)
+        return OpStep((node.name,), None, (x, out), Sharing.ALIAS)
     shape = graph.shape(x)
     kernel: Operator
     inputs: tuple[str, ...] = (x,)
@@ -202,7 +200,7 @@ def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], fuse_relu: 
         raise _refuse(graph, node, "the operator's inputs do not have the sizes it reads")
     if math.prod(kernel.output_shape) != math.prod(graph.shape(out)):
         raise _refuse(graph, node, f"xtune computes {kernel.output_shape}, the model says {graph.shape(out)}")
-    return _Step((node.name,), kernel, (*inputs, out), sharing)
+    return OpStep((node.name,), kernel, (*inputs, out), sharing)
 
 
 def _constant(graph: Graph, node: Node, tensor: str, weights: dict[str, np.ndarray]) -> None:
@@ -276,7 +274,7 @@ def _concat(graph: Graph, node: Node) -> Concat:
 
 
 def _place(
-    graph: Graph, steps: list[_Step], weights: dict[str, np.ndarray]
+    graph: Graph, steps: list[OpStep], weights: dict[str, np.ndarray], sizes: dict[str, int]
 ) -> tuple[dict[str, tuple[Space, int]], MemoryPlan]:
     """Every tensor's (space, byte offset): the input, the output (and what views make the output), the
     weights (offsets filled in by the caller's layout: 0 here), the rest planned in the workspace."""
@@ -298,7 +296,7 @@ def _place(
             raise InputError(f"{graph.name}: node '{step.nodes[0]}' reshapes a constant; xtune runs "
                              "reshapes of activations")  # fmt: skip
     plan_steps = [Step(inputs=s.args[:-1], output=s.args[-1], sharing=s.sharing) for s in steps]
-    nbytes = {t: 4 * math.prod(s) for t, s in graph.shapes.items()}
+    nbytes = {t: 4 * math.prod(s) for t, s in graph.shapes.items()} | sizes
     plan = plan_memory(lifetimes(plan_steps, nbytes, frozenset(places)))
     for name, offset in plan.offsets:
         places[name] = (Space.WORKSPACE, offset)

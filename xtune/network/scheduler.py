@@ -430,14 +430,17 @@ def tune_model(
     options: TuneOptions | None = None,
     strategy: Strategy | str = Strategy.GRADIENT,
     on_progress: Callable[[ModelProgress], None] | None = None,
+    layout: str = "nhwc",
 ) -> ModelTuningResult:
     """Tune every task of an ONNX model (path or ModelProto) on `board` (a name, a Board, or several of
-    one target) under one budget of `trials` (default: options.trials), appending to `log` and resuming
-    from it: what `xtune tune --model` does and prints."""
+    one target) under one budget of `trials` (default: options.trials), the network run in `layout`
+    (xtune/network/layout.py), appending to `log` and resuming from it: what `xtune tune --model` does."""
     from xtune.boards.board import get_board
+    from xtune.network.layout import parse_layout
     from xtune.network.tasks import extract_tasks
     from xtune.tuning.run import TuneOptions
 
+    where = parse_layout(layout)  # before any board is opened
     items = [board] if isinstance(board, str) or not isinstance(board, Sequence) else list(board)
     path = Path(boards_file) if boards_file is not None else None
     boards = [get_board(b, path, target=target) if isinstance(b, str) else b for b in items]
@@ -451,7 +454,7 @@ def tune_model(
     except ValueError:
         known = ", ".join(s.value for s in Strategy)
         raise InputError(f"unknown strategy '{strategy}' (known: {known})") from None
-    taskset = extract_tasks(model, boards[0].target)
+    taskset = extract_tasks(model, boards[0].target, where)
     tuning_log = log if isinstance(log, TuningLog) or log is None else TuningLog(log)
     return tune_tasks(taskset.tasks, boards, options, tuning_log, model=taskset.model,
                       scheduler=SchedulerOptions(strategy=chosen), on_progress=on_progress)  # fmt: skip

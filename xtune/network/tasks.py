@@ -21,6 +21,7 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.network.anchors import Anchor, anchor_of
 from xtune.network.graph import Graph, Node, Source, load_graph
+from xtune.network.layout import DEFAULT, Layout, parse_layout, runs_in
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
 from xtune.workload import Workload, parse_workload
@@ -43,8 +44,9 @@ _BN, _BIAS, _RESIDUAL, _CLAMP = 1, 2, 3, 4
 class FusedOp:
     """One kernel call of the network: an anchor node (Conv, Gemm, MatMul) and the nodes fused after it.
 
-    `weights` and `bias` are what the kernel takes, in the workload's layout: BatchNormalization folded
-    in, Gemm's transposed (n, k) weights transposed to (k, n) (`transposed`) and its alpha applied.
+    `weights` and `bias` are what the kernel takes, in ONNX's order (a Conv's OIHW, which the build turns
+    into the workload's layout: xtune/network/layout.py, `task_weights`): BatchNormalization folded in,
+    Gemm's transposed (n, k) weights transposed to (k, n) (`transposed`) and its alpha applied.
     `weights` is None when the second matmul operand is an activation (`weights_input` names it)."""
 
     anchor: str
@@ -93,6 +95,7 @@ class TaskSet:
 
     model: str
     target: Target
+    layout: Layout  # the network's (xtune/network/layout.py); each task's workload carries its own
     tasks: tuple[Task, ...]
     other_nodes: tuple[OtherNode, ...]
     total_flops: float  # of every kernel call: sum of flops * count (other nodes are not counted)
@@ -102,11 +105,15 @@ class TaskSet:
         return task.flops * task.count / self.total_flops if self.total_flops else 0.0
 
 
-def extract_tasks(source: Source, target: str | Target | None = None) -> TaskSet:
-    """The unique tasks of an ONNX model (path or ModelProto) for `target` (default: the host's)."""
+def extract_tasks(
+    source: Source, target: str | Target | None = None, layout: str | Layout = DEFAULT
+) -> TaskSet:
+    """The unique tasks of an ONNX model (path or ModelProto) for `target` (default: the host's), the
+    network run in `layout` (xtune/network/layout.py: NHWC unless asked)."""
     tgt = target if isinstance(target, Target) else get_target(target) if target else host_target()
+    where = parse_layout(layout)
     graph = load_graph(source)
-    ops, others = fuse(graph)
+    ops, others = fuse(graph, where)
     calls: dict[str, list[FusedOp]] = {}
     for op in ops:
         calls.setdefault(op.workload.key, []).append(op)
@@ -116,7 +123,8 @@ def extract_tasks(source: Source, target: str | Target | None = None) -> TaskSet
         for group in calls.values()
     )  # fmt: skip
     total = sum(t.flops * t.count for t in tasks)
-    return TaskSet(model=graph.name, target=tgt, tasks=tasks, other_nodes=tuple(others), total_flops=total)
+    return TaskSet(model=graph.name, target=tgt, layout=where, tasks=tasks, other_nodes=tuple(others),
+                   total_flops=total)  # fmt: skip
 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
@@ -124,14 +132,15 @@ def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]
     return [build_choice(records, task.workload.key, target.name) for task in tasks]
 
 
-def fuse(graph: Graph) -> tuple[list[FusedOp], list[OtherNode]]:
-    """The kernel calls of `graph` with their fused epilogues, and the nodes left over, in graph order."""
+def fuse(graph: Graph, layout: Layout = DEFAULT) -> tuple[list[FusedOp], list[OtherNode]]:
+    """The kernel calls of `graph` with their fused epilogues, each workload in the layout it runs in
+    within a network of `layout`, and the nodes left over, in graph order."""
     readers, writers = graph.consumers(), graph.producers()
     ops: list[FusedOp] = []
     claimed: set[int] = set()
     for i, node in enumerate(graph.nodes):
         if node.op in ("Conv", "Gemm", "MatMul"):
-            op, used = _fuse_chain(graph, i, anchor_of(graph, node), readers, writers)
+            op, used = _fuse_chain(graph, i, anchor_of(graph, node), readers, writers, layout)
             ops.append(op)
             claimed.update(used)
     others = []
@@ -148,7 +157,12 @@ def fuse(graph: Graph) -> tuple[list[FusedOp], list[OtherNode]]:
 
 
 def _fuse_chain(
-    graph: Graph, index: int, a: Anchor, readers: dict[str, list[int]], writers: dict[str, int]
+    graph: Graph,
+    index: int,
+    a: Anchor,
+    readers: dict[str, list[int]],
+    writers: dict[str, int],
+    layout: Layout,
 ) -> tuple[FusedOp, list[int]]:
     out, stage, used, flags = a.node.outputs[0], 0, [], {"residual": 0, "relu": 0, "relu6": 0}
     weights, bias, residual = a.weights, a.bias, None
@@ -175,7 +189,7 @@ def _fuse_chain(
             break
         used.append(j)
         out = nxt.outputs[0]
-    workload = parse_workload(a.workload_key(bias is not None, flags))
+    workload = parse_workload(a.workload_key(bias is not None, flags, runs_in(a.op, layout)))
     op = FusedOp(
         anchor=a.node.name, fused=tuple(graph.nodes[j].name for j in used), workload=workload,
         input=a.node.inputs[0], weights_input=a.node.inputs[1], residual=residual, output=out,

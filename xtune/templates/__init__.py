@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Protocol
 
@@ -40,15 +40,19 @@ class ScheduleTemplate(Protocol):
 def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     from xtune.templates.conv2d import Conv2dTemplate
     from xtune.templates.depthwise import DepthwiseTemplate
+    from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate
     from xtune.templates.matmul import MatmulTemplate
+    from xtune.workload import conv_shape
 
-    templates: dict[str, type] = {
+    # Typed as constructors of the protocol, so mypy checks that every template has all of it.
+    templates: dict[str, Callable[[Workload, Target], ScheduleTemplate]] = {
         "matmul": MatmulTemplate, "conv2d": Conv2dTemplate, "depthwise": DepthwiseTemplate,
     }  # fmt: skip
+    if workload.op == "depthwise" and conv_shape(workload).nhwc:  # channels, not rows, are its vectors
+        templates["depthwise"] = DepthwiseNhwcTemplate
     if workload.op not in templates:
         raise InputError(f"no schedule template for operator '{workload.op}'")
-    template: ScheduleTemplate = templates[workload.op](workload, target)
-    return template
+    return templates[workload.op](workload, target)
 
 
 def features_template(template: ScheduleTemplate) -> ScheduleTemplate:

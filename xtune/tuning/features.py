@@ -18,7 +18,7 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
-from xtune.templates import ScheduleTemplate, conv2d, depthwise, features_template, matmul
+from xtune.templates import ScheduleTemplate, conv2d, depthwise, depthwise_nhwc, features_template, matmul
 from xtune.templates.matmul import ORDERS, parse_tile
 from xtune.workload import conv_shape
 
@@ -318,12 +318,52 @@ def depthwise_features(template: ScheduleTemplate, indices: Sequence[int] | np.n
     return np.stack(cols, axis=1)
 
 
+DEPTHWISE_NHWC_FEATURES = (
+    "log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation", "multiplier", "lanes_log2",
+    "acc_regs_frac", "regs_used_frac", "fma_per_load", "p", "nv", "k_waste", "ow_waste", "border_frac",
+    "rows_l1", "row_block_l2", "weights_l1", "k_blocks_log2", "oh_blocks_log2", "unroll_kh",
+    "unrolled_fmas_log2", "expand_per_fma",
+)  # fmt: skip
+
+
+def depthwise_nhwc_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The NHWC depthwise template's configs (templates/depthwise_nhwc.py): channels are its vectors,
+    output pixels along a row its tile rows, channel and row blocks what stays in cache."""
+    t, sh = template.target, conv_shape(template.workload)
+    cfg = _Configs(template, indices)
+    p, nv = cfg.tiles()
+    lanes, regs, l1, l2 = _target_sizes(t)
+    nr = nv * lanes
+    kb = depthwise_nhwc.channel_block(sh, nr, cfg.ints("tile_k"))
+    ohb = depthwise_nhwc.row_block(sh, cfg.ints("tile_oh"))
+    (ylo, yhi), (xlo, xhi) = depthwise_nhwc.interiors(sh)
+    inner = max(1, xhi - xlo)
+    unroll_kh = cfg.flag("unroll_kh", 1)
+    rows = np.asarray(depthwise_nhwc.rows_bytes(sh, kb))
+    block_rows = (ohb - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
+    border = 1.0 - (yhi - ylo) * (xhi - xlo) / (sh.oh * sh.ow)
+    expand = (sh.multiplier > 1) * sh.r * sh.w / (sh.ow * sh.r * sh.s)  # copies per FMA, per output row
+    one = np.ones_like(p)
+    cols = [
+        one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow), one * np.log2(sh.r * sh.s),
+        one * sh.stride, one * sh.dilation, one * sh.multiplier, one * np.log2(lanes),
+        p * nv / regs, depthwise_nhwc.tile_registers(sh, p, nv) / regs,
+        depthwise_nhwc.fmas_per_load(sh, p, nv), p, nv,
+        np.ceil(sh.k / nr) * nr / sh.k - 1, np.ceil(inner / p) * p / inner - 1, one * border,
+        _log2(rows / l1), _log2(rows * block_rows / ((sh.r - 1) * sh.dilation + 1) / l2),
+        _log2(4 * sh.r * sh.s * kb / l1), _log2(np.ceil(sh.k / kb)), _log2(np.ceil(max(1, yhi - ylo) / ohb)),
+        unroll_kh, _log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)), one * expand,
+    ]  # fmt: skip
+    return np.stack(cols, axis=1)
+
+
 FEATURIZERS: dict[
     str, tuple[tuple[str, ...], Callable[[ScheduleTemplate, Sequence[int] | np.ndarray], np.ndarray]]
 ] = {
     "matmul": (MATMUL_FEATURES, matmul_features),
     "conv2d": (CONV2D_FEATURES, conv2d_features),
     "depthwise": (DEPTHWISE_FEATURES, depthwise_features),
+    "depthwise_nhwc": (DEPTHWISE_NHWC_FEATURES, depthwise_nhwc_features),
 }
 
 
@@ -358,13 +398,17 @@ def feature_names(op: str) -> tuple[str, ...]:
 
 def features_op(template: ScheduleTemplate) -> str:
     """The operator whose features (and cost models, and estimate) describe `template`'s configs: its own,
-    or "matmul" for a conv2d that lowers through the matmul template (templates.features_template)."""
-    return features_template(template).workload.op
+    "matmul" for a conv2d that lowers through the matmul template (templates.features_template), or
+    "depthwise_nhwc" for an NHWC depthwise, whose template (and space) is not the NCHW one's."""
+    view = features_template(template)
+    if isinstance(view, depthwise_nhwc.DepthwiseNhwcTemplate):
+        return "depthwise_nhwc"
+    return view.workload.op
 
 
 def featurize(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
     """An (len(indices), n_features) float64 matrix for configs of one template."""
-    view = features_template(template)
-    if view.workload.op not in FEATURIZERS:
-        raise InputError(f"no features defined for operator '{view.workload.op}'")
-    return FEATURIZERS[view.workload.op][1](view, indices)
+    view, op = features_template(template), features_op(template)
+    if op not in FEATURIZERS:
+        raise InputError(f"no features defined for operator '{op}'")
+    return FEATURIZERS[op][1](view, indices)

@@ -1,0 +1,244 @@
+"""Pooling operators of a network: MaxPool and AveragePool (`Pool2d`) and GlobalAveragePool, in NCHW or
+NHWC (the layout pass's, xtune/network/relayout.py). Semantics as xtune/network/ops.py states them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.network.layout import Layout, physical, to_layout
+from xtune.network.opkit import Shape, hsum_or_max, params, positive
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Buffer,
+    BufferKind,
+    Const,
+    Kernel,
+    Load,
+    NestBuilder,
+    Value,
+)
+
+
+class PoolKind(Enum):
+    MAX = "max"
+    AVERAGE = "average"
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Consecutive outputs along one axis whose windows cover the same kernel taps [lo, hi)."""
+
+    start: int
+    count: int
+    lo: int
+    hi: int
+
+
+def _segments(out: int, size: int, k: int, stride: int, pad: int) -> list[_Segment]:
+    """Outputs along an axis: each one whose window overlaps the padding alone, the interior as one run."""
+    first = min(out, -(-pad // stride))  # first output whose window starts inside the input
+    last = min(out - 1, (size + pad - k) // stride)  # last output whose window ends inside it
+    segments = []
+    for o in range(out):
+        if first <= o <= last:
+            if o == first:
+                segments.append(_Segment(first, last - first + 1, 0, k))
+            continue
+        lo, hi = max(0, pad - o * stride), min(k, size + pad - o * stride)
+        segments.append(_Segment(o, 1, lo, hi))
+    return segments
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pool2d:
+    """MaxPool / AveragePool over (n, c, h, w), or (n, h, w, c) in NHWC; pads (top, left, bottom, right)."""
+
+    kind: PoolKind
+    n: int
+    c: int
+    h: int
+    w: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    layout: Layout = Layout.NCHW
+
+    def __post_init__(self) -> None:
+        positive("pool", n=self.n, c=self.c, h=self.h, w=self.w, kh=self.kernel[0], kw=self.kernel[1],
+                  stride_h=self.stride[0], stride_w=self.stride[1])  # fmt: skip
+        if (
+            min(self.pads) < 0
+            or self.pads[0] >= self.kernel[0]
+            or self.pads[2] >= self.kernel[0]
+            or (self.pads[1] >= self.kernel[1] or self.pads[3] >= self.kernel[1])
+        ):
+            raise InputError(f"pool: pads {self.pads} must be non-negative and smaller than the kernel")
+        oh, ow = self._nchw_output[2:]
+        if oh < 1 or ow < 1:
+            raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return (physical((self.n, self.c, self.h, self.w), self.layout),)
+
+    @property
+    def output_shape(self) -> Shape:
+        return physical(self._nchw_output, self.layout)
+
+    @property
+    def _nchw_output(self) -> Shape:
+        (kh, kw), (sh, sw), (pt, pl, pb, pr) = self.kernel, self.stride, self.pads
+        return (self.n, self.c, (self.h + pt + pb - kh) // sh + 1, (self.w + pl + pr - kw) // sw + 1)
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        if self.layout is Layout.NHWC:
+            nchw = replace(self, layout=Layout.NCHW)
+            return to_layout(nchw.reference(np.ascontiguousarray(x.transpose(0, 3, 1, 2))), Layout.NHWC)
+        (kh, kw), (sh, sw), (pt, pl, pb, pr) = self.kernel, self.stride, self.pads
+        fill = -np.inf if self.kind is PoolKind.MAX else 0.0
+        padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+        valid = np.pad(np.ones((self.h, self.w)), ((pt, pb), (pl, pr)))
+        oh, ow = self._nchw_output[2:]
+        out = np.empty(self._nchw_output)
+        for i in range(oh):
+            for j in range(ow):
+                win = padded[:, :, i * sh : i * sh + kh, j * sw : j * sw + kw]
+                if self.kind is PoolKind.MAX:
+                    out[:, :, i, j] = win.max(axis=(2, 3))
+                else:
+                    taps = valid[i * sh : i * sh + kh, j * sw : j * sw + kw].sum()
+                    out[:, :, i, j] = win.sum(axis=(2, 3)) / taps
+        return out.astype(np.float32)
+
+    def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        if self.layout is Layout.NHWC:
+            return self._nhwc_nest(name, lanes)
+        (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
+        _, _, oh, ow = self.output_shape
+        b = NestBuilder()
+        for rows in _segments(oh, self.h, kh, sh, pt):
+            for cols in _segments(ow, self.w, kw, sw, pl):
+                with b.loop(self.n * self.c, "p") as p, b.loop(rows.count, "y") as y:
+                    oy = y + rows.start
+                    in_row = p * (self.h * self.w) + (oy * sh + (-pt)) * self.w + (-pl)
+                    self._row(b, in_row, p * (oh * ow) + oy * ow, rows, cols, lanes)
+        size = self.n * self.c
+        return b.kernel(name, params([("x", size * self.h * self.w)], size * oh * ow))
+
+    def _row(self, b: NestBuilder, in_row: Affine, out_row: Affine, rows: _Segment, cols: _Segment,
+             lanes: int) -> None:  # fmt: skip
+        """The outputs `cols` of one output row: vectors of outputs where columns are contiguous."""
+        sw = self.stride[1]
+        op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
+
+        def window(ox: Affine, width: int, count: int) -> None:
+            acc: Value | None = None
+            for ky in range(rows.lo, rows.hi):
+                for kx in range(cols.lo, cols.hi):
+                    tap = Load("x", in_row + ky * self.w + ox * sw + kx, width, count)
+                    acc = tap if acc is None else Binary(op, acc, tap)
+            assert acc is not None
+            if self.kind is PoolKind.AVERAGE:
+                taps = (rows.hi - rows.lo) * (cols.hi - cols.lo)
+                acc = Binary(BinaryOp.MUL, acc, Const(1.0 / taps, width))
+            b.store("out", out_row + ox, acc, width, count)
+
+        if sw == 1 and lanes > 1:
+            b.split(cols.count, lanes, lambda t, n: window(t + cols.start, lanes, n), "x")
+        else:
+            with b.loop(cols.count, "x") as x:
+                window(x + cols.start, 1, 1)
+
+    def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
+        """NHWC: channels are contiguous, so every output pixel's channels run as vectors, any stride."""
+        (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
+        _, oh, ow, c = self.output_shape
+        op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
+        b, row = NestBuilder(), self.w * c
+        for rows in _segments(oh, self.h, kh, sh, pt):
+            for cols in _segments(ow, self.w, kw, sw, pl):
+                with b.loop(self.n, "n") as img, b.loop(rows.count, "y") as y, b.loop(cols.count, "x") as x:
+                    oy, ox = y + rows.start, x + cols.start
+                    at = img * (self.h * row) + (oy * sh + (-pt)) * row + (ox * sw + (-pl)) * c
+                    out = img * (oh * ow * c) + (oy * ow + ox) * c
+
+                    def window(ch: Affine, count: int, at: Affine = at, out: Affine = out,
+                               rows: _Segment = rows, cols: _Segment = cols) -> None:  # fmt: skip
+                        acc: Value | None = None
+                        for ky in range(rows.lo, rows.hi):
+                            for kx in range(cols.lo, cols.hi):
+                                tap = Load("x", at + ch + ky * row + kx * c, lanes, count)
+                                acc = tap if acc is None else Binary(op, acc, tap)
+                        assert acc is not None
+                        if self.kind is PoolKind.AVERAGE:
+                            taps = (rows.hi - rows.lo) * (cols.hi - cols.lo)
+                            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / taps, lanes))
+                        b.store("out", out + ch, acc, lanes, count)
+
+                    b.split(c, lanes, window, "c")
+        size = self.n * self.c
+        return b.kernel(name, params([("x", size * self.h * self.w)], size * oh * ow))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GlobalAveragePool:
+    """The mean of each channel of (n, c, h, w), or of (n, h, w, c) in NHWC: (n, c, 1, 1) either way."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    layout: Layout = Layout.NCHW
+
+    def __post_init__(self) -> None:
+        positive("global average pool", n=self.n, c=self.c, h=self.h, w=self.w)
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return (physical((self.n, self.c, self.h, self.w), self.layout),)
+
+    @property
+    def output_shape(self) -> Shape:
+        return (self.n, self.c, 1, 1)
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        axes = (1, 2) if self.layout is Layout.NHWC else (2, 3)
+        return x.astype(np.float64).mean(axis=axes).reshape(self.output_shape).astype(np.float32)
+
+    def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        if self.layout is Layout.NHWC:
+            return self._nhwc_nest(name, lanes)
+        b, plane = NestBuilder(), self.h * self.w
+        acc = b.register("acc", lanes)
+        with b.loop(self.n * self.c, "p") as p:
+            b.assign(acc, Const(0.0, lanes))
+            b.split(plane, lanes, lambda i, n: b.assign(acc, Binary(BinaryOp.ADD, acc,
+                                                        Load("x", p * plane + i, lanes, n))))  # fmt: skip
+            total = hsum_or_max(b, acc, lanes, BinaryOp.ADD)
+            b.store("out", p, Binary(BinaryOp.MUL, total, Const(1.0 / plane)))
+        size = self.n * self.c
+        red = (Buffer("red", lanes, BufferKind.LOCAL),) if lanes > 1 else ()
+        return b.kernel(name, (*params([("x", size * plane)], size), *red))
+
+    def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
+        """NHWC: a vector of channels summed over the pixels, no horizontal reduction."""
+        b, plane, c = NestBuilder(), self.h * self.w, self.c
+        acc = b.register("acc", lanes)
+
+        def channels(img: Affine, ch: Affine, count: int) -> None:
+            b.assign(acc, Const(0.0, lanes))
+            with b.loop(plane, "p") as p:
+                b.assign(
+                    acc, Binary(BinaryOp.ADD, acc, Load("x", img * (plane * c) + p * c + ch, lanes, count))
+                )
+            b.store("out", img * c + ch, Binary(BinaryOp.MUL, acc, Const(1.0 / plane, lanes)), lanes, count)
+
+        with b.loop(self.n, "n") as img:
+            b.split(c, lanes, lambda ch, count: channels(img, ch, count), "c")
+        return b.kernel(name, params([("x", self.n * c * plane)], self.n * c))

@@ -1,0 +1,145 @@
+"""The layout pass: the steps of a network in ONNX's order (NCHW) in, the same steps run in the network's
+layout out, with a `Transpose` (xtune/network/ops.py) inserted wherever a tensor is not in the layout its
+reader runs in (xtune/network/layout.py decides both).
+
+Every step runs in one layout (`runs_in` of its kind; an elementwise step in its first input's), and its
+4-D activations are read and written in it. A tensor is named by its ONNX name in ONNX's order and by
+"name@nhwc" in NHWC (`physical_name`); a tensor whose two layouts are the same bytes (`differs`) has one
+name. A conversion is inserted right before the first reader that needs it and shared by later readers.
+The model's input is in ONNX's order; its output is converted back at the end when its last writer ran in
+NHWC. A 4-D constant read in NHWC is converted at build time. The memory planner then places the new
+tensors like any other intermediate (xtune/network/memory.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from xtune.network.graph import Graph
+from xtune.network.layout import FOLLOWS_INPUT, Layout, differs, runs_in, to_layout, workload_layout
+from xtune.network.memory import Sharing
+from xtune.network.ops import Concat, GlobalAveragePool, Operator, Pool2d, Transpose
+from xtune.workload import Workload
+
+
+@dataclass(frozen=True)
+class OpStep:
+    """One call of the entry before placement: what it runs (None: a view, no code) and its arguments
+    (inputs, then the output; tensor names)."""
+
+    nodes: tuple[str, ...]
+    kernel: Workload | Operator | None
+    args: tuple[str, ...]
+    sharing: Sharing
+
+
+def physical_name(graph: Graph, tensor: str, layout: Layout) -> str:
+    """The name of `tensor` stored in `layout`."""
+    if layout is Layout.NCHW or not differs(graph.shape(tensor)):
+        return tensor
+    return f"{tensor}@{layout.value}"
+
+
+def relayout(
+    graph: Graph, steps: list[OpStep], weights: dict[str, np.ndarray], network: Layout
+) -> tuple[list[OpStep], dict[str, int]]:
+    """`steps` run in `network`'s layout, conversions inserted (constants converted in `weights`, which
+    then holds only what a step reads), and the byte size of every tensor the pass named."""
+    run = _Pass(graph, weights)
+    for step in steps:
+        run.step(step, _layout(graph, step, network, run.have))
+    for y in graph.outputs:  # in ONNX's order, whatever its writer ran in
+        if y in run.writer:
+            run.need(y, Layout.NCHW, run.writer[y])
+    read = {t for step in run.steps for t in step.args}
+    for name in [n for n in weights if n not in read]:  # a constant only read converted
+        del weights[name]
+    return run.steps, run.sizes
+
+
+def _kind(kernel: Workload | Operator | None) -> str:
+    if kernel is None:
+        return "view"
+    return kernel.op if isinstance(kernel, Workload) else type(kernel).__name__.lower()
+
+
+def _layout(graph: Graph, step: OpStep, network: Layout, have: dict[str, set[Layout]]) -> Layout:
+    """The layout `step` runs in."""
+    kind = _kind(step.kernel)
+    if isinstance(step.kernel, Workload):  # the task's workload says (xtune/network/tasks.py chose it)
+        return workload_layout(step.kernel)
+    if kind in FOLLOWS_INPUT or (kind == "view" and graph.shape(step.args[0]) == graph.shape(step.args[-1])):
+        # Elementwise steps, and views that keep the shape: the layout their first input has, no conversion.
+        first = have.get(step.args[0], {Layout.NCHW})
+        return network if network in first else next(iter(first))
+    if isinstance(step.kernel, Concat) and not _channel_concat(graph, step):
+        return Layout.NCHW
+    return runs_in(kind, network)
+
+
+def _channel_concat(graph: Graph, step: OpStep) -> bool:
+    node = next(n for n in graph.nodes if n.name == step.nodes[0])
+    shape = graph.shape(step.args[-1])
+    axis = int(node.attr("axis", 1))  # type: ignore[arg-type]
+    return len(shape) == 4 and axis % 4 == 1
+
+
+def _in_layout(graph: Graph, kernel: Workload | Operator | None, args: tuple[str, ...], layout: Layout
+               ) -> Workload | Operator | None:  # fmt: skip
+    """`kernel` (built for ONNX's order) computing the same in `layout`."""
+    if layout is Layout.NCHW or kernel is None or isinstance(kernel, Workload):
+        return kernel
+    if isinstance(kernel, Pool2d | GlobalAveragePool):
+        return replace(kernel, layout=layout)
+    if isinstance(kernel, Concat):  # channels innermost: every pixel is one outer row
+        n, _, h, w = graph.shape(args[-1])
+        return Concat(n=n * h * w, channels=kernel.channels, h=1, w=1)
+    return kernel  # elementwise: the same whatever the order
+
+
+class _Pass:
+    def __init__(self, graph: Graph, weights: dict[str, np.ndarray]) -> None:
+        self.graph, self.weights = graph, weights
+        self.have: dict[str, set[Layout]] = {x: {Layout.NCHW} for x in graph.inputs}
+        self.steps: list[OpStep] = []
+        self.sizes: dict[str, int] = {}
+        self.writer: dict[str, str] = {}  # tensor -> the node whose step wrote it
+
+    def step(self, step: OpStep, layout: Layout) -> None:
+        inputs = step.args[:-1]
+        if isinstance(step.kernel, Workload):  # its weights and bias are already in the task's layout
+            args = [t if t in self.weights else self.need(t, layout, step.nodes[0]) for t in inputs]
+        else:
+            args = [self.need(t, layout, step.nodes[0]) for t in inputs]
+        out = step.args[-1]
+        self.have[out], self.writer[out] = {layout}, step.nodes[0]
+        kernel = _in_layout(self.graph, step.kernel, step.args, layout)
+        self.steps.append(replace(step, kernel=kernel, args=(*args, self.name(out, layout))))
+
+    def name(self, tensor: str, layout: Layout) -> str:
+        name = physical_name(self.graph, tensor, layout)
+        self.sizes[name] = 4 * math.prod(self.graph.shape(tensor))
+        return name
+
+    def need(self, tensor: str, layout: Layout, node: str) -> str:
+        """The name of `tensor` in `layout`, converting it first if it is not there yet."""
+        if not tensor or not differs(self.graph.shape(tensor)):
+            return tensor
+        if tensor in self.weights:  # a constant operand: converted here, at build time
+            name = self.name(tensor, layout)
+            self.weights.setdefault(name, to_layout(self.weights[tensor], layout))
+            return name
+        have = self.have.get(tensor)
+        if have is None:  # nothing computes it: placement says so, naming the node
+            return tensor
+        if layout not in have:
+            (source,) = have
+            n, c, h, w = self.graph.shape(tensor)
+            convert = Transpose(n=n, c=c, h=h, w=w, to=layout)
+            args = (self.name(tensor, source), self.name(tensor, layout))
+            self.steps.append(OpStep((node,), convert, args, Sharing.NONE))
+            have.add(layout)
+        return self.name(tensor, layout)
