@@ -222,6 +222,16 @@ def _validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...
             )
 
 
+def _require_winograd(params: dict[str, ParamValue]) -> None:
+    """algo=winograd (F(2x2, 3x3), templates/winograd.py) computes 3x3 windows at stride 1 only."""
+    window = (params["r"], params["s"], params["stride"], params["dilation"])
+    if window != (3, 3, 1, 1):
+        raise InputError(
+            "conv2d: algo=winograd needs r=3, s=3, stride=1, dilation=1, got "
+            f"r={params['r']}, s={params['s']}, stride={params['stride']}, dilation={params['dilation']}"
+        )
+
+
 def _windows(x: np.ndarray, sh: ConvShape, axes: tuple[int, int]) -> np.ndarray:
     """A view of the padded input with two (window, output) axis pairs per spatial axis, no copy."""
     pads = [(0, 0)] * x.ndim
@@ -243,7 +253,8 @@ class Conv2d:
     layout=nchw: input (n,c,h,w), weights (k,c,r,s) [OIHW, PyTorch/ONNX], output (n,k,oh,ow).
     layout=nhwc: input (n,h,w,c), weights (r,s,c,k) [HWIO, TensorFlow's tf.nn.conv2d], output (n,oh,ow,k).
     bias=1 adds a (k,) tensor, residual=1 a tensor shaped like the output; relu=1 clamps at 0, relu6=1
-    to [0, 6]. oh = (h+2pad-dil(r-1)-1)//stride+1."""
+    to [0, 6]. oh = (h+2pad-dil(r-1)-1)//stride+1. algo=winograd (3x3, stride 1, dilation 1 only) picks
+    the Winograd F(2x2, 3x3) template: the same tensors and reference, fewer multiplies."""
 
     name: ClassVar[str] = "conv2d"
     keys: ClassVar[tuple[str, ...]] = (
@@ -258,6 +269,7 @@ class Conv2d:
         "pad",
         "dilation",
         "layout",
+        "algo",
         *EPILOGUE,
     )
     defaults: ClassVar[dict[str, ParamValue]] = {
@@ -265,13 +277,16 @@ class Conv2d:
         "pad": 0,
         "dilation": 1,
         "layout": "nchw",
+        "algo": "direct",
         **EPILOGUE,
     }
-    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", *EPILOGUE))
-    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc")}
+    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", "algo", *EPILOGUE))
+    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc"), "algo": ("direct", "winograd")}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         _validate_conv(self.name, params, ("n", "c", "h", "w", "k", "r", "s"))
+        if params["algo"] == "winograd":
+            _require_winograd(params)
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)

@@ -37,6 +37,10 @@ def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     }  # fmt: skip
     if workload.op not in templates:
         raise InputError(f"no schedule template for operator '{workload.op}'")
+    if workload.op == "conv2d" and workload.value("algo") == "winograd":
+        from xtune.templates.winograd import WinogradTemplate
+
+        return WinogradTemplate(workload, target)
     template: ScheduleTemplate = templates[workload.op](workload, target)
     return template
 

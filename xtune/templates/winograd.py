@@ -1,0 +1,513 @@
+"""The Winograd template: a conv2d workload with algo=winograd (3x3, stride 1) + target in, an F(2x2, 3x3)
+nest out (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
+
+Each 2x2 output tile of a channel pair is Y = A^T [(G g G^T) * (B^T d B)] A: 16 multiplies instead of 36.
+NHWC, vectors along channels. Per image the input is copied once into a zero-padded local buffer (when
+padding or an odd output size needs one). Per block of tiles (tile rows x tiles along a row):
+(a) the input transform V = B^T d B of every 4x4 patch, a channel vector at a time, into V[e][tile][c];
+(b) 16 GEMMs M[e] (tiles x K) = V[e] (tiles x C) . U[e] (C x K), a register tile of tiles x output-channel
+vectors updated by broadcast(V) x U-vector FMAs (the matmul template's micro kernel), C in blocks of cb;
+(c) the output transform Y = A^T M A per tile and channel vector, plus the fused epilogue, stored for the
+valid pixels only (the last tile row and column of an odd output size are half tiles).
+U = G g G^T (16 x C x K floats) is the transformed weights: `prepack` computes it on the host (a
+network's constant weights), or the kernel computes the U of each output-channel block from the plain
+weights into a local buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Buffer,
+    BufferKind,
+    Const,
+    Kernel,
+    Load,
+    LoopKind,
+    MulAdd,
+    NestBuilder,
+    Reg,
+    Value,
+)
+from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
+from xtune.target import Target
+from xtune.templates.conv2d import STACK_BUDGET
+from xtune.templates.matmul import (
+    Epilogue,
+    clipped,
+    fmas_per_load,
+    parse_tile,
+    register_tiles,
+    split_edges,
+    tile_registers,
+)
+from xtune.workload import ConvShape, Workload, conv_shape
+
+TY_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tile rows per block
+TX_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tiles along a row per block
+CB_OPTIONS = (8, 16, 32, 64, 128, 256, 512)
+KB_OPTIONS = (16, 32, 64, 128, 256, 512)
+E = 16  # elements of a transformed 4x4 tile
+
+# F(2x2, 3x3) (Lavin & Gray, section 4.1): d is a 4x4 input patch, g the 3x3 filter, Y the 2x2 output.
+BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float32)
+G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float32)
+AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class WinogradSchedule:
+    """A config resolved against the shape."""
+
+    mr: int  # tiles per register tile
+    nv: int  # output-channel vectors per register tile
+    lanes: int
+    ty: int  # tile rows per block
+    tx: int  # tiles along a row per block
+    cb: int  # input channels per GEMM block
+    kb: int  # output channels per block, a multiple of nr
+    order: str  # "kt": channel strips outside tile groups, "tk": inside
+    unroll: int
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+def tiles(sh: ConvShape) -> tuple[int, int]:
+    """2x2 output tiles down and across (the last of an odd size is half empty)."""
+    return -(-sh.oh // 2), -(-sh.ow // 2)
+
+
+def needs_copy(sh: ConvShape) -> bool:
+    """Whether tiles read outside the input: padding, or the half tile of an odd output size."""
+    return sh.pad > 0 or sh.oh % 2 == 1 or sh.ow % 2 == 1
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def stack_floats(sh: ConvShape, lanes: int, nt: int, kb: int, prepacked: bool) -> int:
+    """Floats of the local buffers: padded input copy, V (16 x nt x C), M (16 x nt x kb), and U of one
+    output-channel block unless the weights come prepacked."""
+    th, tw = tiles(sh)
+    cp = round_up(sh.c, lanes)
+    ip = (2 * th + 2) * (2 * tw + 2) * cp if needs_copy(sh) else 0
+    return ip + E * nt * cp + E * nt * kb + (0 if prepacked else E * sh.c * kb)
+
+
+class WinogradTemplate:
+    def __init__(self, workload: Workload, target: Target):
+        self.workload = workload
+        self.target = target
+        self.shape = sh = conv_shape(workload)
+        if not sh.nhwc:
+            raise InputError("conv2d: algo=winograd is implemented for layout=nhwc only")
+        th, tw = tiles(sh)
+        self.space = ConfigSpace(
+            (
+                Knob("tile", KnobKind.CHOICE, register_tiles(target)),
+                Knob("tile_ty", KnobKind.TILE, clipped(TY_OPTIONS, th)),
+                Knob("tile_tx", KnobKind.TILE, clipped(TX_OPTIONS, tw)),
+                Knob("tile_ic", KnobKind.TILE, clipped(CB_OPTIONS, sh.c)),
+                Knob("tile_oc", KnobKind.TILE, clipped(KB_OPTIONS, sh.k)),
+                Knob("order", KnobKind.CHOICE, ("kt", "tk")),
+                Knob("unroll", KnobKind.UNROLL, (1, 2, 4)),
+            )
+        )
+
+    def schedule(self, config: Config, prepacked: bool = False) -> WinogradSchedule:
+        sh, lanes = self.shape, self.target.fp32_lanes
+        mr, nv = parse_tile(str(config["tile"]))
+        nr = nv * lanes
+        ty, tx = config.int("tile_ty"), config.int("tile_tx")
+        kb = round_up(min(config.int("tile_oc"), sh.k), nr)
+        # The local buffers share the stack budget: fewer output channels per block, then fewer tiles.
+        while kb > nr and 4 * stack_floats(sh, lanes, ty * tx, kb, prepacked) > STACK_BUDGET:
+            kb -= nr
+        while ty * tx > 1 and 4 * stack_floats(sh, lanes, ty * tx, kb, prepacked) > STACK_BUDGET:
+            ty, tx = (ty // 2, tx) if ty > 1 else (ty, tx // 2)
+        return WinogradSchedule(
+            mr, nv, lanes, ty, tx, min(config.int("tile_ic"), sh.c), kb, str(config["order"]),
+            config.int("unroll"),
+        )  # fmt: skip
+
+    def default_config(self) -> Config:
+        sh, t = self.shape, self.target
+        knobs = {k.name: [int(o) for o in k.options] for k in self.space.knobs if k.name.startswith("tile_")}
+        th, _ = tiles(sh)
+
+        def score(tile: str) -> float:
+            # FMAs per loaded value, discounted by the lanes wasted past the last output channel.
+            mr, nv = parse_tile(tile)
+            nr = nv * t.fp32_lanes
+            return fmas_per_load(mr, nv) * sh.k / round_up(sh.k, nr) + 1e-3 * mr * nv
+
+        # A spare register: a tile that fills the register file exactly spills (as conv2d's default).
+        tiles_ok = [str(o) for o in self.space.knobs[0].options]
+        roomy = [s for s in tiles_ok if tile_registers(*parse_tile(s)) <= t.vector_registers - 1]
+        tile = max(roomy or tiles_ok, key=score)
+        nv = parse_tile(tile)[1]
+        nr = nv * t.fp32_lanes
+        # A whole row of tiles per block (and more rows while the block's V and M stay in L2), all the
+        # output channels, and the input channels whose U strip (cb x nr) fills half of L1.
+        tx = max(knobs["tile_tx"])
+        cp = round_up(sh.c, t.fp32_lanes)
+        ty = max(
+            (o for o in knobs["tile_ty"] if 4 * E * o * tx * (cp + round_up(sh.k, nr)) <= t.l2_bytes // 2),
+            default=1,
+        )
+        cb = max(
+            (o for o in knobs["tile_ic"] if 4 * o * nr <= t.l1d_bytes // 2), default=min(knobs["tile_ic"])
+        )
+        values: dict[str, KnobValue] = {
+            "tile": tile, "tile_ty": min(ty, th), "tile_tx": tx, "tile_ic": cb,
+            "tile_oc": max(knobs["tile_oc"]), "order": "kt", "unroll": 2,
+        }  # fmt: skip
+        return self.space.config(self.space.index_of(values))
+
+    def kernel(self, config: Config, name: str, prepacked: bool = False) -> Kernel:
+        """The nest of `config`. With `prepacked`, its `weights` parameter holds U as `prepack` lays it
+        out (weights known at build time, as in a network): no weight transform per call."""
+        return _WinogradEmitter(self.workload, self.schedule(config, prepacked), prepacked).kernel(name)
+
+    def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
+        """The workload's HWIO weights as the `prepacked` kernel of `config` reads them: U = G g G^T laid
+        out U[e][strip][c][nr] (e = 4i + j of the 4x4 tile, strips of nr output channels, zero past k)."""
+        sh = self.shape
+        nr = self.schedule(config, True).nr
+        w = np.asarray(weights, np.float32).reshape(3, 3, sh.c, sh.k)
+        u = np.einsum("ai,ijck,bj->abck", G, w, G).reshape(E, sh.c, sh.k)  # U[e][c][k]
+        strips = -(-sh.k // nr)
+        out = np.zeros((E, sh.c, strips * nr), np.float32)
+        out[:, :, : sh.k] = u
+        return np.ascontiguousarray(out.reshape(E, sh.c, strips, nr).transpose(0, 2, 1, 3)).ravel()
+
+
+def _add(a: Value, b: Value) -> Value:
+    return Binary(BinaryOp.ADD, a, b)
+
+
+def _sub(a: Value, b: Value) -> Value:
+    return Binary(BinaryOp.SUB, a, b)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Where the nest is: image, output-channel block, block of tiles (and whether its last tile row and
+    column are the half tiles of an odd output size)."""
+
+    n: Affine
+    k0: Affine
+    kcur: int
+    ty0: Affine
+    nty: int
+    tx0: Affine
+    ntx: int
+    half_y: bool
+    half_x: bool
+
+    @property
+    def nt(self) -> int:
+        return self.nty * self.ntx
+
+
+class _WinogradEmitter:
+    def __init__(self, workload: Workload, s: WinogradSchedule, prepacked: bool):
+        self.sh = sh = conv_shape(workload)
+        self.s, self.prepacked = s, prepacked
+        self.b = NestBuilder()
+        self.epi = Epilogue.of(workload)
+        self.th, self.tw = tiles(sh)
+        self.copy = needs_copy(sh)
+        self.cp = round_up(sh.c, s.lanes)
+        self.strips = -(-sh.k // s.nr)  # strips of the whole U (prepacked)
+        self.wrow = 2 * self.tw + 2  # columns of the padded copy
+
+    def kernel(self, name: str) -> Kernel:
+        sh, s, b = self.sh, self.s, self.b
+        nt = s.ty * s.tx
+        weights = E * self.strips * sh.c * s.nr if self.prepacked else 9 * sh.c * sh.k
+        ip_size = (2 * self.th + 2) * self.wrow * self.cp
+        buffers = [
+            Buffer("input", sh.n * sh.h * sh.w * sh.c, BufferKind.INPUT),
+            Buffer("weights", weights, BufferKind.INPUT),
+            *self.epi.buffers(sh.k, sh.n * sh.oh * sh.ow * sh.k),
+            Buffer("output", sh.n * sh.oh * sh.ow * sh.k, BufferKind.OUTPUT),
+            Buffer("V", E * nt * self.cp, BufferKind.LOCAL),
+            Buffer("M", E * nt * s.kb, BufferKind.LOCAL),
+        ]
+        if self.copy:
+            buffers.append(Buffer("Ip", ip_size, BufferKind.LOCAL))
+            with b.loop(ip_size // s.lanes, "z") as z:  # the border is never written again: zero it once
+                b.store("Ip", z * s.lanes, Const(0.0, s.lanes), s.lanes)
+        if not self.prepacked:
+            buffers.append(Buffer("Ub", E * sh.c * s.kb, BufferKind.LOCAL))
+        with b.loop(sh.n, "n") as ni:
+            if self.copy:
+                self.copy_input(ni)
+
+            def kblock(k0: Affine, kcur: int) -> None:
+                if not self.prepacked:
+                    self.transform_weights(k0, kcur)
+                self.tile_blocks(ni, k0, kcur)
+
+            b.split(sh.k, s.kb, kblock, "kb")
+        return b.kernel(name, tuple(buffers))
+
+    # --- the padded input and the transformed weights ---------------------------------------------
+
+    def copy_input(self, ni: Affine) -> None:
+        """Ip[pad + y][pad + x][:C] <- input[ni, y, x, :]: channel vectors, the tail lanes zero-filled."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        with b.loop(sh.h, "py") as y, b.loop(sh.w, "px") as x:
+            src = ((ni * sh.h + y) * sh.w + x) * sh.c
+            dst = ((y + sh.pad) * self.wrow + x + sh.pad) * self.cp
+            b.split(
+                sh.c,
+                lanes,
+                lambda c, n: b.store("Ip", dst + c, Load("input", src + c, lanes, n % lanes), lanes),
+                "pc",
+            )
+
+    def u_index(self, e: Affine | int, strip: Affine, c: Affine | int) -> tuple[str, Affine]:
+        """Where U[e][strip][c][0:nr] is: the prepacked weights (strips of all of k) or this block's Ub."""
+        s = self.s
+        if self.prepacked:
+            return "weights", ((Affine.of(e) * self.strips + strip) * self.sh.c + c) * s.nr
+        return "Ub", ((Affine.of(e) * (s.kb // s.nr) + strip) * self.sh.c + c) * s.nr
+
+    def transform_weights(self, k0: Affine, kcur: int) -> None:
+        """Ub[e][strip][c][nr] <- (G g G^T)[e] for the block's output channels, zero past k."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+
+        def strip(js: Affine, ncols: int) -> None:
+            st = Affine(tuple((v, c // s.nr) for v, c in js.terms), js.const // s.nr)
+            with b.loop(sh.c, "wc") as c:
+                for v in range(s.nv):
+                    cols = min(max(ncols - v * lanes, 0), lanes)
+                    g = [
+                        [self._weight(i, j, c, k0 + js + v * lanes, cols) for j in range(3)] for i in range(3)
+                    ]
+                    u = self._filter_transform(g)
+                    buf, at = self.u_index(0, st, c)
+                    for e in range(E):
+                        b.store(buf, at + e * (s.kb // s.nr) * sh.c * s.nr + v * lanes, u[e], lanes)
+
+        b.split(kcur, s.nr, strip, "ws")
+
+    def _weight(self, i: int, j: int, c: Affine, k: Affine, cols: int) -> Value:
+        sh, lanes = self.sh, self.s.lanes
+        if not cols:
+            return Const(0.0, lanes)
+        return Load("weights", ((i * 3 + j) * sh.c + c) * sh.k + k, lanes, cols % lanes)
+
+    def _filter_transform(self, g: list[list[Value]]) -> list[Value]:
+        """G g G^T, G = [[1,0,0],[1/2,1/2,1/2],[1/2,-1/2,1/2],[0,0,1]]: the 16 vectors, row-major."""
+        b, lanes = self.b, self.s.lanes
+        half = Const(0.5, lanes)
+        rows: list[list[Reg]] = []
+        for i, (g0, g1, g2) in enumerate(zip(*g, strict=True)):  # column i of g: G g
+            regs = [b.register(f"gt{a}_{i}", lanes) for a in range(4)]
+            b.assign(regs[0], g0)
+            b.assign(regs[3], g2)
+            even = b.register(f"ge{i}", lanes)
+            b.assign(even, Binary(BinaryOp.MUL, _add(g0, g2), half))
+            b.assign(regs[1], MulAdd(g1, half, even))
+            b.assign(regs[2], MulAdd(g1, Const(-0.5, lanes), even))
+            rows.append(regs)
+        out: list[Value] = []
+        for a in range(4):  # (G g) G^T: the same on each row of G g
+            t0, t1, t2 = rows[0][a], rows[1][a], rows[2][a]
+            mid = Binary(BinaryOp.MUL, _add(t0, t2), half)
+            out += [t0, MulAdd(t1, half, mid), MulAdd(t1, Const(-0.5, lanes), mid), t2]
+        return out
+
+    # --- blocks of tiles ----------------------------------------------------------------------------
+
+    def tile_blocks(self, ni: Affine, k0: Affine, kcur: int) -> None:
+        """Blocks of tile rows x tiles; the last block along an odd output axis is peeled (half tiles)."""
+        sh, s, b = self.sh, self.s, self.b
+
+        def along(extent: int, tile: int, odd: bool, body: object, prefix: str) -> None:
+            if odd:
+                split_edges(b, extent, tile, lambda o, n, _f, last: body(o, n, last), prefix)  # type: ignore[operator]
+            else:
+                b.split(extent, tile, lambda o, n: body(o, n, False), prefix)  # type: ignore[operator]
+
+        def rows(ty0: Affine, nty: int, half_y: bool) -> None:
+            def cols(tx0: Affine, ntx: int, half_x: bool) -> None:
+                self.block(_Block(ni, k0, kcur, ty0, nty, tx0, ntx, half_y, half_x))
+
+            along(self.tw, s.tx, sh.ow % 2 == 1, cols, "bx")
+
+        along(self.th, s.ty, sh.oh % 2 == 1, rows, "by")
+
+    def block(self, blk: _Block) -> None:
+        self.transform_input(blk)
+        self.gemms(blk)
+        self.transform_output(blk)
+
+    def transform_input(self, blk: _Block) -> None:
+        """V[e][t][c] <- (B^T d B)[e] of tile t's 4x4 patch, channel vector by channel vector."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        with b.loop(blk.nty, "iy") as i, b.loop(blk.ntx, "ix") as j:
+            b.split(sh.c, lanes, lambda c, n: self.input_tile(blk, i, j, c, n % lanes), "ic")
+
+    def input_tile(self, blk: _Block, i: Affine, j: Affine, c: Affine, count: int) -> None:
+        """One tile's 16 V vectors for channels c..c+lanes (`count` of them, 0: all)."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        y, x = (blk.ty0 + i) * 2, (blk.tx0 + j) * 2
+        d = [[b.register(f"d{p}{q}", lanes) for q in range(4)] for p in range(4)]
+        for p in range(4):
+            for q in range(4):
+                if self.copy:  # whole vectors: the copy's tail lanes are zero
+                    src = Load("Ip", ((y + p) * self.wrow + x + q) * self.cp + c, lanes)
+                else:
+                    src = Load("input", ((blk.n * sh.h + y + p) * sh.w + x + q) * sh.c + c, lanes, count)
+                b.assign(d[p][q], src)
+        # B^T d, column by column: rows d0-d2, d1+d2, d2-d1, d1-d3.
+        t = [[b.register(f"t{p}{q}", lanes) for q in range(4)] for p in range(4)]
+        for q in range(4):
+            d0, d1, d2, d3 = (d[p][q] for p in range(4))
+            for p, value in enumerate((_sub(d0, d2), _add(d1, d2), _sub(d2, d1), _sub(d1, d3))):
+                b.assign(t[p][q], value)
+        t_index = Affine.of(i) * blk.ntx + j
+        for p in range(4):  # (B^T d) B, row by row
+            t0, t1, t2, t3 = t[p]
+            for q, value in enumerate((_sub(t0, t2), _add(t1, t2), _sub(t2, t1), _sub(t1, t3))):
+                b.store("V", ((t_index + (p * 4 + q) * blk.nt) * self.cp) + c, value, lanes)
+
+    def gemms(self, blk: _Block) -> None:
+        """M[e] (nt x kcur) = V[e] (nt x C) . U[e] (C x kcur) for each e, C in blocks of cb."""
+        sh, s, b = self.sh, self.s, self.b
+
+        def cblock(c0: Affine, ccur: int, first: bool, _last: bool) -> None:
+            with b.loop(E, "e") as e:
+
+                def strips(group: Affine, rows: int) -> None:
+                    b.split(
+                        blk.kcur,
+                        s.nr,
+                        lambda js, n: self.micro(blk, e, c0, ccur, first, js, n, group, rows),
+                        "ks",
+                    )
+
+                if s.order == "kt":  # one strip's U (cb x nr) stays in L1 across the tile groups
+                    b.split(
+                        blk.kcur,
+                        s.nr,
+                        lambda js, n: b.split(
+                            blk.nt, s.mr, lambda g, r: self.micro(blk, e, c0, ccur, first, js, n, g, r), "tg"
+                        ),
+                        "ks",
+                    )
+                else:  # a group's V rows stay in L1 across the strips
+                    b.split(blk.nt, s.mr, strips, "tg")
+
+        split_edges(b, sh.c, s.cb, cblock, "cb")
+
+    def micro(
+        self,
+        blk: _Block,
+        e: Affine,
+        c0: Affine,
+        ccur: int,
+        first: bool,
+        js: Affine,
+        ncols: int,
+        t0: Affine,
+        rows: int,
+    ) -> None:
+        """acc[r][v] (+)= sum over the block's channels of broadcast(V[e][t0+r][c]) * U[e][c] vector."""
+        s, b, lanes = self.s, self.b, self.s.lanes
+        nvec = -(-ncols // lanes)
+        acc = [[b.register(f"acc{r}_{v}", lanes) for v in range(nvec)] for r in range(rows)]
+        ureg = [b.register(f"u{v}", lanes) for v in range(nvec)]
+        bcast = b.register("bcast", lanes)
+        strip = Affine(tuple((var, c // s.nr) for var, c in js.terms), js.const // s.nr)
+        if self.prepacked:
+            strip = strip + Affine(tuple((var, c // s.nr) for var, c in blk.k0.terms), blk.k0.const // s.nr)
+
+        def m_index(r: int, v: int) -> Affine:
+            return ((e * blk.nt + t0 + r) * s.kb) + js + v * lanes
+
+        for r in range(rows):
+            for v in range(nvec):
+                init: Value = Const(0.0, lanes) if first else Load("M", m_index(r, v), lanes)
+                b.assign(acc[r][v], init)
+
+        def step(c: Affine) -> None:
+            buf, at = self.u_index(e, strip, c0 + c)
+            for v in range(nvec):
+                b.assign(ureg[v], Load(buf, at + v * lanes, lanes))
+            for r in range(rows):
+                a = Load("V", (e * blk.nt + t0 + r) * self.cp + c0 + c)
+                b.assign(bcast, Broadcast(a, lanes))
+                for v in range(nvec):
+                    b.assign(acc[r][v], MulAdd(bcast, ureg[v], acc[r][v]))
+
+        unroll = min(s.unroll, ccur)
+        full, rest = divmod(ccur, unroll)
+        if full:
+            with b.loop(full, "co") as co, b.loop(unroll, "cu", LoopKind.UNROLLED) as cu:
+                step(co * unroll + cu)
+        if rest:
+            with b.loop(rest, "cr", LoopKind.UNROLLED) as cr:
+                step(cr + full * unroll)
+        for r in range(rows):
+            for v in range(nvec):
+                b.store("M", m_index(r, v), acc[r][v], lanes)
+
+    def transform_output(self, blk: _Block) -> None:
+        """output <- A^T M A of every tile (plus the epilogue), the half tiles' valid pixels only."""
+
+        def rows(i: Affine, vy: int) -> None:
+            def cols(j: Affine, vx: int) -> None:
+                self.output_tile(blk, i, j, vy, vx)
+
+            self._halves(blk.ntx, blk.half_x, cols, "ox")
+
+        self._halves(blk.nty, blk.half_y, rows, "oy")
+
+    def _halves(self, extent: int, half: bool, body: object, prefix: str) -> None:
+        """Tiles 0..extent-1 with 2 valid pixels each, except a last half tile (1 valid pixel)."""
+        full = extent - 1 if half else extent
+        with self.b.loop(full, prefix) as i:
+            body(i, 2)  # type: ignore[operator]
+        if half:
+            body(Affine.of(full), 1)  # type: ignore[operator]
+
+    def output_tile(self, blk: _Block, i: Affine, j: Affine, vy: int, vx: int) -> None:
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        t_index = Affine.of(i) * blk.ntx + j
+
+        def channels(kv: Affine, count: int) -> None:
+            m = [Load("M", (t_index + e * blk.nt) * s.kb + kv, lanes) for e in range(E)]
+            # A^T m, column by column: rows m0+m1+m2, m1-m2-m3.
+            srow = [[b.register(f"s{a}{q}", lanes) for q in range(4)] for a in range(2)]
+            for q in range(4):
+                m0, m1, m2, m3 = (m[p * 4 + q] for p in range(4))
+                b.assign(srow[0][q], _add(_add(m0, m1), m2))
+                b.assign(srow[1][q], _sub(_sub(m1, m2), m3))
+            k = blk.k0 + kv
+            bias = Load("bias", k, lanes, count)
+            for a in range(vy):
+                s0, s1, s2, s3 = srow[a]
+                for col, value in enumerate((_add(_add(s0, s1), s2), _sub(_sub(s1, s2), s3))[:vx]):
+                    y, x = (blk.ty0 + i) * 2 + a, (blk.tx0 + j) * 2 + col
+                    at = ((blk.n * sh.oh + y) * sh.ow + x) * sh.k + k
+                    init = self.epi.initial(lanes, bias, Load("residual", at, lanes, count))
+                    out = value if init == Const(0.0, lanes) else _add(value, init)
+                    b.store("output", at, self.epi.apply(out, lanes, True), lanes, count)
+
+        b.split(blk.kcur, lanes, lambda kv, n: channels(kv, n % lanes), "ok")
