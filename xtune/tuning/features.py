@@ -18,7 +18,7 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
-from xtune.templates import ScheduleTemplate, conv2d, depthwise, features_template, matmul
+from xtune.templates import ScheduleTemplate, conv2d, depthwise, features_template, matmul, winograd
 from xtune.templates.matmul import ORDERS, parse_tile
 from xtune.workload import conv_shape
 
@@ -313,12 +313,42 @@ def depthwise_features(template: ScheduleTemplate, indices: Sequence[int] | np.n
     return np.stack(cols, axis=1)
 
 
+WINOGRAD_FEATURES = (
+    "log2_c", "log2_k", "log2_tiles", "lanes_log2", "acc_regs_frac", "regs_used_frac", "fma_per_load",
+    "mr", "nv", "block_tiles_log2", "group_waste", "k_waste", "v_block_l2", "m_block_l2", "u_strip_l1",
+    "c_blocks_log2", "k_blocks_log2", "unroll_log2", "order_kt",
+)  # fmt: skip
+
+
+def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The generic register-tile and blocking columns of the 16 GEMMs (tiles x C x K) of a Winograd conv2d."""
+    t, sh = template.target, conv_shape(template.workload)
+    cfg = _Configs(template, indices)
+    mr, nv = cfg.tiles()
+    lanes, regs, l1, l2 = _target_sizes(t)
+    nr = nv * lanes
+    th, tw = winograd.tiles(sh)
+    nt = np.minimum(cfg.ints("tile_ty"), th) * np.minimum(cfg.ints("tile_tx"), tw)
+    cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
+    one = np.ones_like(mr)
+    cols = [
+        one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(th * tw), one * np.log2(lanes),
+        mr * nv / regs, matmul.tile_registers(mr, nv) / regs, matmul.fmas_per_load(mr, nv), mr, nv,
+        _log2(nt), np.ceil(nt / mr) * mr / nt - 1, np.ceil(sh.k / nr) * nr / sh.k - 1,
+        _log2(4 * winograd.E * nt * sh.c / l2), _log2(4 * winograd.E * nt * kb / l2), _log2(4 * cb * nr / l1),
+        _log2(np.ceil(sh.c / cb)), _log2(np.ceil(sh.k / kb)), _log2(cfg.ints("unroll")),
+        cfg.flag("order", "kt"),
+    ]  # fmt: skip
+    return np.stack(cols, axis=1)
+
+
 FEATURIZERS: dict[
     str, tuple[tuple[str, ...], Callable[[ScheduleTemplate, Sequence[int] | np.ndarray], np.ndarray]]
 ] = {
     "matmul": (MATMUL_FEATURES, matmul_features),
     "conv2d": (CONV2D_FEATURES, conv2d_features),
     "depthwise": (DEPTHWISE_FEATURES, depthwise_features),
+    "winograd": (WINOGRAD_FEATURES, winograd_features),
 }
 
 
@@ -353,13 +383,15 @@ def feature_names(op: str) -> tuple[str, ...]:
 
 def features_op(template: ScheduleTemplate) -> str:
     """The operator whose features (and cost models, and estimate) describe `template`'s configs: its own,
-    or "matmul" for a conv2d that lowers through the matmul template (templates.features_template)."""
-    return features_template(template).workload.op
+    "matmul" for a conv2d that lowers through the matmul template (templates.features_template), or
+    "winograd" for a conv2d with algo=winograd (another space than the direct conv2d's)."""
+    view = features_template(template)
+    return "winograd" if isinstance(view, winograd.WinogradTemplate) else view.workload.op
 
 
 def featurize(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
     """An (len(indices), n_features) float64 matrix for configs of one template."""
-    view = features_template(template)
-    if view.workload.op not in FEATURIZERS:
-        raise InputError(f"no features defined for operator '{view.workload.op}'")
-    return FEATURIZERS[view.workload.op][1](view, indices)
+    view, op = features_template(template), features_op(template)
+    if op not in FEATURIZERS:
+        raise InputError(f"no features defined for operator '{op}'")
+    return FEATURIZERS[op][1](view, indices)
