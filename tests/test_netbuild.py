@@ -298,36 +298,40 @@ def test_every_generated_operator_matches_onnx_runtime_under_qemu(qemu_board: st
     check_operators(qemu_board)
 
 
-PREPACK_CASES = (  # channel and pixel tails, strides, padding, an epilogue, and the nhwc layout
-    "conv2d:n=1,c=5,h=7,w=9,k=19,r=3,s=3,stride=1,pad=1",
-    "conv2d:n=2,c=9,h=8,w=8,k=13,r=3,s=3,stride=2,pad=1,bias=1,residual=1,relu=1",
-    "conv2d:n=1,c=6,h=5,w=5,k=11,r=1,s=1,stride=1,pad=0,layout=nhwc,bias=1,relu6=1",
+PREPACK_CASES = (  # tails, strides, padding, epilogues, the nhwc layout, pointwise; the per-call weight copy
+    ("conv2d:n=1,c=5,h=7,w=9,k=19,r=3,s=3,stride=1,pad=1,prepacked=1", "Wp"),
+    ("conv2d:n=2,c=9,h=8,w=8,k=13,r=3,s=3,stride=2,pad=1,bias=1,residual=1,relu=1,prepacked=1", "Wp"),
+    ("conv2d:n=1,c=6,h=5,w=5,k=11,r=1,s=1,stride=1,pad=0,layout=nhwc,bias=1,relu6=1,prepacked=1", "Bp"),
+    ("conv2d:n=2,c=7,h=3,w=5,k=13,r=1,s=1,stride=1,pad=0,bias=1,relu=1,prepacked=1", "Ap"),  # weights = A
+    ("matmul:m=9,n=21,k=70,bias=1,prepacked=1", "Bp"),  # k blocked
 )
 
 
-@pytest.mark.parametrize("text", PREPACK_CASES)
-def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str) -> None:
-    """Random configs of conv2d (any blocking, reduction order and register tile): the `prepacked` nest
-    on `prepack`'s weights computes the workload's reference (loop-nest interpreter, no LLVM)."""
+@pytest.mark.parametrize(("text", "copy"), PREPACK_CASES)
+def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str, copy: str) -> None:
+    """Random configs of a prepacked workload (any blocking, reduction order, register tile, pack knobs):
+    the nest on `kernel_inputs`' weights computes the workload's reference from the plain weights
+    (loop-nest interpreter, no LLVM), and packs no weights per call."""
     from tests.nest_interp import run_kernel
     from xtune.templates import template_for
-    from xtune.templates.conv2d import Conv2dTemplate
     from xtune.workload import parse_workload, random_inputs
 
     wl = parse_workload(text)
     template = template_for(wl, get_target("x86-avx2"))
-    assert isinstance(template, Conv2dTemplate)
     inputs = random_inputs(wl)
     expected = wl.reference(inputs)
     rng = np.random.default_rng(1)
-    for index in [template.default_config().index, *rng.integers(0, template.space.size, 6).tolist()]:
+    packed = 0
+    for index in [template.default_config().index, *rng.integers(0, template.space.size, 8).tolist()]:
         config = template.space.config(int(index))
-        kernel = template.kernel(config, "k", prepacked=True)
-        assert not any(b.name == "Wp" for b in kernel.buffers)  # nothing packed per call
-        params = [inputs[0], template.prepack(config, inputs[1]), *inputs[2:]]
+        kernel = template.kernel(config, "k")
+        assert copy not in {b.name for b in kernel.buffers}  # no weights packed per call
+        params = template.kernel_inputs(config, inputs)
+        packed += params[1].size != inputs[1].size or not np.array_equal(params[1].ravel(), inputs[1].ravel())
         out = np.full(expected.shape, np.nan, np.float32)
         run_kernel(kernel, [*params, out])
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4, err_msg=f"config {index}")
+    assert packed  # some configs read their weights in panels
 
 
 def test_bench_model_counts_the_instructions_of_one_inference_under_qemu(qemu_board: str) -> None:

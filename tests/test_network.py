@@ -104,7 +104,8 @@ def test_conv_bias_batchnorm_residual_relu_fuse_into_one_call() -> None:
              helper.make_node("Relu", ["a"], ["y"], name="relu")]  # fmt: skip
     model = make(nodes, {"x": [1, 4, 9, 9], "skip": [1, 8, 5, 5]}, ["y"], inits)
     ts, op = only_op(model)
-    assert op.workload.key == "conv2d:n=1,c=4,h=9,w=9,k=8,r=3,s=3,stride=2,pad=1,bias=1,residual=1,relu=1"
+    key = "conv2d:n=1,c=4,h=9,w=9,k=8,r=3,s=3,stride=2,pad=1,bias=1,residual=1,relu=1,prepacked=1"
+    assert op.workload.key == key
     assert op.fused == ("bn", "add", "relu") and op.residual == "skip" and op.output == "y"
     assert ts.other_nodes == ()
 
@@ -117,10 +118,10 @@ def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias(opset: int) -> None:
              helper.make_node("Clip", ["a", "lo", "hi"], ["y"], name="relu6")]  # fmt: skip
     model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset)
     _, op = only_op(model)
-    assert op.workload.key == "conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,bias=1,relu6=1"
+    assert op.workload.key == "conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,bias=1,relu6=1,prepacked=1"
     nodes[-1] = helper.make_node("Clip", ["a", "lo"], ["y"], name="relu")  # no max: Clip(0, inf) is ReLU
     _, op = only_op(make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset))
-    assert op.workload.key.endswith("bias=1,relu=1") and op.fused == ("bias", "relu")
+    assert op.workload.key.endswith("bias=1,relu=1,prepacked=1") and op.fused == ("bias", "relu")
 
 
 def test_what_does_not_fuse_stays_a_node_of_its_own() -> None:
@@ -134,8 +135,8 @@ def test_what_does_not_fuse_stays_a_node_of_its_own() -> None:
     model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits)
     ts = extract_tasks(model, TARGET)
     assert [(t.workload.key, t.nodes) for t in ts.tasks] == [
-        ("conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0", ("conv",)),
-        ("conv2d:n=1,c=6,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0", ("conv2",)),
+        ("conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,prepacked=1", ("conv",)),
+        ("conv2d:n=1,c=6,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,prepacked=1", ("conv2",)),
     ]
     assert [(o.name, o.op, o.kind) for o in ts.other_nodes] == [
         ("clip5", "Clip", "elementwise"), ("addfull", "Add", "elementwise"), ("relu", "Relu", "elementwise"),
@@ -168,7 +169,8 @@ def test_gemm_transposed_weights_alpha_beta_and_batchnorm() -> None:
     nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["g"], name="fc", transB=1, alpha=0.5, beta=2.0),
              bn("bn", "g", "y")]  # fmt: skip
     ts, op = only_op(make(nodes, {"x": [3, 7]}, ["y"], inits))
-    assert op.workload.key == "matmul:m=3,n=5,k=7,bias=1" and op.transposed and op.fused == ("bn",)
+    assert op.workload.key == "matmul:m=3,n=5,k=7,bias=1,prepacked=1"
+    assert op.transposed and op.fused == ("bn",)
     assert ts.tasks[0].transposed == ("fc",)
 
 
@@ -178,7 +180,7 @@ def test_matmul_flattens_leading_axes_and_takes_bias_add_and_relu() -> None:
              helper.make_node("Add", ["b", "m"], ["a"], name="bias"),
              helper.make_node("Relu", ["a"], ["y"], name="relu")]  # fmt: skip
     _, op = only_op(make(nodes, {"x": [2, 3, 6]}, ["y"], inits))
-    assert op.workload.key == "matmul:m=6,n=4,k=6,bias=1,relu=1" and not op.transposed
+    assert op.workload.key == "matmul:m=6,n=4,k=6,bias=1,relu=1,prepacked=1" and not op.transposed
     two = make([helper.make_node("MatMul", ["x", "z"], ["y"], name="mm")], {"x": [3, 6], "z": [6, 2]}, ["y"])
     _, op = only_op(two)
     assert op.workload.key == "matmul:m=3,n=2,k=6" and op.weights is None
@@ -189,7 +191,7 @@ def test_conv_same_upper_and_constant_nodes() -> None:
     w = helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(f32(4, 2, 3, 3)))
     nodes = [w, conv("conv", "x", "w", "y", auto_pad="SAME_UPPER")]
     _, op = only_op(make(nodes, {"x": [1, 2, 6, 5]}, ["y"]))
-    assert op.workload.key == "conv2d:n=1,c=2,h=6,w=5,k=4,r=3,s=3,stride=1,pad=1"
+    assert op.workload.key == "conv2d:n=1,c=2,h=6,w=5,k=4,r=3,s=3,stride=1,pad=1,prepacked=1"
 
 
 def test_initializers_declared_as_inputs_and_shape_tensors() -> None:
@@ -202,7 +204,8 @@ def test_initializers_declared_as_inputs_and_shape_tensors() -> None:
     graph = load_graph(model)
     assert graph.inputs == ("x",) and graph.shape("r") == (1, 96)
     ts, op = only_op(model)
-    assert op.workload.key == "matmul:m=1,n=10,k=96" and [o.op for o in ts.other_nodes] == ["Reshape"]
+    assert op.workload.key == "matmul:m=1,n=10,k=96,prepacked=1"
+    assert [o.op for o in ts.other_nodes] == ["Reshape"]
 
 
 # --- refusals: one line naming the node and its op -----------------------------------------------------

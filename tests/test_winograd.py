@@ -104,19 +104,16 @@ def test_plain_and_prepacked_weights_give_the_reference_in_the_interpreter(key: 
     """Random configs of both kernels (U computed per output-channel block, or `prepack`'s U read as it is)
     on the vector width of SSE: block tails, channel blocks, half tiles and both orders."""
     wl = parse_workload(key)
-    template = template_for(wl, get_target("x86-sse42"))
-    assert isinstance(template, WinogradTemplate)
     inputs = random_inputs(wl)
     expected = wl.reference(inputs)
-    for index in configs(template, 3):
-        config = template.space.config(index)
-        for prepacked in (False, True):
-            args = list(inputs)
-            if prepacked:
-                args[1] = template.prepack(config, inputs[1])
+    for packed in (key, key + ",prepacked=1"):
+        template = template_for(parse_workload(packed), get_target("x86-sse42"))
+        assert isinstance(template, WinogradTemplate)
+        for index in configs(template, 3):
+            config = template.space.config(index)
             out = np.full(expected.shape, np.nan, dtype=np.float32)
-            run_kernel(template.kernel(config, "k", prepacked=prepacked), [*args, out])
-            assert check_output(out, expected, RTOL) == "", (config, prepacked)
+            run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
+            assert check_output(out, expected, RTOL) == "", (config, packed)
 
 
 # --- boards --------------------------------------------------------------------------------------------
@@ -138,23 +135,36 @@ def test_kernels_correct_under_qemu(qemu_board: str, key: str) -> None:
 
 @pytest.mark.parametrize("board", ["local", "qemu-aarch64"])
 def test_prepacked_weights_on_a_board(board: str) -> None:
-    """The kernel a network builds (weights known at build time): it reads `prepack`'s U, transforms no
-    weights and needs no U buffer of its own, and its output is the plain reference's."""
-    key = SHAPES[1]
-    wl = parse_workload(key)
-    target = get_board(board).target
-    template = template_for(wl, target)
+    """prepacked=1 (a network's constant weights): the Measurer uploads `kernel_inputs`' U per config and
+    checks against the plain reference; the kernel transforms no weights and has no U buffer of its own."""
+    key = SHAPES[1] + ",prepacked=1"
+    template = template_for(parse_workload(key), get_board(board).target)
     assert isinstance(template, WinogradTemplate)
+    indices = configs(template, 2)
+    for index in indices:
+        config = template.space.config(index)
+        assert "Ub" not in {b.name for b in template.kernel(config, "k").buffers}
+        weights = template.kernel_inputs(config, random_inputs(template.workload))[1]
+        nr, sh = template.schedule(config).nr, template.shape
+        assert weights.size == 16 * sh.c * -(-sh.k // nr) * nr  # U[e][strip][c][nr]
+    check(board, key, indices)
+
+
+def test_a_wrong_u_is_a_wrong_answer() -> None:
+    """The prepacked kernel really reads U: the plain weights in its place fail the check."""
+    key = SHAPES[0] + ",prepacked=1"
+    wl = parse_workload(key)
+    target = get_board("local").target
+    template = template_for(wl, target)
+    config = template.default_config()
     inputs = random_inputs(wl)
     expected = wl.reference(inputs)
-    for index in configs(template, 2):
-        config = template.space.config(index)
-        kernel = template.kernel(config, "k", prepacked=True)
-        assert "Ub" not in {b.name for b in kernel.buffers}
-        image = link_flat(compile_object(lower([kernel]), target, ("k",)))
-        args = [inputs[0], template.prepack(config, inputs[1]), *inputs[2:]]
-        out = run_entry(board, image, "k", [*args, np.full(expected.shape, np.nan, np.float32)])[-1]
-        assert check_output(out, expected, RTOL) == "", config
+    image = link_flat(compile_object(lower([template.kernel(config, "k")]), target, ("k",)))
+    u = template.kernel_inputs(config, inputs)[1]
+    for weights, right in ((u, True), (np.resize(inputs[1].ravel(), u.size), False)):
+        args = [inputs[0], weights, *inputs[2:], np.full(expected.shape, np.nan, np.float32)]
+        out = run_entry("local", image, "k", args)[-1]
+        assert (check_output(out, expected, RTOL) == "") is right
 
 
 # --- features and tuning -------------------------------------------------------------------------------

@@ -132,6 +132,12 @@ def build(
     wls = _unique([w if isinstance(w, Workload) else parse_workload(w) for w in workloads])
     if not wls:
         raise InputError("no workloads to build")
+    for w in wls:
+        if dict(w.params).get("prepacked"):
+            # Its weights parameter would take the packed layout of one config, which depends on the
+            # config's blocking: a firmware could not lay it out. A network's build packs its weights.
+            raise InputError(f"{w.key}: a prepacked=1 kernel reads its weights packed for its config; "
+                             "build it with `xtune build --model`, or without prepacked=1")  # fmt: skip
     records, notes = read_noted(logs)
     templates = [template_for(w, tgt) for w in wls]
     choices = [choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]

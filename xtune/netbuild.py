@@ -6,8 +6,9 @@ template with the logs' best config (else the template's default, named in a war
 chooses for kernels: `xtune.artifact.choose`), and the generated kernels of the other operators
 (xtune/network/ops.py). The external entry `{prefix}_run(input, output, workspace)` calls them in graph
 order with pointers into the caller's three buffers and into the weights, which are read-only data of the
-object (xtune/codegen/rodata.py: BatchNorm folded at extraction; conv2d weights packed at build time into
-the strips the kernel reads, `Conv2dTemplate.prepack`, other kernels' in the layout the workload takes). The
+object (xtune/codegen/rodata.py: BatchNorm folded at extraction; the weights of prepacked=1 tasks packed at
+build time into the panels their kernel reads, the template's `kernel_inputs`, as tuning measured them;
+others in the layout the workload takes). The
 workspace layout is the static memory plan of xtune/network/program.py. Small queries
 (`{prefix}_workspace_bytes`, `_input_size`, `_output_size`, `_build_id`) let a firmware check at run time
 that the object is the one its header describes. docs/firmware.md, "Whole networks", is the user's view.
@@ -16,7 +17,6 @@ that the object is the one its header describes. docs/firmware.md, "Whole networ
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import math
 import os
@@ -29,7 +29,6 @@ import numpy as np
 
 from xtune.artifact import (
     MAX_STACK_BYTES,
-    check_kernel,
     check_outputs,
     choose,
     fallback_notes,
@@ -49,9 +48,9 @@ from xtune.network.graph import Source
 from xtune.network.ops import Operator
 from xtune.network.program import Program, Space, program
 from xtune.schedule.loopnest import Kernel
+from xtune.schedule.space import Config
 from xtune.target import Target, get_target
-from xtune.templates import template_for
-from xtune.templates.conv2d import Conv2dTemplate
+from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.database import Record
 from xtune.workload import Workload
 
@@ -190,16 +189,16 @@ def _read_logs(logs: Sequence[PathLike], target: Target) -> tuple[list[Record] |
     return records, notes
 
 
-Prepack = Callable[[np.ndarray], np.ndarray]
+# The arrays a kernel reads, from the call's arguments in the workload's layouts (None: not a constant).
+Prepack = Callable[[list[np.ndarray | None]], list[np.ndarray | None]]
 
 
 def _kernels(
     prog: Program, target: Target, records: list[Record] | None, prefix: str
 ) -> tuple[dict[str, Kernel], list[NetKernel], list[str], dict[str, Prepack]]:
     """One kernel per distinct workload or operator (keyed by what it computes), its table row, the
-    warning naming the tasks built from their template's default, and per kernel whose weights are packed
-    at build time (conv2d with constant weights) the function that packs them."""
-    constants = {name for name, _ in prog.weights}
+    warning naming the tasks built from their template's default, and per task kernel the function that
+    lays out its constant inputs as it reads them (`kernel_inputs` of its config: prepacked=1 weights)."""
     prepack: dict[str, Prepack] = {}
     kernels: dict[str, Kernel] = {}
     rows: dict[str, NetKernel] = {}
@@ -215,11 +214,8 @@ def _kernels(
             wl = call.kernel
             template = template_for(wl, target)
             choice = choose(wl, target, template, records)
-            if isinstance(template, Conv2dTemplate) and call.args[1] in constants:
-                kernel = check_kernel(wl, choice, template.kernel(choice.config, name, prepacked=True))
-                prepack[key] = functools.partial(template.prepack, choice.config)
-            else:
-                kernel = kernel_for(wl, template, choice, name)
+            kernel = kernel_for(wl, template, choice, name)
+            prepack[key] = _reads(template, choice.config)
             built.append((wl.key, choice.source, choice.reason))
             row = NetKernel(symbol=name, what=wl.key, calls=0, source=choice.source,
                             config_index=choice.config.index, reason=choice.reason,
@@ -242,13 +238,31 @@ def _kernels(
     return kernels, table, fallback_notes(built), prepack
 
 
+def _reads(template: ScheduleTemplate, config: Config) -> Prepack:
+    """The template's `kernel_inputs` of `config` over a call's arguments, activations left as None (a
+    prepacked=1 task's weights are constants: tasks.py marks only those; depthwise's are never packed)."""
+
+    def reads(args: list[np.ndarray | None]) -> list[np.ndarray | None]:
+        given = [a if a is not None else np.zeros(0, np.float32) for a in args]
+        out = template.kernel_inputs(config, given)
+        return [o if a is not None else None for a, o in zip(args, out, strict=True)]
+
+    return reads
+
+
 def _packed_weights(prog: Program, prepack: dict[str, Prepack]) -> list[tuple[str, np.ndarray]]:
-    """The program's constant arrays, those a prepacked kernel reads in its packed layout."""
+    """The program's constant arrays, as the kernels that take them read them (prepacked weights in the
+    packed layout of their kernel's config)."""
     weights = dict(prog.weights)
     for call in prog.calls:
-        pack = prepack.get(_key(call.kernel))
-        if pack is not None:
-            weights[call.args[1]] = pack(weights[call.args[1]])  # names are per anchor: packed once
+        reads = prepack.get(_key(call.kernel))
+        if reads is None:
+            continue
+        inputs = call.args[:-1]  # the output is the last argument
+        arrays = reads([weights.get(t) for t in inputs])
+        for tensor, array in zip(inputs, arrays, strict=True):
+            if array is not None:
+                weights[tensor] = array  # names are per anchor: each packed once
     return list(weights.items())
 
 

@@ -97,15 +97,21 @@ class Operator(Protocol):
 # the Clip(0, 6) of MobileNetV2). residual is a whole extra input tensor shaped like the output (ResNet's
 # skip connection). All default to 0 and are left out of the text then, so older logs stay valid.
 EPILOGUE = {"bias": 0, "residual": 0, "relu": 0, "relu6": 0}
+# How the kernel reads its weights (conv2d's weights, matmul's B): prepacked=1, already in the packed
+# layout of the kernel's config, as a network's constant weights are laid out at build time (the
+# template's `kernel_inputs`, docs/design.md "Convolutions"); 0, as the tensors() say, packed per call as
+# the config asks. The reference, the tensors and the flops are the same either way.
+PREPACKED = {"prepacked": 0}
 
 
 class Matmul:
-    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (+ residual[m,n]) (then ReLU/ReLU6), float32; overwrites C."""
+    """C[m,n] = A[m,k] @ B[k,n] (+ bias[n]) (+ residual[m,n]) (then ReLU/ReLU6), float32; overwrites C.
+    prepacked=1: B holds the weights, passed in the packed layout of the kernel's config."""
 
     name: ClassVar[str] = "matmul"
-    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", *EPILOGUE)
-    defaults: ClassVar[dict[str, ParamValue]] = dict(EPILOGUE)
-    optional: ClassVar[frozenset[str]] = frozenset(EPILOGUE)
+    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", *EPILOGUE, *PREPACKED)
+    defaults: ClassVar[dict[str, ParamValue]] = {**EPILOGUE, **PREPACKED}
+    optional: ClassVar[frozenset[str]] = frozenset((*EPILOGUE, *PREPACKED))
     words: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
@@ -164,7 +170,7 @@ def _require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, .
 
 
 def _require_switches(op: str, params: dict[str, ParamValue]) -> None:
-    for key in EPILOGUE:
+    for key in (*EPILOGUE, *(k for k in PREPACKED if k in params)):
         if params[key] not in (0, 1):
             raise InputError(f"{op}: '{key}' must be 0 or 1, got {params[key]}")
     if params["relu"] and params["relu6"]:
@@ -253,8 +259,9 @@ class Conv2d:
     layout=nchw: input (n,c,h,w), weights (k,c,r,s) [OIHW, PyTorch/ONNX], output (n,k,oh,ow).
     layout=nhwc: input (n,h,w,c), weights (r,s,c,k) [HWIO, TensorFlow's tf.nn.conv2d], output (n,oh,ow,k).
     bias=1 adds a (k,) tensor, residual=1 a tensor shaped like the output; relu=1 clamps at 0, relu6=1
-    to [0, 6]. oh = (h+2pad-dil(r-1)-1)//stride+1. algo=winograd (3x3, stride 1, dilation 1 only) picks
-    the Winograd F(2x2, 3x3) template: the same tensors and reference, fewer multiplies."""
+    to [0, 6]. prepacked=1: the weights are passed in the packed layout of the kernel's config.
+    oh = (h+2pad-dil(r-1)-1)//stride+1. algo=winograd (3x3, stride 1, dilation 1 only) picks the Winograd
+    F(2x2, 3x3) template: the same tensors and reference, fewer multiplies."""
 
     name: ClassVar[str] = "conv2d"
     keys: ClassVar[tuple[str, ...]] = (
@@ -271,6 +278,7 @@ class Conv2d:
         "layout",
         "algo",
         *EPILOGUE,
+        *PREPACKED,
     )
     defaults: ClassVar[dict[str, ParamValue]] = {
         "stride": 1,
@@ -279,8 +287,9 @@ class Conv2d:
         "layout": "nchw",
         "algo": "direct",
         **EPILOGUE,
+        **PREPACKED,
     }
-    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", "algo", *EPILOGUE))
+    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", "algo", *EPILOGUE, *PREPACKED))
     words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc"), "algo": ("direct", "winograd")}
 
     def validate(self, params: dict[str, ParamValue]) -> None:

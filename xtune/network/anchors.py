@@ -35,7 +35,10 @@ class Anchor:
         return self.out_shape[self.channel_axis]
 
     def workload_key(self, bias: bool, flags: dict[str, int]) -> str:
-        switches = {"bias": int(bias), **flags}
+        # Constant weights are packed once, at build time (netbuild.py), so the task is tuned as it runs:
+        # prepacked=1 (workload.PREPACKED). Depthwise weights are too small to matter.
+        packed = {"prepacked": 1} if self.weights is not None and self.op != "depthwise" else {}
+        switches = {"bias": int(bias), **flags, **packed}
         return f"{self.op}:" + ",".join(f"{k}={v}" for k, v in (*self.sizes, *switches.items()))
 
     def channel_vector(self, graph: Graph, const: np.ndarray) -> np.ndarray | None:

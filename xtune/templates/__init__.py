@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Protocol
+
+import numpy as np
 
 from xtune.errors import InputError
 from xtune.schedule.loopnest import Kernel
@@ -23,6 +26,13 @@ class ScheduleTemplate(Protocol):
 
     def kernel(self, config: Config, name: str) -> Kernel:
         """The loop nest of one config, as an entry point called `name`."""
+        ...
+
+    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The workload's inputs (its tensors' layouts, what `Workload.reference` takes) as the kernel of
+        `config` reads them: the same arrays, except weights a prepacked=1 workload passes in the packed
+        layout of the config. The one home of how a kernel reads its weights: the Measurer and the
+        network build (netbuild.py) both call it."""
         ...
 
 

@@ -3,16 +3,17 @@
 Per image and block of `tile_ic` input channels, the input is copied once into a zero-padded local
 buffer (CHW or channel-blocked HWC, a knob), so padding costs no branch anywhere. Per block of
 `tile_oc` output channels the weights are packed into strips of nr = V vectors of output channels
-(zero past k). The register tile is P output pixels along a row x V channel vectors, updated by
-broadcast(input) x weight-vector FMAs over the (c, kh, kw) reduction in a tunable order, kw
-optionally unrolled (`unroll_kw`). Accumulators start from the bias plus the residual (first channel
+(zero past k), at every call; or, for prepacked=1, the weights parameter already holds every block's
+strips (`Conv2dTemplate.prepack`, the layout `kernel_inputs` gives). The register tile is P output
+pixels along a row x V channel vectors, updated by broadcast(input) x weight-vector FMAs over the
+(c, kh, kw) reduction in a tunable order, kw optionally unrolled (`unroll_kw`). Accumulators start from the bias plus the residual (first channel
 block) or the output (later blocks); ReLU/ReLU6 run on registers in the last block; tails are
 constant-size tiles.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -119,7 +120,8 @@ def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
     """The matmul a pointwise conv2d is, and where its operands live. NCHW, per image: out[k, p] =
     W[k, c] . X[c, p] (A = OIHW weights, B = the image's planes, C = its output planes, bias per row),
     the images one after another. NHWC, the whole batch: out[p, k] = X[p, c] . W[c, k] (A = the pixels,
-    B = HWIO weights, bias per column, as matmul's own)."""
+    B = HWIO weights, bias per column, as matmul's own). prepacked=1: the weights operand (A, or B for
+    nhwc) is passed in the matmul's panels."""
     sh = conv_shape(workload)
     params = (
         Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
@@ -127,12 +129,15 @@ def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
         *Epilogue.of(workload).buffers(sh.k, sh.n * sh.k * sh.h * sh.w),
         Buffer("output", sh.n * sh.k * sh.h * sh.w, BufferKind.OUTPUT),
     )
+    packed = bool(workload["prepacked"])
     if sh.nhwc:
         m, n, k = sh.n * sh.h * sh.w, sh.k, sh.c
-        operands = Operands(a="input", b="weights", c="output", params=params)
+        operands = Operands(a="input", b="weights", c="output", params=params,
+                            prepacked="B" if packed else "")  # fmt: skip
     else:
         m, n, k = sh.k, sh.h * sh.w, sh.c
-        operands = Operands(a="weights", b="input", c="output", params=params, bias_rows=True, batch=sh.n)
+        operands = Operands(a="weights", b="input", c="output", params=params, bias_rows=True, batch=sh.n,
+                            prepacked="A" if packed else "")  # fmt: skip
     epilogue = ",".join(f"{key}={workload[key]}" for key in EPILOGUE)  # the same fused epilogue
     return parse_workload(f"matmul:m={m},n={n},k={k},{epilogue}"), operands
 
@@ -146,8 +151,8 @@ class Conv2dTemplate:
         # models are the matmul's (the register tiles and blocking that make a matmul fast).
         self.as_matmul: MatmulTemplate | None = None
         if is_pointwise(sh):
-            gemm, self.operands = pointwise_matmul(workload)
-            self.as_matmul = MatmulTemplate(gemm, target)
+            gemm, operands = pointwise_matmul(workload)
+            self.as_matmul = MatmulTemplate(gemm, target, operands)
             self.space = self.as_matmul.space
             return
         self.space = ConfigSpace(
@@ -206,26 +211,35 @@ class Conv2dTemplate:
         }  # fmt: skip
         return self.space.config(self.space.index_of(values))
 
-    def kernel(self, config: Config, name: str, prepacked: bool = False) -> Kernel:
-        """The nest of `config`. With `prepacked` its `weights` parameter holds every block's packed strips
+    def kernel(self, config: Config, name: str) -> Kernel:
+        """The nest of `config`. For prepacked=1 its `weights` parameter holds every block's packed strips
         as `prepack` lays them out (weights known at build time, as in a network): no packing per call.
-        A pointwise conv2d is its matmul, which reads the weights as they are (its A, or its B for nhwc)."""
+        A pointwise conv2d is its matmul (prepacked=1: its weights operand in the matmul's panels)."""
         if self.as_matmul is not None:
-            return self.as_matmul.kernel_over(config, name, self.operands)
-        return _ConvEmitter(self.workload, self.schedule(config), prepacked).kernel(name)
+            return self.as_matmul.kernel(config, name)
+        return _ConvEmitter(self.workload, self.schedule(config)).kernel(name)
+
+    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The reference inputs (the workload's layouts) as `config`'s kernel reads them: for prepacked=1
+        the weights (slot 1) packed for the config, the rest as they are."""
+        if self.as_matmul is not None:
+            return self.as_matmul.kernel_inputs(config, inputs)
+        out = list(inputs)
+        if self.workload["prepacked"]:
+            out[1] = self.prepack(config, out[1])
+        return out
 
     def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
-        """The workload's weights (OIHW, or HWIO for nhwc) as the `prepacked` kernel of `config` reads them:
+        """The workload's weights (OIHW, or HWIO for nhwc) as the prepacked kernel of `config` reads them:
         per input-channel block (outer) and output-channel block, the strips `pack_weights` would write,
-        zero past the last output channel; every block `cb*r*s*kb` floats (tail blocks padded). A pointwise
-        conv2d's matmul reads its weights as they are."""
-        if self.as_matmul is not None:
-            return np.asarray(weights, np.float32).ravel()
+        zero past the last output channel; every block `cb*r*s*kb` floats (tail blocks padded). Not for a
+        pointwise conv2d (its matmul's `kernel_inputs` packs its weights)."""
+        assert self.as_matmul is None
         sh, s = self.shape, self.schedule(config)
         layout = (sh.r, sh.s, sh.c, sh.k) if sh.nhwc else (sh.k, sh.c, sh.r, sh.s)
         w = np.asarray(weights, np.float32).reshape(layout)
         w = w.transpose(3, 2, 0, 1) if sh.nhwc else w  # now (k, c, r, s)
-        emitter = _ConvEmitter(self.workload, s, True)
+        emitter = _ConvEmitter(self.workload, s)
         kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
         out = np.zeros(emitter.packed_size, np.float32)
         # wp_index is affine in (strip, channel, kh, kw): its coefficients place every element at once.
@@ -267,10 +281,10 @@ class _Block:
 
 
 class _ConvEmitter:
-    def __init__(self, workload: Workload, s: ConvSchedule, prepacked: bool = False):
+    def __init__(self, workload: Workload, s: ConvSchedule):
         self.sh = conv_shape(workload)
         self.s = s
-        self.prepacked = prepacked
+        self.prepacked = bool(workload["prepacked"])
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
         self.hp, self.wp = padded(self.sh)

@@ -12,6 +12,7 @@ store.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,6 +135,10 @@ class DepthwiseTemplate:
 
     def kernel(self, config: Config, name: str) -> Kernel:
         return _DepthwiseEmitter(self.workload, self.schedule(config)).kernel(name)
+
+    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """As they are: depthwise weights are tiny (r*s per channel), never prepacked."""
+        return list(inputs)
 
 
 class _DepthwiseEmitter:

@@ -1,7 +1,9 @@
 """The matmul template: matmul workload + target in, a BLIS-style blocked, packed, register-tiled nest out.
 
 C[m,n] = A[m,k] @ B[k,n]. Three block loops (mc, nc, kc) in a tunable order; B packed into kc x nr
-strips and A into mr x kc panels (each optional); an mr x (nv vectors) register tile of accumulators
+strips and A into mr x kc panels (each optional), per call, or not at all for the operand that holds
+prepacked weights (B of a prepacked=1 matmul; a pointwise conv2d's weights, `Operands.prepacked`), which
+the caller passes already in panels (`prepack`); an mr x (nv vectors) register tile of accumulators
 updated by broadcast(A) * B-vector FMAs, the k loop unrolled by `unroll_k`. Tails of every axis
 become constant-size tiles, so any shape is exact. bias=1 and residual=1 start C (or the accumulators)
 at the bias row plus the residual; relu=1 / relu6=1 clamp the accumulators of the last k block before
@@ -10,10 +12,10 @@ their store.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from functools import cache
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -81,6 +83,25 @@ def effective_blocks(
 
 # The block loops that fix each packed panel: B's strips by (n, k), A's panels by (m, k).
 PANEL_AXES = {"B": ("n", "k"), "A": ("m", "k")}
+
+
+def packed_per_call(pack: Num, prepacked: str, operand: str) -> Num:
+    """Whether (1/0) a config copies `operand` into panels at every call: it reads the operand in panels
+    (its pack knob) that the caller did not pass already packed (`prepacked` names that operand)."""
+    return pack * (prepacked != operand)
+
+
+def prepack(operand: str, matrix: np.ndarray, rows: int, cols: int, width: int) -> np.ndarray:
+    """A (rows, cols) operand in the panels the kernel reads when it is passed prepacked: B as strips of
+    `width` = nr columns, each k x nr row-major (B[kk, j*nr + c] at j*k*nr + kk*nr + c); A as panels of
+    `width` = mr rows, each k x mr (A[i*mr + r, kk] at i*k*mr + kk*mr + r); zero past the last column
+    (row). Whole k per strip, so that every k block of a strip is contiguous, as the per-call copy is."""
+    m = np.asarray(matrix, np.float32).reshape(rows, cols)
+    m = m if operand == "B" else m.T  # now (k, panel axis)
+    k, extent = m.shape
+    padded = np.zeros((k, -(-extent // width) * width), np.float32)
+    padded[:, :extent] = m
+    return np.ascontiguousarray(padded.reshape(k, -1, width).transpose(1, 0, 2)).ravel()
 
 
 @cache
@@ -199,21 +220,31 @@ class MatmulSchedule:
     kc: int
     order: str
     inner: str  # "nm": column strips outside row panels (B strip stays in L1), or "mn"
-    pack_a: bool
-    pack_b: bool
+    pack_a: bool  # A is read in panels ...
+    pack_b: bool  # ... B in strips
     unroll_k: int
+    prepacked: str  # the operand passed already in panels (when its pack knob is on), or ""
 
     @property
     def nr(self) -> int:
         return self.nv * self.lanes
+
+    @property
+    def copy_a(self) -> bool:
+        """A copied into panels at every call."""
+        return bool(packed_per_call(self.pack_a, self.prepacked, "A"))
+
+    @property
+    def copy_b(self) -> bool:
+        return bool(packed_per_call(self.pack_b, self.prepacked, "B"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Operands:
     """Where the product's operands live, for a template that lowers through this one (a pointwise
     conv2d): buffer names, the kernel's parameters in order (None: A, B, bias, C), bias per row of C
-    instead of per column, and `batch` products one after another that share A (B and C advance by one
-    whole matrix per product)."""
+    instead of per column, `batch` products one after another that share A (B and C advance by one
+    whole matrix per product), and which operand holds weights passed prepacked ("" for none)."""
 
     a: str = "A"
     b: str = "B"
@@ -221,12 +252,17 @@ class Operands:
     params: tuple[Buffer, ...] | None = None
     bias_rows: bool = False
     batch: int = 1
+    prepacked: Literal["", "A", "B"] = ""
 
 
 class MatmulTemplate:
-    def __init__(self, workload: Workload, target: Target):
+    def __init__(self, workload: Workload, target: Target, operands: Operands | None = None):
+        """`operands`: where another template's product lives (a pointwise conv2d); by default the
+        workload's own A, B, C, with B prepacked when the workload says prepacked=1."""
         self.workload = workload
         self.target = target
+        self.operands = operands or Operands(prepacked="B" if workload["prepacked"] else "")
+        assert not (self.operands.prepacked == "B" and self.operands.batch > 1), "B is per product"
         m, n, k = workload["m"], workload["n"], workload["k"]
         self.space = ConfigSpace(
             (
@@ -251,6 +287,7 @@ class MatmulTemplate:
         return MatmulSchedule(
             mr, nv, lanes, int(mc), int(nc), int(kc), str(config["order"]),
             str(config["inner"]), bool(config["pack_a"]), bool(config["pack_b"]), config.int("unroll_k"),
+            self.operands.prepacked,
         )  # fmt: skip
 
     def default_config(self) -> Config:
@@ -272,11 +309,35 @@ class MatmulTemplate:
         return self.space.config(self.space.index_of(values))
 
     def kernel(self, config: Config, name: str) -> Kernel:
-        return self.kernel_over(config, name, Operands())
+        """The nest of one config, over the template's operands."""
+        emitter = _MatmulEmitter(self.workload, self.schedule(config), self.operands)
+        return emitter.kernel(name, self.params())
 
-    def kernel_over(self, config: Config, name: str, operands: Operands) -> Kernel:
-        """The nest of one config, over `operands` (another template's buffers)."""
-        return _MatmulEmitter(self.workload, self.schedule(config), operands).kernel(name)
+    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The reference inputs (the workload's layouts) as `config`'s kernel reads them: the prepacked
+        operand in its panels (`prepack`) when the config reads it in panels, the rest as they are."""
+        s, which, out = self.schedule(config), self.operands.prepacked, list(inputs)
+        if not which or not (s.pack_a if which == "A" else s.pack_b):
+            return out
+        slot = [p.name for p in self.params()].index(self.operands.a if which == "A" else self.operands.b)
+        out[slot] = self.prepack_operand(s, out[slot])
+        return out
+
+    def prepack_operand(self, s: MatmulSchedule, matrix: np.ndarray) -> np.ndarray:
+        m, n, k = self.workload["m"], self.workload["n"], self.workload["k"]
+        if self.operands.prepacked == "A":
+            return prepack("A", matrix, m, k, s.mr)
+        return prepack("B", matrix, k, n, s.nr)
+
+    def params(self) -> tuple[Buffer, ...]:
+        """The kernel's parameters in order, each as the workload's layout sizes it."""
+        m, n, k, o = self.workload["m"], self.workload["n"], self.workload["k"], self.operands
+        return o.params or (
+            Buffer("A", m * k, BufferKind.INPUT),
+            Buffer("B", k * n, BufferKind.INPUT),
+            *Epilogue.of(self.workload).buffers(n, m * n),
+            Buffer("C", m * n, BufferKind.OUTPUT),
+        )
 
 
 def _largest(options: tuple[int | str, ...], fits: object) -> int:
@@ -294,19 +355,14 @@ class _MatmulEmitter:
         self.multi_k = self.k > s.kc
         self.epi = Epilogue.of(workload)
 
-    def kernel(self, name: str) -> Kernel:
+    def kernel(self, name: str, params: tuple[Buffer, ...]) -> Kernel:
         s, b = self.s, self.b
-        buffers = list(self.o.params or (
-            Buffer("A", self.m * self.k, BufferKind.INPUT),
-            Buffer("B", self.k * self.n, BufferKind.INPUT),
-            *self.epi.buffers(self.n, self.m * self.n),
-            Buffer("C", self.m * self.n, BufferKind.OUTPUT),
-        ))  # fmt: skip
-        if s.pack_b:
+        buffers = [self.packed_param(p) for p in params]
+        if s.copy_b:
             buffers.append(
                 Buffer("Bp", min(s.kc, self.k) * -(-min(s.nc, self.n) // s.nr) * s.nr, BufferKind.LOCAL)
             )
-        if s.pack_a:
+        if s.copy_a:
             buffers.append(
                 Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL)
             )
@@ -316,6 +372,15 @@ class _MatmulEmitter:
                 self.zero_c()  # every k block then accumulates into C
             self.blocks(s.order, {})
         return b.kernel(name, tuple(buffers))
+
+    def packed_param(self, param: Buffer) -> Buffer:
+        """`param`, sized as its panels when it is the operand passed prepacked and read in panels."""
+        s = self.s
+        if s.prepacked == "A" and s.pack_a and param.name == self.o.a:
+            return replace(param, size=-(-self.m // s.mr) * s.mr * self.k)
+        if s.prepacked == "B" and s.pack_b and param.name == self.o.b:
+            return replace(param, size=-(-self.n // s.nr) * s.nr * self.k)
+        return param
 
     def bias_vector(self, row: Affine, col: Affine, cols: int) -> Value:
         """The bias of C[row, col : col + lanes] (its first `cols`): one per column, or a row's broadcast."""
@@ -349,9 +414,9 @@ class _MatmulEmitter:
             if axis == "k" and not last:
                 inner["not_last_k"] = (offset, 0)  # the clamp waits for the last k block
             # Pack a panel as soon as the loops that fix it are open (BLIS: B per (jc,pc), A per (ic,pc)).
-            if self.s.pack_b and axis == packed_at(self.s.order, "B"):
+            if self.s.copy_b and axis == packed_at(self.s.order, "B"):
                 self.pack_b(inner)
-            if self.s.pack_a and axis == packed_at(self.s.order, "A"):
+            if self.s.copy_a and axis == packed_at(self.s.order, "A"):
                 self.pack_a(inner)
             self.blocks(rest, inner)
 
@@ -446,15 +511,20 @@ class _MatmulEmitter:
 
         def step(kk: Affine) -> None:
             for c in range(nvec):
-                if s.pack_b:
+                if s.copy_b:
                     src = Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
+                elif s.pack_b:  # prepacked: whole-k strips of the whole B (`prepack`)
+                    at = div(n0 + jo, s.nr) * (self.k * s.nr) + (k0 + kk) * s.nr + c * lanes
+                    src = Load(self.o.b, at, lanes)
                 else:
                     at = self.b_at + (k0 + kk) * self.n + n0 + jo + c * lanes
                     src = Load(self.o.b, at, lanes, counts[c])
                 b.assign(breg[c], src)
             for r in range(rows):
-                if s.pack_a:
+                if s.copy_a:
                     a = Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r)
+                elif s.pack_a:  # prepacked: whole-k panels of the whole A, mr rows each (`prepack`)
+                    a = Load(self.o.a, div(m0 + io, s.mr) * (self.k * s.mr) + (k0 + kk) * s.mr + r)
                 else:
                     a = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)
                 bcast = Broadcast(a, lanes)

@@ -10,12 +10,13 @@ vectors updated by broadcast(V) x U-vector FMAs (the matmul template's micro ker
 (c) the output transform Y = A^T M A per tile and channel vector, plus the fused epilogue, stored for the
 valid pixels only (the last tile row and column of an odd output size are half tiles).
 U = G g G^T (16 x C x K floats) is the transformed weights: `prepack` computes it on the host (a
-network's constant weights), or the kernel computes the U of each output-channel block from the plain
-weights into a local buffer.
+network's constant weights, prepacked=1, through `kernel_inputs`), or the kernel computes the U of each
+output-channel block from the plain weights into a local buffer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,16 +126,16 @@ class WinogradTemplate:
             )
         )
 
-    def schedule(self, config: Config, prepacked: bool = False) -> WinogradSchedule:
+    def schedule(self, config: Config) -> WinogradSchedule:
         sh, lanes = self.shape, self.target.fp32_lanes
         mr, nv = parse_tile(str(config["tile"]))
         nr = nv * lanes
         ty, tx = config.int("tile_ty"), config.int("tile_tx")
         kb = round_up(min(config.int("tile_oc"), sh.k), nr)
         # The local buffers share the stack budget: fewer output channels per block, then fewer tiles.
-        while kb > nr and 4 * stack_floats(sh, lanes, ty * tx, kb, prepacked) > STACK_BUDGET:
+        while kb > nr and 4 * stack_floats(sh, lanes, ty * tx, kb, self.prepacked) > STACK_BUDGET:
             kb -= nr
-        while ty * tx > 1 and 4 * stack_floats(sh, lanes, ty * tx, kb, prepacked) > STACK_BUDGET:
+        while ty * tx > 1 and 4 * stack_floats(sh, lanes, ty * tx, kb, self.prepacked) > STACK_BUDGET:
             ty, tx = (ty // 2, tx) if ty > 1 else (ty, tx // 2)
         return WinogradSchedule(
             mr, nv, lanes, ty, tx, min(config.int("tile_ic"), sh.c), kb, str(config["order"]),
@@ -175,16 +176,27 @@ class WinogradTemplate:
         }  # fmt: skip
         return self.space.config(self.space.index_of(values))
 
-    def kernel(self, config: Config, name: str, prepacked: bool = False) -> Kernel:
-        """The nest of `config`. With `prepacked`, its `weights` parameter holds U as `prepack` lays it
-        out (weights known at build time, as in a network): no weight transform per call."""
-        return _WinogradEmitter(self.workload, self.schedule(config, prepacked), prepacked).kernel(name)
+    @property
+    def prepacked(self) -> bool:
+        return bool(self.workload["prepacked"])
+
+    def kernel(self, config: Config, name: str) -> Kernel:
+        """The nest of `config`. For prepacked=1 its `weights` parameter holds U as `prepack` lays it out
+        (weights known at build time, as in a network): no weight transform per call."""
+        return _WinogradEmitter(self.workload, self.schedule(config), self.prepacked).kernel(name)
+
+    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The reference inputs as `config`'s kernel reads them: for prepacked=1 the weights (slot 1) as U."""
+        out = list(inputs)
+        if self.prepacked:
+            out[1] = self.prepack(config, out[1])
+        return out
 
     def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
         """The workload's HWIO weights as the `prepacked` kernel of `config` reads them: U = G g G^T laid
         out U[e][strip][c][nr] (e = 4i + j of the 4x4 tile, strips of nr output channels, zero past k)."""
         sh = self.shape
-        nr = self.schedule(config, True).nr
+        nr = self.schedule(config).nr
         w = np.asarray(weights, np.float32).reshape(3, 3, sh.c, sh.k)
         u = np.einsum("ai,ijck,bj->abck", G, w, G).reshape(E, sh.c, sh.k)  # U[e][c][k]
         strips = -(-sh.k // nr)

@@ -103,6 +103,10 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     mc, nc, kc = matmul.effective_blocks(wl, t.fp32_lanes, (mr, nv), (ints("mc"), ints("nc"), ints("kc")))
     order = cfg.values("order")
     pack_a, pack_b, unroll = ints("pack_a"), ints("pack_b"), ints("unroll_k")
+    # Panels the kernel copies at every call: none of the operand passed prepacked (the weights).
+    assert isinstance(template, matmul.MatmulTemplate)
+    prepacked = template.operands.prepacked
+    copy_a, copy_b = (matmul.packed_per_call(p, prepacked, o) for p, o in ((pack_a, "A"), (pack_b, "B")))
     regs, l1, l2 = float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
     # How often a panel is packed again: once per block of every loop outside the pair that fixes it.
     m_out = np.array([matmul.repacked_per_block(o, "B") for o in order], dtype=np.float64)
@@ -117,10 +121,10 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
         _log2(unroll * mr * nv),
         pack_a, pack_b, cfg.flag("inner", "nm"),
         np.where(pack_b > 0, 0.0, np.log2(n)), np.where(pack_a > 0, 0.0, np.log2(k)),
-        pack_b * m_out * _log2(np.ceil(m / mc)), pack_a * n_out * _log2(np.ceil(n / nc)),
+        copy_b * m_out * _log2(np.ceil(m / mc)), copy_a * n_out * _log2(np.ceil(n / nc)),
         *((order == o).astype(np.float64) for o in ORDERS),
-        *_matmul_estimate(t, (m, n, k), (mr, nv, mc, nc, kc, unroll), (pack_a, pack_b), order,
-                          (m_out, n_out), cfg.flag("inner", "nm")),
+        *_matmul_estimate(t, (m, n, k), (mr, nv, mc, nc, kc, unroll), (pack_a, pack_b, copy_a, copy_b),
+                          order, (m_out, n_out), cfg.flag("inner", "nm")),
     ]  # fmt: skip
     return np.stack(cols, axis=1)
 
@@ -156,18 +160,19 @@ def _matmul_estimate(
     t: Target,
     shape: tuple[float, float, float],
     blocks: tuple[np.ndarray, ...],
-    packs: tuple[np.ndarray, np.ndarray],
+    packs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     order: np.ndarray,
     outer: tuple[np.ndarray, np.ndarray],
     inner_nm: np.ndarray,
 ) -> list[np.ndarray]:
     """A first-order cycle model of the BLIS-style kernel, as fractions of the ideal cycle count: the
-    microkernel (with its tail tiles), per-call overhead (accumulators in and out of C), packing, and the
-    cache level each operand streams from. Crude on purpose: it orders configs across shapes and
+    microkernel (with its tail tiles), per-call overhead (accumulators in and out of C), packing (of the
+    panels copied per call: `packs` is (pack_a, pack_b, copy_a, copy_b)), and the cache level each
+    operand streams from. Crude on purpose: it orders configs across shapes and
     targets, and the trees learn what it misses."""
     m, n, k = shape
     mr, nv, mc, nc, kc, unroll = blocks
-    pack_a, pack_b = packs
+    pack_a, pack_b, copy_a, copy_b = packs
     lanes, _, _, _ = _target_sizes(t)
     fma_rate = max(t.fp32_flops_per_cycle / (2.0 * lanes), 1.0)  # vector FMAs issued per cycle
     nr, kc = nv * lanes, np.minimum(kc, k)
@@ -194,9 +199,9 @@ def _matmul_estimate(
     overhead = calls * (c_bytes / level_bw[c_level] + 8.0 + 0.5 * np.ceil(kc / unroll))
     # Packing: B copied a vector per cycle, A a float per cycle, once per block of every outer loop.
     m_out, n_out = (x > 0 for x in outer)
-    pack_b_cycles = pack_b * k * np.ceil(n / nr) * nr / lanes * np.where(m_out, np.ceil(m / mc), 1.0)
-    pack_a_cycles = pack_a * k * np.ceil(m / mr) * mr * np.where(n_out, np.ceil(n / nc), 1.0)
-    b_level, a_level = _stream_levels(t, (n, k), (mr, nr, mc, nc, kc), packs, inner_nm)
+    pack_b_cycles = copy_b * k * np.ceil(n / nr) * nr / lanes * np.where(m_out, np.ceil(m / mc), 1.0)
+    pack_a_cycles = copy_a * k * np.ceil(m / mr) * mr * np.where(n_out, np.ceil(n / nc), 1.0)
+    b_level, a_level = _stream_levels(t, (n, k), (mr, nr, mc, nc, kc), (pack_a, pack_b), inner_nm)
     # Per k step of a full tile: the bytes that come from beyond L1 against the tile's own cycles.
     step = _tile_cycles(mr, nv, fma_rate, kc)
     strided_bw = np.array([level_bw[0], STRIDED_L2_BW, STRIDED_L3_BW])
@@ -316,7 +321,8 @@ def depthwise_features(template: ScheduleTemplate, indices: Sequence[int] | np.n
 WINOGRAD_FEATURES = (
     "log2_c", "log2_k", "log2_tiles", "lanes_log2", "acc_regs_frac", "regs_used_frac", "fma_per_load",
     "mr", "nv", "block_tiles_log2", "group_waste", "k_waste", "v_block_l2", "m_block_l2", "u_strip_l1",
-    "c_blocks_log2", "k_blocks_log2", "unroll_log2", "order_kt",
+    "c_blocks_log2", "k_blocks_log2", "unroll_log2", "order_kt", "weight_transform_per_fma",
+    "input_transforms_per_fma",
 )  # fmt: skip
 
 
@@ -338,6 +344,9 @@ def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.nd
         _log2(4 * winograd.E * nt * sh.c / l2), _log2(4 * winograd.E * nt * kb / l2), _log2(4 * cb * nr / l1),
         _log2(np.ceil(sh.c / cb)), _log2(np.ceil(sh.k / kb)), _log2(cfg.ints("unroll")),
         cfg.flag("order", "kt"),
+        # Per call, unless prepacked=1: U of every output-channel block (once per tile, not per FMA); the
+        # input is transformed again for every output-channel block.
+        one * (0.0 if template.workload["prepacked"] else 1.0 / (th * tw)), np.ceil(sh.k / kb) / sh.k,
     ]  # fmt: skip
     return np.stack(cols, axis=1)
 

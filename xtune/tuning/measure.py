@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -102,6 +103,7 @@ class BuiltImage:
     entry_offset: int = 0
     compile_seconds: float = 0.0
     error: str = ""
+    index: int | None = None  # the config it was built from (CompilePool.build_all); None: a hand-made image
 
 
 def build_image(candidate: Candidate, template: ScheduleTemplate | None = None) -> BuiltImage:
@@ -116,12 +118,13 @@ def build_image(candidate: Candidate, template: ScheduleTemplate | None = None) 
         kernel = template.kernel(template.space.config(candidate.index), ENTRY)
         obj = compile_object(lower([kernel]), candidate.target, (ENTRY,))
     except XtuneError as err:  # CompileError, or a config/workload the template rejects
-        return BuiltImage(MeasureStatus.COMPILE_ERROR, error=str(err))
+        return BuiltImage(MeasureStatus.COMPILE_ERROR, error=str(err), index=candidate.index)
     try:
         image = link_flat(obj)
     except LinkError as err:
-        return BuiltImage(MeasureStatus.LINK_ERROR, error=str(err))
-    return BuiltImage(MeasureStatus.OK, image.code, image.entry(ENTRY), time.perf_counter() - start)
+        return BuiltImage(MeasureStatus.LINK_ERROR, error=str(err), index=candidate.index)
+    seconds = time.perf_counter() - start
+    return BuiltImage(MeasureStatus.OK, image.code, image.entry(ENTRY), seconds, index=candidate.index)
 
 
 BuildJob = Callable[[Candidate], BuiltImage]
@@ -188,7 +191,7 @@ class CompilePool:
                     text = built.value.format(timeout=self.build_timeout_s)
                     built = BuiltImage(MeasureStatus.COMPILE_ERROR, error=text)
                 futures[pos + 1 :] = [self.submit(c) for c in candidates[pos + 1 :]]
-            yield built
+            yield replace(built, index=candidate.index)
 
     def _outcome(self, future: Future[BuiltImage]) -> BuiltImage | _Lost:
         """The build's image or status, or why there is none. The deadline runs from now: every earlier
@@ -252,6 +255,11 @@ MAX_BOARD_ERRORS_IN_A_ROW = 3
 class Measurer:
     """Measures configs of one workload on one board: build (in workers), check against numpy, time.
 
+    Each candidate runs on the inputs as its kernel reads them (the template's `kernel_inputs`: a
+    prepacked workload's weights in the packed layout of that config), and its output is checked against
+    the reference of the plain inputs, so a wrong packing is a wrong_answer. An input is uploaded only
+    when its bytes differ from what the session holds (configs that share a packed layout share it).
+
     A BoardError that is not transient (docs/boards.md, "Faults") ends measuring: `measure` records
     it in `failure`, returns board_error for the candidates it did not finish, and measures no more."""
 
@@ -263,7 +271,9 @@ class Measurer:
         self.options = options
         self.pool = pool or CompilePool()
         self._owns_pool = pool is None
+        self.template = template_for(workload, board.target)
         self.inputs = random_inputs(workload)
+        self._digests = {id(a): _digest(a) for a in self.inputs}  # the plain inputs', hashed once
         self.expected = workload.reference(self.inputs).astype(np.float32)
         self.tensors = workload.tensors()
         self.args = tuple(range(len(self.tensors)))  # buffer slot i is the kernel's i-th parameter
@@ -271,17 +281,33 @@ class Measurer:
         self.out_shape = self.tensors[self.out_slot].shape
         self._poison = np.full(self.out_shape, np.nan, dtype=np.float32).tobytes()
         self._session: AgentSession | None = None
+        self._held: dict[int, bytes] = {}  # slot -> digest of the input the session holds
         self.failure: BoardError | None = None  # why this board cannot measure any more
         self._errors_in_a_row = 0
 
     def session(self) -> AgentSession:
         if self._session is None:
             self._session = self.board.open()
-            inputs = iter(self.inputs)
-            for slot, tensor in enumerate(self.tensors):
-                data = self._poison if tensor.is_output else next(inputs).tobytes()
-                self._session.set_buffer(slot, data)
+            self._held = {}
+            self._session.set_buffer(self.out_slot, self._poison)
         return self._session
+
+    def kernel_inputs(self, index: int | None) -> list[np.ndarray]:
+        """The inputs config `index`'s kernel reads (the plain ones for a hand-made image)."""
+        if index is None:
+            return list(self.inputs)
+        return self.template.kernel_inputs(self.template.space.config(index), self.inputs)
+
+    def _upload(self, session: AgentSession, index: int | None) -> None:
+        """Each input slot holds what config `index`'s kernel reads; unchanged bytes are not sent again
+        (a prepacked workload's weights are megabytes, and an SSH board is slow to send them)."""
+        slots = (slot for slot, t in enumerate(self.tensors) if not t.is_output)
+        for slot, array in zip(slots, self.kernel_inputs(index), strict=True):
+            digest = self._digests.get(id(array)) if any(array is a for a in self.inputs) else None
+            digest = digest or _digest(array)
+            if self._held.get(slot) != digest:
+                session.set_buffer(slot, np.ascontiguousarray(array, np.float32).tobytes())
+                self._held[slot] = digest
 
     def measure(self, indices: Sequence[int]) -> list[MeasureResult]:
         results: list[MeasureResult] = []
@@ -331,6 +357,7 @@ class Measurer:
 
     def _check_and_time(self, built: BuiltImage) -> MeasureResult:
         session, opts, args = self.session(), self.options, self.args
+        self._upload(session, built.index)
         session.load_image(built.image)
         session.set_buffer(self.out_slot, self._poison)
         reply = session.run(RunRequest.check(built.entry_offset, args, opts.timeout_ms))
@@ -372,6 +399,10 @@ class Measurer:
         self.close_session()
         if self._owns_pool:
             self.pool.close()
+
+
+def _digest(array: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(array, np.float32).data, digest_size=16).digest()
 
 
 def _failed(reply: RunReply) -> MeasureResult:
