@@ -145,36 +145,44 @@ class WinogradTemplate:
     def default_config(self) -> Config:
         sh, t = self.shape, self.target
         knobs = {k.name: [int(o) for o in k.options] for k in self.space.knobs if k.name.startswith("tile_")}
-        th, _ = tiles(sh)
+        ty, tx = self.default_blocks(knobs["tile_ty"], knobs["tile_tx"])
+        nt = ty * tx
 
         def score(tile: str) -> float:
-            # FMAs per loaded value, discounted by the lanes wasted past the last output channel.
+            # FMAs per loaded value, discounted by the rows and lanes wasted on partial groups and strips.
             mr, nv = parse_tile(tile)
             nr = nv * t.fp32_lanes
-            return fmas_per_load(mr, nv) * sh.k / round_up(sh.k, nr) + 1e-3 * mr * nv
+            waste = nt / round_up(nt, mr) * sh.k / round_up(sh.k, nr)
+            return fmas_per_load(mr, nv) * waste + 1e-3 * mr * nv
 
         # A spare register: a tile that fills the register file exactly spills (as conv2d's default).
         tiles_ok = [str(o) for o in self.space.knobs[0].options]
         roomy = [s for s in tiles_ok if tile_registers(*parse_tile(s)) <= t.vector_registers - 1]
         tile = max(roomy or tiles_ok, key=score)
-        nv = parse_tile(tile)[1]
-        nr = nv * t.fp32_lanes
-        # A whole row of tiles per block (and more rows while the block's V and M stay in L2), all the
-        # output channels, and the input channels whose U strip (cb x nr) fills half of L1.
-        tx = max(knobs["tile_tx"])
-        cp = round_up(sh.c, t.fp32_lanes)
-        ty = max(
-            (o for o in knobs["tile_ty"] if 4 * E * o * tx * (cp + round_up(sh.k, nr)) <= t.l2_bytes // 2),
-            default=1,
-        )
-        cb = max(
-            (o for o in knobs["tile_ic"] if 4 * o * nr <= t.l1d_bytes // 2), default=min(knobs["tile_ic"])
-        )
+        nr = parse_tile(tile)[1] * t.fp32_lanes
+        # The input channels whose U strip (cb x nr) fills half of L1; all the output channels.
+        fits = [o for o in knobs["tile_ic"] if 4 * o * nr <= t.l1d_bytes // 2]
+        cb = max(fits, default=min(knobs["tile_ic"]))
         values: dict[str, KnobValue] = {
-            "tile": tile, "tile_ty": min(ty, th), "tile_tx": tx, "tile_ic": cb,
-            "tile_oc": max(knobs["tile_oc"]), "order": "kt", "unroll": 2,
+            "tile": tile, "tile_ty": ty, "tile_tx": tx, "tile_ic": cb, "tile_oc": max(knobs["tile_oc"]),
+            "order": "tk", "unroll": 2,
         }  # fmt: skip
         return self.space.config(self.space.index_of(values))
+
+    def default_blocks(self, ty_options: list[int], tx_options: list[int]) -> tuple[int, int]:
+        """Tiles per block (rows x along a row). A U that fits half of L2 is read from there by every
+        block: small blocks, whose V and M (16 x tiles x (C + K) floats) stay within twice L1. A larger U
+        streams from memory once per block: blocks as large as half of L2 holds, so that it is read
+        rarely."""
+        sh, t = self.shape, self.target
+        per_tile = 4 * E * (round_up(sh.c, t.fp32_lanes) + sh.k)  # bytes of V and M per tile
+        small_u = 4 * E * sh.c * sh.k <= t.l2_bytes // 2
+        budget = 2 * t.l1d_bytes if small_u else t.l2_bytes // 2
+        pairs = [(y, x) for y in ty_options for x in tx_options if y * x * per_tile <= budget]
+        if not pairs:
+            return 1, 1
+        # Most tiles, then whole rows (fewer block edges), then fewer rows.
+        return max(pairs, key=lambda p: (p[0] * p[1], p[1], -p[0]))
 
     @property
     def prepacked(self) -> bool:
