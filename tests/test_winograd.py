@@ -28,13 +28,15 @@ from xtune.tuning.features import feature_names, features_op, featurize
 from xtune.workload import RTOL, check_output, parse_workload, random_inputs
 
 # Odd output sizes (7x7, 13x13, 11x9: half tiles), pad 0, 1 and 2, channels no multiple of any vector width,
-# several channel blocks, the whole epilogue (bias, residual, relu, relu6), a batch of 2.
+# several channel blocks, the whole epilogue (bias, residual, relu, relu6), a batch of 2; NHWC and NCHW.
 SHAPES = (
     "conv2d:n=1,c=5,h=7,w=7,k=6,r=3,s=3,pad=1,layout=nhwc,algo=winograd,bias=1,relu=1",
     "conv2d:n=1,c=20,h=13,w=13,k=9,r=3,s=3,pad=1,layout=nhwc,algo=winograd,bias=1,residual=1",
     "conv2d:n=2,c=11,h=10,w=8,k=19,r=3,s=3,pad=0,layout=nhwc,algo=winograd,residual=1,relu6=1",
     "conv2d:n=1,c=17,h=13,w=11,k=40,r=3,s=3,pad=0,layout=nhwc,algo=winograd",
     "conv2d:n=1,c=33,h=9,w=6,k=35,r=3,s=3,pad=2,layout=nhwc,algo=winograd,bias=1",
+    "conv2d:n=2,c=11,h=10,w=8,k=19,r=3,s=3,pad=0,algo=winograd,residual=1,relu6=1",
+    "conv2d:n=1,c=20,h=7,w=9,k=9,r=3,s=3,pad=1,algo=winograd,bias=1,residual=1,relu=1",
 )
 
 
@@ -90,16 +92,10 @@ def test_the_cli_refuses_an_ineligible_winograd_in_one_line() -> None:
     assert run.stderr.count("\n") == 1 and "algo=winograd needs r=3, s=3, stride=1, dilation=1" in run.stderr
 
 
-def test_nchw_is_refused_by_the_template() -> None:
-    wl = parse_workload("conv2d:n=1,c=3,h=9,w=9,k=4,r=3,s=3,pad=1,algo=winograd")
-    with pytest.raises(InputError, match="layout=nhwc only"):
-        template_for(wl, get_target("x86-avx2"))
-
-
 # --- the nest, in the interpreter (no LLVM) ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", SHAPES[:3])
+@pytest.mark.parametrize("key", [*SHAPES[:3], *SHAPES[5:]])
 def test_plain_and_prepacked_weights_give_the_reference_in_the_interpreter(key: str) -> None:
     """Random configs of both kernels (U computed per output-channel block, or `prepack`'s U read as it is)
     on the vector width of SSE: block tails, channel blocks, half tiles and both orders."""
@@ -126,7 +122,7 @@ def test_kernels_correct_on_host(key: str) -> None:
     check("local", key, configs(template, 3))
 
 
-@pytest.mark.parametrize("key", SHAPES[1:4])
+@pytest.mark.parametrize("key", [*SHAPES[1:4], SHAPES[6]])
 def test_kernels_correct_under_qemu(qemu_board: str, key: str) -> None:
     template = template_for(parse_workload(key), get_board(qemu_board).target)
     assert isinstance(template, WinogradTemplate)
@@ -134,10 +130,11 @@ def test_kernels_correct_under_qemu(qemu_board: str, key: str) -> None:
 
 
 @pytest.mark.parametrize("board", ["local", "qemu-aarch64"])
-def test_prepacked_weights_on_a_board(board: str) -> None:
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[6]])
+def test_prepacked_weights_on_a_board(board: str, shape: str) -> None:
     """prepacked=1 (a network's constant weights): the Measurer uploads `kernel_inputs`' U per config and
     checks against the plain reference; the kernel transforms no weights and has no U buffer of its own."""
-    key = SHAPES[1] + ",prepacked=1"
+    key = shape + ",prepacked=1"
     template = template_for(parse_workload(key), get_board(board).target)
     assert isinstance(template, WinogradTemplate)
     indices = configs(template, 2)

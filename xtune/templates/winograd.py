@@ -2,13 +2,15 @@
 nest out (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
 
 Each 2x2 output tile of a channel pair is Y = A^T [(G g G^T) * (B^T d B)] A: 16 multiplies instead of 36.
-NHWC, vectors along channels. Per image the input is copied once into a zero-padded local buffer (when
-padding or an odd output size needs one). Per block of tiles (tile rows x tiles along a row):
+Vectors along channels. Per image the input is copied once into a zero-padded local buffer of channel
+vectors (when padding or an odd output size needs one, and always for NCHW: a transposition). Per block
+of tiles (tile rows x tiles along a row):
 (a) the input transform V = B^T d B of every 4x4 patch, a channel vector at a time, into V[e][tile][c];
 (b) 16 GEMMs M[e] (tiles x K) = V[e] (tiles x C) . U[e] (C x K), a register tile of tiles x output-channel
 vectors updated by broadcast(V) x U-vector FMAs (the matmul template's micro kernel), C in blocks of cb;
 (c) the output transform Y = A^T M A per tile and channel vector, plus the fused epilogue, stored for the
-valid pixels only (the last tile row and column of an odd output size are half tiles).
+valid pixels only (the last tile row and column of an odd output size are half tiles); NCHW stores them
+float by float through a small transposing buffer (Ot).
 U = G g G^T (16 x C x K floats) is the transformed weights: `prepack` computes it on the host (a
 network's constant weights, prepacked=1, through `kernel_inputs`), or the kernel computes the U of each
 output-channel block from the plain weights into a local buffer.
@@ -21,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xtune.errors import InputError
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -89,8 +90,9 @@ def tiles(sh: ConvShape) -> tuple[int, int]:
 
 
 def needs_copy(sh: ConvShape) -> bool:
-    """Whether tiles read outside the input: padding, or the half tile of an odd output size."""
-    return sh.pad > 0 or sh.oh % 2 == 1 or sh.ow % 2 == 1
+    """Whether the tiles read a copy of the image: NCHW (transposed to channel vectors), padding, or the
+    half tile of an odd output size (reads past the input)."""
+    return not sh.nhwc or sh.pad > 0 or sh.oh % 2 == 1 or sh.ow % 2 == 1
 
 
 def round_up(x: int, m: int) -> int:
@@ -111,8 +113,6 @@ class WinogradTemplate:
         self.workload = workload
         self.target = target
         self.shape = sh = conv_shape(workload)
-        if not sh.nhwc:
-            raise InputError("conv2d: algo=winograd is implemented for layout=nhwc only")
         th, tw = tiles(sh)
         self.space = ConfigSpace(
             (
@@ -201,11 +201,13 @@ class WinogradTemplate:
         return out
 
     def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
-        """The workload's HWIO weights as the `prepacked` kernel of `config` reads them: U = G g G^T laid
-        out U[e][strip][c][nr] (e = 4i + j of the 4x4 tile, strips of nr output channels, zero past k)."""
+        """The workload's weights (HWIO, or OIHW for nchw) as the prepacked kernel of `config` reads them:
+        U = G g G^T laid out U[e][strip][c][nr] (e = 4i + j of the 4x4 tile, strips of nr output channels,
+        zero past k)."""
         sh = self.shape
         nr = self.schedule(config).nr
-        w = np.asarray(weights, np.float32).reshape(3, 3, sh.c, sh.k)
+        w = np.asarray(weights, np.float32)
+        w = w.reshape(3, 3, sh.c, sh.k) if sh.nhwc else w.reshape(sh.k, sh.c, 3, 3).transpose(2, 3, 1, 0)
         u = np.einsum("ai,ijck,bj->abck", G, w, G).reshape(E, sh.c, sh.k)  # U[e][c][k]
         strips = -(-sh.k // nr)
         out = np.zeros((E, sh.c, strips * nr), np.float32)
@@ -272,6 +274,8 @@ class _WinogradEmitter:
                 b.store("Ip", z * s.lanes, Const(0.0, s.lanes), s.lanes)
         if not self.prepacked:
             buffers.append(Buffer("Ub", E * sh.c * s.kb, BufferKind.LOCAL))
+        if not sh.nhwc:
+            buffers.append(Buffer("Ot", 4 * s.lanes, BufferKind.LOCAL))
         with b.loop(sh.n, "n") as ni:
             if self.copy:
                 self.copy_input(ni)
@@ -287,8 +291,14 @@ class _WinogradEmitter:
     # --- the padded input and the transformed weights ---------------------------------------------
 
     def copy_input(self, ni: Affine) -> None:
-        """Ip[pad + y][pad + x][:C] <- input[ni, y, x, :]: channel vectors, the tail lanes zero-filled."""
+        """Ip[pad + y][pad + x][:C] <- the image's pixel (y, x): NHWC in channel vectors, the tail lanes
+        zero-filled; NCHW one float at a time, plane by plane (a transposition, as conv2d's)."""
         sh, b, lanes = self.sh, self.b, self.s.lanes
+        if not sh.nhwc:
+            with b.loop(sh.c, "pc") as c, b.loop(sh.h, "py") as y, b.loop(sh.w, "px") as x:
+                src = ((ni * sh.c + c) * sh.h + y) * sh.w + x
+                b.store("Ip", ((y + sh.pad) * self.wrow + x + sh.pad) * self.cp + c, Load("input", src))
+            return
         with b.loop(sh.h, "py") as y, b.loop(sh.w, "px") as x:
             src = ((ni * sh.h + y) * sh.w + x) * sh.c
             dst = ((y + sh.pad) * self.wrow + x + sh.pad) * self.cp
@@ -312,6 +322,9 @@ class _WinogradEmitter:
 
         def strip(js: Affine, ncols: int) -> None:
             st = Affine(tuple((v, c // s.nr) for v, c in js.terms), js.const // s.nr)
+            if not sh.nhwc:
+                self.transform_weights_oihw(k0 + js, st, ncols)
+                return
             with b.loop(sh.c, "wc") as c:
                 for v in range(s.nv):
                     cols = min(max(ncols - v * lanes, 0), lanes)
@@ -325,22 +338,43 @@ class _WinogradEmitter:
 
         b.split(kcur, s.nr, strip, "ws")
 
+    def transform_weights_oihw(self, k: Affine, st: Affine, ncols: int) -> None:
+        """NCHW's OIHW weights, one output channel's 3x3 at a time (contiguous), into lane kk of the
+        strip's U; the lanes past k zero."""
+        sh, s, b = self.sh, self.s, self.b
+        step = (s.kb // s.nr) * sh.c * s.nr  # between the e planes of Ub
+        with b.loop(ncols, "wk") as kk, b.loop(sh.c, "wc") as c:
+            base = ((k + kk) * sh.c + c) * 9
+            g: list[list[Value]] = [[Load("weights", base + i * 3 + j) for j in range(3)] for i in range(3)]
+            u = self._filter_transform(g, 1)
+            _, at = self.u_index(0, st, c)
+            for e in range(E):
+                b.store("Ub", at + kk + e * step, u[e])
+        if ncols < s.nr:
+            with b.loop(sh.c, "wc") as c:
+                _, at = self.u_index(0, st, c)
+                for e in range(E):
+                    for lane in range(ncols, s.nr):
+                        b.store("Ub", at + lane + e * step, Const(0.0))
+
     def _weight(self, i: int, j: int, c: Affine, k: Affine, cols: int) -> Value:
         sh, lanes = self.sh, self.s.lanes
         if not cols:
             return Const(0.0, lanes)
         return Load("weights", ((i * 3 + j) * sh.c + c) * sh.k + k, lanes, cols % lanes)
 
-    def _filter_transform(self, g: list[list[Value]]) -> list[Value]:
-        """G g G^T, G = [[1,0,0],[1/2,1/2,1/2],[1/2,-1/2,1/2],[0,0,1]]: the 16 vectors, row-major."""
-        b, lanes = self.b, self.s.lanes
+    def _filter_transform(self, g: list[list[Value]], lanes: int = 0) -> list[Value]:
+        """G g G^T, G = [[1,0,0],[1/2,1/2,1/2],[1/2,-1/2,1/2],[0,0,1]]: the 16 values, row-major (vectors,
+        or single floats for lanes=1)."""
+        b, lanes = self.b, lanes or self.s.lanes
+        tag = "s" if lanes == 1 else ""
         half = Const(0.5, lanes)
         rows: list[list[Reg]] = []
         for i, (g0, g1, g2) in enumerate(zip(*g, strict=True)):  # column i of g: G g
-            regs = [b.register(f"gt{a}_{i}", lanes) for a in range(4)]
+            regs = [b.register(f"gt{tag}{a}_{i}", lanes) for a in range(4)]
             b.assign(regs[0], g0)
             b.assign(regs[3], g2)
-            even = b.register(f"ge{i}", lanes)
+            even = b.register(f"ge{tag}{i}", lanes)
             b.assign(even, Binary(BinaryOp.MUL, _add(g0, g2), half))
             b.assign(regs[1], MulAdd(g1, half, even))
             b.assign(regs[2], MulAdd(g1, Const(-0.5, lanes), even))
@@ -525,9 +559,27 @@ class _WinogradEmitter:
                 s0, s1, s2, s3 = srow[a]
                 for col, value in enumerate((_add(_add(s0, s1), s2), _sub(_sub(s1, s2), s3))[:vx]):
                     y, x = (blk.ty0 + i) * 2 + a, (blk.tx0 + j) * 2 + col
+                    if not sh.nhwc:  # channels are planes apart: through Ot, then one float at a time
+                        b.store("Ot", Affine.of((a * 2 + col) * lanes), value, lanes)
+                        continue
                     at = ((blk.n * sh.oh + y) * sh.ow + x) * sh.k + k
                     init = self.epi.initial(lanes, bias, Load("residual", at, lanes, count))
                     out = value if init == Const(0.0, lanes) else _add(value, init)
                     b.store("output", at, self.epi.apply(out, lanes, True), lanes, count)
+            if not sh.nhwc:
+                self.scatter_nchw(blk, i, j, vy, vx, k, count or lanes)
 
         b.split(blk.kcur, lanes, lambda kv, n: channels(kv, n % lanes), "ok")
+
+    def scatter_nchw(self, blk: _Block, i: Affine, j: Affine, vy: int, vx: int, k: Affine, nch: int) -> None:
+        """NCHW: the tile's pixels of `nch` channels from Ot to their planes, with the epilogue per float."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        with b.loop(nch, "oc") as ch:
+            for a in range(vy):
+                for col in range(vx):
+                    y, x = (blk.ty0 + i) * 2 + a, (blk.tx0 + j) * 2 + col
+                    at = ((blk.n * sh.k + k + ch) * sh.oh + y) * sh.ow + x
+                    init = self.epi.initial(1, Load("bias", k + ch), Load("residual", at))
+                    value: Value = Load("Ot", ch + (a * 2 + col) * lanes)
+                    value = value if init == Const(0.0, 1) else _add(value, init)
+                    b.store("output", at, self.epi.apply(value, 1, True))

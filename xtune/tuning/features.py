@@ -322,7 +322,7 @@ WINOGRAD_FEATURES = (
     "log2_c", "log2_k", "log2_tiles", "lanes_log2", "acc_regs_frac", "regs_used_frac", "fma_per_load",
     "mr", "nv", "block_tiles_log2", "group_waste", "k_waste", "v_block_l2", "m_block_l2", "u_strip_l1",
     "c_blocks_log2", "k_blocks_log2", "unroll_log2", "order_kt", "weight_transform_per_fma",
-    "input_transforms_per_fma",
+    "input_transforms_per_fma", "nhwc",
 )  # fmt: skip
 
 
@@ -347,6 +347,7 @@ def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.nd
         # Per call, unless prepacked=1: U of every output-channel block (once per tile, not per FMA); the
         # input is transformed again for every output-channel block.
         one * (0.0 if template.workload["prepacked"] else 1.0 / (th * tw)), np.ceil(sh.k / kb) / sh.k,
+        one * sh.nhwc,
     ]  # fmt: skip
     return np.stack(cols, axis=1)
 
