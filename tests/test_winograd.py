@@ -25,7 +25,7 @@ from xtune.templates import template_for
 from xtune.templates.winograd import WinogradTemplate
 from xtune.tuning.database import TuningLog
 from xtune.tuning.features import feature_names, features_op, featurize
-from xtune.workload import RTOL, check_output, parse_workload, random_inputs
+from xtune.workload import RTOL, check_output, parse_workload, random_inputs, winograd_eligible
 
 # Odd output sizes (7x7, 13x13, 11x9: half tiles), pad 0, 1 and 2, channels no multiple of any vector width,
 # several channel blocks, the whole epilogue (bias, residual, relu, relu6), a batch of 2; NHWC and NCHW.
@@ -78,6 +78,21 @@ def test_algo_is_an_optional_word_with_the_direct_reference() -> None:
 def test_ineligible_convolutions_are_refused(items: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
         parse_workload(f"conv2d:n=1,c=3,h=9,w=9,k=4,pad=1,layout=nhwc,{items}")
+
+
+@pytest.mark.parametrize(
+    "items", ["r=3,s=3", "r=3,s=3,pad=0", "r=5,s=5", "r=3,s=3,stride=2", "r=3,s=3,dilation=2"]
+)
+def test_eligibility_is_one_rule_for_parsing_and_task_extraction(items: str) -> None:
+    """winograd_eligible (what task extraction would ask of a direct conv2d) says yes exactly when the
+    workload with algo=winograd parses."""
+    direct = parse_workload(f"conv2d:n=1,c=3,h=9,w=9,k=4,pad=1,{items}")
+    try:
+        parse_workload(direct.key + ",algo=winograd")
+        parsed = True
+    except InputError:
+        parsed = False
+    assert winograd_eligible(direct) is parsed
 
 
 def test_the_cli_refuses_an_ineligible_winograd_in_one_line() -> None:

@@ -228,10 +228,14 @@ def _validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...
             )
 
 
+def winograd_eligible(params: dict[str, ParamValue] | Workload) -> bool:
+    """Whether a conv2d may take algo=winograd (F(2x2, 3x3), templates/winograd.py): a 3x3 window at
+    stride 1 without dilation. The one home of the rule: validation and task extraction call it."""
+    return all(params[key] == value for key, value in (("r", 3), ("s", 3), ("stride", 1), ("dilation", 1)))
+
+
 def _require_winograd(params: dict[str, ParamValue]) -> None:
-    """algo=winograd (F(2x2, 3x3), templates/winograd.py) computes 3x3 windows at stride 1 only."""
-    window = (params["r"], params["s"], params["stride"], params["dilation"])
-    if window != (3, 3, 1, 1):
+    if not winograd_eligible(params):
         raise InputError(
             "conv2d: algo=winograd needs r=3, s=3, stride=1, dilation=1, got "
             f"r={params['r']}, s={params['s']}, stride={params['stride']}, dilation={params['dilation']}"

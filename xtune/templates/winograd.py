@@ -18,7 +18,7 @@ output-channel block from the plain weights into a local buffer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -223,6 +223,9 @@ def _sub(a: Value, b: Value) -> Value:
     return Binary(BinaryOp.SUB, a, b)
 
 
+_BlockBody = Callable[[Affine, int, bool], None]  # (offset, extent, holds the half tiles)
+
+
 @dataclass(frozen=True)
 class _Block:
     """Where the nest is: image, output-channel block, block of tiles (and whether its last tile row and
@@ -392,11 +395,13 @@ class _WinogradEmitter:
         """Blocks of tile rows x tiles; the last block along an odd output axis is peeled (half tiles)."""
         sh, s, b = self.sh, self.s, self.b
 
-        def along(extent: int, tile: int, odd: bool, body: object, prefix: str) -> None:
-            if odd:
-                split_edges(b, extent, tile, lambda o, n, _f, last: body(o, n, last), prefix)  # type: ignore[operator]
+        def along(
+            extent: int, tile: int, odd: bool, body: Callable[[Affine, int, bool], None], prefix: str
+        ) -> None:
+            if odd:  # the last block holds the half tiles: peeled, so it is constant code
+                split_edges(b, extent, tile, lambda o, n, _f, last: body(o, n, last), prefix)
             else:
-                b.split(extent, tile, lambda o, n: body(o, n, False), prefix)  # type: ignore[operator]
+                b.split(extent, tile, lambda o, n: body(o, n, False), prefix)
 
         def rows(ty0: Affine, nty: int, half_y: bool) -> None:
             def cols(tx0: Affine, ntx: int, half_x: bool) -> None:
@@ -448,23 +453,17 @@ class _WinogradEmitter:
         def cblock(c0: Affine, ccur: int, first: bool, _last: bool) -> None:
             with b.loop(E, "e") as e:
 
+                def tile(js: Affine, ncols: int, group: Affine, rows: int) -> None:
+                    self.micro(blk, e, c0, ccur, first, js, ncols, group, rows)
+
                 def strips(group: Affine, rows: int) -> None:
-                    b.split(
-                        blk.kcur,
-                        s.nr,
-                        lambda js, n: self.micro(blk, e, c0, ccur, first, js, n, group, rows),
-                        "ks",
-                    )
+                    b.split(blk.kcur, s.nr, lambda js, n: tile(js, n, group, rows), "ks")
+
+                def groups(js: Affine, ncols: int) -> None:
+                    b.split(blk.nt, s.mr, lambda g, r: tile(js, ncols, g, r), "tg")
 
                 if s.order == "kt":  # one strip's U (cb x nr) stays in L1 across the tile groups
-                    b.split(
-                        blk.kcur,
-                        s.nr,
-                        lambda js, n: b.split(
-                            blk.nt, s.mr, lambda g, r: self.micro(blk, e, c0, ccur, first, js, n, g, r), "tg"
-                        ),
-                        "ks",
-                    )
+                    b.split(blk.kcur, s.nr, groups, "ks")
                 else:  # a group's V rows stay in L1 across the strips
                     b.split(blk.nt, s.mr, strips, "tg")
 
@@ -533,13 +532,13 @@ class _WinogradEmitter:
 
         self._halves(blk.nty, blk.half_y, rows, "oy")
 
-    def _halves(self, extent: int, half: bool, body: object, prefix: str) -> None:
+    def _halves(self, extent: int, half: bool, body: Callable[[Affine, int], None], prefix: str) -> None:
         """Tiles 0..extent-1 with 2 valid pixels each, except a last half tile (1 valid pixel)."""
         full = extent - 1 if half else extent
         with self.b.loop(full, prefix) as i:
-            body(i, 2)  # type: ignore[operator]
+            body(i, 2)
         if half:
-            body(Affine.of(full), 1)  # type: ignore[operator]
+            body(Affine.of(full), 1)
 
     def output_tile(self, blk: _Block, i: Affine, j: Affine, vy: int, vx: int) -> None:
         sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
