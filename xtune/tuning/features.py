@@ -18,7 +18,15 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
-from xtune.templates import ScheduleTemplate, conv2d, depthwise, features_template, matmul, winograd
+from xtune.templates import (
+    ScheduleTemplate,
+    conv2d,
+    depthwise,
+    features_template,
+    matmul,
+    winograd,
+    winograd_nest,
+)
 from xtune.templates.matmul import ORDERS, parse_tile
 from xtune.workload import conv_shape
 
@@ -333,7 +341,7 @@ def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.nd
     mr, nv = cfg.tiles()
     lanes, regs, l1, l2 = _target_sizes(t)
     nr = nv * lanes
-    th, tw = winograd.tiles(sh)
+    th, tw = winograd_nest.tiles(sh)
     nt = np.minimum(cfg.ints("tile_ty"), th) * np.minimum(cfg.ints("tile_tx"), tw)
     cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
     one = np.ones_like(mr)
@@ -341,7 +349,7 @@ def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.nd
         one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(th * tw), one * np.log2(lanes),
         mr * nv / regs, matmul.tile_registers(mr, nv) / regs, matmul.fmas_per_load(mr, nv), mr, nv,
         _log2(nt), np.ceil(nt / mr) * mr / nt - 1, np.ceil(sh.k / nr) * nr / sh.k - 1,
-        _log2(4 * winograd.E * nt * sh.c / l2), _log2(4 * winograd.E * nt * kb / l2), _log2(4 * cb * nr / l1),
+        _log2(4 * winograd_nest.E * nt * sh.c / l2), _log2(4 * winograd_nest.E * nt * kb / l2), _log2(4 * cb * nr / l1),
         _log2(np.ceil(sh.c / cb)), _log2(np.ceil(sh.k / kb)), _log2(cfg.ints("unroll")),
         cfg.flag("order", "kt"),
         # Per call, unless prepacked=1: U of every output-channel block (once per tile, not per FMA); the
