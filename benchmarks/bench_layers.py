@@ -4,7 +4,10 @@ in the same run; GFLOP/s, ratios, share of the measured FMA peak (benchmarks/fma
 the 64-trial best and the longer run's, and the flops-weighted totals.
 
 Usage: python benchmarks/bench_layers.py [--layers issue|resnet18|mobilenetv2|all] [--trials 64]
-       [--long 512] [--seed 1] [--only SUBSTRING ...] [--insn-trials 32]
+       [--long 512] [--seed 1] [--only SUBSTRING ...] [--insn-trials 32] [--plain]
+Each conv2d layer is tuned as the network runs it (issue 20): prepacked=1, its constant weights packed once
+at build time, as ONNX Runtime prepacks its Conv's constant weights too; --plain tunes the standalone form,
+which packs its weights at every call. Depthwise layers are the same either way.
 --long N: one run of N trials per layer; its best after 64 trials and its best overall are timed again in
 interleaved rounds (bench.retime_gflops) so the gap is not one lucky timing. --insn-trials N: also tune
 each layer N trials on qemu-aarch64 by instruction count and print the best count against the FMA lower
@@ -38,6 +41,11 @@ class Layer:
 
 def conv(c: int, hw: int, k: int, r: int, stride: int, pad: int) -> str:
     return f"conv2d:n=1,c={c},h={hw},w={hw},k={k},r={r},s={r},stride={stride},pad={pad}"
+
+
+def as_run(workload: str, plain: bool) -> str:
+    """The layer's workload as the network runs it (prepacked weights), or as given with `plain`."""
+    return workload if plain or not workload.startswith("conv2d:") else workload + ",prepacked=1"
 
 
 def dw(c: int, hw: int, stride: int) -> str:
@@ -158,20 +166,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", action="append", help="layers whose name contains this")
     parser.add_argument("--insn-trials", type=int, default=0)
+    parser.add_argument("--plain", action="store_true", help="conv2d layers pack their weights per call")
     args = parser.parse_args()
     layers = [la for t in (TABLES if args.layers == "all" else [args.layers]) for la in TABLES[t]]
     layers = [la for la in layers if not args.only or any(s in la.name for s in args.only)]
     board = get_board("local")
     peak = measured_peak_gflops()
     print(
-        f"local {board.target.name}; measured FMA peak {peak:.1f} GFLOP/s (one core); xgb seed {args.seed}\n"
+        f"local {board.target.name}; measured FMA peak {peak:.1f} GFLOP/s (one core); xgb seed {args.seed}; "
+        f"conv2d weights {'packed per call (--plain)' if args.plain else 'prepacked'}\n"
     )
     print(f"| layer | count | numpy | ORT | xtune {args.trials} | × ORT | × numpy | % peak | "
           f"{args.long or '-'} trials | {args.trials}/{args.long or '-'} |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for layer in layers:
-        wl = parse_workload(layer.workload)
+        wl = parse_workload(as_run(layer.workload, args.plain))
         numpy = local_numpy_gflops(wl, [board]) or math.nan
         ort = ort_gflops(wl) or math.nan
         at64, long = tune_layer(wl, board, args.trials, args.long, args.seed, numpy)
@@ -192,7 +202,7 @@ def main() -> None:
         if not chosen:
             continue
         # Flops-weighted: total time of the network's layers at each one's speed.
-        flops = [parse_workload(r.layer.workload).flops() * r.layer.count for r in chosen]
+        flops = [parse_workload(r.layer.workload).flops() * r.layer.count for r in chosen]  # either form
         total = sum(flops)
         seconds = {name: sum(f / getattr(r, name) for f, r in zip(flops, chosen, strict=True))
                    for name in ("numpy", "ort", "at64")}  # fmt: skip
@@ -204,7 +214,8 @@ def main() -> None:
         print("| layer | instructions | FMA lower bound | ratio |")
         print("|---|---|---|---|")
         for layer in layers:
-            insns, bound = insn_row(parse_workload(layer.workload), args.insn_trials, args.seed)
+            wl = parse_workload(as_run(layer.workload, args.plain))
+            insns, bound = insn_row(wl, args.insn_trials, args.seed)
             print(f"| {layer.name} | {insns:.4g} | {bound:.4g} | {insns / bound:.2f} |", flush=True)
 
 

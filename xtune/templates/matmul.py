@@ -238,6 +238,13 @@ class MatmulSchedule:
     def copy_b(self) -> bool:
         return bool(packed_per_call(self.pack_b, self.prepacked, "B"))
 
+    @property
+    def passed_packed(self) -> str:
+        """The operand the kernel reads from panels the caller passed (`prepack`): the prepacked one, if
+        its pack knob is on (else the kernel reads it as it is), or ""."""
+        reads_panels = self.pack_a if self.prepacked == "A" else self.pack_b
+        return self.prepacked if reads_panels else ""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Operands:
@@ -316,8 +323,9 @@ class MatmulTemplate:
     def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The reference inputs (the workload's layouts) as `config`'s kernel reads them: the prepacked
         operand in its panels (`prepack`) when the config reads it in panels, the rest as they are."""
-        s, which, out = self.schedule(config), self.operands.prepacked, list(inputs)
-        if not which or not (s.pack_a if which == "A" else s.pack_b):
+        s, out = self.schedule(config), list(inputs)
+        which = s.passed_packed
+        if not which:
             return out
         slot = [p.name for p in self.params()].index(self.operands.a if which == "A" else self.operands.b)
         out[slot] = self.prepack_operand(s, out[slot])
@@ -376,9 +384,9 @@ class _MatmulEmitter:
     def packed_param(self, param: Buffer) -> Buffer:
         """`param`, sized as its panels when it is the operand passed prepacked and read in panels."""
         s = self.s
-        if s.prepacked == "A" and s.pack_a and param.name == self.o.a:
+        if s.passed_packed == "A" and param.name == self.o.a:
             return replace(param, size=-(-self.m // s.mr) * s.mr * self.k)
-        if s.prepacked == "B" and s.pack_b and param.name == self.o.b:
+        if s.passed_packed == "B" and param.name == self.o.b:
             return replace(param, size=-(-self.n // s.nr) * s.nr * self.k)
         return param
 
@@ -513,7 +521,7 @@ class _MatmulEmitter:
             for c in range(nvec):
                 if s.copy_b:
                     src = Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
-                elif s.pack_b:  # prepacked: whole-k strips of the whole B (`prepack`)
+                elif s.passed_packed == "B":  # whole-k strips of the whole B (`prepack`)
                     at = div(n0 + jo, s.nr) * (self.k * s.nr) + (k0 + kk) * s.nr + c * lanes
                     src = Load(self.o.b, at, lanes)
                 else:
@@ -523,7 +531,7 @@ class _MatmulEmitter:
             for r in range(rows):
                 if s.copy_a:
                     a = Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r)
-                elif s.pack_a:  # prepacked: whole-k panels of the whole A, mr rows each (`prepack`)
+                elif s.passed_packed == "A":  # whole-k panels of the whole A, mr rows each (`prepack`)
                     a = Load(self.o.a, div(m0 + io, s.mr) * (self.k * s.mr) + (k0 + kk) * s.mr + r)
                 else:
                     a = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)

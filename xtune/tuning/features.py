@@ -342,6 +342,7 @@ def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.nd
     lanes, regs, l1, l2 = _target_sizes(t)
     nr = nv * lanes
     th, tw = winograd_nest.tiles(sh)
+    e = winograd_nest.E  # floats per transformed tile
     nt = np.minimum(cfg.ints("tile_ty"), th) * np.minimum(cfg.ints("tile_tx"), tw)
     cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
     one = np.ones_like(mr)
@@ -349,7 +350,7 @@ def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.nd
         one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(th * tw), one * np.log2(lanes),
         mr * nv / regs, matmul.tile_registers(mr, nv) / regs, matmul.fmas_per_load(mr, nv), mr, nv,
         _log2(nt), np.ceil(nt / mr) * mr / nt - 1, np.ceil(sh.k / nr) * nr / sh.k - 1,
-        _log2(4 * winograd_nest.E * nt * sh.c / l2), _log2(4 * winograd_nest.E * nt * kb / l2), _log2(4 * cb * nr / l1),
+        _log2(4 * e * nt * sh.c / l2), _log2(4 * e * nt * kb / l2), _log2(4 * cb * nr / l1),
         _log2(np.ceil(sh.c / cb)), _log2(np.ceil(sh.k / kb)), _log2(cfg.ints("unroll")),
         cfg.flag("order", "kt"),
         # Per call, unless prepacked=1: U of every output-channel block (once per tile, not per FMA); the

@@ -1,0 +1,252 @@
+"""Prepacked weights (prepacked=1): a workload whose kernel reads its weights already in the packed layout
+of its config, as a network's constant weights are laid out at build time. Tuned on real boards (local,
+qemu-aarch64) on the inputs each config's kernel reads, checked against the plain reference; a wrong
+packing is a wrong_answer; fewer instructions than packing per call; tasks of a model carry it."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import CliRunner
+from xtune.boards.agent import AgentSession
+from xtune.boards.board import get_board
+from xtune.errors import InputError
+from xtune.network import zoo
+from xtune.network.tasks import extract_tasks
+from xtune.target import get_target
+from xtune.templates import template_for
+from xtune.templates.conv2d import Conv2dTemplate
+from xtune.templates.matmul import parse_tile
+from xtune.tuning.database import TuningLog, read_logs
+from xtune.tuning.features import feature_names, featurize
+from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
+from xtune.tuning.run import TuneOptions, run_tuning
+from xtune.workload import parse_workload
+
+FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
+needs_qemu = pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-aarch64 (qemu-user)")
+
+CONV = "conv2d:n=1,c=13,h=9,w=11,k=21,r=3,s=3,stride=1,pad=1,bias=1,relu=1,prepacked=1"
+POINTWISE = "conv2d:n=2,c=19,h=5,w=6,k=23,r=1,s=1,stride=1,pad=0,bias=1,prepacked=1"  # weights = matmul A
+POINTWISE_NHWC = "conv2d:n=1,c=19,h=5,w=6,k=23,r=1,s=1,stride=1,pad=0,layout=nhwc,prepacked=1"  # = B
+MATMUL = "matmul:m=9,n=37,k=70,relu=1,prepacked=1"
+
+
+def plain(key: str) -> str:
+    return key.replace(",prepacked=1", "")
+
+
+def configs(key: str, target: str, extra: int, **knobs: int) -> list[int]:
+    """The default config (with `knobs` changed) and `extra` random ones, fixed per workload."""
+    template = template_for(parse_workload(key), get_target(target))
+    default = template.default_config()
+    first = template.space.index_of({**dict(default.values), **knobs}) if knobs else default.index
+    rng = random.Random(key)
+    return [first] + [rng.randrange(template.space.size) for _ in range(extra)]
+
+
+def measure(
+    board: str, key: str, indices: list[int], pool: CompilePool
+) -> list[tuple[MeasureStatus, str, float]]:
+    measurer = Measurer(get_board(board), parse_workload(key), FAST, pool)
+    try:
+        return [(r.status, r.error, r.cost) for r in measurer.measure(indices)]
+    finally:
+        measurer.close()
+
+
+# --- the workload key --------------------------------------------------------------------------------------
+
+
+def test_prepacked_is_an_optional_switch_of_conv2d_and_matmul_that_round_trips() -> None:
+    for key in (CONV, POINTWISE_NHWC, MATMUL):
+        wl = parse_workload(key)
+        assert wl.key == key and wl["prepacked"] == 1 and parse_workload(wl.key) == wl
+        assert wl.key.endswith(",prepacked=1") and wl.symbol.endswith("_prepacked1")
+        assert parse_workload(plain(key) + ",prepacked=0").key == plain(key)  # the default is left out
+        assert parse_workload(plain(key))["prepacked"] == 0
+        assert wl.tensors() == parse_workload(plain(key)).tensors()  # the same tensors, the plain layouts
+    with pytest.raises(InputError, match="'prepacked' must be 0 or 1"):
+        parse_workload("matmul:m=2,n=2,k=2,prepacked=2")
+    with pytest.raises(InputError, match="unknown key 'prepacked'"):
+        parse_workload("depthwise:n=1,c=3,h=8,w=8,r=3,s=3,prepacked=1")
+
+
+# --- measured on real boards -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", [CONV, POINTWISE, POINTWISE_NHWC, MATMUL])
+def test_prepacked_workloads_measure_correct_on_the_local_board(key: str, compile_pool: CompilePool) -> None:
+    # pack_a=1: the nchw pointwise default reads its weights (A) in place; this config reads them in panels.
+    knobs = {"pack_a": 1} if key == POINTWISE else {}
+    results = measure("local", key, configs(key, get_board("local").target.name, 5, **knobs), compile_pool)
+    assert [s for s, _, _ in results] == [MeasureStatus.OK] * len(results), [e for _, e, _ in results]
+
+
+@needs_qemu
+@pytest.mark.board
+@pytest.mark.parametrize("key", [CONV, POINTWISE, MATMUL])
+def test_prepacked_workloads_measure_correct_under_qemu_and_pack_nothing_per_call(
+    key: str, compile_pool: CompilePool
+) -> None:
+    """Every config right, and the same config executes fewer instructions than with per-call packing."""
+    knobs = {"pack_a": 1} if key == POINTWISE else {}
+    indices = configs(key, "arm-a72-neon", 3, **knobs)
+    packed = measure("qemu-aarch64", key, indices, compile_pool)
+    assert [s for s, _, _ in packed] == [MeasureStatus.OK] * len(packed), [e for _, e, _ in packed]
+    (status, error, per_call), *_ = measure("qemu-aarch64", plain(key), indices[:1], compile_pool)
+    assert status is MeasureStatus.OK, error
+    assert packed[0][2] < per_call  # instruction counts: deterministic
+
+
+def test_a_tuning_run_of_a_prepacked_conv2d_logs_correct_configs_under_its_own_key(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    options = TuneOptions(tuner="random", trials=8, batch_size=4, measure=FAST, confirm=0)
+    report = run_tuning(parse_workload(CONV), [get_board("local")], options, TuningLog(log))
+    assert report.trials == 8 and {k: n for k, n in report.counts if n} == {"ok": 8}
+    assert {r.workload for r in read_logs([log])} == {CONV}
+
+
+@pytest.mark.host_runs("x86-avx2")
+@pytest.mark.parametrize("key", [CONV, MATMUL])
+def test_a_wrong_packing_is_a_wrong_answer(
+    key: str, compile_pool: CompilePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Measurer runs each config on the weights as the template lays them out and checks the output
+    against the plain reference: a packing that misplaces elements cannot become a best."""
+    from xtune.templates import matmul
+
+    real_conv, real_matmul = Conv2dTemplate.prepack, matmul.prepack
+    monkeypatch.setattr(Conv2dTemplate, "prepack", lambda self, c, w: np.roll(real_conv(self, c, w), 1))
+    monkeypatch.setattr(matmul, "prepack", lambda *args: np.roll(real_matmul(*args), 1))
+    wl = parse_workload(key)
+    template = template_for(wl, get_target("x86-avx2"))
+    assert template.default_config()["pack_b" if "matmul" in key else "tile"]  # it reads panels (B strips)
+    measurer = Measurer(get_board("local"), wl, FAST, compile_pool)
+    try:
+        result = measurer.measure([template.default_config().index])[0]
+    finally:
+        measurer.close()
+    assert result.status is MeasureStatus.WRONG_ANSWER and result.cost == float("inf"), result.error
+
+
+def test_configs_that_share_a_packed_layout_share_its_upload(
+    compile_pool: CompilePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SSH board is slow to receive megabytes: weights are sent again only when their packed bytes change
+    (matmul B strips depend on the register tile's width only)."""
+    sent: list[int] = []
+    real = AgentSession.set_buffer
+
+    def counted(self: AgentSession, slot: int, data: bytes) -> None:
+        sent.append(slot)
+        real(self, slot, data)
+
+    monkeypatch.setattr(AgentSession, "set_buffer", counted)
+    wl = parse_workload(MATMUL)
+    board = get_board("local")
+    template = template_for(wl, board.target)
+    base = dict(template.default_config().values)
+    same_strips = [
+        template.space.index_of({**base, "unroll_k": u, "kc": kc}) for u, kc in ((1, 8), (2, 16), (4, 32))
+    ]
+    width = parse_tile(str(base["tile"]))[1]
+    other_tile = next(str(t) for t in template.space.knobs[0].options if parse_tile(str(t))[1] != width)
+    unpacked = template.space.index_of({**base, "pack_b": 0})
+    measurer = Measurer(board, wl, FAST, compile_pool)
+    try:
+        results = measurer.measure(
+            [*same_strips, template.space.index_of({**base, "tile": other_tile}), unpacked]
+        )
+    finally:
+        measurer.close()
+    assert all(r.ok for r in results), [r.error for r in results]
+    # A (slot 0) once; B (slot 1) for the first strips, the other tile's strips, and the plain B.
+    assert sent.count(0) == 1 and sent.count(1) == 3
+
+
+# --- the cost model's view ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "column"), [(MATMUL, "est_pack_b"), (POINTWISE, "est_pack_a")])
+def test_features_count_no_packing_of_prepacked_weights(key: str, column: str) -> None:
+    target = get_target("x86-avx2")
+    packed, per_call = (template_for(parse_workload(k), target) for k in (key, plain(key)))
+    indices = np.arange(0, packed.space.size, max(1, packed.space.size // 500))
+    names = feature_names("matmul")
+    got, before = featurize(packed, indices), featurize(per_call, indices)
+    col, eff = names.index(column), names.index("est_eff")
+    assert np.all(got[:, col] == 0) and np.any(before[:, col] > 0)
+    assert np.all(got[:, eff] >= before[:, eff]) and np.any(got[:, eff] > before[:, eff])
+
+
+# --- the network level -------------------------------------------------------------------------------------
+
+
+def test_tasks_with_constant_weights_are_prepacked_and_depthwise_are_not() -> None:
+    tasks = extract_tasks(zoo.NETWORKS["mobilenet_v2_small"](), "x86-avx2").tasks
+    ops = {t.workload.op: [] for t in tasks}  # type: dict[str, list[int]]
+    for t in tasks:
+        ops[t.workload.op].append(t.workload["prepacked"] if t.workload.op != "depthwise" else 0)
+    assert ops["conv2d"] and set(ops["conv2d"]) == {1}
+    assert ops["depthwise"] and all(
+        "prepacked" not in t.workload.key for t in tasks if t.workload.op == "depthwise"
+    )
+    assert set(ops.get("matmul", [1])) == {1}  # the classifier's constant weights too
+
+
+def test_build_of_a_prepacked_workload_is_refused_in_one_line(xtune_cli: CliRunner, tmp_path: Path) -> None:
+    out = xtune_cli(
+        "build",
+        "--target",
+        "x86-avx2",
+        "--workload",
+        CONV,
+        "-o",
+        f"{tmp_path}/k.o",
+        "--header",
+        f"{tmp_path}/k.h",
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "xtune build --model" in out.stderr
+
+
+@pytest.mark.host_runs("x86-avx2")
+def test_a_network_whose_logged_configs_read_weight_panels_matches_onnx_runtime(tmp_path: Path) -> None:
+    """Every prepacked task built from a logged config that reads its weights in panels (pointwise conv2d:
+    A panels; the classifier: B strips of another width; 3x3: another blocking): netbuild lays the weights
+    out with the same hook the Measurer used, and the network still matches ONNX Runtime."""
+    from tests.test_artifact import _write_log
+    from xtune.netbench import random_input, run_network
+    from xtune.netbuild import build_model
+    from xtune.peers import ort_network
+    from xtune.workload import RTOL, check_output
+
+    onnx_model = zoo.NETWORKS["mobilenet_v2_small"]()
+    target = get_target("x86-avx2")
+    rows, rng = [], random.Random(7)
+    for task in extract_tasks(onnx_model, target).tasks:
+        if task.workload.op == "depthwise":
+            continue
+        template = template_for(task.workload, target)
+        values = dict(template.default_config().values)
+        options = {k.name: k.options for k in template.space.knobs}
+        if "pack_a" in values:  # through the matmul template: read the weights operand in panels
+            values = {**values, "pack_a": 1, "pack_b": 1, "tile": rng.choice(["4x2", "3x3", "6x2"])}
+        else:
+            values = {**values, "tile_oc": rng.choice(options["tile_oc"][:3]), "reduction": "crs"}
+        index = template.space.index_of(values)
+        rows.append((task.workload.key, index, MeasureStatus.OK, 1e-6))
+    log = tmp_path / "log.jsonl"
+    _write_log(log, "x86-avx2", rows)
+    artifact = build_model(onnx_model, target, logs=[log])
+    assert {k.source for k in artifact.kernels if k.what in {r[0] for r in rows}} == {"log"}
+    x = random_input(artifact.program.input_shape)
+    got, _ = run_network(get_board("local", target="x86-avx2"), artifact, x)
+    ref, _ = ort_network(onnx_model.SerializeToString(), x)
+    assert check_output(got, ref, RTOL) == ""
