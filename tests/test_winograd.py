@@ -80,9 +80,7 @@ def test_ineligible_convolutions_are_refused(items: str, message: str) -> None:
         parse_workload(f"conv2d:n=1,c=3,h=9,w=9,k=4,pad=1,layout=nhwc,{items}")
 
 
-@pytest.mark.parametrize(
-    "items", ["r=3,s=3", "r=1,s=3", "r=5,s=5", "r=3,s=3,stride=2", "r=3,s=3,dilation=2"]
-)
+@pytest.mark.parametrize("items", ["r=3,s=3", "r=1,s=3", "r=5,s=5", "r=3,s=3,stride=2", "r=3,s=3,dilation=2"])
 def test_eligibility_is_one_rule_for_parsing_and_task_extraction(items: str) -> None:
     """winograd_eligible (what task extraction would ask of a direct conv2d) says yes exactly when the
     workload with algo=winograd parses."""
