@@ -15,6 +15,7 @@ import pytest
 from tests.board_run import run_entry
 from tests.nest_interp import run_kernel
 from tests.test_conv import check
+from xtune.artifact import MAX_STACK_BYTES
 from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object, parse_verified
 from xtune.codegen.link import link_flat
@@ -205,3 +206,17 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
     assert len(records) == 12 and all(r.result.ok for r in records)
     best = min(records, key=lambda r: r.result.cost)
     check("local", key, [best.index])
+
+
+@pytest.mark.parametrize("packed", ["", ",prepacked=1"])
+def test_a_per_call_u_keeps_whole_blocks_within_the_stack_limit(packed: str) -> None:
+    """512 channels at 7x7 (ResNet-18's layer4): one output-channel block's U (2 MiB) beside the padded
+    image, V and M still leaves blocks of all 16 tiles (not one tile per block, 10x slower), and the
+    kernel's local buffers stay within what `xtune build` allows."""
+    key = f"conv2d:n=1,c=512,h=7,w=7,k=512,r=3,s=3,stride=1,pad=1,layout=nhwc,algo=winograd{packed}"
+    template = template_for(parse_workload(key), get_target("x86-avx512"))
+    assert isinstance(template, WinogradTemplate)
+    config = template.default_config()
+    s = template.schedule(config)
+    assert s.ty * s.tx == 16
+    assert template.kernel(config, "k").stack_bytes <= MAX_STACK_BYTES

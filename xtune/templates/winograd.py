@@ -26,7 +26,6 @@ import numpy as np
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.conv2d import STACK_BUDGET
 from xtune.templates.matmul import clipped, fmas_per_load, parse_tile, register_tiles, tile_registers
 from xtune.templates.winograd_nest import E, WinogradEmitter, WinogradSchedule, round_up, stack_floats, tiles
 from xtune.workload import Workload, conv_shape
@@ -35,6 +34,11 @@ TY_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tile rows per block
 TX_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tiles along a row per block
 CB_OPTIONS = (8, 16, 32, 64, 128, 256, 512)
 KB_OPTIONS = (16, 32, 64, 128, 256, 512)
+# Bytes of local buffers: the padded image, V, M and (without prepacked=1) one block's U. Twice conv2d's
+# budget, half of the 8 MiB default stack that `xtune build` allows (docs/firmware.md, "Stack"): with
+# conv2d's 2 MiB a per-call U of 512 channels (16 x 512 x 64 floats, 2 MiB) left room for blocks of one
+# tile only, 10x slower.
+STACK_BUDGET = 4 << 20
 # F(2x2, 3x3) (Lavin & Gray, section 4.1): d is a 4x4 input patch, g the 3x3 filter, Y the 2x2 output.
 BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float32)
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float32)
