@@ -228,6 +228,20 @@ def _validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...
             )
 
 
+def winograd_eligible(params: dict[str, ParamValue] | Workload) -> bool:
+    """Whether a conv2d may take algo=winograd (F(2x2, 3x3), templates/winograd.py): a 3x3 window at
+    stride 1 without dilation. The one home of the rule: validation and task extraction call it."""
+    return all(params[key] == value for key, value in (("r", 3), ("s", 3), ("stride", 1), ("dilation", 1)))
+
+
+def _require_winograd(params: dict[str, ParamValue]) -> None:
+    if not winograd_eligible(params):
+        raise InputError(
+            "conv2d: algo=winograd needs r=3, s=3, stride=1, dilation=1, got "
+            f"r={params['r']}, s={params['s']}, stride={params['stride']}, dilation={params['dilation']}"
+        )
+
+
 def _windows(x: np.ndarray, sh: ConvShape, axes: tuple[int, int]) -> np.ndarray:
     """A view of the padded input with two (window, output) axis pairs per spatial axis, no copy."""
     pads = [(0, 0)] * x.ndim
@@ -250,7 +264,8 @@ class Conv2d:
     layout=nhwc: input (n,h,w,c), weights (r,s,c,k) [HWIO, TensorFlow's tf.nn.conv2d], output (n,oh,ow,k).
     bias=1 adds a (k,) tensor, residual=1 a tensor shaped like the output; relu=1 clamps at 0, relu6=1
     to [0, 6]. prepacked=1: the weights are passed in the packed layout of the kernel's config.
-    oh = (h+2pad-dil(r-1)-1)//stride+1."""
+    oh = (h+2pad-dil(r-1)-1)//stride+1. algo=winograd (3x3, stride 1, dilation 1 only) picks the Winograd
+    F(2x2, 3x3) template: the same tensors and reference, fewer multiplies."""
 
     name: ClassVar[str] = "conv2d"
     keys: ClassVar[tuple[str, ...]] = (
@@ -265,6 +280,7 @@ class Conv2d:
         "pad",
         "dilation",
         "layout",
+        "algo",
         *EPILOGUE,
         *PREPACKED,
     )
@@ -273,14 +289,17 @@ class Conv2d:
         "pad": 0,
         "dilation": 1,
         "layout": "nchw",
+        "algo": "direct",
         **EPILOGUE,
         **PREPACKED,
     }
-    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", *EPILOGUE, *PREPACKED))
-    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc")}
+    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", "algo", *EPILOGUE, *PREPACKED))
+    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc"), "algo": ("direct", "winograd")}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         _validate_conv(self.name, params, ("n", "c", "h", "w", "k", "r", "s"))
+        if params["algo"] == "winograd":
+            _require_winograd(params)
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)

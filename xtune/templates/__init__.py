@@ -52,6 +52,10 @@ def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
         templates["depthwise"] = DepthwiseNhwcTemplate
     if workload.op not in templates:
         raise InputError(f"no schedule template for operator '{workload.op}'")
+    if workload.op == "conv2d" and workload.value("algo") == "winograd":
+        from xtune.templates.winograd import WinogradTemplate
+
+        templates["conv2d"] = WinogradTemplate
     return templates[workload.op](workload, target)
 
 

@@ -18,7 +18,16 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
-from xtune.templates import ScheduleTemplate, conv2d, depthwise, depthwise_nhwc, features_template, matmul
+from xtune.templates import (
+    ScheduleTemplate,
+    conv2d,
+    depthwise,
+    depthwise_nhwc,
+    features_template,
+    matmul,
+    winograd,
+    winograd_nest,
+)
 from xtune.templates.matmul import ORDERS, parse_tile
 from xtune.workload import conv_shape
 
@@ -357,6 +366,41 @@ def depthwise_nhwc_features(template: ScheduleTemplate, indices: Sequence[int] |
     return np.stack(cols, axis=1)
 
 
+WINOGRAD_FEATURES = (
+    "log2_c", "log2_k", "log2_tiles", "lanes_log2", "acc_regs_frac", "regs_used_frac", "fma_per_load",
+    "mr", "nv", "block_tiles_log2", "group_waste", "k_waste", "v_block_l2", "m_block_l2", "u_strip_l1",
+    "c_blocks_log2", "k_blocks_log2", "unroll_log2", "order_kt", "weight_transform_per_fma",
+    "input_transforms_per_fma", "nhwc",
+)  # fmt: skip
+
+
+def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The generic register-tile and blocking columns of the 16 GEMMs (tiles x C x K) of a Winograd conv2d."""
+    t, sh = template.target, conv_shape(template.workload)
+    cfg = _Configs(template, indices)
+    mr, nv = cfg.tiles()
+    lanes, regs, l1, l2 = _target_sizes(t)
+    nr = nv * lanes
+    th, tw = winograd_nest.tiles(sh)
+    e = winograd_nest.E  # floats per transformed tile
+    nt = np.minimum(cfg.ints("tile_ty"), th) * np.minimum(cfg.ints("tile_tx"), tw)
+    cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
+    one = np.ones_like(mr)
+    cols = [
+        one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(th * tw), one * np.log2(lanes),
+        mr * nv / regs, matmul.tile_registers(mr, nv) / regs, matmul.fmas_per_load(mr, nv), mr, nv,
+        _log2(nt), np.ceil(nt / mr) * mr / nt - 1, np.ceil(sh.k / nr) * nr / sh.k - 1,
+        _log2(4 * e * nt * sh.c / l2), _log2(4 * e * nt * kb / l2), _log2(4 * cb * nr / l1),
+        _log2(np.ceil(sh.c / cb)), _log2(np.ceil(sh.k / kb)), _log2(cfg.ints("unroll")),
+        cfg.flag("order", "kt"),
+        # Per call, unless prepacked=1: U of every output-channel block (once per tile, not per FMA); the
+        # input is transformed again for every output-channel block.
+        one * (0.0 if template.workload["prepacked"] else 1.0 / (th * tw)), np.ceil(sh.k / kb) / sh.k,
+        one * sh.nhwc,
+    ]  # fmt: skip
+    return np.stack(cols, axis=1)
+
+
 FEATURIZERS: dict[
     str, tuple[tuple[str, ...], Callable[[ScheduleTemplate, Sequence[int] | np.ndarray], np.ndarray]]
 ] = {
@@ -364,6 +408,7 @@ FEATURIZERS: dict[
     "conv2d": (CONV2D_FEATURES, conv2d_features),
     "depthwise": (DEPTHWISE_FEATURES, depthwise_features),
     "depthwise_nhwc": (DEPTHWISE_NHWC_FEATURES, depthwise_nhwc_features),
+    "winograd": (WINOGRAD_FEATURES, winograd_features),
 }
 
 
@@ -399,11 +444,12 @@ def feature_names(op: str) -> tuple[str, ...]:
 def features_op(template: ScheduleTemplate) -> str:
     """The operator whose features (and cost models, and estimate) describe `template`'s configs: its own,
     "matmul" for a conv2d that lowers through the matmul template (templates.features_template), or
-    "depthwise_nhwc" for an NHWC depthwise, whose template (and space) is not the NCHW one's."""
+    "depthwise_nhwc" for an NHWC depthwise, whose template (and space) is not the NCHW one's, or
+    "winograd" for a conv2d with algo=winograd (another space than the direct conv2d's)."""
     view = features_template(template)
     if isinstance(view, depthwise_nhwc.DepthwiseNhwcTemplate):
         return "depthwise_nhwc"
-    return view.workload.op
+    return "winograd" if isinstance(view, winograd.WinogradTemplate) else view.workload.op
 
 
 def featurize(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:

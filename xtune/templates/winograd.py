@@ -1,0 +1,153 @@
+"""The Winograd template: a conv2d workload with algo=winograd (3x3, stride 1) + target in, an F(2x2, 3x3)
+nest out (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
+
+Each 2x2 output tile of a channel pair is Y = A^T [(G g G^T) * (B^T d B)] A: 16 multiplies instead of 36.
+Vectors along channels. Per image the input is copied once into a zero-padded local buffer of channel
+vectors (when padding or an odd output size needs one, and always for NCHW: a transposition). Per block
+of tiles (tile rows x tiles along a row):
+(a) the input transform V = B^T d B of every 4x4 patch, a channel vector at a time, into V[e][tile][c];
+(b) 16 GEMMs M[e] (tiles x K) = V[e] (tiles x C) . U[e] (C x K), a register tile of tiles x output-channel
+vectors updated by broadcast(V) x U-vector FMAs (the matmul template's micro kernel), C in blocks of cb;
+(c) the output transform Y = A^T M A per tile and channel vector, plus the fused epilogue, stored for the
+valid pixels only (the last tile row and column of an odd output size are half tiles); NCHW stores them
+float by float through a small transposing buffer (Ot).
+U = G g G^T (16 x C x K floats) is the transformed weights: `prepack` computes it on the host (a
+network's constant weights, prepacked=1, through `kernel_inputs`), or the kernel computes the U of each
+output-channel block from the plain weights into a local buffer. This module holds the space, the default
+config and U; templates/winograd_nest.py the loop nest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from xtune.schedule.loopnest import Kernel
+from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
+from xtune.target import Target
+from xtune.templates.matmul import clipped, fmas_per_load, parse_tile, register_tiles, tile_registers
+from xtune.templates.winograd_nest import E, WinogradEmitter, WinogradSchedule, round_up, stack_floats, tiles
+from xtune.workload import Workload, conv_shape
+
+TY_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tile rows per block
+TX_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tiles along a row per block
+CB_OPTIONS = (8, 16, 32, 64, 128, 256, 512)
+KB_OPTIONS = (16, 32, 64, 128, 256, 512)
+# Bytes of local buffers: the padded image, V, M and (without prepacked=1) one block's U. Twice conv2d's
+# budget, half of the 8 MiB default stack that `xtune build` allows (docs/firmware.md, "Stack"): with
+# conv2d's 2 MiB a per-call U of 512 channels (16 x 512 x 64 floats, 2 MiB) left room for blocks of one
+# tile only, 10x slower.
+STACK_BUDGET = 4 << 20
+# F(2x2, 3x3) (Lavin & Gray, section 4.1): d is a 4x4 input patch, g the 3x3 filter, Y the 2x2 output.
+BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float32)
+G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float32)
+AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float32)
+
+
+class WinogradTemplate:
+    def __init__(self, workload: Workload, target: Target):
+        self.workload = workload
+        self.target = target
+        self.shape = sh = conv_shape(workload)
+        th, tw = tiles(sh)
+        self.space = ConfigSpace(
+            (
+                Knob("tile", KnobKind.CHOICE, register_tiles(target)),
+                Knob("tile_ty", KnobKind.TILE, clipped(TY_OPTIONS, th)),
+                Knob("tile_tx", KnobKind.TILE, clipped(TX_OPTIONS, tw)),
+                Knob("tile_ic", KnobKind.TILE, clipped(CB_OPTIONS, sh.c)),
+                Knob("tile_oc", KnobKind.TILE, clipped(KB_OPTIONS, sh.k)),
+                Knob("order", KnobKind.CHOICE, ("kt", "tk")),
+                Knob("unroll", KnobKind.UNROLL, (1, 2, 4)),
+            )
+        )
+
+    def schedule(self, config: Config) -> WinogradSchedule:
+        sh, lanes = self.shape, self.target.fp32_lanes
+        mr, nv = parse_tile(str(config["tile"]))
+        nr = nv * lanes
+        ty, tx = config.int("tile_ty"), config.int("tile_tx")
+        kb = round_up(min(config.int("tile_oc"), sh.k), nr)
+        # The local buffers share the stack budget: fewer output channels per block, then fewer tiles.
+        while kb > nr and 4 * stack_floats(sh, lanes, ty * tx, kb, self.prepacked) > STACK_BUDGET:
+            kb -= nr
+        while ty * tx > 1 and 4 * stack_floats(sh, lanes, ty * tx, kb, self.prepacked) > STACK_BUDGET:
+            ty, tx = (ty // 2, tx) if ty > 1 else (ty, tx // 2)
+        return WinogradSchedule(
+            mr, nv, lanes, ty, tx, min(config.int("tile_ic"), sh.c), kb, str(config["order"]),
+            config.int("unroll"),
+        )  # fmt: skip
+
+    def default_config(self) -> Config:
+        sh, t = self.shape, self.target
+        knobs = {k.name: [int(o) for o in k.options] for k in self.space.knobs if k.name.startswith("tile_")}
+        ty, tx = self.default_blocks(knobs["tile_ty"], knobs["tile_tx"])
+        nt = ty * tx
+
+        def score(tile: str) -> float:
+            # FMAs per loaded value, discounted by the rows and lanes wasted on partial groups and strips.
+            mr, nv = parse_tile(tile)
+            nr = nv * t.fp32_lanes
+            waste = nt / round_up(nt, mr) * sh.k / round_up(sh.k, nr)
+            return fmas_per_load(mr, nv) * waste + 1e-3 * mr * nv
+
+        # A spare register: a tile that fills the register file exactly spills (as conv2d's default).
+        tiles_ok = [str(o) for o in self.space.knobs[0].options]
+        roomy = [s for s in tiles_ok if tile_registers(*parse_tile(s)) <= t.vector_registers - 1]
+        tile = max(roomy or tiles_ok, key=score)
+        nr = parse_tile(tile)[1] * t.fp32_lanes
+        # The input channels whose U strip (cb x nr) fills half of L1; all the output channels.
+        fits = [o for o in knobs["tile_ic"] if 4 * o * nr <= t.l1d_bytes // 2]
+        cb = max(fits, default=min(knobs["tile_ic"]))
+        values: dict[str, KnobValue] = {
+            "tile": tile, "tile_ty": ty, "tile_tx": tx, "tile_ic": cb, "tile_oc": max(knobs["tile_oc"]),
+            "order": "tk", "unroll": 2,
+        }  # fmt: skip
+        return self.space.config(self.space.index_of(values))
+
+    def default_blocks(self, ty_options: list[int], tx_options: list[int]) -> tuple[int, int]:
+        """Tiles per block (rows x along a row). A U that fits half of L2 is read from there by every
+        block: blocks of about C/8 tiles (at least 8), an empirical rule that matches the best measured
+        on x86-avx512 (64 channels: 8 tiles 1.08x faster than 16 and 1.1x than 28; 128 channels: 14-16
+        tiles 1.12-1.2x faster than 4). A larger U streams from memory once per block: blocks as large
+        as half of L2 holds (V and M, 16 x tiles x (C + K) floats), so that it streams rarely."""
+        sh, t = self.shape, self.target
+        per_tile = 4 * E * (round_up(sh.c, t.fp32_lanes) + sh.k)  # bytes of V and M per tile
+        small_u = 4 * E * sh.c * sh.k <= t.l2_bytes // 2
+        fits = [(y, x) for y in ty_options for x in tx_options if y * x * per_tile <= t.l2_bytes // 2]
+        pairs = [(y, x) for y, x in fits if y * x <= max(8, sh.c // 8)] if small_u else fits
+        if not pairs:
+            return 1, 1
+        # Most tiles, then whole rows (fewer block edges), then fewer rows.
+        return max(pairs, key=lambda p: (p[0] * p[1], p[1], -p[0]))
+
+    @property
+    def prepacked(self) -> bool:
+        return bool(self.workload["prepacked"])
+
+    def kernel(self, config: Config, name: str) -> Kernel:
+        """The nest of `config`. For prepacked=1 its `weights` parameter holds U as `prepack` lays it out
+        (weights known at build time, as in a network): no weight transform per call."""
+        return WinogradEmitter(self.workload, self.schedule(config), self.prepacked).kernel(name)
+
+    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The reference inputs as `config`'s kernel reads them: for prepacked=1 the weights (slot 1) as U."""
+        out = list(inputs)
+        if self.prepacked:
+            out[1] = self.prepack(config, out[1])
+        return out
+
+    def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
+        """The workload's weights (HWIO, or OIHW for nchw) as the prepacked kernel of `config` reads them:
+        U = G g G^T laid out U[e][strip][c][nr] (e = 4i + j of the 4x4 tile, strips of nr output channels,
+        zero past k)."""
+        sh = self.shape
+        nr = self.schedule(config).nr
+        w = np.asarray(weights, np.float32)
+        w = w.reshape(3, 3, sh.c, sh.k) if sh.nhwc else w.reshape(sh.k, sh.c, 3, 3).transpose(2, 3, 1, 0)
+        u = np.einsum("ai,ijck,bj->abck", G, w, G).reshape(E, sh.c, sh.k)  # U[e][c][k]
+        strips = -(-sh.k // nr)
+        out = np.zeros((E, sh.c, strips * nr), np.float32)
+        out[:, :, : sh.k] = u
+        return np.ascontiguousarray(out.reshape(E, sh.c, strips, nr).transpose(0, 2, 1, 3)).ravel()

@@ -1,0 +1,461 @@
+"""The loop nest of the Winograd template (templates/winograd.py): a resolved schedule in, the F(2x2, 3x3)
+kernel out: the padded copy, the weight transform of a call without prepacked U, and per block of tiles
+the input transform, the 16 GEMMs and the output transform with the fused epilogue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Buffer,
+    BufferKind,
+    Const,
+    Kernel,
+    Load,
+    LoopKind,
+    MulAdd,
+    NestBuilder,
+    Reg,
+    Value,
+)
+from xtune.templates.matmul import Epilogue, split_edges
+from xtune.workload import ConvShape, Workload, conv_shape
+
+E = 16  # elements of a transformed 4x4 tile
+
+
+@dataclass(frozen=True)
+class WinogradSchedule:
+    """A config resolved against the shape."""
+
+    mr: int  # tiles per register tile
+    nv: int  # output-channel vectors per register tile
+    lanes: int
+    ty: int  # tile rows per block
+    tx: int  # tiles along a row per block
+    cb: int  # input channels per GEMM block
+    kb: int  # output channels per block, a multiple of nr
+    order: str  # "kt": channel strips outside tile groups, "tk": inside
+    unroll: int
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+def tiles(sh: ConvShape) -> tuple[int, int]:
+    """2x2 output tiles down and across (the last of an odd size is half empty)."""
+    return -(-sh.oh // 2), -(-sh.ow // 2)
+
+
+def needs_copy(sh: ConvShape) -> bool:
+    """Whether the tiles read a copy of the image: NCHW (transposed to channel vectors), padding, or the
+    half tile of an odd output size (reads past the input)."""
+    return not sh.nhwc or sh.pad > 0 or sh.oh % 2 == 1 or sh.ow % 2 == 1
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def stack_floats(sh: ConvShape, lanes: int, nt: int, kb: int, prepacked: bool) -> int:
+    """Floats of the local buffers: padded input copy, V (16 x nt x C), M (16 x nt x kb), and U of one
+    output-channel block unless the weights come prepacked."""
+    th, tw = tiles(sh)
+    cp = round_up(sh.c, lanes)
+    ip = (2 * th + 2) * (2 * tw + 2) * cp if needs_copy(sh) else 0
+    return ip + E * nt * cp + E * nt * kb + (0 if prepacked else E * sh.c * kb)
+
+
+def _add(a: Value, b: Value) -> Value:
+    return Binary(BinaryOp.ADD, a, b)
+
+
+def _sub(a: Value, b: Value) -> Value:
+    return Binary(BinaryOp.SUB, a, b)
+
+
+_BlockBody = Callable[[Affine, int, bool], None]  # (offset, extent, holds the half tiles)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Where the nest is: image, output-channel block, block of tiles (and whether its last tile row and
+    column are the half tiles of an odd output size)."""
+
+    n: Affine
+    k0: Affine
+    kcur: int
+    ty0: Affine
+    nty: int
+    tx0: Affine
+    ntx: int
+    half_y: bool
+    half_x: bool
+
+    @property
+    def nt(self) -> int:
+        return self.nty * self.ntx
+
+
+class WinogradEmitter:
+    def __init__(self, workload: Workload, s: WinogradSchedule, prepacked: bool):
+        self.sh = sh = conv_shape(workload)
+        self.s, self.prepacked = s, prepacked
+        self.b = NestBuilder()
+        self.epi = Epilogue.of(workload)
+        self.th, self.tw = tiles(sh)
+        self.copy = needs_copy(sh)
+        self.cp = round_up(sh.c, s.lanes)
+        self.strips = -(-sh.k // s.nr)  # strips of the whole U (prepacked)
+        self.wrow = 2 * self.tw + 2  # columns of the padded copy
+
+    def kernel(self, name: str) -> Kernel:
+        sh, s, b = self.sh, self.s, self.b
+        nt = s.ty * s.tx
+        weights = E * self.strips * sh.c * s.nr if self.prepacked else 9 * sh.c * sh.k
+        ip_size = (2 * self.th + 2) * self.wrow * self.cp
+        buffers = [
+            Buffer("input", sh.n * sh.h * sh.w * sh.c, BufferKind.INPUT),
+            Buffer("weights", weights, BufferKind.INPUT),
+            *self.epi.buffers(sh.k, sh.n * sh.oh * sh.ow * sh.k),
+            Buffer("output", sh.n * sh.oh * sh.ow * sh.k, BufferKind.OUTPUT),
+            Buffer("V", E * nt * self.cp, BufferKind.LOCAL),
+            Buffer("M", E * nt * s.kb, BufferKind.LOCAL),
+        ]
+        if self.copy:
+            buffers.append(Buffer("Ip", ip_size, BufferKind.LOCAL))
+            self.zero_border(ip_size)
+        if not self.prepacked:
+            buffers.append(Buffer("Ub", E * sh.c * s.kb, BufferKind.LOCAL))
+        if not sh.nhwc:
+            buffers.append(Buffer("Ot", 4 * s.lanes, BufferKind.LOCAL))
+        with b.loop(sh.n, "n") as ni:
+            if self.copy:
+                self.copy_input(ni)
+
+            def kblock(k0: Affine, kcur: int) -> None:
+                if not self.prepacked:
+                    self.transform_weights(k0, kcur)
+                self.tile_blocks(ni, k0, kcur)
+
+            b.split(sh.k, s.kb, kblock, "kb")
+        return b.kernel(name, tuple(buffers))
+
+    # --- the padded input and the transformed weights ---------------------------------------------
+
+    def zero_border(self, ip_size: int) -> None:
+        """Zero what the copies never write, once per call: the padding and the rows and columns past the
+        input that half tiles read (at 56x56x64 the whole copy is 0.9 MB, its border 7 %). NCHW copies
+        only the C channels of each pixel: with a partial last vector, all of it."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+
+        def zero(start: Affine | int, floats: int, prefix: str) -> None:
+            with b.loop(floats // lanes, prefix) as z:  # floats: whole vectors (a multiple of cp)
+                b.store("Ip", Affine.of(start) + z * lanes, Const(0.0, lanes), lanes)
+
+        if not sh.nhwc and sh.c % lanes:
+            zero(0, ip_size, "z")
+            return
+        row = self.wrow * self.cp
+        zero(0, sh.pad * row, "zt")  # rows above the input
+        zero((sh.pad + sh.h) * row, ip_size - (sh.pad + sh.h) * row, "zb")  # and below
+        with b.loop(sh.h, "zr") as y:  # columns left and right of each input row
+            at = (y + sh.pad) * row
+            zero(at, sh.pad * self.cp, "zl")
+            zero(at + (sh.pad + sh.w) * self.cp, (self.wrow - sh.pad - sh.w) * self.cp, "zc")
+
+    def copy_input(self, ni: Affine) -> None:
+        """Ip[pad + y][pad + x][:C] <- the image's pixel (y, x): NHWC in channel vectors, the tail lanes
+        zero-filled; NCHW one float at a time, plane by plane (a transposition, as conv2d's)."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        if not sh.nhwc:
+            with b.loop(sh.c, "pc") as c, b.loop(sh.h, "py") as y, b.loop(sh.w, "px") as x:
+                src = ((ni * sh.c + c) * sh.h + y) * sh.w + x
+                b.store("Ip", ((y + sh.pad) * self.wrow + x + sh.pad) * self.cp + c, Load("input", src))
+            return
+        with b.loop(sh.h, "py") as y, b.loop(sh.w, "px") as x:
+            src = ((ni * sh.h + y) * sh.w + x) * sh.c
+            dst = ((y + sh.pad) * self.wrow + x + sh.pad) * self.cp
+            b.split(
+                sh.c,
+                lanes,
+                lambda c, n: b.store("Ip", dst + c, Load("input", src + c, lanes, n % lanes), lanes),
+                "pc",
+            )
+
+    def u_index(self, e: Affine | int, strip: Affine, c: Affine | int) -> tuple[str, Affine]:
+        """Where U[e][strip][c][0:nr] is: the prepacked weights (strips of all of k) or this block's Ub."""
+        s = self.s
+        if self.prepacked:
+            return "weights", ((Affine.of(e) * self.strips + strip) * self.sh.c + c) * s.nr
+        return "Ub", ((Affine.of(e) * (s.kb // s.nr) + strip) * self.sh.c + c) * s.nr
+
+    def transform_weights(self, k0: Affine, kcur: int) -> None:
+        """Ub[e][strip][c][nr] <- (G g G^T)[e] for the block's output channels, zero past k."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+
+        def strip(js: Affine, ncols: int) -> None:
+            st = Affine(tuple((v, c // s.nr) for v, c in js.terms), js.const // s.nr)
+            if not sh.nhwc:
+                self.transform_weights_oihw(k0 + js, st, ncols)
+                return
+            with b.loop(sh.c, "wc") as c:
+                for v in range(s.nv):
+                    cols = min(max(ncols - v * lanes, 0), lanes)
+                    g = [
+                        [self._weight(i, j, c, k0 + js + v * lanes, cols) for j in range(3)] for i in range(3)
+                    ]
+                    u = self._filter_transform(g)
+                    buf, at = self.u_index(0, st, c)
+                    for e in range(E):
+                        b.store(buf, at + e * (s.kb // s.nr) * sh.c * s.nr + v * lanes, u[e], lanes)
+
+        b.split(kcur, s.nr, strip, "ws")
+
+    def transform_weights_oihw(self, k: Affine, st: Affine, ncols: int) -> None:
+        """NCHW's OIHW weights, one output channel's 3x3 at a time (contiguous), into lane kk of the
+        strip's U; the lanes past k zero."""
+        sh, s, b = self.sh, self.s, self.b
+        step = (s.kb // s.nr) * sh.c * s.nr  # between the e planes of Ub
+        with b.loop(ncols, "wk") as kk, b.loop(sh.c, "wc") as c:
+            base = ((k + kk) * sh.c + c) * 9
+            g: list[list[Value]] = [[Load("weights", base + i * 3 + j) for j in range(3)] for i in range(3)]
+            u = self._filter_transform(g, 1)
+            _, at = self.u_index(0, st, c)
+            for e in range(E):
+                b.store("Ub", at + kk + e * step, u[e])
+        if ncols < s.nr:
+            with b.loop(sh.c, "wc") as c:
+                _, at = self.u_index(0, st, c)
+                for e in range(E):
+                    for lane in range(ncols, s.nr):
+                        b.store("Ub", at + lane + e * step, Const(0.0))
+
+    def _weight(self, i: int, j: int, c: Affine, k: Affine, cols: int) -> Value:
+        sh, lanes = self.sh, self.s.lanes
+        if not cols:
+            return Const(0.0, lanes)
+        return Load("weights", ((i * 3 + j) * sh.c + c) * sh.k + k, lanes, cols % lanes)
+
+    def _filter_transform(self, g: list[list[Value]], lanes: int = 0) -> list[Value]:
+        """G g G^T, G = [[1,0,0],[1/2,1/2,1/2],[1/2,-1/2,1/2],[0,0,1]]: the 16 values, row-major (vectors,
+        or single floats for lanes=1)."""
+        b, lanes = self.b, lanes or self.s.lanes
+        tag = "s" if lanes == 1 else ""
+        half = Const(0.5, lanes)
+        rows: list[list[Reg]] = []
+        for i, (g0, g1, g2) in enumerate(zip(*g, strict=True)):  # column i of g: G g
+            regs = [b.register(f"gt{tag}{a}_{i}", lanes) for a in range(4)]
+            b.assign(regs[0], g0)
+            b.assign(regs[3], g2)
+            even = b.register(f"ge{tag}{i}", lanes)
+            b.assign(even, Binary(BinaryOp.MUL, _add(g0, g2), half))
+            b.assign(regs[1], MulAdd(g1, half, even))
+            b.assign(regs[2], MulAdd(g1, Const(-0.5, lanes), even))
+            rows.append(regs)
+        out: list[Value] = []
+        for a in range(4):  # (G g) G^T: the same on each row of G g
+            t0, t1, t2 = rows[0][a], rows[1][a], rows[2][a]
+            mid = Binary(BinaryOp.MUL, _add(t0, t2), half)
+            out += [t0, MulAdd(t1, half, mid), MulAdd(t1, Const(-0.5, lanes), mid), t2]
+        return out
+
+    # --- blocks of tiles ----------------------------------------------------------------------------
+
+    def tile_blocks(self, ni: Affine, k0: Affine, kcur: int) -> None:
+        """Blocks of tile rows x tiles; the last block along an odd output axis is peeled (half tiles)."""
+        sh, s, b = self.sh, self.s, self.b
+
+        def along(
+            extent: int, tile: int, odd: bool, body: Callable[[Affine, int, bool], None], prefix: str
+        ) -> None:
+            if odd:  # the last block holds the half tiles: peeled, so it is constant code
+                split_edges(b, extent, tile, lambda o, n, _f, last: body(o, n, last), prefix)
+            else:
+                b.split(extent, tile, lambda o, n: body(o, n, False), prefix)
+
+        def rows(ty0: Affine, nty: int, half_y: bool) -> None:
+            def cols(tx0: Affine, ntx: int, half_x: bool) -> None:
+                self.block(_Block(ni, k0, kcur, ty0, nty, tx0, ntx, half_y, half_x))
+
+            along(self.tw, s.tx, sh.ow % 2 == 1, cols, "bx")
+
+        along(self.th, s.ty, sh.oh % 2 == 1, rows, "by")
+
+    def block(self, blk: _Block) -> None:
+        self.transform_input(blk)
+        self.gemms(blk)
+        self.transform_output(blk)
+
+    def transform_input(self, blk: _Block) -> None:
+        """V[e][t][c] <- (B^T d B)[e] of tile t's 4x4 patch, channel vector by channel vector."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        with b.loop(blk.nty, "iy") as i, b.loop(blk.ntx, "ix") as j:
+            b.split(sh.c, lanes, lambda c, n: self.input_tile(blk, i, j, c, n % lanes), "ic")
+
+    def input_tile(self, blk: _Block, i: Affine, j: Affine, c: Affine, count: int) -> None:
+        """One tile's 16 V vectors for channels c..c+lanes (`count` of them, 0: all)."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        y, x = (blk.ty0 + i) * 2, (blk.tx0 + j) * 2
+        d = [[b.register(f"d{p}{q}", lanes) for q in range(4)] for p in range(4)]
+        for p in range(4):
+            for q in range(4):
+                if self.copy:  # whole vectors: the copy's tail lanes are zero
+                    src = Load("Ip", ((y + p) * self.wrow + x + q) * self.cp + c, lanes)
+                else:
+                    src = Load("input", ((blk.n * sh.h + y + p) * sh.w + x + q) * sh.c + c, lanes, count)
+                b.assign(d[p][q], src)
+        # B^T d, column by column: rows d0-d2, d1+d2, d2-d1, d1-d3.
+        t = [[b.register(f"t{p}{q}", lanes) for q in range(4)] for p in range(4)]
+        for q in range(4):
+            d0, d1, d2, d3 = (d[p][q] for p in range(4))
+            for p, value in enumerate((_sub(d0, d2), _add(d1, d2), _sub(d2, d1), _sub(d1, d3))):
+                b.assign(t[p][q], value)
+        t_index = Affine.of(i) * blk.ntx + j
+        for p in range(4):  # (B^T d) B, row by row
+            t0, t1, t2, t3 = t[p]
+            for q, value in enumerate((_sub(t0, t2), _add(t1, t2), _sub(t2, t1), _sub(t1, t3))):
+                b.store("V", ((t_index + (p * 4 + q) * blk.nt) * self.cp) + c, value, lanes)
+
+    def gemms(self, blk: _Block) -> None:
+        """M[e] (nt x kcur) = V[e] (nt x C) . U[e] (C x kcur) for each e, C in blocks of cb."""
+        sh, s, b = self.sh, self.s, self.b
+
+        def cblock(c0: Affine, ccur: int, first: bool, _last: bool) -> None:
+            with b.loop(E, "e") as e:
+
+                def tile(js: Affine, ncols: int, group: Affine, rows: int) -> None:
+                    self.micro(blk, e, c0, ccur, first, js, ncols, group, rows)
+
+                def strips(group: Affine, rows: int) -> None:
+                    b.split(blk.kcur, s.nr, lambda js, n: tile(js, n, group, rows), "ks")
+
+                def groups(js: Affine, ncols: int) -> None:
+                    b.split(blk.nt, s.mr, lambda g, r: tile(js, ncols, g, r), "tg")
+
+                if s.order == "kt":  # one strip's U (cb x nr) stays in L1 across the tile groups
+                    b.split(blk.kcur, s.nr, groups, "ks")
+                else:  # a group's V rows stay in L1 across the strips
+                    b.split(blk.nt, s.mr, strips, "tg")
+
+        split_edges(b, sh.c, s.cb, cblock, "cb")
+
+    def micro(
+        self,
+        blk: _Block,
+        e: Affine,
+        c0: Affine,
+        ccur: int,
+        first: bool,
+        js: Affine,
+        ncols: int,
+        t0: Affine,
+        rows: int,
+    ) -> None:
+        """acc[r][v] (+)= sum over the block's channels of broadcast(V[e][t0+r][c]) * U[e][c] vector."""
+        s, b, lanes = self.s, self.b, self.s.lanes
+        nvec = -(-ncols // lanes)
+        acc = [[b.register(f"acc{r}_{v}", lanes) for v in range(nvec)] for r in range(rows)]
+        ureg = [b.register(f"u{v}", lanes) for v in range(nvec)]
+        bcast = b.register("bcast", lanes)
+        strip = Affine(tuple((var, c // s.nr) for var, c in js.terms), js.const // s.nr)
+        if self.prepacked:
+            strip = strip + Affine(tuple((var, c // s.nr) for var, c in blk.k0.terms), blk.k0.const // s.nr)
+
+        def m_index(r: int, v: int) -> Affine:
+            return ((e * blk.nt + t0 + r) * s.kb) + js + v * lanes
+
+        for r in range(rows):
+            for v in range(nvec):
+                init: Value = Const(0.0, lanes) if first else Load("M", m_index(r, v), lanes)
+                b.assign(acc[r][v], init)
+
+        def step(c: Affine) -> None:
+            buf, at = self.u_index(e, strip, c0 + c)
+            for v in range(nvec):
+                b.assign(ureg[v], Load(buf, at + v * lanes, lanes))
+            for r in range(rows):
+                a = Load("V", (e * blk.nt + t0 + r) * self.cp + c0 + c)
+                b.assign(bcast, Broadcast(a, lanes))
+                for v in range(nvec):
+                    b.assign(acc[r][v], MulAdd(bcast, ureg[v], acc[r][v]))
+
+        unroll = min(s.unroll, ccur)
+        full, rest = divmod(ccur, unroll)
+        if full:
+            with b.loop(full, "co") as co, b.loop(unroll, "cu", LoopKind.UNROLLED) as cu:
+                step(co * unroll + cu)
+        if rest:
+            with b.loop(rest, "cr", LoopKind.UNROLLED) as cr:
+                step(cr + full * unroll)
+        for r in range(rows):
+            for v in range(nvec):
+                b.store("M", m_index(r, v), acc[r][v], lanes)
+
+    def transform_output(self, blk: _Block) -> None:
+        """output <- A^T M A of every tile (plus the epilogue), the half tiles' valid pixels only."""
+
+        def rows(i: Affine, vy: int) -> None:
+            def cols(j: Affine, vx: int) -> None:
+                self.output_tile(blk, i, j, vy, vx)
+
+            self._halves(blk.ntx, blk.half_x, cols, "ox")
+
+        self._halves(blk.nty, blk.half_y, rows, "oy")
+
+    def _halves(self, extent: int, half: bool, body: Callable[[Affine, int], None], prefix: str) -> None:
+        """Tiles 0..extent-1 with 2 valid pixels each, except a last half tile (1 valid pixel)."""
+        full = extent - 1 if half else extent
+        with self.b.loop(full, prefix) as i:
+            body(i, 2)
+        if half:
+            body(Affine.of(full), 1)
+
+    def output_tile(self, blk: _Block, i: Affine, j: Affine, vy: int, vx: int) -> None:
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        t_index = Affine.of(i) * blk.ntx + j
+
+        def channels(kv: Affine, count: int) -> None:
+            m = [Load("M", (t_index + e * blk.nt) * s.kb + kv, lanes) for e in range(E)]
+            # A^T m, column by column: rows m0+m1+m2, m1-m2-m3.
+            srow = [[b.register(f"s{a}{q}", lanes) for q in range(4)] for a in range(2)]
+            for q in range(4):
+                m0, m1, m2, m3 = (m[p * 4 + q] for p in range(4))
+                b.assign(srow[0][q], _add(_add(m0, m1), m2))
+                b.assign(srow[1][q], _sub(_sub(m1, m2), m3))
+            k = blk.k0 + kv
+            bias = Load("bias", k, lanes, count)
+            for a in range(vy):
+                s0, s1, s2, s3 = srow[a]
+                for col, value in enumerate((_add(_add(s0, s1), s2), _sub(_sub(s1, s2), s3))[:vx]):
+                    y, x = (blk.ty0 + i) * 2 + a, (blk.tx0 + j) * 2 + col
+                    if not sh.nhwc:  # channels are planes apart: through Ot, then one float at a time
+                        b.store("Ot", Affine.of((a * 2 + col) * lanes), value, lanes)
+                        continue
+                    at = ((blk.n * sh.oh + y) * sh.ow + x) * sh.k + k
+                    init = self.epi.initial(lanes, bias, Load("residual", at, lanes, count))
+                    out = value if init == Const(0.0, lanes) else _add(value, init)
+                    b.store("output", at, self.epi.apply(out, lanes, True), lanes, count)
+            if not sh.nhwc:
+                self.scatter_nchw(blk, i, j, vy, vx, k, count or lanes)
+
+        b.split(blk.kcur, lanes, lambda kv, n: channels(kv, n % lanes), "ok")
+
+    def scatter_nchw(self, blk: _Block, i: Affine, j: Affine, vy: int, vx: int, k: Affine, nch: int) -> None:
+        """NCHW: the tile's pixels of `nch` channels from Ot to their planes, with the epilogue per float."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        with b.loop(nch, "oc") as ch:
+            for a in range(vy):
+                for col in range(vx):
+                    y, x = (blk.ty0 + i) * 2 + a, (blk.tx0 + j) * 2 + col
+                    at = ((blk.n * sh.k + k + ch) * sh.oh + y) * sh.ow + x
+                    init = self.epi.initial(1, Load("bias", k + ch), Load("residual", at))
+                    value: Value = Load("Ot", ch + (a * 2 + col) * lanes)
+                    value = value if init == Const(0.0, 1) else _add(value, init)
+                    b.store("output", at, self.epi.apply(value, 1, True))
