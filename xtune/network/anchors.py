@@ -18,6 +18,7 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.network.graph import Graph, Node
 from xtune.network.layout import Layout
+from xtune.workload import winograd_eligible
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,9 +40,15 @@ class Anchor:
         """The workload, run in `layout` (xtune/network/layout.py decides which). Constant weights are
         packed once, at build time (netbuild.py), so the task is tuned as it runs: prepacked=1
         (workload.PREPACKED). Depthwise weights are too small to matter."""
-        packed = {"prepacked": 1} if self.weights is not None and self.op != "depthwise" else {}
+        constant = self.weights is not None
+        packed = {"prepacked": 1} if constant and self.op != "depthwise" else {}
         switches = {"bias": int(bias), **flags, **packed}
-        where = (("layout", layout.value),) if layout is not Layout.NCHW else ()
+        where: tuple[tuple[str, str], ...] = (("layout", layout.value),) if layout is not Layout.NCHW else ()
+        if constant and self.op == "conv2d" and winograd_eligible({"dilation": 1, **dict(self.sizes)}):
+            # 2.25x fewer multiplies than any direct kernel, with U = G g G^T made once at build time
+            # (docs/design.md, Convolutions; docs/benchmarks.md, issue 18). Weights that are an activation
+            # would be transformed on every call: those layers stay direct.
+            where += (("algo", "winograd"),)
         return f"{self.op}:" + ",".join(f"{k}={v}" for k, v in (*self.sizes, *where, *switches.items()))
 
     def channel_vector(self, graph: Graph, const: np.ndarray) -> np.ndarray | None:
