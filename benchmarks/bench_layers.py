@@ -5,9 +5,12 @@ the 64-trial best and the longer run's, and the flops-weighted totals.
 
 Usage: python benchmarks/bench_layers.py [--layers issue|resnet18|mobilenetv2|all] [--trials 64]
        [--long 512] [--seed 1] [--only SUBSTRING ...] [--insn-trials 32] [--plain]
-Each conv2d layer is tuned as the network runs it (issue 20): prepacked=1, its constant weights packed once
-at build time, as ONNX Runtime prepacks its Conv's constant weights too; --plain tunes the standalone form,
-which packs its weights at every call. Depthwise layers are the same either way.
+Each layer is tuned as the network runs it: the task `xtune tasks` extracts from the layer as a one-node
+ONNX model (so one home, `network/anchors.py`, decides it): NHWC, conv2d weights prepacked once at build
+time (as ONNX Runtime prepacks a Conv's constant weights), 3x3 stride-1 conv2d as Winograd F(2x2, 3x3).
+--plain tunes the layer as written (NCHW, direct, weights packed at every call). The peers run the layer
+as written, NCHW: ONNX Runtime's own layout (it converts to its blocked NCHWc inside), never behind
+Transposes.
 --long N: one run of N trials per layer; its best after 64 trials and its best overall are timed again in
 interleaved rounds (bench.retime_gflops) so the gap is not one lucky timing. --insn-trials N: also tune
 each layer N trials on qemu-aarch64 by instruction count and print the best count against the FMA lower
@@ -26,7 +29,9 @@ from fma_peak import measured_peak_gflops  # benchmarks/ is the script's directo
 
 from xtune.bench import retime_gflops
 from xtune.boards.board import Board, get_board
-from xtune.peers import ort_gflops
+from xtune.network.tasks import extract_tasks
+from xtune.peers import onnx_model, ort_gflops
+from xtune.target import Target
 from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
 from xtune.tuning.tuner import TuneProgress
 from xtune.workload import Workload, parse_workload
@@ -43,9 +48,14 @@ def conv(c: int, hw: int, k: int, r: int, stride: int, pad: int) -> str:
     return f"conv2d:n=1,c={c},h={hw},w={hw},k={k},r={r},s={r},stride={stride},pad={pad}"
 
 
-def as_run(workload: str, plain: bool) -> str:
-    """The layer's workload as the network runs it (prepacked weights), or as given with `plain`."""
-    return workload if plain or not workload.startswith("conv2d:") else workload + ",prepacked=1"
+def as_run(workload: str, target: Target, plain: bool) -> Workload:
+    """The layer's workload as a network runs it on `target` (its task when the layer is a one-node model),
+    or as written with `plain`."""
+    written = parse_workload(workload)
+    if plain:
+        return written
+    (task,) = extract_tasks(onnx_model(written), target).tasks
+    return task.workload
 
 
 def dw(c: int, hw: int, stride: int) -> str:
@@ -174,21 +184,21 @@ def main() -> None:
     peak = measured_peak_gflops()
     print(
         f"local {board.target.name}; measured FMA peak {peak:.1f} GFLOP/s (one core); xgb seed {args.seed}; "
-        f"conv2d weights {'packed per call (--plain)' if args.plain else 'prepacked'}\n"
+        f"layers {'as written (--plain)' if args.plain else 'as the network runs them'}\n"
     )
     print(f"| layer | count | numpy | ORT | xtune {args.trials} | × ORT | × numpy | % peak | "
           f"{args.long or '-'} trials | {args.trials}/{args.long or '-'} |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for layer in layers:
-        wl = parse_workload(as_run(layer.workload, args.plain))
-        numpy = local_numpy_gflops(wl, [board]) or math.nan
-        ort = ort_gflops(wl) or math.nan
+        written, wl = parse_workload(layer.workload), as_run(layer.workload, board.target, args.plain)
+        numpy = local_numpy_gflops(written, [board]) or math.nan
+        ort = ort_gflops(written) or math.nan
         at64, long = tune_layer(wl, board, args.trials, args.long, args.seed, numpy)
         # The peers again right after xtune's re-timing, and their better figure: on a shared host a
         # quiet spell during the tuning run must not flatter xtune's ratios.
-        numpy = max(numpy, local_numpy_gflops(wl, [board]) or math.nan)
-        ort = max(ort, ort_gflops(wl) or math.nan)
+        numpy = max(numpy, local_numpy_gflops(written, [board]) or math.nan)
+        ort = max(ort, ort_gflops(written) or math.nan)
         peak = max(peak, measured_peak_gflops())  # the best probe so far: a peak is an undisturbed figure
         rows.append(Row(layer=layer, numpy=numpy, ort=ort, at64=at64, long=long))
         gap = f"{at64 / long:.3f}" if args.long and long else "-"
@@ -197,6 +207,9 @@ def main() -> None:
               f"| {at64 / numpy:.2f} | {100 * at64 / peak:.0f}% | {long_text} | {gap} |",
               flush=True)  # fmt: skip
     print(f"\nmeasured FMA peak, the best of every layer's probe: {peak:.1f} GFLOP/s\n")
+    for layer in layers:  # what was tuned (the peers ran the layer as written)
+        print(f"{layer.name}: {as_run(layer.workload, board.target, args.plain).key}")
+    print()
     for table in TABLES:
         chosen = [r for r in rows if r.layer in TABLES[table] and r.at64 > 0]
         if not chosen:
@@ -214,7 +227,7 @@ def main() -> None:
         print("| layer | instructions | FMA lower bound | ratio |")
         print("|---|---|---|---|")
         for layer in layers:
-            wl = parse_workload(as_run(layer.workload, args.plain))
+            wl = as_run(layer.workload, get_board("qemu-aarch64").target, args.plain)
             insns, bound = insn_row(wl, args.insn_trials, args.seed)
             print(f"| {layer.name} | {insns:.4g} | {bound:.4g} | {insns / bound:.2f} |", flush=True)
 
