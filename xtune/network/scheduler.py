@@ -3,17 +3,19 @@
 
 The idea is Ansor's (L. Zheng et al., "Ansor: Generating High-Performance Tensor Programs for Deep
 Learning", OSDI 2020, §6): the objective is the end-to-end latency f = Σ_i w_i g_i, where g_i is task i's
-best latency and w_i the number of nodes that run it. After a first round that measures every task once
-(its default config and the analytic estimate's picks: TuneOptions.start_from_default, analytic_prior),
-each batch goes to the task whose next batch is expected to lower f the most: w_i times the expected
-drop of g_i, blended from how much g_i fell over its last `window` batches (the backward term) and an
-optimistic forward guess — g_i falls like 1/t in the number of batches t, or, when a similar task (same
-operator, flops within one step of Ansor's 1.618-base log scale) already runs faster per flop, g_i could
-drop to `beta` times the latency at that task's throughput. A task stops when its space is exhausted,
-when it went `early_stopping` trials without improvement, or when its first round found no correct
-config. A board that fails for good stops the whole run, as it stops `xtune tune --workload`
-(docs/boards.md, "Faults"). The round-robin strategy (the budget split evenly, Ansor's baseline) is there
-to compare with.
+best latency and w_i the number of nodes that run it. A first round measures every task's anchors only
+(Tuner.first_picks: its default config and the analytic estimate's top pick, a trial or two), so that
+nearly all of the budget is the strategy's to allocate. Then each batch goes to the task whose next
+batch is expected to lower f the most: w_i times the expected drop of g_i, blended from how much g_i
+fell over its last `window` batches (the backward term) and an optimistic forward guess — g_i falls like
+1/t in the number of batches t, or, when a similar task (same operator, flops within one step of Ansor's
+1.618-base log scale) already runs faster per flop, g_i could drop to `beta` times the latency at that
+task's throughput (a task that stays far slower than its group after 5 batches more leaves it). A task
+stops when its space is exhausted, when it went `early_stopping` trials without improvement, or when
+neither its anchors nor one batch after them found a correct config. A board that fails for good stops
+the whole run, as it stops `xtune tune --workload` (docs/boards.md, "Faults"). The round-robin strategy
+(after the same first round, the rest split evenly: Ansor's baseline) is there to compare with; the
+design is in docs/design.md, "The task scheduler".
 """
 
 from __future__ import annotations
