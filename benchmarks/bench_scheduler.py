@@ -31,6 +31,11 @@ def trials_to(result: ModelTuningResult, goal: float) -> int | None:
     return next((n for n, estimate in result.curve if estimate <= goal), None)
 
 
+def scale(unit: object) -> tuple[float, str]:
+    """How the estimate is shown: wall time in ms, instruction counts (qemu boards) in millions."""
+    return (1e-6, "M instructions") if unit == "insn" else (1e3, "ms")
+
+
 def plot(data: dict[str, object], path: Path) -> None:
     """Both strategies' estimated end-to-end latency against trials spent (needs the `plot` extra), with
     round-robin's final estimate and half the budget marked."""
@@ -40,21 +45,22 @@ def plot(data: dict[str, object], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
+    k, unit = scale(data.get("unit"))
     curves = data["curves"]
     assert isinstance(curves, dict)
     for name, points in curves.items():
-        ax.plot([n for n, _ in points], [e * 1e3 for _, e in points], label=name, drawstyle="steps-post")
+        ax.plot([n for n, _ in points], [e * k for _, e in points], label=name, drawstyle="steps-post")
     even = curves.get(Strategy.ROUND_ROBIN.value)
     if even:
-        ax.axhline(even[-1][1] * 1e3, color="grey", linestyle=":", label="round-robin's final")
+        ax.axhline(even[-1][1] * k, color="grey", linestyle=":", label="round-robin's final")
     trials = data["trials"]
     assert isinstance(trials, int)
     ax.axvline(trials / 2, color="grey", linestyle="--", linewidth=0.8, label="half the budget")
-    finals = [points[-1][1] * 1e3 for points in curves.values() if points]
-    if finals:  # the default and the first round sit far above: show the part allocation decides
-        ax.set_ylim(min(finals) * 0.98, min(finals) * 1.25)
+    ends = [e * k for points in curves.values() for e in (points[0][1], points[-1][1]) if points]
+    if ends:  # from the end of the first round down: the part the allocation decides
+        ax.set_ylim(min(ends) * 0.98, max(ends) * 1.02)
     ax.set_xlabel("trials spent")
-    ax.set_ylabel("estimated end-to-end latency (ms)")
+    ax.set_ylabel(f"estimated end-to-end latency ({unit})")
     seed = f", seed {data['seed']}" if "seed" in data else ""
     ax.set_title(f"{data['model']}: task scheduler, {trials} trials{seed}")
     ax.legend()
@@ -68,6 +74,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0, help="the search's seed (TuneOptions.seed)")
+    parser.add_argument("--board", default="local", help="e.g. qemu-aarch64: exact instruction counts, no "
+                        "timing noise (the estimate is then in instructions)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="both curves as a PNG")
     parser.add_argument("--replot", type=Path, default=None, help="plot a saved --out file; run nothing")
@@ -75,7 +83,7 @@ def main() -> None:
     if args.replot:
         plot(json.loads(args.replot.read_text()), args.plot or args.replot.with_suffix(".png"))
         return
-    board = get_board("local")
+    board = get_board(args.board)
     tasks = extract_tasks(zoo.NETWORKS[args.model](), board.target).tasks
     # confirm=0: the curves compare allocation alone; confirming would re-time leaders after the budget.
     options = TuneOptions(trials=args.trials, batch_size=args.batch_size, confirm=0, seed=args.seed)
@@ -105,19 +113,21 @@ def main() -> None:
     gradient, even = results[Strategy.GRADIENT], results[Strategy.ROUND_ROBIN]
     print(f"\n{args.model}: {len(tasks)} tasks, {args.trials} trials, batches of {args.batch_size}, "
           f"seed {args.seed}\n")  # fmt: skip
-    print("| strategy | default (ms) | first round (trials: ms) | final estimate (ms) | speedup | seconds |")
-    print("|---|---|---|---|---|---|")
+    k, unit = scale(board.cost_unit.value)
+    print(f"| strategy | default ({unit}) | first round (trials: {unit}) | final estimate ({unit}) | speedup "
+          "| seconds |\n|---|---|---|---|---|---|")  # fmt: skip
     for strategy, r in results.items():
         first = r.curve[0] if r.curve else (0, float("nan"))
         speedup = r.default_estimate / r.estimate
-        print(f"| {strategy.value} | {r.default_estimate * 1e3:.3f} | {first[0]}: {first[1] * 1e3:.3f} | "
-              f"{r.estimate * 1e3:.3f} | {speedup:.2f}x | {r.seconds:.0f} |")  # fmt: skip
+        print(f"| {strategy.value} | {r.default_estimate * k:.3f} | {first[0]}: {first[1] * k:.3f} | "
+              f"{r.estimate * k:.3f} | {speedup:.2f}x | {r.seconds:.0f} |")  # fmt: skip
     reached = trials_to(gradient, even.estimate)
     share = f"{100 * reached / args.trials:.0f} %" if reached is not None else "never"
     print(f"\ngradient reached round-robin's final estimate after {reached} trials ({share} of the budget)")
     curves = {s.value: [[n, e] for n, e in r.curve] for s, r in results.items()}
     data = {
-        "model": args.model, "trials": args.trials, "batch_size": args.batch_size, "seed": args.seed,
+        "model": args.model, "board": args.board, "unit": board.cost_unit.value, "trials": args.trials,
+        "batch_size": args.batch_size, "seed": args.seed,
         "tasks": len(tasks), "reached": reached, "curves": curves,
         "results": {s.value: {"default_estimate": r.default_estimate, "estimate": r.estimate,
                               "seconds": round(r.seconds, 1),
