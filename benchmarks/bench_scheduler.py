@@ -31,6 +31,11 @@ def trials_to(result: ModelTuningResult, goal: float) -> int | None:
     return next((n for n, estimate in result.curve if estimate <= goal), None)
 
 
+def estimate_at(result: ModelTuningResult, trials: int) -> float:
+    """The run's estimate once it had spent `trials` (its last point at or before)."""
+    return [e for n, e in result.curve if n <= trials][-1]
+
+
 def scale(unit: object) -> tuple[float, str]:
     """How the estimate is shown: wall time in ms, instruction counts (qemu boards) in millions."""
     return (1e-6, "M instructions") if unit == "insn" else (1e3, "ms")
@@ -48,8 +53,11 @@ def plot(data: dict[str, object], path: Path) -> None:
     k, unit = scale(data.get("unit"))
     curves = data["curves"]
     assert isinstance(curves, dict)
-    for name, points in curves.items():
-        ax.plot([n for n, _ in points], [e * k for _, e in points], label=name, drawstyle="steps-post")
+    colours = {Strategy.GRADIENT.value: "tab:blue", Strategy.ROUND_ROBIN.value: "tab:orange"}
+    for name in sorted(curves, key=list(colours).index):  # one colour per strategy, whichever ran first
+        points = curves[name]
+        ax.plot([n for n, _ in points], [e * k for _, e in points], label=name, color=colours[name],
+                drawstyle="steps-post")  # fmt: skip
     even = curves.get(Strategy.ROUND_ROBIN.value)
     if even:
         ax.axhline(even[-1][1] * k, color="grey", linestyle=":", label="round-robin's final")
@@ -124,11 +132,18 @@ def main() -> None:
     reached = trials_to(gradient, even.estimate)
     share = f"{100 * reached / args.trials:.0f} %" if reached is not None else "never"
     print(f"\ngradient reached round-robin's final estimate after {reached} trials ({share} of the budget)")
+    # Noise-tolerant figures: within 2 % of round-robin's final, and both estimates at half the budget.
+    near = trials_to(gradient, 1.02 * even.estimate)
+    half = {s.value: estimate_at(r, args.trials // 2) for s, r in results.items()}
+    print(
+        f"within 2 % of it after {near} trials; at half the budget: "
+        + ", ".join(f"{name} {e * k:.3f} {unit}" for name, e in half.items())
+    )
     curves = {s.value: [[n, e] for n, e in r.curve] for s, r in results.items()}
     data = {
         "model": args.model, "board": args.board, "unit": board.cost_unit.value, "trials": args.trials,
         "batch_size": args.batch_size, "seed": args.seed,
-        "tasks": len(tasks), "reached": reached, "curves": curves,
+        "tasks": len(tasks), "reached": reached, "within_2_percent": near, "at_half": half, "curves": curves,
         "results": {s.value: {"default_estimate": r.default_estimate, "estimate": r.estimate,
                               "seconds": round(r.seconds, 1),
                               "trials_per_task": [t.resumed + t.trials for t in r.tasks],
