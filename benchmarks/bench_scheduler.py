@@ -147,7 +147,7 @@ def main() -> None:
         "results": {s.value: {"default_estimate": r.default_estimate, "estimate": r.estimate,
                               "seconds": round(r.seconds, 1),
                               "trials_per_task": [t.resumed + t.trials for t in r.tasks],
-                              "best_per_task": [t.best_cost for t in r.tasks],
+                              "best_per_task": [t.as_dict()["best_cost"] for t in r.tasks],
                               "counts": [t.count for t in r.tasks]}
                     for s, r in results.items()},
     }  # fmt: skip
