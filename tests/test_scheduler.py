@@ -20,10 +20,12 @@ from xtune.boards.board import get_board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, BoardFault, InputError
 from xtune.network.scheduler import (
+    ModelProgress,
     ModelStop,
     ModelTuningResult,
     SchedulerOptions,
     Strategy,
+    TaskScheduler,
     TaskStop,
     end_to_end,
     expected_gain,
@@ -33,7 +35,8 @@ from xtune.network.scheduler import (
 from xtune.network.tasks import Task
 from xtune.templates import template_for
 from xtune.tuning.database import Record, TuningLog, best, read_logs
-from xtune.tuning.measure import MeasureOptions, MeasureStatus
+from xtune.tuning.features import estimate_prior, features_op, featurize
+from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.tuning.run import TuneOptions
 from xtune.tuning.tuner import TunerName
 from xtune.workload import parse_workload
@@ -124,7 +127,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ModelTuni
     return log, run(SMALL, log, 12, tuner="xgb")
 
 
-def test_the_budget_is_spent_and_the_first_round_measures_every_default(
+def test_the_budget_is_spent_and_the_first_round_measures_only_every_tasks_anchors(
     first_run: tuple[Path, ModelTuningResult],
 ) -> None:
     log, result = first_run
@@ -132,11 +135,23 @@ def test_the_budget_is_spent_and_the_first_round_measures_every_default(
     assert result.stop is ModelStop.TRIALS and result.trials == 12 == len(records)
     assert sum(t.trials for t in result.tasks) == 12 and all(t.resumed == 0 for t in result.tasks)
     target = get_board("local").target
-    # The first round is one batch per task, in task order, each led by the template's default config.
+    # The first round, in task order: each task's default, then, where its operator has an analytic
+    # estimate (matmul; not the 3x3 conv2d), the estimate's top pick; nothing else.
+    at = 0
     for i, t in enumerate(SMALL):
-        default = template_for(t.workload, target).default_config().index
-        assert records[2 * i].workload == t.workload.key and records[2 * i].index == default
-        assert result.tasks[i].default_cost == records[2 * i].cost
+        template = template_for(t.workload, target)
+        prior = estimate_prior(features_op(template))
+        anchors = records[at : at + 1 + (prior is not None)]
+        assert [r.workload for r in anchors] == [t.workload.key] * len(anchors)
+        assert anchors[0].index == template.default_config().index
+        assert result.tasks[i].default_cost == anchors[0].cost
+        if prior is not None:  # the pick scores at least as well as the best of 200 random configs
+            rng = np.random.default_rng(0)
+            drawn = rng.integers(template.space.size, size=200).tolist()
+            score = prior.predict(featurize(template, [anchors[1].index]))[0]
+            assert score >= prior.predict(featurize(template, drawn)).max()
+        at += len(anchors)
+    assert at == 5 == result.curve[0][0]  # the curve starts once the first round gave every task a latency
     assert len({(r.workload, r.index) for r in records}) == 12  # no config measured twice
 
 
@@ -152,7 +167,7 @@ def test_the_estimate_is_count_times_best_latency(first_run: tuple[Path, ModelTu
     assert result.estimate <= result.default_estimate
     # The curve starts once every task has a latency (after the first round) and ends at the estimate.
     spent = [n for n, _ in result.curve]
-    assert spent[0] == 6 and spent == sorted(spent) and spent[-1] == 12
+    assert spent[0] == 5 and spent == sorted(spent) and spent[-1] == 12
     assert result.curve[-1][1] == pytest.approx(result.estimate)
     assert all(a >= b for (_, a), (_, b) in zip(result.curve, result.curve[1:], strict=False))
 
@@ -179,9 +194,108 @@ def test_the_gradient_favours_the_task_with_the_larger_weight(tmp_path: Path) ->
     gradient = run(tasks, tmp_path / "g.jsonl", 16)
     light, heavy = gradient.tasks
     assert heavy.trials >= 3 * light.trials, (light.trials, heavy.trials)
-    even = tune_tasks(tasks, [get_board("local")], options(16), TuningLog(tmp_path / "r.jsonl"),
+    # Round-robin: the same first round (the default of each), then the other 16 trials split evenly.
+    even = tune_tasks(tasks, [get_board("local")], options(18), TuningLog(tmp_path / "r.jsonl"),
                       scheduler=SchedulerOptions(strategy=Strategy.ROUND_ROBIN))  # fmt: skip
-    assert [t.trials for t in even.tasks] == [8, 8]
+    assert [t.trials for t in even.tasks] == [9, 9]
+
+
+# --- allocation on made-up timings: a fake measure, the logic alone -----------------------------------------
+
+
+class Curve:
+    """A fake measure of one task: the k-th config it measures costs `costs[k]` (the last one ever after);
+    +inf is a wrong answer."""
+
+    def __init__(self, *costs: float) -> None:
+        self.costs, self.measured = costs, 0
+
+    def __call__(self, batch: list[int]) -> list[MeasureResult]:
+        out = []
+        for _ in batch:
+            cost = self.costs[min(self.measured, len(self.costs) - 1)]
+            self.measured += 1
+            status = MeasureStatus.OK if math.isfinite(cost) else MeasureStatus.WRONG_ANSWER
+            out.append(MeasureResult(status=status, costs=(cost,) if math.isfinite(cost) else ()))
+        return out
+
+
+def faked(
+    tasks: list[Task], curves: list[Curve], trials: int, strategy: Strategy = Strategy.GRADIENT
+) -> tuple[TaskScheduler, list[ModelProgress], ModelStop]:
+    """A scheduler whose tasks are measured by `curves` (random tuner: each first round is the default)."""
+    seen: list[ModelProgress] = []
+    run = TaskScheduler(tasks, [get_board("local")], options(trials, batch=4),
+                        scheduler=SchedulerOptions(strategy=strategy), on_progress=seen.append)  # fmt: skip
+    try:
+        for state, curve in zip(run.tasks, curves, strict=True):
+            state.session.loop.measure_batch = curve
+        stop = run.run(trials)
+    finally:
+        run.close()
+    return run, seen, stop
+
+
+# Four tasks of different operators or flops: each its own similarity group.
+FOUR = [task("matmul:m=16,n=16,k=16"), task("matmul:m=64,n=64,k=64", 6),
+        task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1", 2),
+        task("matmul:m=128,n=128,k=128")]  # fmt: skip
+
+
+def four_curves() -> list[Curve]:
+    return [Curve(4e-3, 3e-3, 2.5e-3, 2e-3, 1.8e-3, 1.2e-3, 1e-3, 0.9e-3, 0.85e-3),  # light, keeps improving
+            Curve(1e-3),  # heavy (6 nodes), but every config runs alike
+            Curve(2e-3, 1.9e-3, 1.8e-3, 1.7e-3, 1.6e-3, 1.5e-3),  # 2 nodes, slowly improving
+            Curve(3e-3, 1e-3, 0.5e-3)]  # one node, a large early gain  # fmt: skip
+
+
+def test_the_gradient_gives_each_batch_to_the_task_of_the_largest_expected_gain() -> None:
+    assert len({similarity_key(t) for t in FOUR}) == 4  # no similar task raises a forward guess
+    run, seen, stop = faked(FOUR, four_curves(), 4 + 4 * 24)
+    assert stop is ModelStop.TRIALS and run.trials == 100
+    assert [p.task for p in seen[:4]] == [0, 1, 2, 3]  # the first round: one batch each, in task order
+    assert all(len(p.batch.batch) == 1 for p in seen[:4])  # the default alone (the random tuner's anchor)
+    histories: list[list[float]] = [[p.latencies[p.task]] for p in seen[:4]]
+    for p in seen[4:]:
+        gains = [expected_gain(count=t.count, history=h, flops=t.flops, peer_throughput=t.flops / h[-1],
+                               options=GRADIENT) for t, h in zip(FOUR, histories, strict=True)]  # fmt: skip
+        assert gains[p.task] == max(gains), (p.trials, gains)
+        histories[p.task].append(p.latencies[p.task])
+    # After the first round the heavy task weighs most (6 x 1 ms): the first batch is its.
+    assert seen[4].task == 1
+    batches = [len(h) - 1 for h in histories]
+    assert len(set(batches)) > 1, batches  # not an even split
+
+
+def test_round_robin_shares_the_first_round_then_splits_the_rest_evenly() -> None:
+    runs = {s: faked(FOUR, four_curves(), 4 + 4 * 4 * 3, s) for s in Strategy}
+    firsts = {s: [(p.task, p.batch.batch) for p in seen[:4]] for s, (_, seen, _) in runs.items()}
+    assert firsts[Strategy.GRADIENT] == firsts[Strategy.ROUND_ROBIN]  # the same configs, in the same order
+    even, seen, _ = runs[Strategy.ROUND_ROBIN]
+    assert [p.task for p in seen[4:]] == [0, 1, 2, 3] * 3
+    assert [t.trials for t in even.results()] == [1 + 12] * 4
+
+
+def test_a_task_whose_anchors_fail_gets_one_whole_batch_before_it_is_dropped() -> None:
+    tasks = FOUR[:3]
+    curves = [Curve(math.inf, 2e-3, 1e-3), Curve(math.inf), Curve(1e-3)]
+    run, _, stop = faked(tasks, curves, 3 + 4 * 6)
+    first, dropped, _ = run.results()
+    assert first.stop is TaskStop.RUNNING and math.isfinite(first.best_cost)  # its batch found a config
+    assert dropped.stop is TaskStop.NO_CORRECT_CONFIG and dropped.trials == 1 + 4
+    assert stop is ModelStop.TRIALS and run.trials == 27
+
+
+def test_a_task_far_slower_than_its_similar_tasks_leaves_their_group() -> None:
+    # One group (same operator, about the same flops); the slow one runs at 1/10 the throughput of the
+    # fast one, which says it could drop to 2/10 (beta = 2): that forward guess (8 ms) outweighs the fast
+    # task's (5 nodes x 1 ms) batch after batch, without gain, until the slow one has had more than 5
+    # batches beyond the other (Ansor). Then it leaves the group and its guess is 1/t: the fast one's turn.
+    slow, fast = task("matmul:m=64,n=64,k=64"), task("matmul:m=64,n=64,k=65", 5)
+    assert similarity_key(slow) == similarity_key(fast)
+    run, seen, _ = faked([slow, fast], [Curve(10e-3), Curve(1e-3)], 2 + 4 * 8)
+    assert [p.task for p in seen[2:9]] == [0] * 6 + [1]
+    assert run.tasks[0].grouped is False and run.tasks[1].grouped is True
 
 
 def test_tasks_stop_early_and_the_run_ends_when_every_task_has(tmp_path: Path) -> None:
@@ -227,14 +341,15 @@ def test_a_board_that_fails_for_good_stops_the_model_run_and_a_resumed_run_measu
     result = tune_tasks(SMALL, [RefusingBoard(good=1)], options(12), TuningLog(log))
     records = read_logs([log])
     assert result.stop is ModelStop.BOARD_FAILED and result.error.startswith("board flaky: authentication")
-    assert [t.trials for t in result.tasks] == [2, 2, 0] and result.trials == 4 == len(records)
+    # The first round of the random tuner is each task's default alone.
+    assert [t.trials for t in result.tasks] == [1, 1, 0] and result.trials == 2 == len(records)
     lost = measured_in(records, SMALL[1].workload.key)
-    assert [r.result.status for r in records] == [MeasureStatus.OK] * 2 + [MeasureStatus.BOARD_ERROR] * 2
+    assert [r.result.status for r in records] == [MeasureStatus.OK, MeasureStatus.BOARD_ERROR]
     assert result.as_dict()["stop"] == "board_failed" and result.confirm_timings == 0
-    # Resumed on a board that works: the configs lost to the board error are the task's first batch.
+    # Resumed on a board that works: the config lost to the board error is the task's first measured.
     again = run(SMALL, log, 4)
     assert again.stop is ModelStop.TRIALS
-    assert set(measured_in(read_logs([log])[4:], SMALL[1].workload.key)) == set(lost)
+    assert measured_in(read_logs([log])[2:], SMALL[1].workload.key)[: len(lost)] == lost
 
 
 # --- the command line and the library entry ---------------------------------------------------------------

@@ -3,17 +3,19 @@
 
 The idea is Ansor's (L. Zheng et al., "Ansor: Generating High-Performance Tensor Programs for Deep
 Learning", OSDI 2020, §6): the objective is the end-to-end latency f = Σ_i w_i g_i, where g_i is task i's
-best latency and w_i the number of nodes that run it. After a first round that measures every task once
-(its default config and the analytic estimate's picks: TuneOptions.start_from_default, analytic_prior),
-each batch goes to the task whose next batch is expected to lower f the most: w_i times the expected
-drop of g_i, blended from how much g_i fell over its last `window` batches (the backward term) and an
-optimistic forward guess — g_i falls like 1/t in the number of batches t, or, when a similar task (same
-operator, flops within one step of Ansor's 1.618-base log scale) already runs faster per flop, g_i could
-drop to `beta` times the latency at that task's throughput. A task stops when its space is exhausted,
-when it went `early_stopping` trials without improvement, or when its first round found no correct
-config. A board that fails for good stops the whole run, as it stops `xtune tune --workload`
-(docs/boards.md, "Faults"). The round-robin strategy (the budget split evenly, Ansor's baseline) is there
-to compare with.
+best latency and w_i the number of nodes that run it. A first round measures every task's anchors only
+(Tuner.first_picks: its default config and the analytic estimate's top pick, a trial or two), so that
+nearly all of the budget is the strategy's to allocate. Then each batch goes to the task whose next
+batch is expected to lower f the most: w_i times the expected drop of g_i, blended from how much g_i
+fell over its last `window` batches (the backward term) and an optimistic forward guess — g_i falls like
+1/t in the number of batches t, or, when a similar task (same operator, flops within one step of Ansor's
+1.618-base log scale) already runs faster per flop, g_i could drop to `beta` times the latency at that
+task's throughput (a task that stays far slower than its group after 5 batches more leaves it). A task
+stops when its space is exhausted, when it went `early_stopping` trials without improvement, or when
+neither its anchors nor one batch after them found a correct config. A board that fails for good stops
+the whole run, as it stops `xtune tune --workload` (docs/boards.md, "Faults"). The round-robin strategy
+(after the same first round, the rest split evenly: Ansor's baseline) is there to compare with; the
+design is in docs/design.md, "The task scheduler".
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ class _Task:
     batches: int = 0
     since_improvement: int = 0
     stop: TaskStop = TaskStop.RUNNING
+    grouped: bool = True  # still in its similarity group (TaskScheduler._regroup)
 
     @property
     def latency(self) -> float:
@@ -275,15 +278,23 @@ class TaskScheduler:
         if budget < len(fresh):
             raise InputError(f"--trials {budget} is fewer than the {len(fresh)} tasks not measured yet: each "
                              "needs at least one trial (its default config)")  # fmt: skip
-        # Ansor's round: every task gets at least one in the first round, none more than a batch.
-        size = max(1, min(self.options.batch_size, budget // max(1, len(fresh))))
+        # After the first round every batch has one size, as Ansor's rounds do (TVM: min(64, trials //
+        # tasks)): a small budget still leaves batches to allocate among the tasks.
+        size = max(1, min(self.options.batch_size, budget // len(self.tasks)))
+        first = self._first_round(budget)
         for state in self.tasks:
             if math.isfinite(state.latency):  # resumed: it skips the first round
                 state.history = _resumed_history(state.session, size)
         self._point()
         try:
-            for state in fresh:  # the first round: every task's default and the estimate's picks
-                self._step(state, size, budget)
+            # The first round: every task's anchors only (its default config and the analytic estimate's
+            # top pick), a few trials each; the budget is left to the strategy (docs/networks.md).
+            for state, n in zip(fresh, first, strict=True):
+                self._step(state, n, budget)
+            for state in fresh:  # a task whose anchors all failed gets one whole batch before it is dropped
+                failed = not math.isfinite(state.latency) and state.stop is TaskStop.RUNNING
+                if failed and self.trials < budget:
+                    self._step(state, min(size, budget - self.trials), budget)
                 if not math.isfinite(state.latency):
                     state.stop = TaskStop.NO_CORRECT_CONFIG
             while self.trials < budget:
@@ -291,11 +302,22 @@ class TaskScheduler:
                 if chosen is None:
                     return self._confirm(ModelStop.TASKS_DONE)
                 self._step(chosen, min(size, budget - self.trials), budget)
+                self._regroup(chosen)
         except KeyboardInterrupt:
             return ModelStop.INTERRUPTED
         except StopTuning:  # a board failed for good: no task can be measured on it, nor confirmed
             return ModelStop.BOARD_FAILED
         return self._confirm(ModelStop.TRIALS)
+
+    def _first_round(self, budget: float) -> list[int]:
+        """Each fresh task's trials in the first round: its anchors (Tuner.first_picks; at least one, the
+        default), or just one each when the budget cannot hold them all."""
+        picks = [max(1, s.session.first_picks()) for s in self.tasks if not math.isfinite(s.latency)]
+        return picks if sum(picks) <= budget else [1] * len(picks)
+
+    def first_round_trials(self) -> int:
+        """The trials `run` spends on its first round when the budget holds it (0 when all is resumed)."""
+        return sum(self._first_round(math.inf))
 
     def _confirm(self, stop: ModelStop) -> ModelStop:
         try:
@@ -317,16 +339,34 @@ class TaskScheduler:
             chosen = next(s for s in order if s.stop is TaskStop.RUNNING)
             self._turn = (self.tasks.index(chosen) + 1) % len(self.tasks)
             return chosen
-        peers: dict[tuple[str, int], float] = {}
+        peers: dict[tuple[str, int], float] = {}  # a similarity group's best throughput
         for s in self.tasks:
-            if math.isfinite(s.latency):
+            if s.grouped and math.isfinite(s.latency):
                 key = similarity_key(s.task)
                 peers[key] = max(peers.get(key, 0.0), s.task.flops / s.latency)
         gains = {id(s): expected_gain(count=s.task.count, history=s.history, flops=s.task.flops,
-                                      peer_throughput=peers.get(similarity_key(s.task), 0.0),
-                                      options=self.scheduler) for s in alive}  # fmt: skip
-        # Ties (e.g. every gain 0) go to the task with the fewest batches, then the first.
+                                      peer_throughput=peers.get(similarity_key(s.task), 0.0) if s.grouped
+                                      else 0.0, options=self.scheduler) for s in alive}  # fmt: skip
+        # Ties (e.g. every gain 0) go to the task with the fewest batches, then the first: Ansor draws one
+        # at random, which spreads batches evenly too but makes a run depend on more than its seed.
         return max(alive, key=lambda s: (gains[id(s)], -s.batches, -self.tasks.index(s)))
+
+    def _regroup(self, state: _Task) -> None:
+        """Ansor's check after each batch: a task given more than 5 batches beyond every other task of its
+        similarity group that still runs at less than 1/beta of the group's best throughput is not like
+        them after all; it leaves the group, whose throughput no longer raises its forward guess (else that
+        guess would claim batch after batch for it)."""
+        if not state.grouped or not math.isfinite(state.latency):
+            return
+        key = similarity_key(state.task)
+        group = [s for s in self.tasks if s.grouped and similarity_key(s.task) == key]
+        others = [s for s in group if s is not state]
+        if not others:
+            return
+        best = max(s.task.flops / s.latency for s in group)
+        mine = state.task.flops / state.latency
+        if mine < best / self.scheduler.beta and state.batches > 5 + max(s.batches for s in others):
+            state.grouped = False
 
     def _step(self, state: _Task, n: int, budget: int) -> None:
         if self.tasks[self._last].session is not state.session:

@@ -207,6 +207,11 @@ class TuningSession:
         Raises StopTuning(BOARD_FAILED), after keeping the batch, when a board failed for good."""
         return self.loop.step(n, n_trials)
 
+    def first_picks(self) -> int:
+        """How many configs lead the next batch before the tuner's own choice (Tuner.first_picks): on a
+        fresh session the template's default and the analytic estimate's top pick."""
+        return self.loop.tuner.first_picks()
+
     def run(self, n_trials: int, batch_size: int, early_stopping: int | None = None) -> TuneSummary:
         """Batches until `n_trials`, exhaustion, early stopping, a board's failure or Ctrl-C (tuner.tune)."""
         return run_loop(self.loop, n_trials, batch_size, early_stopping)

@@ -76,6 +76,12 @@ class Tuner(ABC):
     def has_next(self) -> bool:
         return len(self.visited) < self.space.size
 
+    def first_picks(self) -> int:
+        """How many configs the next batch holds before the tuner's own choice: those proposed first
+        (`propose_first`, e.g. the template's default) and not measured yet. A task scheduler's first
+        round measures just these on every task (xtune.network.scheduler)."""
+        return len({i for i in self._first if i not in self.visited})
+
     @abstractmethod
     def _propose(self, n: int) -> list[int]:
         """`n` distinct indices outside `self.visited` (the space holds at least `n` of them)."""
@@ -257,14 +263,25 @@ class ModelTuner(Tuner):
         self.model.base = self.hedge if best[1] < best[0] else self.pretrained
 
     def _anchor_picks(self, n: int) -> list[int]:
-        """Once, in the first batch: the unvisited anchors and the estimate's top pick (at most `n`)."""
+        """Once, in the first batch: the unvisited anchors and the estimate's top pick (at most `n`). The
+        estimate's pick is named even when the estimate also ranks the rest of the batch (it is the
+        prior): a batch of just the anchors (`first_picks`) holds it then too, not an exploration pick."""
         if self._anchored:
             return []
         self._anchored = True
         head = [i for i in dict.fromkeys(self.anchors) if i not in self.visited]
-        if self.estimate is not None and all(self.estimate is not p for p in (self.pretrained, self.hedge)):
+        if self.estimate is not None:
             head += [i for i in self._annealed_top(self.estimate, 1) if i not in head]
         return head[:n]
+
+    def first_picks(self) -> int:
+        """The proposed-first configs, then, before the first fit, the anchors and the estimate's top
+        pick (`_anchor_picks`; counted as one more config even if it turns out to be an anchor)."""
+        first = {i for i in self._first if i not in self.visited}
+        if self._anchored or self._fitted_on:
+            return len(first)
+        head = first | {i for i in self.anchors if i not in self.visited}
+        return len(head) + (self.estimate is not None)
 
     def _propose(self, n: int) -> list[int]:
         self._fit()
