@@ -183,7 +183,9 @@ def test_number_times_repeat_calls(session: tuple[AgentSession, dict[str, int]])
     s.set_buffer(3, bytes(4))
     reply = s.run(RunRequest(offsets["count"], (3,), number=5, repeat=3, warmup=2))
     assert reply.status is RunStatus.OK and reply.number == 5 and len(reply.seconds) == 3
-    assert all(0 < t < 0.01 for t in reply.seconds)
+    # Seconds per repeat of 5 calls: microseconds. The median, as the next test takes: one preemption of
+    # the agent inside a timed repeat costs a time slice of several ms on a loaded machine.
+    assert all(t > 0 for t in reply.seconds) and statistics.median(reply.seconds) < 0.01
     assert int.from_bytes(s.read_buffer(3), "little") == 2 + 5 * 3
 
 
@@ -222,7 +224,9 @@ def test_endless_loop_times_out_and_agent_keeps_serving(session: tuple[AgentSess
     reply = s.run(RunRequest(offsets["spin"], (), number=1, repeat=3, warmup=1, timeout_ms=300))
     elapsed = time.monotonic() - start
     assert reply.status is RunStatus.TIMEOUT and reply.seconds == ()
-    assert 0.3 <= elapsed < 1.5
+    # The agent's own 300 ms, not the host's deadline (that would be a BoardError after 10 s or more);
+    # the upper bound leaves a loaded machine room for the fork, the kill and the reply.
+    assert 0.3 <= elapsed < 3.0
     assert s.run(RunRequest.check(offsets["empty"], ())).status is RunStatus.OK
 
 
@@ -233,7 +237,7 @@ def test_agent_killed_mid_run_is_a_board_error(session: tuple[AgentSession, dict
     start = time.monotonic()
     with pytest.raises(BoardError, match="closed its stdout"):
         s.run(RunRequest(offsets["spin"], (), timeout_ms=60_000))
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < 20.0  # the closed pipe, well before the kernel's 60 s deadline
     with pytest.raises(BoardError, match="broken"):
         s.read_buffer(0)
 

@@ -304,7 +304,7 @@ def test_an_agent_that_stops_answering_is_killed_by_pid(native: SshBoard) -> Non
             session.run(RunRequest.check(built.entry_offset, (0, 1, 2), timeout_ms=200))
     finally:
         native.timeout = HELLO_TIMEOUT
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # for a loaded machine; the wait ends as soon as the agent is gone
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid), "the agent should have been killed over a second channel"
