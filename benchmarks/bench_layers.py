@@ -32,8 +32,8 @@ from xtune.boards.board import Board, get_board
 from xtune.network.tasks import extract_tasks
 from xtune.peers import onnx_model, ort_gflops
 from xtune.target import Target
+from xtune.tuning.loop import TuneProgress
 from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
-from xtune.tuning.tuner import TuneProgress
 from xtune.workload import Workload, parse_workload
 
 

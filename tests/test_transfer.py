@@ -36,9 +36,10 @@ from xtune.transfer.pretrained import (
 from xtune.tuning.costmodel import XGBoostCostModel, grouped_throughput_target
 from xtune.tuning.database import LogWarning, Record, make_record, read_logs, record_from_json, record_to_json
 from xtune.tuning.features import FEATURES_VERSION, feature_names, featurize
+from xtune.tuning.loop import TuneProgress, tune
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.search import SpaceArrays, knob_featurizer
-from xtune.tuning.tuner import ModelTuner, TuneProgress, make_tuner, tune
+from xtune.tuning.tuner import ModelTuner, make_tuner
 from xtune.workload import parse_workload
 
 TUNED = "matmul:m=64,n=48,k=40"  # the workload tuned with transfer; the logs hold its neighbours

@@ -13,18 +13,10 @@ import pytest
 from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace, Knob, KnobKind
 from xtune.tuning.costmodel import XGBoostCostModel, throughput_target
+from xtune.tuning.loop import StopReason, TuneProgress, tune
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.search import SpaceArrays, knob_featurizer
-from xtune.tuning.tuner import (
-    TUNERS,
-    GridTuner,
-    ModelTuner,
-    StopReason,
-    TuneProgress,
-    Tuner,
-    make_tuner,
-    tune,
-)
+from xtune.tuning.tuner import TUNERS, GridTuner, ModelTuner, Tuner, make_tuner
 
 Measure = Callable[[list[int]], list[MeasureResult]]
 

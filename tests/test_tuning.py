@@ -20,10 +20,10 @@ from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.transfer.modelfile import Manifest
 from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
+from xtune.tuning.loop import TuneProgress
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.tuning.run import Confirmation, TuneOptions, TuningReport, run_tuning
 from xtune.tuning.session import _confirm
-from xtune.tuning.tuner import TuneProgress
 from xtune.workload import parse_workload
 
 WORKLOAD = "matmul:m=64,n=48,k=40"

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from xtune.boards.cost import CostUnit
     from xtune.network.scheduler import ModelProgress, ModelTuningResult
     from xtune.network.tasks import Task
+    from xtune.tuning.loop import TuneProgress
     from xtune.tuning.run import TuningReport
-    from xtune.tuning.tuner import TuneProgress
 
 
 class _ProgressBar:

@@ -26,9 +26,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.templates import template_for
     from xtune.tuning.database import TuningLog
     from xtune.tuning.features import features_op
+    from xtune.tuning.loop import StopReason
     from xtune.tuning.run import local_numpy_gflops, run_tuning
     from xtune.tuning.session import check_boards
-    from xtune.tuning.tuner import StopReason
     from xtune.workload import parse_workload
 
     check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring

@@ -36,9 +36,9 @@ from xtune.templates import template_for
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders
 from xtune.tuning.features import features_op
+from xtune.tuning.loop import StopTuning, TuneProgress
 from xtune.tuning.measure import CompilePool, MeasureStatus
 from xtune.tuning.session import TuningSession, check_boards
-from xtune.tuning.tuner import StopTuning, TuneProgress
 from xtune.workload import Workload
 
 if TYPE_CHECKING:

@@ -16,9 +16,10 @@ from xtune.peers import numpy_seconds
 from xtune.templates import ScheduleTemplate
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders
+from xtune.tuning.loop import StopReason, StopTuning, TuneProgress, TuneSummary
 from xtune.tuning.measure import MeasureOptions
 from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession
-from xtune.tuning.tuner import StopReason, StopTuning, TuneProgress, TunerName, TuneSummary
+from xtune.tuning.tuner import TunerName
 from xtune.workload import Workload
 
 

@@ -27,16 +27,9 @@ from xtune.tuning.database import (
     unmeasured,
 )
 from xtune.tuning.features import estimate_prior, features_op, featurize
+from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
-from xtune.tuning.tuner import (
-    StopReason,
-    StopTuning,
-    TuneLoop,
-    TuneProgress,
-    TuneSummary,
-    make_tuner,
-    run_loop,
-)
+from xtune.tuning.tuner import make_tuner
 from xtune.workload import Workload
 
 if TYPE_CHECKING:
@@ -213,7 +206,7 @@ class TuningSession:
         return self.loop.tuner.first_picks()
 
     def run(self, n_trials: int, batch_size: int, early_stopping: int | None = None) -> TuneSummary:
-        """Batches until `n_trials`, exhaustion, early stopping, a board's failure or Ctrl-C (tuner.tune)."""
+        """Batches until `n_trials`, exhaustion, early stopping, a board's failure or Ctrl-C (loop.tune)."""
         return run_loop(self.loop, n_trials, batch_size, early_stopping)
 
     @property
