@@ -18,15 +18,17 @@ from xtune.boards.board import get_board
 from xtune.errors import InputError
 from xtune.network import zoo
 from xtune.network.tasks import extract_tasks
+from xtune.schedule.loopnest import Affine
+from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
 from xtune.templates import template_for
-from xtune.templates.conv2d import Conv2dTemplate
-from xtune.templates.matmul import parse_tile
+from xtune.templates.conv2d import REDUCTIONS, Conv2dTemplate, _ConvEmitter
+from xtune.templates.matmul import MatmulTemplate, parse_tile
 from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import feature_names, featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
 from xtune.tuning.run import TuneOptions, run_tuning
-from xtune.workload import parse_workload
+from xtune.workload import parse_workload, random_inputs
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
 needs_qemu = pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-aarch64 (qemu-user)")
@@ -168,6 +170,146 @@ def test_configs_that_share_a_packed_layout_share_its_upload(
     assert all(r.ok for r in results), [r.error for r in results]
     # A (slot 0) once; B (slot 1) for the first strips, the other tile's strips, and the plain B.
     assert sent.count(0) == 1 and sent.count(1) == 3
+
+
+def test_conv2d_configs_that_share_a_packed_layout_pack_and_upload_it_once(
+    compile_pool: CompilePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights of a big layer take milliseconds to lay out: configs whose schedule differs only in
+    knobs that do not move a weight (loop order, input layout, unrolling, pixel blocking) pack and send
+    them once; another reduction order packs and sends them again."""
+    sent: list[int] = []
+    packs: list[int] = []
+    real_send, real_pack = AgentSession.set_buffer, Conv2dTemplate.prepack
+
+    def counted(self: AgentSession, slot: int, data: bytes) -> None:
+        sent.append(slot)
+        real_send(self, slot, data)
+
+    def packed(self: Conv2dTemplate, config: Config, weights: np.ndarray) -> np.ndarray:
+        packs.append(config.index)
+        return real_pack(self, config, weights)
+
+    monkeypatch.setattr(AgentSession, "set_buffer", counted)
+    monkeypatch.setattr(Conv2dTemplate, "prepack", packed)
+    wl = parse_workload(CONV)
+    board = get_board("local")
+    template = template_for(wl, board.target)
+    base = dict(template.default_config().values)
+    tile_ow = min(int(o) for o in next(k for k in template.space.knobs if k.name == "tile_ow").options)
+    same: list[dict[str, KnobValue]] = [
+        {"order": "kp"}, {"pack_layout": "chw", "unroll": 2}, {"unroll_kw": 0, "tile_ow": tile_ow}
+    ]  # fmt: skip
+    other: dict[str, KnobValue] = {"reduction": next(r for r in REDUCTIONS if r != base["reduction"])}
+    indices = [template.space.index_of({**base, **knobs}) for knobs in [{}, *same, other]]
+    measurer = Measurer(board, wl, FAST, compile_pool)
+    try:
+        results = measurer.measure(indices)
+    finally:
+        measurer.close()
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert packs == [indices[0], indices[-1]]  # the first config of each layout packs
+    assert sent.count(0) == 1 and sent.count(2) == 1 and sent.count(1) == 2  # input, bias; weights twice
+
+
+# --- the packed layout, computed at once ---------------------------------------------------------------
+
+
+def per_block_conv2d_prepack(template: Conv2dTemplate, config: Config, weights: np.ndarray) -> np.ndarray:
+    """The oracle: the per-(channel block, output block) loop `Conv2dTemplate.prepack` replaced."""
+    sh, s = template.shape, template.schedule(config)
+    layout = (sh.r, sh.s, sh.c, sh.k) if sh.nhwc else (sh.k, sh.c, sh.r, sh.s)
+    w = np.asarray(weights, np.float32).reshape(layout)
+    w = w.transpose(3, 2, 0, 1) if sh.nhwc else w  # now (k, c, r, s)
+    emitter = _ConvEmitter(template.workload, s)
+    kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
+    out = np.zeros(emitter.packed_size, np.float32)
+    idx = emitter.wp_index(Affine.of("st"), Affine.of("c"), Affine.of("i"), Affine.of("j"))
+    coeff = dict(idx.terms)
+    for c0 in range(0, sh.c, cb):
+        ccur = min(cb, sh.c - c0)
+        for k0 in range(0, sh.k, kb):
+            kcur = min(kb, sh.k - k0)
+            kk, c, i, j = np.meshgrid(*(np.arange(e) for e in (kcur, ccur, sh.r, sh.s)), indexing="ij")
+            at = emitter.block_base(c0, k0).const + idx.const + kk % s.nr + coeff.get("st", 0) * (kk // s.nr)
+            at = at + coeff.get("c", 0) * c + coeff.get("i", 0) * i + coeff.get("j", 0) * j
+            out[at] = w[k0 : k0 + kcur, c0 : c0 + ccur]
+    return out
+
+
+CONV_LAYOUTS = [
+    CONV,
+    CONV.replace(",prepacked=1", ",layout=nhwc,prepacked=1"),
+    "conv2d:n=1,c=37,h=13,w=13,k=45,r=3,s=3,stride=2,pad=1,prepacked=1",  # stride 2, channel tails
+    "conv2d:n=1,c=37,h=13,w=13,k=45,r=3,s=3,stride=2,pad=1,layout=nhwc,prepacked=1",
+    "conv2d:n=2,c=70,h=9,w=9,k=130,r=5,s=3,stride=1,pad=2,layout=nhwc,prepacked=1",  # r != s, block tails
+]
+
+
+@pytest.mark.parametrize("key", CONV_LAYOUTS)
+@pytest.mark.parametrize("target", ["x86-avx2", "arm-a72-neon"])
+def test_conv2d_prepack_places_every_weight_where_the_per_block_loop_did(key: str, target: str) -> None:
+    template = template_for(parse_workload(key), get_target(target))
+    assert isinstance(template, Conv2dTemplate)
+    weights = random_inputs(template.workload)[1]
+    for index in configs(key, target, 24):
+        config = template.space.config(index)
+        np.testing.assert_array_equal(
+            template.prepack(config, weights), per_block_conv2d_prepack(template, config, weights)
+        )
+
+
+def per_element_matmul_prepack(operand: str, matrix: np.ndarray, width: int) -> np.ndarray:
+    """The oracle, element by element as `matmul.prepack` documents it: B[kk, j*nr + c] at j*k*nr + kk*nr
+    + c; A[i*mr + r, kk] at i*k*mr + kk*mr + r; zero past the last column (row)."""
+    m = matrix if operand == "B" else matrix.T  # (k, panel axis)
+    k, extent = m.shape
+    out = np.zeros(-(-extent // width) * width * k, np.float32)
+    for kk in range(k):
+        for p in range(extent):
+            out[(p // width) * k * width + kk * width + p % width] = m[kk, p]
+    return out
+
+
+@pytest.mark.parametrize(("operand", "rows", "cols", "width"), [
+    ("B", 7, 37, 8), ("B", 70, 16, 16), ("B", 5, 3, 24), ("A", 9, 70, 4), ("A", 23, 19, 6), ("A", 2, 3, 8),
+])  # fmt: skip
+def test_matmul_prepack_lays_out_panels_and_strips_as_documented(
+    operand: str, rows: int, cols: int, width: int
+) -> None:
+    from xtune.templates import matmul
+
+    m = np.random.default_rng(rows * cols).standard_normal((rows, cols)).astype(np.float32)
+    np.testing.assert_array_equal(
+        matmul.prepack(operand, m, rows, cols, width), per_element_matmul_prepack(operand, m, width)
+    )
+
+
+@pytest.mark.parametrize("key", [*CONV_LAYOUTS, POINTWISE, POINTWISE_NHWC, MATMUL])
+def test_configs_with_equal_packed_layout_keys_read_equal_bytes(key: str) -> None:
+    """`packed_layout` is the Measurer's only evidence that the board holds a config's weights: equal keys
+    must mean equal bytes, and the knobs that move no weight must not change the key (else no sharing)."""
+    template = template_for(parse_workload(key), get_target("x86-avx2"))
+    assert isinstance(template, Conv2dTemplate | MatmulTemplate)
+    inputs = random_inputs(template.workload)
+    seen: dict[object, list[np.ndarray]] = {}
+    indices = configs(key, "x86-avx2", 40)
+    matmul_space = "matmul" in key or ",r=1," in key  # a pointwise conv2d is its matmul
+    keep: dict[str, KnobValue] = {"inner": "mn"}
+    if not matmul_space:
+        keep = {"order": "kp", "unroll": 4, "pack_layout": "chw"}
+    shared = [template.space.index_of({**dict(template.space.config(i).values), **keep}) for i in indices]
+    for index in [*indices, *shared]:
+        config = template.space.config(index)
+        got, layout = template.kernel_inputs(config, inputs), template.packed_layout(config)
+        if layout is None:  # the plain inputs, as they are
+            assert all(a is b for a, b in zip(got, inputs, strict=True))
+            continue
+        for a, b in zip(seen.setdefault(layout, got), got, strict=True):
+            np.testing.assert_array_equal(a, b)
+    for i, j in zip(indices, shared, strict=True):
+        first, second = template.space.config(i), template.space.config(j)
+        assert template.packed_layout(first) == template.packed_layout(second)
 
 
 # --- the cost model's view ---------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ last block; tails are constant-size tiles.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -229,6 +230,16 @@ class Conv2dTemplate:
             out[1] = self.prepack(config, out[1])
         return out
 
+    def packed_layout(self, config: Config) -> Hashable:
+        """What fixes the layout `kernel_inputs` gives `config`'s weights (None: passed as they are): the
+        blocking, the strip width and the reduction order. Configs with equal keys read equal bytes."""
+        if self.as_matmul is not None:
+            return self.as_matmul.packed_layout(config)
+        if not self.workload["prepacked"]:
+            return None
+        s = self.schedule(config)
+        return (s.cb, s.kb, s.nr, s.red)
+
     def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
         """The workload's weights (OIHW, or HWIO for nhwc) as the prepacked kernel of `config` reads them:
         per input-channel block (outer) and output-channel block, the strips `pack_weights` would write,
@@ -238,27 +249,26 @@ class Conv2dTemplate:
         sh, s = self.shape, self.schedule(config)
         layout = (sh.r, sh.s, sh.c, sh.k) if sh.nhwc else (sh.k, sh.c, sh.r, sh.s)
         w = np.asarray(weights, np.float32).reshape(layout)
-        w = w.transpose(3, 2, 0, 1) if sh.nhwc else w  # now (k, c, r, s)
         emitter = _ConvEmitter(self.workload, s)
         kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
+        # wp_index is affine in (strip, channel, kh, kw) and block_base in (c0, k0): their coefficients
+        # place every element of every block with one index computation over the whole (k, c, r, s).
+        strip = emitter.wp_index(Affine.of("st"), Affine.of("c"), Affine.of("i"), Affine.of("j"))
+        idx, base = dict(strip.terms), dict(emitter.block_base(Affine.of("c0"), Affine.of("k0")).terms)
         out = np.zeros(emitter.packed_size, np.float32)
-        # wp_index is affine in (strip, channel, kh, kw): its coefficients place every element at once.
-        idx = emitter.wp_index(Affine.of("st"), Affine.of("c"), Affine.of("i"), Affine.of("j"))
-        coeff = dict(idx.terms)
-        for c0 in range(0, sh.c, cb):
-            ccur = min(cb, sh.c - c0)
-            for k0 in range(0, sh.k, kb):
-                kcur = min(kb, sh.k - k0)
-                grid = np.meshgrid(*(np.arange(e) for e in (kcur, ccur, sh.r, sh.s)), indexing="ij")
-                kk, c, i, j = grid
-                at = (
-                    emitter.block_base(c0, k0).const
-                    + idx.const
-                    + kk % s.nr
-                    + coeff.get("st", 0) * (kk // s.nr)
-                )
-                at = at + coeff.get("c", 0) * c + coeff.get("i", 0) * i + coeff.get("j", 0) * j
-                out[at] = w[k0 : k0 + kcur, c0 : c0 + ccur]
+        # int32 indices (half the bytes to compute and scatter by) whenever they fit: any real layer.
+        ints: np.dtype[np.signedinteger[Any]] = np.dtype(np.int32 if out.size < 2**31 else np.int64)
+        k, c = np.arange(sh.k, dtype=ints)[:, None], np.arange(sh.c, dtype=ints)[None, :]
+        i, j = np.arange(sh.r, dtype=ints)[:, None], np.arange(sh.s, dtype=ints)[None, :]
+        kk, cc = k % kb, c % cb
+        per_kc = (base.get("k0", 0) * (k - kk) + kk % s.nr + idx.get("st", 0) * (kk // s.nr)
+                  + base.get("c0", 0) * (c - cc) + idx.get("c", 0) * cc + strip.const)  # fmt: skip
+        per_ij = idx.get("i", 0) * i + idx.get("j", 0) * j
+        # Scatter in the source's own order: the weights are read contiguously, only the writes jump.
+        if sh.nhwc:
+            out[per_ij[:, :, None, None] + per_kc.T] = w
+        else:
+            out[per_kc[:, :, None, None] + per_ij] = w
         return out
 
 

@@ -12,7 +12,7 @@ their store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal, TypeVar
@@ -330,6 +330,14 @@ class MatmulTemplate:
         slot = [p.name for p in self.params()].index(self.operands.a if which == "A" else self.operands.b)
         out[slot] = self.prepack_operand(s, out[slot])
         return out
+
+    def packed_layout(self, config: Config) -> Hashable:
+        """What fixes the layout `kernel_inputs` gives `config`'s prepacked operand (None: none passed
+        packed): the panel width `prepack_operand` cuts. Configs with equal keys read equal bytes."""
+        s = self.schedule(config)
+        if not s.passed_packed:
+            return None
+        return (s.passed_packed, s.mr if self.operands.prepacked == "A" else s.nr)
 
     def prepack_operand(self, s: MatmulSchedule, matrix: np.ndarray) -> np.ndarray:
         m, n, k = self.workload["m"], self.workload["n"], self.workload["k"]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import multiprocessing
 import os
 import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
@@ -273,7 +272,6 @@ class Measurer:
         self._owns_pool = pool is None
         self.template = template_for(workload, board.target)
         self.inputs = random_inputs(workload)
-        self._digests = {id(a): _digest(a) for a in self.inputs}  # the plain inputs', hashed once
         self.expected = workload.reference(self.inputs).astype(np.float32)
         self.tensors = workload.tensors()
         self.args = tuple(range(len(self.tensors)))  # buffer slot i is the kernel's i-th parameter
@@ -281,7 +279,7 @@ class Measurer:
         self.out_shape = self.tensors[self.out_slot].shape
         self._poison = np.full(self.out_shape, np.nan, dtype=np.float32).tobytes()
         self._session: AgentSession | None = None
-        self._held: dict[int, bytes] = {}  # slot -> digest of the input the session holds
+        self._held: dict[int, Hashable] = {}  # slot (or _ALL) -> which bytes the session holds (`_upload`)
         self.failure: BoardError | None = None  # why this board cannot measure any more
         self._errors_in_a_row = 0
 
@@ -299,15 +297,19 @@ class Measurer:
         return self.template.kernel_inputs(self.template.space.config(index), self.inputs)
 
     def _upload(self, session: AgentSession, index: int | None) -> None:
-        """Each input slot holds what config `index`'s kernel reads; unchanged bytes are not sent again
-        (a prepacked workload's weights are megabytes, and an SSH board is slow to send them)."""
+        """Each input slot holds what config `index`'s kernel reads; bytes the session already holds are
+        neither packed nor sent again (a prepacked workload's weights are megabytes, and an SSH board is
+        slow to send them). Which bytes a config reads is its `_layout_key`: no hash of the bytes."""
+        key = _layout_key(self.template, index)
+        if _ALL in self._held and self._held[_ALL] == key:
+            return
         slots = (slot for slot, t in enumerate(self.tensors) if not t.is_output)
         for slot, array in zip(slots, self.kernel_inputs(index), strict=True):
-            digest = self._digests.get(id(array)) if any(array is a for a in self.inputs) else None
-            digest = digest or _digest(array)
-            if self._held.get(slot) != digest:
+            held = ("plain",) if array is self.inputs[slot] else ("packed", key)
+            if self._held.get(slot) != held:
                 session.set_buffer(slot, np.ascontiguousarray(array, np.float32).tobytes())
-                self._held[slot] = digest
+                self._held[slot] = held
+        self._held[_ALL] = key
 
     def measure(self, indices: Sequence[int]) -> list[MeasureResult]:
         results: list[MeasureResult] = []
@@ -401,8 +403,18 @@ class Measurer:
             self.pool.close()
 
 
-def _digest(array: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(array, np.float32).data, digest_size=16).digest()
+_ALL = -1  # `Measurer._held`'s entry for the layout key of the whole input set
+
+
+def _layout_key(template: ScheduleTemplate, index: int | None) -> Hashable:
+    """Which bytes config `index`'s kernel reads (None: the plain inputs, a hand-made image's): the
+    template's `packed_layout` where it has one (configs with equal keys read equal bytes), else the
+    config itself (its inputs are rebuilt and compared slot by slot)."""
+    if index is None:
+        return None
+    config = template.space.config(index)
+    packed_layout = getattr(template, "packed_layout", None)
+    return ("config", index) if packed_layout is None else packed_layout(config)
 
 
 def _failed(reply: RunReply) -> MeasureResult:
