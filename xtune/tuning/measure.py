@@ -256,8 +256,8 @@ class Measurer:
 
     Each candidate runs on the inputs as its kernel reads them (the template's `kernel_inputs`: a
     prepacked workload's weights in the packed layout of that config), and its output is checked against
-    the reference of the plain inputs, so a wrong packing is a wrong_answer. An input is uploaded only
-    when its bytes differ from what the session holds (configs that share a packed layout share it).
+    the reference of the plain inputs, so a wrong packing is a wrong_answer. Inputs are packed and
+    uploaded only when the session does not hold them (configs that share a packed layout share it).
 
     A BoardError that is not transient (docs/boards.md, "Faults") ends measuring: `measure` records
     it in `failure`, returns board_error for the candidates it did not finish, and measures no more."""
