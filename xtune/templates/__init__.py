@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from functools import cache
 from typing import Protocol
 
@@ -33,6 +33,11 @@ class ScheduleTemplate(Protocol):
         `config` reads them: the same arrays, except weights a prepacked=1 workload passes in the packed
         layout of the config. The one home of how a kernel reads its weights: the Measurer and the
         network build (netbuild.py) both call it."""
+        ...
+
+    def packed_layout(self, config: Config) -> Hashable:
+        """What fixes the bytes `kernel_inputs` gives `config`'s kernel (None: the inputs as they are):
+        configs with equal keys read equal bytes, so the Measurer packs and uploads once per key."""
         ...
 
 

@@ -12,7 +12,7 @@ store.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +139,9 @@ class DepthwiseTemplate:
     def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """As they are: depthwise weights are tiny (r*s per channel), never prepacked."""
         return list(inputs)
+
+    def packed_layout(self, config: Config) -> Hashable:
+        return None  # its inputs are read as they are
 
 
 class _DepthwiseEmitter:

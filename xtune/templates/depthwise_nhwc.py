@@ -20,7 +20,7 @@ accumulators, ReLU/ReLU6 clamp them before the store (templates/matmul.py `Epilo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,6 +173,9 @@ class DepthwiseNhwcTemplate:
     def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """As they are: the (r, s, c*m) weights are already the channel vectors the kernel loads."""
         return list(inputs)
+
+    def packed_layout(self, config: Config) -> Hashable:
+        return None  # its inputs are read as they are
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ config and U; templates/winograd_nest.py the loop nest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -137,6 +137,10 @@ class WinogradTemplate:
         if self.prepacked:
             out[1] = self.prepack(config, out[1])
         return out
+
+    def packed_layout(self, config: Config) -> Hashable:
+        """U's layout depends on the strip width alone (`prepack`)."""
+        return ("nr", self.schedule(config).nr) if self.prepacked else None
 
     def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
         """The workload's weights (HWIO, or OIHW for nchw) as the prepacked kernel of `config` reads them:

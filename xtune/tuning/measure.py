@@ -408,13 +408,8 @@ _ALL = -1  # `Measurer._held`'s entry for the layout key of the whole input set
 
 def _layout_key(template: ScheduleTemplate, index: int | None) -> Hashable:
     """Which bytes config `index`'s kernel reads (None: the plain inputs, a hand-made image's): the
-    template's `packed_layout` where it has one (configs with equal keys read equal bytes), else the
-    config itself (its inputs are rebuilt and compared slot by slot)."""
-    if index is None:
-        return None
-    config = template.space.config(index)
-    packed_layout = getattr(template, "packed_layout", None)
-    return ("config", index) if packed_layout is None else packed_layout(config)
+    template's `packed_layout` (configs with equal keys read equal bytes)."""
+    return None if index is None else template.packed_layout(template.space.config(index))
 
 
 def _failed(reply: RunReply) -> MeasureResult:
