@@ -3,6 +3,7 @@ NHWC (the layout pass's, xtune/network/relayout.py). Semantics as xtune/network/
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -135,19 +136,11 @@ class Pool2d:
              lanes: int) -> None:  # fmt: skip
         """The outputs `cols` of one output row: vectors of outputs where columns are contiguous."""
         sw = self.stride[1]
-        op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
 
         def window(ox: Affine, width: int, count: int) -> None:
-            acc: Value | None = None
-            for ky in range(rows.lo, rows.hi):
-                for kx in range(cols.lo, cols.hi):
-                    tap = Load("x", in_row + ky * self.w + ox * sw + kx, width, count)
-                    acc = tap if acc is None else Binary(op, acc, tap)
-            assert acc is not None
-            if self.kind is PoolKind.AVERAGE:
-                taps = (rows.hi - rows.lo) * (cols.hi - cols.lo)
-                acc = Binary(BinaryOp.MUL, acc, Const(1.0 / taps, width))
-            b.store("out", out_row + ox, acc, width, count)
+            taps = [Load("x", in_row + ky * self.w + ox * sw + kx, width, count)
+                    for ky in range(rows.lo, rows.hi) for kx in range(cols.lo, cols.hi)]  # fmt: skip
+            b.store("out", out_row + ox, self._reduce(taps, width), width, count)
 
         if sw == 1 and lanes > 1:
             b.split(cols.count, lanes, lambda t, n: window(t + cols.start, lanes, n), "x")
@@ -155,11 +148,21 @@ class Pool2d:
             with b.loop(cols.count, "x") as x:
                 window(x + cols.start, 1, 1)
 
+    def _reduce(self, taps: Sequence[Value], width: int) -> Value:
+        """A window's taps reduced: their max, or their mean (the taps inside the image: ONNX's
+        count_include_pad=0, the only form the importer takes)."""
+        op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
+        acc: Value = taps[0]
+        for tap in taps[1:]:
+            acc = Binary(op, acc, tap)
+        if self.kind is PoolKind.AVERAGE:
+            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / len(taps), width))
+        return acc
+
     def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
         """NHWC: channels are contiguous, so every output pixel's channels run as vectors, any stride."""
         (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
         _, oh, ow, c = self.output_shape
-        op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
         b, row = NestBuilder(), self.w * c
         for rows in _segments(oh, self.h, kh, sh, pt):
             for cols in _segments(ow, self.w, kw, sw, pl):
@@ -170,16 +173,10 @@ class Pool2d:
 
                     def window(ch: Affine, count: int, at: Affine = at, out: Affine = out,
                                rows: _Segment = rows, cols: _Segment = cols) -> None:  # fmt: skip
-                        acc: Value | None = None
-                        for ky in range(rows.lo, rows.hi):
-                            for kx in range(cols.lo, cols.hi):
-                                tap = Load("x", at + ch + ky * row + kx * c, lanes, count)
-                                acc = tap if acc is None else Binary(op, acc, tap)
-                        assert acc is not None
-                        if self.kind is PoolKind.AVERAGE:
-                            taps = (rows.hi - rows.lo) * (cols.hi - cols.lo)
-                            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / taps, lanes))
-                        b.store("out", out + ch, acc, lanes, count)
+                        taps = [Load("x", at + ch + ky * row + kx * c, lanes, count)
+                                for ky in range(rows.lo, rows.hi)
+                                for kx in range(cols.lo, cols.hi)]  # fmt: skip
+                        b.store("out", out + ch, self._reduce(taps, lanes), lanes, count)
 
                     b.split(c, lanes, window, "c")
         size = self.n * self.c
