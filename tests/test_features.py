@@ -15,7 +15,7 @@ from xtune.templates import depthwise_nhwc as nhwc_template
 from xtune.templates import matmul as matmul_template
 from xtune.templates import template_for
 from xtune.templates.conv2d import padded, stack_clamped
-from xtune.templates.matmul import tile_registers
+from xtune.templates.tiles import tile_registers
 from xtune.tuning.features import MATMUL_FEATURES, estimate_prior, feature_names, features_op, featurize
 from xtune.workload import conv_shape, parse_workload
 

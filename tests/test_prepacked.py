@@ -23,7 +23,8 @@ from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.templates.conv2d import REDUCTIONS, Conv2dTemplate, _ConvEmitter
-from xtune.templates.matmul import MatmulTemplate, parse_tile
+from xtune.templates.matmul import MatmulTemplate
+from xtune.templates.tiles import parse_tile
 from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import feature_names, featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus

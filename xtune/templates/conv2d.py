@@ -35,10 +35,9 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.matmul import (
+from xtune.templates.matmul import MatmulTemplate, Operands
+from xtune.templates.tiles import (
     Epilogue,
-    MatmulTemplate,
-    Operands,
     Scalars,
     clipped,
     fmas_per_load,

@@ -32,7 +32,7 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
-from xtune.templates.matmul import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
+from xtune.templates.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 from xtune.workload import ConvShape, Workload, conv_shape
 
 OW_OPTIONS = (8, 16, 32, 64, 128, 256)

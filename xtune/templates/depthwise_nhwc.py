@@ -28,15 +28,7 @@ import numpy as np
 from xtune.schedule.loopnest import Affine, Buffer, BufferKind, Kernel, Load, LoopKind, MulAdd, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.matmul import (
-    Epilogue,
-    Real,
-    Scalars,
-    clipped,
-    div,
-    parse_tile,
-    whole_tiles,
-)
+from xtune.templates.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 from xtune.workload import ConvShape, Workload, conv_shape
 
 K_OPTIONS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768)  # output channels per block

@@ -12,17 +12,15 @@ their store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 
 from xtune.schedule.loopnest import (
     Affine,
-    Binary,
-    BinaryOp,
     Broadcast,
     Buffer,
     BufferKind,
@@ -36,6 +34,18 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
+from xtune.templates.tiles import (
+    Epilogue,
+    Num,
+    Scalars,
+    clipped,
+    div,
+    fmas_per_load,
+    parse_tile,
+    register_tiles,
+    split_edges,
+    whole_tiles,
+)
 from xtune.workload import Workload
 
 ORDERS = ("nkm", "nmk", "knm", "kmn", "mnk", "mkn")  # block loops, outermost first
@@ -43,30 +53,6 @@ KC_OPTIONS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512)
 MC_OPTIONS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 NC_OPTIONS = (16, 32, 64, 128, 256, 512, 1024)
 UNROLL_OPTIONS = (1, 2, 4, 8)
-
-
-# The rules below take Python ints (the template resolving one config) or numpy arrays (features.py
-# resolving thousands at once): one home for each, whichever the caller needs.
-Num = TypeVar("Num", int, float, np.ndarray)
-Real = TypeVar("Real", float, np.ndarray)
-Scalars = int | float | np.ndarray  # one config's value, or one per config
-
-
-def tile_registers(rows: Num, vectors: Num) -> Num:
-    """Vector registers a rows x vectors register tile holds live: its accumulators, one row of B
-    vectors (conv2d: weight vectors) and one broadcast of A (conv2d: of the input)."""
-    return rows * vectors + vectors + 1
-
-
-def fmas_per_load(rows: Real, vectors: Real) -> Real:
-    """FMAs per loaded value of a rows x vectors tile: rows * vectors FMAs per rows + vectors loads."""
-    return rows * vectors / (rows + vectors)
-
-
-def whole_tiles(block: Scalars, extent: Scalars, tile: Scalars) -> np.ndarray:
-    """A block size resolved against its axis: whole register tiles (at least one), except a block that
-    covers the whole axis, which is the axis (so no block is larger than its axis)."""
-    return np.where(block >= extent, extent, np.maximum(tile, block // tile * tile))
 
 
 def effective_blocks(
@@ -117,95 +103,6 @@ def repacked_per_block(order: str, operand: str) -> bool:
     """Whether `operand`'s panel is packed again for every block of the third loop (outside the packer)."""
     (third,) = set("mnk") - set(PANEL_AXES[operand])
     return order.index(third) < order.index(packed_at(order, operand))
-
-
-def register_tiles(target: Target) -> tuple[str, ...]:
-    """Tiles "MRxNV" whose accumulators, B vectors and one broadcast fit in the register file."""
-    tiles = []
-    for mr in range(1, 13):
-        for nv in range(1, 7):
-            if tile_registers(mr, nv) <= target.vector_registers and nv * target.fp32_lanes <= 64:
-                tiles.append(f"{mr}x{nv}")
-    return tuple(tiles)
-
-
-def clipped(options: tuple[int, ...], extent: int) -> tuple[int, ...]:
-    """Tile sizes no larger than the axis, plus the whole axis."""
-    return tuple(sorted({o for o in options if o < extent} | {extent}))
-
-
-def parse_tile(tile: str) -> tuple[int, int]:
-    mr, nv = tile.split("x")
-    return int(mr), int(nv)
-
-
-def split_edges(
-    b: NestBuilder, extent: int, tile: int, body: Callable[[Affine, int, bool, bool], None], prefix: str = "t"
-) -> None:
-    """Like NestBuilder.split, but the first and last tiles are peeled into constant code and the body
-    is told which it is (first, last): an accumulation can then start and finish without a branch."""
-    tile = max(1, min(tile, extent))
-    full, tail = divmod(extent, tile)
-    if full + (tail > 0) == 1:
-        body(Affine(), extent, True, True)
-        return
-    body(Affine(), tile, True, False)
-    middle = full - 1 if tail else full - 2
-    if middle:
-        with b.loop(middle, prefix) as t:
-            body(t * tile + tile, tile, False, False)
-    if tail:
-        body(Affine.of(full * tile), tail, False, True)
-    else:
-        body(Affine.of((full - 1) * tile), tile, False, True)
-
-
-@dataclass(frozen=True)
-class Epilogue:
-    """A workload's fused epilogue (workload.EPILOGUE) as every template emits it: the bias and the
-    residual are the accumulators' initial value (added once, in the first reduction block), ReLU or
-    ReLU6 clamps them before the last block's store."""
-
-    bias: bool
-    residual: bool
-    relu: bool
-    relu6: bool
-
-    @staticmethod
-    def of(workload: Workload) -> Epilogue:
-        w = workload
-        return Epilogue(bool(w["bias"]), bool(w["residual"]), bool(w["relu"]), bool(w["relu6"]))
-
-    @property
-    def clamps(self) -> bool:
-        return self.relu or self.relu6
-
-    def buffers(self, channels: int, out_size: int) -> list[Buffer]:
-        """The kernel parameters after the operator's own inputs, in workload.tensors() order."""
-        return [
-            *([Buffer("bias", channels, BufferKind.INPUT)] if self.bias else []),
-            *([Buffer("residual", out_size, BufferKind.INPUT)] if self.residual else []),
-        ]
-
-    def initial(self, lanes: int, bias: Value, residual: Value) -> Value:
-        """bias + residual (the loads of whichever the workload has), else 0: where accumulation starts."""
-        parts = [*([bias] if self.bias else []), *([residual] if self.residual else [])]
-        if not parts:
-            return Const(0.0, lanes)
-        return parts[0] if len(parts) == 1 else Binary(BinaryOp.ADD, parts[0], parts[1])
-
-    def apply(self, acc: Value, lanes: int, last: bool) -> Value:
-        """The clamp on the accumulators before their store, in the last reduction block only."""
-        if not last or not self.clamps:
-            return acc
-        out: Value = Binary(BinaryOp.MAX, acc, Const(0.0, lanes))
-        return Binary(BinaryOp.MIN, out, Const(6.0, lanes)) if self.relu6 else out
-
-
-def div(index: Affine, d: int) -> Affine:
-    """index / d for an index that is a multiple of d (tile offsets are)."""
-    assert index.const % d == 0 and all(c % d == 0 for _, c in index.terms), (index, d)
-    return Affine(tuple((v, c // d) for v, c in index.terms), index.const // d)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import numpy as np
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.matmul import clipped, fmas_per_load, parse_tile, register_tiles, tile_registers
+from xtune.templates.tiles import clipped, fmas_per_load, parse_tile, register_tiles, tile_registers
 from xtune.templates.winograd_nest import E, WinogradEmitter, WinogradSchedule, round_up, stack_floats, tiles
 from xtune.workload import Workload, conv_shape
 

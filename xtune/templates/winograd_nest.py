@@ -23,7 +23,7 @@ from xtune.schedule.loopnest import (
     Reg,
     Value,
 )
-from xtune.templates.matmul import Epilogue, split_edges
+from xtune.templates.tiles import Epilogue, split_edges
 from xtune.workload import ConvShape, Workload, conv_shape
 
 E = 16  # elements of a transformed 4x4 tile

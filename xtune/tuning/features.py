@@ -25,10 +25,12 @@ from xtune.templates import (
     depthwise_nhwc,
     features_template,
     matmul,
+    tiles,
     winograd,
     winograd_nest,
 )
-from xtune.templates.matmul import ORDERS, parse_tile
+from xtune.templates.matmul import ORDERS
+from xtune.templates.tiles import parse_tile
 from xtune.workload import conv_shape
 
 FEATURES_VERSION = 2  # 2: matmul gained the analytic cycle estimate (est_* columns)
@@ -123,7 +125,7 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     cols = [
         np.full_like(mr, np.log2(m)), np.full_like(mr, np.log2(n)), np.full_like(mr, np.log2(k)),
         np.full_like(mr, np.log2(lanes)),
-        mr * nv / regs, matmul.tile_registers(mr, nv) / regs, matmul.fmas_per_load(mr, nv), mr, nv,
+        mr * nv / regs, tiles.tile_registers(mr, nv) / regs, tiles.fmas_per_load(mr, nv), mr, nv,
         _log2(4 * kc * nr / l1), _log2(4 * kc * mr / l1), _log2(4 * mc * kc / l2), _log2(4 * kc * nc / l2),
         _log2(4 * mc * nc / l2),
         np.ceil(m / mr) * mr / m - 1, np.ceil(n / nr) * nr / n - 1, _log2(np.ceil(k / kc)), _log2(unroll),
@@ -291,7 +293,7 @@ def conv2d_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     cols = [
         one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow),
         one * np.log2(sh.r * sh.s), one * sh.stride, one * sh.dilation, one * np.log2(lanes), one * sh.nhwc,
-        p * nv / regs, matmul.tile_registers(p, nv) / regs, matmul.fmas_per_load(p, nv), p, nv,
+        p * nv / regs, tiles.tile_registers(p, nv) / regs, tiles.fmas_per_load(p, nv), p, nv,
         np.ceil(sh.k / nr) * nr / sh.k - 1, np.ceil(sh.ow / p) * p / sh.ow - 1,
         one * (hp * wp / (sh.h * sh.w) - 1),
         _log2(4 * cb * hp * wp / l2), _log2(4 * rows * wp * cb / l1), _log2(4 * cb * sh.r * sh.s * nr / l1),
@@ -388,7 +390,7 @@ def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.nd
     one = np.ones_like(mr)
     cols = [
         one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(th * tw), one * np.log2(lanes),
-        mr * nv / regs, matmul.tile_registers(mr, nv) / regs, matmul.fmas_per_load(mr, nv), mr, nv,
+        mr * nv / regs, tiles.tile_registers(mr, nv) / regs, tiles.fmas_per_load(mr, nv), mr, nv,
         _log2(nt), np.ceil(nt / mr) * mr / nt - 1, np.ceil(sh.k / nr) * nr / sh.k - 1,
         _log2(4 * e * nt * sh.c / l2), _log2(4 * e * nt * kb / l2), _log2(4 * cb * nr / l1),
         _log2(np.ceil(sh.c / cb)), _log2(np.ceil(sh.k / kb)), _log2(cfg.ints("unroll")),
