@@ -14,7 +14,8 @@ from xtune.templates import depthwise as depthwise_template
 from xtune.templates import depthwise_nhwc as nhwc_template
 from xtune.templates import matmul as matmul_template
 from xtune.templates import template_for
-from xtune.templates.conv2d import padded, stack_clamped
+from xtune.templates.conv2d import stack_clamped
+from xtune.templates.conv2d_nest import padded
 from xtune.templates.tiles import tile_registers
 from xtune.tuning.features import MATMUL_FEATURES, estimate_prior, feature_names, features_op, featurize
 from xtune.workload import conv_shape, parse_workload

@@ -22,7 +22,8 @@ from xtune.schedule.loopnest import Affine
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
 from xtune.templates import template_for
-from xtune.templates.conv2d import REDUCTIONS, Conv2dTemplate, _ConvEmitter
+from xtune.templates.conv2d import REDUCTIONS, Conv2dTemplate
+from xtune.templates.conv2d_nest import ConvEmitter
 from xtune.templates.matmul import MatmulTemplate
 from xtune.templates.tiles import parse_tile
 from xtune.tuning.database import TuningLog, read_logs
@@ -222,7 +223,7 @@ def per_block_conv2d_prepack(template: Conv2dTemplate, config: Config, weights: 
     layout = (sh.r, sh.s, sh.c, sh.k) if sh.nhwc else (sh.k, sh.c, sh.r, sh.s)
     w = np.asarray(weights, np.float32).reshape(layout)
     w = w.transpose(3, 2, 0, 1) if sh.nhwc else w  # now (k, c, r, s)
-    emitter = _ConvEmitter(template.workload, s)
+    emitter = ConvEmitter(template.workload, s)
     kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
     out = np.zeros(emitter.packed_size, np.float32)
     idx = emitter.wp_index(Affine.of("st"), Affine.of("c"), Affine.of("i"), Affine.of("j"))

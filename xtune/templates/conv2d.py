@@ -13,28 +13,20 @@ last block; tails are constant-size tiles.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
 from xtune.schedule.loopnest import (
     Affine,
-    Broadcast,
     Buffer,
     BufferKind,
-    Const,
     Kernel,
-    Load,
-    LoopKind,
-    MulAdd,
-    NestBuilder,
-    Reg,
-    Value,
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
+from xtune.templates.conv2d_nest import ConvEmitter, ConvSchedule, padded
 from xtune.templates.matmul import MatmulTemplate, Operands
 from xtune.templates.tiles import (
     Epilogue,
@@ -43,7 +35,6 @@ from xtune.templates.tiles import (
     fmas_per_load,
     parse_tile,
     register_tiles,
-    split_edges,
     tile_registers,
     whole_tiles,
 )
@@ -55,32 +46,6 @@ OW_OPTIONS = (4, 8, 12, 16, 24, 32, 48, 64, 112, 224)
 OH_OPTIONS = (1, 2, 4, 8, 16)
 REDUCTIONS = ("crs", "rsc")  # reduction loops outermost first: c = input channel, r = kh, s = kw
 STACK_BUDGET = 2 << 20  # bytes of packed buffers on the kernel's stack (8 MiB default stacks, small boards)
-
-
-@dataclass(frozen=True)
-class ConvSchedule:
-    """A config resolved against the shape: effective block sizes and switches."""
-
-    p: int  # output pixels per register tile
-    nv: int  # output-channel vectors per register tile
-    lanes: int
-    cb: int  # input channels per block
-    kb: int  # output channels per block, a multiple of nr
-    ohb: int
-    owb: int  # a multiple of p unless it covers the whole row
-    order: str  # "pk": pixel tiles outside channel strips, "kp": strips outside
-    red: str
-    hwc: bool  # packed input layout: channel-minor (HWC) or planes (CHW)
-    unroll_kw: bool
-    unroll: int
-
-    @property
-    def nr(self) -> int:
-        return self.nv * self.lanes
-
-
-def padded(sh: ConvShape) -> tuple[int, int]:
-    return sh.h + 2 * sh.pad, sh.w + 2 * sh.pad
 
 
 def ic_options(sh: ConvShape) -> tuple[int, ...]:
@@ -217,7 +182,7 @@ class Conv2dTemplate:
         A pointwise conv2d is its matmul (prepacked=1: its weights operand in the matmul's panels)."""
         if self.as_matmul is not None:
             return self.as_matmul.kernel(config, name)
-        return _ConvEmitter(self.workload, self.schedule(config)).kernel(name)
+        return ConvEmitter(self.workload, self.schedule(config)).kernel(name)
 
     def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The reference inputs (the workload's layouts) as `config`'s kernel reads them: for prepacked=1
@@ -248,7 +213,7 @@ class Conv2dTemplate:
         sh, s = self.shape, self.schedule(config)
         layout = (sh.r, sh.s, sh.c, sh.k) if sh.nhwc else (sh.k, sh.c, sh.r, sh.s)
         w = np.asarray(weights, np.float32).reshape(layout)
-        emitter = _ConvEmitter(self.workload, s)
+        emitter = ConvEmitter(self.workload, s)
         kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
         # wp_index is affine in (strip, channel, kh, kw) and block_base in (c0, k0): their coefficients
         # place every element of every block with one index computation over the whole (k, c, r, s).
@@ -274,280 +239,3 @@ class Conv2dTemplate:
 def _fits(tile: str, registers: int) -> bool:
     p, nv = parse_tile(tile)
     return tile_registers(p, nv) <= registers
-
-
-@dataclass(frozen=True)
-class _Block:
-    """Where the nest is: image, input-channel block (and whether it is the first/last), output block."""
-
-    n: Affine
-    c0: Affine
-    ccur: int
-    first: bool
-    last: bool
-    k0: Affine = field(default_factory=Affine)
-    kcur: int = 0
-
-
-class _ConvEmitter:
-    def __init__(self, workload: Workload, s: ConvSchedule):
-        self.sh = conv_shape(workload)
-        self.s = s
-        self.prepacked = bool(workload["prepacked"])
-        self.b = NestBuilder()
-        self.epi = Epilogue.of(workload)
-        self.hp, self.wp = padded(self.sh)
-
-    def kernel(self, name: str) -> Kernel:
-        sh, s, b = self.sh, self.s, self.b
-        ip_size = -(-s.cb * self.hp * self.wp // s.lanes) * s.lanes
-        weights = self.packed_size if self.prepacked else sh.k * sh.c * sh.r * sh.s
-        buffers = [
-            Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
-            Buffer("weights", weights, BufferKind.INPUT),
-            *self.epi.buffers(sh.k, sh.n * sh.k * sh.oh * sh.ow),
-            Buffer("output", sh.n * sh.k * sh.oh * sh.ow, BufferKind.OUTPUT),
-            Buffer("Ip", ip_size, BufferKind.LOCAL),
-        ]
-        if not self.prepacked:
-            buffers.append(Buffer("Wp", s.cb * sh.r * sh.s * s.kb, BufferKind.LOCAL))
-        if not sh.nhwc:
-            buffers.append(Buffer("Ot", s.p * s.nr, BufferKind.LOCAL))  # transposes a tile for NCHW
-        if sh.pad:  # the border of the packed input is never written again: zero it once
-            with b.loop(ip_size // s.lanes, "z") as z:
-                b.store("Ip", z * s.lanes, Const(0.0, s.lanes), s.lanes)
-        with b.loop(sh.n, "n") as ni:
-
-            def cblock(c0: Affine, ccur: int, first: bool, last: bool) -> None:
-                self.cblock(_Block(ni, c0, ccur, first, last))
-
-            split_edges(b, sh.c, s.cb, cblock, "cb")
-        return b.kernel(name, tuple(buffers))
-
-    @property
-    def packed_size(self) -> int:
-        """Floats of the prepacked weights: one `cb*r*s*kb` block per (input, output) channel block."""
-        sh, s = self.sh, self.s
-        kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
-        return -(-sh.c // cb) * -(-sh.k // kb) * s.cb * sh.r * sh.s * s.kb
-
-    def block_base(self, c0: Affine | int, k0: Affine | int) -> Affine:
-        """Where the prepacked block of channels c0.. and output channels k0.. starts: blocks are laid out
-        input-channel block first, each c0/cb * (k blocks) + k0/kb blocks of `cb*r*s*kb` floats."""
-        sh, s = self.sh, self.s
-        kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
-        block = s.cb * sh.r * sh.s * s.kb
-        # c0 and k0 are multiples of cb and kb, so the division is exact in the coefficients.
-        return Affine.of(c0) * (-(-sh.k // kb) * block // cb) + Affine.of(k0) * (block // kb)
-
-    def ip_index(self, cc: Affine | int, row: Affine | int, col: Affine | int) -> Affine:
-        if self.s.hwc:
-            return (Affine.of(row) * self.wp + col) * self.s.cb + cc
-        return Affine.of(cc) * (self.hp * self.wp) + Affine.of(row) * self.wp + col
-
-    def cblock(self, ctx: _Block) -> None:
-        self.pack_input(ctx)
-
-        def kblock(k0: Affine, kcur: int) -> None:
-            inner = replace(ctx, k0=k0, kcur=kcur)
-            if not self.prepacked:
-                self.pack_weights(inner)
-            self.spatial(inner)
-
-        self.b.split(self.sh.k, self.s.kb, kblock, "kb")
-
-    def pack_input(self, ctx: _Block) -> None:
-        """Ip <- the block's input channels at offset (pad, pad); vectors along the contiguous axis."""
-        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
-
-        def src(c: Affine, y: Affine, x: Affine) -> Affine:
-            if sh.nhwc:
-                return ((ctx.n * sh.h + y) * sh.w + x) * sh.c + ctx.c0 + c
-            return ((ctx.n * sh.c + ctx.c0 + c) * sh.h + y) * sh.w + x
-
-        def copy(c: Affine, y: Affine, x: Affine, n: int) -> None:  # n: floats of a vector, 0: a scalar
-            width = lanes if n else 1
-            value = Load("input", src(c, y, x), width, n % width)
-            b.store("Ip", self.ip_index(c, y + sh.pad, x + sh.pad), value, width, n)
-
-        if sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
-            with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x:
-                b.split(ctx.ccur, lanes, lambda c, n: copy(c, y, x, n), "pc")
-        elif sh.nhwc == s.hwc:
-            with b.loop(ctx.ccur, "pc") as c, b.loop(sh.h, "pi") as y:
-                b.split(sh.w, lanes, lambda x, n: copy(c, y, x, n), "pj")
-        else:  # a transposition: scalar copies
-            with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x, b.loop(ctx.ccur, "pc") as c:
-                copy(c, y, x, 0)
-
-    def wp_index(self, strip: Affine | int, cc: Affine | int, i: Affine | int, j: Affine | int) -> Affine:
-        sh, s = self.sh, self.s
-        if s.red == "crs":
-            inner = (Affine.of(cc) * sh.r + i) * sh.s + j
-        else:
-            inner = (Affine.of(i) * sh.s + j) * s.cb + cc
-        return Affine.of(strip) * (s.cb * sh.r * sh.s * s.nr) + inner * s.nr
-
-    def pack_weights(self, ctx: _Block) -> None:
-        """Wp[strip][reduction order][nr] <- weights of the block, zero past the last output channel."""
-        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
-        c0, k0, ccur = ctx.c0, ctx.k0, ctx.ccur
-
-        def strip(js: Affine, ncols: int) -> None:
-            st = Affine(tuple((v, c // s.nr) for v, c in js.terms), js.const // s.nr)
-            if sh.nhwc:  # HWIO: output channels are contiguous
-                with b.loop(sh.r, "wi") as i, b.loop(sh.s, "wj") as j, b.loop(ccur, "wc") as c:
-                    for v in range(s.nv):
-                        cols = min(max(ncols - v * lanes, 0), lanes)
-                        src = ((i * sh.s + j) * sh.c + c0 + c) * sh.k + k0 + js + v * lanes
-                        val: Value = Load("weights", src, lanes, cols % lanes) if cols else Const(0.0, lanes)
-                        b.store("Wp", self.wp_index(st, c, i, j) + v * lanes, val, lanes)
-                return
-            # OIHW: read contiguously, write strided.
-            with (
-                b.loop(ncols, "wk") as kk,
-                b.loop(ccur, "wc") as c,
-                b.loop(sh.r, "wi") as i,
-                b.loop(sh.s, "wj") as j,
-            ):
-                src = ((k0 + js + kk) * sh.c + c0 + c) * (sh.r * sh.s) + i * sh.s + j
-                b.store("Wp", self.wp_index(st, c, i, j) + kk, Load("weights", src))
-            if ncols < s.nr:
-                with b.loop(ccur, "wc") as c, b.loop(sh.r, "wi") as i, b.loop(sh.s, "wj") as j:
-                    for lane in range(ncols, s.nr):
-                        b.store("Wp", self.wp_index(st, c, i, j) + lane, Const(0.0))
-
-        b.split(ctx.kcur, s.nr, strip, "ws")
-
-    def spatial(self, ctx: _Block) -> None:
-        """Blocks of output rows x columns; inside, pixel tiles and channel strips in the config's order."""
-        sh, s, b = self.sh, self.s, self.b
-        kcur = ctx.kcur
-
-        def rows(y0: Affine, nrows: int, x0: Affine, ncols: int, js: Affine | None, nc: int) -> None:
-            with b.loop(nrows, "y") as y:
-                b.split(ncols, s.p, lambda x, np_: tiles(y0 + y, x0 + x, np_, js, nc), "px")
-
-        def tiles(y: Affine, x: Affine, np_: int, js: Affine | None, nc: int) -> None:
-            if js is None:  # pk: the pixels' input stays in L1 across the strips
-                b.split(kcur, s.nr, lambda j, n: self.micro(ctx, y, x, np_, j, n), "ks")
-            else:
-                self.micro(ctx, y, x, np_, js, nc)
-
-        def block(y0: Affine, nrows: int, x0: Affine, ncols: int) -> None:
-            if s.order == "pk":
-                rows(y0, nrows, x0, ncols, None, 0)
-            else:  # kp: one strip's packed weights stay in L1 across the block
-                b.split(kcur, s.nr, lambda js, nc: rows(y0, nrows, x0, ncols, js, nc), "ks")
-
-        b.split(
-            sh.oh,
-            s.ohb,
-            lambda y0, nrows: b.split(sh.ow, s.owb, lambda x0, ncols: block(y0, nrows, x0, ncols), "bx"),
-            "by",
-        )
-
-    def out_index(self, ctx: _Block, y: Affine, x: Affine | int, ch: Affine | int) -> Affine:
-        sh = self.sh
-        ni, k0 = ctx.n, ctx.k0
-        if sh.nhwc:
-            return ((ni * sh.oh + y) * sh.ow + x) * sh.k + k0 + ch
-        return ((ni * sh.k + k0 + ch) * sh.oh + y) * sh.ow + x
-
-    def micro(self, ctx: _Block, y: Affine, x: Affine, np_: int, js: Affine, nc: int) -> None:
-        """acc[p][v] (+)= sum over (c, kh, kw) of broadcast(Ip) * Wp-vector; then the epilogue and store."""
-        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
-        nvec = -(-nc // lanes)
-        counts = [min(nc - v * lanes, lanes) % lanes for v in range(nvec)]
-        acc = [[b.register(f"acc{p}_{v}", lanes) for v in range(nvec)] for p in range(np_)]
-        wreg = [b.register(f"w{v}", lanes) for v in range(nvec)]
-        bcast = b.register("bcast", lanes)
-        strip = Affine(tuple((var, c // s.nr) for var, c in js.terms), js.const // s.nr)
-        self.init(ctx, acc, y, x, js, nc, counts)
-
-        packed, base = ("weights", self.block_base(ctx.c0, ctx.k0)) if self.prepacked else ("Wp", Affine())
-
-        def step(env: dict[str, Affine]) -> None:
-            cc, i, j = env["c"], env["r"], env["s"]
-            for v in range(nvec):
-                b.assign(wreg[v], Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes))
-            for p in range(np_):
-                col = (x + p) * sh.stride + j * sh.dilation
-                a = Load("Ip", self.ip_index(cc, y * sh.stride + i * sh.dilation, col))
-                b.assign(bcast, Broadcast(a, lanes))  # once into a register, not once per FMA
-                for v in range(nvec):
-                    b.assign(acc[p][v], MulAdd(bcast, wreg[v], acc[p][v]))
-
-        extents = {"c": ctx.ccur, "r": sh.r, "s": sh.s}
-        axes = [(a, extents[a]) for a in s.red]
-        # Tail tiles run rarely: their reduction stays rolled, which keeps tails x unrolling from
-        # doubling the code (and the compile time) of a kernel.
-        full = np_ == s.p and nc == s.nr
-        serial = [a for a, _ in axes if not (a == "s" and s.unroll_kw and full)]
-        self.reduce(axes, serial[-1] if serial and full else "", s.unroll_kw and full, {}, step)
-        epi = self.epi
-        if sh.nhwc:
-            for p in range(np_):
-                for v in range(nvec):
-                    idx = self.out_index(ctx, y, x + p, js + v * lanes)
-                    b.store("output", idx, epi.apply(acc[p][v], lanes, ctx.last), lanes, counts[v])
-            return
-        for p in range(np_):  # NCHW: channels are far apart in the output, so go through Ot
-            for v in range(nvec):
-                b.store("Ot", Affine.of(p * s.nr + v * lanes), epi.apply(acc[p][v], lanes, ctx.last), lanes)
-        with b.loop(nc, "oc") as ch:
-            for p in range(np_):
-                b.store("output", self.out_index(ctx, y, x + p, js + ch), Load("Ot", ch + p * s.nr))
-
-    def init(
-        self, ctx: _Block, acc: list[list[Reg]], y: Affine, x: Affine, js: Affine, nc: int, counts: list[int]
-    ) -> None:
-        """Accumulators start at the bias plus the residual (or 0) in the first channel block, else at the
-        partial output. In NCHW both the output and the residual are gathered through Ot."""
-        s, b, lanes, nhwc = self.s, self.b, self.s.lanes, self.sh.nhwc
-        k0 = ctx.k0
-        first = ctx.first
-        gather = "output" if not first else "residual" if self.epi.residual else ""
-        if gather and not nhwc:
-            with b.loop(nc, "ic") as ch:
-                for p in range(len(acc)):
-                    b.store("Ot", ch + p * s.nr, Load(gather, self.out_index(ctx, y, x + p, js + ch)))
-        for p, row in enumerate(acc):
-            for v, reg in enumerate(row):
-                at = self.out_index(ctx, y, x + p, js + v * lanes)
-                tile: Value = Load("Ot", Affine.of(p * s.nr + v * lanes), lanes)
-                if not first:
-                    init = Load("output", at, lanes, counts[v]) if nhwc else tile
-                else:
-                    residual = Load("residual", at, lanes, counts[v]) if nhwc else tile
-                    bias = Load("bias", k0 + js + v * lanes, lanes, counts[v])
-                    init = self.epi.initial(lanes, bias, residual)
-                b.assign(reg, init)
-
-    def reduce(
-        self,
-        axes: list[tuple[str, int]],
-        innermost: str,
-        unroll_kw: bool,
-        env: dict[str, Affine],
-        step: Callable[[dict[str, Affine]], None],
-    ) -> None:
-        """The reduction loops in order; kw fully unrolled if asked, the innermost serial one by `unroll`."""
-        if not axes:
-            step(env)
-            return
-        (name, extent), rest = axes[0], axes[1:]
-        b, u = self.b, min(self.s.unroll, extent)
-        if name == "s" and unroll_kw:
-            with b.loop(extent, "rs", LoopKind.UNROLLED) as v:
-                self.reduce(rest, innermost, unroll_kw, {**env, name: v}, step)
-        elif name == innermost and u > 1:
-            full, tail = divmod(extent, u)
-            with b.loop(full, f"r{name}") as vo, b.loop(u, f"u{name}", LoopKind.UNROLLED) as vi:
-                self.reduce(rest, innermost, unroll_kw, {**env, name: vo * u + vi}, step)
-            if tail:
-                with b.loop(tail, f"t{name}", LoopKind.UNROLLED) as vt:
-                    self.reduce(rest, innermost, unroll_kw, {**env, name: vt + full * u}, step)
-        else:
-            with b.loop(extent, f"r{name}") as v:
-                self.reduce(rest, innermost, unroll_kw, {**env, name: v}, step)

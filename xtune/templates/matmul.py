@@ -27,7 +27,6 @@ from xtune.schedule.loopnest import (
     Const,
     Kernel,
     Load,
-    LoopKind,
     MulAdd,
     NestBuilder,
     Value,
@@ -44,6 +43,7 @@ from xtune.templates.tiles import (
     parse_tile,
     register_tiles,
     split_edges,
+    unrolled,
     whole_tiles,
 )
 from xtune.workload import Workload
@@ -444,14 +444,7 @@ class _MatmulEmitter:
                 for c in range(nvec):
                     b.assign(acc[r][c], MulAdd(bcast, breg[c], acc[r][c]))
 
-        unroll = min(s.unroll_k, kcur)
-        full, rest = divmod(kcur, unroll)
-        if full:
-            with b.loop(full, "ko") as ko, b.loop(unroll, "ku", LoopKind.UNROLLED) as ku:
-                step(ko * unroll + ku)
-        if rest:
-            with b.loop(rest, "kr", LoopKind.UNROLLED) as kr:
-                step(kr + full * unroll)
+        unrolled(b, kcur, s.unroll_k, step, "k")
         last = "not_last_k" not in ctx
         for r in range(rows):
             for c in range(nvec):

@@ -12,7 +12,17 @@ from typing import TypeVar
 
 import numpy as np
 
-from xtune.schedule.loopnest import Affine, Binary, BinaryOp, Buffer, BufferKind, Const, NestBuilder, Value
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Buffer,
+    BufferKind,
+    Const,
+    LoopKind,
+    NestBuilder,
+    Value,
+)
 from xtune.target import Target
 from xtune.workload import Workload
 
@@ -129,3 +139,16 @@ def div(index: Affine, d: int) -> Affine:
     """index / d for an index that is a multiple of d (tile offsets are)."""
     assert index.const % d == 0 and all(c % d == 0 for _, c in index.terms), (index, d)
     return Affine(tuple((v, c // d) for v, c in index.terms), index.const // d)
+
+
+def unrolled(b: NestBuilder, extent: int, unroll: int, body: Callable[[Affine], None], prefix: str) -> None:
+    """`extent` steps of `body(index)`: a loop whose body is `unroll` steps unrolled, then the remainder
+    unrolled after it (the reduction loops of the register tiles: LLVM then schedules whole steps)."""
+    unroll = max(1, min(unroll, extent))
+    full, rest = divmod(extent, unroll)
+    if full:
+        with b.loop(full, f"{prefix}o") as outer, b.loop(unroll, f"{prefix}u", LoopKind.UNROLLED) as inner:
+            body(outer * unroll + inner)
+    if rest:
+        with b.loop(rest, f"{prefix}r", LoopKind.UNROLLED) as tail:
+            body(tail + full * unroll)

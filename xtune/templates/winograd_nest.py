@@ -17,13 +17,12 @@ from xtune.schedule.loopnest import (
     Const,
     Kernel,
     Load,
-    LoopKind,
     MulAdd,
     NestBuilder,
     Reg,
     Value,
 )
-from xtune.templates.tiles import Epilogue, split_edges
+from xtune.templates.tiles import Epilogue, split_edges, unrolled
 from xtune.workload import ConvShape, Workload, conv_shape
 
 E = 16  # elements of a transformed 4x4 tile
@@ -386,14 +385,7 @@ class WinogradEmitter:
                 for v in range(nvec):
                     b.assign(acc[r][v], MulAdd(bcast, ureg[v], acc[r][v]))
 
-        unroll = min(s.unroll, ccur)
-        full, rest = divmod(ccur, unroll)
-        if full:
-            with b.loop(full, "co") as co, b.loop(unroll, "cu", LoopKind.UNROLLED) as cu:
-                step(co * unroll + cu)
-        if rest:
-            with b.loop(rest, "cr", LoopKind.UNROLLED) as cr:
-                step(cr + full * unroll)
+        unrolled(b, ccur, s.unroll, step, "c")
         for r in range(rows):
             for v in range(nvec):
                 b.store("M", m_index(r, v), acc[r][v], lanes)

@@ -21,6 +21,7 @@ from xtune.target import Target
 from xtune.templates import (
     ScheduleTemplate,
     conv2d,
+    conv2d_nest,
     depthwise,
     depthwise_nhwc,
     features_template,
@@ -283,7 +284,7 @@ def conv2d_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     p, nv = cfg.tiles()
     lanes, regs, l1, l2 = _target_sizes(t)
     nr = nv * lanes
-    hp, wp = (float(v) for v in conv2d.padded(sh))
+    hp, wp = (float(v) for v in conv2d_nest.padded(sh))
     cb, kb, ohb = conv2d.channel_blocks(sh, nr, ints("tile_ic"), ints("tile_oc"), ints("tile_oh"))
     unroll_kw, unroll = ints("unroll_kw"), ints("unroll")
     hwc = flag("pack_layout", "hwc")

@@ -279,14 +279,16 @@ class Measurer:
         self.out_shape = self.tensors[self.out_slot].shape
         self._poison = np.full(self.out_shape, np.nan, dtype=np.float32).tobytes()
         self._session: AgentSession | None = None
-        self._held: dict[int, Hashable] = {}  # slot (or _ALL) -> which bytes the session holds (`_upload`)
+        self._input_slots = [slot for slot, t in enumerate(self.tensors) if not t.is_output]
+        self._held: dict[int, Hashable] = {}  # input slot -> which bytes the session holds (`_upload`)
+        self._held_layout: Hashable = _NOTHING  # the layout key of the whole input set the session holds
         self.failure: BoardError | None = None  # why this board cannot measure any more
         self._errors_in_a_row = 0
 
     def session(self) -> AgentSession:
         if self._session is None:
             self._session = self.board.open()
-            self._held = {}
+            self._held, self._held_layout = {}, _NOTHING
             self._session.set_buffer(self.out_slot, self._poison)
         return self._session
 
@@ -301,15 +303,14 @@ class Measurer:
         neither packed nor sent again (a prepacked workload's weights are megabytes, and an SSH board is
         slow to send them). Which bytes a config reads is its `_layout_key`: no hash of the bytes."""
         key = _layout_key(self.template, index)
-        if _ALL in self._held and self._held[_ALL] == key:
+        if self._held_layout == key:
             return
-        slots = (slot for slot, t in enumerate(self.tensors) if not t.is_output)
-        for slot, array in zip(slots, self.kernel_inputs(index), strict=True):
-            held = ("plain",) if array is self.inputs[slot] else ("packed", key)
+        for slot, plain, array in zip(self._input_slots, self.inputs, self.kernel_inputs(index), strict=True):
+            held = ("plain",) if array is plain else ("packed", key)
             if self._held.get(slot) != held:
                 session.set_buffer(slot, np.ascontiguousarray(array, np.float32).tobytes())
                 self._held[slot] = held
-        self._held[_ALL] = key
+        self._held_layout = key
 
     def measure(self, indices: Sequence[int]) -> list[MeasureResult]:
         results: list[MeasureResult] = []
@@ -403,7 +404,7 @@ class Measurer:
             self.pool.close()
 
 
-_ALL = -1  # `Measurer._held`'s entry for the layout key of the whole input set
+_NOTHING = object()  # `Measurer._held_layout` of a fresh session: equal to no layout key, None included
 
 
 def _layout_key(template: ScheduleTemplate, index: int | None) -> Hashable:
