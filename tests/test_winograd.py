@@ -21,12 +21,13 @@ from xtune.codegen.compile import compile_object, parse_verified
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
+from xtune.operators import winograd_eligible
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.templates.winograd import WinogradTemplate
 from xtune.tuning.database import TuningLog
 from xtune.tuning.features import feature_names, features_op, featurize
-from xtune.workload import RTOL, check_output, parse_workload, random_inputs, winograd_eligible
+from xtune.workload import RTOL, check_output, parse_workload, random_inputs
 
 # Odd output sizes (7x7, 13x13, 11x9: half tiles), pad 0, 1 and 2, channels no multiple of any vector width,
 # several channel blocks, the whole epilogue (bias, residual, relu, relu6), a batch of 2; NHWC and NCHW.

@@ -19,12 +19,13 @@ from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
 from xtune.files import check_output, write_all_atomic
+from xtune.operators import TensorSpec
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.database import Record, build_choice, config_of, read_logs
-from xtune.workload import TensorSpec, Workload, parse_workload
+from xtune.workload import Workload, parse_workload
 
 PathLike = str | os.PathLike[str]
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xtune.errors import InputError, XtuneError
-from xtune.workload import RTOL, Workload, check_output, conv_shape, random_inputs
+from xtune.operators import conv_shape
+from xtune.workload import RTOL, Workload, check_output, random_inputs
 
 if TYPE_CHECKING:
     import onnx

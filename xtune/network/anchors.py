@@ -18,7 +18,7 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.network.graph import Graph, Node
 from xtune.network.layout import Layout
-from xtune.workload import winograd_eligible
+from xtune.operators import winograd_eligible
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,7 +31,7 @@ _BOTH = frozenset(Layout)
 _NCHW = frozenset((Layout.NCHW,))
 # What each operator runs in (its kind: a workload's op, an xtune/network/ops.py class name lowered, or
 # "view"). An operator runs in the network's layout when it can, else in NCHW with conversions around it.
-# Conv2d and depthwise tasks carry their layout in the workload key (xtune/workload.py; weights through
+# Conv2d and depthwise tasks carry their layout in the workload key (xtune/operators.py; weights through
 # `task_weights`). Matmul reads the last axis of ONNX's order (a 4-D input's W) and Softmax normalizes
 # it; a view that changes the shape reinterprets ONNX's byte order. Concat runs in NHWC when it joins
 # channels (ops.py makes any axis an outer/channels/inner split; the pass maps the axis). Elementwise
@@ -99,7 +99,7 @@ def workload_layout(wl: Workload) -> Layout:
 
 def task_weights(wl: Workload, weights: np.ndarray) -> np.ndarray:
     """A task's ONNX weights (OIHW for a Conv; BatchNorm folded) in its workload's weight layout
-    (xtune/workload.py): conv2d nhwc takes HWIO (r, s, c, k), depthwise nhwc (r, s, c*multiplier) from
+    (xtune/operators.py): conv2d nhwc takes HWIO (r, s, c, k), depthwise nhwc (r, s, c*multiplier) from
     ONNX's (c*multiplier, 1, r, s); matmul's (k, n) have no layout."""
     if workload_layout(wl) is Layout.NCHW or wl.op not in ("conv2d", "depthwise"):
         return weights

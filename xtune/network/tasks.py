@@ -36,7 +36,7 @@ _OTHER_OPS: dict[OtherKind, str] = {
     "concat": "Concat",
 }
 OTHER_KINDS: dict[str, OtherKind] = {op: kind for kind, ops in _OTHER_OPS.items() for op in ops.split()}
-# Epilogue stages in the order they apply; a chain only moves forward (workload.EPILOGUE).
+# Epilogue stages in the order they apply; a chain only moves forward (operators.EPILOGUE).
 _BN, _BIAS, _RESIDUAL, _CLAMP = 1, 2, 3, 4
 
 

@@ -43,11 +43,11 @@ class ScheduleTemplate(Protocol):
 
 @cache
 def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
+    from xtune.operators import conv_shape
     from xtune.templates.conv2d import Conv2dTemplate
     from xtune.templates.depthwise import DepthwiseTemplate
     from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate
     from xtune.templates.matmul import MatmulTemplate
-    from xtune.workload import conv_shape
 
     # Typed as constructors of the protocol, so mypy checks that every template has all of it.
     templates: dict[str, Callable[[Workload, Target], ScheduleTemplate]] = {

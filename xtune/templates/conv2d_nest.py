@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from xtune.operators import ConvShape, conv_shape
 from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
@@ -27,7 +28,7 @@ from xtune.templates.tiles import (
     split_edges,
     unrolled,
 )
-from xtune.workload import ConvShape, Workload, conv_shape
+from xtune.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xtune.operators import ConvShape, conv_shape
 from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
@@ -33,7 +34,7 @@ from xtune.schedule.loopnest import (
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
 from xtune.templates.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
-from xtune.workload import ConvShape, Workload, conv_shape
+from xtune.workload import Workload
 
 OW_OPTIONS = (8, 16, 32, 64, 128, 256)
 

@@ -95,7 +95,7 @@ def split_edges(
 
 @dataclass(frozen=True)
 class Epilogue:
-    """A workload's fused epilogue (workload.EPILOGUE) as every template emits it: the bias and the
+    """A workload's fused epilogue (operators.EPILOGUE) as every template emits it: the bias and the
     residual are the accumulators' initial value (added once, in the first reduction block), ReLU or
     ReLU6 clamps them before the last block's store."""
 

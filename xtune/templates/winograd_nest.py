@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from xtune.operators import ConvShape, conv_shape
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -23,7 +24,7 @@ from xtune.schedule.loopnest import (
     Value,
 )
 from xtune.templates.tiles import Epilogue, split_edges, unrolled
-from xtune.workload import ConvShape, Workload, conv_shape
+from xtune.workload import Workload
 
 E = 16  # elements of a transformed 4x4 tile
 

@@ -16,6 +16,7 @@ from functools import cache
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.operators import conv_shape
 from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
 from xtune.templates import (
@@ -32,7 +33,6 @@ from xtune.templates import (
 )
 from xtune.templates.matmul import ORDERS
 from xtune.templates.tiles import parse_tile
-from xtune.workload import conv_shape
 
 FEATURES_VERSION = 2  # 2: matmul gained the analytic cycle estimate (est_* columns)
 
