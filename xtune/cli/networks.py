@@ -87,9 +87,9 @@ def _print_profile(profile: NetProfile) -> None:
     tuned = [s for s in profile.steps if s.standalone is not None]
     if tuned:
         inside = sum(s.seconds for s in tuned)
-        alone, rest = profile.estimate, total - inside
-        print(f"  tuned steps: {inside * 1e3:.3f} ms in the network, {alone * 1e3:.3f} ms alone "
-              f"(x{inside / alone:.2f}); other steps: {rest * 1e3:.3f} ms")  # fmt: skip
+        standalone, rest = profile.estimate, total - inside
+        print(f"  tuned steps: {inside * 1e3:.3f} ms in the network, {standalone * 1e3:.3f} ms alone "
+              f"(x{inside / standalone:.2f}); other steps: {rest * 1e3:.3f} ms")  # fmt: skip
 
 
 def _build_model(args: argparse.Namespace) -> int:
