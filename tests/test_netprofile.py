@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
+import xtune
 from tests.board_run import run_entry
 from tests.test_artifact import _write_log
 from xtune.boards.board import get_board
@@ -68,7 +69,7 @@ def test_the_profile_entry_reads_the_counter_on_each_architecture(qemu_board: st
         with pytest.raises(InputError, match="RDCYCLE traps in user mode"):
             build_model(model(), board.target, profile=True)
         return
-    artifact = build_model(model(), board.target, profile=True)
+    artifact = xtune.build_model(model(), board.target.name, profile=True)  # the library's entry
     out, stamps = run_profile(qemu_board, artifact)
     ref, _ = ort_network(model().SerializeToString(), random_input(artifact.program.input_shape))
     assert check_output(out, ref, RTOL) == ""

@@ -75,8 +75,10 @@ def _profile(args: argparse.Namespace, board: Board) -> NetProfile:
 def _print_profile(profile: NetProfile) -> None:
     """The steps in execution order: time in the network, share, and the log's standalone latency."""
     total = sum(s.seconds for s in profile.steps)
-    print(f"profile: {len(profile.steps)} steps, median of {profile.runs} runs, "
-          f"{profile.seconds * 1e3:.3f} ms per profiled inference "
+    # Each step's median leaves out the runs it was preempted in, the median inference does not: on a
+    # busy machine the steps sum to less.
+    print(f"profile: {len(profile.steps)} steps, median of {profile.runs} runs: {profile.seconds * 1e3:.3f} "
+          f"ms per profiled inference, the steps' medians sum to {total * 1e3:.3f} ms "
           f"(counter {profile.ticks_per_second / 1e6:.0f} MHz)")  # fmt: skip
     print(f"  {'step':>4} {'us':>9} {'share':>6} {'alone us':>9} {'ratio':>6}  kernel")
     for s in profile.steps:
