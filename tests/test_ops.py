@@ -68,10 +68,14 @@ CASES: dict[str, Operator] = {
     # vector blocks of 4, 8 and 16 lanes with both edges left over
     "to-nhwc-blocks": Transpose(n=2, c=35, h=9, w=7, to=NHWC),
     "to-nchw-blocks": Transpose(n=1, c=37, h=5, w=11, to=Layout.NCHW),
+    # fewer channels than lanes (an image's 3, the network's input): interleaving shuffles, and a tail
+    "to-nhwc-rgb": Transpose(n=2, c=3, h=7, w=11, to=NHWC),
+    "to-nhwc-2ch": Transpose(n=1, c=2, h=5, w=13, to=NHWC),
 }
 BOARD_CASES = ("maxpool3s2p1", "maxpool3s1-asym", "avgpool5x3s21", "gap7x7", "add-relu", "relu6",
                "softmax1000", "softmax-short", "concat3", "maxpool3s2p1-nhwc", "avgpool5x3s21-nhwc",
-               "gap7x7-nhwc", "to-nhwc", "to-nchw", "to-nhwc-blocks", "to-nchw-blocks")  # fmt: skip
+               "gap7x7-nhwc", "to-nhwc", "to-nchw", "to-nhwc-blocks", "to-nchw-blocks",
+               "to-nhwc-rgb")  # fmt: skip
 
 
 def image(kernel: Kernel, target: Target) -> FlatImage:

@@ -44,9 +44,11 @@ def build_model(
     logs: Sequence[str | os.PathLike[str]] = (),
     prefix: str = "net",
     layout: str = "nhwc",
+    profile: bool = False,
 ) -> NetArtifact:
     """One relocatable object running the whole network of `model` on `target` in `layout`, with its C
-    header (`xtune build --model`); see xtune.netbuild.build_model. Imported on first call, like `tasks`."""
+    header (`xtune build --model`; with `profile`, also `{prefix}_profile`, as `--profile`); see
+    xtune.netbuild.build_model. Imported on first call, like `tasks`."""
     from xtune.netbuild import build_model as build
 
-    return build(model, target, logs, prefix, layout)
+    return build(model, target, logs, prefix, layout, profile)

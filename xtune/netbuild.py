@@ -46,8 +46,8 @@ from xtune.errors import InputError
 from xtune.files import write_all_atomic
 from xtune.network.graph import Source
 from xtune.network.layout import DEFAULT, Layout, parse_layout
-from xtune.network.ops import Operator
-from xtune.network.program import Program, Space, program
+from xtune.network.ops import Elementwise, Operator, Transpose
+from xtune.network.program import Call, Program, Space, program
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config
 from xtune.target import Target, get_target
@@ -96,14 +96,20 @@ class NetArtifact:
     stack_bytes: int
     build_id: int
     warnings: tuple[str, ...] = ()
+    profiled: bool = False  # the object also has `{prefix}_profile` (build_model's `profile`)
 
     @property
     def entry(self) -> str:
         return f"{self.prefix}_run"
 
     @property
+    def profile_entry(self) -> str:
+        return f"{self.prefix}_profile"
+
+    @property
     def entry_points(self) -> tuple[str, ...]:
-        return (*(f"{self.prefix}_{name}" for name in _QUERIES), self.entry)
+        profile = (self.profile_entry,) if self.profiled else ()
+        return (*(f"{self.prefix}_{name}" for name in _QUERIES), self.entry, *profile)
 
     @property
     def workspace_bytes(self) -> int:
@@ -136,6 +142,23 @@ _QUERIES = {
     "build_id": ("uint32_t", "i32", "the build's id: equal to the header's"),
 }
 
+# The counter a profile build reads between steps, by architecture: `llvm.readcyclecounter` lowers to
+# RDTSC on x86-64 (the time-stamp counter: constant rate on CPUs with invariant TSC, Intel SDM vol. 3B
+# 18.17) and to MRS CNTVCT_EL0 on AArch64 (the generic timer's virtual count, readable at EL0 when the OS
+# sets CNTKCTL_EL1.EL0VCTEN, as Linux does: Arm ARM D11.2). On RISC-V it lowers to RDCYCLE, which Linux
+# traps in user mode since 6.6 (perf_user_access), so a profile build is refused there.
+PROFILE_COUNTERS = {"x86_64": "RDTSC", "aarch64": "CNTVCT_EL0"}
+
+
+def check_profile(target: Target) -> None:
+    """InputError in one line unless a profile build can read a counter on `target`."""
+    if target.arch not in PROFILE_COUNTERS:
+        known = ", ".join(PROFILE_COUNTERS)
+        raise InputError(
+            f"{target.name}: a profile build needs a user-mode cycle or time counter, which "
+            f"xtune reads on {known} only ({target.arch}: RDCYCLE traps in user mode)"
+        )
+
 
 def build_model(
     model: Source,
@@ -143,14 +166,20 @@ def build_model(
     logs: Sequence[PathLike] = (),
     prefix: str = "net",
     layout: str | Layout = DEFAULT,
+    profile: bool = False,
 ) -> NetArtifact:
     """The whole network of `model` (a path or a ModelProto) for `target`, as one checked object, run in
     `layout` (xtune/network/layout.py; the entry's input and output are in ONNX's order whatever it is).
+    With `profile`, the object also has `{prefix}_profile(input, output, workspace, stamps)`: the same
+    calls with the target's counter (PROFILE_COUNTERS) read into stamps[0..calls] before the first step
+    and after each (the step i took stamps[i+1] - stamps[i] ticks); `{prefix}_run` is unchanged.
 
     InputError (one line naming the node or file) for what xtune cannot run or read, a bad prefix, and a
     log without a record for `target` but with records for other targets (built for another target)."""
     tgt = target if isinstance(target, Target) else get_target(target)
     valid_prefix(prefix)
+    if profile:
+        check_profile(tgt)
     records, notes = _read_logs(logs, tgt)
     prog = program(model, parse_layout(layout))
     kernels, rows, task_notes, prepack = _kernels(prog, tgt, records, prefix)
@@ -158,12 +187,14 @@ def build_model(
     rodata, blob = pack_weights(_packed_weights(prog, prepack))
     stack = max((k.stack_bytes for k in kernels.values()), default=0) + STACK_MARGIN
     entry = _entry_ir(prog, kernels, rodata, prefix)
+    if profile:
+        entry += "\n\n" + _entry_ir(prog, kernels, rodata, prefix, profile=True)
     fingerprint = hashlib.sha256(tgt.name.encode() + entry.encode() + hashlib.sha256(blob).digest())
     build_id = int.from_bytes(fingerprint.digest()[:4], "little")
     queries = _queries_ir(prog, prefix, build_id)
     extra = ([weights_global(rodata.nbytes)] if rodata.nbytes else []) + [entry, queries]
     module = lower(list(kernels.values()), module_name=f"{prefix}_network", internal=True, extra=extra)
-    names = (*(f"{prefix}_{q}" for q in _QUERIES), f"{prefix}_run")
+    names = (*(f"{prefix}_{q}" for q in _QUERIES), f"{prefix}_run", *([f"{prefix}_profile"] * profile))
     obj = compile_object(module, tgt, names)
     if rodata.nbytes:
         obj = patch_weights(obj, blob)
@@ -171,6 +202,7 @@ def build_model(
     artifact = NetArtifact(
         target=tgt, model=prog.model, prefix=prefix, object=obj.data, header="", kernels=tuple(rows),
         program=prog, weights_bytes=len(blob), stack_bytes=stack, build_id=build_id, warnings=tuple(notes),
+        profiled=profile,
     )  # fmt: skip
     return _with_header(artifact)
 
@@ -209,7 +241,7 @@ def _kernels(
     uses: dict[str, int] = {}
     built: list[tuple[str, str, str]] = []
     for call in prog.calls:
-        key = _key(call.kernel)
+        key = kernel_key(call.kernel)
         uses[key] = uses.get(key, 0) + 1
         if key in kernels:
             continue
@@ -259,7 +291,7 @@ def _packed_weights(prog: Program, prepack: dict[str, Prepack]) -> list[tuple[st
     packed layout of their kernel's config)."""
     weights = dict(prog.weights)
     for call in prog.calls:
-        reads = prepack.get(_key(call.kernel))
+        reads = prepack.get(kernel_key(call.kernel))
         if reads is None:
             continue
         inputs = call.args[:-1]  # the output is the last argument
@@ -270,7 +302,7 @@ def _packed_weights(prog: Program, prepack: dict[str, Prepack]) -> list[tuple[st
     return list(weights.items())
 
 
-def _key(kernel: Workload | Operator) -> str:
+def kernel_key(kernel: Workload | Operator) -> str:
     """What a kernel computes, as the build table shows it: the workload key, or e.g.
     "pool2d:kind=max,n=1,c=64,h=112,w=112,kernel=3x3,stride=2x2,pads=1x1x1x1" for an operator."""
     if isinstance(kernel, Workload):
@@ -285,37 +317,57 @@ def _key(kernel: Workload | Operator) -> str:
     return f"{type(kernel).__name__.lower()}:{fields}"
 
 
-def _entry_ir(prog: Program, kernels: dict[str, Kernel], layout: WeightsLayout, prefix: str) -> str:
-    """The external entry: one call per step, each argument a byte offset from one of four bases."""
+def _entry_ir(
+    prog: Program, kernels: dict[str, Kernel], layout: WeightsLayout, prefix: str, profile: bool = False
+) -> str:
+    """The external entry: one call per step, each argument a byte offset from one of four bases; with
+    `profile`, `{prefix}_profile`, which also stores the counter before the first call and after each."""
     bases = {
         Space.INPUT: "%input",
         Space.OUTPUT: "%output",
         Space.WORKSPACE: "%workspace",
         Space.WEIGHTS: "%w",
     }
+    name, stamps = (prefix + "_profile", ", ptr noalias %stamps") if profile else (prefix + "_run", "")
     lines = [
-        f"define i32 @{quoted(prefix + '_run')}(ptr noalias %input, ptr noalias %output, "
-        "ptr noalias %workspace) #0 {",
+        f"define i32 @{quoted(name)}(ptr noalias %input, ptr noalias %output, ptr noalias %workspace"
+        f"{stamps}) #0 {{",
         "entry:",
     ]
     if layout.nbytes:
         lines.append("  " + weights_base("%w"))
     pointers: dict[str, str] = {}
-    for call in prog.calls:
+    for i, call in enumerate(prog.calls):
         args = []
         for tensor in call.args:
             if tensor not in pointers:
                 space, offset = prog.places[tensor]
                 if space is Space.WEIGHTS:
                     offset = layout.offset(tensor)
-                name = f"%p{len(pointers)}"
-                lines.append(f"  {name} = getelementptr inbounds i8, ptr {bases[space]}, i64 {offset}")
-                pointers[tensor] = name
+                pointer = f"%p{len(pointers)}"
+                lines.append(f"  {pointer} = getelementptr inbounds i8, ptr {bases[space]}, i64 {offset}")
+                pointers[tensor] = pointer
             args.append(f"ptr {pointers[tensor]}")
-        kernel = kernels[_key(call.kernel)]
+        if profile and i == 0:
+            lines += _stamp(0)
+        kernel = kernels[kernel_key(call.kernel)]
         lines.append(f"  call void @{quoted(kernel.name)}({', '.join(args)})")
+        if profile:
+            lines += _stamp(i + 1)
     lines += ["  ret i32 0", "}"]
+    if profile:
+        lines.append("declare i64 @llvm.readcyclecounter()")
     return "\n".join(lines)
+
+
+def _stamp(i: int) -> list[str]:
+    """IR storing the counter into stamps[i] (llvm.readcyclecounter has side effects: LLVM keeps it
+    between the calls around it)."""
+    return [
+        f"  %t{i} = call i64 @llvm.readcyclecounter()",
+        f"  %s{i} = getelementptr inbounds i64, ptr %stamps, i64 {i}",
+        f"  store i64 %t{i}, ptr %s{i}",
+    ]
 
 
 def _queries_ir(prog: Program, prefix: str, build_id: int) -> str:
@@ -368,6 +420,8 @@ def _with_header(a: NetArtifact) -> NetArtifact:
     ]
     for name, (cty, _, what) in _QUERIES.items():
         lines.append(f"{cty} {p}_{name}(void); /* {what} */")
+    if a.profiled:
+        lines += _profile_header(a)
     lines += ["", "/* Kernels (internal functions of the object):"]
     for k in a.kernels:
         config = f"config {k.config_index} ({k.source}{': ' + k.reason if k.reason else ''})"
@@ -375,3 +429,34 @@ def _with_header(a: NetArtifact) -> NetArtifact:
         lines.append(f" *   {k.symbol}: {k.what}, {k.calls} call(s), {how}, {k.stack_bytes} B stack")
     lines += [" */", ""]
     return replace(a, header="\n".join(lines + header_close(guard)))
+
+
+def _profile_header(a: NetArtifact) -> list[str]:
+    """A profile build's extra entry and the step each stamp follows."""
+    p, up, calls = a.prefix, a.prefix.upper(), a.program.calls
+    lines = [
+        "",
+        f"/* Profile build: {p}_profile runs the network as {p}_run does and writes {len(calls) + 1} counter "
+        f"readings ({PROFILE_COUNTERS[a.target.arch]}) to stamps:",
+        " * stamps[0] before the first step, stamps[i + 1] after step i (step i took stamps[i + 1] - "
+        "stamps[i] ticks). */",
+        f"#define {up}_PROFILE_STAMPS {len(calls) + 1}u",
+        f"int {p}_profile(const float *input, float *output, void *workspace, uint64_t *stamps);",
+        "/* Steps:",
+    ]
+    lines += [f" *   {i:3d} {step_label(call)}" for i, call in enumerate(calls)]
+    return [*lines, " */"]
+
+
+def step_label(call: Call) -> str:
+    """A step as a profile names it: its kind and the ONNX node it runs (a Transpose: the node it feeds)."""
+    kernel = call.kernel
+    if isinstance(kernel, Workload):
+        kind = kernel.op
+    elif isinstance(kernel, Transpose):
+        kind = f"transpose->{kernel.to.value}"
+    else:
+        kind = type(kernel).__name__.lower()
+        if isinstance(kernel, Elementwise):
+            kind = kernel.op.value
+    return f"{kind} {call.nodes[0]}"

@@ -13,6 +13,8 @@ from xtune.errors import InputError
 from xtune.files import check_output
 
 if TYPE_CHECKING:
+    from xtune.boards.board import Board
+    from xtune.netprofile import NetProfile
     from xtune.network.layout import Layout
     from xtune.network.tasks import TaskSet
     from xtune.tuning.database import Record
@@ -34,10 +36,15 @@ def _bench_model(args: argparse.Namespace) -> int:
     if args.workload is not None or args.config is not None:
         raise InputError("--model benches a whole network: --workload and --config are for one kernel")
     board = get_board(args.board, args.boards, target=args.target)
+    if args.profile:
+        from xtune.netprofile import check_board
+
+        check_board(board)  # before building and running anything
     with _warnings_unless_error():
         report = bench_model(args.model, board, args.log or (), layout=model_layout(args))
+    profile = _profile(args, board) if args.profile and report.correct else None
     if args.json:
-        _emit_json(report.as_dict())
+        _emit_json({**report.as_dict(), **({"profile": profile.as_dict()} if profile else {})})
         return 0 if report.correct else 1
     print(f"{report.model} on {report.board} ({report.target}, {report.layout}): {report.kernels} kernels "
           f"({report.defaults} at the default config), workspace {report.workspace_bytes} B")  # fmt: skip
@@ -53,7 +60,38 @@ def _bench_model(args: argparse.Namespace) -> int:
         print(f"  ORT    {report.ort_seconds * 1e3:9.3f} ms per inference (ONNX Runtime, 1 thread, same run)")
     if report.ratio_vs_ort is not None:
         print(f"  ratio  {report.ratio_vs_ort:9.2f}x ONNX Runtime's speed")
+    if profile is not None:
+        _print_profile(profile)
     return 0
+
+
+def _profile(args: argparse.Namespace, board: Board) -> NetProfile:
+    from xtune.netprofile import profile_model
+
+    with _warnings_unless_error():
+        return profile_model(args.model, board, args.log or (), layout=model_layout(args))
+
+
+def _print_profile(profile: NetProfile) -> None:
+    """The steps in execution order: time in the network, share, and the log's standalone latency."""
+    total = sum(s.seconds for s in profile.steps)
+    # Each step's median leaves out the runs it was preempted in, the median inference does not: on a
+    # busy machine the steps sum to less.
+    print(f"profile: {len(profile.steps)} steps, median of {profile.runs} runs: {profile.seconds * 1e3:.3f} "
+          f"ms per profiled inference, the steps' medians sum to {total * 1e3:.3f} ms "
+          f"(counter {profile.ticks_per_second / 1e6:.0f} MHz)")  # fmt: skip
+    print(f"  {'step':>4} {'us':>9} {'share':>6} {'alone us':>9} {'ratio':>6}  kernel")
+    for s in profile.steps:
+        alone = f"{s.standalone * 1e6:9.1f}" if s.standalone is not None else f"{'-':>9}"
+        ratio = f"{s.ratio:6.2f}" if s.ratio is not None else f"{'-':>6}"
+        print(f"  {s.index:>4} {s.seconds * 1e6:9.1f} {100 * s.seconds / total:5.1f}% {alone} {ratio}  "
+              f"{s.label}")  # fmt: skip
+    tuned = [s for s in profile.steps if s.standalone is not None]
+    if tuned:
+        inside = sum(s.seconds for s in tuned)
+        standalone, rest = profile.estimate, total - inside
+        print(f"  tuned steps: {inside * 1e3:.3f} ms in the network, {standalone * 1e3:.3f} ms alone "
+              f"(x{inside / standalone:.2f}); other steps: {rest * 1e3:.3f} ms")  # fmt: skip
 
 
 def _build_model(args: argparse.Namespace) -> int:
@@ -72,7 +110,12 @@ def _build_model(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with _warnings_unless_error():
         artifact = build_model(
-            args.model, args.target, args.log or (), args.prefix or "net", layout=model_layout(args)
+            args.model,
+            args.target,
+            args.log or (),
+            args.prefix or "net",
+            layout=model_layout(args),
+            profile=args.profile,
         )
     files: list[tuple[str, bytes | str, str]] = [(args.output, artifact.object, "object"),
                                                   (args.header, artifact.header, "header")]  # fmt: skip

@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
                    "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--profile", action="store_true",
+                   help="with --model: also each step's time in the network beside its tuned latency "
+                   "alone (wall-time boards on x86-64 and AArch64)")  # fmt: skip
     _add_layout(p)
     p.set_defaults(handler=cmd_bench)
 
@@ -173,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None, help="with --model: also write a reference file (a random "
                    "input and ONNX Runtime's output) for a firmware's self-test")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--profile", action="store_true", help="with --model: add NAME_profile, which also "
+                   "writes a counter reading after every step (x86-64 and AArch64)")  # fmt: skip
     _add_layout(p)
     p.set_defaults(handler=cmd_build)
 
