@@ -20,7 +20,8 @@ from pathlib import Path
 
 from xtune.boards.board import get_board
 from xtune.network import zoo
-from xtune.network.scheduler import ModelTuningResult, SchedulerOptions, Strategy, TaskScheduler, tune_tasks
+from xtune.network.allocation import SchedulerOptions, Strategy
+from xtune.network.scheduler import ModelTuningResult, TaskScheduler, tune_tasks
 from xtune.network.tasks import extract_tasks
 from xtune.tuning.database import TuningLog
 from xtune.tuning.run import TuneOptions

@@ -8,7 +8,8 @@ Usage: python benchmarks/sim_scheduler.py record --seed S [--batches 8] --log rr
 that. A task's search depends on its own measurements alone (one tuner per task), so how many trials a
 task is given decides where it is on its recorded curve, whatever the other tasks did: `replay` runs the
 policy of xtune/network/allocation.py (the very function the scheduler calls) on those curves with no
-measuring at all. Each replayed run draws, per task, one of the recorded logs' curves and times every
+measuring at all. Each replayed run draws, per task, one of the recorded logs' curves (so give it logs
+recorded under the same conditions: a loaded host inflates a whole log's timings) and times every
 config again with a few percent of noise (`--noise`), and draws its ε-greedy picks from its own seed;
 it reports, over `--runs` runs, the trials the gradient needed to reach round-robin's final estimate.
 Past the end of its recorded curve a task's latency stays flat (a task given more trials than recorded
