@@ -17,7 +17,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -227,6 +227,19 @@ class TaskScheduler:
 
     def run(self, budget: int) -> ModelStop:
         """Spend at most `budget` trials; the leaders of every task are confirmed at the end."""
+        try:
+            for _ in self.batches(budget):
+                pass
+        except KeyboardInterrupt:
+            return ModelStop.INTERRUPTED
+        except StopTuning:  # a board failed for good: no task can be measured on it, nor confirmed
+            return ModelStop.BOARD_FAILED
+        return self._confirm(ModelStop.TRIALS if self.trials >= budget else ModelStop.TASKS_DONE)
+
+    def batches(self, budget: int) -> Iterator[int]:
+        """`run` one batch at a time, unconfirmed: yields the trials spent after each batch, and ends
+        when the budget is spent or every task has stopped. A benchmark drives two of these in turn, so
+        that a host's load weighs on both strategies alike (benchmarks/bench_scheduler.py)."""
         fresh = [s for s in self.tasks if not math.isfinite(s.latency)]
         if budget < len(fresh):
             raise InputError(f"--trials {budget} is fewer than the {len(fresh)} tasks not measured yet: each "
@@ -239,28 +252,25 @@ class TaskScheduler:
             if math.isfinite(state.latency):  # resumed: it skips the first round
                 state.history = _resumed_history(state.session, size)
         self._point()
-        try:
-            # The first round: every task's anchors only (its default config and the analytic estimate's
-            # top pick), a few trials each; the budget is left to the strategy (docs/networks.md).
-            for state, n in zip(fresh, first, strict=True):
-                self._step(state, n, budget)
-            for state in fresh:  # a task whose anchors all failed gets one whole batch before it is dropped
-                failed = not math.isfinite(state.latency) and state.stop is TaskStop.RUNNING
-                if failed and self.trials < budget:
-                    self._step(state, min(size, budget - self.trials), budget)
-                if not math.isfinite(state.latency):
-                    state.stop = TaskStop.NO_CORRECT_CONFIG
-            while self.trials < budget:
-                chosen = self._choose()
-                if chosen is None:
-                    return self._confirm(ModelStop.TASKS_DONE)
-                self._step(chosen, min(size, budget - self.trials), budget)
-                self._regroup(chosen)
-        except KeyboardInterrupt:
-            return ModelStop.INTERRUPTED
-        except StopTuning:  # a board failed for good: no task can be measured on it, nor confirmed
-            return ModelStop.BOARD_FAILED
-        return self._confirm(ModelStop.TRIALS)
+        # The first round: every task's anchors only (its default config and the analytic estimate's top
+        # pick), a few trials each; the budget is left to the strategy (docs/networks.md).
+        for state, n in zip(fresh, first, strict=True):
+            self._step(state, n, budget)
+            yield self.trials
+        for state in fresh:  # a task whose anchors all failed gets one whole batch before it is dropped
+            failed = not math.isfinite(state.latency) and state.stop is TaskStop.RUNNING
+            if failed and self.trials < budget:
+                self._step(state, min(size, budget - self.trials), budget)
+                yield self.trials
+            if not math.isfinite(state.latency):
+                state.stop = TaskStop.NO_CORRECT_CONFIG
+        while self.trials < budget:
+            chosen = self._choose()
+            if chosen is None:
+                return
+            self._step(chosen, min(size, budget - self.trials), budget)
+            self._regroup(chosen)
+            yield self.trials
 
     def _first_round(self, budget: float) -> list[int]:
         """Each fresh task's trials in the first round: its anchors (Tuner.first_picks; at least one, the
@@ -334,6 +344,20 @@ class TaskScheduler:
     def results(self) -> tuple[TaskResult, ...]:
         return tuple(_task_result(s) for s in self.tasks)
 
+    def result(self, stop: ModelStop, *, model: str, budget: int, seconds: float) -> ModelTuningResult:
+        """What the run did, once it ended with `stop`."""
+        results = self.results()
+        counts = [t.count for t in results]
+        board = self.boards[0]
+        return ModelTuningResult(
+            model=model, target=board.target.name, boards=tuple(b.name for b in self.boards),
+            strategy=self.scheduler.strategy, budget=budget, trials=sum(t.trials for t in results),
+            confirm_timings=self.confirm_timings, cost_unit=board.cost_unit,
+            estimate=end_to_end(counts, [t.best_cost for t in results]),
+            default_estimate=end_to_end(counts, [t.default_cost for t in results]),
+            tasks=results, curve=tuple(self.curve), stop=stop, seconds=seconds, error=self.error,
+        )  # fmt: skip
+
 
 def _task_result(state: _Task) -> TaskResult:
     session, top = state.session, state.session.leader()
@@ -373,17 +397,7 @@ def tune_tasks(
         stop = run.run(options.trials)
     finally:
         run.close()
-    results = run.results()
-    counts = [t.count for t in results]
-    return ModelTuningResult(
-        model=model, target=boards[0].target.name, boards=tuple(b.name for b in boards),
-        strategy=scheduler.strategy, budget=options.trials, trials=sum(t.trials for t in results),
-        confirm_timings=run.confirm_timings, cost_unit=boards[0].cost_unit,
-        estimate=end_to_end(counts, [t.best_cost for t in results]),
-        default_estimate=end_to_end(counts, [t.default_cost for t in results]),
-        tasks=results, curve=tuple(run.curve), stop=stop, seconds=time.perf_counter() - start,
-        error=run.error,
-    )  # fmt: skip
+    return run.result(stop, model=model, budget=options.trials, seconds=time.perf_counter() - start)
 
 
 def tune_model(
