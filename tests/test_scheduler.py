@@ -222,6 +222,36 @@ def test_the_gradient_gives_each_batch_to_the_task_of_the_largest_expected_gain(
     assert len(set(batches)) > 1, batches  # not an even split
 
 
+def test_two_schedulers_stepped_in_turn_make_the_picks_each_makes_alone() -> None:
+    # What benchmarks/bench_scheduler.py relies on: `batches` runs one batch per step, and interleaving two
+    # schedulers' steps changes nothing in either's choices (ε-greedy draws included).
+    trials = 4 + 4 * 12
+    alone = {s: [p.task for p in faked(FOUR, four_curves(), trials, s, epsilon=0.3)[1]] for s in Strategy}
+    seen: dict[Strategy, list[ModelProgress]] = {s: [] for s in Strategy}
+    runs = {s: TaskScheduler(FOUR, [get_board("local")], options(trials, batch=4),
+                             scheduler=SchedulerOptions(strategy=s, epsilon=0.3),
+                             on_progress=seen[s].append) for s in Strategy}  # fmt: skip
+    try:
+        for run in runs.values():
+            for state, curve in zip(run.tasks, four_curves(), strict=True):
+                state.session.loop.measure_batch = curve
+        steps = {s: run.batches(trials) for s, run in runs.items()}
+        spent: dict[Strategy, list[int]] = {s: [] for s in Strategy}
+        while steps:
+            for s, step in list(steps.items()):
+                n = next(step, None)
+                if n is None:
+                    del steps[s]
+                else:
+                    spent[s].append(n)
+    finally:
+        for run in runs.values():
+            run.close()
+    assert {s: [p.task for p in progress] for s, progress in seen.items()} == alone
+    for s in Strategy:  # one yield per batch: 4 first-round anchors, then 12 batches of 4
+        assert spent[s] == [1, 2, 3, 4, *range(8, trials + 1, 4)]
+
+
 def test_round_robin_shares_the_first_round_then_splits_the_rest_evenly() -> None:
     runs = {s: faked(FOUR, four_curves(), 4 + 4 * 4 * 3, s) for s in Strategy}
     firsts = {s: [(p.task, p.batch.batch) for p in seen[:4]] for s, (_, seen, _) in runs.items()}
