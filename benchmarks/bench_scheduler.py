@@ -3,7 +3,8 @@
 Usage: python benchmarks/bench_scheduler.py [--model mobilenet_v2] [--trials 1500] [--seed 0]
        [--out curves.json] [--plot curves.png];  python benchmarks/bench_scheduler.py --replot curves.json
 Each strategy tunes every task of the model from an empty log on the local board, with the search's
-seed --seed; both share the first round (every task's default and the analytic estimate's top pick).
+seed --seed; both share the first round (every task's default and the analytic estimate's top pick),
+then take one batch each in turn, so that a host's changing load weighs on both alike.
 Prints a markdown table and the trials the gradient scheduler needed to reach round-robin's final
 end-to-end estimate (the goal: at most 50 % of the budget); --out writes both curves as JSON (trials
 spent, estimate) with those figures.
@@ -15,12 +16,14 @@ import argparse
 import json
 import shutil
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from xtune.boards.board import get_board
 from xtune.network import zoo
-from xtune.network.scheduler import ModelTuningResult, SchedulerOptions, Strategy, TaskScheduler, tune_tasks
+from xtune.network.allocation import SchedulerOptions, Strategy
+from xtune.network.scheduler import ModelStop, ModelTuningResult, TaskScheduler
 from xtune.network.tasks import extract_tasks
 from xtune.tuning.database import TuningLog
 from xtune.tuning.run import TuneOptions
@@ -76,6 +79,24 @@ def plot(data: dict[str, object], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def interleaved(
+    runs: dict[Strategy, TaskScheduler], budget: int, model: str
+) -> dict[Strategy, ModelTuningResult]:
+    """Both strategies' runs, one batch of each in turn: a host whose load changes over the minutes a
+    run takes weighs on both alike (run one after the other, the one that ran in the quieter minutes
+    found "improvements" that were the load going away). Each one's seconds are its own batches'."""
+    batches = {s: run.batches(budget) for s, run in runs.items()}
+    seconds = dict.fromkeys(runs, 0.0)
+    while batches:
+        for strategy, gen in list(batches.items()):
+            t0 = time.perf_counter()
+            if next(gen, None) is None:
+                del batches[strategy]
+            seconds[strategy] += time.perf_counter() - t0
+    return {s: run.result(ModelStop.TRIALS if run.trials >= budget else ModelStop.TASKS_DONE, model=model,
+                          budget=budget, seconds=seconds[s]) for s, run in runs.items()}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="mobilenet_v2", choices=sorted(zoo.NETWORKS))
@@ -108,16 +129,23 @@ def main() -> None:
         finally:
             warmup.close()
         rest = replace(options, trials=args.trials - spent)
-        # Alternate which strategy goes first from seed to seed: a host that slows down over a run would
-        # otherwise always favour the same one.
+        # Which strategy measures first in each pair of batches alternates from seed to seed.
         order = list(Strategy) if args.seed % 2 == 0 else list(reversed(Strategy))
-        for strategy in order:
-            log = Path(tmp) / f"{strategy.value}.jsonl"
-            shutil.copy(shared, log)
-            result = tune_tasks(tasks, [board], rest, TuningLog(log), model=args.model,
-                                scheduler=SchedulerOptions(strategy=strategy))  # fmt: skip
-            curve = (start, *((spent + n, e) for n, e in result.curve[1:]))  # trials of the whole budget
-            results[strategy] = replace(result, curve=curve, trials=spent + result.trials, budget=args.trials)
+        runs: dict[Strategy, TaskScheduler] = {}
+        try:
+            for strategy in order:
+                log = Path(tmp) / f"{strategy.value}.jsonl"
+                shutil.copy(shared, log)
+                runs[strategy] = TaskScheduler(tasks, [board], rest, TuningLog(log),
+                                               scheduler=SchedulerOptions(strategy=strategy))  # fmt: skip
+            for strategy, result in interleaved(runs, rest.trials, args.model).items():
+                curve = (start, *((spent + n, e) for n, e in result.curve[1:]))  # trials of the whole budget
+                results[strategy] = replace(
+                    result, curve=curve, trials=spent + result.trials, budget=args.trials
+                )
+        finally:
+            for run in runs.values():
+                run.close()
     gradient, even = results[Strategy.GRADIENT], results[Strategy.ROUND_ROBIN]
     print(f"\n{args.model}: {len(tasks)} tasks, {args.trials} trials, batches of {args.batch_size}, "
           f"seed {args.seed}\n")  # fmt: skip

@@ -1,6 +1,6 @@
-"""The task scheduler (issue 19): Ansor's gradient on made-up numbers, then whole runs on the local board
-with small hand-made tasks — the budget, the first round, resume, the allocation, the end-to-end
-estimate — and `xtune tune --model` through the CLI, Ctrl-C included."""
+"""The task scheduler (issue 19): whole runs on the local board with small hand-made tasks — the budget,
+the first round, resume, the allocation, the end-to-end estimate — and `xtune tune --model` through the
+CLI, Ctrl-C included. The policy alone, on made-up numbers, is tests/test_allocation.py."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,17 +20,13 @@ from xtune.boards.agent import AgentSession
 from xtune.boards.board import get_board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, BoardFault, InputError
+from xtune.network.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
 from xtune.network.scheduler import (
     ModelProgress,
     ModelStop,
     ModelTuningResult,
-    SchedulerOptions,
-    Strategy,
     TaskScheduler,
     TaskStop,
-    end_to_end,
-    expected_gain,
-    similarity_key,
     tune_tasks,
 )
 from xtune.network.tasks import Task
@@ -42,64 +39,13 @@ from xtune.tuning.tuner import TunerName
 from xtune.workload import parse_workload
 
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
-GRADIENT = SchedulerOptions()
+GREEDY = SchedulerOptions(epsilon=0.0)  # the largest expected gain, every time
 
 
 def task(key: str, count: int = 1) -> Task:
     workload = parse_workload(key)
     return Task(workload=workload, nodes=tuple(f"{workload.op}_{i}" for i in range(count)),
                 flops=float(workload.flops()))  # fmt: skip
-
-
-# --- the gradient, on made-up numbers ---------------------------------------------------------------------
-
-
-def test_gain_after_one_batch_is_the_optimistic_forward_guess() -> None:
-    # One batch: no backward window yet; g(t) ~ 1/t says the next batch could take the latency from 1 ms
-    # down to 0 (1 - 1/1): a drop of 1 ms, weighted by 1 - alpha, times the node count.
-    gain = expected_gain(count=2, history=[1e-3], flops=1e6, peer_throughput=0.0, options=GRADIENT)
-    assert gain == pytest.approx(2 * (1 - GRADIENT.alpha) * 1e-3)
-
-
-def test_gain_scales_with_the_node_count() -> None:
-    history = [4e-3, 3e-3, 2.5e-3, 2.2e-3, 2e-3]
-    one, five = (expected_gain(count=c, history=history, flops=1e6, peer_throughput=0.0, options=GRADIENT)
-                 for c in (1, 5))  # fmt: skip
-    assert five == pytest.approx(5 * one) and one > 0
-
-
-def test_backward_term_is_the_mean_drop_over_the_window() -> None:
-    options = SchedulerOptions(alpha=1.0, window=3)  # backward term alone
-    history = [9.0, 8.0, 4.0, 2.0, 1.0]  # over the last 3 batches: from 8 to 1, 7/3 per batch
-    assert expected_gain(count=1, history=history, flops=1.0, peer_throughput=0.0, options=options) == (
-        pytest.approx(7 / 3)
-    )
-    flat = [5.0, 5.0, 5.0, 5.0]
-    assert expected_gain(count=1, history=flat, flops=1.0, peer_throughput=0.0, options=options) == 0
-    short = [9.0, 8.0, 4.0]  # not more batches than the window: no backward term yet
-    assert expected_gain(count=1, history=short, flops=1.0, peer_throughput=0.0, options=options) == 0
-
-
-def test_a_faster_similar_task_raises_the_forward_guess() -> None:
-    options = SchedulerOptions(alpha=0.0, beta=2.0)  # forward term alone
-    history = [1e-3] * 10  # 1 GFLOP/s for 1 MFLOP, and 1/t says little after 10 batches: 0.1 ms
-    alone = expected_gain(count=1, history=history, flops=1e6, peer_throughput=1e9, options=options)
-    assert alone == pytest.approx(1e-4)
-    # A similar task runs 10 GFLOP/s: at half that (beta = 2) this one would take 0.2 ms, a drop of 0.8 ms.
-    peer = expected_gain(count=1, history=history, flops=1e6, peer_throughput=1e10, options=options)
-    assert peer == pytest.approx(8e-4)
-
-
-def test_similar_tasks_are_one_operator_of_about_the_same_flops() -> None:
-    a = task("matmul:m=64,n=64,k=64")
-    assert similarity_key(a) == similarity_key(task("matmul:m=64,n=64,k=66"))
-    assert similarity_key(a) != similarity_key(task("matmul:m=64,n=64,k=256"))
-    assert similarity_key(task("conv2d:n=1,c=16,h=8,w=8,k=32,r=1,s=1,stride=1,pad=0"))[0] == "conv2d"
-
-
-def test_end_to_end_is_count_times_latency_and_unknown_while_a_task_has_none() -> None:
-    assert end_to_end([1, 3], [2.0, 0.5]) == 3.5
-    assert end_to_end([1, 3], [2.0, math.inf]) == math.inf
 
 
 # --- whole runs on the local board ------------------------------------------------------------------------
@@ -221,12 +167,21 @@ class Curve:
 
 
 def faked(
-    tasks: list[Task], curves: list[Curve], trials: int, strategy: Strategy = Strategy.GRADIENT
+    tasks: list[Task],
+    curves: list[Curve],
+    trials: int,
+    strategy: Strategy = Strategy.GRADIENT,
+    *,
+    epsilon: float = 0.0,
+    seed: int = 0,
 ) -> tuple[TaskScheduler, list[ModelProgress], ModelStop]:
-    """A scheduler whose tasks are measured by `curves` (random tuner: each first round is the default)."""
+    """A scheduler whose tasks are measured by `curves` (random tuner: each first round is the default);
+    no ε-greedy draws unless asked for."""
     seen: list[ModelProgress] = []
-    run = TaskScheduler(tasks, [get_board("local")], options(trials, batch=4),
-                        scheduler=SchedulerOptions(strategy=strategy), on_progress=seen.append)  # fmt: skip
+    opts = replace(options(trials, batch=4), seed=seed)
+    run = TaskScheduler(tasks, [get_board("local")], opts,
+                        scheduler=SchedulerOptions(strategy=strategy, epsilon=epsilon),
+                        on_progress=seen.append)  # fmt: skip
     try:
         for state, curve in zip(run.tasks, curves, strict=True):
             state.session.loop.measure_batch = curve
@@ -258,13 +213,43 @@ def test_the_gradient_gives_each_batch_to_the_task_of_the_largest_expected_gain(
     histories: list[list[float]] = [[p.latencies[p.task]] for p in seen[:4]]
     for p in seen[4:]:
         gains = [expected_gain(count=t.count, history=h, flops=t.flops, peer_throughput=t.flops / h[-1],
-                               options=GRADIENT) for t, h in zip(FOUR, histories, strict=True)]  # fmt: skip
+                               options=GREEDY) for t, h in zip(FOUR, histories, strict=True)]  # fmt: skip
         assert gains[p.task] == max(gains), (p.trials, gains)
         histories[p.task].append(p.latencies[p.task])
     # After the first round the heavy task weighs most (6 x 1 ms): the first batch is its.
     assert seen[4].task == 1
     batches = [len(h) - 1 for h in histories]
     assert len(set(batches)) > 1, batches  # not an even split
+
+
+def test_two_schedulers_stepped_in_turn_make_the_picks_each_makes_alone() -> None:
+    # What benchmarks/bench_scheduler.py relies on: `batches` runs one batch per step, and interleaving two
+    # schedulers' steps changes nothing in either's choices (ε-greedy draws included).
+    trials = 4 + 4 * 12
+    alone = {s: [p.task for p in faked(FOUR, four_curves(), trials, s, epsilon=0.3)[1]] for s in Strategy}
+    seen: dict[Strategy, list[ModelProgress]] = {s: [] for s in Strategy}
+    runs = {s: TaskScheduler(FOUR, [get_board("local")], options(trials, batch=4),
+                             scheduler=SchedulerOptions(strategy=s, epsilon=0.3),
+                             on_progress=seen[s].append) for s in Strategy}  # fmt: skip
+    try:
+        for run in runs.values():
+            for state, curve in zip(run.tasks, four_curves(), strict=True):
+                state.session.loop.measure_batch = curve
+        steps = {s: run.batches(trials) for s, run in runs.items()}
+        spent: dict[Strategy, list[int]] = {s: [] for s in Strategy}
+        while steps:
+            for s, step in list(steps.items()):
+                n = next(step, None)
+                if n is None:
+                    del steps[s]
+                else:
+                    spent[s].append(n)
+    finally:
+        for run in runs.values():
+            run.close()
+    assert {s: [p.task for p in progress] for s, progress in seen.items()} == alone
+    for s in Strategy:  # one yield per batch: 4 first-round anchors, then 12 batches of 4
+        assert spent[s] == [1, 2, 3, 4, *range(8, trials + 1, 4)]
 
 
 def test_round_robin_shares_the_first_round_then_splits_the_rest_evenly() -> None:
@@ -274,6 +259,17 @@ def test_round_robin_shares_the_first_round_then_splits_the_rest_evenly() -> Non
     even, seen, _ = runs[Strategy.ROUND_ROBIN]
     assert [p.task for p in seen[4:]] == [0, 1, 2, 3] * 3
     assert [t.trials for t in even.results()] == [1 + 12] * 4
+
+
+def test_the_epsilon_greedy_picks_are_a_function_of_the_runs_seed() -> None:
+    # epsilon = 0.5: about every other batch goes to a task drawn at random, so the picks differ from the
+    # greedy ones, yet a run repeated with its seed makes the very same picks.
+    trials = 4 + 4 * 24
+    greedy = [p.task for p in faked(FOUR, four_curves(), trials)[1]]
+    first, again, other = ([p.task for p in faked(FOUR, four_curves(), trials, epsilon=0.5, seed=s)[1]]
+                           for s in (1, 1, 2))  # fmt: skip
+    assert first == again and first != greedy and first != other
+    assert len(first) == len(greedy) == 4 + 24
 
 
 def test_a_task_whose_anchors_fail_gets_one_whole_batch_before_it_is_dropped() -> None:

@@ -52,7 +52,7 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from xtune.network.scheduler import SchedulerOptions, Strategy
+    from xtune.network.allocation import SchedulerOptions, Strategy
     from xtune.tuning.measure import MeasureOptions
     from xtune.tuning.run import TuneOptions
     from xtune.tuning.session import CONFIRM_TIMINGS

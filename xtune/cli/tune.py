@@ -87,7 +87,9 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
 
 def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, layout: Layout) -> int:
     """`xtune tune --model`: every task of the model under one budget (xtune.network.scheduler)."""
-    from xtune.network.scheduler import ModelStop, SchedulerOptions, Strategy, tune_tasks
+    from xtune.network.allocation import SchedulerOptions, Strategy
+    from xtune.network.results import ModelStop
+    from xtune.network.scheduler import tune_tasks
     from xtune.network.tasks import extract_tasks
     from xtune.templates import template_for
     from xtune.tuning.features import features_op

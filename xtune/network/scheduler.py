@@ -1,192 +1,53 @@
 """The task scheduler: a network's tasks, boards and one trial budget in; every task tuned (one
 `TuningSession` each, every batch appended to the log) and the model's estimated end-to-end latency out.
 
-The idea is Ansor's (L. Zheng et al., "Ansor: Generating High-Performance Tensor Programs for Deep
-Learning", OSDI 2020, §6): the objective is the end-to-end latency f = Σ_i w_i g_i, where g_i is task i's
-best latency and w_i the number of nodes that run it. A first round measures every task's anchors only
-(Tuner.first_picks: its default config and the analytic estimate's top pick, a trial or two), so that
-nearly all of the budget is the strategy's to allocate. Then each batch goes to the task whose next
-batch is expected to lower f the most: w_i times the expected drop of g_i, blended from how much g_i
-fell over its last `window` batches (the backward term) and an optimistic forward guess — g_i falls like
-1/t in the number of batches t, or, when a similar task (same operator, flops within one step of Ansor's
-1.618-base log scale) already runs faster per flop, g_i could drop to `beta` times the latency at that
-task's throughput (a task that stays far slower than its group after 5 batches more leaves it). A task
-stops when its space is exhausted, when it went `early_stopping` trials without improvement, or when
-neither its anchors nor one batch after them found a correct config. A board that fails for good stops
-the whole run, as it stops `xtune tune --workload` (docs/boards.md, "Faults"). The round-robin strategy
-(after the same first round, the rest split evenly: Ansor's baseline) is there to compare with; the
-design is in docs/design.md, "The task scheduler".
+A first round measures every task's anchors only (Tuner.first_picks: its default config and the analytic
+estimate's top pick, a trial or two), so that nearly all of the budget is the strategy's to allocate.
+Then each batch goes where the policy of xtune/network/allocation.py says (Ansor's gradient, or
+round-robin: after the same first round, the rest split evenly, Ansor's baseline). A task stops when its
+space is exhausted, when it went `early_stopping` trials without improvement, or when neither its
+anchors nor one batch after them found a correct config. A board that fails for good stops the whole
+run, as it stops `xtune tune --workload` (docs/boards.md, "Faults"). The design is in docs/design.md,
+"The task scheduler".
 """
 
 from __future__ import annotations
 
 import math
 import os
+import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from enum import Enum
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from xtune.boards.board import Board
-from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
+from xtune.network.allocation import (
+    SchedulerOptions,
+    Strategy,
+    TaskLike,
+    choose_gradient,
+    choose_round_robin,
+    end_to_end,
+    leaves_group,
+)
+from xtune.network.results import ModelProgress, ModelStop, ModelTuningResult, TaskResult, TaskStop
 from xtune.templates import template_for
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders
 from xtune.tuning.features import features_op
-from xtune.tuning.loop import StopTuning, TuneProgress
+from xtune.tuning.loop import StopTuning
 from xtune.tuning.measure import CompilePool, MeasureStatus
 from xtune.tuning.session import TuningSession, check_boards
-from xtune.workload import Workload
 
 if TYPE_CHECKING:
     from xtune.network.graph import Source
     from xtune.tuning.run import TuneOptions
 
 
-class TaskLike(Protocol):
-    """What the scheduler reads of a task (xtune.network.tasks.Task)."""
-
-    @property
-    def workload(self) -> Workload: ...
-    @property
-    def nodes(self) -> tuple[str, ...]: ...
-    @property
-    def flops(self) -> float: ...
-    @property
-    def count(self) -> int: ...
-
-
-class Strategy(Enum):
-    GRADIENT = "gradient"  # Ansor's gradient allocation (module docstring)
-    ROUND_ROBIN = "round-robin"  # one batch per task in turn: the budget split evenly
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulerOptions:
-    """How batches are allocated; the gradient constants are Ansor's defaults (§6.2, and TVM's
-    auto_scheduler.TaskScheduler)."""
-
-    strategy: Strategy = Strategy.GRADIENT
-    alpha: float = 0.2  # weight of the backward (observed) term against the forward guess
-    beta: float = 2.0  # slack on the throughput of similar tasks
-    window: int = 3  # batches the backward term looks back over
-
-
-class TaskStop(Enum):
-    RUNNING = "running"  # still had budget to claim when the run ended
-    EXHAUSTED = "exhausted"  # every config of its space measured
-    EARLY_STOPPING = "early_stopping"  # TuneOptions.early_stopping trials without improvement
-    NO_CORRECT_CONFIG = "no_correct_config"  # its first round found none (it keeps its +inf latency)
-
-
-class ModelStop(Enum):
-    TRIALS = "trials"  # the budget is spent
-    TASKS_DONE = "tasks_done"  # every task stopped on its own before the budget was spent
-    INTERRUPTED = "interrupted"  # Ctrl-C: every finished batch is in the log
-    BOARD_FAILED = "board_failed"  # a board failed for good (docs/boards.md, "Faults"); the result's error
-
-
-def expected_gain(
-    *, count: int, history: Sequence[float], flops: float, peer_throughput: float, options: SchedulerOptions
-) -> float:
-    """The end-to-end latency a task's next batch is expected to save: count × expected drop of its best
-    latency (Ansor §6.2, the negated gradient ∂f/∂t_i). `history` is its best latency after each of its
-    batches so far (at least one, finite); `peer_throughput` the best flops per second among its similar
-    tasks, itself included."""
-    rounds, latency = len(history), history[-1]
-    backward = 0.0
-    if rounds > options.window:
-        backward = (history[-1 - options.window] - latency) / options.window
-    forward = latency / rounds  # g(t) ~ 1/t: the next batch would take g down to g (1 - 1/t)
-    if peer_throughput > 0:
-        forward = max(forward, latency - options.beta * flops / peer_throughput)
-    return count * (options.alpha * backward + (1 - options.alpha) * forward)
-
-
-def similarity_key(task: TaskLike) -> tuple[str, int]:
-    """Tasks of one operator whose flops are within one step of a 1.618-base log scale are similar: one
-    can expect to run about as fast per flop as another (Ansor's similarity tag)."""
-    return task.workload.op, int(math.log(task.flops + 1, 1.618))
-
-
-def end_to_end(counts: Sequence[int], latencies: Sequence[float]) -> float:
-    """The model's estimated end-to-end latency: Σ node count × best latency (+inf while a task has none)."""
-    return sum(c * g for c, g in zip(counts, latencies, strict=True))
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskResult:
-    workload: str
-    nodes: tuple[str, ...]
-    flops: float  # per call
-    trials: int  # measured in this run
-    resumed: int  # configs already in the log, not measured again
-    batches: int  # given to it in this run
-    best_index: int | None  # over the log's history and this run
-    best_knobs: tuple[tuple[str, object], ...]
-    best_cost: float  # its median timing (or instructions), +inf if none is correct
-    best_timings: int
-    default_cost: float  # of the template's default config, +inf if not measured
-    stop: TaskStop
-
-    @property
-    def count(self) -> int:
-        return len(self.nodes)
-
-    def as_dict(self) -> dict[str, object]:
-        d = asdict(self)
-        d.update(count=self.count, stop=self.stop.value, best_knobs=dict(self.best_knobs))
-        d.update(best_cost=_finite(self.best_cost), default_cost=_finite(self.default_cost))
-        return d
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelTuningResult:
-    model: str
-    target: str
-    boards: tuple[str, ...]
-    strategy: Strategy
-    budget: int
-    trials: int  # measured in this run (confirming timings not counted)
-    confirm_timings: int
-    cost_unit: CostUnit  # what the boards measure
-    estimate: float  # Σ count × best_cost: the estimated end-to-end latency
-    default_estimate: float  # Σ count × default_cost
-    tasks: tuple[TaskResult, ...]
-    curve: tuple[tuple[int, float], ...]  # (trials spent in this run, estimate), once the estimate is finite
-    stop: ModelStop
-    seconds: float
-    error: str = ""  # why the run stopped, when a board failed for good (stop BOARD_FAILED)
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "model": self.model, "target": self.target, "boards": list(self.boards),
-            "strategy": self.strategy.value, "budget": self.budget, "trials": self.trials,
-            "confirm_timings": self.confirm_timings, "cost_unit": self.cost_unit.value,
-            "estimate": _finite(self.estimate), "default_estimate": _finite(self.default_estimate),
-            "tasks": [t.as_dict() for t in self.tasks],
-            "curve": [[n, _finite(e)] for n, e in self.curve], "stop": self.stop.value,
-            "seconds": round(self.seconds, 3), "error": self.error,
-        }  # fmt: skip
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelProgress:
-    """Handed to the progress callback after each batch."""
-
-    task: int  # index of the task the batch was for
-    batch: TuneProgress
-    trials: int  # measured in this run, every task
-    budget: int
-    latencies: tuple[float, ...]  # every task's best latency (+inf while it has none)
-    estimate: float
+DEFAULT_SCHEDULER = SchedulerOptions()  # Ansor's gradient with its constants
 
 
 @dataclass(eq=False)
@@ -199,7 +60,11 @@ class _Task:
     batches: int = 0
     since_improvement: int = 0
     stop: TaskStop = TaskStop.RUNNING
-    grouped: bool = True  # still in its similarity group (TaskScheduler._regroup)
+    grouped: bool = True  # still in its similarity group (allocation.leaves_group)
+
+    @property
+    def running(self) -> bool:
+        return self.stop is TaskStop.RUNNING
 
     @property
     def latency(self) -> float:
@@ -229,7 +94,7 @@ class TaskScheduler:
         options: TuneOptions,
         log: TuningLog | None = None,
         *,
-        scheduler: SchedulerOptions = SchedulerOptions(),
+        scheduler: SchedulerOptions = DEFAULT_SCHEDULER,
         pretrained: Mapping[str, tuple[CostModel, bool]] | None = None,
         on_progress: Callable[[ModelProgress], None] | None = None,
     ) -> None:
@@ -253,6 +118,7 @@ class TaskScheduler:
         self.trials = 0
         self.curve: list[tuple[int, float]] = []
         self._turn = 0  # round-robin's next task
+        self._rng = random.Random(options.seed)  # the ε-greedy draws: a run is a function of its seed
         self._last = 0  # the task whose agents are open
 
     def close(self) -> None:
@@ -274,6 +140,19 @@ class TaskScheduler:
 
     def run(self, budget: int) -> ModelStop:
         """Spend at most `budget` trials; the leaders of every task are confirmed at the end."""
+        try:
+            for _ in self.batches(budget):
+                pass
+        except KeyboardInterrupt:
+            return ModelStop.INTERRUPTED
+        except StopTuning:  # a board failed for good: no task can be measured on it, nor confirmed
+            return ModelStop.BOARD_FAILED
+        return self._confirm(ModelStop.TRIALS if self.trials >= budget else ModelStop.TASKS_DONE)
+
+    def batches(self, budget: int) -> Iterator[int]:
+        """`run` one batch at a time, unconfirmed: yields the trials spent after each batch, and ends
+        when the budget is spent or every task has stopped. A benchmark drives two of these in turn, so
+        that a host's load weighs on both strategies alike (benchmarks/bench_scheduler.py)."""
         fresh = [s for s in self.tasks if not math.isfinite(s.latency)]
         if budget < len(fresh):
             raise InputError(f"--trials {budget} is fewer than the {len(fresh)} tasks not measured yet: each "
@@ -286,28 +165,25 @@ class TaskScheduler:
             if math.isfinite(state.latency):  # resumed: it skips the first round
                 state.history = _resumed_history(state.session, size)
         self._point()
-        try:
-            # The first round: every task's anchors only (its default config and the analytic estimate's
-            # top pick), a few trials each; the budget is left to the strategy (docs/networks.md).
-            for state, n in zip(fresh, first, strict=True):
-                self._step(state, n, budget)
-            for state in fresh:  # a task whose anchors all failed gets one whole batch before it is dropped
-                failed = not math.isfinite(state.latency) and state.stop is TaskStop.RUNNING
-                if failed and self.trials < budget:
-                    self._step(state, min(size, budget - self.trials), budget)
-                if not math.isfinite(state.latency):
-                    state.stop = TaskStop.NO_CORRECT_CONFIG
-            while self.trials < budget:
-                chosen = self._choose()
-                if chosen is None:
-                    return self._confirm(ModelStop.TASKS_DONE)
-                self._step(chosen, min(size, budget - self.trials), budget)
-                self._regroup(chosen)
-        except KeyboardInterrupt:
-            return ModelStop.INTERRUPTED
-        except StopTuning:  # a board failed for good: no task can be measured on it, nor confirmed
-            return ModelStop.BOARD_FAILED
-        return self._confirm(ModelStop.TRIALS)
+        # The first round: every task's anchors only (its default config and the analytic estimate's top
+        # pick), a few trials each; the budget is left to the strategy (docs/networks.md).
+        for state, n in zip(fresh, first, strict=True):
+            self._step(state, n, budget)
+            yield self.trials
+        for state in fresh:  # a task whose anchors all failed gets one whole batch before it is dropped
+            failed = not math.isfinite(state.latency) and state.stop is TaskStop.RUNNING
+            if failed and self.trials < budget:
+                self._step(state, min(size, budget - self.trials), budget)
+                yield self.trials
+            if not math.isfinite(state.latency):
+                state.stop = TaskStop.NO_CORRECT_CONFIG
+        while self.trials < budget:
+            chosen = self._choose()
+            if chosen is None:
+                return
+            self._step(chosen, min(size, budget - self.trials), budget)
+            self._regroup(chosen)
+            yield self.trials
 
     def _first_round(self, budget: float) -> list[int]:
         """Each fresh task's trials in the first round: its anchors (Tuner.first_picks; at least one, the
@@ -331,41 +207,15 @@ class TaskScheduler:
         return stop
 
     def _choose(self) -> _Task | None:
-        alive = [s for s in self.tasks if s.stop is TaskStop.RUNNING]
-        if not alive:
-            return None
         if self.scheduler.strategy is Strategy.ROUND_ROBIN:
-            order = self.tasks[self._turn :] + self.tasks[: self._turn]
-            chosen = next(s for s in order if s.stop is TaskStop.RUNNING)
-            self._turn = (self.tasks.index(chosen) + 1) % len(self.tasks)
-            return chosen
-        peers: dict[tuple[str, int], float] = {}  # a similarity group's best throughput
-        for s in self.tasks:
-            if s.grouped and math.isfinite(s.latency):
-                key = similarity_key(s.task)
-                peers[key] = max(peers.get(key, 0.0), s.task.flops / s.latency)
-        gains = {id(s): expected_gain(count=s.task.count, history=s.history, flops=s.task.flops,
-                                      peer_throughput=peers.get(similarity_key(s.task), 0.0) if s.grouped
-                                      else 0.0, options=self.scheduler) for s in alive}  # fmt: skip
-        # Ties (e.g. every gain 0) go to the task with the fewest batches, then the first: Ansor draws one
-        # at random, which spreads batches evenly too but makes a run depend on more than its seed.
-        return max(alive, key=lambda s: (gains[id(s)], -s.batches, -self.tasks.index(s)))
+            chosen = choose_round_robin(self.tasks, self._turn)
+            self._turn = 0 if chosen is None else (chosen + 1) % len(self.tasks)
+        else:
+            chosen = choose_gradient(self.tasks, self.scheduler, self._rng)
+        return None if chosen is None else self.tasks[chosen]
 
     def _regroup(self, state: _Task) -> None:
-        """Ansor's check after each batch: a task given more than 5 batches beyond every other task of its
-        similarity group that still runs at less than 1/beta of the group's best throughput is not like
-        them after all; it leaves the group, whose throughput no longer raises its forward guess (else that
-        guess would claim batch after batch for it)."""
-        if not state.grouped or not math.isfinite(state.latency):
-            return
-        key = similarity_key(state.task)
-        group = [s for s in self.tasks if s.grouped and similarity_key(s.task) == key]
-        others = [s for s in group if s is not state]
-        if not others:
-            return
-        best = max(s.task.flops / s.latency for s in group)
-        mine = state.task.flops / state.latency
-        if mine < best / self.scheduler.beta and state.batches > 5 + max(s.batches for s in others):
+        if leaves_group(state, self.tasks, self.scheduler.beta):
             state.grouped = False
 
     def _step(self, state: _Task, n: int, budget: int) -> None:
@@ -407,6 +257,20 @@ class TaskScheduler:
     def results(self) -> tuple[TaskResult, ...]:
         return tuple(_task_result(s) for s in self.tasks)
 
+    def result(self, stop: ModelStop, *, model: str, budget: int, seconds: float) -> ModelTuningResult:
+        """What the run did, once it ended with `stop`."""
+        results = self.results()
+        counts = [t.count for t in results]
+        board = self.boards[0]
+        return ModelTuningResult(
+            model=model, target=board.target.name, boards=tuple(b.name for b in self.boards),
+            strategy=self.scheduler.strategy, budget=budget, trials=sum(t.trials for t in results),
+            confirm_timings=self.confirm_timings, cost_unit=board.cost_unit,
+            estimate=end_to_end(counts, [t.best_cost for t in results]),
+            default_estimate=end_to_end(counts, [t.default_cost for t in results]),
+            tasks=results, curve=tuple(self.curve), stop=stop, seconds=seconds, error=self.error,
+        )  # fmt: skip
+
 
 def _task_result(state: _Task) -> TaskResult:
     session, top = state.session, state.session.leader()
@@ -434,7 +298,7 @@ def tune_tasks(
     log: TuningLog | None = None,
     *,
     model: str = "",
-    scheduler: SchedulerOptions = SchedulerOptions(),
+    scheduler: SchedulerOptions = DEFAULT_SCHEDULER,
     pretrained: Mapping[str, tuple[CostModel, bool]] | None = None,
     on_progress: Callable[[ModelProgress], None] | None = None,
 ) -> ModelTuningResult:
@@ -446,17 +310,7 @@ def tune_tasks(
         stop = run.run(options.trials)
     finally:
         run.close()
-    results = run.results()
-    counts = [t.count for t in results]
-    return ModelTuningResult(
-        model=model, target=boards[0].target.name, boards=tuple(b.name for b in boards),
-        strategy=scheduler.strategy, budget=options.trials, trials=sum(t.trials for t in results),
-        confirm_timings=run.confirm_timings, cost_unit=boards[0].cost_unit,
-        estimate=end_to_end(counts, [t.best_cost for t in results]),
-        default_estimate=end_to_end(counts, [t.default_cost for t in results]),
-        tasks=results, curve=tuple(run.curve), stop=stop, seconds=time.perf_counter() - start,
-        error=run.error,
-    )  # fmt: skip
+    return run.result(stop, model=model, budget=options.trials, seconds=time.perf_counter() - start)
 
 
 def tune_model(
