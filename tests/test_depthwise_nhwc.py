@@ -4,6 +4,7 @@ template (correct on every board, tuned with xgb), its features, and the ONNX Ru
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,12 @@ from xtune.operators import conv_shape
 from xtune.schedule.loopnest import Load, walk
 from xtune.target import get_target
 from xtune.templates import template_for
-from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate, interiors, tile_registers
+from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate, interiors, reuses_rows, tile_registers
 from xtune.tuning.database import TuningLog, best, read_logs
-from xtune.tuning.features import feature_names, features_op, featurize
+from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
 from xtune.tuning.measure import MeasureOptions
 from xtune.tuning.run import TuneOptions, run_tuning
+from xtune.tuning.tuner import make_tuner
 from xtune.workload import check_output, parse_workload, random_inputs
 
 # Stride 2 with odd input sizes, pad 0 and 2, channels no multiple of any vector width (and more than
@@ -152,6 +154,23 @@ def test_the_default_tile_leaves_a_register_spare(target_name: str) -> None:
         assert tile_registers(template.shape, s.p, s.nv) < target.vector_registers
 
 
+@pytest.mark.parametrize("target_name", ["x86-avx512", "x86-avx2", "arm-a72-neon", "riscv64-gcv"])
+def test_the_default_channel_block_keeps_its_rows_in_l1(target_name: str) -> None:
+    """The default's channel block, as the schedule resolves it (whole strips of the tile), is one whose
+    input rows stay in L1 for the next output row whenever a block of the space can: a strip wider than
+    that block would round it up past L1 (112-wide rows of 96 channels: 16 channels fit, 32 do not)."""
+    target = get_target(target_name)
+    for key in ("depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,layout=nhwc",
+                "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1,layout=nhwc",
+                "depthwise:n=1,c=144,h=56,w=56,r=3,s=3,pad=1,layout=nhwc",
+                "depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc"):  # fmt: skip
+        template = template_for(parse_workload(key), target)
+        assert isinstance(template, DepthwiseNhwcTemplate)
+        s = template.schedule(template.default_config())
+        smallest = min(int(o) for o in template.space.knobs[1].options)  # tile_k
+        assert reuses_rows(template.shape, s.kb, target) or not reuses_rows(template.shape, smallest, target)
+
+
 def test_interiors_are_the_outputs_whose_window_misses_the_padding() -> None:
     sh = conv_shape(parse_workload("depthwise:n=1,c=8,h=14,w=15,r=3,s=3,stride=2,pad=1,layout=nhwc"))
     (ylo, yhi), (xlo, xhi) = interiors(sh)
@@ -189,3 +208,27 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
     out = np.full(next(t for t in wl.tensors() if t.is_output).shape, np.nan, np.float32)
     run_kernel(template.kernel(template.space.config(record.index), "k"), [*inputs, out])
     assert check_output(out, wl.reference(inputs), 1e-4) == ""
+
+
+@pytest.mark.parametrize("board", ["local", *QEMU_BOARDS])
+def test_the_estimates_pick_is_a_correct_kernel_on_every_board(board: str) -> None:
+    """A cold xgb search's first batch is the default and the analytic estimate's top pick (no pretrained
+    model has depthwise_nhwc): the pick is a config of the space that scores at least as well as 200
+    random ones, and a correct kernel for odd channel counts, stride 2, padding 0 and 2 and multiplier 2."""
+    if board != "local" and shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip(f"needs {get_board(board).target.qemu_binary} (qemu-user)")
+    target = get_board(board).target
+    for key in SHAPES:
+        template = template_for(parse_workload(key), target)
+        prior = estimate_prior(features_op(template))
+        assert prior is not None
+        default = template.default_config().index
+        tuner = make_tuner("xgb", template.space, 0, partial(featurize, template),
+                           anchors=[default], estimate=prior)  # fmt: skip
+        assert tuner.first_picks() == 2
+        head = tuner.next_batch(2)
+        assert head[0] == default and 0 <= head[1] < template.space.size
+        drawn = np.random.default_rng(0).integers(template.space.size, size=200)
+        scores = prior.predict(featurize(template, [head[1], *drawn.tolist()]))
+        assert scores[0] >= scores[1:].max()
+        check(board, key, head)

@@ -171,3 +171,72 @@ def test_a_changed_block_rule_moves_template_and_features_together(monkeypatch: 
                 assert s.kb == 96 and seen["dw_kb"] == pytest.approx(96)
             else:
                 assert s.owb == 112 and seen["owb"] == pytest.approx(112)
+
+
+# ---- the analytic estimates of the conv templates without a pretrained model ---------------------------
+
+CONV_ESTIMATED = (
+    "depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,layout=nhwc",
+    "depthwise:n=1,c=37,h=11,w=13,r=3,s=3,stride=2,pad=1,layout=nhwc,bias=1,relu6=1",
+    "depthwise:n=1,c=5,h=9,w=11,r=3,s=3,stride=2,pad=1,multiplier=2,layout=nhwc,bias=1",
+    "depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc",
+    "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1,layout=nhwc,algo=winograd,prepacked=1",
+    "conv2d:n=1,c=17,h=13,w=11,k=40,r=3,s=3,pad=0,layout=nhwc,algo=winograd",
+)
+
+
+@pytest.mark.parametrize("target_name", sorted(load_targets()))
+@pytest.mark.parametrize("workload", CONV_ESTIMATED)
+def test_depthwise_nhwc_and_winograd_have_an_estimate_that_is_a_fraction_of_peak(
+    workload: str, target_name: str
+) -> None:
+    """A cold search of these spaces ranks its first batch by the estimate (no pretrained model has them):
+    finite, in (0, 1], and not the same for every config."""
+    template = template_for(parse_workload(workload), get_target(target_name))
+    op = features_op(template)
+    prior = estimate_prior(op)
+    assert op in ("depthwise_nhwc", "winograd") and prior is not None
+    indices = np.random.default_rng(0).integers(template.space.size, size=300)
+    est = prior.predict(featurize(template, indices))
+    assert np.isfinite(est).all() and ((est > 0) & (est <= 1.0)).all()
+    assert est.max() > est.min()
+
+
+def _est(template: Any, values: list[dict[str, object]]) -> np.ndarray:
+    prior = estimate_prior(features_op(template))
+    assert prior is not None
+    base = dict(template.default_config().values)
+    return prior.predict(featurize(template, [template.space.index_of({**base, **v}) for v in values]))
+
+
+@pytest.mark.parametrize("target_name", VECTOR_TARGETS)
+def test_the_depthwise_estimate_prefers_tiles_that_share_loads(target_name: str) -> None:
+    """A layer whose tensors stay in L2 is bound by its loads: one pixel per tile reloads every weight
+    vector per pixel and reads 3 input columns per pixel where a wide tile shares them."""
+    template = template_for(parse_workload("depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc"),
+                            get_target(target_name))  # fmt: skip
+    wide, single = _est(template, [{}, {"tile": "1x1", "unroll_kh": 0}])
+    assert wide > 1.3 * single
+
+
+def test_the_depthwise_estimate_prefers_channel_blocks_whose_rows_stay_in_l1() -> None:
+    """Input rows an output row shares with the next come again from L2 when its channel block's rows do
+    not stay in L1 (depthwise_nhwc.reuses_rows): with the same register tile, the L1-sized block wins."""
+    target = get_target("x86-avx512")
+    template: Any = template_for(parse_workload("depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,"
+                                                "layout=nhwc"), target)  # fmt: skip
+    sh = template.shape
+    assert nhwc_template.reuses_rows(sh, 16, target) and not nhwc_template.reuses_rows(sh, 96, target)
+    small, whole = _est(template, [{"tile": "4x1", "tile_k": 16}, {"tile": "4x1", "tile_k": 96}])
+    assert small > whole
+
+
+@pytest.mark.parametrize("target_name", VECTOR_TARGETS)
+def test_the_winograd_estimate_prefers_the_default_over_a_degenerate_schedule(target_name: str) -> None:
+    """A 1x1 register tile (an FMA per two loads), 8 input channels per call and one tile per block (U
+    streamed once per tile) is slow on any vector CPU."""
+    key = "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1,layout=nhwc,algo=winograd,prepacked=1"
+    template = template_for(parse_workload(key), get_target(target_name))
+    degenerate = {"tile": "1x1", "tile_ic": 8, "tile_ty": 1, "tile_tx": 1, "unroll": 1}
+    default, slow = _est(template, [{}, degenerate])
+    assert default > 2 * slow

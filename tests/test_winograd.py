@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,8 @@ from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.templates.winograd import WinogradTemplate
 from xtune.tuning.database import TuningLog
-from xtune.tuning.features import feature_names, features_op, featurize
+from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
+from xtune.tuning.tuner import make_tuner
 from xtune.workload import RTOL, check_output, parse_workload, random_inputs
 
 # Odd output sizes (7x7, 13x13, 11x9: half tiles), pad 0, 1 and 2, channels no multiple of any vector width,
@@ -221,3 +223,24 @@ def test_a_per_call_u_keeps_whole_blocks_within_the_stack_limit(packed: str) -> 
     s = template.schedule(config)
     assert s.ty * s.tx == 16
     assert template.kernel(config, "k").stack_bytes <= MAX_STACK_BYTES
+
+
+@pytest.mark.parametrize("key", SHAPES)
+def test_the_estimates_pick_gives_the_reference_in_the_interpreter(key: str) -> None:
+    """A cold xgb search's first batch holds the analytic estimate's top pick (no pretrained model has
+    winograd): it is a config of the space, and a correct kernel (odd sizes, channels no multiple of the
+    vector width, plain and prepacked weights)."""
+    wl = parse_workload(key)
+    inputs = random_inputs(wl)
+    expected = wl.reference(inputs)
+    for packed in (key, key + ",prepacked=1"):
+        template = template_for(parse_workload(packed), get_target("x86-sse42"))
+        prior = estimate_prior(features_op(template))
+        assert prior is not None
+        tuner = make_tuner("xgb", template.space, 0, partial(featurize, template),
+                           anchors=[template.default_config().index], estimate=prior)  # fmt: skip
+        _, pick = tuner.next_batch(2)
+        config = template.space.config(pick)
+        out = np.full(expected.shape, np.nan, dtype=np.float32)
+        run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
+        assert check_output(out, expected, RTOL) == "", (config, packed)

@@ -109,6 +109,12 @@ def rows_bytes(sh: ConvShape, kb: Scalars) -> Scalars:
     return 4.0 * ((sh.r - 1) * sh.dilation + 1) * sh.w * kb / sh.multiplier
 
 
+def reuses_rows(sh: ConvShape, kb: Scalars, target: Target) -> np.ndarray:
+    """Whether the input rows one output row reads for a block of kb channels stay in L1 for the next
+    output row (half of it: the weights and the output lines share it)."""
+    return np.asarray(rows_bytes(sh, kb)) <= target.l1d_bytes / 2
+
+
 class DepthwiseNhwcTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
@@ -146,14 +152,17 @@ class DepthwiseNhwcTemplate:
                 float(fmas_per_load(sh, float(p), float(nv))) * inner / (-(-inner // p) * p) + 1e-3 * p * nv
             )
 
-        # A spare register, as conv2d's default: a tile that fills the register file exactly spills.
+        # The largest channel block whose input rows stay in half of L1 for the next output row to reuse.
+        ks = [int(o) for o in knobs["tile_k"]]
+        fits = [k for k in ks if reuses_rows(sh, k, t)]
+        # A spare register, as conv2d's default: a tile that fills the register file exactly spills. A
+        # block is whole strips of the tile's channels (channel_block): a strip wider than the block that
+        # fits would round the block up past it, so such tiles go only if no other tile is left.
         roomy = [
             o for o in map(str, knobs["tile"]) if tile_registers(sh, *parse_tile(o)) < t.vector_registers
         ]
-        tile = max(roomy or [str(o) for o in knobs["tile"]], key=score)
-        # The largest channel block whose input rows stay in half of L1 for the next output row to reuse.
-        ks = [int(o) for o in knobs["tile_k"]]
-        fits = [k for k in ks if rows_bytes(sh, k) <= t.l1d_bytes / 2]
+        narrow = [o for o in roomy if fits and parse_tile(o)[1] * t.fp32_lanes <= max(fits)]
+        tile = max(narrow or roomy or [str(o) for o in knobs["tile"]], key=score)
         values: dict[str, KnobValue] = {
             "tile": tile, "tile_k": max(fits) if fits else min(ks),
             "tile_oh": max(int(o) for o in knobs["tile_oh"]), "unroll_kh": 1,

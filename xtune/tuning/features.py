@@ -33,6 +33,18 @@ from xtune.templates import (
 )
 from xtune.templates.matmul import ORDERS
 from xtune.templates.tiles import parse_tile
+from xtune.tuning.estimates import (
+    L2_BW,
+    L3_BW,
+    LOADS_PER_CYCLE,
+    STRIDED_L2_BW,
+    STRIDED_L3_BW,
+    capacity,
+    depthwise_nhwc_estimate,
+    level,
+    tile_cycles,
+    winograd_estimate,
+)
 
 FEATURES_VERSION = 2  # 2: matmul gained the analytic cycle estimate (est_* columns)
 
@@ -46,18 +58,6 @@ MATMUL_FEATURES = (
     "est_micro_eff", "est_call_overhead", "est_pack_a", "est_pack_b", "est_b_level", "est_a_level",
     "est_mem_stall", "est_eff",
 )  # fmt: skip
-
-# Machine constants the estimate assumes for every target (none is in the descriptors; fitted by eye to
-# a few matmul shapes on one machine, docs/benchmarks.md, History): FMA latency in cycles, vector loads and
-# broadcasts per cycle, cache line bytes, cache associativity, and the bytes per cycle that L2 and what
-# lies beyond it stream to one core.
-FMA_LATENCY, LOADS_PER_CYCLE, BROADCASTS_PER_CYCLE = 4.0, 2.0, 1.0
-# Instructions an out-of-order core keeps in flight: a short call's FMA chains overlap with the next call's.
-WINDOW = 128.0
-LINE, WAYS, L2_BW, L3_BW = 64.0, 8.0, 32.0, 20.0
-# An unpacked B strip jumps a whole row of B per k step: the prefetchers, which follow streams within a
-# page, fall behind, so beyond L1 it arrives at a fraction of the streaming bandwidth.
-STRIDED_L2_BW, STRIDED_L3_BW = 16.0, 4.0
 
 
 @cache
@@ -141,33 +141,6 @@ def matmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndar
     return np.stack(cols, axis=1)
 
 
-def _tile_cycles(rows: np.ndarray, vecs: np.ndarray, fma_rate: float, kc: np.ndarray) -> np.ndarray:
-    """Cycles per k step of a rows x vecs register tile: bound by FMA issue, by one accumulator's FMA
-    latency chain (unless a call of kc steps is short enough for the next call's chains to overlap it),
-    by the loads (vecs B vectors + rows A values) or by the rows broadcasts of A. 0 for an empty tile."""
-    overlap = 1.0 + WINDOW / (kc * (rows * vecs + rows + vecs) + 1.0)
-    cycles = np.maximum.reduce(
-        [
-            rows * vecs / fma_rate,
-            FMA_LATENCY / overlap,
-            (rows + vecs) / LOADS_PER_CYCLE,
-            rows / BROADCASTS_PER_CYCLE,
-        ]
-    )
-    return np.where((rows > 0) & (vecs > 0), cycles, 0.0)
-
-
-def _capacity(cache: float, row_bytes: np.ndarray | float, stride_bytes: float) -> np.ndarray:
-    """Bytes of a cache that a block of rows `stride_bytes` apart can use: a power-of-two stride maps
-    every row to the same few sets (set index = line address mod sets), the rest of the cache sits idle."""
-    sets = cache / (LINE * WAYS)
-    stride_lines = stride_bytes / LINE
-    if stride_lines != int(stride_lines) or stride_lines == 0:
-        return np.full_like(np.asarray(row_bytes, dtype=np.float64), cache)
-    reach = sets / np.gcd(int(stride_lines), int(sets))  # distinct starting sets of the rows
-    return np.minimum(1.0, reach * np.ceil(np.asarray(row_bytes) / LINE) / sets) * cache
-
-
 def _matmul_estimate(
     t: Target,
     shape: tuple[float, float, float],
@@ -192,10 +165,10 @@ def _matmul_estimate(
     full_r, full_v = np.floor(m / mr), np.floor(n / nr)
     tail_r, tail_v = m - full_r * mr, np.ceil((n - full_v * nr) / lanes)
     micro = k * (
-        full_r * full_v * _tile_cycles(mr, nv, fma_rate, kc)
-        + full_r * _tile_cycles(mr, tail_v, fma_rate, kc)
-        + full_v * _tile_cycles(tail_r, nv, fma_rate, kc)
-        + _tile_cycles(tail_r, tail_v, fma_rate, kc)
+        full_r * full_v * tile_cycles(mr, nv, fma_rate, kc)
+        + full_r * tile_cycles(mr, tail_v, fma_rate, kc)
+        + full_v * tile_cycles(tail_r, nv, fma_rate, kc)
+        + tile_cycles(tail_r, tail_v, fma_rate, kc)
     )
     level_bw = np.array([LOADS_PER_CYCLE * 4.0 * lanes, L2_BW, L3_BW])
     # Once per call the accumulators go out to C, and come in from it when k is blocked. Between two k
@@ -204,8 +177,8 @@ def _matmul_estimate(
     m_in = np.array([o.index("m") for o in order]) > k_pos
     n_in = np.array([o.index("n") for o in order]) > k_pos
     c_sweep = 4.0 * np.where(m_in, m, mc) * np.where(n_in, n, nc)
-    c_l1, c_l2 = _capacity(t.l1d_bytes, 4.0 * nc, 4.0 * n), _capacity(t.l2_bytes, 4.0 * nc, 4.0 * n)
-    c_level = _level(c_sweep, c_l1, c_l2)
+    c_l1, c_l2 = capacity(t.l1d_bytes, 4.0 * nc, 4.0 * n), capacity(t.l2_bytes, 4.0 * nc, 4.0 * n)
+    c_level = level(c_sweep, c_l1, c_l2)
     calls = np.ceil(m / mr) * np.ceil(n / nr) * np.ceil(k / kc)
     c_bytes = 4.0 * mr * nr * (1.0 + (k > kc))
     overhead = calls * (c_bytes / level_bw[c_level] + 8.0 + 0.5 * np.ceil(kc / unroll))
@@ -215,7 +188,7 @@ def _matmul_estimate(
     pack_a_cycles = copy_a * k * np.ceil(m / mr) * mr * np.where(n_out, np.ceil(n / nc), 1.0)
     b_level, a_level = _stream_levels(t, (n, k), (mr, nr, mc, nc, kc), (pack_a, pack_b), inner_nm)
     # Per k step of a full tile: the bytes that come from beyond L1 against the tile's own cycles.
-    step = _tile_cycles(mr, nv, fma_rate, kc)
+    step = tile_cycles(mr, nv, fma_rate, kc)
     strided_bw = np.array([level_bw[0], STRIDED_L2_BW, STRIDED_L3_BW])
     memory = (
         4.0 * nr / np.where(pack_b > 0, level_bw[b_level], strided_bw[b_level]) + 4.0 * mr / level_bw[a_level]
@@ -224,11 +197,6 @@ def _matmul_estimate(
     total = micro * (1.0 + stall) + overhead + pack_a_cycles + pack_b_cycles
     return [ideal / micro, overhead / ideal, pack_a_cycles / ideal, pack_b_cycles / ideal,
             b_level.astype(np.float64), a_level.astype(np.float64), stall, ideal / total]  # fmt: skip
-
-
-def _level(working_set: np.ndarray, l1: np.ndarray, l2: np.ndarray) -> np.ndarray:
-    """0 if the working set fits the usable L1, 1 if L2, else 2."""
-    return np.where(working_set <= l1, 0, np.where(working_set <= l2, 1, 2))
 
 
 def _stream_levels(
@@ -249,15 +217,15 @@ def _stream_levels(
     l1, l2 = float(t.l1d_bytes), float(t.l2_bytes)
     # Usable capacity for each operand's rows: packed panels are contiguous, unpacked rows are n (B) or
     # k (A) floats apart.
-    b_l1 = np.where(pack_b > 0, l1, _capacity(l1, 4.0 * nr, 4.0 * n))
-    b_l2 = np.where(pack_b > 0, l2, _capacity(l2, 4.0 * nc, 4.0 * n))
-    a_l1 = np.where(pack_a > 0, l1, _capacity(l1, 4.0 * kc, 4.0 * k))
-    a_l2 = np.where(pack_a > 0, l2, _capacity(l2, 4.0 * kc, 4.0 * k))
+    b_l1 = np.where(pack_b > 0, l1, capacity(l1, 4.0 * nr, 4.0 * n))
+    b_l2 = np.where(pack_b > 0, l2, capacity(l2, 4.0 * nc, 4.0 * n))
+    a_l1 = np.where(pack_a > 0, l1, capacity(l1, 4.0 * kc, 4.0 * k))
+    a_l2 = np.where(pack_a > 0, l2, capacity(l2, 4.0 * kc, 4.0 * k))
     strip, a_panel = 4.0 * kc * nr, 4.0 * kc * mr
     b_block, a_block = 4.0 * kc * nc, 4.0 * mc * kc
-    b_nm = _level(strip + a_panel, b_l1, b_l2 - a_block)
-    a_nm = _level(a_block + strip, a_l1, a_l2 - b_block)
-    b_mn = _level(b_block + a_panel, b_l1, b_l2 - a_block)
+    b_nm = level(strip + a_panel, b_l1, b_l2 - a_block)
+    a_nm = level(a_block + strip, a_l1, a_l2 - b_block)
+    b_mn = level(b_block + a_panel, b_l1, b_l2 - a_block)
     return np.where(inner_nm > 0, b_nm, b_mn), np.where(inner_nm > 0, a_nm, 0)
 
 
@@ -334,7 +302,7 @@ DEPTHWISE_NHWC_FEATURES = (
     "log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation", "multiplier", "lanes_log2",
     "acc_regs_frac", "regs_used_frac", "fma_per_load", "p", "nv", "k_waste", "ow_waste", "border_frac",
     "rows_l1", "row_block_l2", "weights_l1", "k_blocks_log2", "oh_blocks_log2", "unroll_kh",
-    "unrolled_fmas_log2", "expand_per_fma",
+    "unrolled_fmas_log2", "expand_per_fma", "est_compute_eff", "est_memory_per_compute", "est_eff",
 )  # fmt: skip
 
 
@@ -365,6 +333,7 @@ def depthwise_nhwc_features(template: ScheduleTemplate, indices: Sequence[int] |
         _log2(rows / l1), _log2(rows * block_rows / ((sh.r - 1) * sh.dilation + 1) / l2),
         _log2(4 * sh.r * sh.s * kb / l1), _log2(np.ceil(sh.k / kb)), _log2(np.ceil(max(1, yhi - ylo) / ohb)),
         unroll_kh, _log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)), one * expand,
+        *depthwise_nhwc_estimate(t, sh, (p, nv), (kb, ohb), unroll_kh),
     ]  # fmt: skip
     return np.stack(cols, axis=1)
 
@@ -373,7 +342,7 @@ WINOGRAD_FEATURES = (
     "log2_c", "log2_k", "log2_tiles", "lanes_log2", "acc_regs_frac", "regs_used_frac", "fma_per_load",
     "mr", "nv", "block_tiles_log2", "group_waste", "k_waste", "v_block_l2", "m_block_l2", "u_strip_l1",
     "c_blocks_log2", "k_blocks_log2", "unroll_log2", "order_kt", "weight_transform_per_fma",
-    "input_transforms_per_fma", "nhwc",
+    "input_transforms_per_fma", "nhwc", "est_gemm_eff", "est_transforms_per_gemm", "est_eff",
 )  # fmt: skip
 
 
@@ -400,6 +369,8 @@ def winograd_features(template: ScheduleTemplate, indices: Sequence[int] | np.nd
         # input is transformed again for every output-channel block.
         one * (0.0 if template.workload["prepacked"] else 1.0 / (th * tw)), np.ceil(sh.k / kb) / sh.k,
         one * sh.nhwc,
+        *winograd_estimate(t, (float(th * tw * sh.n), float(sh.c), float(sh.k)), (mr, nv), (nt, cb, kb),
+                           cfg.ints("unroll"), e),
     ]  # fmt: skip
     return np.stack(cols, axis=1)
 
