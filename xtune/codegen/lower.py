@@ -30,6 +30,7 @@ from xtune.schedule.loopnest import (
     Load,
     LoopKind,
     MulAdd,
+    Prefetch,
     Reg,
     Shuffle,
     Stmt,
@@ -140,6 +141,8 @@ class _FunctionLowering:
                 self.registers[stmt.reg] = self.value(stmt.value, env)[0]
             elif isinstance(stmt, Store):
                 self.store(stmt, env)
+            elif isinstance(stmt, Prefetch):
+                self.prefetch(stmt, env)
             elif stmt.kind is LoopKind.UNROLLED:
                 for i in range(stmt.extent):
                     self.statements(stmt.body, {**env, stmt.var: i})
@@ -209,6 +212,27 @@ class _FunctionLowering:
             lane += width
 
     # --- values -----------------------------------------------------------------------------
+    def prefetch(self, stmt: Prefetch, env: Env) -> None:
+        """llvm.prefetch(addr, read, locality 3 = keep in all levels, data cache) (LangRef
+        "llvm.prefetch"). The address is a plain GEP, not inbounds: it may point past the buffer."""
+        offset = self.address_offset(stmt.index, env)
+        ptr = self.define(f"getelementptr float, ptr {self.buffers[stmt.buffer]}, i64 {offset}")
+        self.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 0, i32 3, i32 1)")
+
+    def address_offset(self, index: Affine, env: Env) -> str:
+        """index as an i64 operand (the constant part added last)."""
+        const, dynamic = index.const, []
+        for var, coeff in index.terms:
+            bound = env[var]
+            if isinstance(bound, int):
+                const += coeff * bound
+            else:
+                dynamic.append((bound, coeff))
+        if not dynamic:
+            return str(const)
+        offset = self.offset(tuple(dynamic))
+        return self.define(f"add nsw i64 {offset}, {const}") if const else offset
+
     def value(self, v: Value, env: Env) -> Operand:
         if isinstance(v, Reg):
             return self.registers[v.name], self.lanes[v.name]
@@ -397,6 +421,8 @@ def lower(
     for lanes in sorted(intrinsics):
         ty = ftype(lanes)
         declarations.append(f"declare {ty} @llvm.fmuladd.{_suffix(lanes)}({ty}, {ty}, {ty})")
+    if any("@llvm.prefetch.p0" in text for text in functions):
+        declarations.append("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
     header = f"; ModuleID = {quoted(module_name)}"
     attributes = [FUNCTION_ATTRIBUTES, *([INTERNAL_ATTRIBUTES] if internal else [])]
     return "\n\n".join([header, *extra, *functions, *declarations, *attributes]) + "\n"
