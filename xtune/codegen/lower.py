@@ -215,23 +215,14 @@ class _FunctionLowering:
     def prefetch(self, stmt: Prefetch, env: Env) -> None:
         """llvm.prefetch(addr, read, locality 3 = keep in all levels, data cache) (LangRef
         "llvm.prefetch"). The address is a plain GEP, not inbounds: it may point past the buffer."""
-        offset = self.address_offset(stmt.index, env)
+        const, dynamic = self.split_index(stmt.index, env)
+        offset = str(const)
+        if dynamic:
+            offset = self.offset(tuple(dynamic))
+            if const:
+                offset = self.define(f"add nsw i64 {offset}, {const}")
         ptr = self.define(f"getelementptr float, ptr {self.buffers[stmt.buffer]}, i64 {offset}")
         self.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 0, i32 3, i32 1)")
-
-    def address_offset(self, index: Affine, env: Env) -> str:
-        """index as an i64 operand (the constant part added last)."""
-        const, dynamic = index.const, []
-        for var, coeff in index.terms:
-            bound = env[var]
-            if isinstance(bound, int):
-                const += coeff * bound
-            else:
-                dynamic.append((bound, coeff))
-        if not dynamic:
-            return str(const)
-        offset = self.offset(tuple(dynamic))
-        return self.define(f"add nsw i64 {offset}, {const}") if const else offset
 
     def value(self, v: Value, env: Env) -> Operand:
         if isinstance(v, Reg):
@@ -353,13 +344,7 @@ class _FunctionLowering:
     # --- addresses --------------------------------------------------------------------------
     def address(self, buffer: str, index: Affine, env: Env) -> str:
         """&buffer[index] as one inbounds GEP over float; the loop-variable part is computed once."""
-        const, dynamic = index.const, []
-        for var, coeff in index.terms:
-            bound = env[var]
-            if isinstance(bound, int):
-                const += coeff * bound
-            else:
-                dynamic.append((bound, coeff))
+        const, dynamic = self.split_index(index, env)
         if not dynamic and not const:
             return self.buffers[buffer]
         key = ("gep", buffer, tuple(dynamic), const)
@@ -375,6 +360,18 @@ class _FunctionLowering:
             ptr = self.define(f"getelementptr inbounds float, ptr {self.buffers[buffer]}, i64 {offset}")
             self.pure[key] = ptr
         return ptr
+
+    @staticmethod
+    def split_index(index: Affine, env: Env) -> tuple[int, list[tuple[str, int]]]:
+        """index as its constant (unrolled loops' variables folded in) and its (i64 SSA name, coeff) terms."""
+        const, dynamic = index.const, []
+        for var, coeff in index.terms:
+            bound = env[var]
+            if isinstance(bound, int):
+                const += coeff * bound
+            else:
+                dynamic.append((bound, coeff))
+        return const, dynamic
 
     def offset(self, terms: tuple[tuple[str, int], ...]) -> str:
         """sum(coeff * iv) in i64, each prefix of the sum shared with other indices."""
