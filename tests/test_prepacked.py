@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import random
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.board_run import run_entry
 from tests.conftest import CliRunner
 from xtune.boards.agent import AgentSession
 from xtune.boards.board import get_board
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import link_flat
+from xtune.codegen.lower import lower
 from xtune.errors import InputError
 from xtune.network import zoo
 from xtune.network.tasks import extract_tasks
 from xtune.schedule.loopnest import Affine
 from xtune.schedule.space import Config, KnobValue
-from xtune.target import get_target
+from xtune.target import Target, get_target
 from xtune.templates import template_for
 from xtune.templates.conv2d import REDUCTIONS, Conv2dTemplate
 from xtune.templates.conv2d_nest import ConvEmitter
@@ -394,3 +399,34 @@ def test_a_network_whose_logged_configs_read_weight_panels_matches_onnx_runtime(
     got, _ = run_network(get_board("local", target="x86-avx2"), artifact, x)
     ref, _ = ort_network(onnx_model.SerializeToString(), x)
     assert check_output(got, ref, RTOL) == ""
+
+
+# --- prefetch of prepacked weights -------------------------------------------------------------------------
+
+
+def test_prepacked_weights_are_prefetched_where_the_target_says_without_changing_a_bit() -> None:
+    """x86-avx512 prefetches the weight strips its matmul micro-kernel streams (weight_prefetch_bytes);
+    a one-row tile and a target without the setting do not; the output is the same, bit for bit."""
+    avx512 = get_target("x86-avx512")
+    assert avx512.weight_prefetch_bytes > 0 and get_target("arm-a72-neon").weight_prefetch_bytes == 0
+
+    def ir(key: str, target: Target) -> str:
+        template = template_for(parse_workload(key), target)
+        return lower([template.kernel(template.default_config(), "xt_kernel")])
+
+    assert "@llvm.prefetch" in ir(MATMUL, avx512) and "@llvm.prefetch" in ir(POINTWISE_NHWC, avx512)
+    assert "@llvm.prefetch" not in ir(MATMUL, get_target("x86-avx2"))
+    assert "@llvm.prefetch" not in ir("matmul:m=1,n=37,k=70,prepacked=1", avx512)
+    if get_board("local").target.name != "x86-avx512":
+        pytest.skip("the local board does not run x86-avx512 code")
+    wl = parse_workload(MATMUL)
+    outputs = []
+    for target in (avx512, replace(avx512, weight_prefetch_bytes=0)):
+        template = template_for(wl, target)
+        config = template.default_config()
+        inputs = template.kernel_inputs(config, random_inputs(wl, 1))
+        kernel = template.kernel(config, "xt_kernel")
+        image = link_flat(compile_object(lower([kernel]), target, ("xt_kernel",)))
+        out = np.full(wl["m"] * wl["n"], np.nan, np.float32)
+        outputs.append(run_entry("local", image, "xt_kernel", [*inputs, out])[-1])
+    assert np.array_equal(outputs[0], outputs[1]) and not np.isnan(outputs[0]).any()

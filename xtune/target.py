@@ -33,6 +33,9 @@ class Target:
     qemu_cpu: str
     agent_triple: str
     abi: str = ""  # LLVM abiname; "lp64d" for hard-float RISC-V (RISC-V ELF psABI)
+    # How far ahead (bytes) a kernel prefetches the prepacked weights it streams; 0: never
+    # (templates/matmul.py, `_MatmulEmitter.prefetch_strip`, says why; set where it was measured to pay).
+    weight_prefetch_bytes: int = 0
 
     @property
     def peak_gflops(self) -> float:

@@ -30,6 +30,7 @@ from xtune.schedule.loopnest import (
     Load,
     LoopKind,
     MulAdd,
+    Prefetch,
     Reg,
     Shuffle,
     Stmt,
@@ -140,6 +141,8 @@ class _FunctionLowering:
                 self.registers[stmt.reg] = self.value(stmt.value, env)[0]
             elif isinstance(stmt, Store):
                 self.store(stmt, env)
+            elif isinstance(stmt, Prefetch):
+                self.prefetch(stmt, env)
             elif stmt.kind is LoopKind.UNROLLED:
                 for i in range(stmt.extent):
                     self.statements(stmt.body, {**env, stmt.var: i})
@@ -209,6 +212,18 @@ class _FunctionLowering:
             lane += width
 
     # --- values -----------------------------------------------------------------------------
+    def prefetch(self, stmt: Prefetch, env: Env) -> None:
+        """llvm.prefetch(addr, read, locality 3 = keep in all levels, data cache) (LangRef
+        "llvm.prefetch"). The address is a plain GEP, not inbounds: it may point past the buffer."""
+        const, dynamic = self.split_index(stmt.index, env)
+        offset = str(const)
+        if dynamic:
+            offset = self.offset(tuple(dynamic))
+            if const:
+                offset = self.define(f"add nsw i64 {offset}, {const}")
+        ptr = self.define(f"getelementptr float, ptr {self.buffers[stmt.buffer]}, i64 {offset}")
+        self.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 0, i32 3, i32 1)")
+
     def value(self, v: Value, env: Env) -> Operand:
         if isinstance(v, Reg):
             return self.registers[v.name], self.lanes[v.name]
@@ -329,13 +344,7 @@ class _FunctionLowering:
     # --- addresses --------------------------------------------------------------------------
     def address(self, buffer: str, index: Affine, env: Env) -> str:
         """&buffer[index] as one inbounds GEP over float; the loop-variable part is computed once."""
-        const, dynamic = index.const, []
-        for var, coeff in index.terms:
-            bound = env[var]
-            if isinstance(bound, int):
-                const += coeff * bound
-            else:
-                dynamic.append((bound, coeff))
+        const, dynamic = self.split_index(index, env)
         if not dynamic and not const:
             return self.buffers[buffer]
         key = ("gep", buffer, tuple(dynamic), const)
@@ -351,6 +360,18 @@ class _FunctionLowering:
             ptr = self.define(f"getelementptr inbounds float, ptr {self.buffers[buffer]}, i64 {offset}")
             self.pure[key] = ptr
         return ptr
+
+    @staticmethod
+    def split_index(index: Affine, env: Env) -> tuple[int, list[tuple[str, int]]]:
+        """index as its constant (unrolled loops' variables folded in) and its (i64 SSA name, coeff) terms."""
+        const, dynamic = index.const, []
+        for var, coeff in index.terms:
+            bound = env[var]
+            if isinstance(bound, int):
+                const += coeff * bound
+            else:
+                dynamic.append((bound, coeff))
+        return const, dynamic
 
     def offset(self, terms: tuple[tuple[str, int], ...]) -> str:
         """sum(coeff * iv) in i64, each prefix of the sum shared with other indices."""
@@ -397,6 +418,8 @@ def lower(
     for lanes in sorted(intrinsics):
         ty = ftype(lanes)
         declarations.append(f"declare {ty} @llvm.fmuladd.{_suffix(lanes)}({ty}, {ty}, {ty})")
+    if any("@llvm.prefetch.p0" in text for text in functions):
+        declarations.append("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
     header = f"; ModuleID = {quoted(module_name)}"
     attributes = [FUNCTION_ATTRIBUTES, *([INTERNAL_ATTRIBUTES] if internal else [])]
     return "\n\n".join([header, *extra, *functions, *declarations, *attributes]) + "\n"

@@ -156,6 +156,15 @@ class Store:
         return self.count or self.lanes
 
 
+@dataclass(frozen=True)
+class Prefetch:
+    """A hint to bring the cache line holding buffer[index] toward the core (LLVM's llvm.prefetch): no
+    value, no fault, no effect on results; an index past the buffer's end is allowed (never read)."""
+
+    buffer: str
+    index: Affine
+
+
 class LoopKind(Enum):
     SERIAL = "serial"
     UNROLLED = "unrolled"  # fully unrolled by the lowering, the var becomes a constant
@@ -171,7 +180,7 @@ class For:
     kind: LoopKind = LoopKind.SERIAL
 
 
-Stmt = Assign | Store | For
+Stmt = Assign | Store | Prefetch | For
 
 
 @dataclass(frozen=True)
@@ -235,6 +244,9 @@ class NestBuilder:
 
     def store(self, buffer: str, index: Affine, value: Value, lanes: int = 1, count: int = 0) -> None:
         self.emit(Store(buffer, index, value, lanes, 0 if count == lanes else count))
+
+    def prefetch(self, buffer: str, index: Affine) -> None:
+        self.emit(Prefetch(buffer, index))
 
     def split(self, extent: int, tile: int, body: Callable[[Affine, int], None], prefix: str = "t") -> None:
         """Cover range(extent) with tiles of `tile`: a loop over the full ones, then one constant tail."""

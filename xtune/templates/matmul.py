@@ -121,6 +121,7 @@ class MatmulSchedule:
     pack_b: bool  # ... B in strips
     unroll_k: int
     prepacked: str  # the operand passed already in panels (when its pack knob is on), or ""
+    prefetch_bytes: int = 0  # the target's weight_prefetch_bytes (`_MatmulEmitter.prefetch_strip`)
 
     @property
     def nr(self) -> int:
@@ -191,7 +192,7 @@ class MatmulTemplate:
         return MatmulSchedule(
             mr, nv, lanes, int(mc), int(nc), int(kc), str(config["order"]),
             str(config["inner"]), bool(config["pack_a"]), bool(config["pack_b"]), config.int("unroll_k"),
-            self.operands.prepacked,
+            self.operands.prepacked, self.target.weight_prefetch_bytes,
         )  # fmt: skip
 
     def default_config(self) -> Config:
@@ -396,6 +397,20 @@ class _MatmulEmitter:
                 "ir",
             )
 
+    def prefetch_strip(self, col: Affine, row: Affine) -> None:
+        """Prefetch the prepacked B strip of column `col`, `prefetch_bytes` past its row `row`: a line per
+        64 bytes of the row, interleaved with the FMAs of the k step that reads `row` (BLIS and MLAS
+        prefetch their packed micro-panels the same way). In a network the weights arrive cold: read
+        once per run, evicted by the other layers in between (docs/networks.md, "Where the time goes
+        inside the network"); touching them serially before the kernel costs what it saves, the loads
+        must overlap the FMAs. A one-row tile (a classifier, m = 1) is left alone: it does one FMA per
+        loaded vector, and a prefetch per line made it slower. The addresses may run past the strip
+        (the next strip, or past the end of B): a prefetch never faults (LangRef "llvm.prefetch")."""
+        s = self.s
+        ahead = div(col, s.nr) * (self.k * s.nr) + row * s.nr + s.prefetch_bytes // 4
+        for line in range(0, s.nr, 16):  # 16 floats per 64-byte cache line
+            self.b.prefetch(self.o.b, ahead + line)
+
     def micro(
         self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, jo: Affine, ncols: int
     ) -> None:
@@ -423,6 +438,8 @@ class _MatmulEmitter:
                 b.assign(acc[r][c], init)
 
         def step(kk: Affine) -> None:
+            if s.passed_packed == "B" and s.prefetch_bytes and rows > 1:
+                self.prefetch_strip(n0 + jo, k0 + kk)
             for c in range(nvec):
                 if s.copy_b:
                     src = Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
