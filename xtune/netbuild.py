@@ -194,7 +194,11 @@ def build_model(
     queries = _queries_ir(prog, prefix, build_id)
     extra = ([weights_global(rodata.nbytes)] if rodata.nbytes else []) + [entry, queries]
     module = lower(list(kernels.values()), module_name=f"{prefix}_network", internal=True, extra=extra)
-    names = (*(f"{prefix}_{q}" for q in _QUERIES), f"{prefix}_run", *([f"{prefix}_profile"] * profile))
+    names = (
+        *(f"{prefix}_{q}" for q in _QUERIES),
+        f"{prefix}_run",
+        *((f"{prefix}_profile",) if profile else ()),
+    )
     obj = compile_object(module, tgt, names)
     if rodata.nbytes:
         obj = patch_weights(obj, blob)
