@@ -31,11 +31,12 @@ from pathlib import Path
 
 from xtune.network import zoo
 from xtune.network.allocation import (
+    RoundRobin,
     SchedulerOptions,
     Strategy,
     TaskLike,
+    batch_size,
     choose_gradient,
-    choose_round_robin,
     end_to_end,
     leaves_group,
 )
@@ -110,7 +111,7 @@ def replay(tasks: Sequence[TaskLike], curves: Sequence[Curve], budget: int, choo
     for s in states:
         s.trials = s.curve.anchors
         s.history.append(s.latency)
-    spent, size = sum(s.trials for s in states), max(1, min(16, budget // len(states)))
+    spent, size = sum(s.trials for s in states), batch_size(16, budget, len(states))
     counts = [t.count for t in tasks]
     curve = [(spent, end_to_end(counts, [s.latency for s in states]))]
     while spent < budget:
@@ -132,14 +133,8 @@ def gradient(options: SchedulerOptions, seed: int) -> Chooser:
 
 
 def round_robin() -> Chooser:
-    turn = [0]
-
-    def choose(states: list[Replayed], _spent: int) -> int | None:
-        i = choose_round_robin(states, turn[0])
-        turn[0] = 0 if i is None else (i + 1) % len(states)
-        return i
-
-    return choose
+    turn = RoundRobin()
+    return lambda states, _spent: turn.choose(states)
 
 
 def oracle(states: list[Replayed], _spent: int) -> int | None:
@@ -152,7 +147,7 @@ def oracle(states: list[Replayed], _spent: int) -> int | None:
 def fewest_trials(tasks: Sequence[TaskLike], curves: Sequence[Curve], budget: int, goal: float) -> int | None:
     """The fewest trials in which any allocation of whole batches (knowing every curve in advance)
     brings the estimate to `goal`: a dynamic programme over tasks and batches, the first round included."""
-    first, size = sum(c.anchors for c in curves), max(1, min(16, budget // len(tasks)))
+    first, size = sum(c.anchors for c in curves), batch_size(16, budget, len(tasks))
     batches = (budget - first) // size
     best = [0.0] + [math.inf] * batches  # the lowest estimate of the tasks so far, for b batches among them
     for task, curve in zip(tasks, curves, strict=True):

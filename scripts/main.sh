@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec xtune bench --workload "${XTUNE_WORKLOAD:-matmul:m=512,n=512,k=512}" --board local "$@"
+source scripts/python.sh
+exec "$PYTHON" -m xtune.cli bench --workload "${XTUNE_WORKLOAD:-matmul:m=512,n=512,k=512}" --board local "$@"

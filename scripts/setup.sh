@@ -13,6 +13,7 @@ APT_PACKAGES=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu
   gcc-riscv64-linux-gnu libc6-dev-riscv64-cross binutils-riscv64-linux-gnu
   openssh-server openssh-client
+  python3 python3-pip python3-venv
 )
 
 missing=()
@@ -27,11 +28,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-PYTHON="${PYTHON:-python3}"
+source scripts/python.sh
+if [ "$PYTHON" = "$(pwd -P)/.venv/bin/python" ] && [ ! -x "$PYTHON" ]; then
+  echo "setup: python3 is externally managed (PEP 668): making a virtual environment in .venv" >&2
+  python3 -m venv .venv
+fi
 # Install this checkout (editable) unless it is already the installed xtune with its dependencies.
 # The check runs from / so that the current directory cannot stand in for the installed package.
 here="$(pwd -P)/xtune/__init__.py"
-installed="$(cd / && "$PYTHON" -c 'import os, xtune, llvmlite, paramiko, xgboost, elftools, tqdm, pytest, ruff, mypy, onnx, onnxruntime
+installed="$(cd / && "$PYTHON" -c 'import os, xtune, llvmlite, paramiko, xgboost, elftools, tqdm, pytest, ruff, mypy, onnx, onnxruntime, matplotlib
 print(os.path.realpath(xtune.__file__))' 2>/dev/null || true)"
 if [ "$installed" != "$here" ]; then
   echo "setup: installing xtune and its Python dependencies" >&2

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-PYTHON="${PYTHON:-python3}"
+source scripts/python.sh
 "$PYTHON" -m ruff check xtune tests benchmarks
 "$PYTHON" -m ruff format --check xtune tests benchmarks
 "$PYTHON" -m mypy

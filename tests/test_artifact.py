@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -196,7 +197,7 @@ def test_header_compiles_as_strict_c99_and_as_cpp(tmp_path: Path) -> None:
 @pytest.mark.host_runs("x86-avx2")
 def test_example_makefile_builds_and_runs(tmp_path: Path) -> None:
     _need("make", "gcc")
-    xtune = f"{shutil.which('python3') or 'python3'} -m xtune.cli"
+    xtune = f"{sys.executable} -m xtune.cli"
     _run(["make", "-C", ROOT / "examples/firmware", f"BUILD={tmp_path}", f"XTUNE={xtune}"])
     out = _run([tmp_path / "demo"]).stdout
     assert out.count(" ok") == 2, out
@@ -205,7 +206,7 @@ def test_example_makefile_builds_and_runs(tmp_path: Path) -> None:
 @pytest.mark.board
 def test_example_cmake_cross_build_runs_under_qemu(tmp_path: Path) -> None:
     _need("cmake", "make", "aarch64-linux-gnu-gcc", "qemu-aarch64")
-    xtune = f"{shutil.which('python3') or 'python3'} -m xtune.cli"
+    xtune = f"{sys.executable} -m xtune.cli"
     _run(
         [
             "cmake",

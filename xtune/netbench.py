@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xtune.boards.agent import RunRequest, RunStatus
+from xtune.boards.agent import AgentSession, RunReply, RunRequest, RunStatus
 from xtune.boards.board import Board, InsnCountingSession
 from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import ObjectCode
-from xtune.codegen.link import link_flat
+from xtune.codegen.link import FlatImage, link_flat
 from xtune.errors import BoardError, InputError
 from xtune.netbuild import NetArtifact, build_model
 from xtune.network.graph import Source, load_model
@@ -88,38 +88,44 @@ def random_input(shape: tuple[int, ...], seed: int = SEED) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
 
 
+def load_network(session: AgentSession, artifact: NetArtifact, x: np.ndarray) -> FlatImage:
+    """Link the network's object, load it into `session` and set its entries' buffers: 0 the input `x`,
+    1 the output (NaN: an element never written shows), 2 the workspace. Returns the image (its entries)."""
+    image = link_flat(ObjectCode(artifact.target.name, artifact.target.arch, artifact.object,
+                                 artifact.entry_points))  # fmt: skip
+    session.load_image(image.code)
+    session.set_buffer(0, np.ascontiguousarray(x, dtype=np.float32).tobytes())
+    session.set_buffer(1, np.full(artifact.program.output_shape, np.nan, np.float32).tobytes())
+    session.set_buffer(2, bytes(max(64, artifact.workspace_bytes)))
+    return image
+
+
 def run_network(
     board: Board, artifact: NetArtifact, x: np.ndarray, repeat: int = 0
 ) -> tuple[np.ndarray, float]:
     """The network's output on `board` for input `x` (one checked call), and with `repeat` its cost per
     inference in the board's unit (median seconds, or the instruction count of one call; nan for none)."""
-    obj = ObjectCode(artifact.target.name, artifact.target.arch, artifact.object, artifact.entry_points)
-    image = link_flat(obj)
-    entry = image.entry(artifact.entry)
-    out = np.full(artifact.program.output_shape, np.nan, np.float32)
     with board.open() as session:
-        session.load_image(image.code)
-        session.set_buffer(0, np.ascontiguousarray(x, dtype=np.float32).tobytes())
-        session.set_buffer(1, out.tobytes())
-        session.set_buffer(2, bytes(max(64, artifact.workspace_bytes)))
+        entry = load_network(session, artifact, x).entry(artifact.entry)
         reply = session.run(RunRequest.check(entry, (0, 1, 2), timeout_ms=TIMEOUT_MS))
-        _ok(reply.status, reply.signal, board)
-        got = np.frombuffer(session.read_buffer(1), np.float32).reshape(out.shape).copy()
+        check_finished(reply, board)
+        got = np.frombuffer(session.read_buffer(1), np.float32).reshape(artifact.program.output_shape).copy()
         cost = float("nan")
         if isinstance(session, InsnCountingSession) and session.last_insn_count is not None:
             cost = float(session.last_insn_count)  # the check-only call is one inference (deterministic)
         if repeat and board.cost_unit is CostUnit.SECONDS:
             timed = session.run(RunRequest(entry, (0, 1, 2), number=1, repeat=repeat, warmup=1,
                                            timeout_ms=TIMEOUT_MS))  # fmt: skip
-            _ok(timed.status, timed.signal, board)
+            check_finished(timed, board)
             cost = statistics.median(timed.seconds)
     return got, cost
 
 
-def _ok(status: RunStatus, signal: int, board: Board) -> None:
-    if status is not RunStatus.OK:
-        why = f"signal {signal}" if status is RunStatus.SIGNAL else status.value
-        raise BoardError(f"{board.name}: the network did not finish ({why})", transient=False)
+def check_finished(reply: RunReply, board: Board, what: str = "the network") -> None:
+    """BoardError (not transient: the same call would fail again) unless the network's call returned."""
+    if reply.status is not RunStatus.OK:
+        why = f"signal {reply.signal}" if reply.status is RunStatus.SIGNAL else reply.status.value
+        raise BoardError(f"{board.name}: {what} did not finish ({why})", transient=False)
 
 
 def bench_model(

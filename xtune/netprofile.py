@@ -10,7 +10,6 @@ is the median over the runs of its ticks, so one preempted run does not move it.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 from collections.abc import Sequence
@@ -18,13 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xtune.boards.agent import RunRequest, RunStatus
+from xtune.boards.agent import RunRequest
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
-from xtune.codegen.compile import ObjectCode
-from xtune.codegen.link import link_flat
 from xtune.errors import BoardError, InputError
-from xtune.netbench import TIMEOUT_MS, random_input
+from xtune.netbench import TIMEOUT_MS, check_finished, load_network, random_input
 from xtune.netbuild import NetArtifact, build_model, check_profile, kernel_key, step_label
 from xtune.network.graph import Source
 from xtune.network.layout import DEFAULT, Layout, parse_layout
@@ -120,26 +117,19 @@ def profile_model(
 
 def _stamps(board: Board, artifact: NetArtifact, runs: int) -> tuple[np.ndarray, list[float]]:
     """Per run, the ticks of every step (runs x calls), and the wall seconds the agent timed for it."""
-    obj = ObjectCode(artifact.target.name, artifact.target.arch, artifact.object, artifact.entry_points)
-    image = link_flat(obj)
-    entry = image.entry(artifact.profile_entry)
     count = len(artifact.program.calls) + 1
-    x = random_input(artifact.program.input_shape)
     rows: list[np.ndarray] = []
     seconds: list[float] = []
     with board.open() as session:
-        session.load_image(image.code)
-        session.set_buffer(0, x.tobytes())
-        session.set_buffer(1, bytes(4 * math.prod(artifact.program.output_shape)))
-        session.set_buffer(2, bytes(max(64, artifact.workspace_bytes)))
+        image = load_network(session, artifact, random_input(artifact.program.input_shape))
+        entry = image.entry(artifact.profile_entry)
         session.set_buffer(3, bytes(8 * count))
         for i in range(runs + 1):  # the first run warms up: first touch of the workspace, caches
             reply = session.run(RunRequest(entry, (0, 1, 2, 3), number=1, repeat=1, warmup=WARMUP,
                                            timeout_ms=TIMEOUT_MS))  # fmt: skip
-            if reply.status is not RunStatus.OK or not reply.seconds:
-                why = f"signal {reply.signal}" if reply.status is RunStatus.SIGNAL else reply.status.value
-                raise BoardError(f"{board.name}: the profiled network did not finish ({why})",
-                                 transient=False)  # fmt: skip
+            check_finished(reply, board, "the profiled network")
+            if not reply.seconds:
+                raise BoardError(f"{board.name}: the profiled network returned no timing", transient=False)
             stamps = np.frombuffer(session.read_buffer(3), np.uint64).astype(np.int64)
             if i:
                 rows.append(np.diff(stamps))

@@ -214,14 +214,8 @@ class _FunctionLowering:
     # --- values -----------------------------------------------------------------------------
     def prefetch(self, stmt: Prefetch, env: Env) -> None:
         """llvm.prefetch(addr, read, locality 3 = keep in all levels, data cache) (LangRef
-        "llvm.prefetch"). The address is a plain GEP, not inbounds: it may point past the buffer."""
-        const, dynamic = self.split_index(stmt.index, env)
-        offset = str(const)
-        if dynamic:
-            offset = self.offset(tuple(dynamic))
-            if const:
-                offset = self.define(f"add nsw i64 {offset}, {const}")
-        ptr = self.define(f"getelementptr float, ptr {self.buffers[stmt.buffer]}, i64 {offset}")
+        "llvm.prefetch"). The address is not inbounds: it may point past the buffer."""
+        ptr = self.address(stmt.buffer, stmt.index, env, inbounds=False)
         self.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 0, i32 3, i32 1)")
 
     def value(self, v: Value, env: Env) -> Operand:
@@ -342,12 +336,19 @@ class _FunctionLowering:
         return value
 
     # --- addresses --------------------------------------------------------------------------
-    def address(self, buffer: str, index: Affine, env: Env) -> str:
-        """&buffer[index] as one inbounds GEP over float; the loop-variable part is computed once."""
-        const, dynamic = self.split_index(index, env)
+    def address(self, buffer: str, index: Affine, env: Env, inbounds: bool = True) -> str:
+        """&buffer[index] as one GEP over float (inbounds unless a prefetch's, which may point past the
+        buffer); the loop-variable part is computed once."""
+        const, dynamic = index.const, []
+        for var, coeff in index.terms:
+            bound = env[var]
+            if isinstance(bound, int):  # an unrolled loop's variable: folded into the constant
+                const += coeff * bound
+            else:
+                dynamic.append((bound, coeff))
         if not dynamic and not const:
             return self.buffers[buffer]
-        key = ("gep", buffer, tuple(dynamic), const)
+        key = ("gep", buffer, tuple(dynamic), const, inbounds)
         ptr = self.pure.get(key)
         if ptr is None:
             offset = str(const)
@@ -357,21 +358,10 @@ class _FunctionLowering:
                     # nuw only when adding a non-negative constant (LangRef "add": else the result is poison)
                     flags = "nuw nsw" if const > 0 else "nsw"
                     offset = self.define(f"add {flags} i64 {offset}, {const}")
-            ptr = self.define(f"getelementptr inbounds float, ptr {self.buffers[buffer]}, i64 {offset}")
+            gep = "getelementptr inbounds" if inbounds else "getelementptr"
+            ptr = self.define(f"{gep} float, ptr {self.buffers[buffer]}, i64 {offset}")
             self.pure[key] = ptr
         return ptr
-
-    @staticmethod
-    def split_index(index: Affine, env: Env) -> tuple[int, list[tuple[str, int]]]:
-        """index as its constant (unrolled loops' variables folded in) and its (i64 SSA name, coeff) terms."""
-        const, dynamic = index.const, []
-        for var, coeff in index.terms:
-            bound = env[var]
-            if isinstance(bound, int):
-                const += coeff * bound
-            else:
-                dynamic.append((bound, coeff))
-        return const, dynamic
 
     def offset(self, terms: tuple[tuple[str, int], ...]) -> str:
         """sum(coeff * iv) in i64, each prefix of the sum shared with other indices."""

@@ -134,10 +134,28 @@ def choose_gradient(states: Sequence[TaskState], options: SchedulerOptions, rng:
     return max(alive, key=lambda i: (expected[i], -states[i].batches, -i))
 
 
+def batch_size(limit: int, budget: int, tasks: int) -> int:
+    """The one size of every batch after the first round, as Ansor's rounds have one (TVM: min(64, trials
+    // tasks)): at most `limit`, and small enough that a small budget still leaves batches to allocate."""
+    return max(1, min(limit, budget // tasks))
+
+
 def choose_round_robin(states: Sequence[TaskState], turn: int) -> int | None:
     """The first running task from index `turn` on, wrapping around (None when every task has stopped)."""
     n = len(states)
     return next(((turn + k) % n for k in range(n) if states[(turn + k) % n].running), None)
+
+
+@dataclass
+class RoundRobin:
+    """Round-robin's turn across a run: each batch to the next running task after the last one chosen."""
+
+    turn: int = 0
+
+    def choose(self, states: Sequence[TaskState]) -> int | None:
+        chosen = choose_round_robin(states, self.turn)
+        self.turn = 0 if chosen is None else (chosen + 1) % len(states)
+        return chosen
 
 
 def leaves_group(state: TaskState, states: Sequence[TaskState], beta: float) -> bool:

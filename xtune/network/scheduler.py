@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING
 from xtune.boards.board import Board
 from xtune.errors import InputError
 from xtune.network.allocation import (
+    RoundRobin,
     SchedulerOptions,
     Strategy,
     TaskLike,
+    batch_size,
     choose_gradient,
-    choose_round_robin,
     end_to_end,
     leaves_group,
 )
@@ -117,7 +118,7 @@ class TaskScheduler:
             raise
         self.trials = 0
         self.curve: list[tuple[int, float]] = []
-        self._turn = 0  # round-robin's next task
+        self._round_robin = RoundRobin()
         self._rng = random.Random(options.seed)  # the ε-greedy draws: a run is a function of its seed
         self._last = 0  # the task whose agents are open
 
@@ -157,9 +158,7 @@ class TaskScheduler:
         if budget < len(fresh):
             raise InputError(f"--trials {budget} is fewer than the {len(fresh)} tasks not measured yet: each "
                              "needs at least one trial (its default config)")  # fmt: skip
-        # After the first round every batch has one size, as Ansor's rounds do (TVM: min(64, trials //
-        # tasks)): a small budget still leaves batches to allocate among the tasks.
-        size = max(1, min(self.options.batch_size, budget // len(self.tasks)))
+        size = batch_size(self.options.batch_size, budget, len(self.tasks))
         first = self._first_round(budget)
         for state in self.tasks:
             if math.isfinite(state.latency):  # resumed: it skips the first round
@@ -208,8 +207,7 @@ class TaskScheduler:
 
     def _choose(self) -> _Task | None:
         if self.scheduler.strategy is Strategy.ROUND_ROBIN:
-            chosen = choose_round_robin(self.tasks, self._turn)
-            self._turn = 0 if chosen is None else (chosen + 1) % len(self.tasks)
+            chosen = self._round_robin.choose(self.tasks)
         else:
             chosen = choose_gradient(self.tasks, self.scheduler, self._rng)
         return None if chosen is None else self.tasks[chosen]
