@@ -4,15 +4,17 @@ in the same run; GFLOP/s, ratios, share of the measured FMA peak (benchmarks/fma
 the 64-trial best and the longer run's, and the flops-weighted totals.
 
 Usage: python benchmarks/bench_layers.py [--layers issue|resnet18|mobilenetv2|all] [--trials 64]
-       [--long 512] [--seed 1] [--only SUBSTRING ...] [--insn-trials 32] [--plain]
+       [--long 512] [--rounds 5] [--seed 1] [--only SUBSTRING ...] [--insn-trials 32] [--plain]
 Each layer is tuned as the network runs it: the task `xtune tasks` extracts from the layer as a one-node
 ONNX model (so one home, `network/anchors.py`, decides it): NHWC, conv2d weights prepacked once at build
 time (as ONNX Runtime prepacks a Conv's constant weights), 3x3 stride-1 conv2d as Winograd F(2x2, 3x3).
 --plain tunes the layer as written (NCHW, direct, weights packed at every call). The peers run the layer
 as written, NCHW: ONNX Runtime's own layout (it converts to its blocked NCHWc inside), never behind
 Transposes.
---long N: one run of N trials per layer; its best after 64 trials and its best overall are timed again in
-interleaved rounds (bench.retime_gflops) so the gap is not one lucky timing. --insn-trials N: also tune
+--long N: what the 64-trial run ships (its leaders confirmed, as `xtune tune` ends), what the same run
+continued to N trials ships, and the 64 trials' fastest single timing (unconfirmed: what this column was
+before session 13) are timed again in `--rounds` interleaved rounds (bench.retime_gflops), so the gap
+is not one lucky timing; their config indices follow the table. --insn-trials N: also tune
 each layer N trials on qemu-aarch64 by instruction count and print the best count against the FMA lower
 bound (flops / 2 / lanes: one vector FMA per `lanes` multiply-adds, nothing else).
 ORT needs the `bench` extra. The machine should be otherwise idle: every figure is a timing.
@@ -23,7 +25,9 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from fma_peak import measured_peak_gflops  # benchmarks/ is the script's directory, first on sys.path
 
@@ -32,7 +36,7 @@ from xtune.boards.board import Board, get_board
 from xtune.network.tasks import extract_tasks
 from xtune.peers import onnx_model, ort_gflops
 from xtune.target import Target
-from xtune.tuning.loop import TuneProgress
+from xtune.tuning.database import TuningLog
 from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
 from xtune.workload import Workload, parse_workload
 
@@ -133,30 +137,36 @@ class Row:
     layer: Layer
     numpy: float
     ort: float
-    at64: float  # GFLOP/s of the 64-trial best, timed again
-    long: float  # of the long run's best (= at64 without --long)
+    at64: float  # GFLOP/s of what the 64-trial run ships (its leaders confirmed), timed again
+    long: float  # of what the same run continued to --long trials ships (= at64 without --long)
+    picks: str  # the three configs' indices
 
 
 def tune_layer(
-    wl: Workload, board: Board, trials: int, long: int, seed: int, numpy: float
-) -> tuple[float, float]:
-    """GFLOP/s of the best config after `trials` and after `long` trials of one run, re-timed together."""
-    at: dict[str, int | None] = {"short": None}
+    wl: Workload, board: Board, trials: int, long: int, seed: int, numpy: float, rounds: int
+) -> dict[str, tuple[int, float]]:
+    """The config index and GFLOP/s of what a `trials`-trial run ships ("short"), of what the same run
+    continued to `long` trials ships ("long"), and of the first `trials` trials' fastest single timing
+    ("single"), re-timed together in `rounds` interleaved rounds. Empty if a run found nothing.
 
-    def watch(progress: TuneProgress) -> None:
-        if progress.trials <= trials:
-            at["short"] = progress.best_index
-
-    # Batches that end exactly at `trials`, so the short run's best is one of the long run's bests.
-    options = TuneOptions(tuner="xgb", trials=max(trials, long), batch_size=math.gcd(16, trials), seed=seed)
-    report = run_tuning(wl, [board], options, None, watch, numpy)
-    short, best = at["short"], report.best_index
-    if short is None or best is None:
-        return 0.0, 0.0
-    picks = list(dict.fromkeys([short, best]))
-    timings = retime_gflops(wl, board, picks, rounds=5)
-    medians = {i: statistics.median(t) for i, t in zip(picks, timings, strict=True)}
-    return medians[short], medians[best]
+    Both runs end as `xtune tune` does: their leaders timed again (TuneOptions.confirm), the best the
+    lowest median (database.best). The long run resumes the short run's log, as a user tuning further
+    would: its first `trials` trials are the short run's. The unconfirmed pick is what this benchmark
+    compared before session 13 (the best of a 512-trial run's first 64 timings)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = TuningLog(Path(tmp) / "log.jsonl")
+        options = TuneOptions(tuner="xgb", trials=trials, batch_size=16, seed=seed)
+        short = run_tuning(wl, [board], options, log, None, numpy).best_index
+        first = [r for r in log.read()[:trials] if r.result.ok]
+        more = replace(options, trials=long - trials)
+        best = run_tuning(wl, [board], more, log, None, numpy).best_index if long > trials else short
+    if short is None or best is None or not first:
+        return {}
+    picks = {"short": short, "long": best, "single": min(first, key=lambda r: r.cost).index}
+    distinct = list(dict.fromkeys(picks.values()))
+    timings = retime_gflops(wl, board, distinct, rounds=rounds)
+    medians = {i: statistics.median(t) for i, t in zip(distinct, timings, strict=True)}
+    return {name: (i, medians[i]) for name, i in picks.items()}
 
 
 def insn_row(wl: Workload, trials: int, seed: int) -> tuple[float, float]:
@@ -175,6 +185,7 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=0, help="also a run of this many trials (e.g. 512)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", action="append", help="layers whose name contains this")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the re-timing")
     parser.add_argument("--insn-trials", type=int, default=0)
     parser.add_argument("--plain", action="store_true", help="conv2d layers pack their weights per call")
     args = parser.parse_args()
@@ -186,29 +197,32 @@ def main() -> None:
         f"local {board.target.name}; measured FMA peak {peak:.1f} GFLOP/s (one core); xgb seed {args.seed}; "
         f"layers {'as written (--plain)' if args.plain else 'as the network runs them'}\n"
     )
+    heading = args.long or "-"
     print(f"| layer | count | numpy | ORT | xtune {args.trials} | × ORT | × numpy | % peak | "
-          f"{args.long or '-'} trials | {args.trials}/{args.long or '-'} |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"{heading} trials | {args.trials}/{heading} | unconfirmed/{heading} |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for layer in layers:
         written, wl = parse_workload(layer.workload), as_run(layer.workload, board.target, args.plain)
         numpy = local_numpy_gflops(written, [board]) or math.nan
         ort = ort_gflops(written) or math.nan
-        at64, long = tune_layer(wl, board, args.trials, args.long, args.seed, numpy)
+        tuned = tune_layer(wl, board, args.trials, args.long, args.seed, numpy, args.rounds)
+        (_, at64), (_, long), (_, single) = (tuned.get(k, (0, 0.0)) for k in ("short", "long", "single"))
+        picks = ", ".join(f"{k} #{i}" for k, (i, _) in tuned.items())
         # The peers again right after xtune's re-timing, and their better figure: on a shared host a
         # quiet spell during the tuning run must not flatter xtune's ratios.
         numpy = max(numpy, local_numpy_gflops(written, [board]) or math.nan)
         ort = max(ort, ort_gflops(written) or math.nan)
         peak = max(peak, measured_peak_gflops())  # the best probe so far: a peak is an undisturbed figure
-        rows.append(Row(layer=layer, numpy=numpy, ort=ort, at64=at64, long=long))
-        gap = f"{at64 / long:.3f}" if args.long and long else "-"
+        rows.append(Row(layer=layer, numpy=numpy, ort=ort, at64=at64, long=long, picks=picks))
+        gap, single_gap = (f"{x / long:.3f}" if args.long and long else "-" for x in (at64, single))
         long_text = f"{long:.1f}" if args.long else "-"
         print(f"| {layer.name} | {layer.count} | {numpy:.1f} | {ort:.1f} | {at64:.1f} | {at64 / ort:.2f} "
-              f"| {at64 / numpy:.2f} | {100 * at64 / peak:.0f}% | {long_text} | {gap} |",
+              f"| {at64 / numpy:.2f} | {100 * at64 / peak:.0f}% | {long_text} | {gap} | {single_gap} |",
               flush=True)  # fmt: skip
     print(f"\nmeasured FMA peak, the best of every layer's probe: {peak:.1f} GFLOP/s\n")
-    for layer in layers:  # what was tuned (the peers ran the layer as written)
-        print(f"{layer.name}: {as_run(layer.workload, board.target, args.plain).key}")
+    for row in rows:  # what was tuned (the peers ran the layer as written) and the configs picked
+        print(f"{row.layer.name}: {as_run(row.layer.workload, board.target, args.plain).key} ({row.picks})")
     print()
     for table in TABLES:
         chosen = [r for r in rows if r.layer in TABLES[table] and r.at64 > 0]
