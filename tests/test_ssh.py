@@ -89,24 +89,48 @@ class PrivateSshd:
 
     def start(self) -> None:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # the privilege-separation dir sshd insists on
-        self.proc = subprocess.Popen([SSHD, "-D", "-f", str(self.config), "-E", str(self.root / "sshd.log")])
+        log = self.root / "sshd.log"
+        # This sshd's own "Server listening" line, not just an answer on the port: a port that something
+        # else still holds would answer too, and the test would then talk to that.
+        started = self._listening_lines(log)
+        self.proc = subprocess.Popen([SSHD, "-D", "-f", str(self.config), "-E", str(log)])
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sshd exited: {(self.root / 'sshd.log').read_text()[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
+                raise RuntimeError(f"sshd exited: {log.read_text()[-2000:]}")
+            if self._listening_lines(log) > started:
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                    return
+                except OSError:
+                    pass
+            time.sleep(0.05)
         raise RuntimeError("sshd did not start listening")
+
+    def _listening_lines(self, log: Path) -> int:
+        text = log.read_text() if log.exists() else ""
+        return text.count(f"Server listening on 127.0.0.1 port {self.port}.")
 
     def kill_all(self) -> None:
         """SIGKILL sshd and every process under it: per-connection sshd children call setsid(), so
-        they are found through /proc, not by process group. Nothing it started survives."""
+        they are found through /proc, not by process group. Nothing it started survives.
+
+        The tree is frozen (SIGSTOP) first, scanning again until no new process turns up: a connection
+        that the listener accepted between a scan and its kill would otherwise live on as an orphan and
+        serve a client that should have lost its board (a fresh-clone CI run saw a tuning run finish
+        all its trials through one)."""
         if self.proc is None:
             return
-        for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+        frozen: set[int] = set()
+        found = {self.proc.pid}
+        while found:
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            frozen |= found
+            time.sleep(0.01)  # a fork under way when its parent was stopped shows up in the next scan
+            found = set(_descendants(self.proc.pid)) - frozen
+        for pid in frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait()
