@@ -118,7 +118,7 @@ class PrivateSshd:
         The tree is frozen (SIGSTOP) first, scanning again until no new process turns up: a connection
         that the listener accepted between a scan and its kill would otherwise live on as an orphan and
         serve a client that should have lost its board (a fresh-clone CI run saw a tuning run finish
-        all its trials through one)."""
+        all its trials after the kill: docs/notes.md, §4)."""
         if self.proc is None:
             return
         frozen: set[int] = set()
