@@ -23,7 +23,8 @@ from pathlib import Path
 from xtune.boards.board import get_board
 from xtune.network import zoo
 from xtune.network.allocation import SchedulerOptions, Strategy
-from xtune.network.scheduler import ModelStop, ModelTuningResult, TaskScheduler
+from xtune.network.results import ModelTuningResult
+from xtune.network.scheduler import TaskScheduler
 from xtune.network.tasks import extract_tasks
 from xtune.tuning.database import TuningLog
 from xtune.tuning.run import TuneOptions
@@ -94,8 +95,8 @@ def interleaved(
             if next(gen, None) is None:
                 del batches[strategy]
             seconds[strategy] += time.perf_counter() - t0
-    return {s: run.result(ModelStop.TRIALS if run.trials >= budget else ModelStop.TASKS_DONE, model=model,
-                          budget=budget, seconds=seconds[s]) for s, run in runs.items()}  # fmt: skip
+    return {s: run.result(run.ended(budget), model=model, budget=budget, seconds=seconds[s])
+            for s, run in runs.items()}  # fmt: skip
 
 
 def main() -> None:

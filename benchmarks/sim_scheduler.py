@@ -42,6 +42,9 @@ from xtune.network.allocation import (
 )
 from xtune.tuning.database import read_logs
 
+# Trials per batch after the first round, recorded and replayed: `xtune tune`'s (TuneOptions.batch_size).
+BATCH = 16
+
 
 @dataclass(frozen=True, kw_only=True)
 class Curve:
@@ -111,7 +114,7 @@ def replay(tasks: Sequence[TaskLike], curves: Sequence[Curve], budget: int, choo
     for s in states:
         s.trials = s.curve.anchors
         s.history.append(s.latency)
-    spent, size = sum(s.trials for s in states), batch_size(16, budget, len(states))
+    spent, size = sum(s.trials for s in states), batch_size(BATCH, budget, len(states))
     counts = [t.count for t in tasks]
     curve = [(spent, end_to_end(counts, [s.latency for s in states]))]
     while spent < budget:
@@ -139,7 +142,8 @@ def round_robin() -> Chooser:
 
 def oracle(states: list[Replayed], _spent: int) -> int | None:
     """The batch to the task whose next 16 trials lower the estimate the most (known curves)."""
-    drops = [s.task.count * (s.latency - s.curve.best(s.trials + 16)) if s.running else -1.0 for s in states]
+    drops = [s.task.count * (s.latency - s.curve.best(s.trials + BATCH)) if s.running else -1.0
+             for s in states]  # fmt: skip
     best = max(range(len(states)), key=lambda i: (drops[i], -states[i].batches))
     return best if drops[best] >= 0 else None
 
@@ -147,7 +151,7 @@ def oracle(states: list[Replayed], _spent: int) -> int | None:
 def fewest_trials(tasks: Sequence[TaskLike], curves: Sequence[Curve], budget: int, goal: float) -> int | None:
     """The fewest trials in which any allocation of whole batches (knowing every curve in advance)
     brings the estimate to `goal`: a dynamic programme over tasks and batches, the first round included."""
-    first, size = sum(c.anchors for c in curves), batch_size(16, budget, len(tasks))
+    first, size = sum(c.anchors for c in curves), batch_size(BATCH, budget, len(tasks))
     batches = (budget - first) // size
     best = [0.0] + [math.inf] * batches  # the lowest estimate of the tasks so far, for b batches among them
     for task, curve in zip(tasks, curves, strict=True):
@@ -229,13 +233,13 @@ def main_record(args: argparse.Namespace) -> None:
 
     board = get_board("local")
     tasks = extract_tasks(zoo.NETWORKS[args.model](), board.target).tasks
-    options = TuneOptions(trials=1, batch_size=16, confirm=0, seed=args.seed)
+    options = TuneOptions(trials=1, batch_size=BATCH, confirm=0, seed=args.seed)
     probe = TaskScheduler(tasks, [board], options)
     try:
         first = probe.first_round_trials()
     finally:
         probe.close()
-    budget = first + len(tasks) * args.batches * 16
+    budget = first + len(tasks) * args.batches * BATCH
     even = SchedulerOptions(strategy=Strategy.ROUND_ROBIN)
     result = tune_tasks(tasks, [board], replace(options, trials=budget), TuningLog(args.log),
                         model=args.model, scheduler=even)  # fmt: skip

@@ -100,16 +100,15 @@ class NetArtifact:
 
     @property
     def entry(self) -> str:
-        return f"{self.prefix}_run"
+        return entry_name(self.prefix)
 
     @property
     def profile_entry(self) -> str:
-        return f"{self.prefix}_profile"
+        return entry_name(self.prefix, profile=True)
 
     @property
     def entry_points(self) -> tuple[str, ...]:
-        profile = (self.profile_entry,) if self.profiled else ()
-        return (*(f"{self.prefix}_{name}" for name in _QUERIES), self.entry, *profile)
+        return entry_points(self.prefix, self.profiled)
 
     @property
     def workspace_bytes(self) -> int:
@@ -141,6 +140,18 @@ _QUERIES = {
     "output_size": ("uint64_t", "i64", "floats of the output"),
     "build_id": ("uint32_t", "i32", "the build's id: equal to the header's"),
 }
+
+
+def entry_name(prefix: str, profile: bool = False) -> str:
+    """`{prefix}_run`, the network's entry, or `{prefix}_profile`, a profile build's second entry."""
+    return f"{prefix}_{'profile' if profile else 'run'}"
+
+
+def entry_points(prefix: str, profile: bool) -> tuple[str, ...]:
+    """The object's external functions: the queries, the entry and, in a profile build, the profile entry."""
+    runs = (entry_name(prefix), entry_name(prefix, profile=True)) if profile else (entry_name(prefix),)
+    return (*(f"{prefix}_{name}" for name in _QUERIES), *runs)
+
 
 # The counter a profile build reads between steps, by architecture: `llvm.readcyclecounter` lowers to
 # RDTSC on x86-64 (the time-stamp counter: constant rate on CPUs with invariant TSC, Intel SDM vol. 3B
@@ -194,12 +205,7 @@ def build_model(
     queries = _queries_ir(prog, prefix, build_id)
     extra = ([weights_global(rodata.nbytes)] if rodata.nbytes else []) + [entry, queries]
     module = lower(list(kernels.values()), module_name=f"{prefix}_network", internal=True, extra=extra)
-    names = (
-        *(f"{prefix}_{q}" for q in _QUERIES),
-        f"{prefix}_run",
-        *((f"{prefix}_profile",) if profile else ()),
-    )
-    obj = compile_object(module, tgt, names)
+    obj = compile_object(module, tgt, entry_points(prefix, profile))
     if rodata.nbytes:
         obj = patch_weights(obj, blob)
     check_object(obj, tgt)
@@ -332,7 +338,7 @@ def _entry_ir(
         Space.WORKSPACE: "%workspace",
         Space.WEIGHTS: "%w",
     }
-    name, stamps = (prefix + "_profile", ", ptr noalias %stamps") if profile else (prefix + "_run", "")
+    name, stamps = entry_name(prefix, profile), (", ptr noalias %stamps" if profile else "")
     lines = [
         f"define i32 @{quoted(name)}(ptr noalias %input, ptr noalias %output, ptr noalias %workspace"
         f"{stamps}) #0 {{",
@@ -395,7 +401,7 @@ def _with_header(a: NetArtifact) -> NetArtifact:
     tasks = sum(k.calls for k in a.kernels if k.source != "generated")
     lines = header_open(a.target, guard, includes=("stdint.h",))
     lines += [
-        f"/* {p}_run: the whole network {os.path.basename(a.model)}, {len(prog.calls)} kernel calls "
+        f"/* {a.entry}: the whole network {os.path.basename(a.model)}, {len(prog.calls)} kernel calls "
         f"({tasks} tuned tasks, {len(prog.calls) - tasks} generated operators).",
         f" *   input:  float{dims}, '{prog.input}', row-major (NCHW), read only",
         f" *   output: float{out_dims}, '{prog.output}', row-major, overwritten",
@@ -419,7 +425,7 @@ def _with_header(a: NetArtifact) -> NetArtifact:
         f"#define {up}_STACK_BYTES {a.stack_bytes}u",
         f"#define {up}_WEIGHTS_BYTES {a.weights_bytes}u",
         f"#define {up}_BUILD_ID {a.build_id:#010x}u",
-        f"int {p}_run(const float *input, float *output, void *workspace);",
+        f"int {a.entry}(const float *input, float *output, void *workspace);",
         "",
     ]
     for name, (cty, _, what) in _QUERIES.items():
@@ -437,15 +443,15 @@ def _with_header(a: NetArtifact) -> NetArtifact:
 
 def _profile_header(a: NetArtifact) -> list[str]:
     """A profile build's extra entry and the step each stamp follows."""
-    p, up, calls = a.prefix, a.prefix.upper(), a.program.calls
+    up, calls = a.prefix.upper(), a.program.calls
     lines = [
         "",
-        f"/* Profile build: {p}_profile runs the network as {p}_run does and writes {len(calls) + 1} counter "
-        f"readings ({PROFILE_COUNTERS[a.target.arch]}) to stamps:",
+        f"/* Profile build: {a.profile_entry} runs the network as {a.entry} does and writes "
+        f"{len(calls) + 1} counter readings ({PROFILE_COUNTERS[a.target.arch]}) to stamps:",
         " * stamps[0] before the first step, stamps[i + 1] after step i (step i took stamps[i + 1] - "
         "stamps[i] ticks). */",
         f"#define {up}_PROFILE_STAMPS {len(calls) + 1}u",
-        f"int {p}_profile(const float *input, float *output, void *workspace, uint64_t *stamps);",
+        f"int {a.profile_entry}(const float *input, float *output, void *workspace, uint64_t *stamps);",
         "/* Steps:",
     ]
     lines += [f" *   {i:3d} {step_label(call)}" for i, call in enumerate(calls)]

@@ -92,10 +92,10 @@ def quoted(name: str) -> str:
 class _FunctionLowering:
     """Lowers one kernel's statements into the lines of one function definition."""
 
-    def __init__(self, kernel: Kernel, intrinsics: set[int], internal: bool = False):
+    def __init__(self, kernel: Kernel, declarations: set[str], internal: bool = False):
         self.kernel = kernel
         self.internal = internal
-        self.intrinsics = intrinsics  # lane counts of the llvm.fmuladd variants the module must declare
+        self.declarations = declarations  # of the intrinsics the module calls (shared by its functions)
         self.lines: list[str] = ["entry:"]
         self.block = "entry"  # the label of the block being filled, as referenced after '%'
         self.counter = 0
@@ -216,6 +216,7 @@ class _FunctionLowering:
         """llvm.prefetch(addr, read, locality 3 = keep in all levels, data cache) (LangRef
         "llvm.prefetch"). The address is not inbounds: it may point past the buffer."""
         ptr = self.address(stmt.buffer, stmt.index, env, inbounds=False)
+        self.declarations.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
         self.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 0, i32 3, i32 1)")
 
     def value(self, v: Value, env: Env) -> Operand:
@@ -245,9 +246,12 @@ class _FunctionLowering:
     def muladd(self, v: MulAdd, env: Env) -> Operand:
         """llvm.fmuladd: one FMA where the target has it, mul + add elsewhere (never a libcall)."""
         (a, lanes), (b, _), (c, _) = (self.value(part, env) for part in (v.a, v.b, v.c))
-        self.intrinsics.add(lanes)
+        return self.fmuladd(a, b, c, lanes), lanes
+
+    def fmuladd(self, a: str, b: str, c: str, lanes: int) -> str:
         ty = ftype(lanes)
-        return self.define(f"call {ty} @llvm.fmuladd.{_suffix(lanes)}({ty} {a}, {ty} {b}, {ty} {c})"), lanes
+        self.declarations.add(f"declare {ty} @llvm.fmuladd.{_suffix(lanes)}({ty}, {ty}, {ty})")
+        return self.define(f"call {ty} @llvm.fmuladd.{_suffix(lanes)}({ty} {a}, {ty} {b}, {ty} {c})")
 
     def binary(self, v: Binary, env: Env) -> Operand:
         (lhs, lanes), (rhs, _) = self.value(v.a, env), self.value(v.b, env)
@@ -282,8 +286,7 @@ class _FunctionLowering:
             return str(value) if lanes == 1 else "<" + ", ".join([f"i32 {value}"] * lanes) + ">"
 
         def fma(a: str, b: str, addend: str) -> str:
-            self.intrinsics.add(lanes)
-            return self.define(f"call {ty} @llvm.fmuladd.{_suffix(lanes)}({ty} {a}, {ty} {b}, {ty} {addend})")
+            return self.fmuladd(a, b, addend, lanes)
 
         clamped = self.select(x, "olt", c(_EXP_LO), c(_EXP_LO), x, lanes)
         clamped = self.select(clamped, "ogt", c(_EXP_HI), c(_EXP_HI), clamped, lanes)
@@ -402,14 +405,8 @@ def lower(
 
     With `internal`, the kernels are internal, never-inlined functions instead, and `extra` holds the rest
     of the module (globals, the external functions that call the kernels), written by the caller."""
-    intrinsics: set[int] = set()
-    functions = [_FunctionLowering(kernel, intrinsics, internal).text() for kernel in kernels]
-    declarations = []
-    for lanes in sorted(intrinsics):
-        ty = ftype(lanes)
-        declarations.append(f"declare {ty} @llvm.fmuladd.{_suffix(lanes)}({ty}, {ty}, {ty})")
-    if any("@llvm.prefetch.p0" in text for text in functions):
-        declarations.append("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+    declarations: set[str] = set()
+    functions = [_FunctionLowering(kernel, declarations, internal).text() for kernel in kernels]
     header = f"; ModuleID = {quoted(module_name)}"
     attributes = [FUNCTION_ATTRIBUTES, *([INTERNAL_ATTRIBUTES] if internal else [])]
-    return "\n\n".join([header, *extra, *functions, *declarations, *attributes]) + "\n"
+    return "\n\n".join([header, *extra, *functions, *sorted(declarations), *attributes]) + "\n"

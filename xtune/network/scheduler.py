@@ -148,7 +148,11 @@ class TaskScheduler:
             return ModelStop.INTERRUPTED
         except StopTuning:  # a board failed for good: no task can be measured on it, nor confirmed
             return ModelStop.BOARD_FAILED
-        return self._confirm(ModelStop.TRIALS if self.trials >= budget else ModelStop.TASKS_DONE)
+        return self._confirm(self.ended(budget))
+
+    def ended(self, budget: int) -> ModelStop:
+        """Why `batches(budget)` ended: the budget was spent, or every task stopped before."""
+        return ModelStop.TRIALS if self.trials >= budget else ModelStop.TASKS_DONE
 
     def batches(self, budget: int) -> Iterator[int]:
         """`run` one batch at a time, unconfirmed: yields the trials spent after each batch, and ends
