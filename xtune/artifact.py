@@ -18,7 +18,7 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
-from xtune.files import check_output, write_all_atomic
+from xtune.files import check_paths, write_all_atomic
 from xtune.operators import TensorSpec
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
@@ -95,17 +95,16 @@ class Artifact:
         write_all_atomic(files)  # all three written before any replaces its old file
 
 
-def check_outputs(object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None) -> None:
-    """InputError unless each output can be written and no two name the same file (call it before a build)."""
-    paths = {"object": object_path, "header": header_path, "archive": archive_path}
-    real: dict[Path, str] = {}
-    for what, path in paths.items():
-        if path is None:
-            continue
-        resolved = check_output(path, what)
-        if resolved in real:
-            raise InputError(f"the {real[resolved]} and the {what} are the same file {path}")
-        real[resolved] = what
+def check_outputs(
+    object_path: PathLike,
+    header_path: PathLike,
+    archive_path: PathLike | None = None,
+    inputs: Sequence[tuple[PathLike | None, str]] = (),
+) -> None:
+    """InputError unless each output can be written, no two name the same file, and none is one of the
+    `inputs` (the logs, the model) a build reads (call it before a build: `xtune.files.check_paths`)."""
+    outputs = [(object_path, "object"), (header_path, "header"), (archive_path, "archive")]
+    check_paths(outputs, inputs)
 
 
 @dataclass(frozen=True)

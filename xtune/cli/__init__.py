@@ -13,7 +13,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from xtune.cli.common import Handler
+from xtune.cli.common import Handler, one_line
 from xtune.cli.parser import build_parser
 from xtune.errors import XtuneError
 
@@ -22,8 +22,7 @@ __all__ = ["build_parser", "main"]
 
 def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
     """Every warning as one line (Python's default format adds the source line that raised it)."""
-    text = " ".join(str(message).split())
-    print(f"xtune: warning: {text}", file=sys.stderr)
+    print(f"xtune: warning: {one_line(str(message))}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +39,7 @@ def _run(handler: Handler, args: argparse.Namespace) -> int:
     try:
         return handler(args)
     except XtuneError as err:
-        print(f"xtune: error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"xtune: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except MemoryError:
         print("xtune: error: out of memory (a workload's tensors are bounded, see README.md; "

@@ -25,8 +25,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise InputError("give --workload (a kernel) or --model (a whole network)")
     if args.log:
         raise InputError("--log is for --model; a kernel's config is --config")
-    if args.profile:
-        raise InputError("--profile times the steps of a whole network (--model)")
+    if args.profile or args.refuse_nonfinite:
+        option = "--profile" if args.profile else "--refuse-nonfinite"
+        raise InputError(f"{option} is for a whole network (--model)")
     workload = parse_workload(args.workload)
     board = get_board(args.board, args.boards, target=args.target)
     report = bench(workload, board, args.config)
@@ -68,10 +69,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     model_layout(args)  # refuses --layout without a model
     if not args.workload:
         raise InputError("give --workload (repeat for each kernel) or --model (a whole network)")
-    if args.reference is not None or args.profile:
-        option = "--reference" if args.reference is not None else "--profile"
+    if args.reference is not None or args.profile or args.refuse_nonfinite:
+        option = (
+            "--reference"
+            if args.reference is not None
+            else "--profile"
+            if args.profile
+            else "--refuse-nonfinite"
+        )
         raise InputError(f"{option} is for --model builds")
-    check_outputs(args.output, args.header, args.archive)  # before compiling anything
+    logs = [(log, "log") for log in args.log or ()]
+    check_outputs(args.output, args.header, args.archive, logs)  # before compiling anything
     artifact = build(args.target, args.workload, args.log or (), args.prefix or "xt")
     artifact.write(args.output, args.header, args.archive)
     for warning in artifact.warnings:

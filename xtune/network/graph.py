@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
 from xtune.errors import InputError
+from xtune.files import check_input
+from xtune.frontend.validate import check, check_weights, validate
 
 SMALL_CONSTANT = 64  # elements: initializers up to this size stay data during shape inference
 MIN_OPSET = 11  # Clip's bounds became inputs in opset 11; older models are not worth a second path
@@ -86,25 +87,27 @@ def load_model(source: Source) -> onnx.ModelProto:
     """The ModelProto of a file, or InputError naming the file."""
     if isinstance(source, onnx.ModelProto):
         return source
-    path = Path(source)
-    if not path.is_file():
-        raise InputError(f"{path}: no such ONNX file")
+    path = check_input(source, "ONNX file")
+    if path.stat().st_size == 0:
+        raise InputError(f"{source}: the file is empty, not an ONNX model")
     try:
         return onnx.load_model(path)
     except Exception as err:  # protobuf's DecodeError and friends: the file is not a model
-        raise InputError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from None
+        raise InputError(f"{source}: not an ONNX model ({type(err).__name__}: {err})") from None
 
 
 def load_graph(source: Source) -> Graph:
     """Import `source` (a path or a ModelProto); InputError in one line for anything xtune cannot take."""
-    model = load_model(source)
-    where = str(source) if not isinstance(source, onnx.ModelProto) else (model.graph.name or "model")
+    loaded = load_model(source)
+    where = str(source) if not isinstance(source, onnx.ModelProto) else (loaded.graph.name or "model")
+    model = validate(loaded, where)  # nodes in topological order from here on
     opset = _opset(model, where)
     try:
         inferred = shape_inference.infer_shapes(_skeleton(model), strict_mode=True)
     except Exception as err:  # onnx's InferenceError, ValidationError: a broken or inconsistent model
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = " ".join(str(err).split())[:300] or type(err).__name__
         raise InputError(f"{where}: shape inference failed: {first}") from None
+    check(inferred, where)
     g = inferred.graph
     constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     nodes = []
@@ -121,6 +124,7 @@ def load_graph(source: Source) -> Graph:
         outputs=tuple(o.name for o in g.output), constants=constants, shapes=shapes,
     )  # fmt: skip
     _check_tensors(graph, types, where)
+    check_weights(g.node, shapes, where)
     return graph
 
 

@@ -1,0 +1,1 @@
+"""The ONNX front end: a model file in, a checked and normalized graph out (load, validate, normalize)."""
