@@ -23,7 +23,7 @@ from xtune.operators import TensorSpec
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
-from xtune.templates import ScheduleTemplate, template_for
+from xtune.templates import MAX_STACK_BYTES, ScheduleTemplate, template_for
 from xtune.tuning.database import Record, build_choice, config_of, read_logs
 from xtune.workload import Workload, parse_workload
 
@@ -37,10 +37,6 @@ ABIS = {
     "riscv64": "RISC-V ELF psABI, LP64D (hard-float double calling convention)",
 }
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
-# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
-# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB.
-MAX_STACK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from xtune.network.anchors import Anchor, anchor_of
 from xtune.network.graph import Graph, Node, Source, load_graph
 from xtune.network.layout import DEFAULT, Layout, parse_layout, runs_in
 from xtune.target import Target, get_target, host_target
+from xtune.templates import MAX_STACK_BYTES, template_for
 from xtune.tuning.database import Record, build_choice
 from xtune.workload import Workload, parse_workload
 
@@ -122,9 +123,24 @@ def extract_tasks(
              flops=float(group[0].workload.flops()), ops=tuple(group))
         for group in calls.values()
     )  # fmt: skip
+    for task in tasks:
+        _check_stack(graph, task, tgt)
     total = sum(t.flops * t.count for t in tasks)
     return TaskSet(model=graph.name, target=tgt, layout=where, tasks=tasks, other_nodes=tuple(others),
                    total_flops=total)  # fmt: skip
+
+
+def _check_stack(graph: Graph, task: Task, target: Target) -> None:
+    """InputError naming the node when the task's default kernel needs more stack than any kernel may
+    (MAX_STACK_BYTES: the agent's stack): every config would then be measured as a crash."""
+    template = template_for(task.workload, target)
+    need = template.kernel(template.default_config(), "stack_check").stack_bytes
+    if need > MAX_STACK_BYTES:
+        raise InputError(
+            f"{graph.name}: node '{task.nodes[0]}': its kernel ({task.workload.key}) needs {need} bytes of "
+            f"stack, more than the {MAX_STACK_BYTES} a kernel may use (docs/firmware.md, Stack): the "
+            "tensor is too large for xtune's kernels"
+        )
 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
@@ -210,10 +226,14 @@ def _fold_batchnorm(
     eps = float(bn.attr("epsilon", 1e-5))  # type: ignore[arg-type]
     if gamma.size != a.channels:
         return None
-    scale = gamma / np.sqrt(var + eps)
-    folded = a.scale_channels(weights, scale).astype(np.float32)
-    start = np.zeros(a.channels) if bias is None else bias.astype(np.float64)
-    return folded, ((start - mean) * scale + beta).astype(np.float32)
+    # A zero (with epsilon 0), negative or NaN variance gives a non-finite scale, folded as it is: ONNX
+    # Runtime folds BatchNormalization into a Conv the same way (its ConvBNFusion), so the NaN and inf
+    # outputs land where its do, and numpy's "invalid value" warnings would only repeat that.
+    with np.errstate(all="ignore"):
+        scale = gamma / np.sqrt(var + eps)
+        folded = a.scale_channels(weights, scale).astype(np.float32)
+        start = np.zeros(a.channels) if bias is None else bias.astype(np.float64)
+        return folded, ((start - mean) * scale + beta).astype(np.float32)
 
 
 def _available(graph: Graph, other: str, out: str, anchor: int, writers: dict[str, int]) -> bool:
