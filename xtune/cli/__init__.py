@@ -8,16 +8,33 @@ best, report, model), `networks` (tasks, --model builds and benches), `progress`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from xtune.cli.common import Handler, one_line
-from xtune.cli.parser import build_parser
 from xtune.errors import XtuneError
 
+if TYPE_CHECKING:
+    from xtune.cli.parser import build_parser
+
 __all__ = ["build_parser", "main"]
+
+
+def __getattr__(name: str) -> object:
+    """`build_parser`, imported on first use: the parser imports numpy and every command's module, which
+    `main` does inside its Ctrl-C handling."""
+    if name == "build_parser":
+        from xtune.cli.parser import build_parser
+
+        return build_parser
+    raise AttributeError(f"module 'xtune.cli' has no attribute '{name}'")
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
@@ -27,12 +44,39 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: object, *
 
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning
-    args = build_parser().parse_args(argv)
-    handler: Handler = args.handler
-    with warnings.catch_warnings():  # restored on return: main() may run in a caller's process
-        warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
-        warnings.showwarning = _show_warning
-        return _run(handler, args)
+    with _terminate_as_interrupt():
+        try:
+            from xtune.cli.parser import build_parser  # half a second of imports: Ctrl-C may land here
+
+            args = build_parser().parse_args(argv)
+        except KeyboardInterrupt:
+            print("xtune: interrupted", file=sys.stderr)
+            return 130
+        handler: Handler = args.handler
+        with warnings.catch_warnings():  # restored on return: main() may run in a caller's process
+            warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
+            warnings.showwarning = _show_warning
+            return _run(handler, args)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (kill, a service manager stopping xtune) handled as Ctrl-C is: the run stops where it is,
+    its compile pool is shut down (no leaked semaphores for multiprocessing's resource tracker to warn
+    about), every finished measurement stays in the log, exit status 130. Only from the main thread,
+    where Python runs signal handlers; the caller's handler is restored on return."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(handler: Handler, args: argparse.Namespace) -> int:

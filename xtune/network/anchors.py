@@ -44,10 +44,13 @@ class Anchor:
         packed = {"prepacked": 1} if constant and self.op != "depthwise" else {}
         switches = {"bias": int(bias), **flags, **packed}
         where: tuple[tuple[str, str], ...] = (("layout", layout.value),) if layout is not Layout.NCHW else ()
-        if constant and self.op == "conv2d" and winograd_eligible({"dilation": 1, **dict(self.sizes)}):
+        finite = constant and bool(np.all(np.isfinite(self.weights)))
+        if finite and self.op == "conv2d" and winograd_eligible({"dilation": 1, **dict(self.sizes)}):
             # 2.25x fewer multiplies than any direct kernel, with U = G g G^T made once at build time
             # (docs/design.md, Convolutions; docs/benchmarks.md, issue 18). Weights that are an activation
-            # would be transformed on every call: those layers stay direct.
+            # would be transformed on every call: those layers stay direct. So do non-finite weights:
+            # the transform mixes each weight into 16 sums, and inf - inf makes NaN of outputs that a
+            # direct convolution computes as +-inf (what ONNX Runtime gives).
             where += (("algo", "winograd"),)
         return f"{self.op}:" + ",".join(f"{k}={v}" for k, v in (*self.sizes, *where, *switches.items()))
 
