@@ -50,6 +50,8 @@ def validate(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     g = model.graph
     if not (g.node or g.input or g.output or model.opset_import):
         raise InputError(f"{where}: not an ONNX model (it holds no graph)")
+    if not g.node:
+        raise InputError(f"{where}: the graph has no nodes: nothing to compute")
     if g.sparse_initializer:
         raise InputError(
             f"{where}: sparse initializer '{g.sparse_initializer[0].values.name}' is not "

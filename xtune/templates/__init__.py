@@ -14,7 +14,6 @@ from xtune.schedule.space import Config, ConfigSpace
 from xtune.target import Target
 from xtune.workload import Workload
 
-
 # The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
 # the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
 # stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB,
