@@ -183,6 +183,13 @@ FAULTS: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
         lambda: relu_graph(("ghost", "y")),
         "node 'relu_ghost_y' (Relu) reads 'ghost', which no node, graph input or initializer provides",
     ),
+    "a conv with no output channels": (
+        lambda: make(
+            [node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+            [numpy_helper.from_array(weights((0, 3, 3, 3)), "w")],
+        ),
+        "node 'conv' (Conv): tensor 'y' has no elements (shape (1, 0, 8, 8))",
+    ),
     "an input of a 3x4096x4096 image": (
         lambda: make(
             [node("Conv", ["x", "w"], ["y"], name="big", pads=[1, 1, 1, 1])],
@@ -286,6 +293,8 @@ def test_no_output_may_be_an_input(tmp_path: Path) -> None:
             ],
             "is the log",
         ),
+        (["report", str(log), "--plot", str(log)], "is the log"),
+        (["model", "train", str(log), "-o", str(log)], "is the log"),
         (["tune", "--model", str(path), "--log", str(path), "--trials", "1"], "the log"),
         (
             ["tune", "--model", str(path), "--log", str(tmp_path / "hard.onnx"), "--trials", "1"],
@@ -530,7 +539,7 @@ def fuzz_cases(seed: int = FUZZ_SEED) -> list[tuple[str, bytes]]:
         for _ in range(int(rng.integers(1, 5))):
             at, value = (
                 int(rng.integers(0, len(mutated))),
-                int(rng.choice([rng.integers(0, 256), 0, 0x7F, 0x80, 0xFF])),
+                int(rng.choice([int(rng.integers(0, 256)), 0, 0x7F, 0x80, 0xFF])),
             )
             if i % 4 < 2:
                 mutated[at] = value

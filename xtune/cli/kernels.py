@@ -10,7 +10,7 @@ import time
 from xtune.cli.common import _emit_json, _warnings_unless_error
 from xtune.cli.networks import _bench_model, _build_model, model_layout
 from xtune.errors import InputError
-from xtune.files import check_output
+from xtune.files import check_paths
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -122,8 +122,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from xtune.report import format_table, plot_convergence, summarize
     from xtune.tuning.database import read_logs
 
-    if args.plot:
-        check_output(args.plot, "plot")
+    check_paths([(args.plot, "plot")], [(log, "log") for log in args.log])  # before reading, not after
     records = read_logs(args.log)
     if not records:
         raise InputError("no usable records in " + ", ".join(args.log))
@@ -141,7 +140,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_model_train(args: argparse.Namespace) -> int:
     from xtune.transfer.pretrained import TrainOptions, train_from_logs
 
-    check_output(args.output, "model file")  # before training, not after
+    check_paths([(args.output, "model file")], [(log, "log") for log in args.log])  # before training
     start = time.perf_counter()
     options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
     with _warnings_unless_error():

@@ -44,7 +44,7 @@ class Anchor:
         packed = {"prepacked": 1} if constant and self.op != "depthwise" else {}
         switches = {"bias": int(bias), **flags, **packed}
         where: tuple[tuple[str, str], ...] = (("layout", layout.value),) if layout is not Layout.NCHW else ()
-        finite = constant and bool(np.all(np.isfinite(self.weights)))
+        finite = self.weights is not None and bool(np.all(np.isfinite(self.weights)))
         if finite and self.op == "conv2d" and winograd_eligible({"dilation": 1, **dict(self.sizes)}):
             # 2.25x fewer multiplies than any direct kernel, with U = G g G^T made once at build time
             # (docs/design.md, Convolutions; docs/benchmarks.md, issue 18). Weights that are an activation

@@ -220,6 +220,11 @@ def _check_tensors(graph: Graph, types: Mapping[str, int], where: str) -> None:
                     f"{where}: {node.label}: tensor '{tensor}' has a dynamic shape ({shown}); "
                     "xtune needs static shapes (fix the batch size and input size when exporting)"
                 )
+            if 0 in shape:
+                raise InputError(
+                    f"{where}: {node.label}: tensor '{tensor}' has no elements (shape {shape}); xtune runs "
+                    "tensors of at least one element"
+                )
             elem = types.get(tensor, onnx.TensorProto.FLOAT)
             if elem != onnx.TensorProto.FLOAT:
                 kind = onnx.helper.tensor_dtype_to_np_dtype(elem)

@@ -205,7 +205,10 @@ def _fuse_chain(
             break
         used.append(j)
         out = nxt.outputs[0]
-    workload = parse_workload(a.workload_key(bias is not None, flags, runs_in(a.op, layout)))
+    try:
+        workload = parse_workload(a.workload_key(bias is not None, flags, runs_in(a.op, layout)))
+    except InputError as err:  # a size outside the workload's bounds: say which node has it
+        raise InputError(f"{graph.name}: {a.node.label}: {err}") from None
     op = FusedOp(
         anchor=a.node.name, fused=tuple(graph.nodes[j].name for j in used), workload=workload,
         input=a.node.inputs[0], weights_input=a.node.inputs[1], residual=residual, output=out,
