@@ -455,7 +455,7 @@ def test_the_output_check_compares_non_finite_values_by_position_and_value() -> 
         assert "non-finite output(s) differ" in check_output(got, ref, 1e-4), (i, value)
     got = ref.copy()
     got[0] = np.nan  # where the reference is finite: a never-written element, as in every kernel check
-    assert "NaN where the reference is finite" in check_output(got, ref, 1e-4)
+    assert "not finite (NaN where the reference is finite" in check_output(got, ref, 1e-4)
     got = ref.copy()
     got[4] = 2.5
     assert "max abs error 0.5" in check_output(got, ref, 1e-4) and max_abs_error(got, ref) == 0.5

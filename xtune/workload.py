@@ -169,7 +169,7 @@ def _nonfinite_mismatch(got: np.ndarray, expected: np.ndarray, finite: np.ndarra
     unwritten = np.isnan(got) & np.isfinite(expected)
     if unwritten.any():
         bad = int(np.count_nonzero(unwritten))
-        return f"{bad} of {got.size} outputs are NaN where the reference is finite (never written or invalid)"
+        return f"{bad} of {got.size} outputs are not finite (NaN where the reference is finite: unwritten)"
     same = (got == expected) | (np.isnan(got) & np.isnan(expected))
     differ = ~finite & ~same
     if not differ.any():
