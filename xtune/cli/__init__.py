@@ -46,8 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     with _terminate_as_interrupt():
         try:
-            from xtune.cli.parser import build_parser  # half a second of imports: Ctrl-C may land here
-
+            with _signals_held():
+                from xtune.cli.parser import build_parser  # half a second of imports (numpy among them)
             args = build_parser().parse_args(argv)
         except KeyboardInterrupt:
             print("xtune: interrupted", file=sys.stderr)
@@ -57,6 +57,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
             warnings.showwarning = _show_warning
             return _run(handler, args)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (pthread_sigmask(3)) for the block, then delivered: numpy's import
+    turns a KeyboardInterrupt raised inside it into an ImportError with its own traceback (it imports its
+    C modules through PyCapsule_Import), so Ctrl-C during the imports is taken right after them."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager

@@ -25,9 +25,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise InputError("give --workload (a kernel) or --model (a whole network)")
     if args.log:
         raise InputError("--log is for --model; a kernel's config is --config")
-    if args.profile or args.refuse_nonfinite:
-        option = "--profile" if args.profile else "--refuse-nonfinite"
-        raise InputError(f"{option} is for a whole network (--model)")
+    if args.profile:
+        raise InputError("--profile times the steps of a whole network (--model)")
+    if args.refuse_nonfinite:
+        raise InputError("--refuse-nonfinite is for a whole network (--model)")
     workload = parse_workload(args.workload)
     board = get_board(args.board, args.boards, target=args.target)
     report = bench(workload, board, args.config)
