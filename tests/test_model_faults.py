@@ -24,8 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import run_cli
 from xtune.errors import InputError
-from xtune.peers import ort_network
-from xtune.workload import check_output, max_abs_error
+from xtune.ops.workload import check_output, max_abs_error
+from xtune.tuning.peers import ort_network
 
 X_SHAPE = [1, 3, 8, 8]
 node = helper.make_node
@@ -553,10 +553,10 @@ def fuzz_cases(seed: int = FUZZ_SEED) -> list[tuple[str, bytes]]:
 
 def fuzz(tmp: Path) -> dict[str, int]:
     """Every case through the model path up to the kernels (import, validation, fusion, layout, memory
-    plan: xtune.network.program, both layouts): how many were accepted, refused (XtuneError) or raised
+    plan: xtune.firmware.program, both layouts): how many were accepted, refused (XtuneError) or raised
     anything else (a traceback for the user), by exception type."""
     from xtune.errors import XtuneError
-    from xtune.network.program import program
+    from xtune.firmware.program import program
 
     outcome: dict[str, int] = {}
     path = tmp / "fuzz.onnx"

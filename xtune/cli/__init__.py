@@ -43,8 +43,9 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: object, *
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    warnings.showwarning = _show_warning
-    with _terminate_as_interrupt():
+    with warnings.catch_warnings(), _terminate_as_interrupt():  # restored on return: main() may run in a
+        warnings.simplefilter("default")  # caller's process; each warning once per run (a fresh registry)
+        warnings.showwarning = _show_warning
         try:
             with _signals_held():
                 from xtune.cli.parser import build_parser  # half a second of imports (numpy among them)
@@ -53,10 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("xtune: interrupted", file=sys.stderr)
             return 130
         handler: Handler = args.handler
-        with warnings.catch_warnings():  # restored on return: main() may run in a caller's process
-            warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
-            warnings.showwarning = _show_warning
-            return _run(handler, args)
+        return _run(handler, args)
 
 
 @contextlib.contextmanager

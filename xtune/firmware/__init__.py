@@ -1,1 +1,2 @@
-"""Firmware: tuned kernels and whole networks in, relocatable objects and their C headers out."""
+"""Firmware: tuned kernels and whole networks built into relocatable objects with C headers, benched and
+profiled on a board."""

@@ -1,1 +1,2 @@
-"""The ONNX front end: a model file in, a checked and normalized graph out (load, validate, normalize)."""
+"""Network front ends: a model file in (ONNX), checked (validate), the graph IR, its fused kernel calls and
+tuning tasks out."""

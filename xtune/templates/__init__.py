@@ -9,16 +9,16 @@ from typing import Protocol
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace
 from xtune.target import Target
-from xtune.workload import Workload
 
 # The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
 # the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
 # stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB,
 # except where a template copies a whole padded image (a 3x4096x4096 conv2d: 64 MiB): such a network is
-# refused when its tasks are extracted (xtune/network/tasks.py), not tuned into stack overflows.
+# refused when its tasks are extracted (xtune/frontend/tasks.py), not tuned into stack overflows.
 MAX_STACK_BYTES = 8 << 20
 
 
@@ -39,7 +39,7 @@ class ScheduleTemplate(Protocol):
         """The workload's inputs (its tensors' layouts, what `Workload.reference` takes) as the kernel of
         `config` reads them: the same arrays, except weights a prepacked=1 workload passes in the packed
         layout of the config. The one home of how a kernel reads its weights: the Measurer and the
-        network build (netbuild.py) both call it."""
+        network build (xtune/firmware/build.py) both call it."""
         ...
 
     def packed_layout(self, config: Config) -> Hashable:
