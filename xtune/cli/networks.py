@@ -148,7 +148,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from xtune.network.tasks import extract_tasks, logged_best
     from xtune.tuning.database import read_logs
 
-    taskset = extract_tasks(args.model, args.target, model_layout(args))
+    taskset = extract_tasks(args.model, args.target, model_layout(args), partial=args.json)
     with _warnings_unless_error():
         records = read_logs(args.log or ())
     bests = logged_best(taskset.tasks, taskset.target, records)
@@ -197,4 +197,5 @@ def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence
             for t, r in zip(taskset.tasks, bests, strict=True)
         ],
         "other_nodes": [{"name": o.name, "op": o.op, "kind": o.kind} for o in taskset.other_nodes],
+        "unsupported": [u.as_dict() for u in taskset.unsupported],
     }  # fmt: skip

@@ -6,9 +6,10 @@ the object's weights), the workspace laid out by the static memory planner (xtun
 Execution order is the graph's (ONNX requires topological order): a fused call runs where its anchor
 node stands, which is valid because the nodes fused after it read only the anchor's chain and its
 residual exists before the anchor runs (xtune/network/tasks.py). Add followed by its only reader Relu is
-one Add+ReLU call. Flatten, Reshape, Squeeze, Unsqueeze, Identity and Dropout (inference) are views: no
-call, the same bytes. A view that is the network's output makes its source be written straight into the
-caller's output; a view of the input or of a constant is that input or constant.
+one Add+ReLU call. Flatten, Reshape, Squeeze, Unsqueeze and Identity are views
+(xtune/frontend/support.py, VIEWS): no call, the same bytes. A view that is the network's output makes
+its source be written straight into the caller's output; a view of the input or of a constant is that
+input or constant.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from enum import Enum
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.frontend.refusal import UnsupportedNode, group, refusal
+from xtune.frontend.support import VIEWS
 from xtune.network.graph import Graph, Node, Source, load_graph
 from xtune.network.layout import DEFAULT, Layout, parse_layout, task_weights
 from xtune.network.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
@@ -38,8 +41,6 @@ from xtune.network.ops import (
 from xtune.network.relayout import OpStep, relayout
 from xtune.network.tasks import FusedOp, fuse
 from xtune.workload import Workload
-
-VIEWS = frozenset(("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout"))
 
 
 class Space(Enum):
@@ -80,7 +81,7 @@ class Program:
 
 def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     """The calls that run `source`'s network (a path or a ModelProto) in `layout` (NHWC unless asked:
-    xtune/network/layout.py), or one InputError naming the node xtune cannot run (or the file it cannot
+    xtune/network/layout.py), or one InputError naming every node xtune cannot run (or the file it cannot
     read)."""
     where = parse_layout(layout)
     graph = load_graph(source)
@@ -93,8 +94,8 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
         raise InputError(f"{graph.name}: two nodes are named '{twice}'; node names must be unique")
-    ops, _ = fuse(graph, where)  # refuses an operator no pass knows, naming the node
-    steps, weights = _calls(graph, ops)
+    ops, others, failures = fuse(graph, where)
+    steps, weights = _calls(graph, ops, {o.name for o in others}, failures)
     steps, sizes = relayout(graph, steps, weights, where)
     places, plan = _place(graph, steps, weights, sizes)
     calls = tuple(Call(nodes=s.nodes, kernel=s.kernel, args=s.args) for s in steps if s.kernel is not None)
@@ -105,14 +106,20 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     )  # fmt: skip
 
 
-def _calls(graph: Graph, ops: list[FusedOp]) -> tuple[list[OpStep], dict[str, np.ndarray]]:
+def _calls(
+    graph: Graph, ops: list[FusedOp], others: set[str], failures: list[UnsupportedNode]
+) -> tuple[list[OpStep], dict[str, np.ndarray]]:
+    """The steps in execution order (the kernel calls `ops` and the generated operators of `others`) and
+    the weights they read; one refusal naming every node that cannot run (`failures`, from task
+    extraction, and those the generated operators refuse)."""
     by_anchor = {op.anchor: op for op in ops}
     claimed = {name for op in ops for name in op.fused}
+    refused = {f.name: f for f in failures}
     readers = graph.consumers()
     weights: dict[str, np.ndarray] = {}
     steps: list[OpStep] = []
     for i, node in enumerate(graph.nodes):
-        if node.name in claimed:
+        if node.name in claimed or (node.name not in by_anchor and node.name not in others):
             continue
         if node.name in by_anchor:
             steps.append(_task_step(by_anchor[node.name], weights))
@@ -127,12 +134,21 @@ def _calls(graph: Graph, ops: list[FusedOp]) -> tuple[list[OpStep], dict[str, np
             and following[0] > i
         ):
             claimed.add(nxt.name)
-            step = _other(graph, node, weights, fuse_relu=True)
+            try:
+                step = _other(graph, node, weights, fuse_relu=True)
+            except UnsupportedNode as failure:
+                refused[node.name] = failure
+                continue
             steps.append(
                 OpStep((node.name, nxt.name), step.kernel, (*step.args[:-1], nxt.outputs[0]), step.sharing)
             )
             continue
-        steps.append(_other(graph, node, weights))
+        try:
+            steps.append(_other(graph, node, weights))
+        except UnsupportedNode as failure:
+            refused[node.name] = failure
+    if refused:
+        raise refusal(graph.name, group(refused[n.name] for n in graph.nodes if n.name in refused))
     return steps, weights
 
 
@@ -154,16 +170,14 @@ def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> OpStep:
     return OpStep((op.anchor, *op.fused), wl, (*args, op.output), Sharing.NONE)
 
 
-def _refuse(graph: Graph, node: Node, why: str) -> InputError:
-    return InputError(f"{graph.name}: {node.label}: {why}")
+def _refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
+    return UnsupportedNode(graph.name, node.name, node.op, why)
 
 
 def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], fuse_relu: bool = False) -> OpStep:
     """The generated operator of a node that is not a task (or a view), with its arguments."""
     x, out = node.inputs[0] if node.inputs else "", node.outputs[0]
     if node.op in VIEWS:
-        if node.op == "Dropout" and any(node.outputs[1:]):
-            raise _refuse(graph, node, "Dropout's mask output is a training feature xtune does not run")
         return OpStep((node.name,), None, (x, out), Sharing.ALIAS)
     shape = graph.shape(x)
     kernel: Operator
