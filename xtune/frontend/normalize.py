@@ -183,7 +183,8 @@ class _Net:
         g.input.extend(i for i in original.graph.input if i.name not in self.consts)
         g.value_info.extend(v for v in original.graph.value_info if v.name not in self.consts)
         # Initializers need not be graph inputs from IR version 4 on (ONNX IR spec, "Graphs").
-        out.ir_version = max(out.ir_version, onnx.helper.find_min_ir_version_for(list(out.opset_import)))
+        default = [o for o in out.opset_import if o.domain in DEFAULT_DOMAINS]
+        out.ir_version = max(out.ir_version, onnx.helper.find_min_ir_version_for(default))
         return out
 
 
@@ -268,8 +269,8 @@ def _canonical(node: onnx.NodeProto, net: _Net) -> list[onnx.NodeProto]:
         chain, acc = [], inputs[0]
         for i, term in enumerate(inputs[1:], start=1):
             last = i == len(inputs) - 1
-            out = node.output[0] if last else net.fresh(f"{node.output[0]}_sum{i}")
-            name = node.name if last else net.fresh(f"{node.name}_sum{i}")
+            out = node.output[0] if last else net.fresh(f"{node.output[0]}.partial{i}")
+            name = node.name if last else net.fresh(f"{node.name}.add{i}")
             chain.append(onnx.helper.make_node("Add", [acc, term], [out], name=name))
             acc = out
         return chain

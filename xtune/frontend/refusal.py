@@ -12,10 +12,9 @@ import onnx
 from xtune.errors import InputError
 
 SHOWN = 3  # node names a refusal shows per op type; the JSON lists them all
-# What helps, for op types whose refusal has a cause other than a missing operator.
+# What helps, for op types that survive normalization only in a training form.
 _HINTS = {
     "Dropout": "export in inference mode (model.eval()): a mask read, or training_mode, is for training",
-    "BatchNormalization": "export in inference mode: its running statistics outputs are a training feature",
 }
 
 
@@ -25,7 +24,7 @@ class UnsupportedNode(InputError):
 
     def __init__(self, where: str, name: str, op: str, why: str, hint: str = "") -> None:
         super().__init__(f"{where}: node '{name}' ({op}): {why}")
-        self.where, self.name, self.op, self.why, self.hint = where, name, op, why, hint
+        self.where, self.name, self.op, self.why, self.hint = where, name, op, why, hint or _HINTS.get(op, "")
 
 
 @dataclass(frozen=True, kw_only=True)
