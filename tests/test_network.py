@@ -130,6 +130,45 @@ def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias(opset: int) -> None:
     assert op.workload.key.endswith("bias=1,relu=1,prepacked=1") and op.fused == ("bias", "relu")
 
 
+def test_per_channel_scales_and_shifts_fold_into_conv_and_gemm_weights() -> None:
+    """Conv -> Mul -> Add -> Div -> BatchNormalization -> Relu, every constant per channel, is one call;
+    so is Gemm -> Div -> Add over its columns. A Mul of a constant that varies along a spatial axis, or
+    a Div of a constant by the output, ends the chain."""
+    inits = {
+        "w": f32(6, 3, 3, 3),
+        "s": f32(1, 6, 1, 1) + 2,
+        "t": f32(6, 1, 1),
+        "d": f32(6, 1, 1) + 2,
+        **bn_inits("bn", 6),
+    }
+    nodes = [
+        conv("conv", "x", "w", "c", pads=[1] * 4),
+        helper.make_node("Mul", ["c", "s"], ["m"], name="mul"),
+        helper.make_node("Add", ["t", "m"], ["a"], name="add"),
+        helper.make_node("Div", ["a", "d"], ["q"], name="div"),
+        bn("bn", "q", "b"),
+        helper.make_node("Relu", ["b"], ["y"], name="relu"),
+    ]
+    _, op = only_op(make(nodes, {"x": [1, 3, 6, 5]}, ["y"], inits))
+    assert op.fused == ("mul", "add", "div", "bn", "relu") and op.workload["bias"] == 1
+    gemm = {"w": f32(5, 7), "cols": f32(5) + 2, "b": f32(1, 5)}
+    nodes = [
+        helper.make_node("Gemm", ["x", "w"], ["g"], name="fc", transB=1),
+        helper.make_node("Div", ["g", "cols"], ["q"], name="div"),
+        helper.make_node("Add", ["q", "b"], ["y"], name="bias"),
+    ]
+    _, op = only_op(make(nodes, {"x": [3, 7]}, ["y"], gemm))
+    assert op.fused == ("div", "bias") and op.workload.key == "matmul:m=3,n=5,k=7,bias=1,prepacked=1"
+    rows = {"w": f32(6, 3, 1, 1), "r": f32(1, 1, 5, 1)}
+    nodes = [conv("conv", "x", "w", "c"), helper.make_node("Mul", ["c", "r"], ["y"], name="rows")]
+    ts = extract_tasks(make(nodes, {"x": [1, 3, 5, 4]}, ["y"], rows), TARGET, partial=True)
+    assert ts.tasks[0].ops[0].fused == () and [u.op for u in ts.unsupported] == ["Mul"]
+    inverse = {"w": f32(6, 3, 1, 1), "k": f32(1, 6, 1, 1) + 2}
+    nodes = [conv("conv", "x", "w", "c"), helper.make_node("Div", ["k", "c"], ["y"], name="inverse")]
+    ts = extract_tasks(make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inverse), TARGET, partial=True)
+    assert ts.tasks[0].ops[0].fused == () and [u.op for u in ts.unsupported] == ["Div"]
+
+
 def test_what_does_not_fuse_stays_a_node_of_its_own() -> None:
     """Clip(0, 5), an Add of a non-channel constant, and a conv output read twice stay separate."""
     inits = {"w": f32(6, 3, 1, 1), "w2": f32(6, 6, 1, 1), "lo": np.array(0, np.float32),

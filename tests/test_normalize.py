@@ -60,8 +60,8 @@ def builds_like_ort(model: onnx.ModelProto) -> None:
     assert report.correct, report.error
 
 
-def one_node(op: str, const: np.ndarray, opset: int = 17, **attrs: object) -> onnx.ModelProto:
-    node = helper.make_node(op, ["x", "c"], ["y"], name=op.lower(), **attrs)
+def one_node(op: str, const: np.ndarray, opset: int = 17) -> onnx.ModelProto:
+    node = helper.make_node(op, ["x", "c"], ["y"], name=op.lower())
     graph = helper.make_graph(
         [node],
         op,
