@@ -44,6 +44,8 @@ def randomized(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
         else:
             value = rng.uniform(0.5, 1.5, shape)
         added.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
+        # IR version 3 (the zoo's) declares every initializer as a graph input too (ONNX IR spec).
+        out.graph.input.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, shape))
     del out.graph.node[:]
     out.graph.node.extend(kept)
     out.graph.initializer.extend(added)

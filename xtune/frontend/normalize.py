@@ -9,7 +9,7 @@ and which library does each is in docs/networks.md, "Normalization".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +28,7 @@ _RANDOM = frozenset(
     ["RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"]
 )
 Shapes = Mapping[str, tuple[int, ...]]
+_Proto = onnx.ModelProto | onnx.GraphProto
 
 
 def normalize(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
@@ -77,13 +78,25 @@ def upgrade_opset(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
         model = trimmed
     if version >= MIN_OPSET:
         return model
-    first = ""
+    # The converter copies the model through protobuf twice: it converts the skeleton, the large weights
+    # (which no adapter rewrites: adapters change nodes, attributes and small constants) put back after.
+    bare, first = skeleton(model), ""
     for target in range(MIN_OPSET, current + 1):  # the lowest target every adapter on the way has
         try:
-            return version_converter.convert_version(model, target)
+            converted = version_converter.convert_version(bare, target)
+            break
         except Exception as err:  # the converter raises RuntimeError or its own ConvertError
             first = first or (" ".join(str(err).split())[:200] or type(err).__name__)
-    raise InputError(f"{where}: onnx's version converter cannot upgrade opset {version}: {first}")
+    else:
+        raise InputError(f"{where}: onnx's version converter cannot upgrade opset {version}: {first}")
+    declared = {i.name for i in model.graph.input}
+    large = [i for i in model.graph.initializer if int(np.prod(i.dims)) > SMALL_CONSTANT]
+    moved = {i.name for i in large} - declared
+    inputs = [i for i in converted.graph.input if i.name not in moved]
+    del converted.graph.input[:]
+    converted.graph.input.extend(inputs)
+    converted.graph.initializer.extend(large)
+    return converted
 
 
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -123,12 +136,48 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+class _Constants(MutableMapping[str, np.ndarray]):
+    """The model's initializers as numpy arrays, each converted when first read (most never are: a
+    network's weights pass through normalization untouched), and the constants the passes add."""
+
+    def __init__(self, initializers: Iterable[onnx.TensorProto]) -> None:
+        self.protos = {init.name: init for init in initializers}
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            self.arrays[name] = numpy_helper.to_array(self.protos[name])
+        return self.arrays[name]
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self.protos.pop(name, None)
+        self.arrays[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        self.protos.pop(name, None)
+        self.arrays.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.protos or name in self.arrays
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(self.protos), **dict.fromkeys(self.arrays)})
+
+    def __len__(self) -> int:
+        return len(set(self.protos) | set(self.arrays))
+
+    def proto(self, name: str) -> onnx.TensorProto:
+        """The initializer of `name`: the original where the passes left it unchanged."""
+        original = self.protos.get(name)
+        return original if original is not None else numpy_helper.from_array(self.arrays[name], name)
+
+
 @dataclass
 class _Net:
-    """The graph while the passes rewrite it: nodes (copies) in order, constants as numpy arrays."""
+    """The graph while the passes rewrite it: nodes (copies) in order, the constants."""
 
     nodes: list[onnx.NodeProto]
-    consts: dict[str, np.ndarray]
+    consts: _Constants
     outputs: tuple[str, ...]
     opset: int
     names: set[str] = field(default_factory=set)  # every node and tensor name: new ones must differ
@@ -140,7 +189,7 @@ class _Net:
             copy = onnx.NodeProto()
             copy.CopyFrom(proto)
             nodes.append(copy)
-        consts = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+        consts = _Constants(model.graph.initializer)
         net = cls(
             nodes=nodes,
             consts=consts,
@@ -166,26 +215,34 @@ class _Net:
 
     def model(self, original: onnx.ModelProto) -> onnx.ModelProto:
         """The rewritten graph as a model: the original's metadata, inputs (less those now constants),
-        outputs, the constants still read as initializers (the original protos where unchanged)."""
+        outputs, and the constants still read as initializers. Nothing of the original's graph is copied
+        but what is kept: a copy of the whole model would copy every weight twice."""
         out = onnx.ModelProto()
-        out.CopyFrom(original)
         g = out.graph
-        protos = {init.name: init for init in original.graph.initializer}
+        _copy_fields(original, out, skip=("graph",))
+        _copy_fields(original.graph, g, skip=("node", "initializer", "input", "value_info"))
         read = {t for n in self.nodes for t in n.input} | set(self.outputs)
-        kept = [name for name in self.consts if name in read]
-        del g.node[:], g.initializer[:], g.input[:], g.value_info[:]
         g.node.extend(self.nodes)
-        for name in kept:
-            proto = protos.get(name)
-            g.initializer.append(
-                proto if proto is not None else numpy_helper.from_array(self.consts[name], name)
-            )
+        g.initializer.extend(self.consts.proto(name) for name in self.consts if name in read)
         g.input.extend(i for i in original.graph.input if i.name not in self.consts)
         g.value_info.extend(v for v in original.graph.value_info if v.name not in self.consts)
         # Initializers need not be graph inputs from IR version 4 on (ONNX IR spec, "Graphs").
         default = [o for o in out.opset_import if o.domain in DEFAULT_DOMAINS]
         out.ir_version = max(out.ir_version, onnx.helper.find_min_ir_version_for(default))
         return out
+
+
+def _copy_fields(src: _Proto, dst: _Proto, skip: tuple[str, ...]) -> None:
+    """Every field set in protobuf message `src` but those named in `skip`, copied into `dst`."""
+    for desc, value in src.ListFields():
+        if desc.name in skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(dst, desc.name).extend(value)
+        elif hasattr(value, "CopyFrom"):  # a message
+            getattr(dst, desc.name).CopyFrom(value)
+        else:
+            setattr(dst, desc.name, value)
 
 
 # Constant folding: every node whose inputs are all constants (Shape and Size: whose input's shape is
