@@ -9,43 +9,42 @@ and which library does each is in docs/networks.md, "Normalization".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, shape_inference, version_converter
+from onnx import version_converter
 from onnx.reference import ReferenceEvaluator
 
 from xtune.errors import InputError
+from xtune.frontend.protos import (
+    DEFAULT_DOMAINS,
+    SMALL_CONSTANT,
+    EditGraph,
+    Shapes,
+    default_opset,
+    skeleton,
+    static_shapes,
+)
 
 MIN_OPSET = 11  # the oldest opset the importer reads: Clip's bounds became inputs in opset 11
 OLDEST_OPSET = 7  # older models are refused: broadcasting was an attribute before opset 7 (ONNX Changelog)
-SMALL_CONSTANT = 64  # elements: initializers up to this size stay data during shape inference
-DEFAULT_DOMAINS = ("", "ai.onnx")
 # Operators whose output is not a function of their inputs: never folded.
 _RANDOM = frozenset(
     ["RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"]
 )
-Shapes = Mapping[str, tuple[int, ...]]
-_Proto = onnx.ModelProto | onnx.GraphProto
 
 
 def normalize(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     """`model` (left unchanged) normalized; InputError in one line naming `where` for an opset xtune
     cannot read or the version converter cannot upgrade."""
     model = upgrade_opset(model, where)
-    net, shapes = _Net.of(model), static_shapes(model)
+    net, shapes = EditGraph.of(model, MIN_OPSET), static_shapes(model)
     fold_constants(net, shapes)
     canonical_arithmetic(net)
     remove_identities(net)
     merge_scale_into_batchnorm(net, shapes)
     return net.model(model)
-
-
-def default_opset(model: onnx.ModelProto) -> int | None:
-    """The model's default-domain opset, None when it imports none."""
-    return next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
 
 
 # Opsets 7-10 upgraded by onnx's version converter; newer than the installed onnx, or unused domains, refused
@@ -99,155 +98,9 @@ def upgrade_opset(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     return converted
 
 
-def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its large initializers declared as typed inputs instead: shape inference copies
-    the whole model through protobuf twice, which was half the time of `xtune tasks` on ResNet-18's
-    47 MB. Small ones stay data, since inference reads shape tensors (Reshape's shape, Clip's bounds)."""
-    bare = onnx.ModelProto(ir_version=model.ir_version)
-    bare.opset_import.extend(model.opset_import)
-    bare.functions.extend(model.functions)
-    src, g = model.graph, bare.graph
-    g.name = src.name
-    for part in ("node", "input", "output", "value_info"):
-        getattr(g, part).extend(getattr(src, part))
-    declared = {i.name for i in src.input}
-    for init in src.initializer:
-        if int(np.prod(init.dims)) <= SMALL_CONSTANT:
-            g.initializer.append(init)
-        elif init.name not in declared:
-            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    return bare
-
-
-def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    """Every tensor whose shape onnx's shape inference (with data propagation, which follows the
-    Shape/Gather/Concat chains exporters write) knows completely; empty if inference fails (the import
-    reports that, with the node, after normalization)."""
-    try:
-        inferred = shape_inference.infer_shapes(skeleton(model), data_prop=True)
-    except Exception:  # onnx's InferenceError and friends: reported by the importer's strict inference
-        return {}
-    shapes = {}
-    for info in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        tensor = info.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
-        if info.type.HasField("tensor_type") and tensor.HasField("shape") and all(d >= 0 for d in dims):
-            shapes[info.name] = dims
-    return shapes
-
-
-class _Constants(MutableMapping[str, np.ndarray]):
-    """The model's initializers as numpy arrays, each converted when first read (most never are: a
-    network's weights pass through normalization untouched), and the constants the passes add."""
-
-    def __init__(self, initializers: Iterable[onnx.TensorProto]) -> None:
-        self.protos = {init.name: init for init in initializers}
-        self.arrays: dict[str, np.ndarray] = {}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self.arrays:
-            self.arrays[name] = numpy_helper.to_array(self.protos[name])
-        return self.arrays[name]
-
-    def __setitem__(self, name: str, value: np.ndarray) -> None:
-        self.protos.pop(name, None)
-        self.arrays[name] = value
-
-    def __delitem__(self, name: str) -> None:
-        self.protos.pop(name, None)
-        self.arrays.pop(name, None)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.protos or name in self.arrays
-
-    def __iter__(self) -> Iterator[str]:
-        return iter({**dict.fromkeys(self.protos), **dict.fromkeys(self.arrays)})
-
-    def __len__(self) -> int:
-        return len(set(self.protos) | set(self.arrays))
-
-    def proto(self, name: str) -> onnx.TensorProto:
-        """The initializer of `name`: the original where the passes left it unchanged."""
-        original = self.protos.get(name)
-        return original if original is not None else numpy_helper.from_array(self.arrays[name], name)
-
-
-@dataclass
-class _Net:
-    """The graph while the passes rewrite it: nodes (copies) in order, the constants."""
-
-    nodes: list[onnx.NodeProto]
-    consts: _Constants
-    outputs: tuple[str, ...]
-    opset: int
-    names: set[str] = field(default_factory=set)  # every node and tensor name: new ones must differ
-
-    @classmethod
-    def of(cls, model: onnx.ModelProto) -> _Net:
-        nodes = []
-        for proto in model.graph.node:
-            copy = onnx.NodeProto()
-            copy.CopyFrom(proto)
-            nodes.append(copy)
-        consts = _Constants(model.graph.initializer)
-        net = cls(
-            nodes=nodes,
-            consts=consts,
-            outputs=tuple(o.name for o in model.graph.output),
-            opset=default_opset(model) or MIN_OPSET,
-        )
-        net.names = {n.name for n in nodes} | {t for n in nodes for t in (*n.input, *n.output)} | set(consts)
-        return net
-
-    def fresh(self, base: str) -> str:
-        """A tensor or node name no other has, starting with `base`."""
-        name, i = base, 0
-        while name in self.names:
-            i += 1
-            name = f"{base}_{i}"
-        self.names.add(name)
-        return name
-
-    def constant(self, base: str, value: np.ndarray) -> str:
-        name = self.fresh(base)
-        self.consts[name] = value
-        return name
-
-    def model(self, original: onnx.ModelProto) -> onnx.ModelProto:
-        """The rewritten graph as a model: the original's metadata, inputs (less those now constants),
-        outputs, and the constants still read as initializers. Nothing of the original's graph is copied
-        but what is kept: a copy of the whole model would copy every weight twice."""
-        out = onnx.ModelProto()
-        g = out.graph
-        _copy_fields(original, out, skip=("graph",))
-        _copy_fields(original.graph, g, skip=("node", "initializer", "input", "value_info"))
-        read = {t for n in self.nodes for t in n.input} | set(self.outputs)
-        g.node.extend(self.nodes)
-        g.initializer.extend(self.consts.proto(name) for name in self.consts if name in read)
-        g.input.extend(i for i in original.graph.input if i.name not in self.consts)
-        g.value_info.extend(v for v in original.graph.value_info if v.name not in self.consts)
-        # Initializers need not be graph inputs from IR version 4 on (ONNX IR spec, "Graphs").
-        default = [o for o in out.opset_import if o.domain in DEFAULT_DOMAINS]
-        out.ir_version = max(out.ir_version, onnx.helper.find_min_ir_version_for(default))
-        return out
-
-
-def _copy_fields(src: _Proto, dst: _Proto, skip: tuple[str, ...]) -> None:
-    """Every field set in protobuf message `src` but those named in `skip`, copied into `dst`."""
-    for desc, value in src.ListFields():
-        if desc.name in skip:
-            continue
-        if hasattr(value, "extend"):  # a repeated field
-            getattr(dst, desc.name).extend(value)
-        elif hasattr(value, "CopyFrom"):  # a message
-            getattr(dst, desc.name).CopyFrom(value)
-        else:
-            setattr(dst, desc.name, value)
-
-
 # Constant folding: every node whose inputs are all constants (Shape and Size: whose input's shape is
 # static) evaluated once, by onnx's reference evaluator, its outputs made initializers.
-def fold_constants(net: _Net, shapes: Shapes) -> None:
+def fold_constants(net: EditGraph, shapes: Shapes) -> None:
     """Constant, ConstantOfShape, the Shape/Gather/Unsqueeze/Concat chains of a Reshape or Flatten, Cast,
     arithmetic on constants: any deterministic default-domain node, so that no operator's semantics is
     written here again. A node that writes a graph output stays (the output must be computed)."""
@@ -277,7 +130,7 @@ def _evaluate(node: onnx.NodeProto, feeds: dict[str, np.ndarray], opset: int) ->
     return list(ReferenceEvaluator(model).run(None, feeds))
 
 
-def _foldable(node: onnx.NodeProto, net: _Net, shapes: Shapes) -> dict[str, np.ndarray] | None:
+def _foldable(node: onnx.NodeProto, net: EditGraph, shapes: Shapes) -> dict[str, np.ndarray] | None:
     """The evaluator's inputs for `node` if it folds, else None."""
     if (
         node.domain not in DEFAULT_DOMAINS
@@ -308,7 +161,7 @@ def _foldable(node: onnx.NodeProto, net: _Net, shapes: Shapes) -> dict[str, np.n
 
 # Sum of n inputs as a chain of Add; Sub of a constant as Add of its negation; Div by a power of two as
 # Mul by its reciprocal; a constant operand of Add and Mul moved second: the forms fusion looks for.
-def canonical_arithmetic(net: _Net) -> None:
+def canonical_arithmetic(net: EditGraph) -> None:
     """Every rewrite is exact in IEEE 754 arithmetic: negation is exact, and x / 2^k and x * 2^-k are the
     same real number rounded once. A Div by any other constant stays a Div: x * fl(1/c) differs from
     x / c in the last bit for some x (tests/test_normalize.py shows one), which ONNX Runtime does not."""
@@ -318,7 +171,7 @@ def canonical_arithmetic(net: _Net) -> None:
     net.nodes = rewritten
 
 
-def _canonical(node: onnx.NodeProto, net: _Net) -> list[onnx.NodeProto]:
+def _canonical(node: onnx.NodeProto, net: EditGraph) -> list[onnx.NodeProto]:
     op, inputs = node.op_type, list(node.input)
     if op == "Sum" and len(inputs) == 1:
         return [_like(node, "Identity", inputs)]
@@ -363,7 +216,7 @@ def _power_of_two(value: np.ndarray) -> bool:
 
 
 # Identity, and inference Dropout whose mask nobody reads, removed: readers take the input instead.
-def remove_identities(net: _Net) -> None:
+def remove_identities(net: EditGraph) -> None:
     """A graph output written by one of them is then written by its input's producer; where the input is
     a graph input or a constant, the node stays (something must write the output)."""
     reads = _readers(net.nodes)
@@ -402,7 +255,7 @@ def _readers(nodes: list[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
     return reads
 
 
-def _is_identity(node: onnx.NodeProto, net: _Net, reads: Mapping[str, list[onnx.NodeProto]]) -> bool:
+def _is_identity(node: onnx.NodeProto, net: EditGraph, reads: Mapping[str, list[onnx.NodeProto]]) -> bool:
     if node.domain not in DEFAULT_DOMAINS or not node.input or not node.input[0]:
         return False
     if node.op_type == "Identity":
@@ -418,7 +271,7 @@ def _is_identity(node: onnx.NodeProto, net: _Net, reads: Mapping[str, list[onnx.
 
 # BatchNormalization followed by a Mul and an Add of per-channel constants (Caffe's Scale layer, as in
 # Inception v2 and DenseNet-121) is one BatchNormalization with the scale and shift folded into its own.
-def merge_scale_into_batchnorm(net: _Net, shapes: Shapes) -> None:
+def merge_scale_into_batchnorm(net: EditGraph, shapes: Shapes) -> None:
     """BN(x) = (x - mean) / sqrt(var + eps) * scale + bias (ONNX operator spec); times v it is BN with
     scale * v and bias * v, plus d it is BN with bias + d. Computed in float64, stored in the BN's type."""
     reads, merged = _readers(net.nodes), set()

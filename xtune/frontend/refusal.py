@@ -78,11 +78,11 @@ def hint(op: str, domain: str, opset: int) -> str:
     )
 
 
-def group(failures: Iterable[UnsupportedNode]) -> tuple[Unsupported, ...]:
+def by_op(failures: Iterable[UnsupportedNode]) -> tuple[Unsupported, ...]:
     """The failures by op type, in the order each op type first fails."""
-    by_op: dict[str, list[UnsupportedNode]] = {}
+    grouped: dict[str, list[UnsupportedNode]] = {}
     for failure in failures:
-        by_op.setdefault(failure.op, []).append(failure)
+        grouped.setdefault(failure.op, []).append(failure)
     return tuple(
         Unsupported(
             op=op,
@@ -90,7 +90,7 @@ def group(failures: Iterable[UnsupportedNode]) -> tuple[Unsupported, ...]:
             why=tuple(dict.fromkeys(f.why for f in fs)),
             hint=next((f.hint for f in fs if f.hint), ""),
         )
-        for op, fs in by_op.items()
+        for op, fs in grouped.items()
     )
 
 

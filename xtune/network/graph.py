@@ -21,8 +21,9 @@ from onnx import numpy_helper, shape_inference
 
 from xtune.errors import InputError
 from xtune.frontend.external import load_external_data
-from xtune.frontend.normalize import default_opset, normalize, skeleton
-from xtune.frontend.refusal import UnsupportedNode, group, refusal
+from xtune.frontend.normalize import normalize
+from xtune.frontend.protos import default_opset, skeleton
+from xtune.frontend.refusal import UnsupportedNode, by_op, refusal
 
 AttrValue = int | float | str | tuple[int, ...] | tuple[float, ...] | tuple[str, ...] | np.ndarray
 Source = str | os.PathLike[str] | onnx.ModelProto
@@ -185,7 +186,7 @@ def _check_tensors(graph: Graph, types: Mapping[str, int], where: str) -> None:
                 failures.append(UnsupportedNode(where, node.name, node.op, *problem))
                 break
     if failures:
-        raise refusal(where, group(failures))
+        raise refusal(where, by_op(failures))
 
 
 def _tensor_problem(graph: Graph, types: Mapping[str, int], tensor: str) -> tuple[str, str] | None:

@@ -22,7 +22,7 @@ from enum import Enum
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.frontend.refusal import UnsupportedNode, group, refusal
+from xtune.frontend.refusal import UnsupportedNode, by_op, refusal
 from xtune.frontend.support import VIEWS
 from xtune.network.graph import Graph, Node, Source, load_graph
 from xtune.network.layout import DEFAULT, Layout, parse_layout, task_weights
@@ -148,7 +148,7 @@ def _calls(
         except UnsupportedNode as failure:
             refused[node.name] = failure
     if refused:
-        raise refusal(graph.name, group(refused[n.name] for n in graph.nodes if n.name in refused))
+        raise refusal(graph.name, by_op(refused[n.name] for n in graph.nodes if n.name in refused))
     return steps, weights
 
 

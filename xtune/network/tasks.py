@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from xtune.frontend.refusal import Unsupported, UnsupportedNode, group, refusal
+from xtune.frontend.refusal import Unsupported, UnsupportedNode, by_op, refusal
 from xtune.frontend.support import OtherKind, not_run, runs
 from xtune.network.anchors import Anchor, anchor_of
 from xtune.network.graph import Graph, Node, Source, load_graph
@@ -111,7 +111,7 @@ def extract_tasks(
     where = parse_layout(layout)
     graph = load_graph(source)
     ops, others, failures = fuse(graph, where)
-    unsupported = group(failures)
+    unsupported = by_op(failures)
     if unsupported and not partial:
         raise refusal(graph.name, unsupported)
     calls: dict[str, list[FusedOp]] = {}
@@ -123,8 +123,15 @@ def extract_tasks(
         for group in calls.values()
     )  # fmt: skip
     total = sum(t.flops * t.count for t in tasks)
-    return TaskSet(model=graph.name, target=tgt, layout=where, tasks=tasks, other_nodes=tuple(others),
-                   total_flops=total, unsupported=unsupported)  # fmt: skip
+    return TaskSet(
+        model=graph.name,
+        target=tgt,
+        layout=where,
+        tasks=tasks,
+        other_nodes=tuple(others),
+        total_flops=total,
+        unsupported=unsupported,
+    )
 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
