@@ -40,10 +40,12 @@ def randomized(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
             continue
         shape = tuple(int(d) for d in shapes[node.input[0]])
         if len(shape) >= 2:
-            value = rng.standard_normal(shape) * np.sqrt(2 / max(1, int(np.prod(shape[1:]))))
+            value = rng.standard_normal(shape, np.float32) * np.float32(
+                np.sqrt(2 / max(1, int(np.prod(shape[1:]))))
+            )
         else:
-            value = rng.uniform(0.5, 1.5, shape)
-        added.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
+            value = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        added.append(numpy_helper.from_array(value, node.output[0]))
         # IR version 3 (the zoo's) declares every initializer as a graph input too (ONNX IR spec).
         out.graph.input.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, shape))
     del out.graph.node[:]

@@ -95,3 +95,23 @@ def test_the_refusal_names_exactly_the_op_types_xtune_cannot_run_yet(name: str) 
 def test_the_zoo_graphs_xtune_runs_build_and_match_onnx_runtime(name: str) -> None:
     report = bench_model(zoo(name), get_board("local"), repeat=0)
     assert report.correct, (name, report.error)
+
+
+# The exporter-style networks of tests/exported.py and the op types xtune cannot run in each yet.
+EXPORTED: dict[str, tuple[onnx.ModelProto, set[str]]] = {
+    "ds_cnn": (exported.ds_cnn(), {"Conv"}),  # Conv: the first one's asymmetric "same" padding
+    "se_block": (exported.se_block(), {"HardSwish", "HardSigmoid", "Mul"}),  # Mul: [n,c,1,1] x [n,c,h,w]
+    "reduce_mean_13": (exported.reduce_mean_head(13), {"ReduceMean"}),
+    "reduce_mean_18": (exported.reduce_mean_head(18), {"ReduceMean"}),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPORTED))
+def test_exporter_style_networks_normalize_exactly_and_name_what_is_missing(name: str) -> None:
+    model, missing = EXPORTED[name]
+    x = random_input(input_shape(model))
+    want, _ = ort_network(model.SerializeToString(), x)
+    got, _ = ort_network(normalize(model, name).SerializeToString(), x)
+    assert check_output(got, want, RTOL) == "", name
+    partial = extract_tasks(model, "x86-avx2", partial=True)
+    assert {u.op for u in partial.unsupported} == missing
