@@ -82,6 +82,11 @@ class _Weights:
         self.inits[name] = self.rng.uniform(lo, hi, n).astype(np.float32)
         return name
 
+    def pointwise(self, name: str, x: str, out: str, k: int, c: int) -> onnx.NodeProto:
+        """A 1x1 Conv with bias, c channels in and k out."""
+        inputs = [x, self.conv(f"{name}.w", k, c, 1, 1), self.vector(f"{name}.b", k)]
+        return helper.make_node("Conv", inputs, [out], name=name)
+
     def bn(self, name: str, n: int) -> list[str]:
         return [
             self.vector(f"{name}.g", n, 0.5, 1.5),
@@ -152,27 +157,12 @@ def se_block(channels: int = 32, reduced: int = 8, size: int = 14, seed: int = 0
     w = _Weights(seed)
     node = helper.make_node
     nodes = [
-        node(
-            "Conv",
-            ["x", w.conv("expand.w", channels, 16, 1, 1), w.vector("expand.b", channels)],
-            ["e"],
-            name="expand",
-        ),
+        w.pointwise("expand", "x", "e", channels, 16),
         node("HardSwish", ["e"], ["h"], name="hswish"),
         node("GlobalAveragePool", ["h"], ["s"], name="squeeze"),
-        node(
-            "Conv",
-            ["s", w.conv("fc1.w", reduced, channels, 1, 1), w.vector("fc1.b", reduced)],
-            ["f1"],
-            name="fc1",
-        ),
+        w.pointwise("fc1", "s", "f1", reduced, channels),
         node("Relu", ["f1"], ["r"], name="fc1.relu"),
-        node(
-            "Conv",
-            ["r", w.conv("fc2.w", channels, reduced, 1, 1), w.vector("fc2.b", channels)],
-            ["f2"],
-            name="fc2",
-        ),
+        w.pointwise("fc2", "r", "f2", channels, reduced),
         node("HardSigmoid", ["f2"], ["gate"], name="gate", alpha=1 / 6, beta=0.5),
         node("Mul", ["h", "gate"], ["excited"], name="excite"),
         node("Conv", ["excited", w.conv("project.w", 16, channels, 1, 1)], ["y"], name="project"),
