@@ -26,14 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/exported.p
 from tests.exported import LIGHT, randomized
 from xtune.boards.board import get_board
 from xtune.errors import InputError
+from xtune.firmware.bench import random_input, run_network
+from xtune.firmware.build import build_model
+from xtune.frontend.load import load_model
 from xtune.frontend.refusal import refusal
-from xtune.netbench import random_input, run_network
-from xtune.netbuild import build_model
-from xtune.network.graph import load_model
-from xtune.network.tasks import extract_tasks
-from xtune.peers import ort_network
+from xtune.frontend.tasks import extract_tasks
+from xtune.ops.workload import RTOL, check_output
 from xtune.tuning.database import read_logs
-from xtune.workload import RTOL, check_output
+from xtune.tuning.peers import ort_network
 
 
 def bench_one(path: Path, args: argparse.Namespace) -> tuple[dict[str, object], str]:

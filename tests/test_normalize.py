@@ -17,12 +17,12 @@ from tests import exported
 from xtune.boards.board import get_board
 from xtune.cli import main
 from xtune.errors import InputError
+from xtune.firmware.bench import bench_model, random_input
+from xtune.frontend.load import load_graph
 from xtune.frontend.normalize import normalize
-from xtune.netbench import bench_model, random_input
-from xtune.network.graph import load_graph
-from xtune.network.tasks import extract_tasks
-from xtune.peers import ort_network
-from xtune.workload import RTOL, check_output
+from xtune.frontend.tasks import extract_tasks
+from xtune.ops.workload import RTOL, check_output
+from xtune.tuning.peers import ort_network
 
 pytest.importorskip("onnxruntime")
 Capture = pytest.CaptureFixture[str]

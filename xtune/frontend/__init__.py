@@ -1,1 +1,2 @@
-"""ONNX in: the passes between a model file and the network IR (normalization, what xtune runs, refusals)."""
+"""Network front ends: a model file in (ONNX), normalized, the graph IR, its fused kernel calls and tuning
+tasks out; the table of what xtune runs and the one refusal that names everything it cannot."""

@@ -3,7 +3,7 @@ generated operator of one kind, or a view that costs nothing — or None. The on
 extraction, the build and the refusals ask (`runs`); an operator family added to xtune is a row here.
 
 Whether a node of a known op type runs also depends on its attributes and shapes: the anchors
-(xtune/network/anchors.py) and the build's operators (xtune/network/program.py) refuse what they cannot
+(xtune/frontend/anchors.py) and the build's operators (xtune/firmware/program.py) refuse what they cannot
 take, each as an `UnsupportedNode`, and the refusal gathers them with the nodes this table refuses.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from xtune.frontend.refusal import UnsupportedNode, hint
-from xtune.network.graph import Graph, Node
+from xtune.graph import Graph, Node
 
 OtherKind = Literal["pooling", "elementwise", "reshape", "softmax", "concat"]
 Runs = Literal["task", OtherKind]
@@ -26,7 +26,7 @@ _TABLE: dict[Runs, str] = {
     "concat": "Concat",
 }
 _RUNS: dict[str, Runs] = {op: kind for kind, ops in _TABLE.items() for op in ops.split()}
-# The reshapes are views: no call, the output is the input's bytes (xtune/network/memory.py, alias_of).
+# The reshapes are views: no call, the output is the input's bytes (xtune/firmware/memory.py, alias_of).
 VIEWS = frozenset(op for op, kind in _RUNS.items() if kind == "reshape")
 
 

@@ -19,14 +19,16 @@ from typing import Literal
 
 import numpy as np
 
+from xtune.frontend.anchors import Anchor, anchor_of
+from xtune.frontend.load import Source, load_graph
 from xtune.frontend.refusal import Unsupported, UnsupportedNode, by_op, refusal
 from xtune.frontend.support import OtherKind, not_run, runs
-from xtune.network.anchors import Anchor, anchor_of
-from xtune.network.graph import Graph, Node, Source, load_graph
-from xtune.network.layout import DEFAULT, Layout, parse_layout, runs_in
+from xtune.graph import Graph, Node
+from xtune.ops.layout import DEFAULT, Layout, parse_layout, runs_in
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import Workload
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
-from xtune.workload import Workload, parse_workload
 
 # Epilogue stages in the order they apply; a chain only moves forward (operators.EPILOGUE). The affine
 # stage takes any number of per-channel scales (BatchNormalization, Mul, Div) and shifts (Add): each
@@ -39,7 +41,7 @@ class FusedOp:
     """One kernel call of the network: an anchor node (Conv, Gemm, MatMul) and the nodes fused after it.
 
     `weights` and `bias` are what the kernel takes, in ONNX's order (a Conv's OIHW, which the build turns
-    into the workload's layout: xtune/network/layout.py, `task_weights`): BatchNormalization folded in,
+    into the workload's layout: xtune/ops/layout.py, `task_weights`): BatchNormalization folded in,
     Gemm's transposed (n, k) weights transposed to (k, n) (`transposed`) and its alpha applied.
     `weights` is None when the second matmul operand is an activation (`weights_input` names it)."""
 
@@ -89,7 +91,7 @@ class TaskSet:
 
     model: str
     target: Target
-    layout: Layout  # the network's (xtune/network/layout.py); each task's workload carries its own
+    layout: Layout  # the network's (xtune/ops/layout.py); each task's workload carries its own
     tasks: tuple[Task, ...]
     other_nodes: tuple[OtherNode, ...]
     total_flops: float  # of every kernel call: sum of flops * count (other nodes are not counted)
@@ -104,7 +106,7 @@ def extract_tasks(
     source: Source, target: str | Target | None = None, layout: str | Layout = DEFAULT, partial: bool = False
 ) -> TaskSet:
     """The unique tasks of an ONNX model (path or ModelProto) for `target` (default: the host's), the
-    network run in `layout` (xtune/network/layout.py: NHWC unless asked). A model with nodes xtune cannot
+    network run in `layout` (xtune/ops/layout.py: NHWC unless asked). A model with nodes xtune cannot
     run is refused in one InputError naming them all; with `partial`, the tasks of the nodes it can run
     are returned with the others in `unsupported`."""
     tgt = target if isinstance(target, Target) else get_target(target) if target else host_target()
