@@ -247,7 +247,8 @@ def test_external_data_loads_from_beside_the_model_and_nowhere_else(tmp_path: Pa
 
 
 def unsupported_model() -> onnx.ModelProto:
-    """LRN twice, a grouped conv, a Transpose and a custom-domain op: four op types xtune does not run."""
+    """LRN twice, a grouped conv, a Transpose and a custom-domain op: four op types xtune does not run;
+    and a MaxPool with ceil_mode=1, which only the build's generated operator refuses."""
     rng = np.random.default_rng(0)
     node = helper.make_node
     nodes = [
@@ -256,7 +257,8 @@ def unsupported_model() -> onnx.ModelProto:
         node("LRN", ["cb"], ["n1"], name="lrn1", size=3),
         node("LRN", ["n1"], ["n2"], name="lrn2", size=3),
         node("Transpose", ["n2"], ["t"], name="shuffle", perm=[0, 1, 3, 2]),
-        node("Gelu", ["t"], ["y"], name="gelu", domain="com.microsoft"),
+        node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[1, 1], ceil_mode=1),
+        node("Gelu", ["p"], ["y"], name="gelu", domain="com.microsoft"),
     ]
     inits = {
         "w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
@@ -293,9 +295,9 @@ def test_one_refusal_names_every_unsupported_node_by_op_type(tmp_path: Path, cap
         assert main(command) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
-        assert "xtune cannot run 5 nodes (4 op types): Conv ×1 (node 'conv'): grouped convolution" in err
+        assert "xtune cannot run 6 nodes (5 op types): Conv ×1 (node 'conv'): grouped convolution" in err
         assert "LRN ×2 (nodes 'lrn1', 'lrn2'): not an operator xtune runs;" in err
-        assert "Transpose ×1 (node 'shuffle')" in err
+        assert "Transpose ×1 (node 'shuffle')" in err and "MaxPool ×1 (node 'pool'): ceil_mode=1" in err
         assert "com.microsoft.Gelu ×1 (node 'gelu'): not an operator xtune runs (an operator of the " in err
         assert "BatchNormalization" not in err  # it folds into the conv once grouped convs run
     assert main(["tasks", str(path), "--json"]) == 0
@@ -304,9 +306,10 @@ def test_one_refusal_names_every_unsupported_node_by_op_type(tmp_path: Path, cap
         ("Conv", 1, ["conv"]),
         ("LRN", 2, ["lrn1", "lrn2"]),
         ("Transpose", 1, ["shuffle"]),
+        ("MaxPool", 1, ["pool"]),
         ("com.microsoft.Gelu", 1, ["gelu"]),
     ]
-    assert "export with standard ONNX operators only" in report["unsupported"][3]["hint"]
+    assert "export with standard ONNX operators only" in report["unsupported"][4]["hint"]
     assert report["tasks"] == []
 
 

@@ -25,7 +25,7 @@ from xtune.errors import InputError
 from xtune.firmware.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
 from xtune.firmware.relayout import OpStep, relayout
 from xtune.frontend.load import Source, load_graph
-from xtune.frontend.refusal import UnsupportedNode, by_op, refusal
+from xtune.frontend.refusal import Unsupported, UnsupportedNode, by_op, refusal
 from xtune.frontend.support import VIEWS
 from xtune.frontend.tasks import FusedOp, fuse
 from xtune.graph import Graph, Node
@@ -96,7 +96,10 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
         twice = next(n for n in names if names.count(n) > 1)
         raise InputError(f"{graph.name}: two nodes are named '{twice}'; node names must be unique")
     ops, others, failures = fuse(graph, where)
-    steps, weights = _calls(graph, ops, {o.name for o in others}, failures)
+    runnable = {o.name for o in others}
+    if refused := _refused(graph, runnable, failures):
+        raise refusal(graph.name, by_op(refused))
+    steps, weights = _calls(graph, ops, runnable)
     steps, sizes = relayout(graph, steps, weights, where)
     places, plan = _place(graph, steps, weights, sizes)
     calls = tuple(Call(nodes=s.nodes, kernel=s.kernel, args=s.args) for s in steps if s.kernel is not None)
@@ -107,15 +110,33 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     )  # fmt: skip
 
 
-def _calls(
-    graph: Graph, ops: list[FusedOp], others: set[str], failures: list[UnsupportedNode]
-) -> tuple[list[OpStep], dict[str, np.ndarray]]:
+def unsupported(source: Source | Graph, layout: str | Layout = DEFAULT) -> tuple[Unsupported, ...]:
+    """Every node of the network that a whole-network build cannot run, by op type: what `program`
+    refuses, as data (`xtune tasks --json` lists it)."""
+    graph = source if isinstance(source, Graph) else load_graph(source)
+    _, others, failures = fuse(graph, parse_layout(layout))
+    return by_op(_refused(graph, {o.name for o in others}, failures))
+
+
+def _refused(graph: Graph, others: set[str], failures: list[UnsupportedNode]) -> list[UnsupportedNode]:
+    """`failures` (from task extraction) and the nodes of `others` whose generated operator refuses
+    them, in graph order."""
+    refused = {f.name: f for f in failures}
+    scratch: dict[str, np.ndarray] = {}
+    for node in graph.nodes:
+        if node.name in others:
+            try:
+                _other(graph, node, scratch)
+            except UnsupportedNode as failure:
+                refused[node.name] = failure
+    return [refused[n.name] for n in graph.nodes if n.name in refused]
+
+
+def _calls(graph: Graph, ops: list[FusedOp], others: set[str]) -> tuple[list[OpStep], dict[str, np.ndarray]]:
     """The steps in execution order (the kernel calls `ops` and the generated operators of `others`) and
-    the weights they read; one refusal naming every node that cannot run (`failures`, from task
-    extraction, and those the generated operators refuse)."""
+    the weights they read."""
     by_anchor = {op.anchor: op for op in ops}
     claimed = {name for op in ops for name in op.fused}
-    refused = {f.name: f for f in failures}
     readers = graph.consumers()
     weights: dict[str, np.ndarray] = {}
     steps: list[OpStep] = []
@@ -135,21 +156,12 @@ def _calls(
             and following[0] > i
         ):
             claimed.add(nxt.name)
-            try:
-                step = _other(graph, node, weights, fuse_relu=True)
-            except UnsupportedNode as failure:
-                refused[node.name] = failure
-                continue
+            step = _other(graph, node, weights, fuse_relu=True)
             steps.append(
                 OpStep((node.name, nxt.name), step.kernel, (*step.args[:-1], nxt.outputs[0]), step.sharing)
             )
             continue
-        try:
-            steps.append(_other(graph, node, weights))
-        except UnsupportedNode as failure:
-            refused[node.name] = failure
-    if refused:
-        raise refusal(graph.name, by_op(refused[n.name] for n in graph.nodes if n.name in refused))
+        steps.append(_other(graph, node, weights))
     return steps, weights
 
 

@@ -103,15 +103,19 @@ class TaskSet:
 
 
 def extract_tasks(
-    source: Source, target: str | Target | None = None, layout: str | Layout = DEFAULT, partial: bool = False
+    source: Source | Graph,
+    target: str | Target | None = None,
+    layout: str | Layout = DEFAULT,
+    partial: bool = False,
 ) -> TaskSet:
-    """The unique tasks of an ONNX model (path or ModelProto) for `target` (default: the host's), the
-    network run in `layout` (xtune/ops/layout.py: NHWC unless asked). A model with nodes xtune cannot
-    run is refused in one InputError naming them all; with `partial`, the tasks of the nodes it can run
-    are returned with the others in `unsupported`."""
+    """The unique tasks of an ONNX model (path, ModelProto or imported Graph) for `target` (default: the
+    host's), the network run in `layout` (xtune/ops/layout.py: NHWC unless asked). A model with nodes
+    xtune cannot run is refused in one InputError naming them all; with `partial`, the tasks of the
+    nodes it can run are returned with the others in `unsupported` (what task extraction knows; the
+    build's own checks of its generated operators add to it: xtune.firmware.program.unsupported)."""
     tgt = target if isinstance(target, Target) else get_target(target) if target else host_target()
     where = parse_layout(layout)
-    graph = load_graph(source)
+    graph = source if isinstance(source, Graph) else load_graph(source)
     ops, others, failures = fuse(graph, where)
     unsupported = by_op(failures)
     if unsupported and not partial:
