@@ -19,6 +19,7 @@ from typing import Literal
 
 import numpy as np
 
+from xtune.errors import InputError
 from xtune.frontend.anchors import Anchor, anchor_of
 from xtune.frontend.load import Source, load_graph
 from xtune.frontend.refusal import Unsupported, UnsupportedNode, by_op, refusal
