@@ -195,7 +195,7 @@ FAULTS: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
             [node("Conv", ["x", "w"], ["y"], name="big", pads=[1, 1, 1, 1])],
             inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4096, 4096])],
         ),
-        "node 'big': its kernel",
+        "node 'big' (Conv): its kernel",
     ),
 }
 

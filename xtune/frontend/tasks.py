@@ -119,9 +119,6 @@ def extract_tasks(
     where = parse_layout(layout)
     graph = source if isinstance(source, Graph) else load_graph(source)
     ops, others, failures = fuse(graph, where)
-    unsupported = by_op(failures)
-    if unsupported and not partial:
-        raise refusal(graph.name, unsupported)
     calls: dict[str, list[FusedOp]] = {}
     for op in ops:
         calls.setdefault(op.workload.key, []).append(op)
@@ -130,8 +127,12 @@ def extract_tasks(
              flops=float(group[0].workload.flops()), ops=tuple(group))
         for group in calls.values()
     )  # fmt: skip
-    for task in tasks:
-        _check_stack(graph, task, tgt)
+    unsupported = by_op(failures)
+    if unsupported and not partial:
+        raise refusal(graph.name, unsupported)
+    for task in tasks:  # in every mode: no config of such a task could be measured, nor built
+        if failure := _stack_failure(graph, task, tgt):
+            raise failure
     total = sum(t.flops * t.count for t in tasks)
     return TaskSet(
         model=graph.name,
@@ -144,17 +145,19 @@ def extract_tasks(
     )
 
 
-def _check_stack(graph: Graph, task: Task, target: Target) -> None:
-    """InputError naming the node when the task's default kernel needs more stack than any kernel may
-    (MAX_STACK_BYTES: the agent's stack): every config would then be measured as a crash."""
+def _stack_failure(graph: Graph, task: Task, target: Target) -> UnsupportedNode | None:
+    """The refusal of a task whose default kernel needs more stack than any kernel may (MAX_STACK_BYTES:
+    the agent's stack, where every config would be measured as a crash), naming its first node."""
     template = template_for(task.workload, target)
     need = template.kernel(template.default_config(), "stack_check").stack_bytes
-    if need > MAX_STACK_BYTES:
-        raise InputError(
-            f"{graph.name}: node '{task.nodes[0]}': its kernel ({task.workload.key}) needs {need} bytes of "
-            f"stack, more than the {MAX_STACK_BYTES} a kernel may use (docs/firmware.md, Stack): the "
-            "tensor is too large for xtune's kernels"
-        )
+    if need <= MAX_STACK_BYTES:
+        return None
+    op = next(node.op for node in graph.nodes if node.name == task.nodes[0])
+    why = (
+        f"its kernel ({task.workload.key}) needs {need} bytes of stack, more than the {MAX_STACK_BYTES} "
+        "a kernel may use (docs/firmware.md, Stack)"
+    )
+    return UnsupportedNode(graph.name, task.nodes[0], op, why, "the tensor is too large for xtune's kernels")
 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
