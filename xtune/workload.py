@@ -135,8 +135,12 @@ def parse_workload(text: str) -> Workload:
 
 
 def random_inputs(wl: Workload, seed: int = 0) -> list[np.ndarray]:
-    """Deterministic inputs in [-1, 1): small enough that fp32 sums stay well conditioned."""
+    """Deterministic inputs: float32 in [-1, 1) (small enough that fp32 sums stay well conditioned), or
+    what a quantized operator's own `sample` draws (zero points, scales and tensors that fit together)."""
     rng = np.random.default_rng(seed)
+    sample = getattr(wl.operator, "sample", None)
+    if sample is not None:
+        return list(sample(wl, rng))
     return [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in wl.tensors() if not t.is_output]
 
 
@@ -145,7 +149,10 @@ RTOL = 1e-4
 
 
 def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
-    """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
+    """'' if `got` matches the reference, else why not (NaN means an element was never written). Integer
+    outputs (quantized operators) must equal the reference exactly: their references are bit-exact."""
+    if expected.dtype.kind in "iu":
+        return _check_exact(got, expected)
     if not np.all(np.isfinite(got)):
         bad = int(np.count_nonzero(~np.isfinite(got)))
         return f"{bad} of {got.size} outputs are not finite (never written or overflowed)"
@@ -155,3 +162,13 @@ def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
         where = np.unravel_index(int(np.argmax(np.abs(got - expected))), expected.shape)
         return f"max abs error {err:.3g} > {rtol * scale:.3g} at {tuple(int(i) for i in where)}"
     return ""
+
+
+def _check_exact(got: np.ndarray, expected: np.ndarray) -> str:
+    wrong = got != expected
+    if not wrong.any():
+        return ""
+    diff = np.abs(got.astype(np.int64) - expected.astype(np.int64))
+    where = np.unravel_index(int(np.argmax(diff)), expected.shape)
+    return (f"{int(wrong.sum())} of {got.size} outputs differ from the reference, by up to {int(diff.max())} "
+            f"at {tuple(int(i) for i in where)}")  # fmt: skip

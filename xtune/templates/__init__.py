@@ -44,6 +44,7 @@ class ScheduleTemplate(Protocol):
 @cache
 def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     from xtune.operators import conv_shape
+    from xtune.ops.qmatmul.template import QMatmulTemplate
     from xtune.templates.conv2d import Conv2dTemplate
     from xtune.templates.depthwise import DepthwiseTemplate
     from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate
@@ -52,6 +53,7 @@ def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     # Typed as constructors of the protocol, so mypy checks that every template has all of it.
     templates: dict[str, Callable[[Workload, Target], ScheduleTemplate]] = {
         "matmul": MatmulTemplate, "conv2d": Conv2dTemplate, "depthwise": DepthwiseTemplate,
+        "qmatmul": QMatmulTemplate,
     }  # fmt: skip
     if workload.op == "depthwise" and conv_shape(workload).nhwc:  # channels, not rows, are its vectors
         templates["depthwise"] = DepthwiseNhwcTemplate

@@ -1,0 +1,1 @@
+"""Operator families: each operator's workload keys, reference, template and features in one home."""

@@ -1,0 +1,76 @@
+"""The requantizing epilogue of int8 kernels: a qmatmul workload in, the loop-nest values that turn an
+int32 accumulator vector into the stored output out (the nest form of xtune/ops/qmatmul/reference.py).
+
+The output clamp [lo, hi] and the zero points are read from the `qparams` input ([za, zy, lo, hi]); a
+fused ReLU or ReLU6 is only a narrower clamp, so one kernel serves all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Cast,
+    Const,
+    DType,
+    HighMul,
+    Load,
+    RoundShift,
+    Value,
+)
+from xtune.workload import Workload
+
+# 1.5 * 2^23: x + M - M rounds a float32 |x| < 2^22 to an integer, half to even, in the default rounding
+# mode (IEEE 754 round-to-nearest-even addition), on every target, where llvm.roundeven can be a libcall.
+# The value was clamped to the output range first, so |x| <= 255.
+_ROUNDER = 12582912.0
+
+
+@dataclass(frozen=True)
+class Requantizer:
+    kind: str  # "onnx", "tflite" or "none" (the workload's requant)
+    lanes: int
+    per_channel: bool
+    out: DType
+
+    @staticmethod
+    def of(workload: Workload, lanes: int) -> Requantizer:
+        out = {"u8": DType.U8, "s8": DType.I8}[str(workload.value("a"))]
+        return Requantizer(str(workload.value("requant")), lanes, bool(workload["perchannel"]), out)
+
+    def channel(self, buffer: str, col: Affine, count: int) -> Value:
+        """A scale-like input's vector for columns col.., or its single value in every lane."""
+        if self.per_channel:
+            return Load(buffer, col, self.lanes, count)
+        return Broadcast(Load(buffer, Affine()), self.lanes)
+
+    def param(self, index: int) -> Value:
+        return Load("qparams", Affine.of(index))
+
+    def apply(self, total: Value, col: Affine, count: int) -> Value:
+        """The value stored for accumulators `total` (bias included) of columns col..col+lanes."""
+        if self.kind == "none":
+            return total
+        lanes, i32 = self.lanes, DType.I32
+        zy = Broadcast(self.param(1), lanes)
+        if self.kind == "onnx":
+            bounds = [Binary(BinaryOp.SUB, self.param(i), self.param(1)) for i in (2, 3)]
+            flo, fhi = (Broadcast(Cast(v, DType.F32), lanes) for v in bounds)
+            f: Value = Binary(BinaryOp.MUL, Cast(total, DType.F32), self.channel("scale", col, count))
+            f = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, f, flo), fhi)
+            rounder = Const(_ROUNDER, lanes)
+            f = Binary(BinaryOp.SUB, Binary(BinaryOp.ADD, f, rounder), rounder)
+            return Cast(Binary(BinaryOp.ADD, Cast(f, i32), zy), self.out)
+        shift = self.channel("shift", col, count)
+        zero = Const(0, lanes, i32)
+        left = Binary(BinaryOp.MAX, shift, zero)
+        right = Binary(BinaryOp.MAX, Binary(BinaryOp.SUB, zero, shift), zero)
+        x = HighMul(Binary(BinaryOp.SHL, total, left), self.channel("multiplier", col, count))
+        y: Value = Binary(BinaryOp.ADD, RoundShift(x, right), zy)
+        lo, hi = (Broadcast(self.param(i), lanes) for i in (2, 3))
+        y = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, y, lo), hi)
+        return Cast(y, self.out)
