@@ -396,8 +396,10 @@ class QMatmul:
         if params["perchannel"] and params["requant"] == "none":
             raise InputError(f"{self.name}: requant=none has no scales, so no 'perchannel'")
         if int(params["k"]) > QMATMUL_MAX_K:
-            raise InputError(f"{self.name}: 'k' is {params['k']}, more than the {QMATMUL_MAX_K} an int32 "
-                             "accumulator of 8-bit products holds")  # fmt: skip
+            raise InputError(
+                f"{self.name}: 'k' is {params['k']}, more than the {QMATMUL_MAX_K} an int32 "
+                "accumulator of 8-bit products holds"
+            )
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         m, n, k = wl["m"], wl["n"], wl["k"]
@@ -409,10 +411,13 @@ class QMatmul:
             "none": (),
         }[str(requant)]
         return (
-            TensorSpec("A", (m, k), dtype=act), TensorSpec("B", (k, n), dtype="int8"),
-            TensorSpec("bias", (n,), dtype="int32"), *scales, TensorSpec("qparams", (4,), dtype="int32"),
+            TensorSpec("A", (m, k), dtype=act),
+            TensorSpec("B", (k, n), dtype="int8"),
+            TensorSpec("bias", (n,), dtype="int32"),
+            *scales,
+            TensorSpec("qparams", (4,), dtype="int32"),
             TensorSpec("C", (m, n), is_output=True, dtype="int32" if requant == "none" else act),
-        )  # fmt: skip
+        )
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
         return qref.qmatmul(inputs, str(wl.value("a")), _requant(wl))

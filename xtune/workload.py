@@ -170,5 +170,7 @@ def _check_exact(got: np.ndarray, expected: np.ndarray) -> str:
         return ""
     diff = np.abs(got.astype(np.int64) - expected.astype(np.int64))
     where = np.unravel_index(int(np.argmax(diff)), expected.shape)
-    return (f"{int(wrong.sum())} of {got.size} outputs differ from the reference, by up to {int(diff.max())} "
-            f"at {tuple(int(i) for i in where)}")  # fmt: skip
+    return (
+        f"{int(wrong.sum())} of {got.size} outputs differ from the reference, by up to {int(diff.max())} "
+        f"at {tuple(int(i) for i in where)}"
+    )

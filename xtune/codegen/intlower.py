@@ -16,8 +16,14 @@ from xtune.schedule.loopnest import BinaryOp, Cast, Dot, DotInsn, DType, HighMul
 Operand = tuple[str, int, DType]  # (LLVM operand text without its type, lanes, element type)
 Env = dict[str, str | int]  # loop variable -> an i64 SSA name (serial loop) or a constant (unrolled)
 
-SCALAR = {DType.F32: "float", DType.I8: "i8", DType.U8: "i8", DType.I16: "i16", DType.I32: "i32",
-          DType.I64: "i64"}  # fmt: skip
+SCALAR = {
+    DType.F32: "float",
+    DType.I8: "i8",
+    DType.U8: "i8",
+    DType.I16: "i16",
+    DType.I32: "i32",
+    DType.I64: "i64",
+}
 _BITS = {DType.I8: 8, DType.U8: 8, DType.I16: 16, DType.I32: 32, DType.I64: 64}
 
 
@@ -56,8 +62,14 @@ def lower_integer(fl: Emitter, v: Dot | Cast | HighMul | RoundShift, env: Env) -
     return _round_shift(fl, fl.value(v.a, env), fl.value(v.shift, env))
 
 
-_INT_OPS = {BinaryOp.ADD: "add", BinaryOp.SUB: "sub", BinaryOp.MUL: "mul", BinaryOp.AND: "and",
-            BinaryOp.XOR: "xor", BinaryOp.SHL: "shl"}  # fmt: skip
+_INT_OPS = {
+    BinaryOp.ADD: "add",
+    BinaryOp.SUB: "sub",
+    BinaryOp.MUL: "mul",
+    BinaryOp.AND: "and",
+    BinaryOp.XOR: "xor",
+    BinaryOp.SHL: "shl",
+}
 _PMADDWD = {4: "llvm.x86.sse2.pmadd.wd", 8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}
 
 

@@ -12,10 +12,25 @@ from xtune.templates import ScheduleTemplate
 from xtune.templates.tiles import parse_tile, whole_tiles
 
 QMATMUL_FEATURES = (
-    "log2_m", "log2_n", "log2_k", "lanes_log2", "mr", "nv", "acc_regs_frac", "regs_used_frac",
-    "dots_per_load", "ksplit", "unroll_log2", "order_nm", "inner_nm", "a_block_l2", "b_panel_l2",
-    "b_strip_l1", "m_waste", "n_waste",
-)  # fmt: skip
+    "log2_m",
+    "log2_n",
+    "log2_k",
+    "lanes_log2",
+    "mr",
+    "nv",
+    "acc_regs_frac",
+    "regs_used_frac",
+    "dots_per_load",
+    "ksplit",
+    "unroll_log2",
+    "order_nm",
+    "inner_nm",
+    "a_block_l2",
+    "b_panel_l2",
+    "b_strip_l1",
+    "m_waste",
+    "n_waste",
+)
 
 
 def qmatmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -39,10 +54,23 @@ def qmatmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.nda
     extra = np.array([template.plan.extra_registers(int(v)) for v in nv], dtype=np.float64)
     ones = np.ones(len(mr))
     cols = [
-        ones * np.log2(m), ones * np.log2(n), ones * np.log2(k), ones * np.log2(lanes), mr, nv,
-        mr * nv * ksplit / regs, (mr * nv * ksplit + extra) / regs, mr * nv / (mr + nv), ksplit,
-        np.log2(values("unroll").astype(np.float64)), (values("order") == "nm").astype(np.float64),
-        (values("inner") == "nm").astype(np.float64), mc * k / t.l2_bytes, nc * k / t.l2_bytes,
-        nr * k / t.l1d_bytes, np.ceil(m / mr) * mr / m - 1, np.ceil(n / nr) * nr / n - 1,
-    ]  # fmt: skip
+        ones * np.log2(m),
+        ones * np.log2(n),
+        ones * np.log2(k),
+        ones * np.log2(lanes),
+        mr,
+        nv,
+        mr * nv * ksplit / regs,
+        (mr * nv * ksplit + extra) / regs,
+        mr * nv / (mr + nv),
+        ksplit,
+        np.log2(values("unroll").astype(np.float64)),
+        (values("order") == "nm").astype(np.float64),
+        (values("inner") == "nm").astype(np.float64),
+        mc * k / t.l2_bytes,
+        nc * k / t.l2_bytes,
+        nr * k / t.l1d_bytes,
+        np.ceil(m / mr) * mr / m - 1,
+        np.ceil(n / nr) * nr / n - 1,
+    ]
     return np.stack(cols, axis=1)

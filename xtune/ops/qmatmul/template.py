@@ -146,8 +146,17 @@ class QMatmulTemplate:
         ksplit = config.int("ksplit")
         if ksplit > 1 and ksplit * mr * nv + self.plan.extra_registers(nv) > self.target.vector_registers:
             ksplit = 1  # two partial sets would spill: the same nest as ksplit=1
-        return QMatmulSchedule(mr, nv, self.lanes, mc, nc, str(config["order"]), str(config["inner"]),
-                               config.int("unroll"), ksplit)  # fmt: skip
+        return QMatmulSchedule(
+            mr,
+            nv,
+            self.lanes,
+            mc,
+            nc,
+            str(config["order"]),
+            str(config["inner"]),
+            config.int("unroll"),
+            ksplit,
+        )
 
     def default_config(self) -> Config:
         t, wl = self.target, self.workload
@@ -159,8 +168,15 @@ class QMatmulTemplate:
         # A row block within half of L2 and the packed B panel of a column block within the other half.
         mc = max([int(v) for v in knobs["mc"] if int(v) * k <= t.l2_bytes // 2] or [int(knobs["mc"][0])])
         nc = max([int(v) for v in knobs["nc"] if int(v) * k <= t.l2_bytes // 2] or [int(knobs["nc"][0])])
-        values: dict[str, KnobValue] = {"tile": f"{mr}x{nv}", "mc": mc, "nc": nc, "order": "nm",
-                                        "inner": "nm", "unroll": 4, "ksplit": 1}  # fmt: skip
+        values: dict[str, KnobValue] = {
+            "tile": f"{mr}x{nv}",
+            "mc": mc,
+            "nc": nc,
+            "order": "nm",
+            "inner": "nm",
+            "unroll": 4,
+            "ksplit": 1,
+        }
         return self.space.config(self.space.index_of(values))
 
     def params(self, s: QMatmulSchedule) -> tuple[Buffer, ...]:
@@ -247,8 +263,10 @@ class _Emitter:
         """acc[set][r][c] += dot(A[row0+r, group], B strip vector c), then the epilogue and the store."""
         s, b = self.s, self.b
         lanes, nvec = s.lanes, -(-ncols // s.lanes)
-        acc = [[[b.register(f"acc{p}_{r}_{c}", lanes, DType.I32) for c in range(nvec)] for r in range(rows)]
-               for p in range(s.ksplit)]  # fmt: skip
+        acc = [
+            [[b.register(f"acc{p}_{r}_{c}", lanes, DType.I32) for c in range(nvec)] for r in range(rows)]
+            for p in range(s.ksplit)
+        ]
         for sets in acc:
             for row in sets:
                 for reg in row:
