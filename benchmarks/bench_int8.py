@@ -47,7 +47,7 @@ def qmodel(wl: Workload, inputs: list[np.ndarray]) -> tuple[bytes, np.ndarray, n
     b_scale = np.float32(0.01)
     ort_scale = np.array([a_scale * b_scale / y_scale], np.float32)
     act = ref.NUMPY_TYPES[str(wl.value("a"))]
-    consts = {
+    consts: dict[str, np.ndarray] = {
         "a_scale": np.array(a_scale),
         "a_zp": np.array(za, act),
         "B": b,
