@@ -259,9 +259,7 @@ def test_kernels_are_exact_on_the_local_board(key: str, target: str, compile_poo
 def test_kernels_are_exact_under_qemu(board: str, key: str, compile_pool: CompilePool) -> None:
     if shutil.which(get_board(board).target.qemu_binary) is None:
         pytest.skip("needs qemu-user")
-    # RVV: some non-default configs die of SIGSEGV under qemu-riscv64 (docs/design.md, "int8 kernels"),
-    # so only the default config is held to it there until that is understood.
-    measure_some(board, key, compile_pool, extra=0 if board == "qemu-riscv64-v" else 2)
+    measure_some(board, key, compile_pool, extra=2)
 
 
 def test_a_wrong_packing_is_a_wrong_answer(

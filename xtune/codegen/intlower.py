@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Protocol
 
-from xtune.schedule.loopnest import BinaryOp, Cast, Dot, DotInsn, DType, HighMul, RoundShift, Value
+from xtune.schedule.loopnest import BinaryOp, Cast, Dot, DotInsn, DType, HighMul, RoundEven, RoundShift, Value
 
 Operand = tuple[str, int, DType]  # (LLVM operand text without its type, lanes, element type)
 Env = dict[str, str | int]  # loop variable -> an i64 SSA name (serial loop) or a constant (unrolled)
@@ -52,11 +52,17 @@ class Emitter(Protocol):
     ) -> str: ...
 
 
-def lower_integer(fl: Emitter, v: Dot | Cast | HighMul | RoundShift, env: Env) -> Operand:
+def lower_integer(fl: Emitter, v: Dot | Cast | RoundEven | HighMul | RoundShift, env: Env) -> Operand:
     if isinstance(v, Dot):
         return _dot(fl, v, env)
     if isinstance(v, Cast):
         return cast(fl, fl.value(v.a, env), v.dtype), fl.value(v.a, env)[1], v.dtype
+    if isinstance(v, RoundEven):
+        text, lanes, _ = fl.value(v.a, env)
+        ty = vtype(lanes, DType.F32)
+        name = f"llvm.roundeven.{'f32' if lanes == 1 else f'v{lanes}f32'}"
+        fl.declarations.add(f"declare {ty} @{name}({ty})")
+        return fl.define(f"call {ty} @{name}({ty} {text})"), lanes, DType.F32
     if isinstance(v, HighMul):
         return _high_mul(fl, fl.value(v.a, env), fl.value(v.b, env)[0])
     return _round_shift(fl, fl.value(v.a, env), fl.value(v.shift, env))
@@ -85,14 +91,18 @@ def integer_binary(fl: Emitter, op: BinaryOp, a: str, b: str, lanes: int, dtype:
 
 
 def cast(fl: Emitter, operand: Operand, to: DType) -> str:
-    """LangRef "Conversion Operations": sext/zext by the source's signedness, trunc, sitofp/uitofp, fptosi."""
+    """LangRef "Conversion Operations": sext/zext by the source's signedness, trunc, sitofp/uitofp; float to
+    integer by llvm.fptosi.sat (saturating, as cvttps2dq's fix-ups, fcvtzs and vfcvt.rtz do)."""
     text, lanes, src = operand
     if src is to or (not src.is_float and not to.is_float and _BITS[src] == _BITS[to]):
         return text
+    if src.is_float and not to.is_float:
+        ity, fty = vtype(lanes, to), vtype(lanes, src)
+        suffix = f"i{_BITS[to]}.f32" if lanes == 1 else f"v{lanes}i{_BITS[to]}.v{lanes}f32"
+        fl.declarations.add(f"declare {ity} @llvm.fptosi.sat.{suffix}({fty})")
+        return fl.define(f"call {ity} @llvm.fptosi.sat.{suffix}({fty} {text})")
     if to.is_float:
         op = "sitofp" if src.signed else "uitofp"
-    elif src.is_float:
-        op = "fptosi"
     elif _BITS[to] > _BITS[src]:
         op = "sext" if src.signed else "zext"
     else:

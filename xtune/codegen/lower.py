@@ -37,6 +37,7 @@ from xtune.schedule.loopnest import (
     MulAdd,
     Prefetch,
     Reg,
+    RoundEven,
     RoundShift,
     Shuffle,
     Stmt,
@@ -246,7 +247,7 @@ class _FunctionLowering:
             return self.binary(v, env)
         return self.integer(v, env)
 
-    def integer(self, v: Dot | Cast | HighMul | RoundShift, env: Env) -> Operand:
+    def integer(self, v: Dot | Cast | RoundEven | HighMul | RoundShift, env: Env) -> Operand:
         """The integer operations of quantized kernels (xtune/codegen/intlower.py)."""
         return lower_integer(self, v, env)
 

@@ -189,10 +189,19 @@ class Dot:
 @dataclass(frozen=True)
 class Cast:
     """Each lane converted to `dtype`: integers widened (by their signedness) or truncated (the low bits),
-    integers to float exactly rounded (LLVM sitofp), floats to integers truncated toward zero (fptosi)."""
+    integers to float rounded to nearest (LLVM sitofp), floats to integers truncated toward zero and
+    saturated to the integer type's range (llvm.fptosi.sat: no poison for any input)."""
 
     a: Value
     dtype: DType
+
+
+@dataclass(frozen=True)
+class RoundEven:
+    """Float lanes rounded to the nearest integer, ties to even (llvm.roundeven: roundps/vrndscaleps,
+    frintn, RVV vfcvt with the RNE rounding mode), still float."""
+
+    a: Value
 
 
 @dataclass(frozen=True)
@@ -213,7 +222,21 @@ class RoundShift:
     shift: Value
 
 
-Value = Load | Const | Broadcast | Reg | Binary | MulAdd | Exp | Shuffle | Dot | Cast | HighMul | RoundShift
+Value = (
+    Load
+    | Const
+    | Broadcast
+    | Reg
+    | Binary
+    | MulAdd
+    | Exp
+    | Shuffle
+    | Dot
+    | Cast
+    | RoundEven
+    | HighMul
+    | RoundShift
+)
 
 
 @dataclass(frozen=True)

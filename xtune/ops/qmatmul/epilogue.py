@@ -19,15 +19,11 @@ from xtune.schedule.loopnest import (
     DType,
     HighMul,
     Load,
+    RoundEven,
     RoundShift,
     Value,
 )
 from xtune.workload import Workload
-
-# 1.5 * 2^23: x + M - M rounds a float32 |x| < 2^22 to an integer, half to even, in the default rounding
-# mode (IEEE 754 round-to-nearest-even addition), on every target, where llvm.roundeven can be a libcall.
-# The value was clamped to the output range first, so |x| <= 255.
-_ROUNDER = 12582912.0
 
 
 @dataclass(frozen=True)
@@ -58,19 +54,20 @@ class Requantizer:
         lanes, i32 = self.lanes, DType.I32
         zy = Broadcast(self.param(1), lanes)
         if self.kind == "onnx":
-            bounds = [Binary(BinaryOp.SUB, self.param(i), self.param(1)) for i in (2, 3)]
-            flo, fhi = (Broadcast(Cast(v, DType.F32), lanes) for v in bounds)
-            f: Value = Binary(BinaryOp.MUL, Cast(total, DType.F32), self.channel("scale", col, count))
-            f = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, f, flo), fhi)
-            rounder = Const(_ROUNDER, lanes)
-            f = Binary(BinaryOp.SUB, Binary(BinaryOp.ADD, f, rounder), rounder)
-            return Cast(Binary(BinaryOp.ADD, Cast(f, i32), zy), self.out)
+            # MLAS clamps the float to [lo - zy, hi - zy], then rounds half to even. Rounding first, then
+            # saturating to int32 and clamping in integers gives the same integer (the bounds are
+            # integers, rounding is monotonic) without float compares: QEMU 7.2 aborts on some RVV
+            # float compares (qemu-project issue 1441), and integer clamps are cheaper everywhere.
+            f = Binary(BinaryOp.MUL, Cast(total, DType.F32), self.channel("scale", col, count))
+            lo, hi = (Broadcast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), lanes) for i in (2, 3))
+            y: Value = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, Cast(RoundEven(f), i32), lo), hi)
+            return Cast(Binary(BinaryOp.ADD, y, zy), self.out)
         shift = self.channel("shift", col, count)
         zero = Const(0, lanes, i32)
         left = Binary(BinaryOp.MAX, shift, zero)
         right = Binary(BinaryOp.MAX, Binary(BinaryOp.SUB, zero, shift), zero)
         x = HighMul(Binary(BinaryOp.SHL, total, left), self.channel("multiplier", col, count))
-        y: Value = Binary(BinaryOp.ADD, RoundShift(x, right), zy)
+        y = Binary(BinaryOp.ADD, RoundShift(x, right), zy)
         lo, hi = (Broadcast(self.param(i), lanes) for i in (2, 3))
         y = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, y, lo), hi)
         return Cast(y, self.out)
