@@ -11,7 +11,18 @@ from __future__ import annotations
 from functools import cache
 from typing import Protocol
 
-from xtune.schedule.loopnest import BinaryOp, Cast, Dot, DotInsn, DType, HighMul, RoundEven, RoundShift, Value
+from xtune.schedule.loopnest import (
+    BinaryOp,
+    Cast,
+    Clamp,
+    Dot,
+    DotInsn,
+    DType,
+    HighMul,
+    RoundEven,
+    RoundShift,
+    Value,
+)
 
 Operand = tuple[str, int, DType]  # (LLVM operand text without its type, lanes, element type)
 Env = dict[str, str | int]  # loop variable -> an i64 SSA name (serial loop) or a constant (unrolled)
@@ -52,7 +63,7 @@ class Emitter(Protocol):
     ) -> str: ...
 
 
-def lower_integer(fl: Emitter, v: Dot | Cast | RoundEven | HighMul | RoundShift, env: Env) -> Operand:
+def lower_integer(fl: Emitter, v: Dot | Cast | RoundEven | Clamp | HighMul | RoundShift, env: Env) -> Operand:
     if isinstance(v, Dot):
         return _dot(fl, v, env)
     if isinstance(v, Cast):
@@ -63,6 +74,8 @@ def lower_integer(fl: Emitter, v: Dot | Cast | RoundEven | HighMul | RoundShift,
         name = f"llvm.roundeven.{'f32' if lanes == 1 else f'v{lanes}f32'}"
         fl.declarations.add(f"declare {ty} @{name}({ty})")
         return fl.define(f"call {ty} @{name}({ty} {text})"), lanes, DType.F32
+    if isinstance(v, Clamp):
+        return _clamp(fl, v, env)
     if isinstance(v, HighMul):
         return _high_mul(fl, fl.value(v.a, env), fl.value(v.b, env)[0])
     return _round_shift(fl, fl.value(v.a, env), fl.value(v.shift, env))
@@ -91,23 +104,32 @@ def integer_binary(fl: Emitter, op: BinaryOp, a: str, b: str, lanes: int, dtype:
 
 
 def cast(fl: Emitter, operand: Operand, to: DType) -> str:
-    """LangRef "Conversion Operations": sext/zext by the source's signedness, trunc, sitofp/uitofp; float to
-    integer by llvm.fptosi.sat (saturating, as cvttps2dq's fix-ups, fcvtzs and vfcvt.rtz do)."""
+    """LangRef "Conversion Operations": sext/zext by the source's signedness, trunc, sitofp/uitofp, fptosi."""
     text, lanes, src = operand
     if src is to or (not src.is_float and not to.is_float and _BITS[src] == _BITS[to]):
         return text
-    if src.is_float and not to.is_float:
-        ity, fty = vtype(lanes, to), vtype(lanes, src)
-        suffix = f"i{_BITS[to]}.f32" if lanes == 1 else f"v{lanes}i{_BITS[to]}.v{lanes}f32"
-        fl.declarations.add(f"declare {ity} @llvm.fptosi.sat.{suffix}({fty})")
-        return fl.define(f"call {ity} @llvm.fptosi.sat.{suffix}({fty} {text})")
-    if to.is_float:
+    if src.is_float:
+        op = "fptosi"
+    elif to.is_float:
         op = "sitofp" if src.signed else "uitofp"
     elif _BITS[to] > _BITS[src]:
         op = "sext" if src.signed else "zext"
     else:
         op = "trunc"
     return fl.define(f"{op} {vtype(lanes, src)} {text} to {vtype(lanes, to)}")
+
+
+def _clamp(fl: Emitter, v: Clamp, env: Env) -> Operand:
+    """max(lo) then min(hi): nnan lets LLVM select the bare vmaxps/vminps (whose NaN rule would otherwise
+    need a fix-up) and their NEON and RVV counterparts; float compares, which QEMU 7.2 aborts on in some
+    RVV code (qemu-project issue 1441), are not needed."""
+    x, lanes, dtype = fl.value(v.a, env)
+    ty = vtype(lanes, dtype)
+    suffix = "f32" if lanes == 1 else f"v{lanes}f32"
+    for name, bound in (("maxnum", v.lo), ("minnum", v.hi)):
+        fl.declarations.add(f"declare {ty} @llvm.{name}.{suffix}({ty}, {ty})")
+        x = fl.define(f"call nnan {ty} @llvm.{name}.{suffix}({ty} {x}, {ty} {fl.value(bound, env)[0]})")
+    return x, lanes, dtype
 
 
 def _words(fl: Emitter, operand: Operand, lanes: int) -> str:

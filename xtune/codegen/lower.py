@@ -25,6 +25,7 @@ from xtune.schedule.loopnest import (
     Broadcast,
     BufferKind,
     Cast,
+    Clamp,
     Const,
     Dot,
     DType,
@@ -247,7 +248,7 @@ class _FunctionLowering:
             return self.binary(v, env)
         return self.integer(v, env)
 
-    def integer(self, v: Dot | Cast | RoundEven | HighMul | RoundShift, env: Env) -> Operand:
+    def integer(self, v: Dot | Cast | RoundEven | Clamp | HighMul | RoundShift, env: Env) -> Operand:
         """The integer operations of quantized kernels (xtune/codegen/intlower.py)."""
         return lower_integer(self, v, env)
 

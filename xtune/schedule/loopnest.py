@@ -189,8 +189,8 @@ class Dot:
 @dataclass(frozen=True)
 class Cast:
     """Each lane converted to `dtype`: integers widened (by their signedness) or truncated (the low bits),
-    integers to float rounded to nearest (LLVM sitofp), floats to integers truncated toward zero and
-    saturated to the integer type's range (llvm.fptosi.sat: no poison for any input)."""
+    integers to float rounded to nearest (LLVM sitofp), floats to integers truncated toward zero (fptosi:
+    the value must fit the integer type)."""
 
     a: Value
     dtype: DType
@@ -202,6 +202,16 @@ class RoundEven:
     frintn, RVV vfcvt with the RNE rounding mode), still float."""
 
     a: Value
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """Float lanes clamped to [lo, hi], for inputs that are never NaN (llvm.maxnum/minnum with nnan: one
+    vmaxps and one vminps, fmaxnm/fminnm, vfmax/vfmin; no compare and select)."""
+
+    a: Value
+    lo: Value
+    hi: Value
 
 
 @dataclass(frozen=True)
@@ -234,6 +244,7 @@ Value = (
     | Dot
     | Cast
     | RoundEven
+    | Clamp
     | HighMul
     | RoundShift
 )

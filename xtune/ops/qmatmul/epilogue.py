@@ -15,6 +15,7 @@ from xtune.schedule.loopnest import (
     BinaryOp,
     Broadcast,
     Cast,
+    Clamp,
     Const,
     DType,
     HighMul,
@@ -54,13 +55,13 @@ class Requantizer:
         lanes, i32 = self.lanes, DType.I32
         zy = Broadcast(self.param(1), lanes)
         if self.kind == "onnx":
-            # MLAS clamps the float to [lo - zy, hi - zy], then rounds half to even. Rounding first, then
-            # saturating to int32 and clamping in integers gives the same integer (the bounds are
-            # integers, rounding is monotonic) without float compares: QEMU 7.2 aborts on some RVV
-            # float compares (qemu-project issue 1441), and integer clamps are cheaper everywhere.
+            # MLAS's order: the float clamped to [lo - zy, hi - zy], rounded half to even, plus zy.
             f = Binary(BinaryOp.MUL, Cast(total, DType.F32), self.channel("scale", col, count))
-            lo, hi = (Broadcast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), lanes) for i in (2, 3))
-            y: Value = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, Cast(RoundEven(f), i32), lo), hi)
+            lo, hi = (
+                Broadcast(Cast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), DType.F32), lanes)
+                for i in (2, 3)
+            )
+            y: Value = Cast(RoundEven(Clamp(f, lo, hi)), i32)
             return Cast(Binary(BinaryOp.ADD, y, zy), self.out)
         shift = self.channel("shift", col, count)
         zero = Const(0, lanes, i32)
