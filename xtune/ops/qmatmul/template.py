@@ -219,6 +219,8 @@ class _Emitter:
         self.m, self.n, self.k = wl["m"], wl["n"], wl["k"]
         self.s, self.plan, self.act = s, template.plan, template.act
         self.groups = -(-self.k // 4)
+        self.flip = self.plan.act is not self.act
+        self.block_m0 = Affine()  # the m block whose rows `flip_rows` copied last
         self.b = NestBuilder()
         self.requant = Requantizer.of(wl, s.lanes)
 
@@ -226,16 +228,46 @@ class _Emitter:
         s, b = self.s, self.b
         outer, inner = s.order[0], s.order[1]
         extents = {"m": (self.m, s.mc), "n": (self.n, s.nc)}
+        flipped = (
+            [Buffer("Af", min(s.mc, self.m) * self.k, BufferKind.LOCAL, self.plan.act)] if self.flip else []
+        )
 
         def level2(o1: Affine, size1: int) -> None:
+            if outer == "m":
+                self.flip_rows(o1, size1)
+
             def level3(o2: Affine, size2: int) -> None:
+                if inner == "m":
+                    self.flip_rows(o2, size2)
                 blocks = {outer: (o1, size1), inner: (o2, size2)}
                 self.block(blocks["m"], blocks["n"])
 
             b.split(extents[inner][0], extents[inner][1], level3, f"{inner}c")
 
         b.split(extents[outer][0], extents[outer][1], level2, f"{outer}c")
-        return b.kernel(name, params)
+        return b.kernel(name, (*params, *flipped))
+
+    def flip_rows(self, m0: Affine, rows: int) -> None:
+        """Af = the m block's rows of A with the sign bit of every byte flipped (u8 <-> s8, `DotPlan`),
+        once per block: m*k/(4*lanes) vector xors, where flipping each broadcast group would cost one
+        per row of every register tile (an extra instruction on the dot's ports per mr*nv dots)."""
+        if not self.flip:
+            return
+        b, v, k = self.b, 4 * self.s.lanes, self.k
+        self.block_m0 = m0
+
+        def chunk(j: Affine, size: int) -> None:
+            a = Load("A", (m0 + i) * k + j, v, size % v)
+            b.store(
+                "Af",
+                i * k + j,
+                Cast(Binary(BinaryOp.XOR, a, Const(-128, v, DType.I8)), self.plan.act),
+                v,
+                size,
+            )
+
+        with b.loop(rows, "fi") as i:
+            b.split(k, v, chunk, "fj")
 
     def block(self, rows: tuple[Affine, int], cols: tuple[Affine, int]) -> None:
         s, b = self.s, self.b
@@ -253,11 +285,11 @@ class _Emitter:
             b.split(mcur, s.mr, columns, "ir")
 
     def a_group(self, row: Affine, g: Affine | int, count: int) -> Value:
-        """The 4 bytes of A's row at k group g, as the dot instruction multiplies them."""
-        a: Value = Load("A", row * self.k + Affine.of(g) * 4, 4, count if count < 4 else 0)
-        if self.plan.act is not self.act:  # flip the sign bit: u8 <-> s8 (DotPlan)
-            a = Cast(Binary(BinaryOp.XOR, a, Const(-128, 4, DType.I8)), self.plan.act)
-        return a
+        """The 4 bytes of A's row at k group g, as the dot instruction multiplies them (from the block's
+        flipped copy where the activation type is not the instruction's)."""
+        if self.flip:
+            return Load("Af", (row + self.block_m0 * -1) * self.k + Affine.of(g) * 4, 4, count % 4)
+        return Load("A", row * self.k + Affine.of(g) * 4, 4, count % 4)
 
     def micro(self, row0: Affine, rows: int, col0: Affine, ncols: int) -> None:
         """acc[set][r][c] += dot(A[row0+r, group], B strip vector c), then the epilogue and the store."""
