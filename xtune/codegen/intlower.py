@@ -166,7 +166,13 @@ def _dot(fl: Emitter, v: Dot, env: Env) -> Operand:
         return fl.define(f"call {ty} @{name}({ty} {acc}, {bty} {ab[0]}, {bty} {ab[1]})"), lanes, DType.I32
     if v.insn is DotInsn.PMADDWD:
         return _pmaddwd(fl, acc, (aw, bw), signed, lanes), lanes, DType.I32
-    return _mla(fl, acc, (aw, bw), signed, lanes), lanes, DType.I32
+    a_bytes = _group_bytes(fl, a, lanes) if a[1] == 4 and lanes > 1 else _lane_bytes(fl, aw, signed[0], lanes)
+    b_bytes = _lane_bytes(fl, bw, signed[1], lanes)
+    ty = vtype(lanes, DType.I32)
+    total = acc
+    for at, bt in zip(a_bytes, b_bytes, strict=True):
+        total = fl.define(f"add {ty} {total}, {fl.define(f'mul nsw {ty} {at}, {bt}')}")
+    return total, lanes, DType.I32
 
 
 def _pmaddwd(fl: Emitter, acc: str, words: tuple[str, str], signed: tuple[bool, bool], lanes: int) -> str:
@@ -200,26 +206,38 @@ def _pmaddwd(fl: Emitter, acc: str, words: tuple[str, str], signed: tuple[bool, 
     return total
 
 
-def _mla(fl: Emitter, acc: str, words: tuple[str, str], signed: tuple[bool, bool], lanes: int) -> str:
-    """Anywhere (NEON without dotprod, RVV, scalar): byte t of each i32 lane sign- or zero-extended in
-    place (shl 24 - 8t, then sar/shr 24), four i32 multiply-adds. Each operand's bytes are extracted
-    once and shared by every dot that reads it (a B vector by the rows of a tile)."""
+def _lane_bytes(fl: Emitter, word: str, is_signed: bool, lanes: int) -> list[str]:
+    """The MLA route (NEON without dotprod, RVV, scalar): byte t of each i32 lane sign- or zero-extended
+    in place (shl 24 - 8t, then sar/shr 24), for t = 0..3; then four i32 multiply-adds per dot. Extracted
+    once per operand and shared by every dot that reads it (a B vector by the rows of a tile)."""
     ty = vtype(lanes, DType.I32)
-    total = acc
+    out = []
     for t in range(4):
-        extracted = []
-        for word, is_signed in zip(words, signed, strict=True):
-            key = ("byte", word, t, is_signed)
-            byte = fl.pure.get(key)
-            if byte is None:
-                shift = splat_int(24 - 8 * t, lanes, DType.I32)
-                up = word if t == 3 else fl.define(f"shl {ty} {word}, {shift}")
-                down = "ashr" if is_signed else "lshr"
-                byte = fl.define(f"{down} {ty} {up}, {splat_int(24, lanes, DType.I32)}")
-                fl.pure[key] = byte
-            extracted.append(byte)
-        total = fl.define(f"add {ty} {total}, {fl.define(f'mul nsw {ty} {extracted[0]}, {extracted[1]}')}")
-    return total
+        key = ("byte", word, t, is_signed)
+        byte = fl.pure.get(key)
+        if byte is None:
+            shift = splat_int(24 - 8 * t, lanes, DType.I32)
+            up = word if t == 3 else fl.define(f"shl {ty} {word}, {shift}")
+            down = "ashr" if is_signed else "lshr"
+            byte = fl.pure[key] = fl.define(f"{down} {ty} {up}, {splat_int(24, lanes, DType.I32)}")
+        out.append(byte)
+    return out
+
+
+def _group_bytes(fl: Emitter, a: Operand, lanes: int) -> list[str]:
+    """A broadcast group's 4 bytes as 4 splats: the group widened once (sxtl/uxtl twice on NEON), each
+    byte a splat of one lane, which AArch64 folds into `mla v.4s, v.4s, v.s[t]` (by element) and RVV
+    into `vmacc.vx`: 3 instructions per group instead of 8 for shifting each byte out of a splat."""
+    text, _, dtype = a
+    key = ("group", text)
+    cached = fl.pure.get(key)
+    if cached is None:
+        wide = fl.define(f"{'sext' if dtype.signed else 'zext'} <4 x i8> {text} to <4 x i32>")
+        cached = fl.pure[key] = ",".join(
+            fl.broadcast(fl.define(f"extractelement <4 x i32> {wide}, i64 {t}"), lanes, DType.I32)
+            for t in range(4)
+        )
+    return cached.split(",")
 
 
 def _high_mul(fl: Emitter, a: Operand, b: str) -> Operand:

@@ -75,10 +75,23 @@ class DotPlan:
         return za + 128 if self.act is DType.U8 else za - 128
 
     def extra_registers(self, nv: int) -> int:
-        """Vector registers a dot needs beyond its accumulators: the B vectors and A's broadcast, plus the
-        widened bytes of each where the instruction does not take bytes (PMADDWD: 2 halves, MLA: 4)."""
-        per = {DotInsn.VPDPBUSD: 1, DotInsn.SDOT: 1, DotInsn.PMADDWD: 2, DotInsn.MLA: 4}[self.insn]
-        return per * (nv + 1)
+        """Vector registers a tile needs beyond its accumulators: the B vectors and A's broadcast, plus the
+        widened bytes of each where the instruction does not take bytes (PMADDWD: the 2 halves of each;
+        MLA: the 4 bytes of each B vector, A's widened group and the products in flight)."""
+        if self.insn is DotInsn.MLA:
+            return 4 * nv + 4
+        return (2 if self.insn is DotInsn.PMADDWD else 1) * (nv + 1)
+
+    def instructions(self, mr: int, nv: int) -> int:
+        """Instructions per k group of an mr x nv tile, by what `intlower` emits: the dots, B's loads (and
+        widening), A's broadcasts (and widening). The default tile minimizes it per dot."""
+        dots, b, a = {
+            DotInsn.VPDPBUSD: (1, 1, 1),
+            DotInsn.SDOT: (1, 1, 2),
+            DotInsn.PMADDWD: (4, 6, 6),
+            DotInsn.MLA: (4, 12, 3),
+        }[self.insn]
+        return dots * mr * nv + b * nv + a * mr
 
 
 def pack_weights(b: np.ndarray, nr: int) -> np.ndarray:
@@ -161,8 +174,8 @@ class QMatmulTemplate:
     def default_config(self) -> Config:
         t, wl = self.target, self.workload
         tiles = [parse_tile(s) for s in self.tiles()]
-        # Most dots per loaded value, then the larger tile (as the float matmul's default).
-        mr, nv = max(tiles, key=lambda p: (p[0] * p[1] / (p[0] + p[1]), p[0] * p[1]))
+        # The fewest instructions per dot (`DotPlan.instructions`), then the larger tile.
+        mr, nv = min(tiles, key=lambda p: (self.plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1]))
         k = wl["k"]
         knobs = {knob.name: knob.options for knob in self.space.knobs}
         # A row block within half of L2 and the packed B panel of a column block within the other half.
