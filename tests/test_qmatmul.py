@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import CliRunner
+from xtune import artifact
 from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object
 from xtune.codegen.lower import lower
@@ -282,6 +284,26 @@ def test_a_wrong_packing_is_a_wrong_answer(
     finally:
         measurer.close()
     assert result.status is MeasureStatus.WRONG_ANSWER and "differ from the reference" in result.error
+
+
+def test_the_header_says_each_tensors_c_type_and_build_refuses_a_lone_qmatmul(xtune_cli: CliRunner) -> None:
+    tensors = parse_workload("qmatmul:m=2,n=3,k=4,a=u8,requant=tflite").tensors()
+    assert artifact._params(tensors) == (
+        "const uint8_t *A, const int8_t *B, const int32_t *bias, const int32_t *multiplier, "
+        "const int32_t *shift, const int32_t *qparams, uint8_t *C"
+    )
+    out = xtune_cli(
+        "build",
+        "--workload",
+        "qmatmul:m=2,n=3,k=4",
+        "--target",
+        "x86-avx512-vnni",
+        "-o",
+        "k.o",
+        "--header",
+        "k.h",
+    )
+    assert out.returncode == 2 and "built into a network" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_features_describe_every_config() -> None:
