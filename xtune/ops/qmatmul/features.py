@@ -45,7 +45,8 @@ def qmatmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.nda
 
     tiles = np.array([parse_tile(str(v)) for v in values("tile")], dtype=np.float64).reshape(-1, 2)
     mr, nv = tiles[:, 0], tiles[:, 1]
-    m, n, k, lanes = float(wl["m"]), float(wl["n"]), float(wl["k"]), float(template.lanes)
+    lmul = values("lmul").astype(np.float64) if "lmul" in options else np.ones(len(mr))
+    m, n, k, lanes = float(wl["m"]), float(wl["n"]), float(wl["k"]), template.lanes * lmul
     nr = nv * lanes
     mc = whole_tiles(values("mc").astype(np.float64), m, mr)
     nc = whole_tiles(values("nc").astype(np.float64), n, nr)

@@ -46,6 +46,7 @@ MC_OPTIONS = (4, 8, 16, 32, 64, 128, 256, 512)
 NC_OPTIONS = (16, 32, 64, 128, 256, 512, 1024)
 UNROLL_OPTIONS = (1, 2, 4, 8)
 KSPLIT_OPTIONS = (1, 2)
+LMUL_OPTIONS = (1, 2, 4)
 _ACT = {"u8": DType.U8, "s8": DType.I8}
 
 
@@ -79,7 +80,7 @@ class DotPlan:
         widened bytes of each where the instruction does not take bytes (PMADDWD: the 2 halves of each;
         MLA: the 4 bytes of each B vector, A's widened group and the products in flight)."""
         if self.insn is DotInsn.MLA:
-            return 4 * nv + 4
+            return 4 * nv + 6  # and the temporaries LLVM keeps: 10x2 spilled on RVV (2.3x the instructions)
         return (2 if self.insn is DotInsn.PMADDWD else 1) * (nv + 1)
 
     def instructions(self, mr: int, nv: int) -> int:
@@ -137,12 +138,19 @@ class QMatmulTemplate:
                 Knob("inner", KnobKind.CHOICE, ("nm", "mn")),
                 Knob("unroll", KnobKind.UNROLL, UNROLL_OPTIONS),
                 Knob("ksplit", KnobKind.CHOICE, KSPLIT_OPTIONS),
+                # RVV: vectors of lmul registers (LMUL, the RVV spec's register grouping), so a tile's
+                # vectors are lmul times longer and the register file holds 32 / lmul of them.
+                *(
+                    [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)]
+                    if "+v" in target.features.split(",")
+                    else []
+                ),
             )
         )
 
     def tiles(self) -> tuple[str, ...]:
-        """Tiles "MRxNV" whose accumulators (both partial sets with ksplit=2) and operands fit the
-        register file; ksplit configs whose tile does not fit twice are rejected by `schedule`."""
+        """Tiles "MRxNV" whose accumulators and operands fit the register file (at lmul 1); a config whose
+        tile does not fit with ksplit=2 or its lmul runs with fewer (`schedule`)."""
         regs = self.target.vector_registers
         return tuple(
             f"{mr}x{nv}"
@@ -153,16 +161,21 @@ class QMatmulTemplate:
 
     def schedule(self, config: Config) -> QMatmulSchedule:
         mr, nv = parse_tile(str(config["tile"]))
-        wl = self.workload
-        mc = int(whole_tiles(config.int("mc"), wl["m"], mr))
-        nc = int(whole_tiles(config.int("nc"), wl["n"], nv * self.lanes))
+        wl, regs = self.workload, self.target.vector_registers
         ksplit = config.int("ksplit")
-        if ksplit > 1 and ksplit * mr * nv + self.plan.extra_registers(nv) > self.target.vector_registers:
+        if ksplit > 1 and ksplit * mr * nv + self.plan.extra_registers(nv) > regs:
             ksplit = 1  # two partial sets would spill: the same nest as ksplit=1
+        lmul = config.int("lmul") if "lmul" in dict(config.values) else 1
+        need = ksplit * mr * nv + self.plan.extra_registers(nv)
+        while lmul > 1 and (need > regs // lmul or nv * self.lanes * lmul > 64):
+            lmul //= 2  # the tile's register groups would not fit: the nest of the largest lmul that does
+        lanes = self.lanes * lmul
+        mc = int(whole_tiles(config.int("mc"), wl["m"], mr))
+        nc = int(whole_tiles(config.int("nc"), wl["n"], nv * lanes))
         return QMatmulSchedule(
             mr,
             nv,
-            self.lanes,
+            lanes,
             mc,
             nc,
             str(config["order"]),
@@ -189,6 +202,7 @@ class QMatmulTemplate:
             "inner": "nm",
             "unroll": 4,
             "ksplit": 1,
+            **({"lmul": 1} if "lmul" in knobs else {}),
         }
         return self.space.config(self.space.index_of(values))
 
