@@ -325,7 +325,8 @@ INSTRUCTIONS = {
     "x86-avx2-vnni": (r"\{vex\}\s*vpdpbusd\s+%ymm|vpdpbusd\s+%ymm", r"zmm"),
     "x86-avx512": (r"vpmaddwd\s+%zmm", r"vpdpbusd|vpmaddubsw"),
     "arm-a76-dotprod": (r"\bsdot\s+v\d+\.4s", r"\bmla\s+v"),
-    "arm-a72-neon": (r"\bmla\s+v\d+\.4s", r"\bsdot\b"),
+    "arm-a72-neon": (r"\bsadalp\s+v\d+\.4s, v\d+\.8h", r"\bsdot\b"),
+    "arm-a53-neon": (r"\bsmull\s+v\d+\.8h", r"\bsdot\b"),
     "riscv64-gcv": (r"\bvmacc\.v|\bvmadd\.v", r"\bvfmacc"),
 }
 

@@ -8,6 +8,7 @@ comparisons and right shifts are made unsigned here). Every sequence is exact: n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Protocol
 
@@ -19,6 +20,7 @@ from xtune.schedule.loopnest import (
     DotInsn,
     DType,
     HighMul,
+    PairSum,
     RoundEven,
     RoundShift,
     Value,
@@ -63,7 +65,9 @@ class Emitter(Protocol):
     ) -> str: ...
 
 
-def lower_integer(fl: Emitter, v: Dot | Cast | RoundEven | Clamp | HighMul | RoundShift, env: Env) -> Operand:
+def lower_integer(
+    fl: Emitter, v: Dot | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
+) -> Operand:
     if isinstance(v, Dot):
         return _dot(fl, v, env)
     if isinstance(v, Cast):
@@ -76,6 +80,11 @@ def lower_integer(fl: Emitter, v: Dot | Cast | RoundEven | Clamp | HighMul | Rou
         return fl.define(f"call {ty} @{name}({ty} {text})"), lanes, DType.F32
     if isinstance(v, Clamp):
         return _clamp(fl, v, env)
+    if isinstance(v, PairSum):
+        text, lanes, dtype = fl.value(v.a, env)
+        ty, half = vtype(lanes, dtype), lanes // 2
+        even, odd = (shuffle(fl, ty, text, "poison", range(parity, lanes, 2)) for parity in (0, 1))
+        return fl.define(f"add {vtype(half, dtype)} {even}, {odd}"), half, dtype
     if isinstance(v, HighMul):
         return _high_mul(fl, fl.value(v.a, env), fl.value(v.b, env)[0])
     return _round_shift(fl, fl.value(v.a, env), fl.value(v.shift, env))
@@ -101,6 +110,12 @@ def integer_binary(fl: Emitter, op: BinaryOp, a: str, b: str, lanes: int, dtype:
         raise ValueError("integer lanes have no div (RoundShift divides by powers of two)")
     name = _INT_OPS.get(op) or ("ashr" if dtype.signed else "lshr")
     return fl.define(f"{name} {ty} {a}, {b}")
+
+
+def shuffle(fl: Emitter, ty: str, a: str, b: str, lanes: Sequence[int] | range) -> str:
+    """LangRef "shufflevector": lanes picked from a ++ b (two values of type `ty`)."""
+    mask = ", ".join(f"i32 {i}" for i in lanes)
+    return fl.define(f"shufflevector {ty} {a}, {ty} {b}, <{len(lanes)} x i32> <{mask}>")
 
 
 def cast(fl: Emitter, operand: Operand, to: DType) -> str:
@@ -145,6 +160,8 @@ def _words(fl: Emitter, operand: Operand, lanes: int) -> str:
 def _dot(fl: Emitter, v: Dot, env: Env) -> Operand:
     acc, lanes, _ = fl.value(v.acc, env)
     a, b = fl.value(v.a, env), fl.value(v.b, env)
+    if v.insn is DotInsn.SADALP:
+        return _sadalp(fl, acc, a, b, lanes), lanes, DType.I32
     assert b[1] == 4 * lanes, "b holds 4 bytes per accumulator lane"
     aw, bw = _words(fl, a, lanes), _words(fl, b, lanes)
     signed = (a[2].signed, b[2].signed)
@@ -204,6 +221,36 @@ def _pmaddwd(fl: Emitter, acc: str, words: tuple[str, str], signed: tuple[bool, 
         product = fl.define(f"call {ty} @{name}({wty} {parts[0][half]}, {wty} {parts[1][half]})")
         total = fl.define(f"add {ty} {total}, {product}")
     return total
+
+
+def _sadalp(fl: Emitter, acc: str, a: Operand, b: Operand, lanes: int) -> str:
+    """AArch64 without dotprod: the bytes widened and multiplied in i16 (smull/smull2: |s8 * s8| <= 2^14
+    and |u8 * s8| <= 32640 fit), then each pair of products added into an i32 lane of the accumulator
+    (sadalp, Arm ARM SADALP: no saturation), 16 bytes at a time. 4 instructions per 16 multiply-adds,
+    exact for every input; the accumulator's 2 lanes per group are summed once after the reduction."""
+    n = b[1]
+    assert lanes == n // 2 and not (a[2] is DType.U8 and b[2] is DType.U8), "pairs of u8 x s8 or s8 x s8"
+    if a[1] != n:
+        a = (
+            fl.define(f"bitcast {vtype(n // 4, DType.I32)} {_words(fl, a, n // 4)} to {vtype(n, DType.I8)}"),
+            n,
+            a[2],
+        )
+    wide = [cast(fl, x, DType.I16) for x in (a, b)]
+    products = fl.define(f"mul nsw {vtype(n, DType.I16)} {wide[0]}, {wide[1]}")
+    chunks = []
+    fl.declarations.add("declare <4 x i32> @llvm.aarch64.neon.saddlp.v4i32.v8i16(<8 x i16>)")
+    for lo in range(0, n, 8):
+        part = shuffle(fl, vtype(n, DType.I16), products, "poison", range(lo, lo + 8))
+        chunks.append(fl.define(f"call <4 x i32> @llvm.aarch64.neon.saddlp.v4i32.v8i16(<8 x i16> {part})"))
+    width = 4
+    while len(chunks) > 1:  # the 4-lane pair sums concatenated back into the accumulator's width
+        ty = vtype(width, DType.I32)
+        chunks = [
+            shuffle(fl, ty, chunks[i], chunks[i + 1], range(2 * width)) for i in range(0, len(chunks), 2)
+        ]
+        width *= 2
+    return fl.define(f"add {vtype(lanes, DType.I32)} {acc}, {chunks[0]}")
 
 
 def _lane_bytes(fl: Emitter, word: str, is_signed: bool, lanes: int) -> list[str]:

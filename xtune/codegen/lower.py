@@ -36,6 +36,7 @@ from xtune.schedule.loopnest import (
     Load,
     LoopKind,
     MulAdd,
+    PairSum,
     Prefetch,
     Reg,
     RoundEven,
@@ -248,7 +249,9 @@ class _FunctionLowering:
             return self.binary(v, env)
         return self.integer(v, env)
 
-    def integer(self, v: Dot | Cast | RoundEven | Clamp | HighMul | RoundShift, env: Env) -> Operand:
+    def integer(
+        self, v: Dot | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
+    ) -> Operand:
         """The integer operations of quantized kernels (xtune/codegen/intlower.py)."""
         return lower_integer(self, v, env)
 

@@ -171,6 +171,10 @@ class DotInsn(Enum):
     SDOT = "sdot"  # AArch64 +dotprod: s8 x s8 (udot: u8 x u8)
     PMADDWD = "pmaddwd"  # x86 without VNNI: the even and odd bytes widened to i16, two vpmaddwd
     MLA = "mla"  # anywhere: each byte of an i32 lane sign/zero-extended by shifts, i32 multiply-adds
+    # AArch64 without dotprod: smull of the bytes into i16 products, sadalp of product pairs into i32.
+    # Its accumulator holds two lanes per group (the pair sums of bytes 0-1 and 2-3): `acc` has
+    # 2 * lanes lanes, and `PairSum` folds it into the group sums after the reduction.
+    SADALP = "sadalp"
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,13 @@ class Dot:
     a: Value
     b: Value
     insn: DotInsn
+
+
+@dataclass(frozen=True)
+class PairSum:
+    """Lanes 2i and 2i+1 added into lane i (an accumulator of `DotInsn.SADALP` into group sums: addp)."""
+
+    a: Value
 
 
 @dataclass(frozen=True)
@@ -243,6 +254,7 @@ Value = (
     | Shuffle
     | Dot
     | Cast
+    | PairSum
     | RoundEven
     | Clamp
     | HighMul

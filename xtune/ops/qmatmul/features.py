@@ -52,7 +52,9 @@ def qmatmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.nda
     nc = whole_tiles(values("nc").astype(np.float64), n, nr)
     ksplit = values("ksplit").astype(np.float64)
     regs = float(t.vector_registers)
-    extra = np.array([template.plan.extra_registers(int(v)) for v in nv], dtype=np.float64)
+    used = np.array(
+        [template.plan.registers(int(r), int(v), int(p)) for r, v, p in zip(mr, nv, ksplit, strict=True)]
+    )
     ones = np.ones(len(mr))
     cols = [
         ones * np.log2(m),
@@ -62,7 +64,7 @@ def qmatmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.nda
         mr,
         nv,
         mr * nv * ksplit / regs,
-        (mr * nv * ksplit + extra) / regs,
+        used / regs,
         mr * nv / (mr + nv),
         ksplit,
         np.log2(values("unroll").astype(np.float64)),

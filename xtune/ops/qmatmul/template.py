@@ -34,6 +34,7 @@ from xtune.schedule.loopnest import (
     Kernel,
     Load,
     NestBuilder,
+    PairSum,
     Reg,
     Value,
 )
@@ -65,8 +66,8 @@ class DotPlan:
         if target.arch == "x86_64":
             vnni = "+avx512vnni" in features or ("+avxvnni" in features and target.fp32_lanes <= 8)
             return DotPlan(DotInsn.VPDPBUSD, DType.U8) if vnni else DotPlan(DotInsn.PMADDWD, act)
-        if target.arch == "aarch64" and "+dotprod" in features:
-            return DotPlan(DotInsn.SDOT, DType.I8)
+        if target.arch == "aarch64":
+            return DotPlan(DotInsn.SDOT if "+dotprod" in features else DotInsn.SADALP, DType.I8)
         return DotPlan(DotInsn.MLA, act)
 
     def zero_point(self, act: DType, za: int) -> int:
@@ -75,13 +76,22 @@ class DotPlan:
             return za
         return za + 128 if self.act is DType.U8 else za - 128
 
-    def extra_registers(self, nv: int) -> int:
-        """Vector registers a tile needs beyond its accumulators: the B vectors and A's broadcast, plus the
-        widened bytes of each where the instruction does not take bytes (PMADDWD: the 2 halves of each;
-        MLA: the 4 bytes of each B vector, A's widened group and the products in flight)."""
+    @property
+    def acc_width(self) -> int:
+        """Accumulator registers per vector of results: 2 for SADALP (pair sums, `PairSum` after)."""
+        return 2 if self.insn is DotInsn.SADALP else 1
+
+    def registers(self, mr: int, nv: int, ksplit: int = 1) -> int:
+        """Vector registers an mr x nv tile holds live: its accumulators (ksplit sets, `acc_width` each),
+        the B vectors and A's broadcast, plus what the instruction needs besides (PMADDWD: the 2 widened
+        halves of each; MLA: the 4 bytes of each B vector, A's widened group and the products in flight,
+        LLVM's temporaries included: a 10x2 tile spilled on RVV; SADALP: the products in flight)."""
+        accumulators = ksplit * mr * nv * self.acc_width
         if self.insn is DotInsn.MLA:
-            return 4 * nv + 6  # and the temporaries LLVM keeps: 10x2 spilled on RVV (2.3x the instructions)
-        return (2 if self.insn is DotInsn.PMADDWD else 1) * (nv + 1)
+            return accumulators + 4 * nv + 6
+        if self.insn is DotInsn.SADALP:
+            return accumulators + 2 * nv + 3  # each B vector's high half too (LLVM's ext + smull)
+        return accumulators + (2 if self.insn is DotInsn.PMADDWD else 1) * (nv + 1)
 
     def instructions(self, mr: int, nv: int) -> int:
         """Instructions per k group of an mr x nv tile, by what `intlower` emits: the dots, B's loads (and
@@ -91,6 +101,7 @@ class DotPlan:
             DotInsn.SDOT: (1, 1, 2),
             DotInsn.PMADDWD: (4, 6, 6),
             DotInsn.MLA: (4, 12, 3),
+            DotInsn.SADALP: (4, 2, 1),
         }[self.insn]
         return dots * mr * nv + b * nv + a * mr
 
@@ -156,17 +167,17 @@ class QMatmulTemplate:
             f"{mr}x{nv}"
             for mr in range(1, 13)
             for nv in range(1, 7)
-            if mr * nv + self.plan.extra_registers(nv) <= regs and nv * self.lanes <= 64
+            if self.plan.registers(mr, nv) <= regs and nv * self.lanes <= 64
         )
 
     def schedule(self, config: Config) -> QMatmulSchedule:
         mr, nv = parse_tile(str(config["tile"]))
         wl, regs = self.workload, self.target.vector_registers
         ksplit = config.int("ksplit")
-        if ksplit > 1 and ksplit * mr * nv + self.plan.extra_registers(nv) > regs:
+        if ksplit > 1 and self.plan.registers(mr, nv, ksplit) > regs:
             ksplit = 1  # two partial sets would spill: the same nest as ksplit=1
         lmul = config.int("lmul") if "lmul" in dict(config.values) else 1
-        need = ksplit * mr * nv + self.plan.extra_registers(nv)
+        need = self.plan.registers(mr, nv, ksplit)
         while lmul > 1 and (need > regs // lmul or nv * self.lanes * lmul > 64):
             lmul //= 2  # the tile's register groups would not fit: the nest of the largest lmul that does
         lanes = self.lanes * lmul
@@ -321,15 +332,15 @@ class _Emitter:
     def micro(self, row0: Affine, rows: int, col0: Affine, ncols: int) -> None:
         """acc[set][r][c] += dot(A[row0+r, group], B strip vector c), then the epilogue and the store."""
         s, b = self.s, self.b
-        lanes, nvec = s.lanes, -(-ncols // s.lanes)
+        lanes, nvec, width = s.lanes, -(-ncols // s.lanes), s.lanes * self.plan.acc_width
         acc = [
-            [[b.register(f"acc{p}_{r}_{c}", lanes, DType.I32) for c in range(nvec)] for r in range(rows)]
+            [[b.register(f"acc{p}_{r}_{c}", width, DType.I32) for c in range(nvec)] for r in range(rows)]
             for p in range(s.ksplit)
         ]
         for sets in acc:
             for row in sets:
                 for reg in row:
-                    b.assign(reg, Const(0, lanes, DType.I32))
+                    b.assign(reg, Const(0, width, DType.I32))
         strip = Affine.of(col0) * (self.groups * 4)  # col0 is a multiple of nr: strip index * nr
 
         def step(g: Affine | int, part: int, count: int = 4) -> None:
@@ -362,6 +373,8 @@ class _Emitter:
                 total: Value = acc[0][r][c]
                 for part in acc[1:]:
                     total = Binary(BinaryOp.ADD, total, part[r][c])
+                if self.plan.acc_width == 2:
+                    total = PairSum(total)
                 total = Binary(BinaryOp.ADD, total, Load("bias", col, lanes, count))
                 value = self.requant.apply(total, col, count)
                 self.b.store("C", (row0 + r) * self.n + col, value, lanes, count)
