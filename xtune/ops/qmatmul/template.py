@@ -66,7 +66,7 @@ class DotPlan:
         if target.arch == "x86_64":
             vnni = "+avx512vnni" in features or ("+avxvnni" in features and target.fp32_lanes <= 8)
             return DotPlan(DotInsn.VPDPBUSD, DType.U8) if vnni else DotPlan(DotInsn.PMADDWD, act)
-        if target.arch == "aarch64":
+        if target.arch == "aarch64":  # both take s8 x s8 (smull: a u8 x s8 product would need uxtl + mul)
             return DotPlan(DotInsn.SDOT if "+dotprod" in features else DotInsn.SADALP, DType.I8)
         return DotPlan(DotInsn.MLA, act)
 
