@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import CliRunner
+from tests.nest_interp import run_kernel
 from xtune import artifact
 from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object
@@ -224,6 +225,25 @@ def test_none_equals_onnxruntime_matmulinteger() -> None:
     )
     got = ort_run(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), {"A": a})
     assert np.array_equal(wl.reference([a, b, np.zeros(21, np.int32), qparams]), got)
+
+
+@pytest.mark.parametrize(
+    "target", ["x86-avx512-vnni", "x86-avx512", "arm-a76-dotprod", "arm-a72-neon", "riscv64-gcv"]
+)
+@pytest.mark.parametrize("key", [WORKLOADS[0], WORKLOADS[1], WORKLOADS[2]])
+def test_the_nest_of_every_route_equals_the_reference_in_the_interpreter(key: str, target: str) -> None:
+    """The template's nests, run by tests/nest_interp.py (no LLVM): the layout, the flip, the k tail, the
+    pair sums and the epilogue, per dot route; random configs too."""
+    wl = parse_workload(key)
+    template = template_for(wl, get_target(target))
+    inputs = random_inputs(wl, seed=1)
+    expected = wl.reference(inputs)
+    rng = random.Random(key + target)
+    configs = [template.default_config(), template.space.config(rng.randrange(template.space.size))]
+    for config in configs:
+        out = np.zeros(expected.shape, expected.dtype)
+        run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
+        assert np.array_equal(out, expected), (target, config.values)
 
 
 # --- the kernels ---------------------------------------------------------------------------------------
