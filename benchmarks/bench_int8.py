@@ -25,15 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from xtune.bench import retime_gflops
 from xtune.boards.board import Board, get_board
 from xtune.ops.qmatmul import reference as ref
-from xtune.peers import _seconds_per_call, ort_available, ort_session
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import Workload, random_inputs
 from xtune.templates import template_for
+from xtune.tuning.bench import retime_gflops
 from xtune.tuning.database import TuningLog
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer
+from xtune.tuning.peers import _seconds_per_call, ort_available, ort_session
 from xtune.tuning.run import TuneOptions, run_tuning
-from xtune.workload import Workload, parse_workload, random_inputs
 
 # m x n x k: ResNet-18's classifier (one image), a ResNet-50 bottleneck's 1x1 expand at 56x56, a 1x1 at 28x28.
 SHAPES = {"fc": (1, 1000, 512), "pw": (3136, 256, 64), "mid": (784, 512, 128)}

@@ -15,18 +15,19 @@ import pytest
 
 from tests.conftest import CliRunner
 from tests.nest_interp import run_kernel
-from xtune import artifact
 from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
+from xtune.firmware import kernels as artifact
 from xtune.ops.qmatmul import reference as ref
 from xtune.ops.qmatmul.template import QMatmulTemplate, pack_weights
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import random_inputs
 from xtune.target import get_target, host_cannot_run
 from xtune.templates import template_for
 from xtune.tuning.features import featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
-from xtune.workload import parse_workload, random_inputs
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
 # Odd sizes: row, column and k tails (k % 4 != 0), per-tensor and per-channel, both activation types.

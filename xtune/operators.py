@@ -1,57 +1,16 @@
 """Operators: what each op of a workload owns (its keys and their defaults, validation, tensors, numpy
 reference and flop count), the fused epilogue every op takes, and the convolution geometry the
-references and templates share. `xtune.workload` parses text into a Workload of one of these."""
+references and templates share. xtune/ops/registry.py finds them by name."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
+from typing import ClassVar
 
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.ops.qmatmul import reference as qref
-
-if TYPE_CHECKING:
-    from xtune.workload import Workload
-
-
-DTypeName = Literal["float32", "int8", "uint8", "int32"]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One argument of a kernel, row-major (C order): float32 unless a quantized operator says otherwise
-    (`dtype` is numpy's name of the element type)."""
-
-    name: str
-    shape: tuple[int, ...]
-    is_output: bool = False
-    dtype: DTypeName = "float32"
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)  # exact: np.prod wraps around at 2^63
-
-
-ParamValue = int | str
-
-
-class Operator(Protocol):
-    """What each op owns: its keys with defaults, validation, tensors, reference and flop count."""
-
-    name: ClassVar[str]
-    keys: ClassVar[tuple[str, ...]]  # in canonical order
-    defaults: ClassVar[dict[str, ParamValue]]
-    optional: ClassVar[frozenset[str]]  # keys left out of the canonical text while at their default
-    words: ClassVar[dict[str, tuple[str, ...]]]  # keys whose values are words rather than integers
-
-    def validate(self, params: dict[str, ParamValue]) -> None: ...
-    def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]: ...
-    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray: ...
-    def flops(self, wl: Workload) -> int: ...
-
+from xtune.ops.workload import ParamValue, TensorSpec, Workload
 
 # The fused epilogue switches every operator takes, in the order they apply: out = conv/matmul
 # (+ bias[channel]) (+ residual[same index as out]), then max(., 0) (relu) or min(max(., 0), 6) (relu6,
@@ -76,7 +35,7 @@ class Matmul:
     words: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
-        _require_positive(self.name, params, ("m", "n", "k"))
+        require_positive(self.name, params, ("m", "n", "k"))
         _require_switches(self.name, params)
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
@@ -121,7 +80,7 @@ def _epilogue(wl: Workload, out: np.ndarray, extra: list[np.ndarray], axis: int)
     return out.astype(np.float32, copy=False)
 
 
-def _require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
+def require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
     for key in keys:
         if key not in params:
             raise InputError(f"{op}: missing size '{key}'")
@@ -175,7 +134,7 @@ def conv_shape(wl: Workload) -> ConvShape:
 
 
 def _validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...]) -> None:
-    _require_positive(op, params, (*sizes, "stride", "dilation"))
+    require_positive(op, params, (*sizes, "stride", "dilation"))
     _require_switches(op, params)
     pad = params["pad"]
     if not isinstance(pad, int) or pad < 0:
@@ -366,75 +325,3 @@ class Depthwise:
     def flops(self, wl: Workload) -> int:
         sh = conv_shape(wl)
         return 2 * sh.n * sh.k * sh.oh * sh.ow * sh.r * sh.s
-
-
-# The largest k of a quantized matmul: 65536 products of 8-bit values, each at most 255 * 128 in size
-# after the zero point, stay within the int32 accumulator (2^16 * 32640 < 2^31).
-QMATMUL_MAX_K = 65536
-_QTYPES: dict[str, DTypeName] = {"u8": "uint8", "s8": "int8"}
-
-
-class QMatmul:
-    """Quantized C[m,n] = requantize(sum_k (A[m,k] - za) * B[k,n] + bias[n]): A uint8 or int8 (`a`), B int8
-    weights, int32 bias; C of A's type (or the int32 sums with requant=none, ONNX's MatMulInteger).
-    requant=onnx takes a float32 scale (ONNX Runtime's), tflite a quantized multiplier and shift (TFLite's),
-    per tensor or per output channel (perchannel=1); qparams = [za, zy, lo, hi] holds the zero points and
-    the output clamp (a fused ReLU/ReLU6 narrows it). The weights are always passed prepacked (the
-    template's `kernel_inputs`), as every quantized network's constant weights are. Exact reference:
-    xtune/ops/qmatmul/reference.py."""
-
-    name: ClassVar[str] = "qmatmul"
-    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", "a", "requant", "perchannel")
-    defaults: ClassVar[dict[str, ParamValue]] = {"a": "s8", "requant": "onnx", "perchannel": 0}
-    optional: ClassVar[frozenset[str]] = frozenset(("a", "requant", "perchannel"))
-    words: ClassVar[dict[str, tuple[str, ...]]] = {"a": ("s8", "u8"), "requant": ("onnx", "tflite", "none")}
-
-    def validate(self, params: dict[str, ParamValue]) -> None:
-        _require_positive(self.name, params, ("m", "n", "k"))
-        if params["perchannel"] not in (0, 1):
-            raise InputError(f"{self.name}: 'perchannel' must be 0 or 1, got {params['perchannel']}")
-        if params["perchannel"] and params["requant"] == "none":
-            raise InputError(f"{self.name}: requant=none has no scales, so no 'perchannel'")
-        if int(params["k"]) > QMATMUL_MAX_K:
-            raise InputError(
-                f"{self.name}: 'k' is {params['k']}, more than the {QMATMUL_MAX_K} an int32 "
-                "accumulator of 8-bit products holds"
-            )
-
-    def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
-        m, n, k = wl["m"], wl["n"], wl["k"]
-        act, requant = _QTYPES[str(wl.value("a"))], wl.value("requant")
-        c = (n if wl["perchannel"] else 1,)
-        scales = {
-            "onnx": (TensorSpec("scale", c),),
-            "tflite": (TensorSpec("multiplier", c, dtype="int32"), TensorSpec("shift", c, dtype="int32")),
-            "none": (),
-        }[str(requant)]
-        return (
-            TensorSpec("A", (m, k), dtype=act),
-            TensorSpec("B", (k, n), dtype="int8"),
-            TensorSpec("bias", (n,), dtype="int32"),
-            *scales,
-            TensorSpec("qparams", (4,), dtype="int32"),
-            TensorSpec("C", (m, n), is_output=True, dtype="int32" if requant == "none" else act),
-        )
-
-    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return qref.qmatmul(inputs, str(wl.value("a")), _requant(wl))
-
-    def sample(self, wl: Workload, rng: np.random.Generator) -> list[np.ndarray]:
-        """Random inputs that make sense together (xtune.workload.random_inputs calls this)."""
-        shape, channels = (wl["m"], wl["n"], wl["k"]), wl["n"] if wl["perchannel"] else 1
-        return qref.sample_inputs(shape, str(wl.value("a")), _requant(wl), channels, rng)
-
-    def flops(self, wl: Workload) -> int:
-        return 2 * wl["m"] * wl["n"] * wl["k"]  # integer multiply-adds, counted as two operations
-
-
-def _requant(wl: Workload) -> qref.Requant:
-    value = wl.value("requant")
-    assert value in ("onnx", "tflite", "none")
-    return value  # type: ignore[return-value]
-
-
-OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(), Conv2d(), Depthwise(), QMatmul())}

@@ -1,1 +1,1 @@
-"""Operator families: each operator's workload keys, reference, template and features in one home."""
+"""Operators: workloads, the generated kernels of a network's other operators and the layouts they run in."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -24,7 +25,6 @@ from xtune.schedule.loopnest import (
     RoundShift,
     Value,
 )
-from xtune.workload import Workload
 
 
 @dataclass(frozen=True)
