@@ -8,7 +8,9 @@ fused ReLU or ReLU6 is only a narrower clamp, so one kernel serves all three.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
+from xtune.ops.qmatmul.reference import Requant
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -27,9 +29,11 @@ from xtune.schedule.loopnest import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Requantizer:
-    kind: str  # "onnx", "tflite" or "none" (the workload's requant)
+    """How a workload's int32 sums become its output (its `requant`, scales per tensor or per channel)."""
+
+    kind: Requant
     lanes: int
     per_channel: bool
     out: DType
@@ -37,7 +41,8 @@ class Requantizer:
     @staticmethod
     def of(workload: Workload, lanes: int) -> Requantizer:
         out = {"u8": DType.U8, "s8": DType.I8}[str(workload.value("a"))]
-        return Requantizer(str(workload.value("requant")), lanes, bool(workload["perchannel"]), out)
+        kind = cast(Requant, workload.value("requant"))
+        return Requantizer(kind=kind, lanes=lanes, per_channel=bool(workload["perchannel"]), out=out)
 
     def channel(self, buffer: str, col: Affine, count: int) -> Value:
         """A scale-like input's vector for columns col.., or its single value in every lane."""
