@@ -205,6 +205,14 @@ class Conv2dTemplate:
         s = self.schedule(config)
         return (s.cb, s.kb, s.nr, s.red)
 
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        """The nest `name(weights, packed)` that writes what `kernel_inputs` gives `config`'s prepacked
+        kernel from the plain weights: the per-call packer's loops, into every block at its base."""
+        assert self.workload["prepacked"], "only a prepacked=1 kernel reads packed weights"
+        if self.as_matmul is not None:
+            return self.as_matmul.pack_kernel(config, name)
+        return ConvEmitter(self.workload, self.schedule(config)).pack_kernel(name)
+
     def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
         """The workload's weights (OIHW, or HWIO for nhwc) as the prepacked kernel of `config` reads them:
         per input-channel block (outer) and output-channel block, the strips `pack_weights` would write,

@@ -169,10 +169,34 @@ class ConvEmitter:
             inner = (Affine.of(i) * sh.s + j) * s.cb + cc
         return Affine.of(strip) * (s.cb * sh.r * sh.s * s.nr) + inner * s.nr
 
-    def pack_weights(self, ctx: _Block) -> None:
-        """Wp[strip][reduction order][nr] <- weights of the block, zero past the last output channel."""
+    def pack_kernel(self, name: str) -> Kernel:
+        """`name(weights, packed)`: the plain weights (the workload's layout) laid out as the prepacked
+        kernel reads them, each block's strips at its `block_base` by the per-call packer's own loops;
+        the padding of tail blocks zero."""
+        sh, s, b = self.sh, self.s, self.b
+        with b.loop(self.packed_size // s.lanes, "z") as z:  # blocks are whole strips of whole vectors
+            b.store("packed", z * s.lanes, Const(0.0, s.lanes), s.lanes)
+
+        def cblock(c0: Affine, ccur: int, first: bool, last: bool) -> None:
+            def kblock(k0: Affine, kcur: int) -> None:
+                block = _Block(Affine(), c0, ccur, first, last, k0, kcur)
+                self.pack_weights(block, "packed", self.block_base(c0, k0))
+
+            b.split(sh.k, s.kb, kblock, "kb")
+
+        split_edges(b, sh.c, s.cb, cblock, "cb")
+        buffers = (
+            Buffer("weights", sh.k * sh.c * sh.r * sh.s, BufferKind.INPUT),
+            Buffer("packed", self.packed_size, BufferKind.OUTPUT),
+        )
+        return b.kernel(name, buffers)
+
+    def pack_weights(self, ctx: _Block, dst: str = "Wp", base: Affine | None = None) -> None:
+        """dst[base + strip][reduction order][nr] <- weights of the block, zero past the last output channel
+        (the per-call Wp, or a block of the prepacked weights)."""
         sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
         c0, k0, ccur = ctx.c0, ctx.k0, ctx.ccur
+        at = base or Affine()
 
         def strip(js: Affine, ncols: int) -> None:
             st = Affine(tuple((v, c // s.nr) for v, c in js.terms), js.const // s.nr)
@@ -182,7 +206,7 @@ class ConvEmitter:
                         cols = min(max(ncols - v * lanes, 0), lanes)
                         src = ((i * sh.s + j) * sh.c + c0 + c) * sh.k + k0 + js + v * lanes
                         val: Value = Load("weights", src, lanes, cols % lanes) if cols else Const(0.0, lanes)
-                        b.store("Wp", self.wp_index(st, c, i, j) + v * lanes, val, lanes)
+                        b.store(dst, at + self.wp_index(st, c, i, j) + v * lanes, val, lanes)
                 return
             # OIHW: read contiguously, write strided.
             with (
@@ -192,11 +216,11 @@ class ConvEmitter:
                 b.loop(sh.s, "wj") as j,
             ):
                 src = ((k0 + js + kk) * sh.c + c0 + c) * (sh.r * sh.s) + i * sh.s + j
-                b.store("Wp", self.wp_index(st, c, i, j) + kk, Load("weights", src))
+                b.store(dst, at + self.wp_index(st, c, i, j) + kk, Load("weights", src))
             if ncols < s.nr:
                 with b.loop(ccur, "wc") as c, b.loop(sh.r, "wi") as i, b.loop(sh.s, "wj") as j:
                     for lane in range(ncols, s.nr):
-                        b.store("Wp", self.wp_index(st, c, i, j) + lane, Const(0.0))
+                        b.store(dst, at + self.wp_index(st, c, i, j) + lane, Const(0.0))
 
         b.split(ctx.kcur, s.nr, strip, "ws")
 

@@ -104,9 +104,11 @@ class _Block:
 
 
 class WinogradEmitter:
-    def __init__(self, workload: Workload, s: WinogradSchedule, prepacked: bool):
+    def __init__(self, workload: Workload, s: WinogradSchedule, prepacked: bool, u_buffer: str = "weights"):
+        """`u_buffer`: the buffer holding the whole U when prepacked (the kernel's weights parameter, or
+        the output of `pack_kernel`)."""
         self.sh = sh = conv_shape(workload)
-        self.s, self.prepacked = s, prepacked
+        self.s, self.prepacked, self.u_buffer = s, prepacked, u_buffer
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
         self.th, self.tw = tiles(sh)
@@ -193,11 +195,24 @@ class WinogradEmitter:
         """Where U[e][strip][c][0:nr] is: the prepacked weights (strips of all of k) or this block's Ub."""
         s = self.s
         if self.prepacked:
-            return "weights", ((Affine.of(e) * self.strips + strip) * self.sh.c + c) * s.nr
+            return self.u_buffer, ((Affine.of(e) * self.strips + strip) * self.sh.c + c) * s.nr
         return "Ub", ((Affine.of(e) * (s.kb // s.nr) + strip) * self.sh.c + c) * s.nr
 
+    def pack_kernel(self, name: str) -> Kernel:
+        """`name(weights, packed)`: U of every output channel, written by the per-call weight transform
+        into the whole-k layout the prepacked kernel reads (`u_index`; emit with u_buffer="packed")."""
+        sh, s = self.sh, self.s
+        assert self.prepacked and self.u_buffer == "packed"
+        self.transform_weights(Affine(), sh.k)
+        buffers = (
+            Buffer("weights", 9 * sh.c * sh.k, BufferKind.INPUT),
+            Buffer("packed", E * self.strips * sh.c * s.nr, BufferKind.OUTPUT),
+        )
+        return self.b.kernel(name, buffers)
+
     def transform_weights(self, k0: Affine, kcur: int) -> None:
-        """Ub[e][strip][c][nr] <- (G g G^T)[e] for the block's output channels, zero past k."""
+        """U[e][strip][c][nr] <- (G g G^T)[e] for the block's output channels, zero past k: into this
+        block's Ub, or (prepacked, by `pack_kernel`) into the whole U."""
         sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
 
         def strip(js: Affine, ncols: int) -> None:
@@ -212,9 +227,9 @@ class WinogradEmitter:
                         [self._weight(i, j, c, k0 + js + v * lanes, cols) for j in range(3)] for i in range(3)
                     ]
                     u = self._filter_transform(g)
-                    buf, at = self.u_index(0, st, c)
                     for e in range(E):
-                        b.store(buf, at + e * (s.kb // s.nr) * sh.c * s.nr + v * lanes, u[e], lanes)
+                        buf, at = self.u_index(e, st, c)
+                        b.store(buf, at + v * lanes, u[e], lanes)
 
         b.split(kcur, s.nr, strip, "ws")
 
@@ -222,20 +237,19 @@ class WinogradEmitter:
         """NCHW's OIHW weights, one output channel's 3x3 at a time (contiguous), into lane kk of the
         strip's U; the lanes past k zero."""
         sh, s, b = self.sh, self.s, self.b
-        step = (s.kb // s.nr) * sh.c * s.nr  # between the e planes of Ub
         with b.loop(ncols, "wk") as kk, b.loop(sh.c, "wc") as c:
             base = ((k + kk) * sh.c + c) * 9
             g: list[list[Value]] = [[Load("weights", base + i * 3 + j) for j in range(3)] for i in range(3)]
             u = self._filter_transform(g, 1)
-            _, at = self.u_index(0, st, c)
             for e in range(E):
-                b.store("Ub", at + kk + e * step, u[e])
+                buf, at = self.u_index(e, st, c)
+                b.store(buf, at + kk, u[e])
         if ncols < s.nr:
             with b.loop(sh.c, "wc") as c:
-                _, at = self.u_index(0, st, c)
                 for e in range(E):
+                    buf, at = self.u_index(e, st, c)
                     for lane in range(ncols, s.nr):
-                        b.store("Ub", at + lane + e * step, Const(0.0))
+                        b.store(buf, at + lane, Const(0.0))
 
     def _weight(self, i: int, j: int, c: Affine, k: Affine, cols: int) -> Value:
         sh, lanes = self.sh, self.s.lanes
