@@ -238,7 +238,7 @@ def test_example_makefile_builds_and_runs(tmp_path: Path) -> None:
     xtune = f"{sys.executable} -m xtune.cli"
     _run(["make", "-C", ROOT / "examples/firmware", f"BUILD={tmp_path}", f"XTUNE={xtune}"])
     out = _run([tmp_path / "demo"]).stdout
-    assert out.count(" ok") == 2, out
+    assert out.count(" ok") == 3, out
 
 
 @pytest.mark.board
@@ -262,7 +262,7 @@ def test_example_cmake_cross_build_runs_under_qemu(tmp_path: Path) -> None:
     )
     _run(["cmake", "--build", tmp_path])
     out = _run(["qemu-aarch64", "-cpu", "cortex-a72", tmp_path / "demo"]).stdout
-    assert out.count(" ok") == 2, out
+    assert out.count(" ok") == 3, out
 
 
 # ---- which config reaches the artifact ----------------------------------------------------------------
