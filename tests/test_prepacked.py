@@ -351,10 +351,8 @@ def test_tasks_with_constant_weights_are_prepacked_and_depthwise_are_not() -> No
 
 
 def test_build_of_a_prepacked_workload_adds_its_pack_function(xtune_cli: CliRunner, tmp_path: Path) -> None:
-    out = xtune_cli(
-        "build", "--target", "x86-avx2", "--workload", CONV, "--workload", MATMUL,
-        "-o", f"{tmp_path}/k.o", "--header", f"{tmp_path}/k.h", "--json",
-    )  # fmt: skip
+    outputs = ["-o", f"{tmp_path}/k.o", "--header", f"{tmp_path}/k.h", "--json"]
+    out = xtune_cli("build", "--target", "x86-avx2", "--workload", CONV, "--workload", MATMUL, *outputs)
     assert out.returncode == 0, out.stderr
     kernels = json.loads(out.stdout)["kernels"]
     for kernel in kernels:

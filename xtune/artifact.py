@@ -3,6 +3,7 @@ and a build table out (`build`), written as .o, .h and optionally a .a archive (
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
@@ -83,8 +84,7 @@ class PackEntry:
     code_bytes: int
 
     def as_dict(self) -> dict[str, object]:
-        return {"symbol": self.symbol, "tensor": self.tensor, "packed_floats": self.packed_floats,
-                "code_bytes": self.code_bytes}  # fmt: skip
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
