@@ -16,8 +16,8 @@ flops-weighted ratio per network (total time of its layers, each weighted by how
 Usage: python benchmarks/bench_kernel_api.py [--nets resnet18 mobilenetv2] [--trials 64] [--rounds 3]
        [--seed 1] [--only SUBSTRING ...] [--winograd none|packed|both]
 The full run tunes 74 layer forms (32 conv2d layers twice, 10 depthwise once): about 2 hours on an idle
-x86 host (a form takes 1 to 2 minutes). ORT needs the `bench`
-extra. The machine should be otherwise idle: every figure is a timing.
+x86 host (a form takes 1 to 2 minutes). ORT needs the `bench` extra. The machine should be otherwise
+idle: every figure is a timing.
 """
 
 from __future__ import annotations
