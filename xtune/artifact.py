@@ -82,6 +82,7 @@ class PackEntry:
     tensor: str
     packed_floats: int
     code_bytes: int
+    stack_bytes: int  # scratch on the caller's stack (NCHW Winograd stages weights there), plus the frame
 
     def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -189,7 +190,7 @@ def pack_entry(pack: Kernel | None, sizes: dict[str, int]) -> PackEntry | None:
     if pack is None:
         return None
     plain, packed = pack.params
-    return PackEntry(pack.name, plain.name, packed.size, sizes[pack.name])
+    return PackEntry(pack.name, plain.name, packed.size, sizes[pack.name], pack.stack_bytes)
 
 
 def valid_prefix(prefix: str) -> None:
@@ -351,7 +352,8 @@ def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:
             " *   e.g. at start-up, and pass `packed` to every call. Packed bytes fit this build only.",
             f" *   {plain.name}: float{dims} ({plain.axes}), row-major (the workload's layout), input",
             f" *   packed: float[{packed_floats}], output, overwritten (padding zero)",
-            f" *   no stack buffers; {plain.name} and packed must not overlap; any 4-byte alignment is fine.",
+            f" *   stack: {pack.stack_bytes} bytes of scratch buffers, plus the frame (allow 1 KiB more).",
+            f" *   {plain.name} and packed must not overlap; any 4-byte alignment is fine.",
             " */",
             f"void {pack.symbol}(const float *{plain.name}, float *packed);",
             "",

@@ -91,8 +91,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"{k.symbol:<{width}}  {k.source:<7} {k.config_index:>10} {k.code_bytes:>6} B "
             f"{k.stack_bytes:>7} B {gflops}"
         )
-        if k.pack:  # its pack function: same config, no stack buffers
-            size = f"{k.pack.code_bytes:>6} B {0:>7} B {'-':>8}"
+        if k.pack:  # its pack function, built from the same config
+            size = f"{k.pack.code_bytes:>6} B {k.pack.stack_bytes:>7} B {'-':>8}"
             print(f"{k.pack.symbol:<{width}}  {'pack':<7} {k.config_index:>10} {size}")
     wrote = ", ".join(p for p in (args.output, args.header, args.archive) if p)
     print(f"{len(artifact.kernels)} kernel(s) for {artifact.target.name}: wrote {wrote}")

@@ -25,8 +25,9 @@ from xtune.schedule.loopnest import (
 )
 from xtune.templates.tiles import (
     Epilogue,
+    Rows,
     split_edges,
-    transpose,
+    transposed_copy,
     unrolled,
 )
 from xtune.workload import Workload
@@ -234,24 +235,15 @@ class ConvEmitter:
     def transposed_strip(self, dst: str, at: Affine, k: Affine, ncols: int, c0: Affine, ccur: int) -> None:
         """dst[at + l*nr + kk] <- weights[k + kk][c0*r*s + l] for the block's l < ccur*r*s, zero for kk past
         ncols: in reduction order crs, l*nr is `wp_index` of l's (c, kh, kw), and in OIHW each output
-        channel's (c, kh, kw) are contiguous, so a strip is a transpose of nr rows of ccur*r*s floats, done
-        in lanes x lanes tiles of vector loads, shuffles (`tiles.transpose`) and vector stores: about
-        (2 + log2 lanes) / lanes instructions per float against 2 for a scalar copy, and the per-call
-        packing of a deep layer is as many floats as its FMAs are vectors (256 channels at 14x14: 590 K)."""
-        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        channel's (c, kh, kw) are contiguous, so a strip is the transpose of nr rows (`transposed_copy`).
+        The per-call packing of a deep layer is as many floats as its FMAs are vectors (256 channels at
+        14x14: 590 K), so a scalar copy's 2 instructions per float were a third of the kernel's."""
+        sh, s = self.sh, self.s
         rs = sh.r * sh.s
-
-        def chunk(l0: Affine, n: int) -> None:  # n < lanes: the last columns
-            for g in range(s.nv):
-                rows: list[Value] = []
-                for u in range(lanes):
-                    row = g * lanes + u
-                    src = (k + row) * (sh.c * rs) + c0 * rs + l0
-                    rows.append(Load("weights", src, lanes, n % lanes) if row < ncols else Const(0.0, lanes))
-                for v, column in enumerate(transpose(b, rows)[:n]):
-                    b.store(dst, at + (l0 + v) * s.nr + g * lanes, column, lanes)
-
-        b.split(ccur * rs, lanes, chunk, "wl")
+        rows = Rows(
+            buffer="weights", start=lambda u: (k + u) * (sh.c * rs) + c0 * rs, count=ncols, length=ccur * rs
+        )
+        transposed_copy(self.b, s.lanes, rows, dst, at, s.nr)
 
     def spatial(self, ctx: _Block) -> None:
         """Blocks of output rows x columns; inside, pixel tiles and channel strips in the config's order."""

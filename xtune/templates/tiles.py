@@ -19,6 +19,7 @@ from xtune.schedule.loopnest import (
     Buffer,
     BufferKind,
     Const,
+    Load,
     LoopKind,
     NestBuilder,
     Reg,
@@ -174,3 +175,33 @@ def transpose(b: NestBuilder, rows: Sequence[Value], prefix: str = "tp") -> list
             b.assign(regs[u + k], Shuffle(current[u], current[u + k], high))
         current = regs
     return regs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rows:
+    """`count` rows of a buffer, row u starting at `start(u)`, each `length` contiguous floats."""
+
+    buffer: str
+    start: Callable[[int], Affine]
+    count: int
+    length: int
+
+
+def transposed_copy(b: NestBuilder, lanes: int, rows: Rows, dst: str, at: Affine, width: int) -> None:
+    """dst[at + l*width + u] <- row u's float l, for every l and u < width (0 for the rows past
+    `rows.count`): the rows written column by column, `width` (a multiple of `lanes`) floats to a column.
+    In lanes x lanes tiles of vector loads, `transpose` and vector stores: (2 + log2 lanes) / lanes
+    instructions per float, where a scalar copy takes 2 and its loop's."""
+
+    def chunk(l0: Affine, n: int) -> None:  # n < lanes: the last columns
+        for g in range(width // lanes):
+            loads: list[Value] = [
+                Load(rows.buffer, rows.start(u) + l0, lanes, n % lanes)
+                if u < rows.count
+                else Const(0.0, lanes)
+                for u in range(g * lanes, (g + 1) * lanes)
+            ]
+            for v, column in enumerate(transpose(b, loads)[:n]):
+                b.store(dst, at + (l0 + v) * width + g * lanes, column, lanes)
+
+    b.split(rows.length, lanes, chunk, "tl")
