@@ -31,13 +31,15 @@ from pathlib import Path
 
 from bench_layers import MOBILENETV2, RESNET18, Layer  # benchmarks/ is the script's directory
 
-from xtune.bench import retime_gflops
 from xtune.boards.board import Board, get_board
 from xtune.operators import winograd_eligible
-from xtune.peers import ort_gflops
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import Workload
+from xtune.tuning.bench import retime_gflops
 from xtune.tuning.database import TuningLog
-from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
-from xtune.workload import Workload, parse_workload
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.peers import ort_gflops
+from xtune.tuning.run import local_numpy_gflops, run_tuning
 
 NETS = {"resnet18": RESNET18, "mobilenetv2": MOBILENETV2}
 FORMS = ("nchw", "prepacked")

@@ -27,6 +27,7 @@ from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import HELLO_TIMEOUT, SshBoard, deploy, load_boards
 from xtune.cli import main
 from xtune.errors import BoardError, BoardFault, InputError
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, make_record
@@ -38,7 +39,6 @@ from xtune.tuning.measure import (
     MeasureStatus,
     build_image,
 )
-from xtune.workload import parse_workload
 
 from .test_measure import HANG, SEGFAULT, configs, image_of
 from .test_scheduler import tiny_model

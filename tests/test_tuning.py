@@ -11,20 +11,21 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CliRunner, interrupt_cli
-from xtune.bench import BenchReport
 from xtune.boards.board import LocalBoard, QemuBoard, get_board
 from xtune.boards.cost import CostUnit
 from xtune.cli.progress import _ProgressBar
 from xtune.errors import InputError
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.transfer.modelfile import Manifest
+from xtune.tuning.bench import BenchReport
 from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
 from xtune.tuning.loop import TuneProgress
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.run import Confirmation, TuneOptions, TuningReport, run_tuning
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.run import Confirmation, TuningReport, run_tuning
 from xtune.tuning.session import _confirm
-from xtune.workload import parse_workload
 
 WORKLOAD = "matmul:m=64,n=48,k=40"
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)

@@ -45,7 +45,7 @@ LOCAL_ALIGN = 64
 # otherwise turn our copy/zero loops into memcpy/memset calls, i.e. undefined symbols (measured on all
 # three architectures, docs/notes.md §1).
 FUNCTION_ATTRIBUTES = 'attributes #0 = { nounwind "no-builtins" }'
-# Internal kernels of a whole-network module (xtune/netbuild.py) are never inlined into its entry: each
+# Internal kernels of a whole-network module (xtune/firmware/build.py) are never inlined into its entry: each
 # keeps its own frame, so the entry's stack is the largest kernel's, not the sum of all of them.
 INTERNAL_ATTRIBUTES = 'attributes #1 = { nounwind "no-builtins" noinline }'
 

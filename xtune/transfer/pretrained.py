@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-import xtune
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError, XtuneWarning
+from xtune.ops.registry import parse_workload
 from xtune.target import Target, cpu_name, get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.transfer.modelfile import (
@@ -41,7 +41,7 @@ from xtune.tuning.features import (
     featurize,
 )
 from xtune.tuning.measure import MeasureStatus
-from xtune.workload import parse_workload
+from xtune.version import __version__
 
 SourceKind = Literal["model", "builtin", "logs"]  # a model file, the shipped model, logs trained on the fly
 BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/models/ for the tuned target
@@ -212,7 +212,7 @@ def train(
         feature_names=tuple((op, feature_names(op)) for op in data),
         targets=tuple(sorted({c.target for c in counts})), groups=counts,
         records_used=sum(c.records for c in counts), skipped=tuple(sorted(skipped.items())),
-        xtune_version=xtune.__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        xtune_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         sources=tuple(Path(s).name for s in sources), base_columns=tuple(bases),
     )  # fmt: skip
     return PretrainedModel(manifest, tuple(boosters))

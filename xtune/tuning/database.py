@@ -15,14 +15,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import xtune
 from xtune.boards.cost import RANKING_UNITS, CostUnit
 from xtune.errors import InputError, XtuneWarning
+from xtune.ops.registry import parse_workload
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.workload import parse_workload
+from xtune.version import __version__
 
 FORMAT_VERSION = 1
 GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952, section 2.3.1
@@ -50,7 +50,7 @@ class Record:
     options: MeasureOptions = DEFAULT_OPTIONS
     fingerprint: tuple[tuple[str, str], ...] = ()  # the board's uname, cpu info, ... as recorded at deploy
     version: int = FORMAT_VERSION
-    xtune_version: str = xtune.__version__
+    xtune_version: str = __version__
     time: float = 0.0  # unix seconds when measured
 
     @property

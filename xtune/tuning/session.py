@@ -1,6 +1,6 @@
 """A tuning session: one workload on boards, set up once (template, tuner resumed from the log, measurer)
 and measured one batch at a time, every batch appended to the log. `run_tuning` runs one session to the
-end; the task scheduler of a network (xtune.network.scheduler) keeps one per task and steps the task it
+end; the task scheduler of a network (xtune.tuning.scheduler) keeps one per task and steps the task it
 chooses."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
+from xtune.ops.workload import Workload
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import (
@@ -29,11 +29,8 @@ from xtune.tuning.database import (
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
+from xtune.tuning.options import TuneOptions
 from xtune.tuning.tuner import make_tuner
-from xtune.workload import Workload
-
-if TYPE_CHECKING:
-    from xtune.tuning.run import TuneOptions
 
 CONFIRM_TIMINGS = 3
 
