@@ -56,7 +56,7 @@ def xtune_instructions(model: Path, target: Target, logs: list[Path]) -> tuple[f
     try:
         report = bench_model(model, QemuBoard("qemu-aarch64", target), logs)
     except XtuneError as e:
-        return None, f"xtune: {e}"
+        return None, f"xtune cannot run it: {e}"
     if not report.correct:
         return None, f"xtune's output is wrong: {report.error}"
     return report.instructions, ""
@@ -65,7 +65,6 @@ def xtune_instructions(model: Path, target: Target, logs: list[Path]) -> tuple[f
 def measure(model: Path, cores: list[str], logs: list[Path]) -> list[Row]:
     name = model.stem
     rows = []
-    xtune: dict[str, tuple[float | None, str]] = {}  # by target: its code's count is the same on any core
     for core in cores:
         start = time.perf_counter()
         try:
@@ -79,9 +78,7 @@ def measure(model: Path, cores: list[str], logs: list[Path]) -> list[Row]:
         if target is None:
             insns, note = None, f"xtune has no target for {core}"
         else:
-            if target.name not in xtune:
-                xtune[target.name] = xtune_instructions(model, target, logs)
-            insns, note = xtune[target.name]
+            insns, note = xtune_instructions(model, target, logs)
         rows.append(
             Row(
                 network=name,
@@ -112,9 +109,10 @@ def table(rows: list[Row]) -> str:
     ]
     for r in rows:
         ratio = f"{r.xtune_insns / r.peer_insns:.2f}" if r.xtune_insns and r.peer_insns else "-"
+        peer, note = r.peer.replace("|", "/"), r.note.replace("|", "/")  # a message must not split a cell
         lines.append(
-            f"| {r.network} | {r.core} | {r.peer} | {_millions(r.peer_insns)} | {r.target} | "
-            f"{_millions(r.xtune_insns)} | {ratio} | {r.note} |"
+            f"| {r.network} | {r.core} | {peer} | {_millions(r.peer_insns)} | {r.target} | "
+            f"{_millions(r.xtune_insns)} | {ratio} | {note} |"
         )
     return "\n".join(lines)
 
