@@ -1,6 +1,6 @@
 """The ARM peers' harness (benchmarks/arm_peers.py): the emulated core's /proc/cpuinfo reads like a real
 one, and ONNX Runtime's aarch64 build under qemu-aarch64 computes what ONNX Runtime computes on this host,
-with an instruction count per inference that repeats exactly and grows with the work."""
+with an instruction count per inference that repeats and grows with the work."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _write(workload: str, path: Path) -> Path:
 @pytest.mark.slow
 def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -> None:
     """Three emulated runs of two small convolutions (about 30 s): outputs equal to x86 ONNX Runtime's,
-    the count per inference identical run to run, and four times the multiply-adds costing more than
+    the count per inference the same run to run (to 0.5 %), and four times the multiply-adds costing more than
     twice the instructions, never fewer than one NEON FMA per four of them."""
     if not (CACHE / "root" / ".complete").is_file():
         pytest.skip(
@@ -79,7 +79,8 @@ def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -
     first = run_peer(small, "cortex-a72")
     assert first.runtime.value == "onnxruntime" and first.version
     assert check_peer(first, small) == ""
-    assert run_peer(small, "cortex-a72").instructions == first.instructions
+    # Two processes' heaps differ a little at the fork, and libc's allocator with them (docs/arm-peers.md).
+    assert run_peer(small, "cortex-a72").instructions == pytest.approx(first.instructions, rel=0.005)
     macs = 28 * 28 * 32 * 16 * 9
     assert first.instructions >= macs / 4
     bigger = run_peer(large, "cortex-a72")
