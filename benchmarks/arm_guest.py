@@ -1,8 +1,8 @@
 """Runs inside the emulated arm64 Python (numpy and one runtime, no xtune): a model, a seed and run counts in;
 on stdout one JSON line (the runtime's version, the input names, the pids of the counting children in the
-order of the run counts), in the
-work directory the seeded inputs and the outputs of one inference. `hwcaps` instead prints the emulated
-core's AT_HWCAP words. benchmarks/arm_peers.py starts it under qemu-aarch64 (docs/arm-peers.md).
+order of the run counts), in the work directory the seeded inputs and the outputs of one inference.
+`hwcaps` instead prints the emulated core's AT_HWCAP words. benchmarks/arm_peers.py starts it under
+qemu-aarch64 (docs/arm-peers.md).
 
 After one warm-up inference, which also gives the outputs, the loaded model is forked once per run count
 and each child runs that many inferences and exits: qemu-user runs a guest fork() as a host fork(), so the
