@@ -26,8 +26,8 @@ import numpy as np
 
 from xtune.boards.board import build_insn_plugin
 from xtune.errors import InputError, XtuneError
-from xtune.peers import ort_session
-from xtune.workload import RTOL, check_output
+from xtune.ops.workload import RTOL, check_output
+from xtune.tuning.peers import ort_session
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "arm64-peers"  # what scripts/arm_peers.sh builds

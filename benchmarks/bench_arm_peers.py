@@ -4,7 +4,7 @@ counted by xtune's TCG plugin under qemu-aarch64 (docs/arm-peers.md). Prints a m
 
 Usage: python3 benchmarks/bench_arm_peers.py [--only NAME ...] [--cores CORE ...] [--tiny DIR] [--log LOG ...]
 
-ResNet-18 and MobileNetV2 are written by xtune's network zoo (benchmarks/make_networks.py, random weights);
+ResNet-18 and MobileNetV2 are written as benchmarks/make_networks.py writes them (random weights);
 the MLPerf Tiny float models are read from --tiny DIR (docs/benchmarks.md says where to get them). Needs
 the arm64 Python of scripts/arm_peers.sh. Every peer's outputs are checked against the same runtime on
 this host; xtune's against ONNX Runtime (xtune bench --model). Where xtune cannot load a model, or has no
@@ -25,9 +25,14 @@ from arm_peers import CORES, check_peer, run_peer
 
 from xtune.boards.board import QemuBoard
 from xtune.errors import XtuneError
-from xtune.netbench import bench_model
-from xtune.network.zoo import NETWORKS
+from xtune.firmware.bench import bench_model
 from xtune.target import Target, load_targets
+
+# tests/networks.py builds the networks (as benchmarks/make_networks.py does); the repository root holds
+# the `tests` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.networks import NETWORKS
 
 ONNX_NETWORKS = ("resnet18", "mobilenet_v2")
 # MLPerf Tiny's float reference models (mlcommons/tiny, benchmark/training/*/trained_models/).

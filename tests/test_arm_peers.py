@@ -11,8 +11,8 @@ import pytest
 from arm_peers import CACHE, CORES, arm64_root, check_peer, cpuinfo_text, run_peer, runtime_for
 
 from xtune.errors import InputError, XtuneError
-from xtune.peers import onnx_model
-from xtune.workload import parse_workload
+from xtune.ops.registry import parse_workload
+from xtune.tuning.peers import onnx_model
 
 # A Raspberry Pi 4's first entry (Cortex-A72, Linux 6.1 arm64), but for BogoMIPS (its timer runs at 54 MHz).
 PI4 = """processor\t: 0
