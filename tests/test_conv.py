@@ -238,7 +238,7 @@ def test_transposed_weight_packing_on_every_board(board: str) -> None:
     check(board, key, indices)
 
 
-# --- issue 18: pointwise through the matmul template, stride 2 without a cliff ----------------------
+# --- pointwise through the matmul template, stride 2 without a cliff ----------------------
 
 # Pointwise layers (NCHW and NHWC, a batch, bias and ReLU), stride 2 with odd input sizes, padding 0 and
 # 2, channel counts that are no multiple of any vector width, depthwise with multiplier 2 and rows wide
