@@ -247,6 +247,18 @@ def test_the_nest_of_every_route_equals_the_reference_in_the_interpreter(key: st
         assert np.array_equal(out, expected), (target, config.values)
 
 
+@pytest.mark.parametrize("target", ["x86-avx512-vnni", "arm-a72-neon"])
+def test_the_pack_kernel_writes_the_layout_kernel_inputs_gives(target: str) -> None:
+    wl = parse_workload(WORKLOADS[1])
+    template = template_for(wl, get_target(target))
+    inputs = random_inputs(wl, seed=4)
+    for config in [template.default_config(), template.space.config(template.space.size // 3)]:
+        expected = template.kernel_inputs(config, inputs)[1]
+        packed = np.full(expected.shape, 0x5A, np.int8)
+        run_kernel(template.pack_kernel(config, "pack"), [inputs[1], packed])
+        assert np.array_equal(packed, expected)
+
+
 # --- the kernels ---------------------------------------------------------------------------------------
 
 

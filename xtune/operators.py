@@ -42,7 +42,7 @@ class Matmul:
         m, n, k = wl["m"], wl["n"], wl["k"]
         return (
             TensorSpec("A", (m, k)),
-            TensorSpec("B", (k, n)),
+            TensorSpec("B", (k, n), axes="k, n"),
             *_epilogue_tensors(wl, n, (m, n)),
             TensorSpec("C", (m, n), is_output=True),
         )
@@ -226,13 +226,13 @@ class Conv2d:
         if sh.nhwc:
             io = (
                 TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
-                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k)),
+                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), axes="r, s, c, k: HWIO"),
             )
             out = TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True)
         else:
             io = (
                 TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)),
-                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s)),
+                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s), axes="k, c, r, s: OIHW"),
             )
             out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
         return (*io, *_epilogue_tensors(wl, sh.k, out.shape), out)

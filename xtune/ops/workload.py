@@ -25,6 +25,7 @@ class TensorSpec:
     shape: tuple[int, ...]
     is_output: bool = False
     dtype: DTypeName = "float32"
+    axes: str = ""  # what each dimension is, where a header must say it (a weights tensor's layout)
 
     @property
     def size(self) -> int:

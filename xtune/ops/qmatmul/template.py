@@ -41,7 +41,7 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.tiles import clipped, parse_tile, whole_tiles
+from xtune.templates.tiles import clipped, div, parse_tile, whole_tiles
 
 MC_OPTIONS = (4, 8, 16, 32, 64, 128, 256, 512)
 NC_OPTIONS = (16, 32, 64, 128, 256, 512, 1024)
@@ -245,6 +245,36 @@ class QMatmulTemplate:
         out[1] = pack_weights(b, s.nr)
         out[2] = wrap32(out[2].astype(np.int64) - za * b.astype(np.int64).sum(axis=0))
         return out
+
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        """The nest `name(B, packed)` that writes B as `pack_weights` does for `config` (the strips of its
+        nr, zero past n and k), one byte at a time. The column terms of the bias slot are not in it: a
+        qmatmul is built into a network, whose build computes them (`kernel_inputs`)."""
+        s, wl, b = self.schedule(config), self.workload, NestBuilder()
+        k, n, nr = wl["k"], wl["n"], s.nr
+        groups = -(-k // 4)
+        plain = Buffer("B", k * n, BufferKind.INPUT, DType.I8)
+        packed = Buffer("packed", -(-n // nr) * nr * groups * 4, BufferKind.OUTPUT, DType.I8)
+
+        def group(j0: Affine, cols: int, g: Affine | int, rows: int) -> None:
+            at = div(j0, nr) * (groups * nr * 4) + Affine.of(g) * (nr * 4)
+            for c in range(nr):
+                for t in range(4):
+                    value: Value = (
+                        Load("B", (Affine.of(g) * 4 + t) * n + j0 + c)
+                        if c < cols and t < rows
+                        else Const(0, 1, DType.I8)
+                    )
+                    b.store("packed", at + c * 4 + t, value)
+
+        def strip(j0: Affine, cols: int) -> None:
+            with b.loop(k // 4, "pg") as g:
+                group(j0, cols, g, 4)
+            if k % 4:
+                group(j0, cols, k // 4, k % 4)
+
+        b.split(n, nr, strip, "ps")
+        return b.kernel(name, (plain, packed))
 
     def packed_layout(self, config: Config) -> Hashable:
         """The B strips' width: configs of one nr read the same bytes (the column terms never vary)."""
