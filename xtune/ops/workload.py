@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 
 from xtune.errors import InputError
 
+DTypeName = Literal["float32", "int8", "uint8", "int32"]
+
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One float32 argument of a kernel, row-major (C order)."""
+    """One argument of a kernel, row-major (C order): float32 unless a quantized operator says otherwise
+    (`dtype` is numpy's name of the element type)."""
 
     name: str
     shape: tuple[int, ...]
     is_output: bool = False
+    dtype: DTypeName = "float32"
+    axes: str = ""  # what each dimension is, where a header must say it (a weights tensor's layout)
 
     @property
     def size(self) -> int:
@@ -163,8 +168,12 @@ def make_workload(op: Operator, rest: str, text: str) -> Workload:
 
 
 def random_inputs(wl: Workload, seed: int = 0) -> list[np.ndarray]:
-    """Deterministic inputs in [-1, 1): small enough that fp32 sums stay well conditioned."""
+    """Deterministic inputs: float32 in [-1, 1) (small enough that fp32 sums stay well conditioned), or
+    what a quantized operator's own `sample` draws (zero points, scales and tensors that fit together)."""
     rng = np.random.default_rng(seed)
+    sample = getattr(wl.operator, "sample", None)
+    if sample is not None:
+        return list(sample(wl, rng))
     return [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in wl.tensors() if not t.is_output]
 
 
@@ -177,7 +186,10 @@ def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
     (an inf of the same sign, a NaN where the reference has NaN: IEEE 754 arithmetic on non-finite weights
     gives them); any other non-finite difference is wrong, and a NaN where the reference is finite always
     is (the output buffer starts as NaN: an element never written). Finite positions: max|got - ref| <=
-    rtol * max(1, max|ref|)."""
+    rtol * max(1, max|ref|). Integer outputs (quantized operators) must equal the reference exactly:
+    their references are bit-exact."""
+    if expected.dtype.kind in "iu":
+        return _check_exact(got, expected)
     finite = np.isfinite(got) & np.isfinite(expected)
     if not finite.all():
         why = _nonfinite_mismatch(got, expected, finite)
@@ -213,3 +225,15 @@ def max_abs_error(got: np.ndarray, expected: np.ndarray) -> float:
     if finite.all():
         return float(np.max(np.abs(got - expected))) if expected.size else 0.0
     return float(np.max(np.abs(got[finite] - expected[finite]))) if finite.any() else 0.0
+
+
+def _check_exact(got: np.ndarray, expected: np.ndarray) -> str:
+    wrong = got != expected
+    if not wrong.any():
+        return ""
+    diff = np.abs(got.astype(np.int64) - expected.astype(np.int64))
+    where = np.unravel_index(int(np.argmax(diff)), expected.shape)
+    return (
+        f"{int(wrong.sum())} of {got.size} outputs differ from the reference, by up to {int(diff.max())} "
+        f"at {tuple(int(i) for i in where)}"
+    )
