@@ -14,7 +14,7 @@ chain. Calls with the same workload are one `Task`, tuned once. The other nodes 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -245,7 +245,8 @@ def _fuse_chain(
         used.append(j)
         out = nxt.outputs[0]
     try:
-        workload = parse_workload(a.workload_key(bias is not None, flags, runs_in(a.op, layout)))
+        as_run = replace(a, weights=weights)  # the weights as the kernel takes them: Winograd only if finite
+        workload = parse_workload(as_run.workload_key(bias is not None, flags, runs_in(a.op, layout)))
     except InputError as err:  # a size outside the workload's bounds: say which node has it
         raise InputError(f"{graph.name}: {a.node.label}: {err}") from None
     op = FusedOp(
