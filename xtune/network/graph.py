@@ -19,6 +19,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from xtune.errors import InputError
+from xtune.frontend.tflite import is_tflite_file, load_tflite
 
 SMALL_CONSTANT = 64  # elements: initializers up to this size stay data during shape inference
 MIN_OPSET = 11  # Clip's bounds became inputs in opset 11; older models are not worth a second path
@@ -83,12 +84,15 @@ class Graph:
 
 
 def load_model(source: Source) -> onnx.ModelProto:
-    """The ModelProto of a file, or InputError naming the file."""
+    """The ModelProto of a file (ONNX, or TFLite converted by xtune.frontend.tflite), or InputError naming
+    the file."""
     if isinstance(source, onnx.ModelProto):
         return source
     path = Path(source)
     if not path.is_file():
         raise InputError(f"{path}: no such ONNX file")
+    if path.suffix.lower() == ".tflite" or is_tflite_file(path):  # by content: "TFL3" at bytes 4..8
+        return load_tflite(path)
     try:
         return onnx.load_model(path)
     except Exception as err:  # protobuf's DecodeError and friends: the file is not a model
