@@ -1,0 +1,400 @@
+"""Small TFLite models written by the tests with the `tflite` schema package's flatbuffer builder: layers
+in (`Net`: conv, depthwise, fully connected, pooling, ...), the .tflite bytes out, float32, or int8 with
+quantization parameters calibrated on the float model's own tensors (ranges seen by LiteRT on one input).
+
+The int8 quantization follows TFLite's post-training scheme (https://ai.google.dev/edge/litert/models/
+quantization_spec): activations asymmetric per tensor, conv and depthwise weights symmetric per output
+channel, fully-connected weights symmetric per tensor, biases int32 in the accumulator's scale, SOFTMAX and
+LOGISTIC outputs at scale 1/256 and zero point -128, TANH at 1/128 and 0, and pooling, reshapes and
+padding keeping their input's parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import flatbuffers
+import numpy as np
+import tflite
+from tflite.BuiltinOperator import BuiltinOperator
+from tflite.BuiltinOptions import BuiltinOptions
+from tflite.TensorType import TensorType
+
+from xtune.frontend.tflite_file import OPTIONS
+from xtune.frontend.tflite_ops import pads
+
+SAME, VALID = "SAME", "VALID"
+ACT = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3, "TANH": 4}
+_TYPES = {
+    "float32": TensorType.FLOAT32,
+    "int8": TensorType.INT8,
+    "int32": TensorType.INT32,
+    "uint8": TensorType.UINT8,
+}
+_FIXED = {"SOFTMAX": (1 / 256, -128), "LOGISTIC": (1 / 256, -128), "TANH": (1 / 128, 0)}
+_KEEPS = ("AVERAGE_POOL_2D", "MAX_POOL_2D", "RESHAPE", "PAD")  # int8: output parameters = the input's
+Ranges = Mapping[str, tuple[float, float]]
+
+
+@dataclass
+class _Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    data: np.ndarray | None = None
+    scale: np.ndarray | None = None
+    zero_point: np.ndarray | None = None
+    axis: int = 0
+
+
+@dataclass
+class _Op:
+    op: str
+    inputs: list[int]
+    outputs: list[int]
+    options: dict[str, float | int | bool]
+
+
+class Net:
+    """A TFLite model under construction. Float unless `ranges` (tensor name -> (min, max), from
+    `calibrate`) are given: then int8, every activation quantized from its range."""
+
+    def __init__(self, ranges: Ranges | None = None, seed: int = 0, float_input: bool = False) -> None:
+        self.float_input = float_input  # an int8 net whose input stays float (QUANTIZE it)
+        self.tensors: list[_Tensor] = []
+        self.ops: list[_Op] = []
+        self.ranges = ranges
+        self.rng = np.random.default_rng(seed)
+        self.inputs: list[int] = []
+        self.count = 0
+
+    # -- tensors ----------------------------------------------------------------------------------------
+    def _activation(self, name: str, shape: tuple[int, ...], op: str = "", like: int = -1) -> int:
+        t = _Tensor(name=self._name(name, op), shape=shape, dtype="float32")
+        if self.ranges is not None and op != "DEQUANTIZE" and not (op == "" and self.float_input):
+            t.dtype = "int8"
+            if op in _FIXED:
+                scale, zero = _FIXED[op]
+            elif op in _KEEPS and like >= 0:
+                src = self.tensors[like]
+                assert src.scale is not None and src.zero_point is not None
+                scale, zero = float(src.scale[0]), int(src.zero_point[0])
+            else:
+                lo, hi = self.ranges[self.tensors[like].name if op == "QUANTIZE" else t.name]
+                lo, hi = min(lo, 0.0), max(hi, 0.0, lo + 1e-3)
+                scale = (hi - lo) / 255
+                zero = int(np.clip(round(-128 - lo / scale), -128, 127))
+            t.scale, t.zero_point = np.array([scale], np.float32), np.array([zero], np.int64)
+        self.tensors.append(t)
+        return len(self.tensors) - 1
+
+    def _name(self, base: str, op: str = "") -> str:
+        """Tensors are named in creation order, not counting the QUANTIZE/DEQUANTIZE an int8 net adds,
+        so that a float net and its int8 twin name their tensors alike (calibration finds them)."""
+        if op in ("QUANTIZE", "DEQUANTIZE"):
+            return f"{base}_{len(self.tensors)}_q"
+        self.count += 1
+        return f"{base}_{self.count}"
+
+    def _weights(self, name: str, w: np.ndarray, axis: int | None) -> int:
+        """Float weights, or int8 symmetric per channel along `axis` (per tensor if None)."""
+        t = _Tensor(name=self._name(name), shape=w.shape, dtype="float32", data=w)
+        if self.ranges is not None:
+            peak = (
+                np.abs(w).max(axis=tuple(i for i in range(w.ndim) if i != axis)) if axis is not None else None
+            )
+            scale = (
+                np.maximum(peak, 1e-6) if peak is not None else np.array([max(np.abs(w).max(), 1e-6)])
+            ) / 127
+            shape = [1] * w.ndim
+            if axis is not None:
+                shape[axis] = -1
+            t.data = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+            t.dtype, t.axis = "int8", axis or 0
+            t.scale, t.zero_point = scale.astype(np.float32), np.zeros(scale.size, np.int64)
+        self.tensors.append(t)
+        return len(self.tensors) - 1
+
+    def _bias(self, name: str, b: np.ndarray, x: int, w: int) -> int:
+        t = _Tensor(name=self._name(name), shape=b.shape, dtype="float32", data=b)
+        if self.ranges is not None:
+            xs, ws = self.tensors[x].scale, self.tensors[w].scale
+            assert xs is not None and ws is not None
+            scale = (xs[0] * ws.astype(np.float64)) * np.ones(b.size)
+            t.data, t.dtype = np.round(b / scale).astype(np.int32), "int32"
+            t.scale, t.zero_point = scale.astype(np.float32), np.zeros(b.size, np.int64)
+        self.tensors.append(t)
+        return len(self.tensors) - 1
+
+    def constant(self, name: str, data: np.ndarray) -> int:
+        """A constant operand (an int32 shape, axes or paddings, or float data kept float)."""
+        dtype = "int32" if data.dtype == np.int32 else "float32"
+        self.tensors.append(
+            _Tensor(name=self._name(name), shape=data.shape, dtype=dtype, data=data)
+        )
+        return len(self.tensors) - 1
+
+    def shape(self, x: int) -> tuple[int, ...]:
+        return self.tensors[x].shape
+
+    # -- layers -----------------------------------------------------------------------------------------
+    def input(self, shape: tuple[int, ...]) -> int:
+        x = self._activation("input", shape)
+        self.inputs.append(x)
+        return x
+
+    def _op(
+        self,
+        op: str,
+        inputs: list[int],
+        out_shape: tuple[int, ...],
+        like: int = -1,
+        **options: float | int | bool,
+    ) -> int:
+        y = self._activation(op.lower(), out_shape, op, like)
+        self.ops.append(_Op(op, inputs, [y], options))
+        return y
+
+    def _window(
+        self, x: int, r: int, s: int, stride: int, padding: str, dilation: int = 1
+    ) -> tuple[int, int]:
+        _, h, w, _ = self.shape(x)
+        if padding == SAME:
+            return -(-h // stride), -(-w // stride)
+        return (h - dilation * (r - 1) - 1) // stride + 1, (w - dilation * (s - 1) - 1) // stride + 1
+
+    def conv(
+        self,
+        x: int,
+        k: int,
+        r: int,
+        s: int,
+        stride: int = 1,
+        padding: str = SAME,
+        act: str = "NONE",
+        dilation: int = 1,
+    ) -> int:
+        c = self.shape(x)[3]
+        w = self._weights(
+            "filter", self.rng.normal(0, 1 / np.sqrt(r * s * c), (k, r, s, c)).astype(np.float32), 0
+        )
+        b = self._bias("bias", self.rng.normal(0, 0.1, k).astype(np.float32), x, w)
+        oh, ow = self._window(x, r, s, stride, padding, dilation)
+        return self._op(
+            "CONV_2D",
+            [x, w, b],
+            (self.shape(x)[0], oh, ow, k),
+            Padding=_pad(padding),
+            StrideH=stride,
+            StrideW=stride,
+            DilationHFactor=dilation,
+            DilationWFactor=dilation,
+            FusedActivationFunction=ACT[act],
+        )
+
+    def depthwise(
+        self,
+        x: int,
+        r: int,
+        s: int,
+        multiplier: int = 1,
+        stride: int = 1,
+        padding: str = SAME,
+        act: str = "NONE",
+    ) -> int:
+        c = self.shape(x)[3] * multiplier
+        w = self._weights(
+            "dw_filter", self.rng.normal(0, 1 / np.sqrt(r * s), (1, r, s, c)).astype(np.float32), 3
+        )
+        b = self._bias("dw_bias", self.rng.normal(0, 0.1, c).astype(np.float32), x, w)
+        oh, ow = self._window(x, r, s, stride, padding)
+        return self._op(
+            "DEPTHWISE_CONV_2D",
+            [x, w, b],
+            (self.shape(x)[0], oh, ow, c),
+            Padding=_pad(padding),
+            StrideH=stride,
+            StrideW=stride,
+            DepthMultiplier=multiplier,
+            DilationHFactor=1,
+            DilationWFactor=1,
+            FusedActivationFunction=ACT[act],
+        )
+
+    def fc(self, x: int, n: int, act: str = "NONE", keep_num_dims: bool = False) -> int:
+        k = self.shape(x)[-1] if keep_num_dims else int(np.prod(self.shape(x)[1:]))
+        w = self._weights("fc_weights", self.rng.normal(0, 1 / np.sqrt(k), (n, k)).astype(np.float32), None)
+        b = self._bias("fc_bias", self.rng.normal(0, 0.1, n).astype(np.float32), x, w)
+        out = (*self.shape(x)[:-1], n) if keep_num_dims else (int(np.prod(self.shape(x))) // k, n)
+        return self._op(
+            "FULLY_CONNECTED", [x, w, b], out, FusedActivationFunction=ACT[act], KeepNumDims=keep_num_dims
+        )
+
+    def pool(self, op: str, x: int, size: int, stride: int, padding: str = VALID, act: str = "NONE") -> int:
+        oh, ow = self._window(x, size, size, stride, padding)
+        n, _, _, c = self.shape(x)
+        return self._op(
+            op,
+            [x],
+            (n, oh, ow, c),
+            like=x,
+            Padding=_pad(padding),
+            StrideH=stride,
+            StrideW=stride,
+            FilterHeight=size,
+            FilterWidth=size,
+            FusedActivationFunction=ACT[act],
+        )
+
+    def binary(self, op: str, a: int, b: int, act: str = "NONE") -> int:
+        shape = tuple(np.broadcast_shapes(self.shape(a), self.shape(b)))
+        return self._op(op, [a, b], shape, FusedActivationFunction=ACT[act])
+
+    def unary(self, op: str, x: int) -> int:
+        return self._op(op, [x], self.shape(x))
+
+    def reshape(self, x: int, shape: tuple[int, ...]) -> int:
+        target = self.constant("shape", np.asarray(shape, np.int32))
+        return self._op("RESHAPE", [x, target], shape, like=x)
+
+    def concat(self, xs: Sequence[int], axis: int, act: str = "NONE") -> int:
+        shape = list(self.shape(xs[0]))
+        shape[axis] = sum(self.shape(x)[axis] for x in xs)
+        return self._op("CONCATENATION", list(xs), tuple(shape), Axis=axis, FusedActivationFunction=ACT[act])
+
+    def mean(self, x: int, axes: Sequence[int], keep_dims: bool) -> int:
+        shape = [1 if i in axes else d for i, d in enumerate(self.shape(x))]
+        out = tuple(shape) if keep_dims else tuple(d for i, d in enumerate(shape) if i not in axes)
+        return self._op(
+            "MEAN", [x, self.constant("axes", np.asarray(axes, np.int32))], out, KeepDims=keep_dims
+        )
+
+    def pad(self, x: int, paddings: Sequence[tuple[int, int]]) -> int:
+        p = self.constant("paddings", np.asarray(paddings, np.int32))
+        shape = tuple(d + a + b for d, (a, b) in zip(self.shape(x), paddings, strict=True))
+        return self._op("PAD", [x, p], shape, like=x)
+
+    def quantize(self, x: int) -> int:
+        """QUANTIZE: a float input made int8 (in a float net: nothing, `x` itself)."""
+        return x if self.ranges is None else self._op("QUANTIZE", [x], self.shape(x), like=x)
+
+    def dequantize(self, x: int) -> int:
+        """DEQUANTIZE: an int8 output made float (in a float net: nothing, `x` itself)."""
+        return x if self.ranges is None else self._op("DEQUANTIZE", [x], self.shape(x))
+
+    def softmax(self, x: int, beta: float = 1.0) -> int:
+        return self._op("SOFTMAX", [x], self.shape(x), Beta=beta)
+
+    # -- the file ---------------------------------------------------------------------------------------
+    def tflite(self, outputs: Sequence[int]) -> bytes:
+        return _serialize(self.tensors, self.ops, self.inputs, list(outputs))
+
+
+def _pad(padding: str) -> int:
+    return 0 if padding == SAME else 1
+
+
+def same_pads(h: int, w: int, r: int, s: int, stride: int) -> list[int]:
+    """The ONNX pads TensorFlow's SAME gives (for tests that name the asymmetric case)."""
+    return pads((h, w), (r, s), (stride, stride), (1, 1), 0)
+
+
+def _serialize(tensors: list[_Tensor], ops: list[_Op], inputs: list[int], outputs: list[int]) -> bytes:
+    b = flatbuffers.Builder(1024)
+    codes = sorted({op.op for op in ops})
+    code_offsets = []
+    for name in codes:
+        value = getattr(BuiltinOperator, name)
+        tflite.OperatorCodeStart(b)
+        tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(value, 127))
+        tflite.OperatorCodeAddBuiltinCode(b, value)
+        tflite.OperatorCodeAddVersion(b, 1)
+        code_offsets.append(tflite.OperatorCodeEnd(b))
+    buffers = [_buffer(b, None)] + [_buffer(b, t.data) for t in tensors if t.data is not None]
+    tensor_offsets, k = [], 1
+    for t in tensors:
+        tensor_offsets.append(_tensor(b, t, k if t.data is not None else 0))
+        k += t.data is not None
+    op_offsets = [_operator(b, op, codes.index(op.op)) for op in ops]
+    graph_tensors = _vector(b, tensor_offsets)
+    graph_ops = _vector(b, op_offsets)
+    graph_in = b.CreateNumpyVector(np.asarray(inputs, np.int32))
+    graph_out = b.CreateNumpyVector(np.asarray(outputs, np.int32))
+    tflite.SubGraphStart(b)
+    tflite.SubGraphAddTensors(b, graph_tensors)
+    tflite.SubGraphAddInputs(b, graph_in)
+    tflite.SubGraphAddOutputs(b, graph_out)
+    tflite.SubGraphAddOperators(b, graph_ops)
+    subgraph = tflite.SubGraphEnd(b)
+    code_vec, sub_vec, buf_vec = _vector(b, code_offsets), _vector(b, [subgraph]), _vector(b, buffers)
+    description = b.CreateString("xtune test")
+    tflite.ModelStart(b)
+    tflite.ModelAddVersion(b, 3)
+    tflite.ModelAddOperatorCodes(b, code_vec)
+    tflite.ModelAddSubgraphs(b, sub_vec)
+    tflite.ModelAddDescription(b, description)
+    tflite.ModelAddBuffers(b, buf_vec)
+    b.Finish(tflite.ModelEnd(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
+
+
+def _vector(b: flatbuffers.Builder, offsets: list[int]) -> int:
+    b.StartVector(4, len(offsets), 4)
+    for offset in reversed(offsets):
+        b.PrependUOffsetTRelative(offset)
+    return int(b.EndVector())
+
+
+def _buffer(b: flatbuffers.Builder, data: np.ndarray | None) -> int:
+    vec = (
+        b.CreateNumpyVector(np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8))
+        if data is not None
+        else None
+    )
+    tflite.BufferStart(b)
+    if vec is not None:
+        tflite.BufferAddData(b, vec)
+    return int(tflite.BufferEnd(b))
+
+
+def _tensor(b: flatbuffers.Builder, t: _Tensor, buffer: int) -> int:
+    quant = None
+    if t.scale is not None and t.zero_point is not None:
+        scale = b.CreateNumpyVector(t.scale.astype(np.float32))
+        zero = b.CreateNumpyVector(t.zero_point.astype(np.int64))
+        tflite.QuantizationParametersStart(b)
+        tflite.QuantizationParametersAddScale(b, scale)
+        tflite.QuantizationParametersAddZeroPoint(b, zero)
+        tflite.QuantizationParametersAddQuantizedDimension(b, t.axis)
+        quant = tflite.QuantizationParametersEnd(b)
+    shape = b.CreateNumpyVector(np.asarray(t.shape, np.int32))
+    name = b.CreateString(t.name)
+    tflite.TensorStart(b)
+    tflite.TensorAddShape(b, shape)
+    tflite.TensorAddType(b, _TYPES[t.dtype])
+    tflite.TensorAddBuffer(b, buffer)
+    tflite.TensorAddName(b, name)
+    if quant is not None:
+        tflite.TensorAddQuantization(b, quant)
+    return int(tflite.TensorEnd(b))
+
+
+def _operator(b: flatbuffers.Builder, op: _Op, code: int) -> int:
+    options = None
+    if op.op in OPTIONS:
+        cls, _ = OPTIONS[op.op]
+        getattr(tflite, f"{cls}Start")(b)
+        for key, value in op.options.items():
+            getattr(tflite, f"{cls}Add{key}")(b, value)
+        options = getattr(tflite, f"{cls}End")(b)
+    ins = b.CreateNumpyVector(np.asarray(op.inputs, np.int32))
+    outs = b.CreateNumpyVector(np.asarray(op.outputs, np.int32))
+    tflite.OperatorStart(b)
+    tflite.OperatorAddOpcodeIndex(b, code)
+    tflite.OperatorAddInputs(b, ins)
+    tflite.OperatorAddOutputs(b, outs)
+    if options is not None:
+        tflite.OperatorAddBuiltinOptionsType(b, getattr(BuiltinOptions, OPTIONS[op.op][0]))
+        tflite.OperatorAddBuiltinOptions(b, options)
+    return int(tflite.OperatorEnd(b))
