@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import statistics
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import onnx
 
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, RunStatus
 from xtune.boards.board import Board, InsnCountingSession
@@ -26,10 +28,11 @@ from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import FlatImage, link_flat
 from xtune.errors import BoardError, InputError
+from xtune.frontend.tflite import is_tflite_file
 from xtune.netbuild import NetArtifact, build_model
 from xtune.network.graph import Source, load_model
 from xtune.network.layout import DEFAULT, Layout, parse_layout
-from xtune.peers import ort_available, ort_network
+from xtune.peers import litert_available, litert_network, ort_available, ort_network
 from xtune.workload import RTOL, check_output
 
 PathLike = str | os.PathLike[str]
@@ -49,14 +52,15 @@ class NetBenchReport:
     cost_unit: CostUnit
     seconds: float | None  # median per inference on the board (wall-time boards)
     instructions: float | None  # per inference (QEMU boards with the instruction counter)
-    ort_seconds: float | None  # ONNX Runtime on this host, one thread, same run (wall-time boards only)
+    ort_seconds: float | None  # the peer on this host, one thread, same run (wall-time boards only)
     workspace_bytes: int
     kernels: int
     defaults: int  # tasks built from their template's default config
+    peer: str = "ONNX Runtime"  # the reference and timing peer (`network_peer`): LiteRT for a TFLite model
 
     @property
     def ratio_vs_ort(self) -> float | None:
-        """ONNX Runtime's time over ours: above 1, xtune is faster."""
+        """The peer's time over ours: above 1, xtune is faster."""
         return self.ort_seconds / self.seconds if self.seconds and self.ort_seconds else None
 
     def as_dict(self) -> dict[str, object]:
@@ -66,8 +70,31 @@ class NetBenchReport:
             "error": self.error, "max_abs_error": self.max_abs_error, "cost_unit": self.cost_unit.value,
             "seconds": self.seconds, "instructions": self.instructions, "ort_seconds": self.ort_seconds,
             "speedup_vs_ort": self.ratio_vs_ort, "workspace_bytes": self.workspace_bytes,
-            "kernels": self.kernels, "default_configs": self.defaults,
+            "kernels": self.kernels, "default_configs": self.defaults, "peer": self.peer,
         }  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Peer:
+    """What a user would run a model with instead: its output on an input and, with a repeat count, its
+    seconds per inference (one thread)."""
+
+    name: str
+    run: Callable[[np.ndarray, int], tuple[np.ndarray, list[float]]]
+
+
+def network_peer(model: Source) -> Peer:
+    """The peer of `model`, by its format: the TFLite interpreter (LiteRT) for a TFLite file, whose
+    kernels define what the model computes; ONNX Runtime for ONNX."""
+    if not isinstance(model, onnx.ModelProto) and is_tflite_file(model):
+        if not litert_available():
+            raise InputError("checking a TFLite network needs LiteRT: pip install 'xtune[bench]'")
+        data = Path(model).read_bytes()
+        return Peer(name="LiteRT", run=lambda x, repeat: litert_network(data, x, repeat))
+    if not ort_available():
+        raise InputError("checking a network needs ONNX Runtime: pip install 'xtune[bench]'")
+    serialized = load_model(model).SerializeToString()
+    return Peer(name="ONNX Runtime", run=lambda x, repeat: ort_network(serialized, x, repeat))
 
 
 REFERENCE_MAGIC = b"XTNETREF"
@@ -75,10 +102,11 @@ REFERENCE_MAGIC = b"XTNETREF"
 
 def reference_file(artifact: NetArtifact, model: Source) -> bytes:
     """What `xtune build --model --reference` writes for a firmware's self-test (examples/network): the
-    seeded random input and ONNX Runtime's output for it. Little-endian: 8 bytes "XTNETREF", u32 version 1,
-    u32 the build id (the header's), u64 input floats, u64 output floats, then both arrays as float32."""
+    seeded random input and the peer's output for it (`network_peer`). Little-endian: 8 bytes "XTNETREF",
+    u32 version 1, u32 the build id (the header's), u64 input floats, u64 output floats, then both arrays
+    as float32."""
     x = random_input(artifact.program.input_shape)
-    ref, _ = ort_network(load_model(model).SerializeToString(), x)
+    ref, _ = network_peer(model).run(x, 0)
     head = REFERENCE_MAGIC + struct.pack("<IIQQ", 1, artifact.build_id, x.size, ref.size)
     return head + x.astype("<f4").tobytes() + ref.astype("<f4").tobytes()
 
@@ -135,17 +163,15 @@ def bench_model(
     repeat: int = 5,
     layout: str | Layout = DEFAULT,
 ) -> NetBenchReport:
-    """Build `model` for the board's target in `layout`, run it on `board`, check it against ONNX Runtime,
-    time both."""
+    """Build `model` for the board's target in `layout`, run it on `board`, check it against its peer
+    (ONNX Runtime, or LiteRT for a TFLite model), time both."""
     where = parse_layout(layout)
-    if not ort_available():
-        raise InputError("checking a network needs ONNX Runtime: pip install 'xtune[bench]'")
+    peer = network_peer(model)
     artifact = build_model(model, board.target, logs, layout=where)
     x = random_input(artifact.program.input_shape)
     got, cost = run_network(board, artifact, x, repeat)
-    serialized = load_model(model).SerializeToString()
     wall = board.cost_unit is CostUnit.SECONDS
-    ref, ort_times = ort_network(serialized, x, repeat if wall else 0)
+    ref, ort_times = peer.run(x, repeat if wall else 0)
     mismatch = check_output(got, ref, RTOL)
     error = float(np.max(np.abs(got - ref))) if np.all(np.isfinite(got)) else float("inf")
     return NetBenchReport(
@@ -156,5 +182,5 @@ def bench_model(
         instructions=cost if board.cost_unit is CostUnit.INSTRUCTIONS and not mismatch else None,
         ort_seconds=statistics.median(ort_times) if ort_times else None,
         workspace_bytes=artifact.workspace_bytes, kernels=len(artifact.kernels),
-        defaults=sum(k.source == "default" for k in artifact.kernels),
+        defaults=sum(k.source == "default" for k in artifact.kernels), peer=peer.name,
     )  # fmt: skip
