@@ -130,9 +130,7 @@ class Net:
     def constant(self, name: str, data: np.ndarray) -> int:
         """A constant operand (an int32 shape, axes or paddings, or float data kept float)."""
         dtype = "int32" if data.dtype == np.int32 else "float32"
-        self.tensors.append(
-            _Tensor(name=self._name(name), shape=data.shape, dtype=dtype, data=data)
-        )
+        self.tensors.append(_Tensor(name=self._name(name), shape=data.shape, dtype=dtype, data=data))
         return len(self.tensors) - 1
 
     def shape(self, x: int) -> tuple[int, ...]:
@@ -259,9 +257,32 @@ class Net:
         return self._op("RESHAPE", [x, target], shape, like=x)
 
     def concat(self, xs: Sequence[int], axis: int, act: str = "NONE") -> int:
+        """CONCATENATION; in an int8 net TFLite's kernel wants every input at the output's scale, so an
+        input at another is requantized first (QUANTIZE int8 -> int8), as TFLite's converter does."""
         shape = list(self.shape(xs[0]))
         shape[axis] = sum(self.shape(x)[axis] for x in xs)
-        return self._op("CONCATENATION", list(xs), tuple(shape), Axis=axis, FusedActivationFunction=ACT[act])
+        y = self._activation("concatenation", tuple(shape), "CONCATENATION")
+        inputs = [self._requantized(x, y) for x in xs] if self.ranges is not None else list(xs)
+        self.ops.append(
+            _Op("CONCATENATION", inputs, [y], {"Axis": axis, "FusedActivationFunction": ACT[act]})
+        )
+        return y
+
+    def _requantized(self, x: int, like: int) -> int:
+        src, dst = self.tensors[x], self.tensors[like]
+        assert src.scale is not None and dst.scale is not None and dst.zero_point is not None
+        if src.scale[0] == dst.scale[0] and src.zero_point == dst.zero_point:
+            return x
+        t = _Tensor(
+            name=self._name("requantized", "QUANTIZE"),
+            shape=src.shape,
+            dtype="int8",
+            scale=dst.scale.copy(),
+            zero_point=dst.zero_point.copy(),
+        )
+        self.tensors.append(t)
+        self.ops.append(_Op("QUANTIZE", [x], [len(self.tensors) - 1], {}))
+        return len(self.tensors) - 1
 
     def mean(self, x: int, axes: Sequence[int], keep_dims: bool) -> int:
         shape = [1 if i in axes else d for i, d in enumerate(self.shape(x))]

@@ -61,12 +61,17 @@ def tflite_to_onnx(data: bytes, where: str = "model.tflite") -> onnx.ModelProto:
             f"{where}: {sum(missing.values())} operator(s) xtune cannot import from TFLite: {listed}"
         )
     em = Emitter(model)
-    inputs = [_input(em, i) for i in model.inputs]
-    for op in model.ops:
-        em.op = op
-        CONVERTERS[op.op](em, op)
-    em.op = None
-    outputs = [_output(em, i) for i in model.outputs]
+    try:
+        inputs = [_input(em, i) for i in model.inputs]
+        for op in model.ops:
+            em.op = op
+            CONVERTERS[op.op](em, op)
+        em.op = None
+        outputs = [_output(em, i) for i in model.outputs]
+    except InputError:
+        raise
+    except Exception as err:  # numpy on data the file's own shapes contradict: a malformed file
+        raise em.fail(f"malformed operands ({type(err).__name__}: {err})") from None
     graph = helper.make_graph(em.nodes, Path(where).stem or "tflite", inputs, outputs, em.initializers)
     result = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="xtune")
     result.ir_version = IR_VERSION

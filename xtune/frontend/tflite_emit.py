@@ -224,5 +224,8 @@ class Emitter:
             bounds = [self.const(np.asarray(v, np.float32), f"{name}/clip") for v in (lo, hi)]
             return self.node("Clip", [name, *bounds], f"{name}/clip")
         if code == 4:
-            return self.node("Tanh", [name], f"{name}/tanh")
+            # TFLite's kernels of the operators mapped here clamp to the range of their fused activation
+            # (CalculateActivationRange, tensorflow/lite/kernels/kernel_util.h) and give TANH the whole
+            # range: the interpreter computes no activation at all (only its RNN kernels apply TANH).
+            return name
         raise self.fail(f"fused activation {code} (SIGN_BIT or unknown) is not supported")

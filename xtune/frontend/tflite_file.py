@@ -171,7 +171,7 @@ def _read(data: bytes, where: str) -> TflModel:
 def _count(n: int, data: bytes) -> int:
     """A vector's length, bounded by the file: each element takes at least one byte of it."""
     if not 0 <= n <= len(data):
-        raise InputError(f"a vector of {n} elements in a file of {len(data)} bytes")
+        raise ValueError(f"a vector of {n} elements in a file of {len(data)} bytes")
     return n
 
 

@@ -1,0 +1,364 @@
+"""The TFLite front end (xtune/frontend/tflite.py) against the TFLite interpreter (LiteRT): small models
+written here (tests/tflite_nets.py), float32 ones imported and run by ONNX Runtime (within 1e-5 of LiteRT)
+and by xtune's whole-network build on the local board; int8 ones imported as QDQ and run by ONNX Runtime
+within one quantization step of LiteRT; unsupported operators refused once, every one listed; truncated
+and mutated files refused in one line, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.tflite_nets import SAME, VALID, Net, Ranges
+from xtune.boards.board import get_board
+from xtune.errors import InputError
+from xtune.frontend.tflite import tflite_to_onnx
+from xtune.frontend.tflite_file import read_tflite
+from xtune.frontend.tflite_ops import pads
+from xtune.netbench import bench_model, random_input, run_network
+from xtune.netbuild import build_model
+from xtune.network.graph import load_graph
+from xtune.peers import litert_network, ort_network
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("ai_edge_litert")
+RTOL = 1e-5  # float32: the same sums in another order, relative to the output's largest magnitude
+
+
+def buildable(net: Net) -> list[int]:
+    """MobileNet-like, with only what a whole-network build runs today (symmetric padding)."""
+    x = net.quantize(net.input((1, 15, 15, 3)))
+    y = net.conv(x, 8, 3, 3, stride=2, padding=SAME, act="RELU6")  # 15 -> 8: one pixel each side
+    y = net.depthwise(y, 3, 3, padding=SAME, act="RELU")
+    y = net.binary("ADD", y, net.conv(y, 8, 1, 1, padding=VALID), act="RELU")
+    y = net.pool("MAX_POOL_2D", y, 2, 2)
+    y = net.conv(y, 16, 3, 3, padding=VALID, act="RELU")
+    y = net.mean(y, (1, 2), keep_dims=False)
+    return [net.dequantize(net.softmax(net.fc(y, 10)))]
+
+
+def every_op(net: Net) -> list[int]:
+    """Every mapped operator and option: SAME with the odd pixel at the end, stride 2 on even sizes, a
+    depth multiplier, dilation, PAD, every fused activation, elementwise ops, CONCATENATION along
+    channels, MEAN over one axis, RESHAPE flattening NHWC, keep_num_dims, a softmax beta; two outputs."""
+    x = net.quantize(net.input((1, 16, 12, 4)))
+    y = net.conv(x, 6, 3, 3, stride=2, padding=SAME, act="RELU_N1_TO_1")  # 16x12 -> 8x6
+    y = net.depthwise(y, 3, 3, multiplier=2, stride=2, padding=SAME, act="RELU6")  # -> 4x3, 12 channels
+    y = net.conv(y, 12, 2, 2, padding=SAME, act="TANH", dilation=2)
+    y = net.pool("AVERAGE_POOL_2D", net.pad(y, ((0, 0), (1, 0), (0, 1), (0, 0))), 3, 2, padding=SAME)
+    y = net.binary("MUL", y, net.unary("LOGISTIC", y))
+    y = net.binary("SUB", y, net.unary("HARD_SWISH", y), act="RELU")
+    y = net.concat([y, net.unary("TANH", y), net.unary("RELU6", y)], axis=3)
+    y = net.pool("MAX_POOL_2D", net.unary("RELU", y), 2, 1, padding=SAME)
+    rows = net.fc(net.mean(y, (1,), keep_dims=False), 5, act="RELU", keep_num_dims=True)
+    flat = net.fc(net.reshape(y, (1, int(np.prod(net.shape(y))))), 8, act="RELU6")
+    return [net.dequantize(net.softmax(flat, beta=0.5)), net.dequantize(rows)]
+
+
+NETS: dict[str, Callable[[Net], list[int]]] = {"buildable": buildable, "every_op": every_op}
+
+
+def _input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return random_input(shape, seed)
+
+
+def feeds(data: bytes, seed: int) -> list[np.ndarray]:
+    """A seeded random float input for each input of a (float-input) TFLite model."""
+    model = read_tflite(data, "model.tflite")
+    return [_input(model.tensors[i].shape, seed + 100 * k) for k, i in enumerate(model.inputs)]
+
+
+def _interpreter(data: bytes, xs: list[np.ndarray], **options: Any) -> Any:
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=data, num_threads=1, **options)
+    interpreter.allocate_tensors()
+    for d, x in zip(interpreter.get_input_details(), xs, strict=True):
+        interpreter.set_tensor(d["index"], x)
+    interpreter.invoke()
+    return interpreter
+
+
+def litert(data: bytes, xs: list[np.ndarray], builtin: bool = False) -> list[np.ndarray]:
+    """LiteRT's outputs: as it runs by default (XNNPACK where it applies), or with `builtin` its own
+    kernels only (XNNPACK rejects some int8 operand scales that TFLite's own kernels requantize)."""
+    from ai_edge_litert.interpreter import OpResolverType
+
+    resolver = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if builtin else OpResolverType.AUTO
+    interpreter = _interpreter(data, xs, experimental_op_resolver_type=resolver)
+    return [np.array(interpreter.get_tensor(d["index"])) for d in interpreter.get_output_details()]
+
+
+def litert_ranges(data: bytes, xs: list[np.ndarray]) -> Ranges:
+    """(min, max) of every float tensor LiteRT computes on `xs`: a post-training calibration."""
+    with warnings.catch_warnings():  # LiteRT warns that keeping every tensor is for debugging: it is
+        warnings.simplefilter("ignore")
+        interpreter = _interpreter(data, xs, experimental_preserve_all_tensors=True)
+    ranges = {}
+    for d in interpreter.get_tensor_details():
+        v = interpreter.get_tensor(d["index"])
+        if v.dtype == np.float32 and v.size:
+            ranges[d["name"]] = (float(v.min()), float(v.max()))
+    return ranges
+
+
+def ort(model: onnx.ModelProto, xs: list[np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = {i.name: x for i, x in zip(session.get_inputs(), xs, strict=True)}
+    return [np.asarray(y) for y in session.run(None, feed)]
+
+
+def quantized(build: Callable[[Net], list[int]]) -> bytes:
+    """The int8 twin of a float net, calibrated on one input (TFLite's post-training quantization)."""
+    net = Net()
+    data = net.tflite(build(net))
+    int8 = Net(litert_ranges(data, feeds(data, seed=7)), float_input=True)
+    return int8.tflite(build(int8))
+
+
+@cache
+def float_model(name: str) -> bytes:
+    net = Net()
+    return net.tflite(NETS[name](net))
+
+
+@cache
+def int8_model(name: str) -> bytes:
+    return quantized(NETS[name])
+
+
+def _write(tmp_path: Path, data: bytes, name: str = "model.tflite") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("name", NETS)
+def test_float_models_match_litert_through_onnx_runtime(name: str) -> None:
+    data = float_model(name)
+    model = tflite_to_onnx(data, f"{name}.tflite")
+    assert not [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    for seed in range(3):
+        xs = feeds(data, seed)
+        want, got = litert(data, xs), ort(model, xs)
+        assert len(want) == len(got)
+        for w, g in zip(want, got, strict=True):
+            assert g.shape == w.shape and g.dtype == np.float32
+            assert np.max(np.abs(g - w)) <= RTOL * max(1.0, float(np.max(np.abs(w)))), name
+
+
+def test_model_keeps_its_nhwc_boundary_and_tensorflow_same_padding() -> None:
+    model = tflite_to_onnx(float_model("every_op"))
+    (x,) = model.graph.input
+    assert [d.dim_value for d in x.type.tensor_type.shape.dim] == [1, 16, 12, 4]  # TFLite's NHWC input
+    first = model.graph.node[0]
+    assert first.op_type == "Transpose" and list(first.attribute[0].ints) == [0, 3, 1, 2]
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    attrs = {a.name: list(a.ints) for a in conv.attribute}
+    # SAME, 3x3 stride 2 over 16x12: output 8x6, total padding 1 each way, the odd pixel at the end.
+    assert attrs["pads"] == [0, 0, 1, 1] == pads((16, 12), (3, 3), (2, 2), (1, 1), 0)
+    assert pads((15, 15), (3, 3), (2, 2), (1, 1), 0) == [1, 1, 1, 1]
+    assert pads((49, 10), (10, 4), (2, 2), (1, 1), 0) == [4, 1, 5, 1]  # DS-CNN's first conv
+    assert pads((9, 9), (3, 3), (1, 1), (2, 2), 0) == [2, 2, 2, 2]  # dilation widens the window
+    assert pads((16, 12), (3, 3), (2, 2), (1, 1), 1) == [0, 0, 0, 0]  # VALID
+    depthwise = next(n for n in model.graph.node if n.op_type == "Conv" and n is not conv)
+    assert {a.name: a.i for a in depthwise.attribute if a.name == "group"} == {"group": 6}
+
+
+@pytest.mark.parametrize("name", NETS)
+def test_int8_models_import_as_qdq(name: str) -> None:
+    """Constant weights as int8 and DequantizeLinear per output channel, biases int32 in the scale of
+    input times weights, every activation through QuantizeLinear/DequantizeLinear."""
+    data = int8_model(name)
+    model = tflite_to_onnx(data)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    writer = {n.output[0]: n for n in model.graph.node}
+    tflite = read_tflite(data, "model.tflite")
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert len(convs) == sum(op.op in ("CONV_2D", "DEPTHWISE_CONV_2D") for op in tflite.ops)
+    for conv in convs:
+        weights, bias, x = writer[conv.input[1]], writer[conv.input[2]], writer[conv.input[0]]
+        assert weights.op_type == bias.op_type == x.op_type == "DequantizeLinear"
+        w, scale = inits[weights.input[0]], inits[weights.input[1]]
+        assert w.dtype == np.int8 and scale.shape == (w.shape[0],)
+        assert [a.i for a in weights.attribute if a.name == "axis"] == [0]
+        assert inits[bias.input[0]].dtype == np.int32
+        np.testing.assert_allclose(inits[bias.input[1]], inits[x.input[1]] * scale, rtol=1e-6)
+        assert writer[x.input[0]].op_type == "QuantizeLinear"
+    quantized_outputs = sum(tflite.tensors[op.outputs[0]].quant is not None for op in tflite.ops)
+    assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) == quantized_outputs
+
+
+def test_int8_network_within_one_step_of_litert() -> None:
+    """The MobileNet-like int8 net: ONNX Runtime on the QDQ model against LiteRT's kernels."""
+    data = int8_model("buildable")
+    _within_one_step(data, tflite_to_onnx(data), seeds=32)
+
+
+def _within_one_step(data: bytes, model: onnx.ModelProto, seeds: int) -> None:
+    """Every output within one quantization step of LiteRT's on >= 99.9 % of elements, two at most."""
+    far, total = 0, 0
+    for seed in range(seeds):
+        xs = feeds(data, seed)
+        for w, g in zip(litert(data, xs, builtin=True), ort(model, xs), strict=True):
+            assert g.shape == w.shape
+            step = _step(w)
+            diff = np.abs(g.astype(np.float64) - w)
+            far += int(np.count_nonzero(diff > step * 1.001))
+            total += w.size
+            assert np.max(diff) <= 2 * step * 1.001
+    assert far <= 0.001 * total, (far, total)
+
+
+def _step(reference: np.ndarray) -> float:
+    """One quantization step of an output behind DEQUANTIZE: the smallest gap between its values."""
+    levels = np.unique(reference)
+    return float(np.min(np.diff(levels))) if levels.size > 1 else 1.0
+
+
+def _single(op: str) -> Callable[[Net], list[int]]:
+    """A net of one int8 operator between QUANTIZE and DEQUANTIZE, on (1, 8, 8, 6) inputs."""
+
+    def build(net: Net) -> list[int]:
+        a = net.quantize(net.input((1, 8, 8, 6)))
+
+        def b() -> int:
+            return net.quantize(net.input((1, 8, 8, 6)))
+
+        y = {
+            "CONV_2D": lambda: net.conv(a, 8, 3, 3, stride=2, padding=SAME, act="RELU"),
+            "DEPTHWISE_CONV_2D": lambda: net.depthwise(a, 3, 3, multiplier=2, padding=SAME, act="RELU6"),
+            "FULLY_CONNECTED": lambda: net.fc(a, 16, act="RELU"),
+            "AVERAGE_POOL_2D": lambda: net.pool("AVERAGE_POOL_2D", a, 3, 2, padding=SAME),
+            "MAX_POOL_2D": lambda: net.pool("MAX_POOL_2D", a, 3, 2, padding=SAME),
+            "ADD": lambda: net.binary("ADD", a, b(), act="RELU"),
+            "SUB": lambda: net.binary("SUB", a, b()),
+            "MUL": lambda: net.binary("MUL", a, b()),
+            "CONCATENATION": lambda: net.concat([a, b()], axis=3),
+            "MEAN": lambda: net.mean(a, (1, 2), keep_dims=True),
+            "PAD": lambda: net.pad(a, ((0, 0), (1, 1), (0, 2), (0, 0))),
+            "RESHAPE": lambda: net.reshape(a, (1, 384)),
+            "SOFTMAX": lambda: net.softmax(a),
+        }.get(op, lambda: net.unary(op, a))()
+        return [net.dequantize(y)]
+
+    return build
+
+
+INT8_OPS = (
+    "CONV_2D",
+    "DEPTHWISE_CONV_2D",
+    "FULLY_CONNECTED",
+    "AVERAGE_POOL_2D",
+    "MAX_POOL_2D",
+    "ADD",
+    "SUB",
+    "MUL",
+    "CONCATENATION",
+    "MEAN",
+    "PAD",
+    "RESHAPE",
+    "SOFTMAX",
+    "LOGISTIC",
+    "TANH",
+    "HARD_SWISH",
+    "RELU",
+    "RELU6",
+)
+
+
+@pytest.mark.parametrize("op", INT8_OPS)
+def test_each_int8_operator_within_one_step_of_litert(op: str) -> None:
+    """Each operator alone, so that a rounding difference is its own and not one inherited and grown
+    through the layers after it."""
+    data = quantized(_single(op))
+    _within_one_step(data, tflite_to_onnx(data), seeds=8)
+
+
+def test_float_model_builds_and_matches_litert_on_the_local_board(tmp_path: Path) -> None:
+    path = _write(tmp_path, float_model("buildable"))
+    board = get_board("local")
+    report = bench_model(path, board, repeat=1)
+    assert report.correct and report.peer == "LiteRT", report.error
+    artifact = build_model(path, board.target)
+    assert not [c for c in artifact.program.calls if type(c.kernel).__name__ == "Transpose"]  # relabelled
+    for seed in range(3):
+        x = _input((1, 15, 15, 3), seed)
+        got, _ = run_network(board, artifact, x)
+        (want,) = litert(float_model("buildable"), [x])
+        assert np.max(np.abs(got - want)) <= RTOL * max(1.0, float(np.max(np.abs(want))))
+    nchw = build_model(path, board.target, layout="nchw")
+    got, _ = run_network(board, nchw, _input((1, 15, 15, 3)))
+    want, _ = litert_network(float_model("buildable"), _input((1, 15, 15, 3)))
+    assert np.max(np.abs(got - want)) <= RTOL
+
+
+def test_a_tflite_file_loads_by_its_content_and_ort_network_agrees(tmp_path: Path) -> None:
+    path = _write(tmp_path, float_model("buildable"), "model.bin")  # not named .tflite
+    graph = load_graph(path)
+    assert graph.shape(graph.inputs[0]) == (1, 15, 15, 3)
+    x = _input((1, 15, 15, 3))
+    want, _ = litert_network(float_model("buildable"), x)
+    got, _ = ort_network(tflite_to_onnx(float_model("buildable")).SerializeToString(), x)
+    assert np.max(np.abs(got - want)) <= RTOL
+
+
+def test_unsupported_operators_are_refused_once_all_listed(tmp_path: Path) -> None:
+    net = Net()
+    x = net.input((1, 4, 4, 2))
+    y = net.unary("FLOOR", net.unary("EXP", net.unary("FLOOR", x)))
+    y = net.unary("RELU", net.unary("SQRT", y))
+    path = _write(tmp_path, net.tflite([y]))
+    with pytest.raises(InputError) as err:
+        load_graph(path)
+    assert str(err.value) == (
+        f"{path}: 4 operator(s) xtune cannot import from TFLite: FLOOR (2), EXP (1), SQRT (1)"
+    )
+    result = _cli("tasks", str(path))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "FLOOR (2)" in result.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from xtune.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("kind", ["float", "int8"])
+def test_truncated_and_mutated_files_are_one_input_error(kind: str) -> None:
+    data = float_model("every_op") if kind == "float" else int8_model("every_op")
+    rng = np.random.default_rng(3)
+    cuts = sorted({*range(0, 64), *rng.integers(64, len(data), 150).tolist(), len(data) - 1})
+    cases = [data[:cut] for cut in cuts]
+    for _ in range(300):
+        mutated = bytearray(data)
+        for at in rng.integers(0, len(data), int(rng.integers(1, 9))):
+            mutated[at] = int(rng.integers(0, 256))
+        cases.append(bytes(mutated))
+    refused = 0
+    for case in cases:
+        try:
+            tflite_to_onnx(case, "fuzz.tflite")
+        except InputError as err:
+            assert "\n" not in str(err) and str(err).startswith("fuzz.tflite: ")
+            refused += 1
+    assert refused >= len(cuts)  # every truncation at least; a mutation in weights may still be a model
+
+
+def test_cli_refuses_a_truncated_file_in_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, float_model("buildable")[:300])
+    out = ["-o", str(tmp_path / "out.o"), "--header", str(tmp_path / "out.h")]
+    result = _cli("build", "--target", "x86-avx2", "--model", str(path), *out)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr and str(path) in result.stderr
+    assert not (tmp_path / "out.o").exists() and not (tmp_path / "out.h").exists()
