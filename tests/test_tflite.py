@@ -119,12 +119,13 @@ def ort(model: onnx.ModelProto, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(y) for y in session.run(None, feed)]
 
 
-def quantized(build: Callable[[Net], list[int]]) -> bytes:
-    """The int8 twin of a float net, calibrated on one input (TFLite's post-training quantization)."""
+def quantized(build: Callable[[Net], list[int]], unsigned: bool = False) -> bytes:
+    """The int8 (or uint8) twin of a float net, calibrated on one input (TFLite's post-training
+    quantization)."""
     net = Net()
     data = net.tflite(build(net))
-    int8 = Net(litert_ranges(data, feeds(data, seed=7)), float_input=True)
-    return int8.tflite(build(int8))
+    twin = Net(litert_ranges(data, feeds(data, seed=7)), float_input=True, unsigned=unsigned)
+    return twin.tflite(build(twin))
 
 
 @cache
@@ -204,6 +205,20 @@ def test_int8_network_within_one_step_of_litert() -> None:
     """The MobileNet-like int8 net: ONNX Runtime on the QDQ model against LiteRT's kernels."""
     data = int8_model("buildable")
     _within_one_step(data, tflite_to_onnx(data), seeds=32)
+
+
+def test_uint8_network_imports_and_stays_within_one_step_of_litert() -> None:
+    """TFLite's older scheme: uint8 activations, uint8 asymmetric weights per tensor."""
+    data = quantized(buildable, unsigned=True)
+    model = tflite_to_onnx(data)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    writer = {n.output[0]: n for n in model.graph.node}
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    weights = writer[conv.input[1]]
+    assert inits[weights.input[0]].dtype == np.uint8 and inits[weights.input[2]].shape == ()
+    assert inits[weights.input[2]] != 0  # asymmetric
+    assert inits[writer[writer[conv.input[0]].input[0]].input[2]].dtype == np.uint8  # activations
+    _within_one_step(data, model, seeds=16)
 
 
 def _within_one_step(data: bytes, model: onnx.ModelProto, seeds: int) -> None:

@@ -1,6 +1,7 @@
 """Small TFLite models written by the tests with the `tflite` schema package's flatbuffer builder: layers
 in (`Net`: conv, depthwise, fully connected, pooling, ...), the .tflite bytes out, float32, or int8 with
-quantization parameters calibrated on the float model's own tensors (ranges seen by LiteRT on one input).
+quantization parameters calibrated on the float model's own tensors (ranges seen by LiteRT on one input),
+or uint8 as TFLite's older models are.
 
 The int8 quantization follows TFLite's post-training scheme (https://ai.google.dev/edge/litert/models/
 quantization_spec): activations asymmetric per tensor, conv and depthwise weights symmetric per output
@@ -60,8 +61,12 @@ class Net:
     """A TFLite model under construction. Float unless `ranges` (tensor name -> (min, max), from
     `calibrate`) are given: then int8, every activation quantized from its range."""
 
-    def __init__(self, ranges: Ranges | None = None, seed: int = 0, float_input: bool = False) -> None:
+    def __init__(
+        self, ranges: Ranges | None = None, seed: int = 0, float_input: bool = False, unsigned: bool = False
+    ) -> None:
         self.float_input = float_input  # an int8 net whose input stays float (QUANTIZE it)
+        # uint8: TFLite's older scheme, activations uint8 and weights uint8 asymmetric per tensor
+        self.quantized, self.offset = ("uint8", 128) if unsigned else ("int8", 0)
         self.tensors: list[_Tensor] = []
         self.ops: list[_Op] = []
         self.ranges = ranges
@@ -73,9 +78,9 @@ class Net:
     def _activation(self, name: str, shape: tuple[int, ...], op: str = "", like: int = -1) -> int:
         t = _Tensor(name=self._name(name, op), shape=shape, dtype="float32")
         if self.ranges is not None and op != "DEQUANTIZE" and not (op == "" and self.float_input):
-            t.dtype = "int8"
-            if op in _FIXED:
-                scale, zero = _FIXED[op]
+            t.dtype = self.quantized
+            if op in _FIXED:  # uint8: the int8 zero point moved up by `offset` (128), here and below
+                scale, zero = _FIXED[op][0], _FIXED[op][1] + self.offset
             elif op in _KEEPS and like >= 0:
                 src = self.tensors[like]
                 assert src.scale is not None and src.zero_point is not None
@@ -84,7 +89,7 @@ class Net:
                 lo, hi = self.ranges[self.tensors[like].name if op == "QUANTIZE" else t.name]
                 lo, hi = min(lo, 0.0), max(hi, 0.0, lo + 1e-3)
                 scale = (hi - lo) / 255
-                zero = int(np.clip(round(-128 - lo / scale), -128, 127))
+                zero = int(np.clip(round(-128 - lo / scale), -128, 127)) + self.offset
             t.scale, t.zero_point = np.array([scale], np.float32), np.array([zero], np.int64)
         self.tensors.append(t)
         return len(self.tensors) - 1
@@ -98,9 +103,15 @@ class Net:
         return f"{base}_{self.count}"
 
     def _weights(self, name: str, w: np.ndarray, axis: int | None) -> int:
-        """Float weights, or int8 symmetric per channel along `axis` (per tensor if None)."""
+        """Float weights, or int8 symmetric per channel along `axis` (per tensor if None), or uint8
+        asymmetric per tensor."""
         t = _Tensor(name=self._name(name), shape=w.shape, dtype="float32", data=w)
-        if self.ranges is not None:
+        if self.ranges is not None and self.offset:
+            lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
+            scale, zero = np.array([(hi - lo) / 255]), round(-lo / ((hi - lo) / 255))
+            t.data = np.clip(np.round(w / scale[0]) + zero, 0, 255).astype(np.uint8)
+            t.dtype, t.scale, t.zero_point = "uint8", scale.astype(np.float32), np.array([zero], np.int64)
+        elif self.ranges is not None:
             peak = (
                 np.abs(w).max(axis=tuple(i for i in range(w.ndim) if i != axis)) if axis is not None else None
             )
@@ -276,7 +287,7 @@ class Net:
         t = _Tensor(
             name=self._name("requantized", "QUANTIZE"),
             shape=src.shape,
-            dtype="int8",
+            dtype=dst.dtype,
             scale=dst.scale.copy(),
             zero_point=dst.zero_point.copy(),
         )
