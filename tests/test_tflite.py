@@ -159,6 +159,45 @@ def test_float_models_match_litert_through_onnx_runtime(name: str) -> None:
             assert np.max(np.abs(g - w)) <= RTOL * max(1.0, float(np.max(np.abs(w)))), name
 
 
+def test_float16_weights_behind_dequantize_are_float_weights(tmp_path: Path) -> None:
+    net = Net(stored="float16")
+    data = net.tflite(buildable(net))
+    model = tflite_to_onnx(data)
+    assert not [n for n in model.graph.node if "Quantize" in n.op_type]
+    xs = feeds(data, 0)
+    (want,), (got,) = litert(data, xs), ort(model, xs)
+    assert np.max(np.abs(got - want)) <= RTOL
+    path = _write(tmp_path, data)
+    assert (
+        load_graph(path).constant(next(n for n in load_graph(path).nodes if n.op == "Conv").inputs[1])
+        is not None
+    )
+
+
+def test_int8_weights_of_float_kernels_are_imported_dequantized() -> None:
+    """Dynamic-range quantization: int8 weights, float activations. The weights become float32 exactly
+    as DequantizeLinear computes them, so the network is a float one xtune builds; LiteRT's kernels
+    quantize the activations on the fly instead (docs/networks.md, "TFLite"), so only the weights are
+    compared here, bit for bit."""
+    net = Net(stored="int8")
+    data = net.tflite(buildable(net))
+    model = tflite_to_onnx(data)
+    assert not [n for n in model.graph.node if "Quantize" in n.op_type]
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    tfl = read_tflite(data, "hybrid.tflite")
+    filters = [tfl.tensors[op.inputs[1]] for op in tfl.ops if op.op == "CONV_2D"]
+    convs = [
+        n
+        for n in model.graph.node
+        if n.op_type == "Conv" and not any(a.i > 1 for a in n.attribute if a.name == "group")
+    ]
+    assert len(filters) == len(convs) == 3
+    for t, conv in zip(filters, convs, strict=True):
+        assert t.data is not None and t.quant is not None and t.data.dtype == np.int8
+        want = t.data.astype(np.float32) * t.quant.scale.reshape(-1, 1, 1, 1)  # (q - 0) * scale, OHWI
+        np.testing.assert_array_equal(inits[conv.input[1]], want.transpose(0, 3, 1, 2))
+
+
 def test_model_keeps_its_nhwc_boundary_and_tensorflow_same_padding() -> None:
     model = tflite_to_onnx(float_model("every_op"))
     (x,) = model.graph.input

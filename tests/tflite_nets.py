@@ -32,6 +32,7 @@ _TYPES = {
     "int8": TensorType.INT8,
     "int32": TensorType.INT32,
     "uint8": TensorType.UINT8,
+    "float16": TensorType.FLOAT16,
 }
 _FIXED = {"SOFTMAX": (1 / 256, -128), "LOGISTIC": (1 / 256, -128), "TANH": (1 / 128, 0)}
 _KEEPS = ("AVERAGE_POOL_2D", "MAX_POOL_2D", "RESHAPE", "PAD")  # int8: output parameters = the input's
@@ -62,8 +63,16 @@ class Net:
     `calibrate`) are given: then int8, every activation quantized from its range."""
 
     def __init__(
-        self, ranges: Ranges | None = None, seed: int = 0, float_input: bool = False, unsigned: bool = False
+        self,
+        ranges: Ranges | None = None,
+        seed: int = 0,
+        float_input: bool = False,
+        unsigned: bool = False,
+        stored: str = "float32",
     ) -> None:
+        # A float net's weights as TFLite's converter can store them: float32; "float16" behind a
+        # DEQUANTIZE (float16 quantization); "int8" per channel, read by float kernels (dynamic range).
+        self.stored = stored
         self.float_input = float_input  # an int8 net whose input stays float (QUANTIZE it)
         # uint8: TFLite's older scheme, activations uint8 and weights uint8 asymmetric per tensor
         self.quantized, self.offset = ("uint8", 128) if unsigned else ("int8", 0)
@@ -106,7 +115,18 @@ class Net:
         """Float weights, or int8 symmetric per channel along `axis` (per tensor if None), or uint8
         asymmetric per tensor."""
         t = _Tensor(name=self._name(name), shape=w.shape, dtype="float32", data=w)
-        if self.ranges is not None and self.offset:
+        if self.ranges is None and self.stored == "float16":
+            t.dtype, t.data = "float16", w.astype(np.float16)
+            self.tensors.append(t)
+            return self._op("DEQUANTIZE", [len(self.tensors) - 1], w.shape)
+        if self.ranges is None and self.stored == "int8" and axis is not None:
+            scale = np.maximum(np.abs(w).max(axis=tuple(i for i in range(w.ndim) if i != axis)), 1e-6) / 127
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            t.data = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+            t.dtype, t.axis = "int8", axis
+            t.scale, t.zero_point = scale.astype(np.float32), np.zeros(scale.size, np.int64)
+        elif self.ranges is not None and self.offset:
             lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
             scale, zero = np.array([(hi - lo) / 255]), round(-lo / ((hi - lo) / 255))
             t.data = np.clip(np.round(w / scale[0]) + zero, 0, 255).astype(np.uint8)

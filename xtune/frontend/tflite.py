@@ -72,7 +72,8 @@ def tflite_to_onnx(data: bytes, where: str = "model.tflite") -> onnx.ModelProto:
         raise
     except Exception as err:  # numpy on data the file's own shapes contradict: a malformed file
         raise em.fail(f"malformed operands ({type(err).__name__}: {err})") from None
-    graph = helper.make_graph(em.nodes, Path(where).stem or "tflite", inputs, outputs, em.initializers)
+    nodes = em.live_nodes([o.name for o in outputs])
+    graph = helper.make_graph(nodes, Path(where).stem or "tflite", inputs, outputs, em.initializers)
     result = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="xtune")
     result.ir_version = IR_VERSION
     _check(em, result)

@@ -57,7 +57,9 @@ class Emitter:
         self.initializers: list[onnx.TensorProto] = []
         self.values: dict[int, str] = {}  # tensor -> its float value (4-D in ONNX's order)
         self.integers: dict[int, str] = {}  # quantized tensor -> its integer value (QuantizeLinear's)
+        self.folded: dict[int, np.ndarray] = {}  # DEQUANTIZE of a constant: its float32 value, TFLite's order
         self._names: set[str] = set()
+        self._reshaped: dict[str, str] = {}  # a Reshape's output -> its input
         self.op: TflOp | None = None  # the operator being converted: it names nodes and errors
 
     # -- names, nodes, constants --------------------------------------------------------------------
@@ -92,7 +94,7 @@ class Emitter:
         return InputError(f"{self.model.name}: {where}: {why}")
 
     def constant_data(self, index: int) -> np.ndarray:
-        data = self.tensor(index).data
+        data = self.folded.get(index, self.tensor(index).data)
         if data is None:
             raise self.fail(f"tensor '{self.tensor(index).name}' must be a constant")
         return data
@@ -192,8 +194,23 @@ class Emitter:
         return self.node("Transpose", [name], f"{name}/{'nchw' if perm == TO_NCHW else 'nhwc'}", perm=perm)
 
     def reshape(self, name: str, shape: tuple[int, ...]) -> str:
+        """`name` reshaped; a reshape of a reshape reads the first one's input (the Reshape in between,
+        if nothing else reads it, is dropped with the other dead nodes at the end: `live_nodes`)."""
+        source = self._reshaped.get(name, name)
         target = self.const(np.asarray(shape, np.int64), f"{name}/shape")
-        return self.node("Reshape", [name, target], f"{name}/reshaped")
+        out = self.node("Reshape", [source, target], f"{name}/reshaped")
+        self._reshaped[out] = source
+        return out
+
+    def live_nodes(self, outputs: list[str]) -> list[onnx.NodeProto]:
+        """The nodes that `outputs` depend on, in order, and the initializers they read (others dropped)."""
+        needed, kept = set(outputs), []
+        for node in reversed(self.nodes):
+            if any(out in needed for out in node.output):
+                kept.append(node)
+                needed.update(node.input)
+        self.initializers = [i for i in self.initializers if i.name in needed]
+        return kept[::-1]
 
     def tfl_order(self, index: int) -> str:
         """Tensor `index`'s float value in TFLite's order."""

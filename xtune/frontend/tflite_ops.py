@@ -134,7 +134,7 @@ def fully_connected(em: Emitter, op: TflOp) -> None:
     if k < 1 or size % k:
         raise em.fail(f"an input of {size} elements is not rows of {k}")
     rows = em.reshape(em.tfl_order(x), (size // k, k))
-    data = em.tensor(w).data
+    data = em.folded.get(w, em.tensor(w).data)
     weights = em.value(w) if data is None else em.weights(w, data, 0, x)
     y = em.node("Gemm", [rows, weights, *_bias(em, op, x, w)], em.tensor(op.outputs[0]).name, transB=1)
     y = em.activation(y, _int(op, "FusedActivationFunction"))
@@ -218,6 +218,7 @@ def identity(em: Emitter, op: TflOp) -> None:
         raise em.fail(f"changes the shape {t.shape} to {out.shape}")
     if t.data is not None and out.quant is None:  # float16 or int8 weights made float: a float constant
         data = t.data if t.quant is None else dequantized(t.data, t.quant, t.quant.axis)
+        em.folded[op.outputs[0]] = data.astype(np.float32)  # read as weights by the operators after it
         em.values[op.outputs[0]] = em.const(
             (data.transpose(TO_NCHW) if data.ndim == 4 else data).astype(np.float32), out.name
         )
