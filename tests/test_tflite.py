@@ -358,6 +358,29 @@ def test_float_model_builds_and_matches_litert_on_the_local_board(tmp_path: Path
     assert np.max(np.abs(got - want)) <= RTOL
 
 
+def feature_map(net: Net) -> list[int]:
+    """A 4-D NHWC output (a detector's or segmenter's feature map): the output side of the boundary."""
+    x = net.input((1, 9, 9, 4))
+    y = net.depthwise(net.conv(x, 8, 3, 3, padding=SAME, act="RELU"), 3, 3, stride=2, padding=VALID)
+    return [net.conv(y, 6, 1, 1, padding=VALID, act="RELU6")]
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_a_4d_output_is_written_in_nhwc_directly(tmp_path: Path, layout: str) -> None:
+    net = Net()
+    data = net.tflite(feature_map(net))
+    board = get_board("local")
+    artifact = build_model(_write(tmp_path, data), board.target, layout=layout)
+    transposes = [c for c in artifact.program.calls if type(c.kernel).__name__ == "Transpose"]
+    assert len(transposes) == (0 if layout == "nhwc" else 2)  # NCHW: the model's own two run
+    assert artifact.program.output_shape == (1, 4, 4, 6)
+    for seed in range(2):
+        x = _input((1, 9, 9, 4), seed)
+        got, _ = run_network(board, artifact, x)
+        (want,) = litert(data, [x])
+        assert np.max(np.abs(got - want)) <= RTOL * max(1.0, float(np.max(np.abs(want))))
+
+
 def test_a_tflite_file_loads_by_its_content_and_ort_network_agrees(tmp_path: Path) -> None:
     path = _write(tmp_path, float_model("buildable"), "model.bin")  # not named .tflite
     graph = load_graph(path)

@@ -7,8 +7,9 @@ Every step runs in one layout (`runs_in` of its kind; an elementwise step in its
 "name@nhwc" in NHWC (`physical_name`); a tensor whose two layouts are the same bytes (`differs`) has one
 name. A conversion is inserted right before the first reader that needs it and shared by later readers.
 The model's input is in ONNX's order; its output is converted back at the end when its last writer ran in
-NHWC. A 4-D constant read in NHWC is converted at build time. The memory planner then places the new
-tensors like any other intermediate (xtune/network/memory.py).
+NHWC. A 4-D constant read in NHWC is converted at build time. A model's own NHWC <-> NCHW Transpose (a
+TFLite model's boundary) is a renaming in an NHWC network (`_Pass.relabel`). The memory planner then
+places the new tensors like any other intermediate (xtune/network/memory.py).
 """
 
 from __future__ import annotations
