@@ -205,22 +205,8 @@ class Net:
         dilation: int = 1,
     ) -> int:
         c = self.shape(x)[3]
-        w = self._weights(
-            "filter", self.rng.normal(0, 1 / np.sqrt(r * s * c), (k, r, s, c)).astype(np.float32), 0
-        )
-        b = self._bias("bias", self.rng.normal(0, 0.1, k).astype(np.float32), x, w)
-        oh, ow = self._window(x, r, s, stride, padding, dilation)
-        return self._op(
-            "CONV_2D",
-            [x, w, b],
-            (self.shape(x)[0], oh, ow, k),
-            Padding=_pad(padding),
-            StrideH=stride,
-            StrideW=stride,
-            DilationHFactor=dilation,
-            DilationWFactor=dilation,
-            FusedActivationFunction=ACT[act],
-        )
+        filt = self.rng.normal(0, 1 / np.sqrt(r * s * c), (k, r, s, c)).astype(np.float32)
+        return self._windowed("CONV_2D", x, filt, 0, stride, padding, act, dilation)
 
     def depthwise(
         self,
@@ -233,22 +219,33 @@ class Net:
         act: str = "NONE",
     ) -> int:
         c = self.shape(x)[3] * multiplier
-        w = self._weights(
-            "dw_filter", self.rng.normal(0, 1 / np.sqrt(r * s), (1, r, s, c)).astype(np.float32), 3
+        filt = self.rng.normal(0, 1 / np.sqrt(r * s), (1, r, s, c)).astype(np.float32)
+        return self._windowed(
+            "DEPTHWISE_CONV_2D", x, filt, 3, stride, padding, act, 1, DepthMultiplier=multiplier
         )
-        b = self._bias("dw_bias", self.rng.normal(0, 0.1, c).astype(np.float32), x, w)
-        oh, ow = self._window(x, r, s, stride, padding)
+
+    def _windowed(
+        self,
+        op: str,
+        x: int,
+        filt: np.ndarray,
+        axis: int,
+        stride: int,
+        padding: str,
+        act: str,
+        dilation: int,
+        **extra: int,
+    ) -> int:
+        """CONV_2D (OHWI filter, output channels on axis 0) or DEPTHWISE_CONV_2D ([1, H, W, C*M], axis 3)."""
+        k, r, s = filt.shape[axis], filt.shape[1], filt.shape[2]
+        prefix = "" if op == "CONV_2D" else "dw_"
+        w = self._weights(f"{prefix}filter", filt, axis)
+        b = self._bias(f"{prefix}bias", self.rng.normal(0, 0.1, (k,)).astype(np.float32), x, w)
+        oh, ow = self._window(x, r, s, stride, padding, dilation)
+        window = _window_options(padding, stride, act)
+        out = (self.shape(x)[0], oh, ow, k)
         return self._op(
-            "DEPTHWISE_CONV_2D",
-            [x, w, b],
-            (self.shape(x)[0], oh, ow, c),
-            Padding=_pad(padding),
-            StrideH=stride,
-            StrideW=stride,
-            DepthMultiplier=multiplier,
-            DilationHFactor=1,
-            DilationWFactor=1,
-            FusedActivationFunction=ACT[act],
+            op, [x, w, b], out, DilationHFactor=dilation, DilationWFactor=dilation, **window, **extra
         )
 
     def fc(self, x: int, n: int, act: str = "NONE", keep_num_dims: bool = False) -> int:
@@ -263,18 +260,8 @@ class Net:
     def pool(self, op: str, x: int, size: int, stride: int, padding: str = VALID, act: str = "NONE") -> int:
         oh, ow = self._window(x, size, size, stride, padding)
         n, _, _, c = self.shape(x)
-        return self._op(
-            op,
-            [x],
-            (n, oh, ow, c),
-            like=x,
-            Padding=_pad(padding),
-            StrideH=stride,
-            StrideW=stride,
-            FilterHeight=size,
-            FilterWidth=size,
-            FusedActivationFunction=ACT[act],
-        )
+        window = _window_options(padding, stride, act)
+        return self._op(op, [x], (n, oh, ow, c), like=x, FilterHeight=size, FilterWidth=size, **window)
 
     def binary(self, op: str, a: int, b: int, act: str = "NONE") -> int:
         shape = tuple(np.broadcast_shapes(self.shape(a), self.shape(b)))
@@ -345,6 +332,16 @@ class Net:
 
 def _pad(padding: str) -> int:
     return 0 if padding == SAME else 1
+
+
+def _window_options(padding: str, stride: int, act: str) -> dict[str, int]:
+    """The options convolutions and pooling share (schema.fbs: Conv2DOptions, Pool2DOptions)."""
+    return {
+        "Padding": _pad(padding),
+        "StrideH": stride,
+        "StrideW": stride,
+        "FusedActivationFunction": ACT[act],
+    }
 
 
 def same_pads(h: int, w: int, r: int, s: int, stride: int) -> list[int]:
