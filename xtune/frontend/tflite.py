@@ -89,13 +89,13 @@ def _input(em: Emitter, index: int) -> onnx.ValueInfoProto:
     """A graph input in TFLite's declared type and order; its float value in ONNX's order."""
     t = em.tensor(index)
     if t.data is not None:
-        raise em.fail(f"input '{t.name}' is a constant")
+        raise em.fail(f"input '{t.label}' is a constant")
     name = em.fresh(t.name)
     value = name
     if t.quant is not None:
         value = em.dequantize_input(name, t)
     elif t.dtype != np.float32:
-        raise em.fail(f"input '{t.name}' is {t.dtype} without quantization parameters")
+        raise em.fail(f"input '{t.label}' is {t.dtype} without quantization parameters")
     if len(t.shape) == 4:
         value = em.reorder(value, t.shape, TO_NCHW)
     em.values[index] = value
@@ -106,7 +106,7 @@ def _output(em: Emitter, index: int) -> onnx.ValueInfoProto:
     """A graph output named as TFLite names it, in its declared type and order."""
     t = em.tensor(index)
     if index not in em.values or t.data is not None:
-        raise em.fail(f"output '{t.name}' is not computed by any operator")
+        raise em.fail(f"output '{t.label}' is not computed by any operator")
     value = em.integers.get(index, em.values[index])
     if len(t.shape) == 4:
         value = em.reorder(value, nchw(t.shape), TO_NHWC)
@@ -145,6 +145,6 @@ def _check(em: Emitter, model: onnx.ModelProto) -> None:
         got = shapes.get(name)
         if t.data is None and got is not None and got != nchw(t.shape):
             raise InputError(
-                f"{em.model.name}: tensor '{t.name}' is declared {t.shape}, its operator computes "
+                f"{em.model.name}: tensor '{t.label}' is declared {t.shape}, its operator computes "
                 f"{got} (in NCHW order)"
             )

@@ -96,7 +96,7 @@ class Emitter:
     def constant_data(self, index: int) -> np.ndarray:
         data = self.folded.get(index, self.tensor(index).data)
         if data is None:
-            raise self.fail(f"tensor '{self.tensor(index).name}' must be a constant")
+            raise self.fail(f"tensor '{self.tensor(index).label}' must be a constant")
         return data
 
     # -- values ---------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ class Emitter:
             return self.values[index]
         t = self.tensor(index)
         if t.data is None:
-            raise self.fail(f"tensor '{t.name}' is read before any operator writes it")
+            raise self.fail(f"tensor '{t.label}' is read before any operator writes it")
         data = t.data.transpose(TO_NCHW) if t.data.ndim == 4 else t.data
         if t.quant is None:
             name = self.const(data.astype(np.float32), t.name)
@@ -147,13 +147,15 @@ class Emitter:
         t = self.tensor(index)
         data = self.constant_data(index)
         xq, wq = self.tensor(x).quant, self.tensor(w).quant
-        if t.quant is None and data.dtype != np.int32:
+        if data.dtype != np.int32:
+            if data.dtype.kind != "f":
+                raise self.fail(f"bias '{t.label}' is {data.dtype} (TFLite's kernels take float or int32)")
             return self.const(data.astype(np.float32), t.name)
         if xq is None or wq is None:
-            raise self.fail(f"int32 bias '{t.name}' of an operator whose input or weights are not quantized")
+            raise self.fail(f"int32 bias '{t.label}' of an operator whose input or weights are not quantized")
         scale = (xq.scale[0] * wq.scale.astype(np.float64)).astype(np.float32)
         quant = Quantization(scale=scale, zero_point=np.zeros(scale.size, np.int64), axis=0)
-        return self.dequantize(data.astype(np.int32), quant, 0, t.name)
+        return self.dequantize(data, quant, 0, t.name)
 
     def store(self, index: int, name: str, tfl_ordered: bool = False) -> None:
         """`name` is the float result of tensor `index` (4-D in ONNX's order, or in TFLite's if
@@ -166,7 +168,7 @@ class Emitter:
             self.integers[index] = self.node("QuantizeLinear", [name, s, z], f"{t.name}/quantized")
             name = self.node("DequantizeLinear", [self.integers[index], s, z], t.name)
         elif t.dtype not in (np.float32, np.float16):
-            raise self.fail(f"activation '{t.name}' is {t.dtype} without quantization parameters")
+            raise self.fail(f"activation '{t.label}' is {t.dtype} without quantization parameters")
         self.values[index] = name
 
     def dequantize_input(self, name: str, t: TflTensor) -> str:
@@ -177,9 +179,9 @@ class Emitter:
     def _activation_quantization(self, t: TflTensor) -> tuple[str, str]:
         """The (scale, zero point) initializers of a quantized activation: per tensor, int8 or uint8."""
         if t.dtype not in QUANTIZED or t.quant is None:
-            raise self.fail(f"activation '{t.name}' is quantized {t.dtype} (xtune imports int8 and uint8)")
+            raise self.fail(f"activation '{t.label}' is quantized {t.dtype} (xtune imports int8 and uint8)")
         if t.quant.scale.size != 1:
-            raise self.fail(f"activation '{t.name}' is quantized per axis (xtune reads per-tensor)")
+            raise self.fail(f"activation '{t.label}' is quantized per axis (xtune reads per-tensor)")
         s = self.const(t.quant.scale.reshape(()), f"{t.name}/scale")
         return s, self.const(np.asarray(t.quant.zero_point[0], t.dtype), f"{t.name}/zero_point")
 

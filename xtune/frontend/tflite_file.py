@@ -96,6 +96,11 @@ class TflTensor:
     data: np.ndarray | None = field(compare=False)  # a constant's value, in `shape`
     quant: Quantization | None = field(compare=False)
 
+    @property
+    def label(self) -> str:
+        """How messages name the tensor (`short`)."""
+        return short(self.name)
+
 
 @dataclass(frozen=True, kw_only=True)
 class TflOp:
@@ -186,13 +191,25 @@ def _op_name(code: tflite.OperatorCode) -> str:
     builtin = max(int(code.BuiltinCode()), int(code.DeprecatedBuiltinCode()))
     if builtin == BuiltinOperator.CUSTOM:
         custom = code.CustomCode()
-        return f"CUSTOM:{custom.decode(errors='replace') if custom else '?'}"
+        return f"CUSTOM:{short(_text(custom)) or '?'}"
     return _OP_NAMES.get(builtin, f"BUILTIN_{builtin}")
 
 
+def _text(raw: bytes | None) -> str:
+    """A name stored in the file, printable (a corrupted file can hold any bytes there)."""
+    return "".join(c if c.isprintable() else "?" for c in (raw or b"").decode(errors="replace"))
+
+
+def short(name: str) -> str:
+    """How a message quotes a tensor name: TFLite's converter names a tensor by every op fused into
+    it, joined by ';', and the first says which it is."""
+    first = name.split(";")[0]
+    return first if len(first) <= 80 else first[:77] + "..."
+
+
 def _tensor(proto: tflite.Tensor, index: int, buffers: list, data: bytes, where: str) -> TflTensor:
-    name = (proto.Name() or b"").decode(errors="replace") or f"tensor_{index}"
-    label = f"{where}: tensor {index} '{name}'"
+    name = _text(proto.Name()) or f"tensor_{index}"
+    label = f"{where}: tensor {index} '{short(name)}'"
     kind = int(proto.Type())
     if kind not in DTYPES:
         raise InputError(f"{label} is of type {_TYPE_NAMES.get(kind, kind)}, which xtune does not import")
