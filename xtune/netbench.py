@@ -28,7 +28,7 @@ from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import FlatImage, link_flat
 from xtune.errors import BoardError, InputError
-from xtune.frontend.tflite import is_tflite_file
+from xtune.frontend.formats import is_tflite_file
 from xtune.netbuild import NetArtifact, build_model
 from xtune.network.graph import Source, load_model
 from xtune.network.layout import DEFAULT, Layout, parse_layout

@@ -20,21 +20,11 @@ from onnx import helper, shape_inference
 
 from xtune.errors import InputError
 from xtune.frontend.tflite_emit import TO_NCHW, TO_NHWC, Emitter, nchw
-from xtune.frontend.tflite_file import TflModel, is_tflite, read_tflite
+from xtune.frontend.tflite_file import TflModel, read_tflite
 from xtune.frontend.tflite_ops import CONVERTERS
 
 OPSET = 17  # HardSwish is opset 14; DequantizeLinear's axis (per-channel) opset 13
 IR_VERSION = 8  # opset 17's IR version (onnx/docs/Versioning.md)
-__all__ = ["is_tflite", "is_tflite_file", "load_tflite", "tflite_to_onnx", "unsupported"]
-
-
-def is_tflite_file(path: str | os.PathLike[str]) -> bool:
-    """Whether the file at `path` is a TFLite flatbuffer (by its identifier, not its name)."""
-    try:
-        with open(path, "rb") as f:
-            return is_tflite(f.read(8))
-    except OSError:
-        return False
 
 
 def load_tflite(path: str | os.PathLike[str]) -> onnx.ModelProto:

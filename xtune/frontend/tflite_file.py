@@ -21,8 +21,8 @@ from tflite.BuiltinOptions import BuiltinOptions
 from tflite.TensorType import TensorType
 
 from xtune.errors import InputError
+from xtune.frontend.formats import is_tflite
 
-IDENTIFIER = b"TFL3"  # the schema's file_identifier, at bytes 4..8 of every TFLite file
 OptionValue = int | float | bool
 
 # TFLite's tensor types that xtune imports, as numpy dtypes (schema.fbs, `enum TensorType`).
@@ -118,11 +118,6 @@ class TflModel:
     ops: tuple[TflOp, ...]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
-
-
-def is_tflite(head: bytes) -> bool:
-    """Whether a file starting with `head` (8 bytes are enough) is a TFLite flatbuffer."""
-    return head[4:8] == IDENTIFIER
 
 
 def read_tflite(data: bytes, where: str) -> TflModel:

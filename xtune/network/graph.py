@@ -19,7 +19,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from xtune.errors import InputError
-from xtune.frontend.tflite import is_tflite_file, load_tflite
+from xtune.frontend.formats import is_tflite_file
 
 SMALL_CONSTANT = 64  # elements: initializers up to this size stay data during shape inference
 MIN_OPSET = 11  # Clip's bounds became inputs in opset 11; older models are not worth a second path
@@ -92,6 +92,8 @@ def load_model(source: Source) -> onnx.ModelProto:
     if not path.is_file():
         raise InputError(f"{path}: no such ONNX file")
     if path.suffix.lower() == ".tflite" or is_tflite_file(path):  # by content: "TFL3" at bytes 4..8
+        from xtune.frontend.tflite import load_tflite  # its flatbuffer code loads for TFLite files only
+
         return load_tflite(path)
     try:
         return onnx.load_model(path)
