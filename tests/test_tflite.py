@@ -400,10 +400,24 @@ def test_unsupported_operators_are_refused_once_all_listed(tmp_path: Path) -> No
     with pytest.raises(InputError) as err:
         load_graph(path)
     assert str(err.value) == (
-        f"{path}: 4 operator(s) xtune cannot import from TFLite: FLOOR (2), EXP (1), SQRT (1)"
+        f"{path}: xtune cannot import 4 TFLite operators (3 kinds): FLOOR ×2 (operators 0, 2); "
+        "EXP ×1 (operator 1); SQRT ×1 (operator 3)"
     )
     result = _cli("tasks", str(path))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "FLOOR (2)" in result.stderr
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "FLOOR ×2" in result.stderr
+
+
+def test_custom_operators_are_refused_with_what_would_help() -> None:
+    net = Net()
+    x = net.input((1, 4, 4, 2))
+    data = net.tflite([net.unary("CUSTOM:FlexErf", net.unary("CUSTOM:MyOp", net.unary("CUSTOM:MyOp", x)))])
+    with pytest.raises(InputError) as err:
+        tflite_to_onnx(data, "custom.tflite")
+    assert str(err.value) == (
+        "custom.tflite: xtune cannot import 3 TFLite operators (2 kinds): CUSTOM:MyOp ×2 (operators 0, 1): "
+        "a custom operator: convert with TFLite builtins only; CUSTOM:FlexErf ×1 (operator 2): a TensorFlow "
+        "op (Flex delegate): convert with TFLite builtins only"
+    )
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -354,8 +354,11 @@ def _serialize(tensors: list[_Tensor], ops: list[_Op], inputs: list[int], output
     codes = sorted({op.op for op in ops})
     code_offsets = []
     for name in codes:
-        value = getattr(BuiltinOperator, name)
+        custom = b.CreateString(name.split(":", 1)[1]) if name.startswith("CUSTOM:") else None
+        value = getattr(BuiltinOperator, "CUSTOM" if custom is not None else name)
         tflite.OperatorCodeStart(b)
+        if custom is not None:
+            tflite.OperatorCodeAddCustomCode(b, custom)
         tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(value, 127))
         tflite.OperatorCodeAddBuiltinCode(b, value)
         tflite.OperatorCodeAddVersion(b, 1)

@@ -11,7 +11,6 @@ count; a file that is not a valid TFLite model is one InputError line.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +35,43 @@ def load_tflite(path: str | os.PathLike[str]) -> onnx.ModelProto:
     return tflite_to_onnx(data, str(path))
 
 
-def unsupported(model: TflModel) -> Counter[str]:
-    """Every operator of `model` that xtune cannot import, by name, with its count."""
-    return Counter(op.op for op in model.ops if op.op not in CONVERTERS)
+SHOWN = 3  # operator indices a refusal shows per operator kind
+
+
+def unsupported(model: TflModel) -> dict[str, list[int]]:
+    """Every operator of `model` that xtune cannot import: its kind -> the indices of its operators, in
+    the order each kind first appears."""
+    found: dict[str, list[int]] = {}
+    for op in model.ops:
+        if op.op not in CONVERTERS:
+            found.setdefault(op.op, []).append(op.index)
+    return found
+
+
+def refusal(where: str, found: dict[str, list[int]]) -> InputError:
+    """One line naming every operator xtune cannot import, by kind with its count (the style of the ONNX
+    importer's refusal), and what would help where something would."""
+    parts = []
+    for op, indices in found.items():
+        shown = ", ".join(str(i) for i in indices[:SHOWN])
+        more = f" and {len(indices) - SHOWN} more" if len(indices) > SHOWN else ""
+        hint = _hint(op)
+        plural = "s" if len(indices) > 1 else ""
+        parts.append(f"{op} ×{len(indices)} (operator{plural} {shown}{more})" + (f": {hint}" if hint else ""))
+    total = sum(len(i) for i in found.values())
+    kinds = f"{len(found)} kind{'s' if len(found) > 1 else ''}"
+    return InputError(
+        f"{where}: xtune cannot import {total} TFLite operator{'s' if total > 1 else ''} "
+        f"({kinds}): " + "; ".join(parts)
+    )
+
+
+def _hint(op: str) -> str:
+    if op.startswith("CUSTOM:Flex"):
+        return "a TensorFlow op (Flex delegate): convert with TFLite builtins only"
+    if op.startswith("CUSTOM:"):
+        return "a custom operator: convert with TFLite builtins only"
+    return ""
 
 
 def tflite_to_onnx(data: bytes, where: str = "model.tflite") -> onnx.ModelProto:
@@ -46,10 +79,7 @@ def tflite_to_onnx(data: bytes, where: str = "model.tflite") -> onnx.ModelProto:
     model = read_tflite(data, where)
     missing = unsupported(model)
     if missing:
-        listed = ", ".join(f"{op} ({n})" for op, n in sorted(missing.items(), key=lambda kv: (-kv[1], kv[0])))
-        raise InputError(
-            f"{where}: {sum(missing.values())} operator(s) xtune cannot import from TFLite: {listed}"
-        )
+        raise refusal(where, missing)
     em = Emitter(model)
     try:
         inputs = [_input(em, i) for i in model.inputs]
