@@ -22,10 +22,10 @@ import numpy as np
 
 from xtune.boards.board import get_board
 from xtune.errors import XtuneError
+from xtune.firmware.bench import bench_model
 from xtune.frontend.tflite import load_tflite
 from xtune.frontend.tflite_file import read_tflite
-from xtune.netbench import bench_model
-from xtune.peers import litert_network, ort_network
+from xtune.tuning.peers import litert_network, ort_network
 
 SEEDS = 8
 

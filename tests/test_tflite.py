@@ -21,13 +21,13 @@ import pytest
 from tests.tflite_nets import SAME, VALID, Net, Ranges
 from xtune.boards.board import get_board
 from xtune.errors import InputError
+from xtune.firmware.bench import bench_model, random_input, run_network
+from xtune.firmware.build import build_model
+from xtune.frontend.load import load_graph
 from xtune.frontend.tflite import tflite_to_onnx
 from xtune.frontend.tflite_file import read_tflite
 from xtune.frontend.tflite_ops import pads
-from xtune.netbench import bench_model, random_input, run_network
-from xtune.netbuild import build_model
-from xtune.network.graph import load_graph
-from xtune.peers import litert_network, ort_network
+from xtune.tuning.peers import litert_network, ort_network
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ai_edge_litert")

@@ -1,2 +1,2 @@
-"""Model front ends: a model file in (ONNX, or TFLite through tflite.py), the ONNX model every later pass
-reads out."""
+"""Network front ends: a model file in (ONNX, or TFLite converted to ONNX by tflite.py), the graph IR, its
+fused kernel calls and tuning tasks out."""
