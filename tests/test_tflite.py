@@ -198,6 +198,34 @@ def test_int8_weights_of_float_kernels_are_imported_dequantized() -> None:
         np.testing.assert_array_equal(inits[conv.input[1]], want.transpose(0, 3, 1, 2))
 
 
+def more_ops(net: Net) -> list[int]:
+    """The elementwise and layout operators beyond the reference models' (float)."""
+    a, b = net.input((1, 6, 5, 4)), net.input((1, 6, 5, 4))
+    y = net.binary("MAXIMUM", a, net.binary("MINIMUM", b, net.unary("NEG", a)))
+    y = net.binary("SQUARED_DIFFERENCE", y, net.unary("FLOOR", b))
+    y = net.unary("RSQRT", net.binary("ADD", net.unary("SQRT", net.unary("ABS", y)), net.unary("EXP", b)))
+    y = net.binary(
+        "PRELU", net.binary("SUB", y, net.unary("COS", a)), net.constant("alpha", np.full(4, 0.2, np.float32))
+    )
+    t = net.transpose(y, (0, 2, 1, 3))  # swaps H and W: (1, 5, 6, 4)
+    flat = net.transpose(net.reshape(t, (1, 30, 4)), (0, 2, 1))  # a 3-D transpose
+    return [net.transpose(t, (0, 3, 1, 2)), flat, net.transpose(y, (0, 1, 2, 3))]
+
+
+def test_more_operators_match_litert() -> None:
+    net = Net()
+    data = net.tflite(more_ops(net))
+    model = tflite_to_onnx(data)
+    # Two inputs and two 4-D outputs at the boundary, one for the 4-D -> 3-D reshape, one per TRANSPOSE
+    # that is not the identity in the order the value is held (three): each composed into one node.
+    assert sum(n.op_type == "Transpose" for n in model.graph.node) == 2 + 2 + 1 + 3
+    for seed in range(3):
+        xs = feeds(data, seed)
+        for w, g in zip(litert(data, xs), ort(model, xs), strict=True):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL)
+
+
 def test_model_keeps_its_nhwc_boundary_and_tensorflow_same_padding() -> None:
     model = tflite_to_onnx(float_model("every_op"))
     (x,) = model.graph.input
@@ -304,6 +332,9 @@ def _single(op: str) -> Callable[[Net], list[int]]:
             "PAD": lambda: net.pad(a, ((0, 0), (1, 1), (0, 2), (0, 0))),
             "RESHAPE": lambda: net.reshape(a, (1, 384)),
             "SOFTMAX": lambda: net.softmax(a),
+            "MAXIMUM": lambda: net.binary("MAXIMUM", a, b()),
+            "MINIMUM": lambda: net.binary("MINIMUM", a, b()),
+            "TRANSPOSE": lambda: net.transpose(a, (0, 2, 1, 3)),
         }.get(op, lambda: net.unary(op, a))()
         return [net.dequantize(y)]
 
@@ -329,6 +360,9 @@ INT8_OPS = (
     "HARD_SWISH",
     "RELU",
     "RELU6",
+    "MAXIMUM",
+    "MINIMUM",
+    "TRANSPOSE",
 )
 
 
@@ -394,17 +428,17 @@ def test_a_tflite_file_loads_by_its_content_and_ort_network_agrees(tmp_path: Pat
 def test_unsupported_operators_are_refused_once_all_listed(tmp_path: Path) -> None:
     net = Net()
     x = net.input((1, 4, 4, 2))
-    y = net.unary("FLOOR", net.unary("EXP", net.unary("FLOOR", x)))
-    y = net.unary("RELU", net.unary("SQRT", y))
+    y = net.unary("SPACE_TO_DEPTH", net.unary("L2_NORMALIZATION", net.unary("SPACE_TO_DEPTH", x)))
+    y = net.unary("RELU", net.unary("LOCAL_RESPONSE_NORMALIZATION", y))
     path = _write(tmp_path, net.tflite([y]))
     with pytest.raises(InputError) as err:
         load_graph(path)
     assert str(err.value) == (
-        f"{path}: xtune cannot import 4 TFLite operators (3 kinds): FLOOR ×2 (operators 0, 2); "
-        "EXP ×1 (operator 1); SQRT ×1 (operator 3)"
+        f"{path}: xtune cannot import 4 TFLite operators (3 kinds): SPACE_TO_DEPTH ×2 (operators 0, 2); "
+        "L2_NORMALIZATION ×1 (operator 1); LOCAL_RESPONSE_NORMALIZATION ×1 (operator 3)"
     )
     result = _cli("tasks", str(path))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "FLOOR ×2" in result.stderr
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "SPACE_TO_DEPTH ×2" in result.stderr
 
 
 def test_custom_operators_are_refused_with_what_would_help() -> None:

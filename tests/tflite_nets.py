@@ -35,7 +35,13 @@ _TYPES = {
     "float16": TensorType.FLOAT16,
 }
 _FIXED = {"SOFTMAX": (1 / 256, -128), "LOGISTIC": (1 / 256, -128), "TANH": (1 / 128, 0)}
-_KEEPS = ("AVERAGE_POOL_2D", "MAX_POOL_2D", "RESHAPE", "PAD")  # int8: output parameters = the input's
+_KEEPS = (
+    "AVERAGE_POOL_2D",
+    "MAX_POOL_2D",
+    "RESHAPE",
+    "PAD",
+    "TRANSPOSE",
+)  # int8: output parameters = the input's
 Ranges = Mapping[str, tuple[float, float]]
 
 
@@ -313,6 +319,10 @@ class Net:
         p = self.constant("paddings", np.asarray(paddings, np.int32))
         shape = tuple(d + a + b for d, (a, b) in zip(self.shape(x), paddings, strict=True))
         return self._op("PAD", [x, p], shape, like=x)
+
+    def transpose(self, x: int, perm: Sequence[int]) -> int:
+        shape = tuple(self.shape(x)[i] for i in perm)
+        return self._op("TRANSPOSE", [x, self.constant("perm", np.asarray(perm, np.int32))], shape, like=x)
 
     def quantize(self, x: int) -> int:
         """QUANTIZE: a float input made int8 (in a float net: nothing, `x` itself)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from xtune.frontend.tflite_emit import TO_NCHW, Emitter, dequantized, nchw
+from xtune.frontend.tflite_emit import TO_NCHW, TO_NHWC, Emitter, dequantized, nchw
 from xtune.frontend.tflite_file import TflOp
 
 Converter = Callable[[Emitter, TflOp], None]
@@ -188,6 +188,69 @@ def _binary(kind: str) -> Converter:
     return convert
 
 
+def _binary_no_activation(kind: str) -> Converter:
+    """MAXIMUM, MINIMUM, PRELU: broadcasting like ADD, without a fused activation."""
+
+    def convert(em: Emitter, op: TflOp) -> None:
+        a, b = _operands(em, op, 2)
+        rank = len(em.tensor(op.outputs[0]).shape)
+        inputs = [em.broadcast_value(a, rank), em.broadcast_value(b, rank)]
+        if kind in ("Max", "Min"):
+            inputs = [
+                _as_output_integers(em, x, t, op.outputs[0]) for x, t in zip(inputs, (a, b), strict=True)
+            ]
+        em.store(op.outputs[0], em.node(kind, inputs, em.tensor(op.outputs[0]).name))
+
+    return convert
+
+
+def _as_output_integers(em: Emitter, name: str, index: int, out: int) -> str:
+    """TFLite's quantized MAXIMUM and MINIMUM compare the operands' integers as they are and give the
+    larger one the output's scale and zero point (reference_ops::MaximumMinimumBroadcastSlow, no
+    requantization). Max and min commute with the increasing map q -> (q - zo) * so, so the float
+    operand x = (q - z) * s is first mapped to what its integers mean at the output's parameters:
+    x * so / s + (z - zo) * so (nothing to do where the parameters are the same)."""
+    q, qo = em.tensor(index).quant, em.tensor(out).quant
+    if q is None or qo is None or (q.scale[0] == qo.scale[0] and q.zero_point[0] == qo.zero_point[0]):
+        return name
+    ratio = np.asarray(float(qo.scale[0]) / float(q.scale[0]), np.float32)
+    shift = np.asarray((int(q.zero_point[0]) - int(qo.zero_point[0])) * float(qo.scale[0]), np.float32)
+    scaled = em.node("Mul", [name, em.const(ratio, f"{name}/ratio")], f"{name}/as_output")
+    return em.node("Add", [scaled, em.const(shift, f"{name}/shift")], f"{name}/as_output")
+
+
+def squared_difference(em: Emitter, op: TflOp) -> None:
+    a, b = _operands(em, op, 2)
+    rank = len(em.tensor(op.outputs[0]).shape)
+    name = em.tensor(op.outputs[0]).name
+    diff = em.node("Sub", [em.broadcast_value(a, rank), em.broadcast_value(b, rank)], f"{name}/difference")
+    em.store(op.outputs[0], em.node("Mul", [diff, diff], name))
+
+
+def transpose(em: Emitter, op: TflOp) -> None:
+    """TRANSPOSE of TFLite's order, composed with the conversions to and from ONNX's order into one
+    permutation of the value as it is held (an identity needs no node at all)."""
+    x, p = _operands(em, op, 2)
+    perm = [int(v) % max(len(em.tensor(x).shape), 1) for v in em.constant_data(p).reshape(-1)]
+    rank = len(em.tensor(x).shape)
+    if sorted(perm) != list(range(rank)) or len(em.tensor(op.outputs[0]).shape) != rank:
+        raise em.fail(f"permutation {perm} of a rank-{rank} tensor")
+    held = list(TO_NHWC) if rank == 4 else list(range(rank))  # a 4-D value is NCHW: TO_NHWC gives TFLite's
+    composed = [held[i] for i in perm]
+    if rank == 4:
+        composed = [composed[i] for i in TO_NCHW]
+    if composed == list(range(rank)):
+        em.store(op.outputs[0], em.value(x))
+        return
+    em.store(op.outputs[0], em.node("Transpose", [em.value(x)], em.tensor(op.outputs[0]).name, perm=composed))
+
+
+def _rsqrt(em: Emitter, op: TflOp) -> None:
+    (x,) = _operands(em, op, 1)
+    root = em.node("Sqrt", [em.value(x)], f"{em.tensor(op.outputs[0]).name}/sqrt")
+    em.store(op.outputs[0], em.node("Reciprocal", [root], em.tensor(op.outputs[0]).name))
+
+
 def _unary(kind: str, **attrs: Any) -> Converter:
     def convert(em: Emitter, op: TflOp) -> None:
         (x,) = _operands(em, op, 1)
@@ -305,4 +368,19 @@ CONVERTERS: Mapping[str, Converter] = {
     "RELU_N1_TO_1": _clip(-1.0, 1.0),
     "HARD_SWISH": _unary("HardSwish"),
     "LEAKY_RELU": leaky_relu,
+    "MAXIMUM": _binary_no_activation("Max"),
+    "MINIMUM": _binary_no_activation("Min"),
+    "PRELU": _binary_no_activation("PRelu"),
+    "SQUARED_DIFFERENCE": squared_difference,
+    "TRANSPOSE": transpose,
+    "EXP": _unary("Exp"),
+    "LOG": _unary("Log"),
+    "SQRT": _unary("Sqrt"),
+    "RSQRT": _rsqrt,
+    "ABS": _unary("Abs"),
+    "NEG": _unary("Neg"),
+    "FLOOR": _unary("Floor"),
+    "CEIL": _unary("Ceil"),
+    "SIN": _unary("Sin"),
+    "COS": _unary("Cos"),
 }
