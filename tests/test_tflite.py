@@ -1,27 +1,26 @@
 """The TFLite front end (xtune/frontend/tflite.py) against the TFLite interpreter (LiteRT): small models
 written here (tests/tflite_nets.py), float32 ones imported and run by ONNX Runtime (within 1e-5 of LiteRT)
-and by xtune's whole-network build on the local board; int8 ones imported as QDQ and run by ONNX Runtime
-within one quantization step of LiteRT; unsupported operators refused once, every one listed; truncated
-and mutated files refused in one line, never a traceback."""
+and by xtune's whole-network build on the local board (the quantized ones: tests/test_tflite_int8.py);
+unsupported operators refused once, every one listed; truncated and mutated files refused in one line,
+never a traceback."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import warnings
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 
-from tests.tflite_nets import SAME, VALID, Net, Ranges
+from tests.tflite_nets import SAME, VALID, Net
+from tests.tflite_run import feeds, litert, ort, quantized, random_feed
 from xtune.boards.board import get_board
 from xtune.errors import InputError
-from xtune.firmware.bench import bench_model, random_input, run_network
+from xtune.firmware.bench import bench_model, run_network
 from xtune.firmware.build import build_model
 from xtune.frontend.load import load_graph
 from xtune.frontend.tflite import tflite_to_onnx
@@ -65,67 +64,6 @@ def every_op(net: Net) -> list[int]:
 
 
 NETS: dict[str, Callable[[Net], list[int]]] = {"buildable": buildable, "every_op": every_op}
-
-
-def _input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    return random_input(shape, seed)
-
-
-def feeds(data: bytes, seed: int) -> list[np.ndarray]:
-    """A seeded random float input for each input of a (float-input) TFLite model."""
-    model = read_tflite(data, "model.tflite")
-    return [_input(model.tensors[i].shape, seed + 100 * k) for k, i in enumerate(model.inputs)]
-
-
-def _interpreter(data: bytes, xs: list[np.ndarray], **options: Any) -> Any:
-    from ai_edge_litert.interpreter import Interpreter
-
-    interpreter = Interpreter(model_content=data, num_threads=1, **options)
-    interpreter.allocate_tensors()
-    for d, x in zip(interpreter.get_input_details(), xs, strict=True):
-        interpreter.set_tensor(d["index"], x)
-    interpreter.invoke()
-    return interpreter
-
-
-def litert(data: bytes, xs: list[np.ndarray], builtin: bool = False) -> list[np.ndarray]:
-    """LiteRT's outputs: as it runs by default (XNNPACK where it applies), or with `builtin` its own
-    kernels only (XNNPACK rejects some int8 operand scales that TFLite's own kernels requantize)."""
-    from ai_edge_litert.interpreter import OpResolverType
-
-    resolver = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if builtin else OpResolverType.AUTO
-    interpreter = _interpreter(data, xs, experimental_op_resolver_type=resolver)
-    return [np.array(interpreter.get_tensor(d["index"])) for d in interpreter.get_output_details()]
-
-
-def litert_ranges(data: bytes, xs: list[np.ndarray]) -> Ranges:
-    """(min, max) of every float tensor LiteRT computes on `xs`: a post-training calibration."""
-    with warnings.catch_warnings():  # LiteRT warns that keeping every tensor is for debugging: it is
-        warnings.simplefilter("ignore")
-        interpreter = _interpreter(data, xs, experimental_preserve_all_tensors=True)
-    ranges = {}
-    for d in interpreter.get_tensor_details():
-        v = interpreter.get_tensor(d["index"])
-        if v.dtype == np.float32 and v.size:
-            ranges[d["name"]] = (float(v.min()), float(v.max()))
-    return ranges
-
-
-def ort(model: onnx.ModelProto, xs: list[np.ndarray]) -> list[np.ndarray]:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feed = {i.name: x for i, x in zip(session.get_inputs(), xs, strict=True)}
-    return [np.asarray(y) for y in session.run(None, feed)]
-
-
-def quantized(build: Callable[[Net], list[int]], unsigned: bool = False) -> bytes:
-    """The int8 (or uint8) twin of a float net, calibrated on one input (TFLite's post-training
-    quantization)."""
-    net = Net()
-    data = net.tflite(build(net))
-    twin = Net(litert_ranges(data, feeds(data, seed=7)), float_input=True, unsigned=unsigned)
-    return twin.tflite(build(twin))
 
 
 @cache
@@ -244,136 +182,6 @@ def test_model_keeps_its_nhwc_boundary_and_tensorflow_same_padding() -> None:
     assert {a.name: a.i for a in depthwise.attribute if a.name == "group"} == {"group": 6}
 
 
-@pytest.mark.parametrize("name", NETS)
-def test_int8_models_import_as_qdq(name: str) -> None:
-    """Constant weights as int8 and DequantizeLinear per output channel, biases int32 in the scale of
-    input times weights, every activation through QuantizeLinear/DequantizeLinear."""
-    data = int8_model(name)
-    model = tflite_to_onnx(data)
-    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
-    writer = {n.output[0]: n for n in model.graph.node}
-    tflite = read_tflite(data, "model.tflite")
-    convs = [n for n in model.graph.node if n.op_type == "Conv"]
-    assert len(convs) == sum(op.op in ("CONV_2D", "DEPTHWISE_CONV_2D") for op in tflite.ops)
-    for conv in convs:
-        weights, bias, x = writer[conv.input[1]], writer[conv.input[2]], writer[conv.input[0]]
-        assert weights.op_type == bias.op_type == x.op_type == "DequantizeLinear"
-        w, scale = inits[weights.input[0]], inits[weights.input[1]]
-        assert w.dtype == np.int8 and scale.shape == (w.shape[0],)
-        assert [a.i for a in weights.attribute if a.name == "axis"] == [0]
-        assert inits[bias.input[0]].dtype == np.int32
-        np.testing.assert_allclose(inits[bias.input[1]], inits[x.input[1]] * scale, rtol=1e-6)
-        assert writer[x.input[0]].op_type == "QuantizeLinear"
-    quantized_outputs = sum(tflite.tensors[op.outputs[0]].quant is not None for op in tflite.ops)
-    assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) == quantized_outputs
-
-
-def test_int8_network_within_one_step_of_litert() -> None:
-    """The MobileNet-like int8 net: ONNX Runtime on the QDQ model against LiteRT's kernels."""
-    data = int8_model("buildable")
-    _within_one_step(data, tflite_to_onnx(data), seeds=32)
-
-
-def test_uint8_network_imports_and_stays_within_one_step_of_litert() -> None:
-    """TFLite's older scheme: uint8 activations, uint8 asymmetric weights per tensor."""
-    data = quantized(buildable, unsigned=True)
-    model = tflite_to_onnx(data)
-    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
-    writer = {n.output[0]: n for n in model.graph.node}
-    conv = next(n for n in model.graph.node if n.op_type == "Conv")
-    weights = writer[conv.input[1]]
-    assert inits[weights.input[0]].dtype == np.uint8 and inits[weights.input[2]].shape == ()
-    assert inits[weights.input[2]] != 0  # asymmetric
-    assert inits[writer[writer[conv.input[0]].input[0]].input[2]].dtype == np.uint8  # activations
-    _within_one_step(data, model, seeds=16)
-
-
-def _within_one_step(data: bytes, model: onnx.ModelProto, seeds: int) -> None:
-    """Every output within one quantization step of LiteRT's on >= 99.9 % of elements, two at most."""
-    far, total = 0, 0
-    for seed in range(seeds):
-        xs = feeds(data, seed)
-        for w, g in zip(litert(data, xs, builtin=True), ort(model, xs), strict=True):
-            assert g.shape == w.shape
-            step = _step(w)
-            diff = np.abs(g.astype(np.float64) - w)
-            far += int(np.count_nonzero(diff > step * 1.001))
-            total += w.size
-            assert np.max(diff) <= 2 * step * 1.001
-    assert far <= 0.001 * total, (far, total)
-
-
-def _step(reference: np.ndarray) -> float:
-    """One quantization step of an output behind DEQUANTIZE: the smallest gap between its values."""
-    levels = np.unique(reference)
-    return float(np.min(np.diff(levels))) if levels.size > 1 else 1.0
-
-
-def _single(op: str) -> Callable[[Net], list[int]]:
-    """A net of one int8 operator between QUANTIZE and DEQUANTIZE, on (1, 8, 8, 6) inputs."""
-
-    def build(net: Net) -> list[int]:
-        a = net.quantize(net.input((1, 8, 8, 6)))
-
-        def b() -> int:
-            return net.quantize(net.input((1, 8, 8, 6)))
-
-        y = {
-            "CONV_2D": lambda: net.conv(a, 8, 3, 3, stride=2, padding=SAME, act="RELU"),
-            "DEPTHWISE_CONV_2D": lambda: net.depthwise(a, 3, 3, multiplier=2, padding=SAME, act="RELU6"),
-            "FULLY_CONNECTED": lambda: net.fc(a, 16, act="RELU"),
-            "AVERAGE_POOL_2D": lambda: net.pool("AVERAGE_POOL_2D", a, 3, 2, padding=SAME),
-            "MAX_POOL_2D": lambda: net.pool("MAX_POOL_2D", a, 3, 2, padding=SAME),
-            "ADD": lambda: net.binary("ADD", a, b(), act="RELU"),
-            "SUB": lambda: net.binary("SUB", a, b()),
-            "MUL": lambda: net.binary("MUL", a, b()),
-            "CONCATENATION": lambda: net.concat([a, b()], axis=3),
-            "MEAN": lambda: net.mean(a, (1, 2), keep_dims=True),
-            "PAD": lambda: net.pad(a, ((0, 0), (1, 1), (0, 2), (0, 0))),
-            "RESHAPE": lambda: net.reshape(a, (1, 384)),
-            "SOFTMAX": lambda: net.softmax(a),
-            "MAXIMUM": lambda: net.binary("MAXIMUM", a, b()),
-            "MINIMUM": lambda: net.binary("MINIMUM", a, b()),
-            "TRANSPOSE": lambda: net.transpose(a, (0, 2, 1, 3)),
-        }.get(op, lambda: net.unary(op, a))()
-        return [net.dequantize(y)]
-
-    return build
-
-
-INT8_OPS = (
-    "CONV_2D",
-    "DEPTHWISE_CONV_2D",
-    "FULLY_CONNECTED",
-    "AVERAGE_POOL_2D",
-    "MAX_POOL_2D",
-    "ADD",
-    "SUB",
-    "MUL",
-    "CONCATENATION",
-    "MEAN",
-    "PAD",
-    "RESHAPE",
-    "SOFTMAX",
-    "LOGISTIC",
-    "TANH",
-    "HARD_SWISH",
-    "RELU",
-    "RELU6",
-    "MAXIMUM",
-    "MINIMUM",
-    "TRANSPOSE",
-)
-
-
-@pytest.mark.parametrize("op", INT8_OPS)
-def test_each_int8_operator_within_one_step_of_litert(op: str) -> None:
-    """Each operator alone, so that a rounding difference is its own and not one inherited and grown
-    through the layers after it."""
-    data = quantized(_single(op))
-    _within_one_step(data, tflite_to_onnx(data), seeds=8)
-
-
 def test_float_model_builds_and_matches_litert_on_the_local_board(tmp_path: Path) -> None:
     path = _write(tmp_path, float_model("buildable"))
     board = get_board("local")
@@ -382,13 +190,13 @@ def test_float_model_builds_and_matches_litert_on_the_local_board(tmp_path: Path
     artifact = build_model(path, board.target)
     assert not [c for c in artifact.program.calls if type(c.kernel).__name__ == "Transpose"]  # relabelled
     for seed in range(3):
-        x = _input((1, 15, 15, 3), seed)
+        x = random_feed((1, 15, 15, 3), seed)
         got, _ = run_network(board, artifact, x)
         (want,) = litert(float_model("buildable"), [x])
         assert np.max(np.abs(got - want)) <= RTOL * max(1.0, float(np.max(np.abs(want))))
     nchw = build_model(path, board.target, layout="nchw")
-    got, _ = run_network(board, nchw, _input((1, 15, 15, 3)))
-    want, _ = litert_network(float_model("buildable"), _input((1, 15, 15, 3)))
+    got, _ = run_network(board, nchw, random_feed((1, 15, 15, 3)))
+    want, _ = litert_network(float_model("buildable"), random_feed((1, 15, 15, 3)))
     assert np.max(np.abs(got - want)) <= RTOL
 
 
@@ -409,7 +217,7 @@ def test_a_4d_output_is_written_in_nhwc_directly(tmp_path: Path, layout: str) ->
     assert len(transposes) == (0 if layout == "nhwc" else 2)  # NCHW: the model's own two run
     assert artifact.program.output_shape == (1, 4, 4, 6)
     for seed in range(2):
-        x = _input((1, 9, 9, 4), seed)
+        x = random_feed((1, 9, 9, 4), seed)
         got, _ = run_network(board, artifact, x)
         (want,) = litert(data, [x])
         assert np.max(np.abs(got - want)) <= RTOL * max(1.0, float(np.max(np.abs(want))))
@@ -419,7 +227,7 @@ def test_a_tflite_file_loads_by_its_content_and_ort_network_agrees(tmp_path: Pat
     path = _write(tmp_path, float_model("buildable"), "model.bin")  # not named .tflite
     graph = load_graph(path)
     assert graph.shape(graph.inputs[0]) == (1, 15, 15, 3)
-    x = _input((1, 15, 15, 3))
+    x = random_feed((1, 15, 15, 3))
     want, _ = litert_network(float_model("buildable"), x)
     got, _ = ort_network(tflite_to_onnx(float_model("buildable")).SerializeToString(), x)
     assert np.max(np.abs(got - want)) <= RTOL

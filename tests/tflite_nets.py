@@ -1,5 +1,5 @@
-"""Small TFLite models written by the tests with the `tflite` schema package's flatbuffer builder: layers
-in (`Net`: conv, depthwise, fully connected, pooling, ...), the .tflite bytes out, float32, or int8 with
+"""Small TFLite models written by the tests: layers in (`Net`: conv, depthwise, fully connected, pooling,
+...), the .tflite bytes out (tests/tflite_write.py), float32, or int8 with
 quantization parameters calibrated on the float model's own tensors (ranges seen by LiteRT on one input),
 or uint8 as TFLite's older models are.
 
@@ -13,27 +13,13 @@ padding keeping their input's parameters.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-import flatbuffers
 import numpy as np
-import tflite
-from tflite.BuiltinOperator import BuiltinOperator
-from tflite.BuiltinOptions import BuiltinOptions
-from tflite.TensorType import TensorType
 
-from xtune.frontend.tflite_file import OPTIONS
-from xtune.frontend.tflite_ops import pads
+from tests.tflite_write import Op, Tensor, serialize
 
 SAME, VALID = "SAME", "VALID"
 ACT = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3, "TANH": 4}
-_TYPES = {
-    "float32": TensorType.FLOAT32,
-    "int8": TensorType.INT8,
-    "int32": TensorType.INT32,
-    "uint8": TensorType.UINT8,
-    "float16": TensorType.FLOAT16,
-}
 _FIXED = {"SOFTMAX": (1 / 256, -128), "LOGISTIC": (1 / 256, -128), "TANH": (1 / 128, 0)}
 _KEEPS = (
     "AVERAGE_POOL_2D",
@@ -43,25 +29,6 @@ _KEEPS = (
     "TRANSPOSE",
 )  # int8: output parameters = the input's
 Ranges = Mapping[str, tuple[float, float]]
-
-
-@dataclass
-class _Tensor:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    data: np.ndarray | None = None
-    scale: np.ndarray | None = None
-    zero_point: np.ndarray | None = None
-    axis: int = 0
-
-
-@dataclass
-class _Op:
-    op: str
-    inputs: list[int]
-    outputs: list[int]
-    options: dict[str, float | int | bool]
 
 
 class Net:
@@ -82,8 +49,8 @@ class Net:
         self.float_input = float_input  # an int8 net whose input stays float (QUANTIZE it)
         # uint8: TFLite's older scheme, activations uint8 and weights uint8 asymmetric per tensor
         self.quantized, self.offset = ("uint8", 128) if unsigned else ("int8", 0)
-        self.tensors: list[_Tensor] = []
-        self.ops: list[_Op] = []
+        self.tensors: list[Tensor] = []
+        self.ops: list[Op] = []
         self.ranges = ranges
         self.rng = np.random.default_rng(seed)
         self.inputs: list[int] = []
@@ -91,7 +58,7 @@ class Net:
 
     # -- tensors ----------------------------------------------------------------------------------------
     def _activation(self, name: str, shape: tuple[int, ...], op: str = "", like: int = -1) -> int:
-        t = _Tensor(name=self._name(name, op), shape=shape, dtype="float32")
+        t = Tensor(name=self._name(name, op), shape=shape, dtype="float32")
         if self.ranges is not None and op != "DEQUANTIZE" and not (op == "" and self.float_input):
             t.dtype = self.quantized
             if op in _FIXED:  # uint8: the int8 zero point moved up by `offset` (128), here and below
@@ -120,7 +87,7 @@ class Net:
     def _weights(self, name: str, w: np.ndarray, axis: int | None) -> int:
         """Float weights, or int8 symmetric per channel along `axis` (per tensor if None), or uint8
         asymmetric per tensor."""
-        t = _Tensor(name=self._name(name), shape=w.shape, dtype="float32", data=w)
+        t = Tensor(name=self._name(name), shape=w.shape, dtype="float32", data=w)
         if self.ranges is None and self.stored == "float16":
             t.dtype, t.data = "float16", w.astype(np.float16)
             self.tensors.append(t)
@@ -154,7 +121,7 @@ class Net:
         return len(self.tensors) - 1
 
     def _bias(self, name: str, b: np.ndarray, x: int, w: int) -> int:
-        t = _Tensor(name=self._name(name), shape=b.shape, dtype="float32", data=b)
+        t = Tensor(name=self._name(name), shape=b.shape, dtype="float32", data=b)
         if self.ranges is not None:
             xs, ws = self.tensors[x].scale, self.tensors[w].scale
             assert xs is not None and ws is not None
@@ -167,7 +134,7 @@ class Net:
     def constant(self, name: str, data: np.ndarray) -> int:
         """A constant operand (an int32 shape, axes or paddings, or float data kept float)."""
         dtype = "int32" if data.dtype == np.int32 else "float32"
-        self.tensors.append(_Tensor(name=self._name(name), shape=data.shape, dtype=dtype, data=data))
+        self.tensors.append(Tensor(name=self._name(name), shape=data.shape, dtype=dtype, data=data))
         return len(self.tensors) - 1
 
     def shape(self, x: int) -> tuple[int, ...]:
@@ -188,7 +155,7 @@ class Net:
         **options: float | int | bool,
     ) -> int:
         y = self._activation(op.lower(), out_shape, op, like)
-        self.ops.append(_Op(op, inputs, [y], options))
+        self.ops.append(Op(op, inputs, [y], options))
         return y
 
     def _window(
@@ -287,9 +254,7 @@ class Net:
         shape[axis] = sum(self.shape(x)[axis] for x in xs)
         y = self._activation("concatenation", tuple(shape), "CONCATENATION")
         inputs = [self._requantized(x, y) for x in xs] if self.ranges is not None else list(xs)
-        self.ops.append(
-            _Op("CONCATENATION", inputs, [y], {"Axis": axis, "FusedActivationFunction": ACT[act]})
-        )
+        self.ops.append(Op("CONCATENATION", inputs, [y], {"Axis": axis, "FusedActivationFunction": ACT[act]}))
         return y
 
     def _requantized(self, x: int, like: int) -> int:
@@ -297,7 +262,7 @@ class Net:
         assert src.scale is not None and dst.scale is not None and dst.zero_point is not None
         if src.scale[0] == dst.scale[0] and src.zero_point == dst.zero_point:
             return x
-        t = _Tensor(
+        t = Tensor(
             name=self._name("requantized", "QUANTIZE"),
             shape=src.shape,
             dtype=dst.dtype,
@@ -305,7 +270,7 @@ class Net:
             zero_point=dst.zero_point.copy(),
         )
         self.tensors.append(t)
-        self.ops.append(_Op("QUANTIZE", [x], [len(self.tensors) - 1], {}))
+        self.ops.append(Op("QUANTIZE", [x], [len(self.tensors) - 1], {}))
         return len(self.tensors) - 1
 
     def mean(self, x: int, axes: Sequence[int], keep_dims: bool) -> int:
@@ -337,7 +302,7 @@ class Net:
 
     # -- the file ---------------------------------------------------------------------------------------
     def tflite(self, outputs: Sequence[int]) -> bytes:
-        return _serialize(self.tensors, self.ops, self.inputs, list(outputs))
+        return serialize(self.tensors, self.ops, self.inputs, list(outputs))
 
 
 def _pad(padding: str) -> int:
@@ -352,111 +317,3 @@ def _window_options(padding: str, stride: int, act: str) -> dict[str, int]:
         "StrideW": stride,
         "FusedActivationFunction": ACT[act],
     }
-
-
-def same_pads(h: int, w: int, r: int, s: int, stride: int) -> list[int]:
-    """The ONNX pads TensorFlow's SAME gives (for tests that name the asymmetric case)."""
-    return pads((h, w), (r, s), (stride, stride), (1, 1), 0)
-
-
-def _serialize(tensors: list[_Tensor], ops: list[_Op], inputs: list[int], outputs: list[int]) -> bytes:
-    b = flatbuffers.Builder(1024)
-    codes = sorted({op.op for op in ops})
-    code_offsets = []
-    for name in codes:
-        custom = b.CreateString(name.split(":", 1)[1]) if name.startswith("CUSTOM:") else None
-        value = getattr(BuiltinOperator, "CUSTOM" if custom is not None else name)
-        tflite.OperatorCodeStart(b)
-        if custom is not None:
-            tflite.OperatorCodeAddCustomCode(b, custom)
-        tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(value, 127))
-        tflite.OperatorCodeAddBuiltinCode(b, value)
-        tflite.OperatorCodeAddVersion(b, 1)
-        code_offsets.append(tflite.OperatorCodeEnd(b))
-    buffers = [_buffer(b, None)] + [_buffer(b, t.data) for t in tensors if t.data is not None]
-    tensor_offsets, k = [], 1
-    for t in tensors:
-        tensor_offsets.append(_tensor(b, t, k if t.data is not None else 0))
-        k += t.data is not None
-    op_offsets = [_operator(b, op, codes.index(op.op)) for op in ops]
-    graph_tensors = _vector(b, tensor_offsets)
-    graph_ops = _vector(b, op_offsets)
-    graph_in = b.CreateNumpyVector(np.asarray(inputs, np.int32))
-    graph_out = b.CreateNumpyVector(np.asarray(outputs, np.int32))
-    tflite.SubGraphStart(b)
-    tflite.SubGraphAddTensors(b, graph_tensors)
-    tflite.SubGraphAddInputs(b, graph_in)
-    tflite.SubGraphAddOutputs(b, graph_out)
-    tflite.SubGraphAddOperators(b, graph_ops)
-    subgraph = tflite.SubGraphEnd(b)
-    code_vec, sub_vec, buf_vec = _vector(b, code_offsets), _vector(b, [subgraph]), _vector(b, buffers)
-    description = b.CreateString("xtune test")
-    tflite.ModelStart(b)
-    tflite.ModelAddVersion(b, 3)
-    tflite.ModelAddOperatorCodes(b, code_vec)
-    tflite.ModelAddSubgraphs(b, sub_vec)
-    tflite.ModelAddDescription(b, description)
-    tflite.ModelAddBuffers(b, buf_vec)
-    b.Finish(tflite.ModelEnd(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
-
-
-def _vector(b: flatbuffers.Builder, offsets: list[int]) -> int:
-    b.StartVector(4, len(offsets), 4)
-    for offset in reversed(offsets):
-        b.PrependUOffsetTRelative(offset)
-    return int(b.EndVector())
-
-
-def _buffer(b: flatbuffers.Builder, data: np.ndarray | None) -> int:
-    vec = (
-        b.CreateNumpyVector(np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8))
-        if data is not None
-        else None
-    )
-    tflite.BufferStart(b)
-    if vec is not None:
-        tflite.BufferAddData(b, vec)
-    return int(tflite.BufferEnd(b))
-
-
-def _tensor(b: flatbuffers.Builder, t: _Tensor, buffer: int) -> int:
-    quant = None
-    if t.scale is not None and t.zero_point is not None:
-        scale = b.CreateNumpyVector(t.scale.astype(np.float32))
-        zero = b.CreateNumpyVector(t.zero_point.astype(np.int64))
-        tflite.QuantizationParametersStart(b)
-        tflite.QuantizationParametersAddScale(b, scale)
-        tflite.QuantizationParametersAddZeroPoint(b, zero)
-        tflite.QuantizationParametersAddQuantizedDimension(b, t.axis)
-        quant = tflite.QuantizationParametersEnd(b)
-    shape = b.CreateNumpyVector(np.asarray(t.shape, np.int32))
-    name = b.CreateString(t.name)
-    tflite.TensorStart(b)
-    tflite.TensorAddShape(b, shape)
-    tflite.TensorAddType(b, _TYPES[t.dtype])
-    tflite.TensorAddBuffer(b, buffer)
-    tflite.TensorAddName(b, name)
-    if quant is not None:
-        tflite.TensorAddQuantization(b, quant)
-    return int(tflite.TensorEnd(b))
-
-
-def _operator(b: flatbuffers.Builder, op: _Op, code: int) -> int:
-    options = None
-    if op.op in OPTIONS:
-        cls, _ = OPTIONS[op.op]
-        getattr(tflite, f"{cls}Start")(b)
-        for key, value in op.options.items():
-            getattr(tflite, f"{cls}Add{key}")(b, value)
-        options = getattr(tflite, f"{cls}End")(b)
-    ins = b.CreateNumpyVector(np.asarray(op.inputs, np.int32))
-    outs = b.CreateNumpyVector(np.asarray(op.outputs, np.int32))
-    tflite.OperatorStart(b)
-    tflite.OperatorAddOpcodeIndex(b, code)
-    tflite.OperatorAddInputs(b, ins)
-    tflite.OperatorAddOutputs(b, outs)
-    if options is not None:
-        tflite.OperatorAddBuiltinOptionsType(b, getattr(BuiltinOptions, OPTIONS[op.op][0]))
-        tflite.OperatorAddBuiltinOptions(b, options)
-    return int(tflite.OperatorEnd(b))
