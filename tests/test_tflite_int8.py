@@ -14,8 +14,10 @@ import pytest
 from tests.test_tflite import NETS, buildable, int8_model
 from tests.tflite_nets import SAME, Net
 from tests.tflite_run import quantized, within_one_step
+from xtune.errors import InputError
 from xtune.frontend.tflite import tflite_to_onnx
 from xtune.frontend.tflite_file import read_tflite
+from xtune.tuning.peers import litert_network
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ai_edge_litert")
@@ -128,3 +130,11 @@ def test_each_int8_operator_within_one_step_of_litert(op: str) -> None:
     through the layers after it."""
     data = quantized(_single(op))
     within_one_step(data, tflite_to_onnx(data), seeds=8)
+
+
+def test_the_litert_peer_takes_the_models_own_input_type() -> None:
+    data = int8_model("buildable")  # QUANTIZE inside: the model's input is float32
+    with pytest.raises(InputError, match="input is float32, not int8"):
+        litert_network(data, np.zeros((1, 15, 15, 3), np.int8))
+    out, seconds = litert_network(data, np.zeros((1, 15, 15, 3), np.float32), repeat=2, min_repeat_s=0.001)
+    assert out.shape == (1, 10) and out.dtype == np.float32 and len(seconds) == 2 and min(seconds) > 0
