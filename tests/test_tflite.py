@@ -112,6 +112,18 @@ def test_float16_weights_behind_dequantize_are_float_weights(tmp_path: Path) -> 
     )
 
 
+def test_a_dynamic_range_model_is_timed_on_litert_and_checked_on_its_import(tmp_path: Path) -> None:
+    net = Net(stored="int8")
+    path = _write(tmp_path, net.tflite(buildable(net)))
+    report = bench_model(path, get_board("local"), repeat=1)
+    assert report.correct, report.error
+    assert report.peer == "LiteRT (outputs: ONNX Runtime on the import)" and report.ort_seconds
+    plain = bench_model(
+        _write(tmp_path, float_model("buildable"), "plain.tflite"), get_board("local"), repeat=1
+    )
+    assert plain.peer == "LiteRT"
+
+
 def test_int8_weights_of_float_kernels_are_imported_dequantized() -> None:
     """Dynamic-range quantization: int8 weights, float activations. The weights become float32 exactly
     as DequantizeLinear computes them, so the network is a float one xtune builds; LiteRT's kernels

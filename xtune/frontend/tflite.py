@@ -74,6 +74,21 @@ def _hint(op: str) -> str:
     return ""
 
 
+def dynamic_range(data: bytes, where: str = "model.tflite") -> bool:
+    """Whether float operators of the model read integer weights (TFLite's dynamic-range quantization).
+    The import dequantizes them (the model's meaning); LiteRT's kernels instead quantize the activations
+    on the fly, so its outputs are off by that rounding (docs/networks.md, "TFLite")."""
+    model = read_tflite(data, where)
+    for op in model.ops:
+        if op.op == "DEQUANTIZE" or not op.outputs or model.tensors[op.outputs[0]].quant is not None:
+            continue
+        for i in op.inputs:
+            t = model.tensors[i] if i >= 0 else None
+            if t is not None and t.data is not None and t.quant is not None and t.dtype.kind in "iu":
+                return True
+    return False
+
+
 def tflite_to_onnx(data: bytes, where: str = "model.tflite") -> onnx.ModelProto:
     """The ONNX model of a TFLite file's bytes (`where` names it in errors)."""
     model = read_tflite(data, where)
