@@ -159,6 +159,7 @@ def more_ops(net: Net) -> list[int]:
     )
     t = net.transpose(y, (0, 2, 1, 3))  # swaps H and W: (1, 5, 6, 4)
     flat = net.transpose(net.reshape(t, (1, 30, 4)), (0, 2, 1))  # a 3-D transpose
+    y = net.pad(y, ((0, 0), (0, 1), (2, 0), (0, 0)), value=-0.5)
     return [net.transpose(t, (0, 3, 1, 2)), flat, net.transpose(y, (0, 1, 2, 3))]
 
 

@@ -280,10 +280,14 @@ class Net:
             "MEAN", [x, self.constant("axes", np.asarray(axes, np.int32))], out, KeepDims=keep_dims
         )
 
-    def pad(self, x: int, paddings: Sequence[tuple[int, int]]) -> int:
+    def pad(self, x: int, paddings: Sequence[tuple[int, int]], value: float | None = None) -> int:
+        """PAD, or PADV2 filling with `value` (a float net's)."""
         p = self.constant("paddings", np.asarray(paddings, np.int32))
         shape = tuple(d + a + b for d, (a, b) in zip(self.shape(x), paddings, strict=True))
-        return self._op("PAD", [x, p], shape, like=x)
+        if value is None:
+            return self._op("PAD", [x, p], shape, like=x)
+        fill = self.constant("fill", np.asarray([value], np.float32))
+        return self._op("PADV2", [x, p, fill], shape, like=x)
 
     def transpose(self, x: int, perm: Sequence[int]) -> int:
         shape = tuple(self.shape(x)[i] for i in perm)

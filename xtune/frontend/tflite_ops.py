@@ -338,8 +338,9 @@ def pad(em: Emitter, op: TflOp) -> None:
     if rank == 4:
         paddings = paddings[list(TO_NCHW)]
     inputs = [em.value(x), em.const(np.concatenate([paddings[:, 0], paddings[:, 1]]), "pads")]
-    if len(op.inputs) > 2 and op.inputs[2] >= 0:
-        inputs.append(em.value(op.inputs[2]))
+    if len(op.inputs) > 2 and op.inputs[2] >= 0:  # ONNX's constant_value is a scalar; TFLite's often (1,)
+        fill = em.value(op.inputs[2])
+        inputs.append(fill if em.tensor(op.inputs[2]).shape == () else em.reshape(fill, ()))
     em.store(op.outputs[0], em.node("Pad", inputs, em.tensor(op.outputs[0]).name))
 
 
