@@ -6,11 +6,13 @@ step of LiteRT's own kernels, each operator alone and small networks, int8 and u
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
+import xtune
 from tests.test_tflite import NETS, buildable, int8_model
 from tests.tflite_nets import SAME, Net
 from tests.tflite_run import quantized, within_one_step
@@ -138,3 +140,14 @@ def test_the_litert_peer_takes_the_models_own_input_type() -> None:
         litert_network(data, np.zeros((1, 15, 15, 3), np.int8))
     out, seconds = litert_network(data, np.zeros((1, 15, 15, 3), np.float32), repeat=2, min_repeat_s=0.001)
     assert out.shape == (1, 10) and out.dtype == np.float32 and len(seconds) == 2 and min(seconds) > 0
+
+
+def test_an_int8_model_is_refused_by_the_build_in_one_line_naming_its_int8_tensors(tmp_path: Path) -> None:
+    """Until xtune has int8 kernels: the QDQ form reaches the importer intact (not folded) and the refusal
+    is one line."""
+    path = tmp_path / "int8.tflite"
+    path.write_bytes(int8_model("buildable"))
+    with pytest.raises(InputError) as err:
+        xtune.tasks(path, "x86-avx2")
+    assert "\n" not in str(err.value) and "int8, xtune runs float32 only" in str(err.value)
+    assert "DequantizeLinear" in str(err.value)
