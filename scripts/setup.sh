@@ -38,13 +38,13 @@ fi
 # Install this checkout (editable) unless it is already the installed xtune with its dependencies.
 # The check runs from / so that the current directory cannot stand in for the installed package.
 here="$(pwd -P)/xtune/__init__.py"
-installed="$(cd / && "$PYTHON" -c 'import os, xtune, llvmlite, paramiko, xgboost, elftools, tqdm, pytest, ruff, mypy, onnx, onnxruntime, matplotlib, ai_edge_litert
+installed="$(cd / && "$PYTHON" -c 'import os, xtune, llvmlite, paramiko, xgboost, elftools, tqdm, pytest, ruff, mypy, onnx, onnxruntime, matplotlib, tflite, ai_edge_litert
 print(os.path.realpath(xtune.__file__))' 2>/dev/null || true)"
 if [ "$installed" != "$here" ]; then
   echo "setup: installing xtune and its Python dependencies" >&2
   "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[dev,plot,bench]" 2>&1 \
     | grep -v -E "^(WARNING: Running pip as|WARNING: Location|.*Consider using a virtual environment)" >&2 || true
-  (cd / && "$PYTHON" -c "import xtune, llvmlite, paramiko, xgboost, elftools")
+  (cd / && "$PYTHON" -c "import xtune, llvmlite, paramiko, xgboost, elftools, tflite")
 fi
 
 # The ARM peers of the benchmarks and their test: an arm64 Python with ONNX Runtime and LiteRT, run under

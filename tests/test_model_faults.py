@@ -242,7 +242,7 @@ def test_faults_that_built_silently_are_refused_by_build(fault: str, layout: str
 def test_messages_of_empty_and_unsorted_models(tmp_path: Path) -> None:
     empty = tmp_path / "empty.onnx"
     empty.write_bytes(b"")
-    one_error_line(run_cli("tasks", str(empty)), f"{empty}: the file is empty, not an ONNX model")
+    one_error_line(run_cli("tasks", str(empty)), f"{empty}: the file is empty, not an ONNX or TFLite model")
     blank = tmp_path / "blank.onnx"
     blank.write_bytes(onnx.ModelProto().SerializeToString() + b"\x08\x07")  # ir_version 7 and nothing else
     one_error_line(run_cli("tasks", str(blank)), f"{blank}: not an ONNX model (it holds no graph)")

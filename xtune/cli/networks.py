@@ -51,17 +51,18 @@ def _bench_model(args: argparse.Namespace) -> int:
     print(f"{model} on {report.board} ({report.target}, {report.layout}): {report.kernels} kernels "
           f"({report.defaults} at the default config), workspace {report.workspace_bytes} B")  # fmt: skip
     if not report.correct:
-        print(f"  xtune  WRONG against ONNX Runtime: {report.error}")
+        print(f"  xtune  WRONG against {report.peer}: {report.error}")
         return 1
-    print(f"  xtune  matches ONNX Runtime (max abs error {report.max_abs_error:.3g})")
+    print(f"  xtune  matches {report.peer} (max abs error {report.max_abs_error:.3g})")
     if report.seconds is not None:
         print(f"  xtune  {report.seconds * 1e3:9.3f} ms per inference")
     elif report.instructions is not None:
         print(f"  xtune  {report.instructions:.0f} instructions per inference (emulated: no wall time)")
     if report.ort_seconds is not None:
-        print(f"  ORT    {report.ort_seconds * 1e3:9.3f} ms per inference (ONNX Runtime, 1 thread, same run)")
+        peer = f"{report.peer}, 1 thread, same run"
+        print(f"  peer   {report.ort_seconds * 1e3:9.3f} ms per inference ({peer})")
     if report.ratio_vs_ort is not None:
-        print(f"  ratio  {report.ratio_vs_ort:9.2f}x ONNX Runtime's speed")
+        print(f"  ratio  {report.ratio_vs_ort:9.2f}x {report.peer}'s speed")
     if profile is not None:
         _print_profile(profile)
     return 0

@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="default (or given) config vs numpy and ONNX Runtime, in one run; "
                        "or a whole network (--model) against ONNX Runtime")  # fmt: skip
     p.add_argument("--workload", default=None, help='e.g. "matmul:m=512,n=512,k=512"')
-    p.add_argument("--model", default=None, help="ONNX model: build, run and check the whole network")
+    p.add_argument("--model", default=None, help="ONNX or TFLite model: build, run, check the whole network")
     p.add_argument("--log", action="append", help="with --model: tuning log(s) to take the best configs from")
     p.add_argument("--board", default="local")
     p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="target name, see `xtune targets` (default: the host's "
                    "target)")  # fmt: skip
     p.add_argument("--workload", action="append", help="repeat for each kernel")
-    p.add_argument("--model", default=None, help="ONNX model: one object running the whole network")
+    p.add_argument("--model", default=None, help="ONNX or TFLite model: one object running the whole network")
     p.add_argument("--log", action="append", help="tuning log(s) to take the best configs from")
     p.add_argument("-o", "--output", required=True, help="relocatable object to write, e.g. kernels.o")
     p.add_argument("--header", required=True, help="C header to write, e.g. kernels.h")
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_build)
 
     p = sub.add_parser("tasks", help="the unique tuning tasks of an ONNX model (fused epilogues included)")
-    p.add_argument("model", help="ONNX model file, e.g. resnet18.onnx")
+    p.add_argument("model", help="ONNX or TFLite model file, e.g. resnet18.onnx")
     p.add_argument("--target", default=None, help="target name (default: the host's target)")
     p.add_argument("--log", action="append", help="tuning log(s): show which tasks already have a best")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")

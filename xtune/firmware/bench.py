@@ -16,8 +16,9 @@ import os
 import statistics
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -30,11 +31,12 @@ from xtune.codegen.link import FlatImage, link_flat
 from xtune.errors import BoardError, InputError, XtuneWarning
 from xtune.files import check_paths, write_all_atomic
 from xtune.firmware.build import NetArtifact, build_model, nonfinite_notes
+from xtune.frontend.formats import is_tflite_file
 from xtune.frontend.load import Source, load_model
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
 from xtune.ops.workload import RTOL, check_output, max_abs_error
 from xtune.target import Target
-from xtune.tuning.peers import ort_available, ort_network
+from xtune.tuning.peers import litert_available, litert_network, ort_available, ort_network
 
 PathLike = str | os.PathLike[str]
 SEED = 0  # of the random input, so that a run can be repeated
@@ -53,14 +55,15 @@ class NetBenchReport:
     cost_unit: CostUnit
     seconds: float | None  # median per inference on the board (wall-time boards)
     instructions: float | None  # per inference (QEMU boards with the instruction counter)
-    ort_seconds: float | None  # ONNX Runtime on this host, one thread, same run (wall-time boards only)
+    ort_seconds: float | None  # the peer on this host, one thread, same run (wall-time boards only)
     workspace_bytes: int
     kernels: int
     defaults: int  # tasks built from their template's default config
+    peer: str = "ONNX Runtime"  # the reference and timing peer (`network_peer`): LiteRT for a TFLite model
 
     @property
     def ratio_vs_ort(self) -> float | None:
-        """ONNX Runtime's time over ours: above 1, xtune is faster."""
+        """The peer's time over ours: above 1, xtune is faster."""
         return self.ort_seconds / self.seconds if self.seconds and self.ort_seconds else None
 
     def as_dict(self) -> dict[str, object]:
@@ -70,8 +73,47 @@ class NetBenchReport:
             "error": self.error, "max_abs_error": self.max_abs_error, "cost_unit": self.cost_unit.value,
             "seconds": self.seconds, "instructions": self.instructions, "ort_seconds": self.ort_seconds,
             "speedup_vs_ort": self.ratio_vs_ort, "workspace_bytes": self.workspace_bytes,
-            "kernels": self.kernels, "default_configs": self.defaults,
+            "kernels": self.kernels, "default_configs": self.defaults, "peer": self.peer,
         }  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Peer:
+    """What a user would run a model with instead: its output on an input and, with a repeat count, its
+    seconds per inference (one thread)."""
+
+    name: str
+    run: Callable[[np.ndarray, int], tuple[np.ndarray, list[float]]]
+
+
+def network_peer(model: Source) -> Peer:
+    """The peer of `model`, by its format: the TFLite interpreter (LiteRT) for a TFLite file, whose
+    kernels define what the model computes; ONNX Runtime for ONNX. A TFLite model whose float kernels
+    read int8 weights is timed on LiteRT but checked against ONNX Runtime on its import: LiteRT rounds
+    its activations to int8 on the fly there, which the model's weights do not ask for."""
+    tflite = not isinstance(model, onnx.ModelProto) and is_tflite_file(model)
+    data = b""
+    if tflite:
+        from xtune.frontend.tflite import dynamic_range  # the flatbuffer code, for TFLite files only
+
+        if not litert_available():
+            raise InputError("checking a TFLite network needs LiteRT: pip install 'xtune[bench]'")
+        data = Path(model).read_bytes()
+        if not dynamic_range(data, str(model)):
+            return Peer(name="LiteRT", run=lambda x, repeat: litert_network(data, x, repeat))
+    if not ort_available():
+        raise InputError("checking a network needs ONNX Runtime: pip install 'xtune[bench]'")
+    serialized = load_model(model).SerializeToString()
+    where = "the model" if isinstance(model, onnx.ModelProto) else str(model)
+    if not tflite:
+        return Peer(
+            name="ONNX Runtime", run=lambda x, repeat: ort_network(serialized, x, repeat, where=where)
+        )
+
+    def checked_on_import(x: np.ndarray, repeat: int) -> tuple[np.ndarray, list[float]]:
+        return ort_network(serialized, x, where=where)[0], litert_network(data, x, repeat)[1]
+
+    return Peer(name="LiteRT (outputs: ONNX Runtime on the import)", run=checked_on_import)
 
 
 REFERENCE_MAGIC = b"XTNETREF"
@@ -79,10 +121,11 @@ REFERENCE_MAGIC = b"XTNETREF"
 
 def reference_file(artifact: NetArtifact, model: Source) -> bytes:
     """What `xtune build --model --reference` writes for a firmware's self-test (examples/network): the
-    seeded random input and ONNX Runtime's output for it. Little-endian: 8 bytes "XTNETREF", u32 version 1,
-    u32 the build id (the header's), u64 input floats, u64 output floats, then both arrays as float32."""
+    seeded random input and the peer's output for it (`network_peer`). Little-endian: 8 bytes "XTNETREF",
+    u32 version 1, u32 the build id (the header's), u64 input floats, u64 output floats, then both arrays
+    as float32."""
     x = random_input(artifact.program.input_shape)
-    ref, _ = ort_network(load_model(model).SerializeToString(), x, where=artifact.model)
+    ref, _ = network_peer(model).run(x, 0)
     head = REFERENCE_MAGIC + struct.pack("<IIQQ", 1, artifact.build_id, x.size, ref.size)
     return head + x.astype("<f4").tobytes() + ref.astype("<f4").tobytes()
 
@@ -174,20 +217,19 @@ def bench_model(
     layout: str | Layout = DEFAULT,
     refuse_nonfinite: bool = False,
 ) -> NetBenchReport:
-    """Build `model` for the board's target in `layout`, run it on `board`, check it against ONNX Runtime
-    (non-finite outputs by position and value: xtune.ops.workload.check_output), time both. A constant
-    holding NaN or infinity is a warning, or with `refuse_nonfinite` an InputError."""
+    """Build `model` for the board's target in `layout`, run it on `board`, check it against its peer
+    (ONNX Runtime, or LiteRT for a TFLite model; non-finite outputs by position and value:
+    xtune.ops.workload.check_output), time both. A constant holding NaN or infinity is a warning, or with
+    `refuse_nonfinite` an InputError."""
     where = parse_layout(layout)
-    if not ort_available():
-        raise InputError("checking a network needs ONNX Runtime: pip install 'xtune[bench]'")
+    peer = network_peer(model)
     artifact = build_model(model, board.target, logs, layout=where, refuse_nonfinite=refuse_nonfinite)
     for note in nonfinite_notes(artifact.program, refuse_nonfinite):
         warnings.warn(note, XtuneWarning, stacklevel=2)
     x = random_input(artifact.program.input_shape)
-    serialized = load_model(model).SerializeToString()
     wall = board.cost_unit is CostUnit.SECONDS
-    # First: a model ONNX Runtime refuses is refused before the board runs it.
-    ref, ort_times = ort_network(serialized, x, repeat if wall else 0, where=artifact.model)
+    # First: a model its peer refuses is refused before the board runs it.
+    ref, ort_times = peer.run(x, repeat if wall else 0)
     got, cost = run_network(board, artifact, x, repeat)
     mismatch = check_output(got, ref, RTOL)
     error = max_abs_error(got, ref)  # over the finite positions: the others matched, or mismatch says
@@ -199,5 +241,5 @@ def bench_model(
         instructions=cost if board.cost_unit is CostUnit.INSTRUCTIONS and not mismatch else None,
         ort_seconds=statistics.median(ort_times) if ort_times else None,
         workspace_bytes=artifact.workspace_bytes, kernels=len(artifact.kernels),
-        defaults=sum(k.source == "default" for k in artifact.kernels),
+        defaults=sum(k.source == "default" for k in artifact.kernels), peer=peer.name,
     )  # fmt: skip

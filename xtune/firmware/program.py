@@ -39,6 +39,7 @@ from xtune.ops.generated import (
     Pool2d,
     PoolKind,
     Softmax,
+    Transpose,
     relu,
 )
 from xtune.ops.layout import DEFAULT, Layout, parse_layout, task_weights
@@ -226,6 +227,8 @@ def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], fuse_relu: 
         kernel = _softmax(graph, node, shape)
     elif node.op == "Concat":
         kernel, inputs = _concat(graph, node), tuple(node.inputs)
+    elif node.op == "Transpose":
+        kernel = _transpose(graph, node, shape)
     else:
         raise _refuse(graph, node, "xtune cannot run this operator in a whole-network build (it runs Conv, "
                       "Gemm, MatMul, pooling, Add, Relu, Clip, Softmax, Concat and reshapes)")  # fmt: skip
@@ -234,6 +237,19 @@ def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], fuse_relu: 
     if math.prod(kernel.output_shape) != math.prod(graph.shape(out)):
         raise _refuse(graph, node, f"xtune computes {kernel.output_shape}, the model says {graph.shape(out)}")
     return OpStep((node.name,), kernel, (*inputs, out), sharing)
+
+
+def _transpose(graph: Graph, node: Node, shape: tuple[int, ...]) -> Transpose:
+    """A 4-D NHWC <-> NCHW Transpose (a TFLite model's boundary, xtune/frontend/tflite.py)."""
+    perm = node.ints("perm", ())
+    if len(shape) == 4 and perm == (0, 3, 1, 2):
+        n, h, w, c = shape
+        return Transpose(n=n, c=c, h=h, w=w, to=Layout.NCHW)
+    if len(shape) == 4 and perm == (0, 2, 3, 1):
+        n, c, h, w = shape
+        return Transpose(n=n, c=c, h=h, w=w, to=Layout.NHWC)
+    why = f"Transpose {perm} of a {len(shape)}-D tensor is not supported (xtune runs 4-D NHWC <-> NCHW)"
+    raise _refuse(graph, node, why)
 
 
 def _constant(graph: Graph, node: Node, tensor: str, weights: dict[str, np.ndarray]) -> None:

@@ -7,8 +7,9 @@ Every step runs in one layout (`runs_in` of its kind; an elementwise step in its
 "name@nhwc" in NHWC (`physical_name`); a tensor whose two layouts are the same bytes (`differs`) has one
 name. A conversion is inserted right before the first reader that needs it and shared by later readers.
 The model's input is in ONNX's order; its output is converted back at the end when its last writer ran in
-NHWC. A 4-D constant read in NHWC is converted at build time. The memory planner then places the new
-tensors like any other intermediate (xtune/firmware/memory.py).
+NHWC. A 4-D constant read in NHWC is converted at build time. A model's own NHWC <-> NCHW Transpose (a
+TFLite model's boundary) is a renaming in an NHWC network (`_Pass.relabel`). The memory planner then
+places the new tensors like any other intermediate (xtune/firmware/memory.py).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def relayout(
     then holds only what a step reads), and the byte size of every tensor the pass named."""
     run = _Pass(graph, weights)
     for step in steps:
-        run.step(step, _layout(graph, step, network, run.have))
+        if not (isinstance(step.kernel, Transpose) and network is Layout.NHWC and run.relabel(step)):
+            run.step(step, _layout(graph, step, network, run.have))
     for y in graph.outputs:  # in ONNX's order, whatever its writer ran in
         if y in run.writer:
             run.need(y, Layout.NCHW, run.writer[y])
@@ -107,6 +109,7 @@ class _Pass:
         self.steps: list[OpStep] = []
         self.sizes: dict[str, int] = {}
         self.writer: dict[str, str] = {}  # tensor -> the node whose step wrote it
+        self.same: dict[str, str] = {}  # a tensor's physical name -> the name of the bytes it is (relabel)
 
     def step(self, step: OpStep, layout: Layout) -> None:
         inputs = step.args[:-1]
@@ -121,8 +124,33 @@ class _Pass:
 
     def name(self, tensor: str, layout: Layout) -> str:
         name = physical_name(self.graph, tensor, layout)
+        name = self.same.get(name, name)
         self.sizes[name] = 4 * math.prod(self.graph.shape(tensor))
         return name
+
+    def relabel(self, step: OpStep) -> bool:
+        """A model's own NHWC <-> NCHW Transpose (a TFLite model's, at its input and output) in an NHWC
+        network: the NCHW tensor stored in NHWC is the NHWC tensor's bytes, so the step is a renaming, no
+        code. The output's writer then writes the model's output directly. False where it cannot be."""
+        assert isinstance(step.kernel, Transpose)
+        (x, out), node = step.args, step.nodes[0]
+        if step.kernel.to is Layout.NCHW:  # x is (n, h, w, c) in its own order; out is (n, c, h, w)
+            if not differs(self.graph.shape(out)) or Layout.NCHW not in self.have.get(x, {Layout.NCHW}):
+                return False
+            self.same[physical_name(self.graph, out, Layout.NHWC)] = self.need(x, Layout.NCHW, node)
+            self.have[out], self.writer[out] = {Layout.NHWC}, node
+            return True
+        stored = physical_name(self.graph, x, Layout.NHWC)  # x is (n, c, h, w); out is (n, h, w, c)
+        writes = [s for s in self.steps if s.args[-1] == stored]
+        if Layout.NHWC not in self.have.get(x, set()) or not differs(self.graph.shape(x)) or len(writes) != 1:
+            return False
+        if writes[0].sharing is Sharing.ALIAS or x in self.graph.outputs:
+            return False
+        self.steps = [replace(s, args=tuple(out if a == stored else a for a in s.args)) for s in self.steps]
+        self.same[stored] = out
+        self.sizes[out] = self.sizes.pop(stored)
+        self.have[out], self.writer[out] = {Layout.NCHW}, node
+        return True
 
     def need(self, tensor: str, layout: Layout, node: str) -> str:
         """The name of `tensor` in `layout`, converting it first if it is not there yet."""

@@ -20,6 +20,7 @@ from onnx import numpy_helper, shape_inference
 from xtune.errors import InputError
 from xtune.files import check_input
 from xtune.frontend.external import load_external_data
+from xtune.frontend.formats import is_tflite_file
 from xtune.frontend.normalize import normalize
 from xtune.frontend.protos import default_opset, skeleton
 from xtune.frontend.refusal import UnsupportedNode, by_op, refusal
@@ -30,12 +31,17 @@ Source = str | os.PathLike[str] | onnx.ModelProto
 
 
 def load_model(source: Source) -> onnx.ModelProto:
-    """The ModelProto of a file, its external data read from beside it, or InputError naming the file."""
+    """The ModelProto of a file (ONNX, its external data read from beside it, or TFLite converted by
+    xtune.frontend.tflite), or InputError naming the file."""
     if isinstance(source, onnx.ModelProto):
         return source
-    path = check_input(source, "ONNX file")
+    path = check_input(source, "model file")
     if path.stat().st_size == 0:
-        raise InputError(f"{source}: the file is empty, not an ONNX model")
+        raise InputError(f"{source}: the file is empty, not an ONNX or TFLite model")
+    if path.suffix.lower() == ".tflite" or is_tflite_file(path):  # by content: "TFL3" at bytes 4..8
+        from xtune.frontend.tflite import load_tflite  # its flatbuffer code loads for TFLite files only
+
+        return load_tflite(path)
     try:
         model = onnx.load_model(path, load_external_data=False)
     except Exception as err:  # protobuf's DecodeError and friends: the file is not a model

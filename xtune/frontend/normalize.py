@@ -33,6 +33,10 @@ OLDEST_OPSET = 7  # older models are refused: broadcasting was an attribute befo
 _RANDOM = frozenset(
     ["RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"]
 )
+# A quantized model's QDQ form stays as it is: DequantizeLinear of constant int8 weights is how the model
+# says its weights are integers (folded, they would be float32), and onnx's reference evaluator has no
+# QuantizeLinear/DequantizeLinear before opset 19 (a TFLite int8 import is opset 17).
+_QDQ = frozenset(["QuantizeLinear", "DequantizeLinear"])
 
 
 def normalize(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
@@ -135,6 +139,7 @@ def _foldable(node: onnx.NodeProto, net: EditGraph, shapes: Shapes) -> dict[str,
     if (
         node.domain not in DEFAULT_DOMAINS
         or node.op_type in _RANDOM
+        or node.op_type in _QDQ
         or any(o in net.outputs for o in node.output)
     ):
         return None

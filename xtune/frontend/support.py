@@ -14,7 +14,7 @@ from typing import Literal
 from xtune.frontend.refusal import UnsupportedNode, hint
 from xtune.graph import Graph, Node
 
-OtherKind = Literal["pooling", "elementwise", "reshape", "softmax", "concat"]
+OtherKind = Literal["pooling", "elementwise", "reshape", "softmax", "concat", "transpose"]
 Runs = Literal["task", OtherKind]
 
 _TABLE: dict[Runs, str] = {
@@ -24,6 +24,7 @@ _TABLE: dict[Runs, str] = {
     "reshape": "Reshape Flatten Squeeze Unsqueeze Identity",
     "softmax": "Softmax",
     "concat": "Concat",
+    "transpose": "Transpose",  # 4-D NHWC <-> NCHW only: a TFLite model's boundary (free in NHWC networks)
 }
 _RUNS: dict[str, Runs] = {op: kind for kind, ops in _TABLE.items() for op in ops.split()}
 # The reshapes are views: no call, the output is the input's bytes (xtune/firmware/memory.py, alias_of).

@@ -46,6 +46,7 @@ RUNS_IN: dict[str, frozenset[Layout]] = {
     "elementwise": _BOTH,
     "softmax": _NCHW,
     "view": _NCHW,
+    "transpose": _NCHW,  # a model's own NHWC <-> NCHW Transpose (relayout.py relabels it in NHWC networks)
 }
 FOLLOWS_INPUT = frozenset(("elementwise",))  # run in the layout their first input has
 

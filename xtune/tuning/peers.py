@@ -1,5 +1,6 @@
 """Peers: a workload in, the seconds per call of the library a user would run instead, on one thread:
-numpy (always) and ONNX Runtime (with the `bench` extra)."""
+numpy (always) and ONNX Runtime (with the `bench` extra); for whole networks ONNX Runtime, or the TFLite
+interpreter (LiteRT) for a TFLite model."""
 
 from __future__ import annotations
 
@@ -137,6 +138,37 @@ def ort_network(
     return out, seconds
 
 
+def litert_available() -> bool:
+    """Whether the TFLite peer can run here (the `bench` extra: ai-edge-litert)."""
+    return importlib.util.find_spec("ai_edge_litert") is not None
+
+
+def litert_network(
+    model: bytes, x: np.ndarray, repeat: int = 0, min_repeat_s: float = 0.05
+) -> tuple[np.ndarray, list[float]]:
+    """The TFLite interpreter's (LiteRT's) output of a one-input TFLite network on `x` (of the input's
+    type: int8 for a fully quantized model), and (with `repeat`) its seconds per inference, one figure per
+    repeat, on one thread, with the kernels LiteRT picks by default (XNNPACK where it applies)."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        raise InputError(_MISSING_LITERT) from None
+    interpreter = Interpreter(model_content=model, num_threads=1)
+    interpreter.allocate_tensors()
+    (source,), sink = interpreter.get_input_details(), interpreter.get_output_details()[0]
+    if x.dtype != source["dtype"]:
+        raise InputError(f"the TFLite model's input is {np.dtype(source['dtype'])}, not {x.dtype}")
+
+    def call() -> None:
+        interpreter.set_tensor(source["index"], x)
+        interpreter.invoke()
+
+    call()
+    out = np.array(interpreter.get_tensor(sink["index"]))
+    seconds = _seconds_per_call(call, repeat, min_repeat_s) if repeat else []
+    return out, seconds
+
+
 def ort_gflops(workload: Workload) -> float | None:
     """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it or
     for an operator `onnx_model` does not write (qmatmul: benchmarks/bench_int8.py runs its peer)."""
@@ -146,6 +178,7 @@ def ort_gflops(workload: Workload) -> float | None:
 
 
 _MISSING = "the ONNX Runtime peer needs onnx and onnxruntime: pip install 'xtune[bench]'"
+_MISSING_LITERT = "the TFLite peer needs ai-edge-litert: pip install 'xtune[bench]'"
 _INPUT, _OUTPUT = "x", "y"
 _OPSET = 17  # Conv, MatMul, Add, Relu, Transpose are unchanged since opset 13 or earlier
 _IR_VERSION = 8  # the IR version of opset 17 (onnx/docs/Versioning.md), for older runtimes too
