@@ -48,11 +48,12 @@ from xtune.firmware.program import Call, Program, Space, program
 from xtune.frontend.load import Source
 from xtune.ops.generated import Elementwise, Operator, Transpose
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
+from xtune.ops.registry import template_for
+from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config
 from xtune.target import Target, get_target
-from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.database import Record
 
 PathLike = str | os.PathLike[str]

@@ -37,7 +37,8 @@ from xtune.ops.generated import (
     Softmax,
     relu,
 )
-from xtune.ops.layout import DEFAULT, Layout, parse_layout, task_weights
+from xtune.ops.layout import DEFAULT, Layout, parse_layout
+from xtune.ops.registry import family
 from xtune.ops.workload import Workload
 
 VIEWS = frozenset(("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout"))
@@ -140,7 +141,7 @@ def _calls(graph: Graph, ops: list[FusedOp]) -> tuple[list[OpStep], dict[str, np
 def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> OpStep:
     wl = op.workload
     if op.weights is not None:
-        weights[f"{op.anchor}.weights"] = task_weights(wl, op.weights)  # in the workload's layout
+        weights[f"{op.anchor}.weights"] = family(wl.op).task_weights(wl, op.weights)  # the workload's layout
         w = f"{op.anchor}.weights"
     else:
         w = op.weights_input

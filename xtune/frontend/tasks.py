@@ -19,11 +19,11 @@ from typing import Literal
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.frontend.anchors import Anchor, anchor_of
 from xtune.frontend.load import Source, load_graph
 from xtune.graph import Graph, Node
-from xtune.ops.layout import DEFAULT, Layout, parse_layout, runs_in
-from xtune.ops.registry import parse_workload
+from xtune.ops.anchor import Anchor
+from xtune.ops.layout import DEFAULT, Layout, layout_for, parse_layout
+from xtune.ops.registry import ANCHOR_OPS, anchor_of, family, parse_workload
 from xtune.ops.workload import Workload
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
@@ -47,7 +47,7 @@ class FusedOp:
     """One kernel call of the network: an anchor node (Conv, Gemm, MatMul) and the nodes fused after it.
 
     `weights` and `bias` are what the kernel takes, in ONNX's order (a Conv's OIHW, which the build turns
-    into the workload's layout: xtune/ops/layout.py, `task_weights`): BatchNormalization folded in,
+    into the workload's layout: its family's `task_weights`): BatchNormalization folded in,
     Gemm's transposed (n, k) weights transposed to (k, n) (`transposed`) and its alpha applied.
     `weights` is None when the second matmul operand is an activation (`weights_input` names it)."""
 
@@ -141,13 +141,13 @@ def fuse(graph: Graph, layout: Layout = DEFAULT) -> tuple[list[FusedOp], list[Ot
     ops: list[FusedOp] = []
     claimed: set[int] = set()
     for i, node in enumerate(graph.nodes):
-        if node.op in ("Conv", "Gemm", "MatMul"):
+        if node.op in ANCHOR_OPS:
             op, used = _fuse_chain(graph, i, anchor_of(graph, node), readers, writers, layout)
             ops.append(op)
             claimed.update(used)
     others = []
     for i, node in enumerate(graph.nodes):
-        if i in claimed or node.op in ("Conv", "Gemm", "MatMul"):
+        if i in claimed or node.op in ANCHOR_OPS:
             continue
         if node.op not in OTHER_KINDS:
             raise InputError(
@@ -191,7 +191,9 @@ def _fuse_chain(
             break
         used.append(j)
         out = nxt.outputs[0]
-    workload = parse_workload(a.workload_key(bias is not None, flags, runs_in(a.op, layout)))
+    fam = family(a.op)
+    switches = {"bias": int(bias is not None), **flags}
+    workload = parse_workload(fam.task_key(a, switches, layout_for(fam.layouts, layout)))
     op = FusedOp(
         anchor=a.node.name, fused=tuple(graph.nodes[j].name for j in used), workload=workload,
         input=a.node.inputs[0], weights_input=a.node.inputs[1], residual=residual, output=out,

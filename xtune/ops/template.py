@@ -1,0 +1,40 @@
+"""Schedule templates: a (workload, target) in, its config space, default config and loop nests out. The
+protocol every family's templates keep; a family picks its own (xtune/ops/registry.py, `template_for`)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from xtune.ops.workload import Workload
+from xtune.schedule.loopnest import Kernel
+from xtune.schedule.space import Config, ConfigSpace
+from xtune.target import Target
+
+
+class ScheduleTemplate(Protocol):
+    workload: Workload
+    target: Target
+    space: ConfigSpace
+
+    def default_config(self) -> Config:
+        """A heuristic choice from the target descriptor, used when no log entry exists."""
+        ...
+
+    def kernel(self, config: Config, name: str) -> Kernel:
+        """The loop nest of one config, as an entry point called `name`."""
+        ...
+
+    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The workload's inputs (its tensors' layouts, what `Workload.reference` takes) as the kernel of
+        `config` reads them: the same arrays, except weights a prepacked=1 workload passes in the packed
+        layout of the config. The one home of how a kernel reads its weights: the Measurer and the
+        network build (xtune/firmware/build.py) both call it."""
+        ...
+
+    def packed_layout(self, config: Config) -> Hashable:
+        """What fixes the bytes `kernel_inputs` gives `config`'s kernel (None: the inputs as they are):
+        configs with equal keys read equal bytes, so the Measurer packs and uploads once per key."""
+        ...
