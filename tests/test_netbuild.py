@@ -27,9 +27,9 @@ from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import inspect_object, link_flat
 from xtune.firmware.bench import REFERENCE_MAGIC, random_input, run_network
 from xtune.firmware.build import NetArtifact, build_model
-from xtune.ops.generated import Transpose
 from xtune.ops.layout import Layout, workload_layout
 from xtune.ops.registry import family
+from xtune.ops.transpose import Transpose
 from xtune.ops.workload import RTOL, Workload, check_output
 from xtune.target import get_target
 from xtune.tuning.measure import MeasureStatus

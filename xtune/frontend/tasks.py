@@ -23,21 +23,11 @@ from xtune.frontend.load import Source, load_graph
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import Anchor
 from xtune.ops.layout import DEFAULT, Layout, layout_for, parse_layout
-from xtune.ops.registry import ANCHOR_OPS, anchor_of, family, parse_workload
+from xtune.ops.registry import ANCHOR_OPS, anchor_of, family, node_family, parse_workload
 from xtune.ops.workload import Workload
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
 
-OtherKind = Literal["pooling", "elementwise", "reshape", "softmax", "concat"]
-_OTHER_OPS: dict[OtherKind, str] = {
-    "pooling": "MaxPool AveragePool GlobalAveragePool GlobalMaxPool",
-    "elementwise": "Add Sub Mul Div Relu Clip Sigmoid Tanh HardSigmoid HardSwish LeakyRelu "
-    "BatchNormalization Pad",
-    "reshape": "Reshape Flatten Squeeze Unsqueeze Transpose Identity Dropout",
-    "softmax": "Softmax LogSoftmax",
-    "concat": "Concat",
-}
-OTHER_KINDS: dict[str, OtherKind] = {op: kind for kind, ops in _OTHER_OPS.items() for op in ops.split()}
 # Epilogue stages in the order they apply; a chain only moves forward (operators.EPILOGUE).
 _BN, _BIAS, _RESIDUAL, _CLAMP = 1, 2, 3, 4
 
@@ -88,7 +78,7 @@ class OtherNode:
 
     name: str
     op: str
-    kind: OtherKind
+    kind: str  # the generated operator family that lists it (NodeFamily.kind)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,12 +139,13 @@ def fuse(graph: Graph, layout: Layout = DEFAULT) -> tuple[list[FusedOp], list[Ot
     for i, node in enumerate(graph.nodes):
         if i in claimed or node.op in ANCHOR_OPS:
             continue
-        if node.op not in OTHER_KINDS:
+        listing = node_family(node.op, built=False)
+        if listing is None:
             raise InputError(
                 f"{graph.name}: {node.label} is not supported (xtune runs Conv, Gemm, MatMul and "
                 "pooling, elementwise, reshape, softmax and concat nodes)"
             )
-        others.append(OtherNode(name=node.name, op=node.op, kind=OTHER_KINDS[node.op]))
+        others.append(OtherNode(name=node.name, op=node.op, kind=listing.kind))
     return ops, others
 
 

@@ -52,9 +52,19 @@ def conv_shape(wl: Workload) -> ConvShape:
     mult = wl["multiplier"] if grouped else 1
     k = wl["c"] * mult if grouped else wl["k"]
     return ConvShape(
-        wl["n"], wl["c"], wl["h"], wl["w"], k, wl["r"], wl["s"], wl["stride"], wl["pad"], wl["dilation"],
-        wl.value("layout") == "nhwc", mult,
-    )  # fmt: skip
+        wl["n"],
+        wl["c"],
+        wl["h"],
+        wl["w"],
+        k,
+        wl["r"],
+        wl["s"],
+        wl["stride"],
+        wl["pad"],
+        wl["dilation"],
+        wl.value("layout") == "nhwc",
+        mult,
+    )
 
 
 def validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...]) -> None:
@@ -94,8 +104,10 @@ def conv_geometry(graph: Graph, node: Node, hw: tuple[int, int], rs: tuple[int, 
     auto_pad = str(node.attr("auto_pad", "NOTSET"))
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         # ONNX Conv: the output is ceil(in / stride); the total padding splits evenly or not at all here.
-        totals = [max(0, (-(-size // st) - 1) * st + d * (r - 1) + 1 - size)
-                  for size, st, d, r in zip(hw, strides, dilations, rs, strict=True)]  # fmt: skip
+        totals = [
+            max(0, (-(-size // st) - 1) * st + d * (r - 1) + 1 - size)
+            for size, st, d, r in zip(hw, strides, dilations, rs, strict=True)
+        ]
         pads = (*(t // 2 for t in totals), *(t - t // 2 for t in totals))
     elif auto_pad == "VALID":
         pads = (0, 0, 0, 0)
@@ -128,8 +140,17 @@ class ConvNode:
         n, c, h, w = self.input
         _, _, r, s = self.weights.shape
         stride, pad, _ = self.geometry
-        return (("n", n), ("c", c), ("h", h), ("w", w), *extra, ("r", r), ("s", s), ("stride", stride),
-                ("pad", pad))  # fmt: skip
+        return (
+            ("n", n),
+            ("c", c),
+            ("h", h),
+            ("w", w),
+            *extra,
+            ("r", r),
+            ("s", s),
+            ("stride", stride),
+            ("pad", pad),
+        )
 
 
 def read_conv(graph: Graph, node: Node) -> ConvNode:
@@ -146,8 +167,14 @@ def read_conv(graph: Graph, node: Node) -> ConvNode:
         else None
     )
     group = int(node.attr("group", 1))  # type: ignore[arg-type]
-    return ConvNode(input=(n, c, h, wd), weights=w, geometry=geometry, group=group, bias=bias,
-                    out=graph.shape(node.outputs[0]))  # fmt: skip
+    return ConvNode(
+        input=(n, c, h, wd),
+        weights=w,
+        geometry=geometry,
+        group=group,
+        bias=bias,
+        out=graph.shape(node.outputs[0]),
+    )
 
 
 def conv_nodes(
@@ -167,10 +194,18 @@ def conv_nodes(
         inits["weights"] = w.transpose(3, 2, 0, 1) if w.ndim == 4 else w.transpose(2, 0, 1)[:, None]
         nodes.append(helper.make_node("Transpose", [x], [conv_in], perm=[0, 3, 1, 2]))
     bias = ["bias"] if wl["bias"] else []
-    nodes.append(helper.make_node(
-        "Conv", [conv_in, "weights", *bias], [conv_out], kernel_shape=[sh.r, sh.s],
-        strides=[sh.stride] * 2, pads=[sh.pad] * 4, dilations=[sh.dilation] * 2, group=group,
-    ))  # fmt: skip
+    nodes.append(
+        helper.make_node(
+            "Conv",
+            [conv_in, "weights", *bias],
+            [conv_out],
+            kernel_shape=[sh.r, sh.s],
+            strides=[sh.stride] * 2,
+            pads=[sh.pad] * 4,
+            dilations=[sh.dilation] * 2,
+            group=group,
+        )
+    )
     if sh.nhwc:
         nodes.append(helper.make_node("Transpose", [conv_out], [out], perm=[0, 2, 3, 1]))
     return nodes

@@ -1,5 +1,5 @@
-"""The layout a network runs in: one home for the choice (`Layout`, `DEFAULT`, `parse_layout`), for what
-each generated operator runs in (`RUNS_IN`; a tunable family declares its own `layouts`), and for the
+"""The layout a network runs in: one home for the choice (`Layout`, `DEFAULT`, `parse_layout`), for the
+rule of what an operator runs in (`layout_for`: each family declares its `layouts`), and for the
 conversions between ONNX's order and ours.
 
 A network runs in NHWC by default on every target: with channels innermost, the vectors of conv2d run
@@ -28,25 +28,6 @@ class Layout(Enum):
 
 DEFAULT = Layout.NHWC
 
-_BOTH = frozenset(Layout)
-_NCHW = frozenset((Layout.NCHW,))
-# What each generated operator runs in (its kind: an xtune/ops/generated.py class name lowered, or
-# "view"). An operator runs in the network's layout when it can, else in NCHW with conversions around it.
-# Tunable families declare theirs (`Family.layouts`), and their tasks carry it in the workload key
-# (weights through the family's `task_weights`). Softmax normalizes the last axis of ONNX's order; a
-# view that changes the shape reinterprets ONNX's byte order. Concat runs in NHWC when it joins
-# channels (ops.py makes any axis an outer/channels/inner split; the pass maps the axis). Elementwise
-# operators and views that keep the shape (Identity, Dropout) take the layout their first input has.
-RUNS_IN: dict[str, frozenset[Layout]] = {
-    "pool2d": _BOTH,
-    "globalaveragepool": _BOTH,
-    "concat": _BOTH,
-    "elementwise": _BOTH,
-    "softmax": _NCHW,
-    "view": _NCHW,
-}
-FOLLOWS_INPUT = frozenset(("elementwise",))  # run in the layout their first input has
-
 
 def layout_key(layout: Layout) -> tuple[tuple[str, str], ...]:
     """The `layout` item of a workload run in `layout`: none for NCHW, the key's default."""
@@ -67,11 +48,6 @@ def parse_layout(text: str | Layout) -> Layout:
     except ValueError:
         known = ", ".join(lay.value for lay in Layout)
         raise InputError(f"unknown layout '{text}' (known: {known})") from None
-
-
-def runs_in(kind: str, network: Layout) -> Layout:
-    """The layout a generated operator of `kind` runs in within a network of layout `network`."""
-    return layout_for(RUNS_IN[kind], network)
 
 
 def differs(shape: tuple[int, ...]) -> bool:

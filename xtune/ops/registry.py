@@ -1,7 +1,8 @@
 """The operator families by name: text such as "matmul:m=512,n=512,k=512" in, its family's canonical
 `Workload` out (`parse_workload`); a workload's template (`template_for`), the feature set that describes
 a template's configs (`features_of`, `FEATURE_SETS`), and the family that runs an ONNX node (`anchor_of`).
-Adding a tunable operator is one family module and one entry in FAMILIES."""
+A network's other nodes map to the generated operators of NODE_FAMILIES (`node_family`). Adding an
+operator is one family module and one entry in FAMILIES (tunable) or NODE_FAMILIES (generated)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ from functools import cache
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
+from xtune.ops import concat, elementwise, pool2d, reshape, softmax
 from xtune.ops.anchor import Anchor
+from xtune.ops.concat import Concat
 from xtune.ops.conv2d import Conv2d
 from xtune.ops.depthwise import Depthwise
+from xtune.ops.elementwise import Elementwise
 from xtune.ops.family import Family
 from xtune.ops.featurize import FeatureSet
 from xtune.ops.matmul import Matmul
+from xtune.ops.opkit import NodeFamily
+from xtune.ops.pool2d import GlobalAveragePool, Pool2d
+from xtune.ops.softmax import Softmax
 from xtune.ops.template import ScheduleTemplate
+from xtune.ops.transpose import Transpose
 from xtune.ops.workload import Workload, make_workload
 from xtune.target import Target
 
@@ -23,6 +31,17 @@ FAMILIES: tuple[Family, ...] = (Matmul(), Conv2d(), Depthwise())
 OPERATORS: dict[str, Family] = {f.name: f for f in FAMILIES}
 FEATURE_SETS: dict[str, FeatureSet] = {fs.name: fs for f in FAMILIES for fs in f.feature_sets}
 ANCHOR_OPS = frozenset(op for f in FAMILIES for op in f.onnx_ops)  # the ONNX op types tasks come from
+
+NODE_FAMILIES: tuple[NodeFamily, ...] = (
+    pool2d.FAMILY,
+    elementwise.FAMILY,
+    reshape.FAMILY,
+    softmax.FAMILY,
+    concat.FAMILY,
+)
+GeneratedOp = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose
+_BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
+_LISTED = {op: f for f in NODE_FAMILIES for op in f.listed}
 
 
 def family(name: str) -> Family:
@@ -55,3 +74,9 @@ def anchor_of(graph: Graph, node: Node) -> Anchor:
         if node.op in f.onnx_ops and (anchor := f.anchor(graph, node)) is not None:
             return anchor
     raise InputError(f"{graph.name}: {node.label}: no operator family runs it")
+
+
+def node_family(op: str, built: bool = True) -> NodeFamily | None:
+    """The generated operator family that builds ONNX op type `op` (`built`), or that `xtune tasks`
+    lists it under; None if there is none."""
+    return (_BUILT if built else _LISTED).get(op)

@@ -71,9 +71,11 @@ class Depthwise:
         else:
             x, wt, out = (sh.n, sh.c, sh.h, sh.w), (sh.k, 1, sh.r, sh.s), (sh.n, sh.k, sh.oh, sh.ow)
         return (
-            TensorSpec("input", x), TensorSpec("weights", wt),
-            *epilogue_tensors(wl, sh.k, out), TensorSpec("output", out, is_output=True),
-        )  # fmt: skip
+            TensorSpec("input", x),
+            TensorSpec("weights", wt),
+            *epilogue_tensors(wl, sh.k, out),
+            TensorSpec("output", out, is_output=True),
+        )
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
         sh = conv_shape(wl)
@@ -119,12 +121,21 @@ class Depthwise:
             return None
         if conv.group != c or cg != 1 or k % c != 0:
             raise refuse(
-                graph, node, f"grouped convolution (group={conv.group} of {c} channels) is not supported: "
+                graph,
+                node,
+                f"grouped convolution (group={conv.group} of {c} channels) is not supported: "
                 "only group=1 and depthwise (group = channels)",
-            )  # fmt: skip
+            )
         sizes = (*conv.sizes(()), ("multiplier", k // c), ("dilation", conv.geometry[2]))
-        return Anchor(node=node, op=self.name, sizes=sizes, out_shape=conv.out, channel_axis=1,
-                      weights=conv.weights, bias=conv.bias)  # fmt: skip
+        return Anchor(
+            node=node,
+            op=self.name,
+            sizes=sizes,
+            out_shape=conv.out,
+            channel_axis=1,
+            weights=conv.weights,
+            bias=conv.bias,
+        )
 
     def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
         """In `layout`; never prepacked: depthwise weights are too small to matter."""

@@ -115,8 +115,16 @@ def gemm_anchor(graph: Graph, node: Node) -> Anchor:
         raise refuse(graph, node, f"A has shape {a}, Gemm takes 2-D A")
     m, k = a
     n = graph.shape(node.outputs[0])[1]
-    anchor = Anchor(node=node, op="matmul", sizes=(("m", m), ("n", n), ("k", k)), out_shape=(m, n),
-                    channel_axis=1, weight_axis=1, weights=weights, transposed=transposed)  # fmt: skip
+    anchor = Anchor(
+        node=node,
+        op="matmul",
+        sizes=(("m", m), ("n", n), ("k", k)),
+        out_shape=(m, n),
+        channel_axis=1,
+        weight_axis=1,
+        weights=weights,
+        transposed=transposed,
+    )
     if len(node.inputs) < 3 or not node.inputs[2]:
         return anchor
     c = graph.constant(node.inputs[2])
@@ -136,8 +144,18 @@ def matmul_anchor(graph: Graph, node: Node) -> Anchor:
     elif weights is None and len(a) == 2 and len(b) == 2:
         m = a[0]
     else:
-        raise refuse(graph, node, f"MatMul of shapes {a} @ {b} is not supported (constant 2-D weights, "
-                      "or two 2-D activations)")  # fmt: skip
+        raise refuse(
+            graph,
+            node,
+            f"MatMul of shapes {a} @ {b} is not supported (constant 2-D weights, or two 2-D activations)",
+        )
     sizes = (("m", m), ("n", b[1]), ("k", a[-1]))
-    return Anchor(node=node, op="matmul", sizes=sizes, out_shape=out, channel_axis=len(out) - 1,
-                  weight_axis=1, weights=weights)  # fmt: skip
+    return Anchor(
+        node=node,
+        op="matmul",
+        sizes=sizes,
+        out_shape=out,
+        channel_axis=len(out) - 1,
+        weight_axis=1,
+        weights=weights,
+    )
