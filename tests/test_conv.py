@@ -217,7 +217,7 @@ def test_every_packing_and_reduction_order(layout: str) -> None:
     check("local", key, indices)
 
 
-# --- issue 18: pointwise through the matmul template, stride 2 without a cliff ----------------------
+# --- pointwise through the matmul template, stride 2 without a cliff ----------------------
 
 # Pointwise layers (NCHW and NHWC, a batch, bias and ReLU), stride 2 with odd input sizes, padding 0 and
 # 2, channel counts that are no multiple of any vector width, depthwise with multiplier 2 and rows wide

@@ -1,4 +1,4 @@
-"""The fused epilogue's ReLU6 and residual add (issue 19): workload keys, numpy references, and checked
+"""The fused epilogue's ReLU6 and residual add: workload keys, numpy references, and checked
 kernels of all three templates on the local board and under QEMU."""
 
 from __future__ import annotations

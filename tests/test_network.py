@@ -1,4 +1,4 @@
-"""Networks (issue 19): ONNX import, fusion and task extraction, against onnx's own reference evaluator;
+"""Networks: ONNX import, fusion and task extraction, against onnx's own reference evaluator;
 the test networks (tests/networks.py); every refusal in one line; `xtune tasks`; the small networks'
 tasks on the boards."""
 

@@ -1,4 +1,4 @@
-"""The task scheduler (issue 19): whole runs on the local board with small hand-made tasks — the budget,
+"""The task scheduler: whole runs on the local board with small hand-made tasks — the budget,
 the first round, resume, the allocation, the end-to-end estimate — and `xtune tune --model` through the
 CLI, Ctrl-C included. The policy alone, on made-up numbers, is tests/test_allocation.py."""
 

@@ -421,7 +421,7 @@ def test_qemu_instruction_counts_are_deterministic_and_grow_with_work() -> None:
     assert big[0].cost > 1.5 * small[0].cost > 0
 
 
-# ---- the CLI over a real SSH board (issue 17: `--boards` was a str for tune and bench) ---------------
+# ---- the CLI over a real SSH board (`--boards` for tune and bench) ---------------------------------------
 
 
 def xtune_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -526,7 +526,7 @@ def test_a_resumed_run_measures_every_board_error_config_first(
     assert set(log.measured(wl.key, "x86-avx2")) >= set(lost)
 
 
-# ---- boards.toml as a schema (issue 21) ----------------------------------------------------------------
+# ---- boards.toml as a schema ---------------------------------------------------------------------------
 
 _VALID = {"host": '"127.0.0.1"', "target": '"x86-avx2"'}
 # One TOML value of every type, and the edges of the integers.
@@ -608,7 +608,7 @@ def test_valid_boards_toml_values_are_kept(tmp_path: Path) -> None:
     assert (config.port, config.use_agent, config.connect_timeout, config.workdir) == (2222, True, 2.0, "x")
 
 
-# ---- known_hosts as OpenSSH handles it (issue 21) ------------------------------------------------------
+# ---- known_hosts as OpenSSH handles it -----------------------------------------------------------------
 
 
 def test_accepting_a_new_host_key_starts_a_new_line_in_known_hosts(sshd: PrivateSshd, tmp_path: Path) -> None:

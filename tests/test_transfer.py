@@ -482,7 +482,7 @@ def trials_to_reach(
         if progress.best_cost <= goal:
             raise KeyboardInterrupt  # the loop's own way of stopping early
 
-    summary = tune(SPACE, tuner, fake_measurer(COSTS), cap, 32, callbacks=[stop])
+    summary = tune(tuner, fake_measurer(COSTS), cap, 32, callbacks=[stop])
     return next((t for t, c in enumerate(summary.curve, 1) if c <= goal), cap)
 
 

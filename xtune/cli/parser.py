@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from xtune.boards.agent import MAX_REPEAT
 from xtune.cli.boards import cmd_boards, cmd_deploy, cmd_targets
-from xtune.cli.common import MAX_REPEAT, U32, _defaults, _float_in, _int_in, _Parser
+from xtune.cli.common import U32, _defaults, _float_in, _int_in, _Parser
 from xtune.cli.kernels import cmd_bench, cmd_best, cmd_build, cmd_model_info, cmd_model_train, cmd_report
 from xtune.cli.networks import cmd_tasks
 from xtune.cli.tune import cmd_tune

@@ -3,7 +3,7 @@
 The text follows the LLVM Language Reference (https://llvm.org/docs/LangRef.html) of LLVM 15+: opaque
 `ptr`, `poison`. `compile.parse_verified` runs LLVM's verifier on every module, since nothing here
 checks the text. Building it through llvmlite.ir's object model cost about half of the Python time
-per candidate (docs/benchmarks.md, issue 2, "Compile + link of one candidate").
+per candidate (docs/benchmarks.md, "Compile + link of one candidate").
 
 The control flow is straight-line code and rotated (do-while) loops, so every instruction dominates
 everything emitted after it: a pure value (address arithmetic, a broadcast, a constant) computed once

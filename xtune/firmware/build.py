@@ -4,11 +4,11 @@ network and its C header out (`build_model`, `xtune build --model`).
 One LLVM module holds every kernel as an internal, never-inlined function: each task's kernel from its
 template with the logs' best config (else the template's default, named in a warning, as `xtune build`
 chooses for kernels: `xtune.firmware.kernels.choose`), and the generated kernels of the other operators
-(NODE_FAMILIES, xtune/ops/registry.py). The external entry `{prefix}_run(input, output, workspace)` calls them in graph
-order with pointers into the caller's three buffers and into the weights, which are read-only data of the
-object (xtune/codegen/rodata.py: BatchNorm folded at extraction; the weights of prepacked=1 tasks packed at
-build time into the panels their kernel reads, the template's `kernel_inputs`, as tuning measured them;
-others in the layout the workload takes). The
+(their families, NODE_FAMILIES in xtune/ops/registry.py). The external entry `{prefix}_run(input,
+output, workspace)` calls them in graph order with pointers into the caller's three buffers and into the
+weights, which are read-only data of the object (xtune/codegen/rodata.py: BatchNorm folded at extraction;
+the weights of prepacked=1 tasks packed at build time into the panels their kernel reads, the template's
+`kernel_inputs`, as tuning measured them; others in the layout the workload takes). The
 workspace layout is the static memory plan of xtune/firmware/program.py. Small queries
 (`{prefix}_workspace_bytes`, `_input_size`, `_output_size`, `_build_id`) let a firmware check at run time
 that the object is the one its header describes. docs/firmware.md, "Whole networks", is the user's view.

@@ -64,11 +64,6 @@ def physical(shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
     return (n, h, w, c)
 
 
-def nchw_axis(axis: int, layout: Layout) -> int:
-    """Where ONNX axis `axis` of a 4-D tensor is in `layout`."""
-    return axis if layout is Layout.NCHW else (0, 3, 1, 2)[axis]
-
-
 def to_layout(array: np.ndarray, layout: Layout) -> np.ndarray:
     """A constant 4-D NCHW activation in `layout` (contiguous)."""
     if layout is Layout.NCHW or array.ndim != 4:

@@ -309,7 +309,7 @@ def load_source(
 ) -> TransferSource:
     """`builtin` (the shipped model that fits `target` and the board's `cpu` best), one model file, or log
     files (trained on the fly, as `xtune model train` would). A TransferWarning if the model saw no log of
-    `target`: what it learned of other hardware can mislead (docs/benchmarks.md, issue 7)."""
+    `target`: what it learned of other hardware can mislead (docs/transfer.md)."""
     source = _load_source(list(sources), target, op, options, cpu)
     if not source.saw(target):
         warnings.warn(f"the pretrained model saw no {target.name} logs (only "

@@ -462,7 +462,23 @@ def best(
     winner's curse, docs/benchmarks.md). A config that ever gave a wrong answer or crashed is never a best,
     whatever its other records say (a correctness-only board's records count for that). Ties go to the
     earlier record, then to the lower index, so the answer does not depend on file order."""
-    return [r for r, _ in leaders(records, workload, target, k, cost_unit, board)]
+    return [leader.record for leader in leaders(records, workload, target, k, cost_unit, board)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leader:
+    """A config's median record among its timings, and how many timings that median is over."""
+
+    record: Record
+    timings: int
+
+    @property
+    def cost(self) -> float:
+        return self.record.cost
+
+    @property
+    def index(self) -> int:
+        return self.record.index
 
 
 def leaders(
@@ -472,7 +488,7 @@ def leaders(
     k: int = 1,
     cost_unit: CostUnit | None = None,
     board: str | None = None,
-) -> list[tuple[Record, int]]:
+) -> list[Leader]:
     """`best`, each with the count of timings its median record is the median of.
 
     A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
@@ -480,8 +496,8 @@ def leaders(
     figures = _figures(of_machine(records, workload, target, board))
     unit = _preferred(figures) if cost_unit is None else cost_unit
     timings = figures.get(unit, {}) if unit is not None else {}
-    medians = [(_median_record(rs), len(rs)) for rs in timings.values()]
-    return sorted(medians, key=lambda pair: _rank(pair[0]))[: max(k, 0)]
+    medians = [Leader(record=_median_record(rs), timings=len(rs)) for rs in timings.values()]
+    return sorted(medians, key=lambda leader: _rank(leader.record))[: max(k, 0)]
 
 
 def _median_record(records: list[Record]) -> Record:

@@ -150,7 +150,7 @@ def _report(
     top = leaders(records, wl, target, 1, unit)
     best_cost, best_index, best_timings = math.inf, None, 0
     if top:
-        best_cost, best_index, best_timings = top[0][0].cost, top[0][0].index, top[0][1]
+        best_cost, best_index, best_timings = top[0].cost, top[0].index, top[0].timings
     flops = workload.flops()
     return TuningReport(
         workload=wl, target=target, boards=tuple(b.name for b in boards), options=options,

@@ -63,7 +63,7 @@ class _Task:
     @property
     def latency(self) -> float:
         top = self.session.leader()
-        return top[0].cost if top else math.inf
+        return top.cost if top else math.inf
 
 
 def _resumed_history(session: TuningSession, batch: int) -> list[float]:
@@ -73,7 +73,7 @@ def _resumed_history(session: TuningSession, batch: int) -> list[float]:
     history: list[float] = []
     for end in range(batch, len(done) + batch, batch):
         top = leaders(done[:end], wl, target, 1, unit)
-        history.append(top[0][0].cost if top else math.inf)
+        history.append(top[0].cost if top else math.inf)
     return [g for g in history if math.isfinite(g)] or history[-1:]
 
 
@@ -234,7 +234,7 @@ class TaskScheduler:
         stopping = self.options.early_stopping
         if stopping is not None and state.since_improvement >= stopping:
             state.stop = TaskStop.EARLY_STOPPING
-        elif not state.session.loop.tuner.has_next():
+        elif state.session.exhausted:
             state.stop = TaskStop.EXHAUSTED
         self._point()
         if self.on_progress is not None:
@@ -269,13 +269,13 @@ class TaskScheduler:
 
 def _task_result(state: _Task) -> TaskResult:
     session, top = state.session, state.session.leader()
-    best_index = top[0].index if top else None
+    best_index = top.index if top else None
     default = session.template.default_config().index
     return TaskResult(
         workload=session.workload.key, nodes=state.task.nodes, flops=state.task.flops,
         trials=session.trials, resumed=session.resumed, batches=state.batches, best_index=best_index,
-        best_knobs=top[0].knobs if top else (), best_cost=top[0].cost if top else math.inf,
-        best_timings=top[1] if top else 0, default_cost=_config_cost(session, default), stop=state.stop,
+        best_knobs=top.record.knobs if top else (), best_cost=top.cost if top else math.inf,
+        best_timings=top.timings if top else 0, default_cost=_config_cost(session, default), stop=state.stop,
     )  # fmt: skip
 
 
@@ -283,7 +283,7 @@ def _config_cost(session: TuningSession, index: int) -> float:
     """One config's cost by the rule of the best (database.leaders: median, never a disqualified one)."""
     records: list[Record] = [r for r in session.records() if r.index == index]
     top = leaders(records, session.workload.key, session.target.name, 1, session.cost_unit)
-    return top[0][0].cost if top else math.inf
+    return top[0].cost if top else math.inf
 
 
 def tune_tasks(

@@ -187,8 +187,9 @@ class ModelTuner(Tuner):
 
     Whatever the prior, the first batch holds the `anchors` (the template's default config) and, with an
     `estimate` that is not already one of the priors, the estimate's own top pick: a model of another
-    machine can rank every config it picks far below the default (issue 18: 38 % of the default's speed
-    for a held-out stride-2 layer's first 8 trials), so a warm start then starts no lower than these."""
+    machine can rank every config it picks far below the default (38 % of the default's speed for a
+    held-out stride-2 layer's first 8 trials, docs/benchmarks.md), so a warm start then starts no lower
+    than these."""
 
     def __init__(
         self,
