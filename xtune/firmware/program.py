@@ -1,7 +1,8 @@
 """The network as a program: an imported graph in, the calls that run it in order out (`Program`): each a
 tuned task (a `FusedOp`'s workload) or a generated operator (its family in xtune/ops/, e.g.
 elementwise.py) with the tensors it reads and writes, every tensor placed in one of four spaces (the
-caller's input, output and workspace, or the object's weights), the workspace laid out by the static memory planner (xtune/firmware/memory.py).
+caller's input, output and workspace, or the object's weights), the workspace laid out by the static
+memory planner (xtune/firmware/memory.py).
 
 Execution order is the graph's (ONNX requires topological order): a fused call runs where its anchor
 node stands, which is valid because the nodes fused after it read only the anchor's chain and its
