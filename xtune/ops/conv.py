@@ -11,7 +11,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
-from xtune.ops.anchor import float_constant, refuse
+from xtune.ops.anchor import Anchor, float_constant, refuse
 from xtune.ops.epilogue import require_positive, require_switches
 from xtune.ops.workload import ParamValue, Workload
 
@@ -150,6 +150,18 @@ class ConvNode:
             ("s", s),
             ("stride", stride),
             ("pad", pad),
+        )
+
+    def anchor(self, node: Node, op: str, sizes: tuple[tuple[str, int], ...]) -> Anchor:
+        """The kernel call of family `op` with the workload `sizes`: output channels on axis 1, OIHW's O."""
+        return Anchor(
+            node=node,
+            op=op,
+            sizes=sizes,
+            out_shape=self.out,
+            channel_axis=1,
+            weights=self.weights,
+            bias=self.bias,
         )
 
 

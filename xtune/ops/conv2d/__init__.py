@@ -144,15 +144,7 @@ class Conv2d:
             return None
         k = conv.weights.shape[0]
         sizes = (*conv.sizes((("k", k),)), ("dilation", conv.geometry[2]))
-        return Anchor(
-            node=node,
-            op=self.name,
-            sizes=sizes,
-            out_shape=conv.out,
-            channel_axis=1,
-            weights=conv.weights,
-            bias=conv.bias,
-        )
+        return conv.anchor(node, self.name, sizes)
 
     def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
         """In `layout`, prepacked=1 for constant weights (packed once at build time, xtune/firmware/build.py),

@@ -127,15 +127,7 @@ class Depthwise:
                 "only group=1 and depthwise (group = channels)",
             )
         sizes = (*conv.sizes(()), ("multiplier", k // c), ("dilation", conv.geometry[2]))
-        return Anchor(
-            node=node,
-            op=self.name,
-            sizes=sizes,
-            out_shape=conv.out,
-            channel_axis=1,
-            weights=conv.weights,
-            bias=conv.bias,
-        )
+        return conv.anchor(node, self.name, sizes)
 
     def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
         """In `layout`; never prepacked: depthwise weights are too small to matter."""
