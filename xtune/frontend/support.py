@@ -1,0 +1,36 @@
+"""What xtune runs: an ONNX op type in, how a whole-network build runs it out — a tuned kernel (a task), a
+generated operator of one kind, or a view that costs nothing — or None. Task extraction, the build and
+the refusals ask `runs`, which asks the operator families (xtune/ops/registry.py): a family added to
+xtune declares its ONNX op types itself.
+
+Whether a node of a known op type runs also depends on its attributes and shapes: the families' ONNX
+mappings (`anchor`, `from_node`) refuse what they cannot take, each as an `UnsupportedNode`, and the
+refusal gathers them with the nodes no family runs.
+"""
+
+from __future__ import annotations
+
+from xtune.errors import UnsupportedNode
+from xtune.frontend.refusal import hint
+from xtune.graph import Graph, Node
+from xtune.ops.registry import ANCHOR_OPS, node_family
+
+OtherKind = str  # the generated operator family that runs a node (NodeFamily.kind)
+
+
+def runs(op: str) -> str | None:
+    """How xtune runs op type `op` (an ONNX op_type; another domain's as "domain.op"): "task" for a
+    tunable family's op (a kernel call), else the kind of the generated operator family that builds it;
+    None if no family does."""
+    if op in ANCHOR_OPS:
+        return "task"
+    fam = node_family(op)
+    return fam.kind if fam is not None else None
+
+
+def not_run(graph: Graph, node: Node) -> UnsupportedNode:
+    """The refusal of a node whose op type xtune does not run, with what would help."""
+    domain, _, op = node.op.rpartition(".")
+    return UnsupportedNode(
+        graph.name, node.name, node.op, "not an operator xtune runs", hint(op, domain, graph.opset)
+    )
