@@ -156,6 +156,12 @@ def build(
     wls = _unique([w if isinstance(w, Workload) else parse_workload(w) for w in workloads])
     if not wls:
         raise InputError("no workloads to build")
+    for w in wls:
+        if w.op == "qmatmul":  # its weights are always packed, their column sums folded into the bias
+            raise InputError(
+                f"{w.key}: a qmatmul kernel reads its weights packed for its config (and their "
+                "column sums in its bias); it is built into a network, not alone"
+            )
     records, notes = read_noted(logs)
     templates = [template_for(w, tgt) for w in wls]
     choices = [choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]
@@ -283,7 +289,8 @@ def render_header(
 ) -> str:
     """A C99/C++ header: guard, extern "C", and per kernel its layouts, config, stack and prototype."""
     guard = f"{prefix.upper()}_KERNELS_H"
-    lines = header_open(target, guard)
+    integers = any(t.dtype != "float32" for wl in workloads for t in wl.tensors())
+    lines = header_open(target, guard, includes=("stdint.h",) if integers else ())
     for wl, entry in zip(workloads, entries, strict=True):
         lines += _kernel_block(wl, entry)
     return "\n".join(lines + header_close(guard))
@@ -329,7 +336,7 @@ def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:
         if pack and t.name == pack.tensor:
             lines.append(f" *   {t.name}: float[{packed_floats}], as {pack.symbol} packs it, {role}")
         else:
-            lines.append(f" *   {t.name}: float{dims}, row-major, {role}")
+            lines.append(f" *   {t.name}: {C_TYPES[t.dtype]}{dims}, row-major, {role}")
     names = ", ".join(t.name for t in tensors)
     lines += [
         f" *   config {entry.config_index} ({where}{speed}):",
@@ -361,8 +368,15 @@ def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:
     return lines
 
 
+# The C type of each tensor element type (C99 <stdint.h> for the integers).
+C_TYPES = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t", "int32": "int32_t"}
+
+
 def _params(tensors: Sequence[TensorSpec]) -> str:
-    return ", ".join(f"float *{t.name}" if t.is_output else f"const float *{t.name}" for t in tensors)
+    return ", ".join(
+        f"{C_TYPES[t.dtype]} *{t.name}" if t.is_output else f"const {C_TYPES[t.dtype]} *{t.name}"
+        for t in tensors
+    )
 
 
 # ---- the archive --------------------------------------------------------------------------------------

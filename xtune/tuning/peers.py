@@ -131,8 +131,9 @@ def ort_network(
 
 
 def ort_gflops(workload: Workload) -> float | None:
-    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it."""
-    if not ort_available():
+    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it or
+    for an operator no ONNX node maps to (qmatmul: benchmarks/bench_int8.py runs its peer)."""
+    if not ort_available() or not family(workload.op).onnx_ops:
         return None
     return workload.flops() / statistics.median(ort_seconds(workload)) / 1e9
 
