@@ -27,9 +27,8 @@ import numpy as np
 
 from xtune.boards.board import Board, get_board
 from xtune.ops.qmatmul import reference as ref
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
-from xtune.templates import template_for
 from xtune.tuning.bench import retime_gflops
 from xtune.tuning.database import TuningLog
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer

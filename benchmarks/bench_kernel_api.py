@@ -32,7 +32,7 @@ from pathlib import Path
 from bench_layers import MOBILENETV2, RESNET18, Layer  # benchmarks/ is the script's directory
 
 from xtune.boards.board import Board, get_board
-from xtune.operators import winograd_eligible
+from xtune.ops.conv2d import winograd_eligible
 from xtune.ops.registry import parse_workload
 from xtune.ops.workload import Workload
 from xtune.tuning.bench import retime_gflops

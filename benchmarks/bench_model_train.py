@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
 from xtune.target import get_target
-from xtune.templates import template_for
 from xtune.tuning.database import make_record, record_to_json
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 

@@ -15,10 +15,9 @@ import pytest
 from xtune.cli import main
 from xtune.errors import InputError
 from xtune.firmware.kernels import Artifact, build
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.target import Target, get_target
-from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, make_record
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 

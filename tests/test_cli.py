@@ -17,9 +17,8 @@ import pytest
 from tests.conftest import CliRunner
 from xtune.cli import main
 from xtune.firmware.kernels import MAX_STACK_BYTES
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
 from xtune.target import get_target
-from xtune.templates import template_for
 from xtune.tuning.database import make_record, record_to_json
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 

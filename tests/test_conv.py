@@ -15,12 +15,11 @@ from xtune.boards.board import get_board
 from xtune.codegen.compile import parse_verified
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
-from xtune.operators import conv_shape
-from xtune.ops.registry import parse_workload
+from xtune.ops.conv import conv_shape
+from xtune.ops.registry import features_of, parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import For, Stmt, Store
 from xtune.target import get_target
-from xtune.templates import features_template, template_for
 from xtune.tuning.features import feature_names, featurize
 from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, MeasureStatus, build_image
 
@@ -274,7 +273,7 @@ def test_pointwise_conv2d_is_tuned_as_its_matmul(layout: str) -> None:
     conv = template_for(parse_workload(key), target)
     mn = "m=128,n=3136" if layout == "nchw" else "m=3136,n=128"
     gemm = template_for(parse_workload(f"matmul:{mn},k=128,bias=1"), target)
-    assert features_template(conv).workload == gemm.workload
+    assert features_of(conv)[1].workload == gemm.workload and features_of(conv)[0].name == "matmul"
     assert conv.space == gemm.space and conv.default_config() == gemm.default_config()
     indices = configs(key, target.name, 20)
     np.testing.assert_array_equal(featurize(conv, indices), featurize(gemm, indices))

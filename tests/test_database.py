@@ -18,10 +18,9 @@ from tests.conftest import CliRunner
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
 from xtune.firmware.kernels import build
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
 from xtune.schedule.space import Config
 from xtune.target import get_target
-from xtune.templates import template_for
 from xtune.tuning.database import (
     FORMAT_VERSION,
     LogWarning,

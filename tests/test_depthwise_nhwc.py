@@ -15,13 +15,12 @@ from tests.nest_interp import run_kernel
 from tests.test_conv import check, configs, direct_conv
 from xtune.boards.board import get_board
 from xtune.errors import InputError
-from xtune.operators import conv_shape
-from xtune.ops.registry import parse_workload
+from xtune.ops.conv import conv_shape
+from xtune.ops.depthwise.nhwc import DepthwiseNhwcTemplate, interiors, reuses_rows, tile_registers
+from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import check_output, random_inputs
 from xtune.schedule.loopnest import Load, walk
 from xtune.target import get_target
-from xtune.templates import template_for
-from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate, interiors, reuses_rows, tile_registers
 from xtune.tuning.database import TuningLog, best, read_logs
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
 from xtune.tuning.measure import MeasureOptions

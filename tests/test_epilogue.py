@@ -79,7 +79,7 @@ def test_epilogue_kernels_correct_on_host(key: str) -> None:
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_residual_is_added_once_across_channel_blocks(layout: str) -> None:
     """Several input-channel blocks: the residual starts the first one only, the clamp ends the last."""
-    from xtune.templates import template_for
+    from xtune.ops.registry import template_for
 
     key = f"conv2d:n=1,c=9,h=6,w=7,k=11,r=3,s=3,stride=1,pad=1,layout={layout},bias=1,residual=1,relu6=1"
     template = template_for(parse_workload(key), get_board("local").target)

@@ -26,8 +26,7 @@ from xtune.boards.board import LocalBoard, get_board, local_target
 from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import SshBoard, deploy
 from xtune.errors import BoardError, BoardFault
-from xtune.ops.registry import parse_workload
-from xtune.templates import template_for
+from xtune.ops.registry import parse_workload, template_for
 from xtune.tuning.database import Record, TuningLog, make_record, measured, record_from_json, unmeasured
 from xtune.tuning.measure import (
     MAX_BOARD_ERRORS_IN_A_ROW,

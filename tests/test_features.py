@@ -8,18 +8,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from xtune.operators import conv_shape
-from xtune.ops.registry import parse_workload
+from xtune.ops.conv import conv_shape
+from xtune.ops.conv2d import direct as conv2d_template
+from xtune.ops.conv2d.direct import stack_clamped
+from xtune.ops.conv2d.direct_nest import padded
+from xtune.ops.depthwise import nchw as depthwise_template
+from xtune.ops.depthwise import nhwc as nhwc_template
+from xtune.ops.matmul import template as matmul_template
+from xtune.ops.matmul.features import MATMUL_FEATURES
+from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.tiles import tile_registers
 from xtune.target import get_target, load_targets
-from xtune.templates import conv2d as conv2d_template
-from xtune.templates import depthwise as depthwise_template
-from xtune.templates import depthwise_nhwc as nhwc_template
-from xtune.templates import matmul as matmul_template
-from xtune.templates import template_for
-from xtune.templates.conv2d import stack_clamped
-from xtune.templates.conv2d_nest import padded
-from xtune.templates.tiles import tile_registers
-from xtune.tuning.features import MATMUL_FEATURES, estimate_prior, feature_names, features_op, featurize
+from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
 
 EST = MATMUL_FEATURES.index("est_eff")
 VECTOR_TARGETS = ("x86-avx2", "x86-sse42", "x86-avx512", "arm-a72-neon", "riscv64-gcv")

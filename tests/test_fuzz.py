@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xtune.cli import main
-from xtune.ops.registry import OPERATORS, parse_workload
+from xtune.ops.registry import OPERATORS, parse_workload, template_for
 from xtune.schedule.space import Config
 from xtune.target import get_target
-from xtune.templates import template_for
 from xtune.tuning.database import make_record, record_to_json
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 

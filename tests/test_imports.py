@@ -20,7 +20,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("xtune.graph",),  # the network IR: pure data
     ("xtune.schedule",),
     ("xtune.codegen",),
-    ("xtune.ops", "xtune.operators", "xtune.templates"),
+    ("xtune.ops",),  # the operator families
     ("xtune.boards",),
     ("xtune.tuning",),
     ("xtune.transfer",),

@@ -17,12 +17,11 @@ from xtune.boards.board import QemuBoard, get_board
 from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
-from xtune.ops.registry import parse_workload
+from xtune.ops.matmul.template import MatmulTemplate
+from xtune.ops.registry import parse_workload, template_for
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config
 from xtune.target import get_target
-from xtune.templates import template_for
-from xtune.templates.matmul import MatmulTemplate
 from xtune.tuning.bench import bench
 from xtune.tuning.measure import (
     BuiltImage,

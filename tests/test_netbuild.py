@@ -27,8 +27,9 @@ from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import inspect_object, link_flat
 from xtune.firmware.bench import REFERENCE_MAGIC, random_input, run_network
 from xtune.firmware.build import NetArtifact, build_model
-from xtune.ops.generated import Transpose
-from xtune.ops.layout import RUNS_IN, Layout, workload_layout
+from xtune.ops.layout import Layout, workload_layout
+from xtune.ops.registry import family
+from xtune.ops.transpose import Transpose
 from xtune.ops.workload import RTOL, Workload, check_output
 from xtune.target import get_target
 from xtune.tuning.measure import MeasureStatus
@@ -94,7 +95,7 @@ def test_the_layout_pass_converts_only_where_layouts_differ() -> None:
         first = calls[0]
         assert isinstance(first.kernel, Transpose) and first.args[0] == nhwc.program.input
         depthwise = [c.kernel for c in calls if isinstance(c.kernel, Workload) and c.kernel.op == "depthwise"]
-        nchw_only = Layout.NHWC not in RUNS_IN["depthwise"]
+        nchw_only = Layout.NHWC not in family("depthwise").layouts
         assert all(workload_layout(wl) is (Layout.NCHW if nchw_only else Layout.NHWC) for wl in depthwise)
         assert sum(isinstance(c.kernel, Transpose) for c in calls) == 1 + 2 * len(depthwise) * nchw_only
         plan = nhwc.program.memory  # conversion buffers are planned like any intermediate
@@ -422,9 +423,8 @@ def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str, copy:
     the nest on `kernel_inputs`' weights computes the workload's reference from the plain weights
     (loop-nest interpreter, no LLVM), and packs no weights per call."""
     from tests.nest_interp import run_kernel
-    from xtune.ops.registry import parse_workload
+    from xtune.ops.registry import parse_workload, template_for
     from xtune.ops.workload import random_inputs
-    from xtune.templates import template_for
 
     wl = parse_workload(text)
     template = template_for(wl, get_target("x86-avx2"))

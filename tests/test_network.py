@@ -22,7 +22,8 @@ from xtune.cli import main
 from xtune.errors import InputError
 from xtune.frontend.load import load_graph
 from xtune.frontend.tasks import FusedOp, TaskSet, extract_tasks
-from xtune.ops.layout import task_weights, to_layout, workload_layout
+from xtune.ops.layout import to_layout, workload_layout
+from xtune.ops.registry import family
 from xtune.schedule.space import Config
 from xtune.tuning.database import TuningLog, make_record
 from xtune.tuning.measure import MeasureResult, MeasureStatus
@@ -81,7 +82,9 @@ def assert_ops_match_onnx(model: onnx.ModelProto, ops: list[FusedOp] | tuple[Fus
         specs = op.workload.tensors()
         lay = workload_layout(op.workload)  # activations and weights as the workload takes them
         weights = (
-            task_weights(op.workload, op.weights) if op.weights is not None else values[op.weights_input]
+            family(op.workload.op).task_weights(op.workload, op.weights)
+            if op.weights is not None
+            else values[op.weights_input]
         )
         args = [to_layout(values[op.input], lay), weights]
         args += [op.bias] if op.workload["bias"] else []
@@ -389,7 +392,7 @@ def test_cli_tasks_table_json_and_log(tmp_path: Path, capsys: pytest.CaptureFixt
     ts = extract_tasks(path, TARGET)
     first = ts.tasks[0]
     log = tmp_path / "log.jsonl"
-    from xtune.templates import template_for
+    from xtune.ops.registry import template_for
 
     config: Config = template_for(first.workload, ts.target).default_config()
     result = MeasureResult(MeasureStatus.OK, costs=(first.flops / 5e9,))

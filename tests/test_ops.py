@@ -16,20 +16,14 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import FlatImage, link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
-from xtune.ops.generated import (
-    Concat,
-    Elementwise,
-    ElementwiseOp,
-    GlobalAveragePool,
-    Operator,
-    Pool2d,
-    PoolKind,
-    Reshape,
-    Softmax,
-    Transpose,
-    relu,
-)
+from xtune.ops.concat import Concat
+from xtune.ops.elementwise import Elementwise, ElementwiseOp, relu
 from xtune.ops.layout import Layout
+from xtune.ops.pool2d import GlobalAveragePool, Pool2d, PoolKind
+from xtune.ops.registry import GeneratedOp as Operator
+from xtune.ops.reshape import Reshape
+from xtune.ops.softmax import Softmax
+from xtune.ops.transpose import Transpose
 from xtune.schedule.loopnest import Assign, Buffer, BufferKind, Exp, Kernel, Load, NestBuilder, Shuffle, walk
 from xtune.target import Target
 

@@ -15,11 +15,10 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
-from xtune.ops.registry import parse_workload
+from xtune.ops.conv2d.winograd import WinogradTemplate
+from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import RTOL, check_output, random_inputs
 from xtune.target import get_target
-from xtune.templates import template_for
-from xtune.templates.winograd import WinogradTemplate
 
 # Tails on every axis (channels no multiple of any vector width, several channel blocks in random configs),
 # both layouts, strides 1 and 2, the epilogue; Winograd with odd sizes; the pointwise conv2d's matmul

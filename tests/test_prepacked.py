@@ -24,16 +24,15 @@ from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
 from xtune.frontend.tasks import extract_tasks
-from xtune.ops.registry import parse_workload
+from xtune.ops.conv2d.direct import REDUCTIONS, Conv2dTemplate
+from xtune.ops.conv2d.direct_nest import ConvEmitter
+from xtune.ops.matmul.template import MatmulTemplate
+from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.tiles import parse_tile
 from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import Affine
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
-from xtune.templates import template_for
-from xtune.templates.conv2d import REDUCTIONS, Conv2dTemplate
-from xtune.templates.conv2d_nest import ConvEmitter
-from xtune.templates.matmul import MatmulTemplate
-from xtune.templates.tiles import parse_tile
 from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import feature_names, featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
@@ -131,7 +130,7 @@ def test_a_wrong_packing_is_a_wrong_answer(
 ) -> None:
     """The Measurer runs each config on the weights as the template lays them out and checks the output
     against the plain reference: a packing that misplaces elements cannot become a best."""
-    from xtune.templates import matmul
+    from xtune.ops.matmul import template as matmul
 
     real_conv, real_matmul = Conv2dTemplate.prepack, matmul.prepack
     monkeypatch.setattr(Conv2dTemplate, "prepack", lambda self, c, w: np.roll(real_conv(self, c, w), 1))
@@ -287,7 +286,7 @@ def per_element_matmul_prepack(operand: str, matrix: np.ndarray, width: int) -> 
 def test_matmul_prepack_lays_out_panels_and_strips_as_documented(
     operand: str, rows: int, cols: int, width: int
 ) -> None:
-    from xtune.templates import matmul
+    from xtune.ops.matmul import template as matmul
 
     m = np.random.default_rng(rows * cols).standard_normal((rows, cols)).astype(np.float32)
     np.testing.assert_array_equal(

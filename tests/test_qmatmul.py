@@ -22,10 +22,9 @@ from xtune.errors import InputError
 from xtune.firmware import kernels as artifact
 from xtune.ops.qmatmul import reference as ref
 from xtune.ops.qmatmul.template import QMatmulTemplate, pack_weights
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.target import get_target, host_cannot_run
-from xtune.templates import template_for
 from xtune.tuning.features import featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
 

@@ -21,8 +21,7 @@ from xtune.boards.board import get_board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, BoardFault, InputError
 from xtune.frontend.tasks import Task
-from xtune.ops.registry import parse_workload
-from xtune.templates import template_for
+from xtune.ops.registry import parse_workload, template_for
 from xtune.tuning.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
 from xtune.tuning.database import Record, TuningLog, best, read_logs
 from xtune.tuning.features import estimate_prior, features_op, featurize

@@ -27,9 +27,8 @@ from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import HELLO_TIMEOUT, SshBoard, deploy, load_boards
 from xtune.cli import main
 from xtune.errors import BoardError, BoardFault, InputError
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
 from xtune.target import get_target
-from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, make_record
 from xtune.tuning.measure import (
     Candidate,

@@ -20,10 +20,10 @@ from tests.test_database import QEMU_FP, WRAPPER_FP, old_line
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import ScheduleTemplate
 from xtune.schedule.space import Config
 from xtune.target import get_target
-from xtune.templates import ScheduleTemplate, template_for
 from xtune.transfer.modelfile import Objective, PretrainedModel, read_model
 from xtune.transfer.pretrained import (
     TrainOptions,

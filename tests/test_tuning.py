@@ -15,9 +15,8 @@ from xtune.boards.board import LocalBoard, QemuBoard, get_board
 from xtune.boards.cost import CostUnit
 from xtune.cli.progress import _ProgressBar
 from xtune.errors import InputError
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
 from xtune.target import get_target
-from xtune.templates import template_for
 from xtune.transfer.modelfile import Manifest
 from xtune.tuning.bench import BenchReport
 from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs

@@ -22,12 +22,11 @@ from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
 from xtune.firmware.kernels import MAX_STACK_BYTES
-from xtune.operators import winograd_eligible
-from xtune.ops.registry import parse_workload
+from xtune.ops.conv2d import winograd_eligible
+from xtune.ops.conv2d.winograd import WinogradTemplate
+from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import RTOL, check_output, random_inputs
 from xtune.target import get_target
-from xtune.templates import template_for
-from xtune.templates.winograd import WinogradTemplate
 from xtune.tuning.database import TuningLog
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
 from xtune.tuning.tuner import make_tuner

@@ -178,8 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_bench)
 
     p = sub.add_parser("build", help="one object + C header of the best (or default) kernels for firmware")
-    p.add_argument("--target", default=None, help="target name, see `xtune targets` (default: the host's "
-                   "target)")  # fmt: skip
+    p.add_argument("--target", default=None, help="target name, see `xtune targets` (default: the host's)")
     p.add_argument("--workload", action="append", help="repeat for each kernel")
     p.add_argument("--model", default=None, help="ONNX or TFLite model: one object running the whole network")
     p.add_argument("--log", action="append", help="tuning log(s) to take the best configs from")

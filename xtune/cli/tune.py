@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
-    from xtune.ops.registry import parse_workload
-    from xtune.templates import template_for
+    from xtune.ops.registry import parse_workload, template_for
     from xtune.tuning.database import TuningLog
     from xtune.tuning.features import features_op
     from xtune.tuning.loop import StopReason
@@ -88,7 +87,7 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
 def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, layout: Layout) -> int:
     """`xtune tune --model`: every task of the model under one budget (xtune.tuning.scheduler)."""
     from xtune.frontend.tasks import extract_tasks
-    from xtune.templates import template_for
+    from xtune.ops.registry import template_for
     from xtune.tuning.allocation import SchedulerOptions, Strategy
     from xtune.tuning.features import features_op
     from xtune.tuning.results import ModelStop

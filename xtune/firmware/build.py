@@ -4,11 +4,11 @@ network and its C header out (`build_model`, `xtune build --model`).
 One LLVM module holds every kernel as an internal, never-inlined function: each task's kernel from its
 template with the logs' best config (else the template's default, named in a warning, as `xtune build`
 chooses for kernels: `xtune.firmware.kernels.choose`), and the generated kernels of the other operators
-(xtune/ops/generated.py). The external entry `{prefix}_run(input, output, workspace)` calls them in graph
-order with pointers into the caller's three buffers and into the weights, which are read-only data of the
-object (xtune/codegen/rodata.py: BatchNorm folded at extraction; the weights of prepacked=1 tasks packed at
-build time into the panels their kernel reads, the template's `kernel_inputs`, as tuning measured them;
-others in the layout the workload takes). The
+(their families, NODE_FAMILIES in xtune/ops/registry.py). The external entry `{prefix}_run(input,
+output, workspace)` calls them in graph order with pointers into the caller's three buffers and into the
+weights, which are read-only data of the object (xtune/codegen/rodata.py: BatchNorm folded at extraction;
+the weights of prepacked=1 tasks packed at build time into the panels their kernel reads, the template's
+`kernel_inputs`, as tuning measured them; others in the layout the workload takes). The
 workspace layout is the static memory plan of xtune/firmware/program.py. Small queries
 (`{prefix}_workspace_bytes`, `_input_size`, `_output_size`, `_build_id`) let a firmware check at run time
 that the object is the one its header describes. docs/firmware.md, "Whole networks", is the user's view.
@@ -47,13 +47,13 @@ from xtune.firmware.kernels import (
 )
 from xtune.firmware.program import Call, Program, Space, program
 from xtune.frontend.load import Source
-from xtune.ops.generated import Elementwise, Operator, Transpose
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
+from xtune.ops.registry import GeneratedOp, template_for
+from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config
 from xtune.target import Target, get_target
-from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.database import Record
 
 PathLike = str | os.PathLike[str]
@@ -329,7 +329,7 @@ def _packed_weights(prog: Program, prepack: dict[str, Prepack]) -> list[tuple[st
     return list(weights.items())
 
 
-def kernel_key(kernel: Workload | Operator) -> str:
+def kernel_key(kernel: Workload | GeneratedOp) -> str:
     """What a kernel computes, as the build table shows it: the workload key, or e.g.
     "pool2d:kind=max,n=1,c=64,h=112,w=112,kernel=3x3,stride=2x2,pads=1x1x1x1" for an operator."""
     if isinstance(kernel, Workload):
@@ -481,12 +481,5 @@ def _profile_header(a: NetArtifact) -> list[str]:
 def step_label(call: Call) -> str:
     """A step as a profile names it: its kind and the ONNX node it runs (a Transpose: the node it feeds)."""
     kernel = call.kernel
-    if isinstance(kernel, Workload):
-        kind = kernel.op
-    elif isinstance(kernel, Transpose):
-        kind = f"transpose->{kernel.to.value}"
-    else:
-        kind = type(kernel).__name__.lower()
-        if isinstance(kernel, Elementwise):
-            kind = kernel.op.value
+    kind = kernel.op if isinstance(kernel, Workload) else kernel.label
     return f"{kind} {call.nodes[0]}"

@@ -19,12 +19,12 @@ from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
 from xtune.files import check_paths, write_all_atomic
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import MAX_STACK_BYTES, ScheduleTemplate
 from xtune.ops.workload import TensorSpec, Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
-from xtune.templates import MAX_STACK_BYTES, ScheduleTemplate, template_for
 from xtune.tuning.database import Record, build_choice, config_of, read_logs
 from xtune.version import __version__
 

@@ -1,13 +1,14 @@
 """The network as a program: an imported graph in, the calls that run it in order out (`Program`): each a
-tuned task (a `FusedOp`'s workload) or a generated operator (xtune/ops/generated.py) with the tensors it
-reads and writes, every tensor placed in one of four spaces (the caller's input, output and workspace, or
-the object's weights), the workspace laid out by the static memory planner (xtune/firmware/memory.py).
+tuned task (a `FusedOp`'s workload) or a generated operator (its family in xtune/ops/, e.g.
+elementwise.py) with the tensors it reads and writes, every tensor placed in one of four spaces (the
+caller's input, output and workspace, or the object's weights), the workspace laid out by the static
+memory planner (xtune/firmware/memory.py).
 
 Execution order is the graph's (ONNX requires topological order): a fused call runs where its anchor
 node stands, which is valid because the nodes fused after it read only the anchor's chain and its
 residual exists before the anchor runs (xtune/frontend/tasks.py). Add followed by its only reader Relu is
 one Add+ReLU call. Flatten, Reshape, Squeeze, Unsqueeze and Identity are views
-(xtune/frontend/support.py, VIEWS): no call, the same bytes. A view that is the network's output makes
+(xtune/ops/reshape.py): no call, the same bytes. A view that is the network's output makes
 its source be written straight into the caller's output; a view of the input or of a constant is that
 input or constant.
 """
@@ -21,28 +22,17 @@ from enum import Enum
 
 import numpy as np
 
-from xtune.errors import InputError
+from xtune.errors import InputError, UnsupportedNode
 from xtune.firmware.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
 from xtune.firmware.relayout import OpStep, relayout
 from xtune.frontend.load import Source, load_graph
-from xtune.frontend.refusal import Unsupported, UnsupportedNode, by_op, refusal
-from xtune.frontend.support import VIEWS
+from xtune.frontend.refusal import Unsupported, by_op, refusal
 from xtune.frontend.tasks import FusedOp, fuse
 from xtune.frontend.validate import nonfinite
 from xtune.graph import Graph, Node
-from xtune.ops.generated import (
-    Concat,
-    Elementwise,
-    ElementwiseOp,
-    GlobalAveragePool,
-    Operator,
-    Pool2d,
-    PoolKind,
-    Softmax,
-    Transpose,
-    relu,
-)
-from xtune.ops.layout import DEFAULT, Layout, parse_layout, task_weights
+from xtune.ops.layout import DEFAULT, Layout, parse_layout
+from xtune.ops.opkit import UNSUPPORTED
+from xtune.ops.registry import GeneratedOp, family, node_family
 from xtune.ops.workload import Workload
 
 
@@ -61,7 +51,7 @@ class Call:
     names, in the kernel's parameter order: inputs, then the output)."""
 
     nodes: tuple[str, ...]  # the ONNX nodes it runs, anchor first
-    kernel: Workload | Operator
+    kernel: Workload | GeneratedOp
     args: tuple[str, ...]
 
 
@@ -133,7 +123,7 @@ def _refused(graph: Graph, others: set[str], failures: list[UnsupportedNode]) ->
     for node in graph.nodes:
         if node.name in others:
             try:
-                _other(graph, node, scratch)
+                _other(graph, node, scratch, None)
             except UnsupportedNode as failure:
                 refused[node.name] = failure
     return [refused[n.name] for n in graph.nodes if n.name in refused]
@@ -154,28 +144,18 @@ def _calls(graph: Graph, ops: list[FusedOp], others: set[str]) -> tuple[list[OpS
             steps.append(_task_step(by_anchor[node.name], weights))
             continue
         following = readers.get(node.outputs[0], []) if node.outputs else []
-        nxt = graph.nodes[following[0]] if len(following) == 1 else None
-        if (
-            node.op == "Add"
-            and nxt is not None
-            and nxt.op == "Relu"
-            and node.outputs[0] not in graph.outputs
-            and following[0] > i
-        ):
-            claimed.add(nxt.name)
-            step = _other(graph, node, weights, fuse_relu=True)
-            steps.append(
-                OpStep((node.name, nxt.name), step.kernel, (*step.args[:-1], nxt.outputs[0]), step.sharing)
-            )
-            continue
-        steps.append(_other(graph, node, weights))
+        later = graph.nodes[following[0]] if len(following) == 1 and following[0] > i else None
+        step = _other(graph, node, weights, later)
+        if len(step.nodes) > 1:
+            claimed.update(step.nodes[1:])
+        steps.append(step)
     return steps, weights
 
 
 def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> OpStep:
     wl = op.workload
     if op.weights is not None:
-        weights[f"{op.anchor}.weights"] = task_weights(wl, op.weights)  # in the workload's layout
+        weights[f"{op.anchor}.weights"] = family(wl.op).task_weights(wl, op.weights)  # the workload's layout
         w = f"{op.anchor}.weights"
     else:
         w = op.weights_input
@@ -194,132 +174,29 @@ def _refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
     return UnsupportedNode(graph.name, node.name, node.op, why)
 
 
-def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], fuse_relu: bool = False) -> OpStep:
-    """The generated operator of a node that is not a task (or a view), with its arguments."""
-    x, out = node.inputs[0] if node.inputs else "", node.outputs[0]
-    if node.op in VIEWS:
-        return OpStep((node.name,), None, (x, out), Sharing.ALIAS)
-    shape = graph.shape(x)
-    kernel: Operator
-    inputs: tuple[str, ...] = (x,)
-    sharing = Sharing.NONE
-    if node.op in ("MaxPool", "AveragePool"):
-        kernel = _pool(graph, node, shape)
-    elif node.op == "GlobalAveragePool" and len(shape) == 4:
-        kernel = GlobalAveragePool(n=shape[0], c=shape[1], h=shape[2], w=shape[3])
-    elif node.op == "Add":
-        inputs = tuple(node.inputs[:2])
-        for t in inputs:
-            if graph.shape(t) != graph.shape(out):
-                raise _refuse(graph, node, f"broadcasting {graph.shape(t)} to {graph.shape(out)} is not "
-                              "supported (xtune adds tensors of one shape)")  # fmt: skip
-            _constant(graph, node, t, weights)
-        op = ElementwiseOp.ADD_RELU if fuse_relu else ElementwiseOp.ADD
-        kernel, sharing = Elementwise(op=op, shape=graph.shape(out)), Sharing.IN_PLACE
-    elif node.op == "Relu":
-        kernel, sharing = relu(graph.shape(out)), Sharing.IN_PLACE
-    elif node.op == "Clip":
-        lo, hi = (_bound(graph, node, t) for t in (*node.inputs[1:3], "", "")[:2])
-        lo, hi = -math.inf if lo is None else lo, math.inf if hi is None else hi
-        kernel = Elementwise(op=ElementwiseOp.CLIP, shape=graph.shape(out), lo=lo, hi=hi)
-        sharing = Sharing.IN_PLACE
-    elif node.op == "Softmax":
-        kernel = _softmax(graph, node, shape)
-    elif node.op == "Concat":
-        kernel, inputs = _concat(graph, node), tuple(node.inputs)
-    elif node.op == "Transpose":
-        kernel = _transpose(graph, node, shape)
-    else:
-        raise _refuse(graph, node, "xtune cannot run this operator in a whole-network build (it runs Conv, "
-                      "Gemm, MatMul, pooling, Add, Relu, Clip, Softmax, Concat and reshapes)")  # fmt: skip
-    if tuple(math.prod(s) for s in kernel.input_shapes) != tuple(math.prod(graph.shape(t)) for t in inputs):
+def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], later: Node | None) -> OpStep:
+    """The generated operator of a node that is not a task (or a view), with its arguments: its family's
+    mapping (xtune/ops/registry.py, NODE_FAMILIES), which may fold `later`, the only node reading its
+    output, into it."""
+    fam = node_family(node.op)
+    if fam is None:
+        raise _refuse(graph, node, UNSUPPORTED)
+    mapped = fam.from_node(graph, node, weights, later)
+    out = (mapped.fused or node).outputs[0]
+    nodes = (node.name, mapped.fused.name) if mapped.fused is not None else (node.name,)
+    layouts = mapped.layouts or fam.layouts
+    if mapped.kernel is None:
+        return OpStep(nodes, None, (*mapped.inputs, out), Sharing.ALIAS, layouts, fam.follows_input)
+    assert isinstance(mapped.kernel, GeneratedOp)
+    kernel = mapped.kernel
+    if tuple(math.prod(s) for s in kernel.input_shapes) != tuple(
+        math.prod(graph.shape(t)) for t in mapped.inputs
+    ):
         raise _refuse(graph, node, "the operator's inputs do not have the sizes it reads")
     if math.prod(kernel.output_shape) != math.prod(graph.shape(out)):
         raise _refuse(graph, node, f"xtune computes {kernel.output_shape}, the model says {graph.shape(out)}")
-    return OpStep((node.name,), kernel, (*inputs, out), sharing)
-
-
-def _transpose(graph: Graph, node: Node, shape: tuple[int, ...]) -> Transpose:
-    """A 4-D NHWC <-> NCHW Transpose (a TFLite model's boundary, xtune/frontend/tflite.py)."""
-    perm = node.ints("perm", ())
-    if len(shape) == 4 and perm == (0, 3, 1, 2):
-        n, h, w, c = shape
-        return Transpose(n=n, c=c, h=h, w=w, to=Layout.NCHW)
-    if len(shape) == 4 and perm == (0, 2, 3, 1):
-        n, c, h, w = shape
-        return Transpose(n=n, c=c, h=h, w=w, to=Layout.NHWC)
-    why = f"Transpose {perm} of a {len(shape)}-D tensor is not supported (xtune runs 4-D NHWC <-> NCHW)"
-    raise _refuse(graph, node, why)
-
-
-def _constant(graph: Graph, node: Node, tensor: str, weights: dict[str, np.ndarray]) -> None:
-    value = graph.constant(tensor)
-    if value is None:
-        return
-    if value.dtype != np.float32:
-        raise _refuse(graph, node, f"constant '{tensor}' is {value.dtype}, xtune runs float32 only")
-    weights[tensor] = value
-
-
-def _bound(graph: Graph, node: Node, tensor: str) -> float | None:
-    if not tensor:
-        return None
-    value = graph.constant(tensor)
-    if value is None or value.size != 1:
-        raise _refuse(graph, node, f"bound '{tensor}' is not a constant scalar")
-    return float(value.reshape(-1)[0])
-
-
-def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
-    if len(shape) != 4:
-        raise _refuse(graph, node, f"only 2-D pooling (4-D NCHW input) is supported, the input is {shape}")
-    auto_pad = str(node.attr("auto_pad", "NOTSET"))
-    refusals = (
-        (int(node.attr("ceil_mode", 0)) != 0, "ceil_mode=1"),  # type: ignore[arg-type]
-        (any(d != 1 for d in node.ints("dilations", (1, 1))), "dilations"),
-        (auto_pad not in ("NOTSET", "VALID"), f"auto_pad {auto_pad}"),
-        (int(node.attr("storage_order", 0)) != 0, "storage_order=1"),  # type: ignore[arg-type]
-        (int(node.attr("count_include_pad", 0)) != 0, "count_include_pad=1"),  # type: ignore[arg-type]
-    )
-    for bad, what in refusals:
-        if bad:
-            raise _refuse(graph, node, f"{what} is not supported")
-    kernel = node.ints("kernel_shape", ())
-    stride = node.ints("strides", (1, 1))
-    pads = (0, 0, 0, 0) if auto_pad == "VALID" else node.ints("pads", (0, 0, 0, 0))
-    if len(kernel) != 2 or len(stride) != 2 or len(pads) != 4:
-        raise _refuse(graph, node, "kernel_shape, strides and pads must describe a 2-D window")
-    kind = PoolKind.MAX if node.op == "MaxPool" else PoolKind.AVERAGE
-    n, c, h, w = shape
-    try:
-        return Pool2d(kind=kind, n=n, c=c, h=h, w=w, kernel=(kernel[0], kernel[1]),
-                      stride=(stride[0], stride[1]), pads=(pads[0], pads[1], pads[2], pads[3]))  # fmt: skip
-    except InputError as err:  # pads as large as the window, a window larger than the padded input
-        raise _refuse(graph, node, str(err)) from None
-
-
-def _softmax(graph: Graph, node: Node, shape: tuple[int, ...]) -> Softmax:
-    rank = len(shape)
-    # Opset 13 normalizes along `axis` alone (default -1); before, the input was coerced to 2-D at
-    # `axis` (default 1) and normalized along the second dimension (ONNX operator spec, Softmax).
-    axis = int(node.attr("axis", -1 if graph.opset >= 13 else 1))  # type: ignore[arg-type]
-    axis = axis + rank if axis < 0 else axis
-    if graph.opset >= 13 and axis != rank - 1:
-        raise _refuse(graph, node, f"softmax over axis {axis} of {rank}: xtune normalizes the last axis")
-    return Softmax(rows=math.prod(shape[:axis]), length=math.prod(shape[axis:]))
-
-
-def _concat(graph: Graph, node: Node) -> Concat:
-    shapes = [graph.shape(t) for t in node.inputs]
-    rank = len(shapes[0])
-    axis = int(node.attr("axis", 1))  # type: ignore[arg-type]
-    axis = axis + rank if axis < 0 else axis
-    for t in node.inputs:
-        if graph.constant(t) is not None:
-            raise _refuse(graph, node, f"input '{t}' is a constant; xtune concatenates activations")
-    # Along `axis`, row-major: outer = the axes before it, inner = the axes after it (one plane).
-    return Concat(n=math.prod(shapes[0][:axis]), channels=tuple(s[axis] for s in shapes),
-                  h=math.prod(shapes[0][axis + 1 :]), w=1)  # fmt: skip
+    sharing = Sharing.IN_PLACE if mapped.in_place else Sharing.NONE
+    return OpStep(nodes, kernel, (*mapped.inputs, out), sharing, layouts, fam.follows_input)
 
 
 def _place(

@@ -1,8 +1,8 @@
 """The layout pass: the steps of a network in ONNX's order (NCHW) in, the same steps run in the network's
-layout out, with a `Transpose` (xtune/ops/generated.py) inserted wherever a tensor is not in the layout its
+layout out, with a `Transpose` (xtune/ops/transpose.py) inserted wherever a tensor is not in the layout its
 reader runs in (xtune/ops/layout.py decides both).
 
-Every step runs in one layout (`runs_in` of its kind; an elementwise step in its first input's), and its
+Every step runs in one layout (its family's `layouts`; an elementwise step in its first input's), and its
 4-D activations are read and written in it. A tensor is named by its ONNX name in ONNX's order and by
 "name@nhwc" in NHWC (`physical_name`); a tensor whose two layouts are the same bytes (`differs`) has one
 name. A conversion is inserted right before the first reader that needs it and shared by later readers.
@@ -21,8 +21,9 @@ import numpy as np
 
 from xtune.firmware.memory import Sharing
 from xtune.graph import Graph
-from xtune.ops.generated import Concat, GlobalAveragePool, Operator, Pool2d, Transpose
-from xtune.ops.layout import FOLLOWS_INPUT, Layout, differs, runs_in, to_layout, workload_layout
+from xtune.ops.layout import Layout, differs, layout_for, to_layout, workload_layout
+from xtune.ops.registry import GeneratedOp
+from xtune.ops.transpose import Transpose
 from xtune.ops.workload import Workload
 
 
@@ -32,9 +33,11 @@ class OpStep:
     (inputs, then the output; tensor names)."""
 
     nodes: tuple[str, ...]
-    kernel: Workload | Operator | None
+    kernel: Workload | GeneratedOp | None
     args: tuple[str, ...]
     sharing: Sharing
+    runs_in: frozenset[Layout] = frozenset((Layout.NCHW,))  # a generated operator's (its family's)
+    follows_input: bool = False  # it runs in the layout its first input has
 
 
 def physical_name(graph: Graph, tensor: str, layout: Layout) -> str:
@@ -62,44 +65,24 @@ def relayout(
     return run.steps, run.sizes
 
 
-def _kind(kernel: Workload | Operator | None) -> str:
-    if kernel is None:
-        return "view"
-    return kernel.op if isinstance(kernel, Workload) else type(kernel).__name__.lower()
-
-
 def _layout(graph: Graph, step: OpStep, network: Layout, have: dict[str, set[Layout]]) -> Layout:
     """The layout `step` runs in."""
-    kind = _kind(step.kernel)
     if isinstance(step.kernel, Workload):  # the task's workload says (xtune/frontend/tasks.py chose it)
         return workload_layout(step.kernel)
-    if kind in FOLLOWS_INPUT or (kind == "view" and graph.shape(step.args[0]) == graph.shape(step.args[-1])):
+    keeps_shape = step.kernel is None and graph.shape(step.args[0]) == graph.shape(step.args[-1])
+    if step.follows_input or keeps_shape:
         # Elementwise steps, and views that keep the shape: the layout their first input has, no conversion.
         first = have.get(step.args[0], {Layout.NCHW})
         return network if network in first else next(iter(first))
-    if isinstance(step.kernel, Concat) and not _channel_concat(graph, step):
-        return Layout.NCHW
-    return runs_in(kind, network)
+    return layout_for(step.runs_in, network)
 
 
-def _channel_concat(graph: Graph, step: OpStep) -> bool:
-    node = next(n for n in graph.nodes if n.name == step.nodes[0])
-    shape = graph.shape(step.args[-1])
-    axis = int(node.attr("axis", 1))  # type: ignore[arg-type]
-    return len(shape) == 4 and axis % 4 == 1
-
-
-def _in_layout(graph: Graph, kernel: Workload | Operator | None, args: tuple[str, ...], layout: Layout
-               ) -> Workload | Operator | None:  # fmt: skip
+def _in_layout(graph: Graph, kernel: Workload | GeneratedOp | None, args: tuple[str, ...], layout: Layout
+               ) -> Workload | GeneratedOp | None:  # fmt: skip
     """`kernel` (built for ONNX's order) computing the same in `layout`."""
     if layout is Layout.NCHW or kernel is None or isinstance(kernel, Workload):
         return kernel
-    if isinstance(kernel, Pool2d | GlobalAveragePool):
-        return replace(kernel, layout=layout)
-    if isinstance(kernel, Concat):  # channels innermost: every pixel is one outer row
-        n, _, h, w = graph.shape(args[-1])
-        return Concat(n=n * h * w, channels=kernel.channels, h=1, w=1)
-    return kernel  # elementwise: the same whatever the order
+    return kernel.in_layout(layout, graph.shape(args[-1]))
 
 
 class _Pass:

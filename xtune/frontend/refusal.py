@@ -9,22 +9,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from xtune.errors import InputError
+from xtune.errors import HINTS, InputError, UnsupportedNode
 
 SHOWN = 3  # node names a refusal shows per op type; the JSON lists them all
-# What helps, for op types that survive normalization only in a training form.
-_HINTS = {
-    "Dropout": "export in inference mode (model.eval()): a mask read, or training_mode, is for training",
-}
-
-
-class UnsupportedNode(InputError):
-    """One node xtune cannot run: its name, op type and why, and what would help ("" when nothing would
-    but a new operator in xtune). The message is the one-line refusal of that node alone."""
-
-    def __init__(self, where: str, name: str, op: str, why: str, hint: str = "") -> None:
-        super().__init__(f"{where}: node '{name}' ({op}): {why}")
-        self.where, self.name, self.op, self.why, self.hint = where, name, op, why, hint or _HINTS.get(op, "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +50,8 @@ class Unsupported:
 def hint(op: str, domain: str, opset: int) -> str:
     """What would help with an op type xtune does not run: another domain is an exporter option; an
     operator ONNX deprecated at the model's opset has a replacement a newer opset exports."""
-    if op in _HINTS:
-        return _HINTS[op]
+    if op in HINTS:
+        return HINTS[op]
     if domain not in ("", "ai.onnx"):
         return f"an operator of the '{domain}' domain: export with standard ONNX operators only"
     try:

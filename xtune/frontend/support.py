@@ -1,44 +1,31 @@
 """What xtune runs: an ONNX op type in, how a whole-network build runs it out — a tuned kernel (a task), a
-generated operator of one kind, or a view that costs nothing — or None. The one table that task
-extraction, the build and the refusals ask (`runs`); an operator family added to xtune is a row here.
+generated operator of one kind, or a view that costs nothing — or None. Task extraction, the build and
+the refusals ask `runs`, which asks the operator families (xtune/ops/registry.py): a family added to
+xtune declares its ONNX op types itself.
 
-Whether a node of a known op type runs also depends on its attributes and shapes: the anchors
-(xtune/frontend/anchors.py) and the build's operators (xtune/firmware/program.py) refuse what they cannot
-take, each as an `UnsupportedNode`, and the refusal gathers them with the nodes this table refuses.
+Whether a node of a known op type runs also depends on its attributes and shapes: the families' ONNX
+mappings (`anchor`, `from_node`) refuse what they cannot take, each as an `UnsupportedNode`, and the
+refusal gathers them with the nodes no family runs.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
-from xtune.frontend.refusal import UnsupportedNode, hint
+from xtune.errors import UnsupportedNode
+from xtune.frontend.refusal import hint
 from xtune.graph import Graph, Node
+from xtune.ops.registry import ANCHOR_OPS, node_family
 
-OtherKind = Literal["pooling", "elementwise", "reshape", "softmax", "concat", "transpose"]
-Runs = Literal["task", OtherKind]
-
-_TABLE: dict[Runs, str] = {
-    "task": "Conv Gemm MatMul",
-    "pooling": "MaxPool AveragePool GlobalAveragePool",
-    "elementwise": "Add Relu Clip",
-    "reshape": "Reshape Flatten Squeeze Unsqueeze Identity",
-    "softmax": "Softmax",
-    "concat": "Concat",
-    "transpose": "Transpose",  # 4-D NHWC <-> NCHW only: a TFLite model's boundary (free in NHWC networks)
-}
-_RUNS: dict[str, Runs] = {op: kind for kind, ops in _TABLE.items() for op in ops.split()}
-# The reshapes are views: no call, the output is the input's bytes (xtune/firmware/memory.py, alias_of).
-VIEWS = frozenset(op for op, kind in _RUNS.items() if kind == "reshape")
+OtherKind = str  # the generated operator family that runs a node (NodeFamily.kind)
 
 
-def runs(op: str) -> Runs | None:
-    """How xtune runs op type `op` (an ONNX op_type; another domain's as "domain.op"), None if it does not."""
-    return _RUNS.get(op)
-
-
-def ops_run() -> tuple[str, ...]:
-    """Every op type xtune runs, in the table's order."""
-    return tuple(_RUNS)
+def runs(op: str) -> str | None:
+    """How xtune runs op type `op` (an ONNX op_type; another domain's as "domain.op"): "task" for a
+    tunable family's op (a kernel call), else the kind of the generated operator family that builds it;
+    None if no family does."""
+    if op in ANCHOR_OPS:
+        return "task"
+    fam = node_family(op)
+    return fam.kind if fam is not None else None
 
 
 def not_run(graph: Graph, node: Node) -> UnsupportedNode:

@@ -19,17 +19,17 @@ from typing import Literal
 
 import numpy as np
 
-from xtune.errors import InputError
-from xtune.frontend.anchors import Anchor, anchor_of
+from xtune.errors import InputError, UnsupportedNode
 from xtune.frontend.load import Source, load_graph
-from xtune.frontend.refusal import Unsupported, UnsupportedNode, by_op, refusal
-from xtune.frontend.support import OtherKind, not_run, runs
+from xtune.frontend.refusal import Unsupported, by_op, refusal
+from xtune.frontend.support import not_run, runs
 from xtune.graph import Graph, Node
-from xtune.ops.layout import DEFAULT, Layout, parse_layout, runs_in
-from xtune.ops.registry import parse_workload
+from xtune.ops.anchor import Anchor
+from xtune.ops.layout import DEFAULT, Layout, layout_for, parse_layout
+from xtune.ops.registry import anchor_of, family, parse_workload, template_for
+from xtune.ops.template import MAX_STACK_BYTES
 from xtune.ops.workload import Workload
 from xtune.target import Target, get_target, host_target
-from xtune.templates import MAX_STACK_BYTES, template_for
 from xtune.tuning.database import Record, build_choice
 
 # Epilogue stages in the order they apply; a chain only moves forward (operators.EPILOGUE). The affine
@@ -43,7 +43,7 @@ class FusedOp:
     """One kernel call of the network: an anchor node (Conv, Gemm, MatMul) and the nodes fused after it.
 
     `weights` and `bias` are what the kernel takes, in ONNX's order (a Conv's OIHW, which the build turns
-    into the workload's layout: xtune/ops/layout.py, `task_weights`): BatchNormalization folded in,
+    into the workload's layout: its family's `task_weights`): BatchNormalization folded in,
     Gemm's transposed (n, k) weights transposed to (k, n) (`transposed`) and its alpha applied.
     `weights` is None when the second matmul operand is an activation (`weights_input` names it)."""
 
@@ -84,7 +84,7 @@ class OtherNode:
 
     name: str
     op: str
-    kind: OtherKind
+    kind: str  # the generated operator family that lists it (NodeFamily.kind)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,9 +244,11 @@ def _fuse_chain(
             break
         used.append(j)
         out = nxt.outputs[0]
+    fam = family(a.op)
+    switches = {"bias": int(bias is not None), **flags}
     try:
         as_run = replace(a, weights=weights)  # the weights as the kernel takes them: Winograd only if finite
-        workload = parse_workload(as_run.workload_key(bias is not None, flags, runs_in(a.op, layout)))
+        workload = parse_workload(fam.task_key(as_run, switches, layout_for(fam.layouts, layout)))
     except InputError as err:  # a size outside the workload's bounds: say which node has it
         raise InputError(f"{graph.name}: {a.node.label}: {err}") from None
     op = FusedOp(

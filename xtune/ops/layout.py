@@ -1,5 +1,6 @@
-"""The layout a network runs in: one home for the choice (`Layout`, `DEFAULT`, `parse_layout`), for what
-each operator runs in (`RUNS_IN`), and for the conversions between ONNX's order and ours.
+"""The layout a network runs in: one home for the choice (`Layout`, `DEFAULT`, `parse_layout`), for the
+rule of what an operator runs in (`layout_for`: each family declares its `layouts`), and for the
+conversions between ONNX's order and ours.
 
 A network runs in NHWC by default on every target: with channels innermost, the vectors of conv2d run
 along output channels (a 1x1 convolution is one matmul of the pixels by the weights, whatever the spatial
@@ -27,28 +28,15 @@ class Layout(Enum):
 
 DEFAULT = Layout.NHWC
 
-_BOTH = frozenset(Layout)
-_NCHW = frozenset((Layout.NCHW,))
-# What each operator runs in (its kind: a workload's op, an xtune/ops/generated.py class name lowered, or
-# "view"). An operator runs in the network's layout when it can, else in NCHW with conversions around it.
-# Conv2d and depthwise tasks carry their layout in the workload key (xtune/operators.py; weights through
-# `task_weights`). Matmul reads the last axis of ONNX's order (a 4-D input's W) and Softmax normalizes
-# it; a view that changes the shape reinterprets ONNX's byte order. Concat runs in NHWC when it joins
-# channels (ops.py makes any axis an outer/channels/inner split; the pass maps the axis). Elementwise
-# operators and views that keep the shape (Identity, Dropout) take the layout their first input has.
-RUNS_IN: dict[str, frozenset[Layout]] = {
-    "conv2d": _BOTH,
-    "depthwise": _BOTH,
-    "matmul": _NCHW,
-    "pool2d": _BOTH,
-    "globalaveragepool": _BOTH,
-    "concat": _BOTH,
-    "elementwise": _BOTH,
-    "softmax": _NCHW,
-    "view": _NCHW,
-    "transpose": _NCHW,  # a model's own NHWC <-> NCHW Transpose (relayout.py relabels it in NHWC networks)
-}
-FOLLOWS_INPUT = frozenset(("elementwise",))  # run in the layout their first input has
+
+def layout_key(layout: Layout) -> tuple[tuple[str, str], ...]:
+    """The `layout` item of a workload run in `layout`: none for NCHW, the key's default."""
+    return (("layout", layout.value),) if layout is not Layout.NCHW else ()
+
+
+def layout_for(layouts: frozenset[Layout], network: Layout) -> Layout:
+    """The layout an operator that runs in `layouts` runs in within a network of layout `network`."""
+    return network if network in layouts else Layout.NCHW
 
 
 def parse_layout(text: str | Layout) -> Layout:
@@ -60,11 +48,6 @@ def parse_layout(text: str | Layout) -> Layout:
     except ValueError:
         known = ", ".join(lay.value for lay in Layout)
         raise InputError(f"unknown layout '{text}' (known: {known})") from None
-
-
-def runs_in(kind: str, network: Layout) -> Layout:
-    """The layout an operator of `kind` runs in within a network of layout `network`."""
-    return network if network in RUNS_IN[kind] else Layout.NCHW
 
 
 def differs(shape: tuple[int, ...]) -> bool:
@@ -91,14 +74,3 @@ def to_layout(array: np.ndarray, layout: Layout) -> np.ndarray:
 def workload_layout(wl: Workload) -> Layout:
     """The layout a task's workload runs in: its `layout` key, NCHW for operators without one."""
     return Layout(wl.value("layout")) if "layout" in wl.operator.keys else Layout.NCHW
-
-
-def task_weights(wl: Workload, weights: np.ndarray) -> np.ndarray:
-    """A task's ONNX weights (OIHW for a Conv; BatchNorm folded) in its workload's weight layout
-    (xtune/operators.py): conv2d nhwc takes HWIO (r, s, c, k), depthwise nhwc (r, s, c*multiplier) from
-    ONNX's (c*multiplier, 1, r, s); matmul's (k, n) have no layout."""
-    if workload_layout(wl) is Layout.NCHW or wl.op not in ("conv2d", "depthwise"):
-        return weights
-    if wl.op == "depthwise":
-        return np.ascontiguousarray(weights.reshape(weights.shape[0], *weights.shape[2:]).transpose(1, 2, 0))
-    return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))

@@ -1,11 +1,30 @@
-"""The pieces every generated operator (xtune/ops/generated.py, xtune/ops/pooling.py) is built from:
-size checks, the kernel's pointer parameters, vector loops over contiguous memory, horizontal reductions."""
+"""The pieces every generated operator of a network (the families elementwise.py, pool2d.py, softmax.py,
+concat.py, reshape.py, transpose.py in xtune/ops/) is built from: what an ONNX node maps to (`Mapped`,
+`NodeFamily`), size checks, the kernel's pointer parameters, vector loops over contiguous memory,
+horizontal reductions.
+
+A generated operator takes shapes in and gives the output shape, a numpy reference and a loop-nest
+`Kernel` (lowered by xtune.codegen.lower like any template's) out. Float32; 4-D tensors in NCHW, or NHWC
+where the layout pass (xtune/firmware/relayout.py) asks it (`in_layout`), inserting `Transpose`s. Every
+kernel takes its inputs then its output as pointer parameters, in that order, and writes every element
+of the output. The parameters must not overlap, except that an elementwise kernel's output may be exactly
+one of its inputs (it runs in place, `Kernel.noalias` is off). Semantics follow the ONNX operator
+definitions (https://onnx.ai/onnx/operators/); each family's docstring says which. Elementwise ops,
+Concat and Softmax run along contiguous memory in vectors of the target's fp32 lanes (a partial vector at
+the end, never a read past it); pooling as xtune/ops/pool2d.py says; a Transpose runs in blocks of
+lanes x lanes shuffles."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
 
 from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import refuse
+from xtune.ops.layout import Layout
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -21,6 +40,41 @@ from xtune.schedule.loopnest import (
 
 Shape = tuple[int, ...]
 UNROLL = 4  # vectors per iteration of an elementwise loop: enough independent work to hide latency
+# Why a node has no generated operator, in the words of every family's refusal.
+UNSUPPORTED = (
+    "xtune cannot run this operator in a whole-network build (it runs Conv, Gemm, MatMul, pooling, Add, "
+    "Relu, Clip, Softmax, Concat and reshapes)"
+)
+Consts = dict[str, np.ndarray]  # the network's constant operands a mapping reads, by tensor name
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mapped:
+    """What a node maps to: the generated kernel (None: a view, the same bytes, no code), the tensors it
+    reads in its parameter order, whether its output may share an input's bytes (`in_place`) or is that
+    input (`alias`), and the next node folded into it (Add then Relu: one Add+ReLU), if any."""
+
+    kernel: object | None
+    inputs: tuple[str, ...]
+    in_place: bool = False
+    alias: bool = False
+    fused: Node | None = None
+    layouts: frozenset[Layout] | None = None  # this node's, where it differs from its family's
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeFamily:
+    """A generated operator's ONNX side: `kind` as `xtune tasks` lists its nodes, `onnx_ops` the op
+    types it builds, `layouts` the layouts a network may run it in (else NCHW with
+    conversions around it), `follows_input` whether it runs in the layout its first input has instead,
+    and `from_node`, a node (and the only node reading its output, if it comes later) as a `Mapped`,
+    adding the constants it reads to `consts`."""
+
+    kind: str
+    onnx_ops: tuple[str, ...]
+    layouts: frozenset[Layout]
+    from_node: Callable[[Graph, Node, Consts, Node | None], Mapped]
+    follows_input: bool = False
 
 
 def positive(op: str, **sizes: int) -> None:
@@ -57,3 +111,12 @@ def hsum_or_max(b: NestBuilder, acc: Reg, lanes: int, op: BinaryOp) -> Value:
     for lane in range(1, lanes):
         total = Binary(op, total, Load("red", Affine.of(lane)))
     return total
+
+
+def constant_operand(graph: Graph, node: Node, tensor: str, consts: Consts) -> None:
+    value = graph.constant(tensor)
+    if value is None:
+        return
+    if value.dtype != np.float32:
+        raise refuse(graph, node, f"constant '{tensor}' is {value.dtype}, xtune runs float32 only")
+    consts[tensor] = value

@@ -1,14 +1,52 @@
-"""The operators by name: text such as "matmul:m=512,n=512,k=512" in, its operator's canonical
-`Workload` out (`parse_workload`); `OPERATORS` lists every operator a workload can name."""
+"""The operator families by name: text such as "matmul:m=512,n=512,k=512" in, its family's canonical
+`Workload` out (`parse_workload`); a workload's template (`template_for`), the feature set that describes
+a template's configs (`features_of`, `FEATURE_SETS`), and the family that runs an ONNX node (`anchor_of`).
+A network's other nodes map to the generated operators of NODE_FAMILIES (`node_family`). Adding an
+operator is one family module and one entry in FAMILIES (tunable) or NODE_FAMILIES (generated)."""
 
 from __future__ import annotations
 
-from xtune.errors import InputError
-from xtune.operators import Conv2d, Depthwise, Matmul
-from xtune.ops.qmatmul.operator import QMatmul
-from xtune.ops.workload import Operator, Workload, make_workload
+from functools import cache
 
-OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(), Conv2d(), Depthwise(), QMatmul())}
+from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops import concat, elementwise, pool2d, reshape, softmax, transpose
+from xtune.ops.anchor import Anchor
+from xtune.ops.concat import Concat
+from xtune.ops.conv2d import Conv2d
+from xtune.ops.depthwise import Depthwise
+from xtune.ops.elementwise import Elementwise
+from xtune.ops.family import Family
+from xtune.ops.featurize import FeatureSet
+from xtune.ops.matmul import Matmul
+from xtune.ops.opkit import NodeFamily
+from xtune.ops.pool2d import GlobalAveragePool, Pool2d
+from xtune.ops.qmatmul.operator import QMatmul
+from xtune.ops.softmax import Softmax
+from xtune.ops.template import ScheduleTemplate
+from xtune.ops.transpose import Transpose
+from xtune.ops.workload import Workload, make_workload
+from xtune.target import Target
+
+FAMILIES: tuple[Family, ...] = (Matmul(), Conv2d(), Depthwise(), QMatmul())
+OPERATORS: dict[str, Family] = {f.name: f for f in FAMILIES}
+FEATURE_SETS: dict[str, FeatureSet] = {fs.name: fs for f in FAMILIES for fs in f.feature_sets}
+ANCHOR_OPS = frozenset(op for f in FAMILIES for op in f.onnx_ops)  # the ONNX op types tasks come from
+
+NODE_FAMILIES: tuple[NodeFamily, ...] = (
+    pool2d.FAMILY,
+    elementwise.FAMILY,
+    reshape.FAMILY,
+    softmax.FAMILY,
+    concat.FAMILY,
+    transpose.FAMILY,
+)
+GeneratedOp = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose
+_BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
+
+
+def family(name: str) -> Family:
+    return OPERATORS[name]
 
 
 def parse_workload(text: str) -> Workload:
@@ -17,3 +55,28 @@ def parse_workload(text: str) -> Workload:
     if op_name not in OPERATORS:
         raise InputError(f"unknown operator {op_name!r} in workload {text!r} (known: {', '.join(OPERATORS)})")
     return make_workload(OPERATORS[op_name], rest, text)
+
+
+@cache
+def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
+    """The schedule template of `workload` on `target`: its family's pick."""
+    return OPERATORS[workload.op].template(workload, target)
+
+
+def features_of(template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
+    """The feature set (and cost models, and estimate) that describes `template`'s configs, and the
+    template whose configs it reads."""
+    return OPERATORS[template.workload.op].features(template)
+
+
+def anchor_of(graph: Graph, node: Node) -> Anchor:
+    """The kernel call of a node whose op type is in ANCHOR_OPS, from the first family that claims it."""
+    for f in FAMILIES:
+        if node.op in f.onnx_ops and (anchor := f.anchor(graph, node)) is not None:
+            return anchor
+    raise InputError(f"{graph.name}: {node.label}: no operator family runs it")
+
+
+def node_family(op: str) -> NodeFamily | None:
+    """The generated operator family that builds ONNX op type `op`, None if there is none."""
+    return _BUILT.get(op)

@@ -1,7 +1,8 @@
 """Workloads: an operator and its key=value text (as in "matmul:m=512,n=512,k=512") in, a frozen
 `Workload` with its tensors, numpy reference and flop count out; the grammar, the bounds every workload
 keeps, deterministic random inputs and the check of an output against the reference. What each operator
-owns is behind the `Operator` protocol (xtune/operators.py); xtune/ops/registry.py finds it by name."""
+owns is behind the `Operator` protocol (its family, xtune/ops/family.py); xtune/ops/registry.py finds
+it by name."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class TensorSpec:
 
 
 ParamValue = int | str
+Inits = dict[str, np.ndarray]  # constant tensors by name: a model's initializers
 
 
 class Operator(Protocol):

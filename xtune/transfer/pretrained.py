@@ -18,9 +18,9 @@ import numpy as np
 
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError, XtuneWarning
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import ScheduleTemplate
 from xtune.target import Target, cpu_name, get_target
-from xtune.templates import ScheduleTemplate, template_for
 from xtune.transfer.modelfile import (
     MODEL_FORMAT,
     GroupCount,

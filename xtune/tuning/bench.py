@@ -12,9 +12,9 @@ import numpy as np
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit, gflops
 from xtune.errors import BoardError
+from xtune.ops.registry import template_for
 from xtune.ops.workload import Workload
 from xtune.schedule.space import KnobValue
-from xtune.templates import template_for
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
 from xtune.tuning.peers import numpy_seconds, ort_gflops
 

@@ -18,10 +18,10 @@ from typing import Any
 from xtune.boards.cost import RANKING_UNITS, CostUnit
 from xtune.errors import InputError, XtuneWarning
 from xtune.files import PathLike, check_input, check_paths
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import ScheduleTemplate
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
-from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.version import __version__
 

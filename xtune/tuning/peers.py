@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xtune.errors import InputError, XtuneError
-from xtune.operators import conv_shape
+from xtune.ops.registry import family
 from xtune.ops.workload import RTOL, Workload, check_output, random_inputs
 
 if TYPE_CHECKING:
@@ -171,8 +171,8 @@ def litert_network(
 
 def ort_gflops(workload: Workload) -> float | None:
     """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it or
-    for an operator `onnx_model` does not write (qmatmul: benchmarks/bench_int8.py runs its peer)."""
-    if not ort_available() or workload.op not in ("matmul", "conv2d", "depthwise"):
+    for an operator no ONNX node maps to (qmatmul: benchmarks/bench_int8.py runs its peer)."""
+    if not ort_available() or not family(workload.op).onnx_ops:
         return None
     return workload.flops() / statistics.median(ort_seconds(workload)) / 1e9
 
@@ -188,12 +188,8 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
     """The workload as an ONNX model: its first tensor is the graph input, the other inputs (weights,
     bias) are initializers, as in a deployed model, from `random_inputs` like numpy's.
 
-    matmul -> MatMul (+ Add bias); conv2d and depthwise -> Conv with bias, strides, pads and dilations,
-    depthwise with group=c and c*multiplier output channels (ONNX's grouped weights (M, C/group, kH, kW)
-    are exactly depthwise's nchw (c*multiplier, 1, r, s)); then (+ Add residual) (+ Relu, or Clip(0, 6)
-    for relu6). ONNX's Conv is NCHW only, so an nhwc conv2d or depthwise is wrapped in Transposes, with
-    its HWIO (depthwise: (r, s, c*multiplier)) weights stored as OIHW: the graph a converter (tf2onnx)
-    writes for an NHWC model, and what ORT then runs."""
+    The operator's own nodes are its family's (`onnx_nodes`: MatMul, Conv, ...); then (+ Add residual)
+    (+ Relu, or Clip(0, 6) for relu6)."""
     try:
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
@@ -207,26 +203,7 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
     tail = ["residual"] * bool(workload["residual"]) + ["relu"] * bool(workload["relu"] or workload["relu6"])
     names = [f"pre_{step}" for step in tail] + [_OUTPUT]
     last = names[0]
-    if workload.op == "matmul":
-        product = last if not workload["bias"] else "product"
-        nodes.append(helper.make_node("MatMul", [_INPUT, "B"], [product]))
-        if workload["bias"]:
-            nodes.append(helper.make_node("Add", [product, "bias"], [last]))
-    else:
-        sh = conv_shape(workload)
-        conv_in, conv_out = (_INPUT, last) if not sh.nhwc else ("x_nchw", "y_nchw")
-        if sh.nhwc:  # HWIO -> OIHW; a depthwise filter (r, s, c*multiplier) -> (c*multiplier, 1, r, s)
-            w = inits["weights"]
-            inits["weights"] = w.transpose(3, 2, 0, 1) if w.ndim == 4 else w.transpose(2, 0, 1)[:, None]
-            nodes.append(helper.make_node("Transpose", [_INPUT], [conv_in], perm=[0, 3, 1, 2]))
-        bias = ["bias"] if workload["bias"] else []
-        nodes.append(helper.make_node(
-            "Conv", [conv_in, "weights", *bias], [conv_out], kernel_shape=[sh.r, sh.s],
-            strides=[sh.stride] * 2, pads=[sh.pad] * 4, dilations=[sh.dilation] * 2,
-            group=sh.c if workload.op == "depthwise" else 1,
-        ))  # fmt: skip
-        if sh.nhwc:
-            nodes.append(helper.make_node("Transpose", [conv_out], [last], perm=[0, 2, 3, 1]))
+    nodes += family(workload.op).onnx_nodes(workload, _INPUT, last, inits)
     for step, (before, after) in zip(tail, itertools.pairwise(names), strict=True):
         if step == "residual":
             nodes.append(helper.make_node("Add", [before, "residual"], [after]))

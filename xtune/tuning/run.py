@@ -12,8 +12,8 @@ import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
 from xtune.boards.cost import CostUnit, gflops
+from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
-from xtune.templates import ScheduleTemplate
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders
 from xtune.tuning.loop import StopReason, StopTuning, TuneProgress, TuneSummary

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from xtune.boards.board import Board
 from xtune.errors import InputError
-from xtune.templates import template_for
+from xtune.ops.registry import template_for
 from xtune.tuning.allocation import (
     RoundRobin,
     SchedulerOptions,

@@ -12,8 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
+from xtune.ops.registry import template_for
+from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
-from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import (
     Leader,

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from xtune.ops.featurize import FeatureSet
 from xtune.ops.qmatmul.template import QMatmulTemplate
-from xtune.templates import ScheduleTemplate
-from xtune.templates.tiles import parse_tile, whole_tiles
+from xtune.ops.template import ScheduleTemplate
+from xtune.ops.tiles import parse_tile, whole_tiles
 
 QMATMUL_FEATURES = (
     "log2_m",
@@ -77,3 +78,6 @@ def qmatmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.nda
         np.ceil(n / nr) * nr / n - 1,
     ]
     return np.stack(cols, axis=1)
+
+
+FEATURES = FeatureSet(name="qmatmul", columns=QMATMUL_FEATURES, compute=qmatmul_features)

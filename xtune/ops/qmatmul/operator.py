@@ -3,14 +3,25 @@ types), exact reference and random inputs that fit together (xtune/ops/qmatmul/r
 
 from __future__ import annotations
 
-from typing import ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.operators import require_positive
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import Anchor
+from xtune.ops.epilogue import require_positive
+from xtune.ops.featurize import FeatureSet
+from xtune.ops.layout import Layout
 from xtune.ops.qmatmul import reference as qref
-from xtune.ops.workload import DTypeName, ParamValue, TensorSpec, Workload
+from xtune.ops.qmatmul.features import FEATURES
+from xtune.ops.qmatmul.template import QMatmulTemplate
+from xtune.ops.template import ScheduleTemplate
+from xtune.ops.workload import DTypeName, Inits, ParamValue, TensorSpec, Workload
+from xtune.target import Target
+
+if TYPE_CHECKING:
+    import onnx
 
 # The largest k of a quantized matmul: 65536 products of 8-bit values, each at most 255 * 128 in size
 # after the zero point, stay within the int32 accumulator (2^16 * 32640 < 2^31).
@@ -73,6 +84,30 @@ class QMatmul:
 
     def flops(self, wl: Workload) -> int:
         return 2 * wl["m"] * wl["n"] * wl["k"]  # integer multiply-adds, counted as two operations
+
+    # The family's other half: its template and features; no ONNX node maps to it yet (so no task of a
+    # network, and no ONNX model for the ONNX Runtime peer: benchmarks/bench_int8.py runs its peer).
+    onnx_ops: ClassVar[tuple[str, ...]] = ()
+    layouts: ClassVar[frozenset[Layout]] = frozenset((Layout.NCHW,))
+    feature_sets: ClassVar[tuple[FeatureSet, ...]] = (FEATURES,)
+
+    def template(self, wl: Workload, target: Target) -> ScheduleTemplate:
+        return QMatmulTemplate(wl, target)
+
+    def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
+        return FEATURES, template
+
+    def anchor(self, graph: Graph, node: Node) -> Anchor | None:
+        return None
+
+    def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
+        raise InputError("qmatmul: no ONNX node maps to it yet")
+
+    def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
+        return weights
+
+    def onnx_nodes(self, wl: Workload, x: str, out: str, inits: Inits) -> list[onnx.NodeProto]:
+        raise InputError("qmatmul: no ONNX model is written for it (benchmarks/bench_int8.py runs its peer)")
 
 
 def _requant(wl: Workload) -> qref.Requant:

@@ -114,7 +114,7 @@ def requantize_tflite(
 
 
 def qmatmul(inputs: list[np.ndarray], a_type: str, requant: Requant) -> np.ndarray:
-    """The whole operator on the workload's tensors (xtune.operators.QMatmul.tensors): A, B, bias, the
+    """The whole operator on the workload's tensors (operator.py, QMatmul.tensors): A, B, bias, the
     scales (onnx: scale; tflite: multiplier, shift; none: nothing), qparams = [za, zy, lo, hi], in order."""
     a, b, bias, *scales, qparams = inputs
     za, zy, lo, hi = (int(v) for v in qparams)

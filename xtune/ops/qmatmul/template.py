@@ -20,6 +20,7 @@ import numpy as np
 
 from xtune.ops.qmatmul.epilogue import Requantizer
 from xtune.ops.qmatmul.reference import wrap32
+from xtune.ops.tiles import clipped, div, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -41,7 +42,6 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.tiles import clipped, div, parse_tile, whole_tiles
 
 MC_OPTIONS = (4, 8, 16, 32, 64, 128, 256, 512)
 NC_OPTIONS = (16, 32, 64, 128, 256, 512, 1024)

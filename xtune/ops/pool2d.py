@@ -1,5 +1,11 @@
-"""Pooling operators of a network: MaxPool and AveragePool (`Pool2d`) and GlobalAveragePool, in NCHW or
-NHWC (the layout pass's, xtune/firmware/relayout.py). Semantics as xtune/ops/generated.py states them."""
+"""The pooling family of a network's generated operators: ONNX's MaxPool and AveragePool (`Pool2d`) and
+GlobalAveragePool, in NCHW or NHWC (the layout pass's, xtune/firmware/relayout.py). Semantics as ONNX
+defines them: `pads` as (top, left, bottom, right), ceil_mode=0 and, for AveragePool, the default
+count_include_pad=0 (padding is neither a maximum candidate nor counted in the mean). Pooling with unit
+column stride runs whole output rows as vectors; with column stride 2 the window's input columns are not
+contiguous and each output is computed as a scalar (such pools are one layer of a network); in NHWC,
+pooling runs along channels, any stride. Pooling windows that overlap the padding are specialised at
+build time (their clipped extent is a constant), so the interior has no bounds checks."""
 
 from __future__ import annotations
 
@@ -10,8 +16,10 @@ from enum import Enum
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical, to_layout
-from xtune.ops.opkit import Shape, hsum_or_max, params, positive
+from xtune.ops.opkit import UNSUPPORTED, Consts, Mapped, NodeFamily, Shape, hsum_or_max, params, positive
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -83,6 +91,15 @@ class Pool2d:
         oh, ow = self._nchw_output[2:]
         if oh < 1 or ow < 1:
             raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
+
+    def in_layout(self, layout: Layout, out_shape: Shape) -> Pool2d:
+        """The same computation in `layout`: the same window over the layout's axes."""
+        return replace(self, layout=layout)
+
+    @property
+    def label(self) -> str:
+        """How a profile names its steps."""
+        return "pool2d"
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
@@ -196,6 +213,15 @@ class GlobalAveragePool:
     def __post_init__(self) -> None:
         positive("global average pool", n=self.n, c=self.c, h=self.h, w=self.w)
 
+    def in_layout(self, layout: Layout, out_shape: Shape) -> GlobalAveragePool:
+        """The same computation in `layout`: the same mean over the layout's axes."""
+        return replace(self, layout=layout)
+
+    @property
+    def label(self) -> str:
+        """How a profile names its steps."""
+        return "globalaveragepool"
+
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
         return (physical((self.n, self.c, self.h, self.w), self.layout),)
@@ -239,3 +265,49 @@ class GlobalAveragePool:
         with b.loop(self.n, "n") as img:
             b.split(c, lanes, lambda ch, count: channels(img, ch, count), "c")
         return b.kernel(name, params([("x", self.n * c * plane)], self.n * c))
+
+
+def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
+    if len(shape) != 4:
+        raise refuse(graph, node, f"only 2-D pooling (4-D NCHW input) is supported, the input is {shape}")
+    auto_pad = str(node.attr("auto_pad", "NOTSET"))
+    refusals = (
+        (int(node.attr("ceil_mode", 0)) != 0, "ceil_mode=1"),  # type: ignore[arg-type]
+        (any(d != 1 for d in node.ints("dilations", (1, 1))), "dilations"),
+        (auto_pad not in ("NOTSET", "VALID"), f"auto_pad {auto_pad}"),
+        (int(node.attr("storage_order", 0)) != 0, "storage_order=1"),  # type: ignore[arg-type]
+        (int(node.attr("count_include_pad", 0)) != 0, "count_include_pad=1"),  # type: ignore[arg-type]
+    )
+    for bad, what in refusals:
+        if bad:
+            raise refuse(graph, node, f"{what} is not supported")
+    kernel = node.ints("kernel_shape", ())
+    stride = node.ints("strides", (1, 1))
+    pads = (0, 0, 0, 0) if auto_pad == "VALID" else node.ints("pads", (0, 0, 0, 0))
+    if len(kernel) != 2 or len(stride) != 2 or len(pads) != 4:
+        raise refuse(graph, node, "kernel_shape, strides and pads must describe a 2-D window")
+    kind = PoolKind.MAX if node.op == "MaxPool" else PoolKind.AVERAGE
+    n, c, h, w = shape
+    try:
+        return Pool2d(kind=kind, n=n, c=c, h=h, w=w, kernel=(kernel[0], kernel[1]),
+                      stride=(stride[0], stride[1]), pads=(pads[0], pads[1], pads[2], pads[3]))  # fmt: skip
+    except InputError as err:  # pads as large as the window, a window larger than the padded input
+        raise refuse(graph, node, str(err)) from None
+
+
+def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
+    x = node.inputs[0]
+    shape = graph.shape(x)
+    if node.op == "GlobalAveragePool":
+        if len(shape) != 4:
+            raise refuse(graph, node, UNSUPPORTED)
+        return Mapped(kernel=GlobalAveragePool(n=shape[0], c=shape[1], h=shape[2], w=shape[3]), inputs=(x,))
+    return Mapped(kernel=_pool(graph, node, shape), inputs=(x,))
+
+
+FAMILY = NodeFamily(
+    kind="pooling",
+    onnx_ops=("MaxPool", "AveragePool", "GlobalAveragePool"),
+    layouts=frozenset(Layout),
+    from_node=from_node,
+)

@@ -19,6 +19,19 @@ from typing import Literal
 
 import numpy as np
 
+from xtune.ops.tiles import (
+    Epilogue,
+    Num,
+    Scalars,
+    clipped,
+    div,
+    fmas_per_load,
+    parse_tile,
+    register_tiles,
+    split_edges,
+    unrolled,
+    whole_tiles,
+)
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -34,19 +47,6 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.tiles import (
-    Epilogue,
-    Num,
-    Scalars,
-    clipped,
-    div,
-    fmas_per_load,
-    parse_tile,
-    register_tiles,
-    split_edges,
-    unrolled,
-    whole_tiles,
-)
 
 ORDERS = ("nkm", "nmk", "knm", "kmn", "mnk", "mkn")  # block loops, outermost first
 KC_OPTIONS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.operators import ConvShape, conv_shape
+from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -35,7 +36,6 @@ from xtune.schedule.loopnest import (
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
-from xtune.templates.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 
 OW_OPTIONS = (8, 16, 32, 64, 128, 256)
 

@@ -18,20 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from xtune.operators import EPILOGUE, ConvShape, conv_shape
-from xtune.ops.registry import parse_workload
-from xtune.ops.workload import Workload
-from xtune.schedule.loopnest import (
-    Affine,
-    Buffer,
-    BufferKind,
-    Kernel,
-)
-from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
-from xtune.target import Target
-from xtune.templates.conv2d_nest import ConvEmitter, ConvSchedule, padded
-from xtune.templates.matmul import MatmulTemplate, Operands
-from xtune.templates.tiles import (
+from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.conv2d.direct_nest import ConvEmitter, ConvSchedule, padded
+from xtune.ops.epilogue import EPILOGUE
+from xtune.ops.matmul import Matmul
+from xtune.ops.matmul.template import MatmulTemplate, Operands
+from xtune.ops.tiles import (
     Epilogue,
     Scalars,
     clipped,
@@ -41,6 +33,15 @@ from xtune.templates.tiles import (
     tile_registers,
     whole_tiles,
 )
+from xtune.ops.workload import Workload, make_workload
+from xtune.schedule.loopnest import (
+    Affine,
+    Buffer,
+    BufferKind,
+    Kernel,
+)
+from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
+from xtune.target import Target
 
 IC_OPTIONS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 OC_OPTIONS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -106,7 +107,8 @@ def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
         operands = Operands(a="weights", b="input", c="output", params=params, bias_rows=True, batch=sh.n,
                             prepacked="A" if packed else "")  # fmt: skip
     epilogue = ",".join(f"{key}={workload[key]}" for key in EPILOGUE)  # the same fused epilogue
-    return parse_workload(f"matmul:m={m},n={n},k={k},{epilogue}"), operands
+    rest = f"m={m},n={n},k={k},{epilogue}"
+    return make_workload(Matmul(), rest, f"matmul:{rest}"), operands
 
 
 class Conv2dTemplate:

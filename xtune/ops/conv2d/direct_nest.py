@@ -1,4 +1,4 @@
-"""The conv2d template's loop nest (templates/conv2d.py has its space, default config and packed weights):
+"""The conv2d template's loop nest (ops/conv2d/direct.py has its space, default config and packed weights):
 per image and block of input channels the input is copied into a zero-padded local buffer, per block
 of output channels the weights are packed into strips (unless prepacked), and a register tile of P
 output pixels x V channel vectors accumulates broadcast(input) x weight-vector FMAs."""
@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from xtune.operators import ConvShape, conv_shape
+from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.tiles import Epilogue, Rows, split_edges, transposed_copy, unrolled
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -23,13 +24,6 @@ from xtune.schedule.loopnest import (
     NestBuilder,
     Reg,
     Value,
-)
-from xtune.templates.tiles import (
-    Epilogue,
-    Rows,
-    split_edges,
-    transposed_copy,
-    unrolled,
 )
 
 

@@ -15,7 +15,7 @@ code that leaves out the taps falling on padding. Channels past the last whole v
 loads and stores (Load/Store counts). A multiplier above 1 copies, per output row, the input rows it
 reads into a local buffer with every channel repeated `multiplier` times (output channel o reads input
 channel o // multiplier), then runs the same microkernel on it. Bias plus residual start the
-accumulators, ReLU/ReLU6 clamp them before the store (templates/matmul.py `Epilogue`).
+accumulators, ReLU/ReLU6 clamp them before the store (ops/matmul/template.py `Epilogue`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.operators import ConvShape, conv_shape
+from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Affine, Buffer, BufferKind, Kernel, Load, LoopKind, MulAdd, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
-from xtune.templates.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 
 K_OPTIONS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768)  # output channels per block
 OH_OPTIONS = (1, 2, 4, 8, 16, 32)  # interior output rows per block

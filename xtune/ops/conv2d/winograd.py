@@ -14,7 +14,7 @@ float by float through a small transposing buffer (Ot).
 U = G g G^T (16 x C x K floats) is the transformed weights: `prepack` computes it on the host (a
 network's constant weights, prepacked=1, through `kernel_inputs`), or the kernel computes the U of each
 output-channel block from the plain weights into a local buffer. This module holds the space, the default
-config and U; templates/winograd_nest.py the loop nest.
+config and U; ops/conv2d/winograd_nest.py the loop nest.
 """
 
 from __future__ import annotations
@@ -23,13 +23,8 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from xtune.operators import ConvShape, conv_shape
-from xtune.ops.workload import Workload
-from xtune.schedule.loopnest import Kernel
-from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
-from xtune.target import Target
-from xtune.templates.tiles import clipped, fmas_per_load, parse_tile, register_tiles, tile_registers
-from xtune.templates.winograd_nest import (
+from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.conv2d.winograd_nest import (
     E,
     WinogradEmitter,
     WinogradSchedule,
@@ -38,6 +33,11 @@ from xtune.templates.winograd_nest import (
     stack_floats,
     tiles,
 )
+from xtune.ops.tiles import clipped, fmas_per_load, parse_tile, register_tiles, tile_registers
+from xtune.ops.workload import Workload
+from xtune.schedule.loopnest import Kernel
+from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
+from xtune.target import Target
 
 TY_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tile rows per block
 TX_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tiles along a row per block

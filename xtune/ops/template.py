@@ -1,18 +1,24 @@
-"""Schedule templates: a (workload, target) in, its config space, default config and loop nests out."""
+"""Schedule templates: a (workload, target) in, its config space, default config and loop nests out. The
+protocol every family's templates keep; a family picks its own (xtune/ops/registry.py, `template_for`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from functools import cache
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 import numpy as np
 
-from xtune.errors import InputError
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace
 from xtune.target import Target
+
+# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
+# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
+# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB,
+# except where a template copies a whole padded image (a 3x4096x4096 conv2d: 64 MiB): such a network is
+# refused when its tasks are extracted (xtune/frontend/tasks.py), not tuned into stack overflows.
+MAX_STACK_BYTES = 8 << 20
 
 # The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
 # the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
@@ -53,38 +59,3 @@ class ScheduleTemplate(Protocol):
         emitted from the nest code the kernel reads the packed weights by, so a firmware packs them on
         its board (`xtune build --workload ...,prepacked=1`)."""
         ...
-
-
-@cache
-def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
-    from xtune.operators import conv_shape
-    from xtune.ops.qmatmul.template import QMatmulTemplate
-    from xtune.templates.conv2d import Conv2dTemplate
-    from xtune.templates.depthwise import DepthwiseTemplate
-    from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate
-    from xtune.templates.matmul import MatmulTemplate
-
-    # Typed as constructors of the protocol, so mypy checks that every template has all of it.
-    templates: dict[str, Callable[[Workload, Target], ScheduleTemplate]] = {
-        "matmul": MatmulTemplate, "conv2d": Conv2dTemplate, "depthwise": DepthwiseTemplate,
-        "qmatmul": QMatmulTemplate,
-    }  # fmt: skip
-    if workload.op == "depthwise" and conv_shape(workload).nhwc:  # channels, not rows, are its vectors
-        templates["depthwise"] = DepthwiseNhwcTemplate
-    if workload.op not in templates:
-        raise InputError(f"no schedule template for operator '{workload.op}'")
-    if workload.op == "conv2d" and workload.value("algo") == "winograd":
-        from xtune.templates.winograd import WinogradTemplate
-
-        templates["conv2d"] = WinogradTemplate
-    return templates[workload.op](workload, target)
-
-
-def features_template(template: ScheduleTemplate) -> ScheduleTemplate:
-    """The template whose features, analytic estimate and cost models describe `template`'s configs:
-    itself, or the matmul a pointwise conv2d lowers through (the same space)."""
-    from xtune.templates.conv2d import Conv2dTemplate
-
-    if isinstance(template, Conv2dTemplate) and template.as_matmul is not None:
-        return template.as_matmul
-    return template

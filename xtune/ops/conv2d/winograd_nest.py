@@ -1,4 +1,4 @@
-"""The loop nest of the Winograd template (templates/winograd.py): a resolved schedule in, the F(2x2, 3x3)
+"""The loop nest of the Winograd template (ops/conv2d/winograd.py): a resolved schedule in, the F(2x2, 3x3)
 kernel out: the padded copy, the weight transform of a call without prepacked U, and per block of tiles
 the input transform, the 16 GEMMs and the output transform with the fused epilogue."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from xtune.operators import ConvShape, conv_shape
+from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.tiles import Epilogue, Rows, split_edges, transposed_copy, unrolled
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -24,7 +25,6 @@ from xtune.schedule.loopnest import (
     Reg,
     Value,
 )
-from xtune.templates.tiles import Epilogue, Rows, split_edges, transposed_copy, unrolled
 
 E = 16  # elements of a transformed 4x4 tile
 

@@ -1,0 +1,223 @@
+"""Convolution geometry the conv2d and depthwise families share: a workload in, its `ConvShape` (output
+size, channels, layout) out; the checks of its window keys; the strided windows the numpy references
+read; and the stride, pad and dilation of an ONNX Conv node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import Anchor, float_constant, refuse
+from xtune.ops.epilogue import require_positive, require_switches
+from xtune.ops.workload import ParamValue, Workload
+
+if TYPE_CHECKING:
+    import onnx
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """The geometry of a conv2d or depthwise workload, resolved once for references and templates."""
+
+    n: int
+    c: int  # input channels
+    h: int
+    w: int
+    k: int  # output channels (c * multiplier for depthwise)
+    r: int  # kernel height
+    s: int  # kernel width
+    stride: int
+    pad: int
+    dilation: int
+    nhwc: bool
+    multiplier: int = 1
+
+    @property
+    def oh(self) -> int:
+        return (self.h + 2 * self.pad - self.dilation * (self.r - 1) - 1) // self.stride + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + 2 * self.pad - self.dilation * (self.s - 1) - 1) // self.stride + 1
+
+
+def conv_shape(wl: Workload) -> ConvShape:
+    """The geometry of a convolution workload: output channels are `k`, or, for a family with a channel
+    `multiplier` (depthwise), c * multiplier."""
+    grouped = "multiplier" in wl.operator.keys
+    mult = wl["multiplier"] if grouped else 1
+    k = wl["c"] * mult if grouped else wl["k"]
+    return ConvShape(
+        wl["n"],
+        wl["c"],
+        wl["h"],
+        wl["w"],
+        k,
+        wl["r"],
+        wl["s"],
+        wl["stride"],
+        wl["pad"],
+        wl["dilation"],
+        wl.value("layout") == "nhwc",
+        mult,
+    )
+
+
+def validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...]) -> None:
+    require_positive(op, params, (*sizes, "stride", "dilation"))
+    require_switches(op, params)
+    pad = params["pad"]
+    if not isinstance(pad, int) or pad < 0:
+        raise InputError(f"{op}: 'pad' must be a non-negative integer, got {pad}")
+    for size, kernel in (("h", "r"), ("w", "s")):
+        span = int(params["dilation"]) * (int(params[kernel]) - 1) + 1
+        if span > int(params[size]) + 2 * pad:
+            raise InputError(
+                f"{op}: the kernel spans {span} along {size} (dilation {params['dilation']}), more than "
+                f"the padded input's {int(params[size]) + 2 * pad}"
+            )
+
+
+def windows(x: np.ndarray, sh: ConvShape, axes: tuple[int, int]) -> np.ndarray:
+    """A view of the padded input with two (window, output) axis pairs per spatial axis, no copy."""
+    pads = [(0, 0)] * x.ndim
+    for axis in axes:
+        pads[axis] = (sh.pad, sh.pad)
+    x = np.pad(x, pads)
+    shape, strides = list(x.shape), list(x.strides)
+    ha, wa = axes
+    shape[ha : wa + 1] = [sh.r, sh.s]
+    strides[ha : wa + 1] = [x.strides[ha] * sh.dilation, x.strides[wa] * sh.dilation]
+    out_shape = (sh.oh, sh.ow)
+    out_strides = (x.strides[ha] * sh.stride, x.strides[wa] * sh.stride)
+    return np.lib.stride_tricks.as_strided(x, (*shape, *out_shape), (*strides, *out_strides), writeable=False)
+
+
+def conv_geometry(graph: Graph, node: Node, hw: tuple[int, int], rs: tuple[int, int]) -> tuple[int, int, int]:
+    """(stride, pad, dilation), the same for both axes, or a refusal naming what differs."""
+    strides = node.ints("strides", (1, 1))
+    dilations = node.ints("dilations", (1, 1))
+    auto_pad = str(node.attr("auto_pad", "NOTSET"))
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        # ONNX Conv: the output is ceil(in / stride); the total padding splits evenly or not at all here.
+        totals = [
+            max(0, (-(-size // st) - 1) * st + d * (r - 1) + 1 - size)
+            for size, st, d, r in zip(hw, strides, dilations, rs, strict=True)
+        ]
+        pads = (*(t // 2 for t in totals), *(t - t // 2 for t in totals))
+    elif auto_pad == "VALID":
+        pads = (0, 0, 0, 0)
+    else:
+        pads = node.ints("pads", (0, 0, 0, 0))
+    if len(set(strides)) != 1:
+        raise refuse(graph, node, f"strides {strides} differ per axis (xtune takes one stride)")
+    if len(set(dilations)) != 1:
+        raise refuse(graph, node, f"dilations {dilations} differ per axis (xtune takes one dilation)")
+    if len(set(pads)) != 1:
+        raise refuse(graph, node, f"asymmetric padding {pads} (xtune pads every side alike)")
+    return strides[0], pads[0], dilations[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvNode:
+    """What an ONNX Conv node says, before a family claims it (group 1: conv2d; group = channels:
+    depthwise): input (n, c, h, w), OIHW weights (k, c / group, r, s), geometry, group, bias."""
+
+    input: tuple[int, int, int, int]
+    weights: np.ndarray
+    geometry: tuple[int, int, int]  # stride, pad, dilation
+    group: int
+    bias: np.ndarray | None
+    out: tuple[int, ...]
+
+    def sizes(self, extra: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+        """The workload's sizes in the order the families' keys take them: n, c, h, w, `extra` (conv2d's
+        k), r, s, stride, pad."""
+        n, c, h, w = self.input
+        _, _, r, s = self.weights.shape
+        stride, pad, _ = self.geometry
+        return (
+            ("n", n),
+            ("c", c),
+            ("h", h),
+            ("w", w),
+            *extra,
+            ("r", r),
+            ("s", s),
+            ("stride", stride),
+            ("pad", pad),
+        )
+
+    def anchor(self, node: Node, op: str, sizes: tuple[tuple[str, int], ...]) -> Anchor:
+        """The kernel call of family `op` with the workload `sizes`: output channels on axis 1, OIHW's O."""
+        return Anchor(
+            node=node,
+            op=op,
+            sizes=sizes,
+            out_shape=self.out,
+            channel_axis=1,
+            weights=self.weights,
+            bias=self.bias,
+        )
+
+
+def read_conv(graph: Graph, node: Node) -> ConvNode:
+    """The Conv node's shapes, geometry and constants, or a refusal naming it."""
+    x = graph.shape(node.inputs[0])
+    w = float_constant(graph, node, node.inputs[1], "weight")
+    if len(x) != 4 or w.ndim != 4:
+        raise refuse(graph, node, f"only 2-D convolutions (4-D NCHW input) are supported, the input is {x}")
+    n, c, h, wd = x
+    geometry = conv_geometry(graph, node, (h, wd), (w.shape[2], w.shape[3]))
+    bias = (
+        float_constant(graph, node, node.inputs[2], "bias")
+        if len(node.inputs) > 2 and node.inputs[2]
+        else None
+    )
+    group = int(node.attr("group", 1))  # type: ignore[arg-type]
+    return ConvNode(
+        input=(n, c, h, wd),
+        weights=w,
+        geometry=geometry,
+        group=group,
+        bias=bias,
+        out=graph.shape(node.outputs[0]),
+    )
+
+
+def conv_nodes(
+    wl: Workload, group: int, x: str, out: str, inits: dict[str, np.ndarray]
+) -> list[onnx.NodeProto]:
+    """An ONNX Conv computing `wl` (with its bias) from `x` into `out`, its weights in `inits`. ONNX's
+    Conv is NCHW only, so an nhwc workload is wrapped in Transposes, with its HWIO (depthwise: (r, s,
+    c*multiplier)) weights stored as OIHW: the graph a converter (tf2onnx) writes for an NHWC model.
+    ONNX's grouped weights (M, C/group, kH, kW) are exactly depthwise's nchw (c*multiplier, 1, r, s)."""
+    from onnx import helper
+
+    sh = conv_shape(wl)
+    nodes = []
+    conv_in, conv_out = (x, out) if not sh.nhwc else ("x_nchw", "y_nchw")
+    if sh.nhwc:  # HWIO -> OIHW; a depthwise filter (r, s, c*multiplier) -> (c*multiplier, 1, r, s)
+        w = inits["weights"]
+        inits["weights"] = w.transpose(3, 2, 0, 1) if w.ndim == 4 else w.transpose(2, 0, 1)[:, None]
+        nodes.append(helper.make_node("Transpose", [x], [conv_in], perm=[0, 3, 1, 2]))
+    bias = ["bias"] if wl["bias"] else []
+    nodes.append(
+        helper.make_node(
+            "Conv",
+            [conv_in, "weights", *bias],
+            [conv_out],
+            kernel_shape=[sh.r, sh.s],
+            strides=[sh.stride] * 2,
+            pads=[sh.pad] * 4,
+            dilations=[sh.dilation] * 2,
+            group=group,
+        )
+    )
+    if sh.nhwc:
+        nodes.append(helper.make_node("Transpose", [conv_out], [out], perm=[0, 2, 3, 1]))
+    return nodes

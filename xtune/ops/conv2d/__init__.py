@@ -1,0 +1,182 @@
+"""The conv2d family: 2-D convolution with the fused epilogue, direct (direct.py) or by Winograd's
+F(2x2, 3x3) (winograd.py), picked by the workload's own `algo` key; a pointwise one lowers through the
+matmul template and is featured as a matmul. Its workload keys, validation, tensors, numpy reference and
+flops; the ONNX Conv nodes of group 1 it runs (2-D, NCHW, OIHW weights, one stride, dilation and pad
+for both axes); its weights in the layout its workload takes; its features (features.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import Anchor
+from xtune.ops.conv import ConvShape, conv_nodes, conv_shape, read_conv, validate_conv, windows
+from xtune.ops.conv2d.direct import Conv2dTemplate
+from xtune.ops.conv2d.features import DIRECT, WINOGRAD
+from xtune.ops.conv2d.winograd import WinogradTemplate, fits_stack
+from xtune.ops.epilogue import EPILOGUE, PREPACKED, apply_epilogue, epilogue_tensors
+from xtune.ops.featurize import FeatureSet
+from xtune.ops.layout import Layout, layout_key
+from xtune.ops.matmul.features import FEATURES as MATMUL_FEATURES
+from xtune.ops.template import ScheduleTemplate
+from xtune.ops.workload import Inits, ParamValue, TensorSpec, Workload
+from xtune.target import Target
+
+if TYPE_CHECKING:
+    import onnx
+
+
+def winograd_eligible(params: dict[str, ParamValue] | Workload) -> bool:
+    """Whether a conv2d may take algo=winograd (F(2x2, 3x3), ops/conv2d/winograd.py): a 3x3 window at
+    stride 1 without dilation. The one home of the rule: validation and task extraction call it."""
+    return all(params[key] == value for key, value in (("r", 3), ("s", 3), ("stride", 1), ("dilation", 1)))
+
+
+def require_winograd(params: dict[str, ParamValue]) -> None:
+    if not winograd_eligible(params):
+        raise InputError(
+            "conv2d: algo=winograd needs r=3, s=3, stride=1, dilation=1, got "
+            f"r={params['r']}, s={params['s']}, stride={params['stride']}, dilation={params['dilation']}"
+        )
+
+
+class Conv2d:
+    """2-D convolution (cross-correlation, as in every framework), float32, the kernel overwrites out.
+
+    layout=nchw: input (n,c,h,w), weights (k,c,r,s) [OIHW, PyTorch/ONNX], output (n,k,oh,ow).
+    layout=nhwc: input (n,h,w,c), weights (r,s,c,k) [HWIO, TensorFlow's tf.nn.conv2d], output (n,oh,ow,k).
+    bias=1 adds a (k,) tensor, residual=1 a tensor shaped like the output; relu=1 clamps at 0, relu6=1
+    to [0, 6]. prepacked=1: the weights are passed in the packed layout of the kernel's config.
+    oh = (h+2pad-dil(r-1)-1)//stride+1. algo=winograd (3x3, stride 1, dilation 1 only) picks the Winograd
+    F(2x2, 3x3) template: the same tensors and reference, fewer multiplies."""
+
+    name: ClassVar[str] = "conv2d"
+    keys: ClassVar[tuple[str, ...]] = (
+        "n",
+        "c",
+        "h",
+        "w",
+        "k",
+        "r",
+        "s",
+        "stride",
+        "pad",
+        "dilation",
+        "layout",
+        "algo",
+        *EPILOGUE,
+        *PREPACKED,
+    )
+    defaults: ClassVar[dict[str, ParamValue]] = {
+        "stride": 1,
+        "pad": 0,
+        "dilation": 1,
+        "layout": "nchw",
+        "algo": "direct",
+        **EPILOGUE,
+        **PREPACKED,
+    }
+    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", "algo", *EPILOGUE, *PREPACKED))
+    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc"), "algo": ("direct", "winograd")}
+
+    def validate(self, params: dict[str, ParamValue]) -> None:
+        validate_conv(self.name, params, ("n", "c", "h", "w", "k", "r", "s"))
+        if params["algo"] == "winograd":
+            require_winograd(params)
+
+    def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
+        sh = conv_shape(wl)
+        if sh.nhwc:
+            io = (
+                TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
+                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), axes="r, s, c, k: HWIO"),
+            )
+            out = TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True)
+        else:
+            io = (
+                TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)),
+                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s), axes="k, c, r, s: OIHW"),
+            )
+            out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
+        return (*io, *epilogue_tensors(wl, sh.k, out.shape), out)
+
+    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+        """im2col + one np.matmul: also the "numpy" baseline that benchmarks compare against."""
+        sh = conv_shape(wl)
+        x, wt = inputs[0], inputs[1]
+        if sh.nhwc:  # view (n, r, s, c, oh, ow) -> columns (n, oh, ow, r, s, c) @ (r*s*c, k)
+            win = windows(x, sh, (1, 2)).transpose(0, 4, 5, 1, 2, 3)
+            rows = win.reshape(sh.n * sh.oh * sh.ow, sh.r * sh.s * sh.c)
+            out = np.matmul(rows, wt.reshape(-1, sh.k)).reshape(sh.n, sh.oh, sh.ow, sh.k)
+            return apply_epilogue(wl, out, inputs[2:], axis=3)
+        cols = windows(x, sh, (2, 3)).reshape(sh.n, sh.c * sh.r * sh.s, sh.oh * sh.ow)
+        out = np.matmul(wt.reshape(sh.k, -1), cols).reshape(sh.n, sh.k, sh.oh, sh.ow)
+        return apply_epilogue(wl, out, inputs[2:], axis=1)
+
+    def flops(self, wl: Workload) -> int:
+        sh = conv_shape(wl)
+        return 2 * sh.n * sh.k * sh.oh * sh.ow * sh.c * sh.r * sh.s
+
+    onnx_ops: ClassVar[tuple[str, ...]] = ("Conv",)
+    layouts: ClassVar[frozenset[Layout]] = frozenset(Layout)
+    feature_sets: ClassVar[tuple[FeatureSet, ...]] = (DIRECT, WINOGRAD)
+
+    def template(self, wl: Workload, target: Target) -> ScheduleTemplate:
+        if wl.value("algo") == "winograd":
+            return WinogradTemplate(wl, target)
+        return Conv2dTemplate(wl, target)
+
+    def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
+        """Winograd's own, or the matmul's of the template a pointwise conv2d lowers through (the same
+        space), or the direct template's."""
+        if isinstance(template, WinogradTemplate):
+            return WINOGRAD, template
+        if isinstance(template, Conv2dTemplate) and template.as_matmul is not None:
+            return MATMUL_FEATURES, template.as_matmul
+        return DIRECT, template
+
+    def anchor(self, graph: Graph, node: Node) -> Anchor | None:
+        conv = read_conv(graph, node)
+        if conv.group != 1:
+            return None
+        k = conv.weights.shape[0]
+        sizes = (*conv.sizes((("k", k),)), ("dilation", conv.geometry[2]))
+        return conv.anchor(node, self.name, sizes)
+
+    def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
+        """In `layout`, prepacked=1 for constant weights (packed once at build time, xtune/firmware/build.py),
+        and Winograd where it may run with constant weights: 2.25x fewer multiplies than any direct kernel,
+        with U = G g G^T made once at build time (docs/design.md, Convolutions). Weights that are an
+        activation would be transformed on every call: those layers stay direct."""
+        constant = anchor.weights is not None
+        extra: tuple[tuple[str, ParamValue], ...] = layout_key(layout)
+        # So do non-finite weights: the transform mixes each weight into 16 sums, and inf - inf makes NaN
+        # of outputs that a direct convolution computes as +-inf (what ONNX Runtime gives); and a layer
+        # whose padded image copy would exceed Winograd's stack budget is tuned and built direct.
+        finite = anchor.weights is not None and bool(np.all(np.isfinite(anchor.weights)))
+        sizes: dict[str, ParamValue] = {"dilation": 1, **dict(anchor.sizes)}
+        if finite and winograd_eligible(sizes) and _winograd_fits(sizes, layout):
+            extra += (("algo", "winograd"),)
+        packed = {"prepacked": 1} if constant else {}
+        return anchor.key(extra, {**switches, **packed})
+
+    def onnx_nodes(self, wl: Workload, x: str, out: str, inits: Inits) -> list[onnx.NodeProto]:
+        return conv_nodes(wl, 1, x, out, inits)
+
+    def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
+        """ONNX's OIHW weights (BatchNorm folded) in the workload's layout: HWIO (r, s, c, k) for nhwc."""
+        if wl.value("layout") != "nhwc":
+            return weights
+        return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))
+
+
+def _winograd_fits(sizes: dict[str, ParamValue], layout: Layout) -> bool:
+    """Whether a Winograd kernel of these sizes keeps its padded image copy within its stack budget; a
+    larger layer is tuned and built direct, rather than refused when its tasks are extracted."""
+    n, c, h, w, k, r, s, stride, pad, dilation = (
+        int(sizes[key]) for key in ("n", "c", "h", "w", "k", "r", "s", "stride", "pad", "dilation")
+    )
+    return fits_stack(ConvShape(n, c, h, w, k, r, s, stride, pad, dilation, layout is Layout.NHWC))

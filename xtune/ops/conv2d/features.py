@@ -1,0 +1,147 @@
+"""The conv2d family's features: a direct conv2d template (the "conv2d" cost models) or a Winograd one
+(the "winograd" models, another space) and config indices in, the feature matrix out; Winograd's with
+its analytic estimate. A pointwise conv2d is featured as its matmul (xtune/ops/conv2d/__init__.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xtune.ops import tiles
+from xtune.ops.conv import conv_shape
+from xtune.ops.conv2d import direct as conv2d
+from xtune.ops.conv2d import direct_nest as conv2d_nest
+from xtune.ops.conv2d import winograd_nest
+from xtune.ops.estimate import (
+    L2_BW,
+    L3_BW,
+    LOADS_PER_CYCLE,
+    STORES_PER_CYCLE,
+    overlapped,
+    tile_cycles,
+    vector_fma_rate,
+)
+from xtune.ops.featurize import Configs, FeatureSet, Indices, log2, target_sizes
+from xtune.ops.template import ScheduleTemplate
+from xtune.target import Target
+
+CONV2D_FEATURES = (
+    "log2_c", "log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation", "lanes_log2", "nhwc",
+    "acc_regs_frac", "regs_used_frac", "fma_per_load", "p", "nv",
+    "k_waste", "ow_waste", "pad_waste",
+    "input_block_l2", "input_rows_l1", "weight_strip_l1", "weight_block_l2",
+    "c_blocks_log2", "k_blocks_log2", "unroll_kw", "unroll_log2", "unrolled_fmas_log2",
+    "order_pk", "reduction_rsc", "pack_hwc", "scalar_pack", "nchw_scatter_per_fma", "pack_per_fma",
+)  # fmt: skip
+
+
+def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
+    t, sh = template.target, conv_shape(template.workload)
+    cfg = Configs(template, indices)
+    ints, flag = cfg.ints, cfg.flag
+    p, nv = cfg.tiles()
+    lanes, regs, l1, l2 = target_sizes(t)
+    nr = nv * lanes
+    hp, wp = (float(v) for v in conv2d_nest.padded(sh))
+    cb, kb, ohb = conv2d.channel_blocks(sh, nr, ints("tile_ic"), ints("tile_oc"), ints("tile_oh"))
+    unroll_kw, unroll = ints("unroll_kw"), ints("unroll")
+    hwc = flag("pack_layout", "hwc")
+    rows = (ohb - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
+    fmas = float(sh.k * sh.oh * sh.ow * sh.c * sh.r * sh.s)
+    one = np.ones_like(p)
+    cols = [
+        one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow),
+        one * np.log2(sh.r * sh.s), one * sh.stride, one * sh.dilation, one * np.log2(lanes), one * sh.nhwc,
+        p * nv / regs, tiles.tile_registers(p, nv) / regs, tiles.fmas_per_load(p, nv), p, nv,
+        np.ceil(sh.k / nr) * nr / sh.k - 1, np.ceil(sh.ow / p) * p / sh.ow - 1,
+        one * (hp * wp / (sh.h * sh.w) - 1),
+        log2(4 * cb * hp * wp / l2), log2(4 * rows * wp * cb / l1), log2(4 * cb * sh.r * sh.s * nr / l1),
+        log2(4 * cb * sh.r * sh.s * kb / l2),
+        log2(np.ceil(sh.c / cb)), log2(np.ceil(sh.k / kb)), unroll_kw, log2(unroll),
+        log2(p * nv * unroll * np.where(unroll_kw > 0, sh.s, 1)),
+        flag("order", "pk"), flag("reduction", "rsc"), hwc, (hwc != sh.nhwc).astype(np.float64),
+        one * (0.0 if sh.nhwc else 1.0 / (sh.c * sh.r * sh.s)), one * sh.c * hp * wp / fmas,
+    ]  # fmt: skip
+    return np.stack(cols, axis=1)
+
+
+WINOGRAD_FEATURES = (
+    "log2_c", "log2_k", "log2_tiles", "lanes_log2", "acc_regs_frac", "regs_used_frac", "fma_per_load",
+    "mr", "nv", "block_tiles_log2", "group_waste", "k_waste", "v_block_l2", "m_block_l2", "u_strip_l1",
+    "c_blocks_log2", "k_blocks_log2", "unroll_log2", "order_kt", "weight_transform_per_fma",
+    "input_transforms_per_fma", "nhwc", "est_gemm_eff", "est_transforms_per_gemm", "est_eff",
+)  # fmt: skip
+
+
+def winograd_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
+    """The generic register-tile and blocking columns of the 16 GEMMs (tiles x C x K) of a Winograd conv2d."""
+    t, sh = template.target, conv_shape(template.workload)
+    cfg = Configs(template, indices)
+    mr, nv = cfg.tiles()
+    lanes, regs, l1, l2 = target_sizes(t)
+    nr = nv * lanes
+    th, tw = winograd_nest.tiles(sh)
+    e = winograd_nest.E  # floats per transformed tile
+    nt = np.minimum(cfg.ints("tile_ty"), th) * np.minimum(cfg.ints("tile_tx"), tw)
+    cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
+    one = np.ones_like(mr)
+    cols = [
+        one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(th * tw), one * np.log2(lanes),
+        mr * nv / regs, tiles.tile_registers(mr, nv) / regs, tiles.fmas_per_load(mr, nv), mr, nv,
+        log2(nt), np.ceil(nt / mr) * mr / nt - 1, np.ceil(sh.k / nr) * nr / sh.k - 1,
+        log2(4 * e * nt * sh.c / l2), log2(4 * e * nt * kb / l2), log2(4 * cb * nr / l1),
+        log2(np.ceil(sh.c / cb)), log2(np.ceil(sh.k / kb)), log2(cfg.ints("unroll")),
+        cfg.flag("order", "kt"),
+        # Per call, unless prepacked=1: U of every output-channel block (once per tile, not per FMA); the
+        # input is transformed again for every output-channel block.
+        one * (0.0 if template.workload["prepacked"] else 1.0 / (th * tw)), np.ceil(sh.k / kb) / sh.k,
+        one * sh.nhwc,
+        *winograd_estimate(t, (float(th * tw * sh.n), float(sh.c), float(sh.k)), (mr, nv), (nt, cb, kb),
+                           cfg.ints("unroll"), e),
+    ]  # fmt: skip
+    return np.stack(cols, axis=1)
+
+
+# Vector instructions per 4x4 tile and channel vector of the transforms (ops/conv2d/winograd_nest.py):
+# the input's B^T d B is 16 loads, 32 adds and 16 stores, bound by its stores; the output's A^T M A is 16
+# loads, 24 adds and 4 stores, bound by its loads (LOADS_PER_CYCLE). Per channel vector, in cycles.
+INPUT_TRANSFORM, OUTPUT_TRANSFORM = 16.0 / STORES_PER_CYCLE, 16.0 / LOADS_PER_CYCLE
+
+
+def winograd_estimate(
+    t: Target,
+    sizes: tuple[float, float, float],
+    tile: tuple[np.ndarray, np.ndarray],
+    blocks: tuple[np.ndarray, np.ndarray, np.ndarray],
+    unroll: np.ndarray,
+    e: int,
+) -> list[np.ndarray]:
+    """The Winograd kernel's share of the FMA peak of its e GEMMs (tiles x C x K): the register tiles of
+    each GEMM (the rows of a block's last tile group, per-call accumulator traffic, its channel loop's
+    steps), the input transform (again for every output-channel block) and the output transform, and U
+    streaming from L2 or beyond once per block of tiles. `sizes` is (tiles, c, k); `blocks` the tiles,
+    input and output channels per block. Returns (GEMM share, transform cycles / GEMM cycles, the
+    estimate)."""
+    n_tiles, c, k = sizes
+    mr, nv = tile
+    nt, cb, kb = blocks
+    lanes, fma_rate = float(t.fp32_lanes), vector_fma_rate(t)
+    nr = nv * lanes
+    tile_blocks, k_blocks, c_blocks = np.ceil(n_tiles / nt), np.ceil(k / kb), np.ceil(c / cb)
+    groups, tail = np.floor(nt / mr), nt - np.floor(nt / mr) * mr
+    strips = k_blocks * kb / nr
+    step = groups * tile_cycles(mr, nv, fma_rate, cb) + tile_cycles(tail, nv, fma_rate, cb)
+    calls = e * tile_blocks * c_blocks * strips * np.ceil(nt / mr)
+    overhead = calls * (2.0 * mr * nv / LOADS_PER_CYCLE + 8.0 + 0.5 * np.ceil(cb / unroll))
+    gemm = e * tile_blocks * strips * c * step + overhead
+    transforms = n_tiles * (
+        np.ceil(c / lanes) * k_blocks * INPUT_TRANSFORM + np.ceil(k / lanes) * OUTPUT_TRANSFORM
+    )
+    u_bytes = 4.0 * e * c * k
+    u_bw = L2_BW if u_bytes <= t.l2_bytes / 2 else L3_BW
+    ideal = e * n_tiles * c * k / (lanes * fma_rate)
+    total = overlapped(gemm + transforms, tile_blocks * u_bytes / u_bw)
+    return [ideal / gemm, transforms / gemm, ideal / total]
+
+
+DIRECT = FeatureSet(name="conv2d", columns=CONV2D_FEATURES, compute=conv2d_features)
+WINOGRAD = FeatureSet(name="winograd", columns=WINOGRAD_FEATURES, compute=winograd_features)

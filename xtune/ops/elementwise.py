@@ -1,0 +1,146 @@
+"""The elementwise family of a network's generated operators: ONNX's Add (same shapes; followed by its
+only reader Relu, one Add+ReLU), Relu and Clip (constant scalar bounds) as one `Elementwise` kernel, run
+in place and in the layout its first input has."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import refuse
+from xtune.ops.layout import Layout
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_operand, params, positive, vector_map
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Const,
+    Kernel,
+    Load,
+    NestBuilder,
+    Value,
+)
+
+
+class ElementwiseOp(Enum):
+    ADD = "add"
+    ADD_RELU = "add_relu"
+    CLIP = "clip"  # Relu is Clip(0, +inf)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Elementwise:
+    """Add (two inputs of `shape`), Add followed by ReLU, or Clip(lo, hi) (one input)."""
+
+    op: ElementwiseOp
+    shape: Shape
+    lo: float = -math.inf
+    hi: float = math.inf
+
+    def __post_init__(self) -> None:
+        positive("elementwise", **{f"dim{i}": d for i, d in enumerate(self.shape)})
+        if not self.lo <= self.hi:
+            raise InputError(f"clip: min {self.lo} is above max {self.hi}")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def in_layout(self, layout: Layout, out_shape: Shape) -> Elementwise:
+        """The same computation in `layout`: elementwise, the same whatever the order."""
+        return self
+
+    @property
+    def label(self) -> str:
+        """How a profile names its steps."""
+        return self.op.value
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return (self.shape,) * (1 if self.op is ElementwiseOp.CLIP else 2)
+
+    @property
+    def output_shape(self) -> Shape:
+        return self.shape
+
+    def reference(self, *xs: np.ndarray) -> np.ndarray:
+        if self.op is ElementwiseOp.CLIP:
+            return np.clip(xs[0], np.float32(self.lo), np.float32(self.hi))
+        out = xs[0] + xs[1]
+        return np.maximum(out, np.float32(0)) if self.op is ElementwiseOp.ADD_RELU else out
+
+    def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        b = NestBuilder()
+
+        def emit(i: Affine, width: int, count: int) -> None:
+            value: Value
+            if self.op is ElementwiseOp.CLIP:
+                value = Load("a", i, width, count)
+                if self.lo > -math.inf:
+                    value = Binary(BinaryOp.MAX, value, Const(self.lo, width))
+                if self.hi < math.inf:
+                    value = Binary(BinaryOp.MIN, value, Const(self.hi, width))
+            else:
+                value = Binary(BinaryOp.ADD, Load("a", i, width, count), Load("b", i, width, count))
+                if self.op is ElementwiseOp.ADD_RELU:
+                    value = Binary(BinaryOp.MAX, value, Const(0.0, width))
+            b.store("out", i, value, width, count)
+
+        vector_map(b, self.size, lanes, emit)
+        names = "a" if self.op is ElementwiseOp.CLIP else "ab"
+        # In place (the memory plan's in_place_of): `out` may be `a` or `b`. Every element is loaded before
+        # the same element is stored, so this is correct as long as LLVM is not told the pointers differ.
+        return b.kernel(name, params([(n, self.size) for n in names], self.size), noalias=False)
+
+
+def relu(shape: Shape) -> Elementwise:
+    return Elementwise(op=ElementwiseOp.CLIP, shape=shape, lo=0.0)
+
+
+def _bound(graph: Graph, node: Node, tensor: str) -> float | None:
+    if not tensor:
+        return None
+    value = graph.constant(tensor)
+    if value is None or value.size != 1:
+        raise refuse(graph, node, f"bound '{tensor}' is not a constant scalar")
+    return float(value.reshape(-1)[0])
+
+
+def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
+    out = node.outputs[0]
+    if node.op == "Add":
+        inputs = tuple(node.inputs[:2])
+        for t in inputs:
+            if graph.shape(t) != graph.shape(out):
+                raise refuse(
+                    graph,
+                    node,
+                    f"broadcasting {graph.shape(t)} to {graph.shape(out)} is not "
+                    "supported (xtune adds tensors of one shape)",
+                )
+            constant_operand(graph, node, t, consts)
+        fused = nxt if nxt is not None and nxt.op == "Relu" and out not in graph.outputs else None
+        op = ElementwiseOp.ADD_RELU if fused is not None else ElementwiseOp.ADD
+        return Mapped(
+            kernel=Elementwise(op=op, shape=graph.shape(out)), inputs=inputs, in_place=True, fused=fused
+        )
+    if node.op == "Relu":
+        return Mapped(kernel=relu(graph.shape(out)), inputs=(node.inputs[0],), in_place=True)
+    lo, hi = (_bound(graph, node, t) for t in (*node.inputs[1:3], "", "")[:2])
+    lo, hi = -math.inf if lo is None else lo, math.inf if hi is None else hi
+    kernel = Elementwise(op=ElementwiseOp.CLIP, shape=graph.shape(out), lo=lo, hi=hi)
+    return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True)
+
+
+FAMILY = NodeFamily(
+    kind="elementwise",
+    onnx_ops=("Add", "Relu", "Clip"),
+    layouts=frozenset(Layout),
+    from_node=from_node,
+    follows_input=True,
+)

@@ -1,0 +1,63 @@
+"""The fused epilogue every tunable operator takes (bias, residual, ReLU/ReLU6) and the prepacked switch:
+their workload keys, their extra tensors, their numpy side, and the checks of a family's integer and
+switch keys."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.ops.workload import ParamValue, TensorSpec, Workload
+
+# The fused epilogue switches every operator takes, in the order they apply: out = conv/matmul
+# (+ bias[channel]) (+ residual[same index as out]), then max(., 0) (relu) or min(max(., 0), 6) (relu6,
+# the Clip(0, 6) of MobileNetV2). residual is a whole extra input tensor shaped like the output (ResNet's
+# skip connection). All default to 0 and are left out of the text then, so older logs stay valid.
+EPILOGUE = {"bias": 0, "residual": 0, "relu": 0, "relu6": 0}
+# How the kernel reads its weights (conv2d's weights, matmul's B): prepacked=1, already in the packed
+# layout of the kernel's config, as a network's constant weights are laid out at build time (the
+# template's `kernel_inputs`, docs/design.md "Convolutions"); 0, as the tensors() say, packed per call as
+# the config asks. The reference, the tensors and the flops are the same either way.
+PREPACKED = {"prepacked": 0}
+
+
+def epilogue_tensors(wl: Workload, channels: int, out_shape: tuple[int, ...]) -> tuple[TensorSpec, ...]:
+    """The epilogue's extra inputs, between the operator's own inputs and its output: bias, residual."""
+    bias = (TensorSpec("bias", (channels,)),) if wl["bias"] else ()
+    residual = (TensorSpec("residual", out_shape),) if wl["residual"] else ()
+    return (*bias, *residual)
+
+
+def apply_epilogue(wl: Workload, out: np.ndarray, extra: list[np.ndarray], axis: int) -> np.ndarray:
+    """out + bias along `axis` + residual, then ReLU or ReLU6: the numpy side of the fused epilogue.
+    `extra` are the inputs after the operator's own (the `epilogue_tensors`)."""
+    rest = iter(extra)
+    if wl["bias"]:
+        bias = next(rest)
+        shape = [1] * out.ndim
+        shape[axis] = bias.size
+        out = out + bias.reshape(shape)
+    if wl["residual"]:
+        out = out + next(rest)
+    if wl["relu"] or wl["relu6"]:
+        out = np.maximum(out, np.float32(0))
+    if wl["relu6"]:
+        out = np.minimum(out, np.float32(6))
+    return out.astype(np.float32, copy=False)
+
+
+def require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if key not in params:
+            raise InputError(f"{op}: missing size '{key}'")
+        value = params[key]
+        if not isinstance(value, int) or value <= 0:
+            raise InputError(f"{op}: '{key}' must be a positive integer, got {value}")
+
+
+def require_switches(op: str, params: dict[str, ParamValue]) -> None:
+    for key in (*EPILOGUE, *(k for k in PREPACKED if k in params)):
+        if params[key] not in (0, 1):
+            raise InputError(f"{op}: '{key}' must be 0 or 1, got {params[key]}")
+    if params["relu"] and params["relu6"]:
+        raise InputError(f"{op}: 'relu' and 'relu6' exclude each other (relu6 already clamps at 0)")

@@ -1,0 +1,75 @@
+"""The featurize machinery the families share: a family's `FeatureSet` (its booster name, columns and
+the function that computes them from a template and config indices), and the vectorized knob lookups
+those functions use. Features are computed analytically from each config's resolved loop structure
+(block sizes, register tile, packing, order) rather than by building the nest, so that simulated
+annealing can score thousands of configs per batch; what a config resolves to is the template's rule,
+called on arrays, never restated."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from xtune.ops.template import ScheduleTemplate
+from xtune.ops.tiles import parse_tile
+from xtune.schedule.space import ConfigSpace, KnobValue
+from xtune.target import Target
+
+Indices = Sequence[int] | np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeatureSet:
+    """One set of features: `name` keys its cost models (a model file's boosters, a log's tuner), so it
+    never changes once models are trained on it; `columns` name the matrix's columns."""
+
+    name: str
+    columns: tuple[str, ...]
+    compute: Callable[[ScheduleTemplate, Indices], np.ndarray]
+
+
+@cache
+def _knob_tables(space: ConfigSpace) -> dict[str, tuple[int, np.ndarray]]:
+    """Each knob's digit column and its options as an array, built once per space."""
+    return {k.name: (col, np.asarray(k.options, dtype=object)) for col, k in enumerate(space.knobs)}
+
+
+@cache
+def _tile_table(options: tuple[KnobValue, ...]) -> np.ndarray:
+    """(rows, vectors) of every "MRxNV" tile option: parsed once, not once per config."""
+    return np.array([parse_tile(str(o)) for o in options], dtype=np.float64).reshape(-1, 2)
+
+
+class Configs:
+    """Knob values of many configs at once: one table lookup per knob (SA featurizes every step)."""
+
+    def __init__(self, template: ScheduleTemplate, indices: Sequence[int] | np.ndarray):
+        self.digits = template.space.digits(np.asarray(indices, dtype=np.int64))
+        self.tables = _knob_tables(template.space)
+
+    def values(self, name: str) -> np.ndarray:
+        col, table = self.tables[name]
+        return table[self.digits[:, col]]
+
+    def ints(self, name: str) -> np.ndarray:
+        return self.values(name).astype(np.float64)
+
+    def flag(self, name: str, value: KnobValue) -> np.ndarray:
+        return (self.values(name) == value).astype(np.float64)
+
+    def tiles(self) -> tuple[np.ndarray, np.ndarray]:
+        col, table = self.tables["tile"]
+        picked = _tile_table(tuple(table))[self.digits[:, col]]
+        return picked[:, 0], picked[:, 1]
+
+
+def target_sizes(t: Target) -> tuple[float, float, float, float]:
+    """fp32 lanes, vector registers, L1d and L2 bytes: the denominators of the relative features."""
+    return float(t.fp32_lanes), float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
+
+
+def log2(x: np.ndarray) -> np.ndarray:
+    return np.log2(np.maximum(x.astype(np.float64), 1e-9))
