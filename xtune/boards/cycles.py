@@ -24,6 +24,7 @@ from xtune.target import Target
 MCA_ITERATIONS = 100
 _TOOL = re.compile(r"llvm-mca-(\d+)$")
 _MCA_TIMEOUT_S = 120.0
+GUEST_PAGE = 4096  # qemu-user's target page on x86-64, AArch64 and RISC-V (TARGET_PAGE_BITS 12)
 _PROBE = {"aarch64": "add x0, x0, #1", "x86_64": "addq $1, %rax"}  # one instruction; RISC-V's is the default
 
 
@@ -170,6 +171,7 @@ class CycleModel:
         self.target, self.tools = target, tools
         self.comment = "//" if target.arch == "aarch64" else "#"
         self._cache: dict[tuple[bytes, tuple[str, ...]], BlockCycles] = {}
+        self._asm: dict[bytes, tuple[str, ...]] = {}  # a block's bytes -> its instruction lines
 
     def describe(self) -> str:
         """How the cycles are made, for a board's fingerprint."""
@@ -210,7 +212,7 @@ class CycleModel:
                     BoardFault.COST_MODEL,
                 )
         codes = [image[s : s + r.size] for s, r in zip(starts, runs, strict=True)]
-        asm = self._disassemble(codes, [r.insns for r in runs])
+        asm = self._disassemble(codes, runs)
         prefixes = (
             riscv_vtype_prefixes(starts, asm)
             if self.target.arch == "riscv64" and self.target.vector_bits
@@ -227,16 +229,26 @@ class CycleModel:
             self._cache.update(zip(new, self._simulate(list(new.values()), where), strict=True))
         return [self._cache[key] for key in keys]
 
-    def _disassemble(self, codes: Sequence[bytes], counts: Sequence[int]) -> list[tuple[str, ...]]:
+    def _disassemble(self, codes: Sequence[bytes], runs: Sequence[BlockRun]) -> list[tuple[str, ...]]:
+        """Each block's instruction lines; llvm-mc runs for bytes not seen before, in one process for the
+        blocks that end inside a page. A block that ends on a page boundary may end in part of an
+        instruction: QEMU ends a block before an instruction that crosses into the next page, and yet
+        lists it (seen with x86's variable-length instructions under qemu 7.2). Disassembled alone, its
+        bytes decode to the instructions that really ran there."""
+        todo = list(dict.fromkeys(c for c in codes if c not in self._asm))
+        run_of = {code: run for code, run in zip(codes, runs, strict=True)}
+        whole = [c for c in todo if (run_of[c].vaddr + run_of[c].size) % GUEST_PAGE]
+        if whole:
+            self._asm.update(zip(whole, self._decode(whole, [run_of[c].insns for c in whole]), strict=True))
+        for code in todo:
+            if code not in self._asm:
+                self._asm[code] = self._decode_page_end(code, run_of[code].insns)
+        return [self._asm[code] for code in codes]
+
+    def _decode(self, codes: Sequence[bytes], counts: Sequence[int]) -> list[tuple[str, ...]]:
         text = "\n".join(" ".join(f"0x{b:02x}" for b in code) for code in codes) + "\n"
-        argv = [
-            self.tools.mc,
-            "--disassemble",
-            "--show-encoding",
-            f"-triple={self.target.triple}",
-            f"-mattr={self.target.features}",
-        ]
-        out = self._tool(argv, text)
+        argv = [self.tools.mc, "--disassemble", "--show-encoding", f"-triple={self.target.triple}"]
+        out = self._tool([*argv, f"-mattr={self.target.features}"], text)
         try:
             return split_disassembly(out.stdout, counts)
         except ValueError as err:
@@ -245,6 +257,13 @@ class CycleModel:
                 f"llvm-mc {self.tools.version} cannot disassemble the kernel's blocks ({err}): {said}",
                 BoardFault.COST_MODEL,
             ) from None
+
+    def _decode_page_end(self, code: bytes, insns: int) -> tuple[str, ...]:
+        try:
+            (lines,) = self._decode([code], [insns])
+        except BoardError:
+            (lines,) = self._decode([code], [insns - 1])  # the last one was the start of the next block's
+        return lines
 
     def _simulate(self, regions: Sequence[Region], starts: Sequence[int]) -> list[BlockCycles]:
         source = mca_source(regions, self.comment)
