@@ -4,14 +4,14 @@
  * `min`, keyed by (guest vaddr, instruction count), and writes before the count line one line per block,
  * "pid b VADDR BYTES INSNS EXECS REPEATS\n" (hex vaddr): how often the block ran, and how many of those
  * runs directly followed a run of the same block (a loop body that is one block, back to back). The host
- * costs each block with llvm-mca (docs/qemu-insn-count.md). Built with host gcc only: Debian ships no qemu-plugin.h, so the handful of
+ * costs each block with llvm-mca (docs/emulated-costs.md). Built with host gcc only: Debian ships no qemu-plugin.h, so the handful of
  * API prototypes used are declared here, copied from QEMU 7.2's include/qemu/qemu-plugin.h.
  *
  *   gcc -shared -fPIC -O2 insncount.c -o libxtune-insncount.so
  *   qemu-aarch64 -plugin ./libxtune-insncount.so,min=0x1000000000,out=/tmp/counts ./xtune-agent
  *   qemu-aarch64 -plugin ./libxtune-insncount.so,min=0x1000000000,out=/tmp/counts,blocks=1 ./xtune-agent
  *
- * Why this works for the agent (docs/qemu-insn-count.md): qemu-user runs a guest fork() as a host
+ * Why this works for the agent (docs/emulated-costs.md): qemu-user runs a guest fork() as a host
  * fork(), so every run child gets a private copy of the counter, starting from the parent's value,
  * which stays 0 because only run children execute kernel code. A child's exit_group runs qemu's
  * preexit_cleanup() -> qemu_plugin_user_exit() -> our atexit callback BEFORE the process ends, so

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # their binutils are the linker oracle. openssh-server is the real sshd of the SSH board tests.
 # llvm-22 gives llvm-mca-22 and llvm-mc-22, the cycle cost of the emulated "-cycles" boards: the newest
 # Debian LLVM apt offers here (bookworm-security); its scheduling models include the SpacemiT X60 (LLVM 20+)
-# and years of fixes to the Cortex-A and SiFive ones since the system's llvm-14 (docs/qemu-insn-count.md).
+# and years of fixes to the Cortex-A and SiFive ones since the system's llvm-14 (docs/emulated-costs.md).
 APT_PACKAGES=(
   gcc libc6-dev make cmake
   qemu-user

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CliRunner
 from xtune.boards import board as board_module
 from xtune.boards.board import CycleCountingSession, QemuBoard, get_board
 from xtune.boards.cost import CostUnit
@@ -241,3 +242,53 @@ def test_a_block_llvm_mca_refuses_is_a_board_error_naming_it() -> None:
     message = str(caught.value)
     assert "-mcpu=cortex-a72 refuses the kernel's code (the block at image offset 0x0)" in message
     assert "unsupported instruction" in message and "\n" not in message
+
+
+@pytest.mark.board
+@pytest.mark.skipif(not HAVE_MCA or shutil.which("qemu-aarch64") is None, reason="needs llvm-mca-NN and qemu")
+def test_tune_best_and_build_speak_cycles(tmp_path: Path, xtune_cli: CliRunner) -> None:
+    log, workload = tmp_path / "log.jsonl", "matmul:m=16,n=16,k=32"
+    tuned = xtune_cli(
+        "tune",
+        "--workload",
+        workload,
+        "--board",
+        "qemu-aarch64-cycles",
+        "--trials",
+        "3",
+        "--tuner",
+        "random",
+        "--batch-size",
+        "3",
+        "--log",
+        str(log),
+        "--json",
+    )
+    assert tuned.returncode == 0, tuned.stderr
+    report = json.loads(tuned.stdout)
+    assert (
+        report["cost_unit"] == "cycles"
+        and report["confirmation"] == "exact"
+        and report["best_gflops"] is None
+    )
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == 3 and {line["result"]["cost_unit"] for line in lines} == {"cycles"}
+    assert all("llvm-mca" in dict(line["fingerprint"])["cost"] for line in lines)
+    best = xtune_cli("best", "--log", str(log))
+    assert best.returncode == 0 and f"{report['best_cost']:.0f} cycles" in best.stdout, best.stdout
+    built = xtune_cli(
+        "build",
+        "--target",
+        "arm-a72-neon",
+        "--workload",
+        workload,
+        "--log",
+        str(log),
+        "-o",
+        str(tmp_path / "k.o"),
+        "--header",
+        str(tmp_path / "k.h"),
+        "--json",
+    )
+    assert built.returncode == 0, built.stderr
+    assert json.loads(built.stdout)["kernels"][0]["config"] == report["best_config"]["index"]

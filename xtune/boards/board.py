@@ -88,7 +88,7 @@ def _qemu_version(binary: str) -> str:
 
 
 # Guest code below this address is the static agent (gcc links it at 0x400000, zig at 0x1000000);
-# qemu-user 7.2 maps guest mmaps, hence the kernel image, from 0x5500000000 up (docs/qemu-insn-count.md).
+# qemu-user 7.2 maps guest mmaps, hence the kernel image, from 0x5500000000 up (docs/emulated-costs.md).
 INSN_MIN_VADDR = 0x1000000000
 
 
@@ -165,7 +165,7 @@ class InsnCountingSession(AgentSession):
 
 class CycleCountingSession(InsnCountingSession):
     """The counting session of a cycles board: the plugin records blocks, and after each run llvm-mca
-    costs them against the image loaded last (docs/qemu-insn-count.md, "The cycle model")."""
+    costs them against the image loaded last (docs/emulated-costs.md, "The cycle model")."""
 
     def __init__(self, transport: Transport, timeout: float, counts: Path, model: CycleModel) -> None:
         self.model = model
@@ -195,14 +195,14 @@ class CycleCountingSession(InsnCountingSession):
 class QemuBoard:
     """The agent under qemu-user: results are correct, but wall time is no performance signal.
 
-    `cost` is what it records (docs/qemu-insn-count.md): INSTRUCTIONS (the default), the number of
+    `cost` is what it records (docs/emulated-costs.md): INSTRUCTIONS (the default), the number of
     instructions one kernel call executes, counted by a TCG plugin; CYCLES, llvm-mca's estimate for the
     blocks the plugin saw run (the target's `mca_cpu` model); NONE, correctness only (emulated wall time
     ranks nothing). Counts and estimates are deterministic, unlike emulated wall time."""
 
     def __init__(self, name: str, target: Target, cost: CostUnit = CostUnit.INSTRUCTIONS) -> None:
         if cost is CostUnit.SECONDS:
-            raise ValueError("a QEMU board's wall time is no cost (docs/qemu-insn-count.md)")
+            raise ValueError("a QEMU board's wall time is no cost (docs/emulated-costs.md)")
         self.name = name
         self.target = target
         self.cost_unit: CostUnit = cost

@@ -12,12 +12,12 @@ from enum import Enum
 
 class CostUnit(Enum):
     SECONDS = "s"  # wall time per call on real hardware
-    INSTRUCTIONS = "insn"  # instructions per call under qemu's insncount plugin (docs/qemu-insn-count.md)
+    INSTRUCTIONS = "insn"  # instructions per call under qemu's insncount plugin (docs/emulated-costs.md)
     # Estimated core cycles per call: the plugin's per-block counts times llvm-mca's cycles per block
-    # under the target's scheduling model (docs/qemu-insn-count.md, "The cycle model").
+    # under the target's scheduling model (docs/emulated-costs.md, "The cycle model").
     CYCLES = "cycles"
     # Correctness only: the board checks outputs but gives no figure. Emulated wall time is no speed
-    # signal (qemu-user's translation cost and its host inverted rankings, docs/qemu-insn-count.md).
+    # signal (qemu-user's translation cost and its host inverted rankings, docs/emulated-costs.md).
     NONE = "none"
 
     @property

@@ -2,7 +2,7 @@
 
 Each executed block's bytes are disassembled (llvm-mc) and simulated by llvm-mca under the target's
 scheduling model (`Target.mca_cpu`); a run of n back-to-back executions of a block costs its latency
-plus n - 1 times its steady-state throughput (docs/qemu-insn-count.md, "The cycle model")."""
+plus n - 1 times its steady-state throughput (docs/emulated-costs.md, "The cycle model")."""
 
 from __future__ import annotations
 

@@ -377,7 +377,7 @@ class Measurer:
         if self.board.cost_unit in COUNTED_UNITS:
             # QEMU boards: the check run was exactly one call and the insncount plugin counted it (its
             # instructions, or its blocks for the cycle estimate): a deterministic cost
-            # (docs/qemu-insn-count.md), so no timed run follows.
+            # (docs/emulated-costs.md), so no timed run follows.
             cost = session.last_cost if isinstance(session, InsnCountingSession) else None
             if cost is None:
                 raise BoardError(f"board {self.board.name} reported no {self.board.cost_unit.value} count "

@@ -92,7 +92,8 @@ class TuningReport:
         """How many timings the best's figure is over, and why not CONFIRM_TIMINGS when fewer."""
         n = self.best_timings
         if self.confirmation is Confirmation.EXACT:
-            return "an exact count" if n == 1 else f"an exact count, counted {n} times"
+            what = "a deterministic estimate" if self.cost_unit is CostUnit.CYCLES else "an exact count"
+            return what if n == 1 else f"{what}, counted {n} times"
         timed = "timed once" if n == 1 else f"median of {n} timings"
         if self.confirmation is None or self.confirmation is Confirmation.CONFIRMED:
             return timed
