@@ -25,6 +25,7 @@ MCA_ITERATIONS = 100
 _TOOL = re.compile(r"llvm-mca-(\d+)$")
 _MCA_TIMEOUT_S = 120.0
 GUEST_PAGE = 4096  # qemu-user's target page on x86-64, AArch64 and RISC-V (TARGET_PAGE_BITS 12)
+MAX_INSN_BYTES = 15  # the longest x86 instruction (Intel SDM vol. 2, 2.3.11); AArch64's and RISC-V's are 4
 _PROBE = {"aarch64": "add x0, x0, #1", "x86_64": "addq $1, %rax"}  # one instruction; RISC-V's is the default
 
 
@@ -231,15 +232,17 @@ class CycleModel:
 
     def _disassemble(self, codes: Sequence[bytes], runs: Sequence[BlockRun]) -> list[tuple[str, ...]]:
         """Each block's instruction lines; llvm-mc runs for bytes not seen before, in one process for the
-        blocks that end inside a page. A block that ends on a page boundary may end in part of an
-        instruction: QEMU ends a block before an instruction that crosses into the next page, and yet
-        lists it (seen with x86's variable-length instructions under qemu 7.2). Disassembled alone, its
-        bytes decode to the instructions that really ran there."""
+        blocks that end well inside a page. A block that ends within an instruction's length of a page
+        end may end in part of an instruction: QEMU ends a block before an instruction that crosses into
+        the next page, and yet lists it with the bytes it had read (seen with x86's variable-length
+        instructions under qemu 7.2). Disassembled alone, its bytes decode to the instructions that ran."""
         todo = list(dict.fromkeys(c for c in codes if c not in self._asm))
         run_of = {code: run for code, run in zip(codes, runs, strict=True)}
-        whole = [c for c in todo if (run_of[c].vaddr + run_of[c].size) % GUEST_PAGE]
-        if whole:
-            self._asm.update(zip(whole, self._decode(whole, [run_of[c].insns for c in whole]), strict=True))
+        inside = [c for c in todo if -(run_of[c].vaddr + run_of[c].size) % GUEST_PAGE >= MAX_INSN_BYTES]
+        if inside:
+            self._asm.update(
+                zip(inside, self._decode(inside, [run_of[c].insns for c in inside]), strict=True)
+            )
         for code in todo:
             if code not in self._asm:
                 self._asm[code] = self._decode_page_end(code, run_of[code].insns)
