@@ -92,7 +92,12 @@ def emulated_figures(measurer: Measurer, index: int) -> dict[str, Any]:
     session = measurer.session()
     assert isinstance(session, CycleCountingSession)
     totals = block_summary(session.last_blocks, session.last_block_cycles)
-    return {"emulated_status": "ok", "insns": session.last_insn_count, **totals}
+    # Each block's counts and llvm-mca figures, so another way of combining them can be tried offline.
+    blocks = [
+        [b.insns, b.execs, b.repeats, c.latency, c.throughput]
+        for b, c in zip(session.last_blocks, session.last_block_cycles, strict=True)
+    ]
+    return {"emulated_status": "ok", "insns": session.last_insn_count, **totals, "blocks": blocks}
 
 
 def measure_group(

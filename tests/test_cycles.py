@@ -161,6 +161,21 @@ def test_every_target_names_a_model_the_installed_llvm_mca_has() -> None:
 # ---- the refusals, one line each, before any work --------------------------------------------------------
 
 
+def tune_args(tmp_path: Path) -> list[str]:
+    """`xtune tune` on the A72 cycles board, logging into `tmp_path`."""
+    return [
+        "tune",
+        "--workload",
+        "matmul:m=8,n=8,k=8",
+        "--board",
+        "qemu-aarch64-cycles",
+        "--trials",
+        "2",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    ]
+
+
 def test_no_llvm_mca_on_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bare = tmp_path / "bin"
     bare.mkdir()
@@ -169,20 +184,7 @@ def test_no_llvm_mca_on_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
             (bare / tool).symlink_to(found)
     env = {**os.environ, "PATH": str(bare), "PYTHONPATH": str(Path(__file__).parents[1])}
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "xtune.cli",
-            "tune",
-            "--workload",
-            "matmul:m=8,n=8,k=8",
-            "--board",
-            "qemu-aarch64-cycles",
-            "--trials",
-            "2",
-            "--log",
-            str(tmp_path / "log.jsonl"),
-        ],
+        [sys.executable, "-m", "xtune.cli", *tune_args(tmp_path)],
         capture_output=True,
         text=True,
         env=env,
@@ -211,19 +213,7 @@ def test_a_target_without_a_usable_model_is_one_line_and_exit_2(
 ) -> None:
     a72 = get_target("arm-a72-neon")
     monkeypatch.setattr(board_module, "get_target", lambda name: replace(a72, mca_cpu=mca_cpu))
-    code = main(
-        [
-            "tune",
-            "--workload",
-            "matmul:m=8,n=8,k=8",
-            "--board",
-            "qemu-aarch64-cycles",
-            "--trials",
-            "2",
-            "--log",
-            str(tmp_path / "log.jsonl"),
-        ]
-    )
+    code = main(tune_args(tmp_path))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("xtune: error: board qemu-aarch64-cycles: ") and said in err[0]
