@@ -7,6 +7,9 @@ and within each target, and whether the config each cost picks is within 5 % of 
 Usage: python3 benchmarks/validate_cycles.py [--configs 200] [--out validate_cycles.json]
            [--targets x86-avx2,x86-sse42] [--mcpu sapphirerapids] [--seed 0] [--ops matmul,conv2d,depthwise]
 
+With --recost MCPU nothing is measured: the blocks stored in --out (their code and counts) are costed
+again under llvm-mca's model of MCPU, and the summary printed and written to OUT.MCPU.json.
+
 Resumable: every config's figures go to --out as they are taken (rewritten whole, atomically); a second
 run with the same arguments measures only what is missing, then prints the summary. Measure on a quiet
 machine: the native timings are the reference. qemu 7.2's TCG has no AVX-512 (an x86-avx512 kernel dies
@@ -29,7 +32,7 @@ import numpy as np
 
 from xtune.boards.board import CycleCountingSession, LocalBoard, QemuBoard, local_target
 from xtune.boards.cost import CostUnit
-from xtune.boards.cycles import block_summary
+from xtune.boards.cycles import BlockRun, block_summary, cycle_model
 from xtune.templates import template_for
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer
 from xtune.workload import parse_workload
@@ -92,9 +95,10 @@ def emulated_figures(measurer: Measurer, index: int) -> dict[str, Any]:
     session = measurer.session()
     assert isinstance(session, CycleCountingSession)
     totals = block_summary(session.last_blocks, session.last_block_cycles)
-    # Each block's counts and llvm-mca figures, so another way of combining them can be tried offline.
+    # Each block's counts, llvm-mca figures and code, so that other ways of combining them, or another
+    # model (--recost), can be tried without emulating again.
     blocks = [
-        [b.insns, b.execs, b.repeats, c.latency, c.throughput]
+        [b.insns, b.execs, b.repeats, c.latency, c.throughput, b.vaddr, session.block_bytes(b).hex()]
         for b, c in zip(session.last_blocks, session.last_block_cycles, strict=True)
     ]
     return {"emulated_status": "ok", "insns": session.last_insn_count, **totals, "blocks": blocks}
@@ -138,6 +142,28 @@ def measure_group(
         native.close()
         emulated.close()
         pool.close()
+
+
+def recost(data: dict[str, Any], mcpu: str) -> None:
+    """Cost every stored config's blocks again under llvm-mca's model of `mcpu` (no emulation): the
+    cycle totals of each row are replaced, the blocks' counts kept."""
+    models = {name: cycle_model(replace(local_target(name), mca_cpu=mcpu)) for name in data["targets"]}
+    for row in data["configs"].values():
+        if row.get("emulated_status") != "ok" or len(row.get("blocks", [[]])[0]) < 7:
+            continue
+        runs = [
+            BlockRun(vaddr=b[5], size=len(b[6]) // 2, insns=b[0], execs=b[1], repeats=b[2])
+            for b in row["blocks"]
+        ]
+        base = min(r.vaddr for r in runs)
+        image = bytearray(max(r.vaddr + r.size for r in runs) - base)
+        for run, block in zip(runs, row["blocks"], strict=True):
+            image[run.vaddr - base : run.vaddr - base + run.size] = bytes.fromhex(block[6])
+        cycles = models[row["target"]].costs(bytes(image), base, runs)
+        row.update(block_summary(runs, cycles))
+        for block, c in zip(row["blocks"], cycles, strict=True):
+            block[3:5] = [c.latency, c.throughput]
+    data["mcpu"] = mcpu
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -185,17 +211,27 @@ def main() -> None:
     parser.add_argument("--mcpu", default="sapphirerapids", help="llvm-mca's model of this host's core")
     parser.add_argument("--ops", default="matmul,conv2d,depthwise")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--recost", metavar="MCPU", help="no measuring: cost the stored blocks under MCPU")
     args = parser.parse_args()
     ops, targets = args.ops.split(","), args.targets.split(",")
     data: dict[str, Any] = {"configs": {}}
     if args.out.exists():
         data = json.loads(args.out.read_text())
-    data.update(shapes=SHAPES, mcpu=args.mcpu, seed=args.seed)
-    for op in ops:
-        for target in targets:
-            measure_group(args, op, target, data, args.out)
+    if args.recost:
+        recost(data, args.recost)
+    else:
+        data.update(
+            shapes=SHAPES,
+            mcpu=args.mcpu,
+            seed=args.seed,
+            targets=sorted({*data.get("targets", ()), *targets}),
+        )
+        for op in ops:
+            for target in targets:
+                measure_group(args, op, target, data, args.out)
     data["summary"] = report(data, ops, targets)
-    save(args.out, data)
+    # A recosted copy goes beside the measured file, which keeps the model it was measured with.
+    save(args.out.with_suffix(f".{args.recost}.json") if args.recost else args.out, data)
 
 
 if __name__ == "__main__":

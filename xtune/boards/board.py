@@ -183,6 +183,11 @@ class CycleCountingSession(InsnCountingSession):
         self._image = image
         return self._base
 
+    def block_bytes(self, block: BlockRun) -> bytes:
+        """The machine code of one of `last_blocks` (from the image loaded last)."""
+        start = block.vaddr - self._base
+        return self._image[start : start + block.size]
+
     def run(self, req: RunRequest) -> RunReply:
         self.last_cycles, self.last_block_cycles = None, ()
         reply = super().run(req)
