@@ -45,14 +45,15 @@ HAVE_MCA = find_llvm_tools() is not None
 # ---- the arithmetic, on made-up tool output -------------------------------------------------------------
 
 
-def test_a_block_pays_its_latency_per_entry_and_its_throughput_per_repeat() -> None:
+def test_every_run_of_a_block_pays_its_throughput() -> None:
     loop = BlockRun(vaddr=0x1000, size=28, insns=7, execs=100, repeats=90)  # entered 10 times
     once = BlockRun(vaddr=0x2000, size=8, insns=2, execs=10, repeats=0)
     cycles = [BlockCycles(latency=19.0, throughput=4.0), BlockCycles(latency=5.0, throughput=1.5)]
-    assert run_cost(loop, cycles[0]) == 10 * 19.0 + 90 * 4.0
-    assert total_cycles([loop, once], cycles) == 10 * 19.0 + 90 * 4.0 + 10 * 5.0
+    assert run_cost(loop, cycles[0]) == 100 * 4.0
+    assert total_cycles([loop, once], cycles) == 100 * 4.0 + 10 * 1.5
     summary = block_summary([loop, once], cycles)
-    assert summary["throughput_only"] == 100 * 4.0 + 10 * 1.5
+    assert summary["cycles"] == total_cycles([loop, once], cycles)
+    assert summary["entry_latency"] == 10 * 19.0 + 90 * 4.0 + 10 * 5.0
     assert summary["latency_only"] == 100 * 19.0 + 10 * 5.0
 
 
