@@ -15,9 +15,9 @@ import time
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target, load_targets
 from xtune.templates import template_for
-from xtune.workload import parse_workload
 
 
 def main() -> None:

@@ -20,11 +20,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from xtune.bench import retime_gflops
 from xtune.boards.board import get_board
+from xtune.ops.registry import parse_workload
+from xtune.tuning.bench import retime_gflops
 from xtune.tuning.database import TuningLog, best
-from xtune.tuning.run import TuneOptions, run_tuning
-from xtune.workload import parse_workload
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.run import run_tuning
 
 WORKLOADS = ("matmul:m=384,n=384,k=384", "matmul:m=768,n=64,k=640", "matmul:m=128,n=1024,k=256",
              "matmul:m=320,n=1024,k=768", "matmul:m=96,n=768,k=192", "matmul:m=512,n=512,k=512")  # fmt: skip

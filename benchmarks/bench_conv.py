@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 
 from xtune.boards.board import get_board
-from xtune.peers import ort_gflops
-from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
-from xtune.workload import parse_workload
+from xtune.ops.registry import parse_workload
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.peers import ort_gflops
+from xtune.tuning.run import local_numpy_gflops, run_tuning
 
 WORKLOADS = (
     "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,stride=1,pad=1",

@@ -6,7 +6,7 @@ the 64-trial best and the longer run's, and the flops-weighted totals.
 Usage: python benchmarks/bench_layers.py [--layers issue|resnet18|mobilenetv2|all] [--trials 64]
        [--long 512] [--rounds 5] [--seed 1] [--only SUBSTRING ...] [--insn-trials 32] [--plain]
 Each layer is tuned as the network runs it: the task `xtune tasks` extracts from the layer as a one-node
-ONNX model (so one home, `network/anchors.py`, decides it): NHWC, conv2d weights prepacked once at build
+ONNX model (so one home, `frontend/anchors.py`, decides it): NHWC, conv2d weights prepacked once at build
 time (as ONNX Runtime prepacks a Conv's constant weights), 3x3 stride-1 conv2d as Winograd F(2x2, 3x3).
 --plain tunes the layer as written (NCHW, direct, weights packed at every call). The peers run the layer
 as written, NCHW: ONNX Runtime's own layout (it converts to its blocked NCHWc inside), never behind
@@ -31,14 +31,16 @@ from pathlib import Path
 
 from fma_peak import measured_peak_gflops  # benchmarks/ is the script's directory, first on sys.path
 
-from xtune.bench import retime_gflops
 from xtune.boards.board import Board, get_board
-from xtune.network.tasks import extract_tasks
-from xtune.peers import onnx_model, ort_gflops
+from xtune.frontend.tasks import extract_tasks
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import Workload
 from xtune.target import Target
+from xtune.tuning.bench import retime_gflops
 from xtune.tuning.database import TuningLog
-from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
-from xtune.workload import Workload, parse_workload
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.peers import onnx_model, ort_gflops
+from xtune.tuning.run import local_numpy_gflops, run_tuning
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import make_record, record_to_json
 from xtune.tuning.measure import MeasureResult, MeasureStatus
-from xtune.workload import parse_workload
 
 WORKLOADS = (
     "matmul:m=512,n=512,k=512",

@@ -15,19 +15,24 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from xtune.boards.board import get_board
-from xtune.network import zoo
-from xtune.network.allocation import SchedulerOptions, Strategy
-from xtune.network.results import ModelTuningResult
-from xtune.network.scheduler import TaskScheduler
-from xtune.network.tasks import extract_tasks
+
+# tests/networks.py builds the test networks; the repository root holds the `tests` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests import networks
+from xtune.frontend.tasks import extract_tasks
+from xtune.tuning.allocation import SchedulerOptions, Strategy
 from xtune.tuning.database import TuningLog
-from xtune.tuning.run import TuneOptions
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.results import ModelTuningResult
+from xtune.tuning.scheduler import TaskScheduler
 
 
 def trials_to(result: ModelTuningResult, goal: float) -> int | None:
@@ -103,7 +108,7 @@ def interleaved(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="mobilenet_v2", choices=sorted(zoo.NETWORKS))
+    parser.add_argument("--model", default="mobilenet_v2", choices=sorted(networks.NETWORKS))
     parser.add_argument("--trials", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0, help="the search's seed (TuneOptions.seed)")
@@ -117,7 +122,7 @@ def main() -> None:
         plot(json.loads(args.replot.read_text()), args.plot or args.replot.with_suffix(".png"))
         return
     board = get_board(args.board)
-    tasks = extract_tasks(zoo.NETWORKS[args.model](), board.target).tasks
+    tasks = extract_tasks(networks.NETWORKS[args.model](), board.target).tasks
     # confirm=0: the curves compare allocation alone; confirming would re-time leaders after the budget.
     options = TuneOptions(trials=args.trials, batch_size=args.batch_size, confirm=0, seed=args.seed)
     results: dict[Strategy, ModelTuningResult] = {}

@@ -18,9 +18,10 @@ import tempfile
 from pathlib import Path
 
 from xtune.boards.board import get_board
+from xtune.ops.registry import parse_workload
 from xtune.tuning.database import TuningLog
-from xtune.tuning.run import TuneOptions, run_tuning
-from xtune.workload import parse_workload
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.run import run_tuning
 
 
 def best_by(speeds: list[float], trials: int) -> tuple[float, int]:

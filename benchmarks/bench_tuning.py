@@ -13,10 +13,11 @@ import statistics
 import time
 
 from xtune.boards.board import get_board
-from xtune.peers import ort_gflops
-from xtune.tuning.run import TuneOptions, local_numpy_gflops, run_tuning
+from xtune.ops.registry import parse_workload
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.peers import ort_gflops
+from xtune.tuning.run import local_numpy_gflops, run_tuning
 from xtune.tuning.tuner import TunerName
-from xtune.workload import parse_workload
 
 
 def vs_numpy() -> None:

@@ -9,11 +9,15 @@ Usage: python3 benchmarks/make_networks.py [OUTDIR] [--only NAME ...]; then e.g.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import onnx
 
-from xtune.network.zoo import NETWORKS
+# tests/networks.py builds the test networks; the repository root holds the `tests` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.networks import NETWORKS
 
 
 def main() -> None:

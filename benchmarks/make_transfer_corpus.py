@@ -137,7 +137,7 @@ def main() -> None:
     MODELS.mkdir(parents=True, exist_ok=True)
     if not args.only_train:
         from xtune.boards.board import get_board
-        from xtune.workload import parse_workload
+        from xtune.ops.registry import parse_workload
 
         for target in args.targets.split(","):
             packed, work = CORPUS / f"{target}.jsonl.gz", CORPUS / f"{target}.jsonl"

@@ -7,7 +7,7 @@ Usage: python benchmarks/sim_scheduler.py record --seed S [--batches 8] --log rr
 (the anchors), and keeps the log: each task's best latency after k of its trials, for every k up to
 that. A task's search depends on its own measurements alone (one tuner per task), so how many trials a
 task is given decides where it is on its recorded curve, whatever the other tasks did: `replay` runs the
-policy of xtune/network/allocation.py (the very function the scheduler calls) on those curves with no
+policy of xtune/tuning/allocation.py (the very function the scheduler calls) on those curves with no
 measuring at all. Each replayed run draws, per task, one of the recorded logs' curves (so give it logs
 recorded under the same conditions: a loaded host inflates a whole log's timings) and times every
 config again with a few percent of noise (`--noise`), and draws its ε-greedy picks from its own seed;
@@ -25,12 +25,16 @@ import argparse
 import math
 import random
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from xtune.network import zoo
-from xtune.network.allocation import (
+# tests/networks.py builds the test networks; the repository root holds the `tests` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests import networks
+from xtune.tuning.allocation import (
     RoundRobin,
     SchedulerOptions,
     Strategy,
@@ -176,9 +180,9 @@ def quartiles(xs: Sequence[float]) -> tuple[float, float, float]:
 
 def main_replay(args: argparse.Namespace) -> None:
     from xtune.boards.board import get_board
-    from xtune.network.tasks import extract_tasks
+    from xtune.frontend.tasks import extract_tasks
 
-    tasks = extract_tasks(zoo.NETWORKS[args.model](), get_board("local").target).tasks
+    tasks = extract_tasks(networks.NETWORKS[args.model](), get_board("local").target).tasks
     keys = [t.workload.key for t in tasks]
     recorded = [curves_of(p, keys) for p in args.logs]
     policies: dict[str, Callable[[int], Chooser]] = {
@@ -226,13 +230,13 @@ def main_replay(args: argparse.Namespace) -> None:
 
 def main_record(args: argparse.Namespace) -> None:
     from xtune.boards.board import get_board
-    from xtune.network.scheduler import TaskScheduler, tune_tasks
-    from xtune.network.tasks import extract_tasks
+    from xtune.frontend.tasks import extract_tasks
     from xtune.tuning.database import TuningLog
-    from xtune.tuning.run import TuneOptions
+    from xtune.tuning.options import TuneOptions
+    from xtune.tuning.scheduler import TaskScheduler, tune_tasks
 
     board = get_board("local")
-    tasks = extract_tasks(zoo.NETWORKS[args.model](), board.target).tasks
+    tasks = extract_tasks(networks.NETWORKS[args.model](), board.target).tasks
     options = TuneOptions(trials=1, batch_size=BATCH, confirm=0, seed=args.seed)
     probe = TaskScheduler(tasks, [board], options)
     try:
@@ -250,13 +254,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="tune every task round-robin and keep the log")
-    rec.add_argument("--model", default="mobilenet_v2", choices=sorted(zoo.NETWORKS))
+    rec.add_argument("--model", default="mobilenet_v2", choices=sorted(networks.NETWORKS))
     rec.add_argument("--seed", type=int, default=0)
     rec.add_argument("--batches", type=int, default=8, help="batches of 16 per task after the first round")
     rec.add_argument("--log", type=Path, required=True)
     rep = sub.add_parser("replay", help="replay the policies on recorded logs")
     rep.add_argument("logs", type=Path, nargs="+")
-    rep.add_argument("--model", default="mobilenet_v2", choices=sorted(zoo.NETWORKS))
+    rep.add_argument("--model", default="mobilenet_v2", choices=sorted(networks.NETWORKS))
     rep.add_argument("--trials", type=int, default=1500)
     rep.add_argument("--runs", type=int, default=200)
     rep.add_argument("--noise", type=float, default=0.03, help="sigma of the log-normal timing noise")

@@ -63,14 +63,16 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from xtune.bench import retime_gflops
 from xtune.boards.board import Board, get_board
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import Workload
 from xtune.transfer.pretrained import train
+from xtune.tuning.bench import retime_gflops
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, best, cpu_of, read_logs
 from xtune.tuning.features import estimate_prior
-from xtune.tuning.run import TuneOptions, run_tuning
-from xtune.workload import Workload, parse_workload
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.run import run_tuning
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "xtune" / "data" / "corpus"

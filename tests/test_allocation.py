@@ -1,4 +1,4 @@
-"""The task scheduler's policy (xtune/network/allocation.py) on made-up numbers: Ansor's expected gain,
+"""The task scheduler's policy (xtune/tuning/allocation.py) on made-up numbers: Ansor's expected gain,
 the choice of the next task (greedy, ε-greedy, round-robin) and the similarity groups. Whole runs are
 tests/test_scheduler.py."""
 
@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from xtune.network.allocation import (
+from xtune.frontend.tasks import Task
+from xtune.ops.registry import parse_workload
+from xtune.tuning.allocation import (
     SchedulerOptions,
     choose_gradient,
     choose_round_robin,
@@ -20,8 +22,6 @@ from xtune.network.allocation import (
     gains,
     similarity_key,
 )
-from xtune.network.tasks import Task
-from xtune.workload import parse_workload
 
 GRADIENT = SchedulerOptions(epsilon=0.0)  # the largest expected gain, every time
 

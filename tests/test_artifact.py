@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xtune.artifact import Artifact, build
 from xtune.cli import main
 from xtune.errors import InputError
+from xtune.firmware.kernels import Artifact, build
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import random_inputs
 from xtune.target import Target, get_target
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, make_record
 from xtune.tuning.measure import MeasureResult, MeasureStatus
-from xtune.workload import parse_workload, random_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 # Small shapes with tails on every axis; k=150 exceeds the default kc, so C is accumulated over k blocks.

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CliRunner
-from xtune.artifact import MAX_STACK_BYTES
 from xtune.cli import main
+from xtune.firmware.kernels import MAX_STACK_BYTES
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import make_record, record_to_json
 from xtune.tuning.measure import MeasureResult, MeasureStatus
-from xtune.workload import parse_workload
 
 
 def xtune(*args: str) -> subprocess.CompletedProcess[str]:

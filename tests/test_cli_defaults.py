@@ -1,15 +1,20 @@
-"""CLI defaults: a flag left out means the option dataclass's default, read from it, never restated."""
+"""CLI defaults: a flag left out means the option dataclass's default, read from it, never restated; the
+host's target where none is named; the version from its one home."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
-from xtune.cli import build_parser
+import xtune
+from xtune.cli import build_parser, main
+from xtune.target import host_target
 from xtune.transfer.pretrained import TrainOptions
 from xtune.tuning.measure import MeasureOptions
-from xtune.tuning.run import TuneOptions
+from xtune.tuning.options import TuneOptions
 
 TUNE = ["tune", "--workload", "matmul:m=8,n=8,k=8"]
 TRAIN = ["model", "train", "log.jsonl", "-o", "model.json"]
@@ -55,3 +60,24 @@ def test_a_changed_dataclass_default_is_the_cli_default(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["tune", "--help"])
     assert "(default 9; 0 = off)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_version_prints_the_one_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from xtune.version import __version__
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"xtune {__version__}"
+    assert xtune.__version__ == __version__
+
+
+def test_build_targets_the_host_when_no_target_is_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `tune` and `bench` run on the local board, whose target is the host's."""
+    obj, hdr = tmp_path / "k.o", tmp_path / "k.h"
+    assert (
+        main(["build", "--workload", "matmul:m=8,n=8,k=8", "-o", str(obj), "--header", str(hdr), "--json"])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["target"] == host_target().name

@@ -13,6 +13,8 @@ from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object, optimize, parse_verified, target_machine
 from xtune.codegen.link import check_object, link_flat
 from xtune.codegen.lower import float_literal, lower
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -29,7 +31,6 @@ from xtune.schedule.loopnest import (
 )
 from xtune.target import cpu_identity, get_target, load_targets
 from xtune.templates import template_for
-from xtune.workload import parse_workload, random_inputs
 
 ELF_MACHINES = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64", "riscv64": "EM_RISCV"}
 

@@ -16,12 +16,13 @@ from xtune.codegen.compile import parse_verified
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
 from xtune.operators import conv_shape
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import For, Stmt, Store
 from xtune.target import get_target
 from xtune.templates import features_template, template_for
 from xtune.tuning.features import feature_names, featurize
 from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, MeasureStatus, build_image
-from xtune.workload import parse_workload, random_inputs
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0)
 
@@ -217,7 +218,7 @@ def test_every_packing_and_reduction_order(layout: str) -> None:
     check("local", key, indices)
 
 
-# --- issue 18: pointwise through the matmul template, stride 2 without a cliff ----------------------
+# --- pointwise through the matmul template, stride 2 without a cliff ----------------------
 
 # Pointwise layers (NCHW and NHWC, a batch, bias and ReLU), stride 2 with odd input sizes, padding 0 and
 # 2, channel counts that are no multiple of any vector width, depthwise with multiplier 2 and rows wide

@@ -15,10 +15,10 @@ import pytest
 
 import xtune
 from tests.conftest import CliRunner
-from xtune.artifact import build
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
-from xtune.report import format_table, summarize
+from xtune.firmware.kernels import build
+from xtune.ops.registry import parse_workload
 from xtune.schedule.space import Config
 from xtune.target import get_target
 from xtune.templates import template_for
@@ -35,7 +35,7 @@ from xtune.tuning.database import (
     record_to_json,
 )
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.workload import parse_workload
+from xtune.tuning.report import format_table, summarize
 
 WL, TARGET = "matmul:m=64,n=64,k=64", "x86-avx2"
 

@@ -16,6 +16,8 @@ from tests.test_conv import check, configs, direct_conv
 from xtune.boards.board import get_board
 from xtune.errors import InputError
 from xtune.operators import conv_shape
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import check_output, random_inputs
 from xtune.schedule.loopnest import Load, walk
 from xtune.target import get_target
 from xtune.templates import template_for
@@ -23,9 +25,9 @@ from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate, interiors, reu
 from xtune.tuning.database import TuningLog, best, read_logs
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
 from xtune.tuning.measure import MeasureOptions
-from xtune.tuning.run import TuneOptions, run_tuning
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.run import run_tuning
 from xtune.tuning.tuner import make_tuner
-from xtune.workload import check_output, parse_workload, random_inputs
 
 # Stride 2 with odd input sizes, pad 0 and 2, channels no multiple of any vector width (and more than
 # one strip of the widest tile), multiplier 2 (with stride 2 and with dilation), bias + relu6, residual,

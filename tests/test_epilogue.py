@@ -1,4 +1,4 @@
-"""The fused epilogue's ReLU6 and residual add (issue 19): workload keys, numpy references, and checked
+"""The fused epilogue's ReLU6 and residual add: workload keys, numpy references, and checked
 kernels of all three templates on the local board and under QEMU."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 from tests.test_conv import check, configs
 from xtune.boards.board import get_board
 from xtune.errors import InputError
-from xtune.workload import parse_workload, random_inputs
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import random_inputs
 
 # Every template and layout with residual, relu6, both, and residual + relu (ResNet's block end);
 # odd sizes so that vector tails and several reduction blocks are exercised.

@@ -26,6 +26,7 @@ from xtune.boards.board import LocalBoard, get_board, local_target
 from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import SshBoard, deploy
 from xtune.errors import BoardError, BoardFault
+from xtune.ops.registry import parse_workload
 from xtune.templates import template_for
 from xtune.tuning.database import Record, TuningLog, make_record, measured, record_from_json, unmeasured
 from xtune.tuning.measure import (
@@ -36,7 +37,6 @@ from xtune.tuning.measure import (
     MeasureResult,
     MeasureStatus,
 )
-from xtune.workload import parse_workload
 
 from .test_measure import configs
 from .test_ssh import SSHD, PrivateSshd, _descendants, _keygen

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from xtune.operators import conv_shape
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target, load_targets
 from xtune.templates import conv2d as conv2d_template
 from xtune.templates import depthwise as depthwise_template
@@ -19,7 +20,6 @@ from xtune.templates.conv2d import stack_clamped
 from xtune.templates.conv2d_nest import padded
 from xtune.templates.tiles import tile_registers
 from xtune.tuning.features import MATMUL_FEATURES, estimate_prior, feature_names, features_op, featurize
-from xtune.workload import parse_workload
 
 EST = MATMUL_FEATURES.index("est_eff")
 VECTOR_TARGETS = ("x86-avx2", "x86-sse42", "x86-avx512", "arm-a72-neon", "riscv64-gcv")

@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xtune.cli import main
-from xtune.operators import OPERATORS
+from xtune.ops.registry import OPERATORS, parse_workload
 from xtune.schedule.space import Config
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import make_record, record_to_json
 from xtune.tuning.measure import MeasureResult, MeasureStatus
-from xtune.workload import parse_workload
 
 SEED = 20261125
 WL, TARGET = "matmul:m=8,n=8,k=8", "x86-avx2"

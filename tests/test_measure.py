@@ -13,16 +13,17 @@ import time
 
 import pytest
 
-from xtune.bench import bench
 from xtune.boards.board import QemuBoard, get_board
 from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
+from xtune.ops.registry import parse_workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.templates.matmul import MatmulTemplate
+from xtune.tuning.bench import bench
 from xtune.tuning.measure import (
     BuiltImage,
     Candidate,
@@ -32,7 +33,6 @@ from xtune.tuning.measure import (
     MeasureStatus,
     build_image,
 )
-from xtune.workload import parse_workload
 
 FAST = MeasureOptions(number=1, repeat=2, min_repeat_ms=1.0, warmup=0, timeout_ms=2000)
 SIG = "(ptr noalias %A, ptr noalias %B, ptr noalias %C)"
@@ -168,7 +168,7 @@ def test_compile_workers_do_not_outlive_a_killed_tuner() -> None:
         "import os, signal\n"
         "from xtune.tuning.measure import CompilePool\n"
         "from xtune.target import get_target\n"
-        "from xtune.workload import parse_workload\n"
+        "from xtune.ops.registry import parse_workload\n"
         "pool = CompilePool(workers=2)\n"
         "list(pool.build_all(parse_workload('matmul:m=8,n=8,k=8'), get_target('x86-avx2'), [0, 1]))\n"
         "print(*pool._pool._processes, flush=True)\n"

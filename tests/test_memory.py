@@ -8,8 +8,8 @@ import random
 import pytest
 
 from xtune.errors import InputError
-from xtune.network.memory import ALIGN, MemoryPlan, Sharing, Step, TensorLife, plan_memory
-from xtune.network.memory import lifetimes as tensor_lives
+from xtune.firmware.memory import ALIGN, MemoryPlan, Sharing, Step, TensorLife, plan_memory
+from xtune.firmware.memory import lifetimes as tensor_lives
 
 Layer = tuple[str, int, tuple[str, ...], str]  # name, float elements, inputs, kind: op | inplace | alias
 

@@ -1,4 +1,4 @@
-"""Whole-network firmware (`xtune build --model`, `xtune bench --model`): the small zoo networks built into
+"""Whole-network firmware (`xtune build --model`, `xtune bench --model`): the small test networks built into
 one object, run through the agent locally and under QEMU and checked against ONNX Runtime; the object's
 promises (only the entry points global, nothing undefined or writable, a flat image equal to GNU ld's);
 the examples/ program linked by gcc and cross gcc; bad input as one line and exit 2, nothing written."""
@@ -18,21 +18,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import xtune
+from tests import networks
 from tests.test_artifact import CROSS, _need, _run, _runner, _write_log
 from tests.test_link import TARGETS, gnu_ld_image
 from xtune.boards.board import get_board
 from xtune.cli import main
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import inspect_object, link_flat
-from xtune.netbench import REFERENCE_MAGIC, random_input, run_network
-from xtune.netbuild import NetArtifact, build_model
-from xtune.network import zoo
-from xtune.network.layout import RUNS_IN, Layout, workload_layout
-from xtune.network.ops import Transpose
-from xtune.peers import ort_network
+from xtune.firmware.bench import REFERENCE_MAGIC, random_input, run_network
+from xtune.firmware.build import NetArtifact, build_model
+from xtune.ops.generated import Transpose
+from xtune.ops.layout import RUNS_IN, Layout, workload_layout
+from xtune.ops.workload import RTOL, Workload, check_output
 from xtune.target import get_target
 from xtune.tuning.measure import MeasureStatus
-from xtune.workload import RTOL, Workload, check_output
+from xtune.tuning.peers import ort_network
 
 pytest.importorskip("onnxruntime")
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ Capture = pytest.CaptureFixture[str]
 
 @cache
 def model(name: str) -> onnx.ModelProto:
-    return zoo.NETWORKS[name]()
+    return networks.NETWORKS[name]()
 
 
 @cache
@@ -422,8 +422,9 @@ def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str, copy:
     the nest on `kernel_inputs`' weights computes the workload's reference from the plain weights
     (loop-nest interpreter, no LLVM), and packs no weights per call."""
     from tests.nest_interp import run_kernel
+    from xtune.ops.registry import parse_workload
+    from xtune.ops.workload import random_inputs
     from xtune.templates import template_for
-    from xtune.workload import parse_workload, random_inputs
 
     wl = parse_workload(text)
     template = template_for(wl, get_target("x86-avx2"))
@@ -444,7 +445,7 @@ def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str, copy:
 
 
 def test_bench_model_counts_the_instructions_of_one_inference_under_qemu(qemu_board: str) -> None:
-    from xtune.netbench import bench_model
+    from xtune.firmware.bench import bench_model
 
     report = bench_model(model("resnet_small"), get_board(qemu_board))
     assert report.correct and report.error == "" and report.max_abs_error < 1e-4

@@ -16,6 +16,7 @@ import onnx
 import pytest
 
 import xtune
+from tests import networks
 from tests.board_run import run_entry
 from tests.test_artifact import _write_log
 from xtune.boards.board import get_board
@@ -23,13 +24,12 @@ from xtune.cli import main
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import link_flat
 from xtune.errors import InputError
-from xtune.netbench import random_input, run_network
-from xtune.netbuild import NetArtifact, build_model, step_label
-from xtune.netprofile import profile_model
-from xtune.network import zoo
-from xtune.peers import ort_network
+from xtune.firmware.bench import random_input, run_network
+from xtune.firmware.build import NetArtifact, build_model, step_label
+from xtune.firmware.profile import profile_model
+from xtune.ops.workload import RTOL, check_output
 from xtune.tuning.measure import MeasureStatus
-from xtune.workload import RTOL, check_output
+from xtune.tuning.peers import ort_network
 
 pytest.importorskip("onnxruntime")
 Capture = pytest.CaptureFixture[str]
@@ -38,7 +38,7 @@ NET = "mobilenet_v2_small"
 
 @cache
 def model() -> onnx.ModelProto:
-    return zoo.NETWORKS[NET]()
+    return networks.NETWORKS[NET]()
 
 
 def run_profile(board_name: str, artifact: NetArtifact) -> tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,6 @@
-"""Networks (issue 19): ONNX import, fusion and task extraction, against onnx's own reference evaluator;
-the zoo's networks; every refusal in one line; `xtune tasks`; the small networks' tasks on the boards."""
+"""Networks: ONNX import, fusion and task extraction, against onnx's own reference evaluator;
+the test networks (tests/networks.py); every refusal in one line; `xtune tasks`; the small networks'
+tasks on the boards."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import xtune
+from tests import networks
 from tests.test_conv import check, configs
 from xtune.boards.board import get_board
 from xtune.cli import main
 from xtune.errors import InputError
-from xtune.network import zoo
-from xtune.network.graph import load_graph
-from xtune.network.layout import task_weights, to_layout, workload_layout
-from xtune.network.tasks import FusedOp, TaskSet, extract_tasks
+from xtune.frontend.load import load_graph
+from xtune.frontend.tasks import FusedOp, TaskSet, extract_tasks
+from xtune.ops.layout import task_weights, to_layout, workload_layout
 from xtune.schedule.space import Config
 from xtune.tuning.database import TuningLog, make_record
 from xtune.tuning.measure import MeasureResult, MeasureStatus
@@ -289,11 +290,11 @@ def test_unreadable_files_are_input_errors(tmp_path: Path) -> None:
         load_graph(tmp_path / "missing.onnx")
 
 
-# --- the zoo --------------------------------------------------------------------------------------------
+# --- the test networks ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
-@pytest.mark.parametrize("build", [zoo.resnet_small, zoo.mobilenet_v2_small])
+@pytest.mark.parametrize("build", [networks.resnet_small, networks.mobilenet_v2_small])
 def test_small_networks_fuse_every_batchnorm_and_activation_and_match_onnx(
     build: object, layout: str
 ) -> None:
@@ -317,10 +318,10 @@ def test_small_networks_fuse_every_batchnorm_and_activation_and_match_onnx(
 def test_full_networks_have_the_published_layer_structure() -> None:
     """ResNet-18: 20 convs and one fc, 1.82 GMAC; MobileNetV2 1.0: 52 convs, 17 of them depthwise, and
     ~300 MMAC at 224x224 (He et al., 2016, Table 1; Sandler et al., 2018, Table 3)."""
-    r18 = extract_tasks(zoo.resnet18(), TARGET)
+    r18 = extract_tasks(networks.resnet18(), TARGET)
     assert sum(t.count for t in r18.tasks) == 21 and len(r18.tasks) == 19
     assert r18.total_flops / 2 == pytest.approx(1.82e9, rel=0.01)
-    mnv2 = extract_tasks(zoo.mobilenet_v2(), TARGET)
+    mnv2 = extract_tasks(networks.mobilenet_v2(), TARGET)
     assert sum(t.count for t in mnv2.tasks if t.workload.op == "conv2d") == 35
     assert sum(t.count for t in mnv2.tasks if t.workload.op == "depthwise") == 17
     assert mnv2.total_flops / 2 == pytest.approx(300e6, rel=0.02)
@@ -332,7 +333,7 @@ def test_full_networks_have_the_published_layer_structure() -> None:
 
 
 def test_xtune_tasks_is_the_library_entry_and_import_stays_cheap() -> None:
-    ts = xtune.tasks(zoo.resnet_small(), TARGET)
+    ts = xtune.tasks(networks.resnet_small(), TARGET)
     assert isinstance(ts, TaskSet) and ts.target.name == TARGET and ts.tasks
     import subprocess
     import sys
@@ -344,7 +345,7 @@ def test_xtune_tasks_is_the_library_entry_and_import_stays_cheap() -> None:
 
 def test_cli_tasks_table_json_and_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "net.onnx"
-    onnx.save_model(zoo.mobilenet_v2_small(), path)
+    onnx.save_model(networks.mobilenet_v2_small(), path)
     ts = extract_tasks(path, TARGET)
     first = ts.tasks[0]
     log = tmp_path / "log.jsonl"
@@ -381,7 +382,7 @@ def test_tasks_carry_the_layout_the_network_runs_in(
     """NHWC by default: every conv2d and depthwise task says layout=nhwc (a matmul has no layout);
     --layout nchw lists ONNX's layout; a bad layout is one line and exit 2."""
     path = tmp_path / "net.onnx"
-    onnx.save_model(zoo.mobilenet_v2_small(), path)
+    onnx.save_model(networks.mobilenet_v2_small(), path)
     for layout, how in (("nhwc", []), ("nhwc", ["--layout", "nhwc"]), ("nchw", ["--layout", "nchw"])):
         assert main(["tasks", str(path), "--target", TARGET, "--json", *how]) == 0
         data = json.loads(capsys.readouterr().out)
@@ -405,7 +406,7 @@ def test_tasks_carry_the_layout_the_network_runs_in(
         extract_tasks(path, TARGET, "nhcw")
     with pytest.raises(InputError, match="unknown layout 'NHWC'"):  # before any board is opened
         xtune.tune_model(path, board="no-such-board", trials=1, log=tmp_path / "t.jsonl", layout="NHWC")
-    from xtune.netbench import bench_model
+    from xtune.firmware.bench import bench_model
 
     with pytest.raises(InputError, match="unknown layout 'hw'"):
         bench_model(path, get_board("local"), layout="hw")
@@ -431,7 +432,7 @@ def test_cli_bad_model_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Cap
 
 
 def small_tasks() -> list[str]:
-    keys = [t.workload.key for build in (zoo.resnet_small, zoo.mobilenet_v2_small)
+    keys = [t.workload.key for build in (networks.resnet_small, networks.mobilenet_v2_small)
             for t in extract_tasks(build(), TARGET).tasks]  # fmt: skip
     return list(dict.fromkeys(keys))
 

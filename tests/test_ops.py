@@ -16,8 +16,7 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import FlatImage, link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
-from xtune.network.layout import Layout
-from xtune.network.ops import (
+from xtune.ops.generated import (
     Concat,
     Elementwise,
     ElementwiseOp,
@@ -30,6 +29,7 @@ from xtune.network.ops import (
     Transpose,
     relu,
 )
+from xtune.ops.layout import Layout
 from xtune.schedule.loopnest import Assign, Buffer, BufferKind, Exp, Kernel, Load, NestBuilder, Shuffle, walk
 from xtune.target import Target
 

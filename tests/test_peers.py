@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xtune.peers import onnx_model, ort_seconds
-from xtune.workload import RTOL, check_output, parse_workload, random_inputs
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import RTOL, check_output, random_inputs
+from xtune.tuning.peers import onnx_model, ort_seconds
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -78,14 +79,14 @@ def test_without_onnxruntime_the_peer_is_a_clear_error(monkeypatch: pytest.Monke
 
 
 def test_bench_reports_onnx_runtime_beside_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
-    from xtune import bench as bench_module
     from xtune.boards.board import get_board
+    from xtune.tuning import bench as bench_module
 
     wl, board = parse_workload("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,pad=1"), get_board("local")
     report = bench_module.bench(wl, board)
     d = report.as_dict()
     assert report.ort_gflops and report.ort_gflops > 0 and d["ort_gflops"] and d["ratio_vs_ort"]
     assert report.gflops and d["ratio_vs_ort"] == round(report.gflops / report.ort_gflops, 4)
-    monkeypatch.setattr("xtune.peers.ort_available", lambda: False)  # as without the `bench` extra
+    monkeypatch.setattr("xtune.tuning.peers.ort_available", lambda: False)  # as without the `bench` extra
     without = bench_module.bench(wl, board).as_dict()
     assert without["ort_gflops"] is None and without["ratio_vs_ort"] is None and without["numpy_gflops"]

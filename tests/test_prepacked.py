@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import networks
 from tests.board_run import run_entry
 from tests.conftest import CliRunner
 from xtune.boards.agent import AgentSession
@@ -21,8 +22,9 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
-from xtune.network import zoo
-from xtune.network.tasks import extract_tasks
+from xtune.frontend.tasks import extract_tasks
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import Affine
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
@@ -34,8 +36,8 @@ from xtune.templates.tiles import parse_tile
 from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import feature_names, featurize
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
-from xtune.tuning.run import TuneOptions, run_tuning
-from xtune.workload import parse_workload, random_inputs
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.run import run_tuning
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
 needs_qemu = pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="needs qemu-aarch64 (qemu-user)")
@@ -338,7 +340,7 @@ def test_features_count_no_packing_of_prepacked_weights(key: str, column: str) -
 
 
 def test_tasks_with_constant_weights_are_prepacked_and_depthwise_are_not() -> None:
-    tasks = extract_tasks(zoo.NETWORKS["mobilenet_v2_small"](), "x86-avx2").tasks
+    tasks = extract_tasks(networks.NETWORKS["mobilenet_v2_small"](), "x86-avx2").tasks
     ops = {t.workload.op: [] for t in tasks}  # type: dict[str, list[int]]
     for t in tasks:
         ops[t.workload.op].append(t.workload["prepacked"] if t.workload.op != "depthwise" else 0)
@@ -368,15 +370,15 @@ def test_build_of_a_prepacked_workload_is_refused_in_one_line(xtune_cli: CliRunn
 @pytest.mark.host_runs("x86-avx2")
 def test_a_network_whose_logged_configs_read_weight_panels_matches_onnx_runtime(tmp_path: Path) -> None:
     """Every prepacked task built from a logged config that reads its weights in panels (pointwise conv2d:
-    A panels; the classifier: B strips of another width; 3x3: another blocking): netbuild lays the weights
-    out with the same hook the Measurer used, and the network still matches ONNX Runtime."""
+    A panels; the classifier: B strips of another width; 3x3: another blocking): the network build lays the
+    weights out with the same hook the Measurer used, and the network still matches ONNX Runtime."""
     from tests.test_artifact import _write_log
-    from xtune.netbench import random_input, run_network
-    from xtune.netbuild import build_model
-    from xtune.peers import ort_network
-    from xtune.workload import RTOL, check_output
+    from xtune.firmware.bench import random_input, run_network
+    from xtune.firmware.build import build_model
+    from xtune.ops.workload import RTOL, check_output
+    from xtune.tuning.peers import ort_network
 
-    onnx_model = zoo.NETWORKS["mobilenet_v2_small"]()
+    onnx_model = networks.NETWORKS["mobilenet_v2_small"]()
     target = get_target("x86-avx2")
     rows, rng = [], random.Random(7)
     for task in extract_tasks(onnx_model, target).tasks:

@@ -1,4 +1,4 @@
-"""The task scheduler (issue 19): whole runs on the local board with small hand-made tasks — the budget,
+"""The task scheduler: whole runs on the local board with small hand-made tasks — the budget,
 the first round, resume, the allocation, the end-to-end estimate — and `xtune tune --model` through the
 CLI, Ctrl-C included. The policy alone, on made-up numbers, is tests/test_allocation.py."""
 
@@ -20,8 +20,15 @@ from xtune.boards.agent import AgentSession
 from xtune.boards.board import get_board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, BoardFault, InputError
-from xtune.network.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
-from xtune.network.scheduler import (
+from xtune.frontend.tasks import Task
+from xtune.ops.registry import parse_workload
+from xtune.templates import template_for
+from xtune.tuning.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
+from xtune.tuning.database import Record, TuningLog, best, read_logs
+from xtune.tuning.features import estimate_prior, features_op, featurize
+from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.scheduler import (
     ModelProgress,
     ModelStop,
     ModelTuningResult,
@@ -29,14 +36,7 @@ from xtune.network.scheduler import (
     TaskStop,
     tune_tasks,
 )
-from xtune.network.tasks import Task
-from xtune.templates import template_for
-from xtune.tuning.database import Record, TuningLog, best, read_logs
-from xtune.tuning.features import estimate_prior, features_op, featurize
-from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.run import TuneOptions
 from xtune.tuning.tuner import TunerName
-from xtune.workload import parse_workload
 
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
 GREEDY = SchedulerOptions(epsilon=0.0)  # the largest expected gain, every time

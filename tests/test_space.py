@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from xtune.errors import InputError
+from xtune.ops.registry import parse_workload
 from xtune.schedule.space import ConfigSpace, Knob, KnobKind
 from xtune.target import get_target, load_targets
 from xtune.templates import template_for
 from xtune.templates.tiles import parse_tile, register_tiles
 from xtune.tuning.features import featurize
 from xtune.tuning.search import SpaceArrays
-from xtune.workload import parse_workload
 
 SPACE = ConfigSpace(
     (

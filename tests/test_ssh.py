@@ -27,6 +27,7 @@ from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import HELLO_TIMEOUT, SshBoard, deploy, load_boards
 from xtune.cli import main
 from xtune.errors import BoardError, BoardFault, InputError
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.database import TuningLog, make_record
@@ -38,7 +39,6 @@ from xtune.tuning.measure import (
     MeasureStatus,
     build_image,
 )
-from xtune.workload import parse_workload
 
 from .test_measure import HANG, SEGFAULT, configs, image_of
 from .test_scheduler import tiny_model
@@ -422,7 +422,7 @@ def test_qemu_instruction_counts_are_deterministic_and_grow_with_work() -> None:
     assert big[0].cost > 1.5 * small[0].cost > 0
 
 
-# ---- the CLI over a real SSH board (issue 17: `--boards` was a str for tune and bench) ---------------
+# ---- the CLI over a real SSH board (`--boards` for tune and bench) ---------------------------------------
 
 
 def xtune_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -527,7 +527,7 @@ def test_a_resumed_run_measures_every_board_error_config_first(
     assert set(log.measured(wl.key, "x86-avx2")) >= set(lost)
 
 
-# ---- boards.toml as a schema (issue 21) ----------------------------------------------------------------
+# ---- boards.toml as a schema ---------------------------------------------------------------------------
 
 _VALID = {"host": '"127.0.0.1"', "target": '"x86-avx2"'}
 # One TOML value of every type, and the edges of the integers.
@@ -609,7 +609,7 @@ def test_valid_boards_toml_values_are_kept(tmp_path: Path) -> None:
     assert (config.port, config.use_agent, config.connect_timeout, config.workdir) == (2222, True, 2.0, "x")
 
 
-# ---- known_hosts as OpenSSH handles it (issue 21) ------------------------------------------------------
+# ---- known_hosts as OpenSSH handles it -----------------------------------------------------------------
 
 
 def test_accepting_a_new_host_key_starts_a_new_line_in_known_hosts(sshd: PrivateSshd, tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target, load_targets
 from xtune.templates import template_for
 from xtune.tuning.features import MATMUL_FEATURES, featurize
-from xtune.workload import parse_workload
 
 # Vector (or scalar, without vectors) FMAs each core issues per cycle, per the documents the tomls cite.
 FMAS_PER_CYCLE = {

@@ -20,6 +20,7 @@ from tests.test_database import QEMU_FP, WRAPPER_FP, old_line
 from tests.test_tuner import COSTS, OPTIMUM, SPACE, fake_measurer
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
+from xtune.ops.registry import parse_workload
 from xtune.schedule.space import Config
 from xtune.target import get_target
 from xtune.templates import ScheduleTemplate, template_for
@@ -40,7 +41,6 @@ from xtune.tuning.loop import TuneProgress, tune
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.search import SpaceArrays, knob_featurizer
 from xtune.tuning.tuner import ModelTuner, make_tuner
-from xtune.workload import parse_workload
 
 TUNED = "matmul:m=64,n=48,k=40"  # the workload tuned with transfer; the logs hold its neighbours
 NEIGHBOURS = ("matmul:m=64,n=64,k=48", "matmul:m=48,n=48,k=32")
@@ -482,7 +482,7 @@ def trials_to_reach(
         if progress.best_cost <= goal:
             raise KeyboardInterrupt  # the loop's own way of stopping early
 
-    summary = tune(SPACE, tuner, fake_measurer(COSTS), cap, 32, callbacks=[stop])
+    summary = tune(tuner, fake_measurer(COSTS), cap, 32, callbacks=[stop])
     return next((t for t, c in enumerate(summary.curve, 1) if c <= goal), cap)
 
 

@@ -81,10 +81,10 @@ def fast_tuner(name: str, seed: int, space: ConfigSpace = SPACE) -> Tuner:
     return tuner
 
 
-def proposals(name: str, seed: int, n_trials: int = 300) -> list[int]:
+def proposals(name: str, seed: int, budget: int = 300) -> list[int]:
     seen: list[int] = []
     tuner = fast_tuner(name, seed)
-    tune(SPACE, tuner, fake_measurer(COSTS, seen), n_trials, 32)
+    tune(tuner, fake_measurer(COSTS, seen), budget, 32)
     return seen
 
 
@@ -115,7 +115,7 @@ def test_a_tiny_space_is_exhausted_exactly_once(name: str) -> None:
     costs = np.arange(space.size, 0, -1, dtype=np.float64)
     seen: list[int] = []
     tuner = make_tuner(name, space, seed=0)
-    summary = tune(space, tuner, fake_measurer(costs, seen), 1000, 5)
+    summary = tune(tuner, fake_measurer(costs, seen), 1000, 5)
     assert sorted(seen) == list(range(space.size))
     assert summary.stop is StopReason.EXHAUSTED and summary.trials == space.size
     assert summary.best_index == space.size - 1 and not tuner.has_next()
@@ -125,7 +125,7 @@ def test_a_tiny_space_is_exhausted_exactly_once(name: str) -> None:
 @pytest.mark.parametrize("name", TUNERS)
 def test_batches_of_one_after_the_model_is_fitted(name: str) -> None:
     seen: list[int] = []
-    tune(SPACE, fast_tuner(name, 5), fake_measurer(COSTS, seen), 30, 1)  # "xgb" fits from trial 16 on
+    tune(fast_tuner(name, 5), fake_measurer(COSTS, seen), 30, 1)  # "xgb" fits from trial 16 on
     assert len(seen) == 30 == len(set(seen))
 
 
@@ -148,7 +148,7 @@ def trials_to_optimum(name: str, seed: int, cap: int) -> int:
         if progress.best_cost <= OPTIMUM * 1.01:
             raise KeyboardInterrupt  # the loop's own way of stopping early, with a consistent summary
 
-    summary = tune(SPACE, fast_tuner(name, seed), fake_measurer(COSTS), cap, 32, callbacks=[stop_at_optimum])
+    summary = tune(fast_tuner(name, seed), fake_measurer(COSTS), cap, 32, callbacks=[stop_at_optimum])
     reached = [t for t, c in enumerate(summary.curve, 1) if c <= OPTIMUM * 1.01]
     return reached[0] if reached else cap
 
@@ -164,13 +164,13 @@ def test_model_tuner_finds_the_optimum_in_fewer_trials_than_random() -> None:
 
 def test_early_stopping_after_n_trials_without_improvement() -> None:
     costs = np.arange(1, SPACE.size + 1, dtype=np.float64)  # the grid's first config is the best
-    summary = tune(SPACE, GridTuner(SPACE), fake_measurer(costs), 1000, 10, early_stopping=50)
+    summary = tune(GridTuner(SPACE), fake_measurer(costs), 1000, 10, early_stopping=50)
     assert summary.stop is StopReason.EARLY_STOPPING
     assert summary.trials == 60 and summary.best_index == 0  # 59 >= 50 trials without improvement
 
 
 def test_summary_tracks_best_curve_and_counts() -> None:
-    summary = tune(SPACE, make_tuner("random", SPACE, 3), fake_measurer(COSTS), 200, 32)
+    summary = tune(make_tuner("random", SPACE, 3), fake_measurer(COSTS), 200, 32)
     assert summary.stop is StopReason.TRIALS and summary.trials == 200 == len(summary.curve)
     assert sum(n for _, n in summary.counts) == 200
     assert summary.count(MeasureStatus.COMPILE_ERROR) > 0 and summary.count(MeasureStatus.WRONG_ANSWER) > 0
@@ -191,7 +191,7 @@ def test_keyboard_interrupt_returns_the_best_so_far() -> None:
         return measure(batch)
 
     summary = tune(
-        SPACE, make_tuner("random", SPACE, 0), measure_then_interrupt, 500, 16, callbacks=[progress.append]
+        make_tuner("random", SPACE, 0), measure_then_interrupt, 500, 16, callbacks=[progress.append]
     )
     assert summary.interrupted and summary.stop is StopReason.INTERRUPTED
     assert summary.trials == 32 and len(progress) == 2 and progress[-1].trials == 32
@@ -203,11 +203,11 @@ def test_keyboard_interrupt_returns_the_best_so_far() -> None:
 @pytest.mark.parametrize("name", TUNERS)
 def test_resume_never_reproposes_history(name: str) -> None:
     first: list[int] = []
-    tune(SPACE, fast_tuner(name, 0), fake_measurer(COSTS, first), 200, 32)
+    tune(fast_tuner(name, 0), fake_measurer(COSTS, first), 200, 32)
     resumed = fast_tuner(name, 0)
     resumed.load_history(first, fake_measurer(COSTS)(first))
     second: list[int] = []
-    tune(SPACE, resumed, fake_measurer(COSTS, second), 200, 32)
+    tune(resumed, fake_measurer(COSTS, second), 200, 32)
     assert len(second) == 200 and not set(first) & set(second)
 
 

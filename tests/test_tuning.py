@@ -11,20 +11,21 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CliRunner, interrupt_cli
-from xtune.bench import BenchReport
 from xtune.boards.board import LocalBoard, QemuBoard, get_board
 from xtune.boards.cost import CostUnit
 from xtune.cli.progress import _ProgressBar
 from xtune.errors import InputError
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.transfer.modelfile import Manifest
+from xtune.tuning.bench import BenchReport
 from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
 from xtune.tuning.loop import TuneProgress
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.run import Confirmation, TuneOptions, TuningReport, run_tuning
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.run import Confirmation, TuningReport, run_tuning
 from xtune.tuning.session import _confirm
-from xtune.workload import parse_workload
 
 WORKLOAD = "matmul:m=64,n=48,k=40"
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
@@ -207,7 +208,8 @@ def test_confirm_keeps_its_promise_when_leaders_keep_changing() -> None:
         )
 
     _confirm(lambda: records, template, 1, measure, keep)
-    ((top, timings),) = leaders(records, template.workload.key, template.target.name)
+    (leader,) = leaders(records, template.workload.key, template.target.name)
+    top, timings = leader.record, leader.timings
     assert timings == 3 and top.cost == typical[top.index]
 
 
@@ -251,7 +253,7 @@ def test_wide_records_take_keywords_only(record: type) -> None:
 
 def test_the_xgb_first_batch_holds_the_default_even_when_not_measured_first() -> None:
     """start_from_default=False (search-efficiency benchmarks) no longer leaves the default out of the xgb
-    tuner's first batch: it is an anchor of the model tuner itself (issue 18, item 4)."""
+    tuner's first batch: it is an anchor of the model tuner itself."""
     workload = parse_workload("conv2d:n=1,c=5,h=9,w=11,k=13,r=3,s=3,stride=2,pad=1")
     board = get_board("local")
     default = template_for(workload, board.target).default_config().index

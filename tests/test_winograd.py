@@ -16,20 +16,21 @@ import pytest
 from tests.board_run import run_entry
 from tests.nest_interp import run_kernel
 from tests.test_conv import check
-from xtune.artifact import MAX_STACK_BYTES
 from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object, parse_verified
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
+from xtune.firmware.kernels import MAX_STACK_BYTES
 from xtune.operators import winograd_eligible
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import RTOL, check_output, random_inputs
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.templates.winograd import WinogradTemplate
 from xtune.tuning.database import TuningLog
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
 from xtune.tuning.tuner import make_tuner
-from xtune.workload import RTOL, check_output, parse_workload, random_inputs
 
 # Odd output sizes (7x7, 13x13, 11x9: half tiles), pad 0, 1 and 2, channels no multiple of any vector width,
 # several channel blocks, the whole epilogue (bias, residual, relu, relu6), a batch of 2; NHWC and NCHW.

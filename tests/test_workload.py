@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from xtune.errors import InputError
-from xtune.workload import MAX_TENSOR_ELEMENTS, MAX_VALUE, parse_workload, random_inputs
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import MAX_TENSOR_ELEMENTS, MAX_VALUE, random_inputs
 
 
 def test_matmul_parses_to_canonical_key_and_shapes() -> None:

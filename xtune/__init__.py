@@ -1,4 +1,7 @@
-"""xtune: auto-tuned tensor kernels for embedded targets (x86 AVX2, ARM NEON, RISC-V)."""
+"""xtune: auto-tuned tensor kernels for embedded targets (x86 AVX2, ARM NEON, RISC-V).
+
+The library's API, the top of the stage order (docs/design.md, "Stages"): every stage sits below this
+module, which imports them only inside its functions, so that `import xtune` stays cheap."""
 
 from __future__ import annotations
 
@@ -6,33 +9,33 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from xtune.version import __version__ as __version__
+
 if TYPE_CHECKING:
     import onnx
 
-    from xtune.netbuild import NetArtifact
-    from xtune.network.scheduler import tune_model as tune_model
-    from xtune.network.tasks import TaskSet
+    from xtune.firmware.build import NetArtifact
+    from xtune.frontend.tasks import TaskSet
+    from xtune.frontend.tune import tune_model as tune_model
     from xtune.target import Target
-
-__version__ = "0.1.0"
 
 
 def tasks(
     model: str | os.PathLike[str] | onnx.ModelProto, target: str | Target | None = None, layout: str = "nhwc"
 ) -> TaskSet:
     """The unique tuning tasks of an ONNX model for `target` (default: the host's), the network run in
-    `layout` ("nhwc" or "nchw", xtune/network/layout.py), as `xtune tasks` prints them. Imported on first
+    `layout` ("nhwc" or "nchw", xtune/ops/layout.py), as `xtune tasks` prints them. Imported on first
     call, so that `import xtune` stays cheap (no onnx, no numpy)."""
-    from xtune.network.tasks import extract_tasks
+    from xtune.frontend.tasks import extract_tasks
 
     return extract_tasks(model, target, layout)
 
 
 def __getattr__(name: str) -> object:
     """`xtune.tune_model`: every task of an ONNX model tuned under one trial budget, as `xtune tune
-    --model` does (xtune.network.scheduler.tune_model), imported on first use like `tasks`."""
+    --model` does (xtune.frontend.tune.tune_model), imported on first use like `tasks`."""
     if name == "tune_model":
-        from xtune.network.scheduler import tune_model
+        from xtune.frontend.tune import tune_model
 
         return tune_model
     raise AttributeError(f"module 'xtune' has no attribute '{name}'")
@@ -48,7 +51,7 @@ def build_model(
 ) -> NetArtifact:
     """One relocatable object running the whole network of `model` on `target` in `layout`, with its C
     header (`xtune build --model`; with `profile`, also `{prefix}_profile`, as `--profile`); see
-    xtune.netbuild.build_model. Imported on first call, like `tasks`."""
-    from xtune.netbuild import build_model as build
+    xtune.firmware.build.build_model. Imported on first call, like `tasks`."""
+    from xtune.firmware.build import build_model as build
 
     return build(model, target, logs, prefix, layout, profile)

@@ -1,51 +1,16 @@
 """Operators: what each op of a workload owns (its keys and their defaults, validation, tensors, numpy
 reference and flop count), the fused epilogue every op takes, and the convolution geometry the
-references and templates share. `xtune.workload` parses text into a Workload of one of these."""
+references and templates share. xtune/ops/registry.py finds them by name."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
 
 from xtune.errors import InputError
-
-if TYPE_CHECKING:
-    from xtune.workload import Workload
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One float32 argument of a kernel, row-major (C order)."""
-
-    name: str
-    shape: tuple[int, ...]
-    is_output: bool = False
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)  # exact: np.prod wraps around at 2^63
-
-
-ParamValue = int | str
-
-
-class Operator(Protocol):
-    """What each op owns: its keys with defaults, validation, tensors, reference and flop count."""
-
-    name: ClassVar[str]
-    keys: ClassVar[tuple[str, ...]]  # in canonical order
-    defaults: ClassVar[dict[str, ParamValue]]
-    optional: ClassVar[frozenset[str]]  # keys left out of the canonical text while at their default
-    words: ClassVar[dict[str, tuple[str, ...]]]  # keys whose values are words rather than integers
-
-    def validate(self, params: dict[str, ParamValue]) -> None: ...
-    def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]: ...
-    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray: ...
-    def flops(self, wl: Workload) -> int: ...
-
+from xtune.ops.workload import ParamValue, TensorSpec, Workload
 
 # The fused epilogue switches every operator takes, in the order they apply: out = conv/matmul
 # (+ bias[channel]) (+ residual[same index as out]), then max(., 0) (relu) or min(max(., 0), 6) (relu6,
@@ -360,6 +325,3 @@ class Depthwise:
     def flops(self, wl: Workload) -> int:
         sh = conv_shape(wl)
         return 2 * sh.n * sh.k * sh.oh * sh.ow * sh.r * sh.s
-
-
-OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(), Conv2d(), Depthwise())}

@@ -156,11 +156,6 @@ def host_cannot_run(target: Target) -> str | None:
     return host_cpu().cannot_run(target)
 
 
-def missing_host_features(target: Target) -> list[str]:
-    """The LLVM features `target` enables (+avx2, +sse4.2, ...) that this CPU's cpuinfo flags lack."""
-    return host_cpu().missing_features(target)
-
-
 def _host_cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
     if (!read_reference(argv[1])) return 2;
     for (size_t i = 0; i < NET_OUTPUT_SIZE; i++) output[i] = NAN; /* unwritten elements show */
     net_run(input, output, workspace);
-    /* xtune's rule: max |got - ref| <= 1e-4 * max(1, max |ref|) (xtune/netbench.py). */
+    /* xtune's rule: max |got - ref| <= 1e-4 * max(1, max |ref|) (xtune/firmware/bench.py). */
     float scale = 1.0f, worst = 0.0f;
     size_t at = 0;
     for (size_t i = 0; i < NET_OUTPUT_SIZE; i++) scale = fmaxf(scale, fabsf(expected[i]));

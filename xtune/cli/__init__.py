@@ -27,12 +27,11 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: object, *
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    warnings.showwarning = _show_warning
-    args = build_parser().parse_args(argv)
-    handler: Handler = args.handler
     with warnings.catch_warnings():  # restored on return: main() may run in a caller's process
         warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
         warnings.showwarning = _show_warning
+        args = build_parser().parse_args(argv)
+        handler: Handler = args.handler
         return _run(handler, args)
 
 

@@ -22,11 +22,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-# Flag ranges: what the agent protocol's u32 fields carry (xtune/agent_src/PROTOCOL.md: repeat <= 1024,
+# Flag ranges: what the agent protocol's u32 fields carry (xtune/agent_src/PROTOCOL.md: repeat <= MAX_REPEAT,
 # timeout_ms >= 1) and what numpy and xgboost take as seeds and thread counts. A flag outside its range is
 # one usage line and exit 2 here, not a ValueError from deep inside a run.
 U32 = 2**32 - 1
-MAX_REPEAT = 1024
 
 
 def _int_in(low: int, high: int) -> Callable[[str], int]:

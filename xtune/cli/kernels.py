@@ -14,9 +14,9 @@ from xtune.files import check_output
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from xtune.bench import bench
     from xtune.boards.board import get_board
-    from xtune.workload import parse_workload
+    from xtune.ops.registry import parse_workload
+    from xtune.tuning.bench import bench
 
     if args.model is not None:
         return _bench_model(args)
@@ -60,10 +60,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from xtune.artifact import build, check_outputs
+    from xtune.firmware.kernels import build, check_outputs
+    from xtune.target import get_target, host_target
 
+    target = get_target(args.target) if args.target is not None else host_target()  # as tune and bench
     if args.model is not None:
-        return _build_model(args)
+        return _build_model(args, target)
     model_layout(args)  # refuses --layout without a model
     if not args.workload:
         raise InputError("give --workload (repeat for each kernel) or --model (a whole network)")
@@ -71,7 +73,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         option = "--reference" if args.reference is not None else "--profile"
         raise InputError(f"{option} is for --model builds")
     check_outputs(args.output, args.header, args.archive)  # before compiling anything
-    artifact = build(args.target, args.workload, args.log or (), args.prefix or "xt")
+    artifact = build(target, args.workload, args.log or (), args.prefix or "xt")
     artifact.write(args.output, args.header, args.archive)
     for warning in artifact.warnings:
         print(f"xtune: warning: {warning}", file=sys.stderr)
@@ -96,8 +98,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    from xtune.report import format_table, summarize
     from xtune.tuning.database import read_logs
+    from xtune.tuning.report import format_table, summarize
 
     rows = summarize(read_logs(args.log), args.workload, args.target)
     if args.json:
@@ -110,8 +112,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from xtune.report import format_table, plot_convergence, summarize
     from xtune.tuning.database import read_logs
+    from xtune.tuning.report import format_table, plot_convergence, summarize
 
     if args.plot:
         check_output(args.plot, "plot")

@@ -14,15 +14,16 @@ from xtune.files import check_output
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
-    from xtune.netprofile import NetProfile
-    from xtune.network.layout import Layout
-    from xtune.network.tasks import TaskSet
+    from xtune.firmware.profile import NetProfile
+    from xtune.frontend.tasks import TaskSet
+    from xtune.ops.layout import Layout
+    from xtune.target import Target
     from xtune.tuning.database import Record
 
 
 def model_layout(args: argparse.Namespace) -> Layout:
-    """--layout (default: xtune/network/layout.py's), which only a model takes."""
-    from xtune.network.layout import DEFAULT, parse_layout
+    """--layout (default: xtune/ops/layout.py's), which only a model takes."""
+    from xtune.ops.layout import DEFAULT, parse_layout
 
     if args.layout is not None and getattr(args, "model", None) is None:
         raise InputError("--layout is the layout a whole network (--model) runs in")
@@ -31,13 +32,13 @@ def model_layout(args: argparse.Namespace) -> Layout:
 
 def _bench_model(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
-    from xtune.netbench import bench_model
+    from xtune.firmware.bench import bench_model
 
     if args.workload is not None or args.config is not None:
         raise InputError("--model benches a whole network: --workload and --config are for one kernel")
     board = get_board(args.board, args.boards, target=args.target)
     if args.profile:
-        from xtune.netprofile import check_board
+        from xtune.firmware.profile import check_board
 
         check_board(board)  # before building and running anything
     with _warnings_unless_error():
@@ -68,7 +69,7 @@ def _bench_model(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace, board: Board) -> NetProfile:
-    from xtune.netprofile import profile_model
+    from xtune.firmware.profile import profile_model
 
     with _warnings_unless_error():
         return profile_model(args.model, board, args.log or (), layout=model_layout(args))
@@ -96,11 +97,11 @@ def _print_profile(profile: NetProfile) -> None:
               f"(x{inside / standalone:.2f}); other steps: {rest * 1e3:.3f} ms")  # fmt: skip
 
 
-def _build_model(args: argparse.Namespace) -> int:
-    from xtune.artifact import check_outputs
+def _build_model(args: argparse.Namespace, target: Target) -> int:
     from xtune.files import write_all_atomic
-    from xtune.netbench import reference_file
-    from xtune.netbuild import build_model
+    from xtune.firmware.bench import reference_file
+    from xtune.firmware.build import build_model
+    from xtune.firmware.kernels import check_outputs
 
     if args.workload or args.archive:
         raise InputError("--model builds one network object: --workload and --archive are for kernels")
@@ -113,7 +114,7 @@ def _build_model(args: argparse.Namespace) -> int:
     with _warnings_unless_error():
         artifact = build_model(
             args.model,
-            args.target,
+            target,
             args.log or (),
             args.prefix or "net",
             layout=model_layout(args),
@@ -147,7 +148,7 @@ def _build_model(args: argparse.Namespace) -> int:
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     from xtune.boards.cost import gflops
-    from xtune.network.tasks import extract_tasks, logged_best
+    from xtune.frontend.tasks import extract_tasks, logged_best
     from xtune.tuning.database import read_logs
 
     taskset = extract_tasks(args.model, args.target, model_layout(args))

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from xtune.boards.agent import MAX_REPEAT
 from xtune.cli.boards import cmd_boards, cmd_deploy, cmd_targets
-from xtune.cli.common import MAX_REPEAT, U32, _defaults, _float_in, _int_in, _Parser
+from xtune.cli.common import U32, _defaults, _float_in, _int_in, _Parser
 from xtune.cli.kernels import cmd_bench, cmd_best, cmd_build, cmd_model_info, cmd_model_train, cmd_report
 from xtune.cli.networks import cmd_tasks
 from xtune.cli.tune import cmd_tune
-from xtune.network.layout import DEFAULT, Layout
+from xtune.ops.layout import DEFAULT, Layout
 from xtune.tuning.tuner import TUNERS
+from xtune.version import __version__
 
 
 def _add_layout(p: argparse.ArgumentParser) -> None:
@@ -52,13 +54,14 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from xtune.network.allocation import SchedulerOptions, Strategy
+    from xtune.tuning.allocation import SchedulerOptions, Strategy
     from xtune.tuning.measure import MeasureOptions
-    from xtune.tuning.run import TuneOptions
+    from xtune.tuning.options import TuneOptions
     from xtune.tuning.session import CONFIRM_TIMINGS
 
     tune, measure, scheduler = _defaults(TuneOptions), _defaults(MeasureOptions), _defaults(SchedulerOptions)
     parser = _Parser(prog="xtune", description="Auto-tune tensor kernels for embedded targets.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("targets", help="list target descriptors")
@@ -165,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_bench)
 
     p = sub.add_parser("build", help="one object + C header of the best (or default) kernels for firmware")
-    p.add_argument("--target", required=True, help="target name, see `xtune targets`")
+    p.add_argument("--target", default=None, help="target name, see `xtune targets` (default: the host's "
+                   "target)")  # fmt: skip
     p.add_argument("--workload", action="append", help="repeat for each kernel")
     p.add_argument("--model", default=None, help="ONNX model: one object running the whole network")
     p.add_argument("--log", action="append", help="tuning log(s) to take the best configs from")

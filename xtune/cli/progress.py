@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from xtune.boards.cost import CostUnit
-    from xtune.network.results import ModelProgress, ModelTuningResult
-    from xtune.network.tasks import Task
+    from xtune.frontend.tasks import Task
     from xtune.tuning.loop import TuneProgress
+    from xtune.tuning.results import ModelProgress, ModelTuningResult
     from xtune.tuning.run import TuningReport
 
 

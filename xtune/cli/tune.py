@@ -14,22 +14,22 @@ from xtune.files import check_output
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
-    from xtune.network.layout import Layout
+    from xtune.ops.layout import Layout
     from xtune.transfer.pretrained import TransferSource
     from xtune.tuning.costmodel import CostModel
     from xtune.tuning.database import TuningLog
-    from xtune.tuning.run import TuneOptions
+    from xtune.tuning.options import TuneOptions
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
+    from xtune.ops.registry import parse_workload
     from xtune.templates import template_for
     from xtune.tuning.database import TuningLog
     from xtune.tuning.features import features_op
     from xtune.tuning.loop import StopReason
     from xtune.tuning.run import local_numpy_gflops, run_tuning
     from xtune.tuning.session import check_boards
-    from xtune.workload import parse_workload
 
     check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
     layout = model_layout(args)
@@ -74,7 +74,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:
     from xtune.tuning.measure import MeasureOptions
-    from xtune.tuning.run import TuneOptions
+    from xtune.tuning.options import TuneOptions
 
     return TuneOptions(
         tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
@@ -86,13 +86,13 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
 
 
 def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, layout: Layout) -> int:
-    """`xtune tune --model`: every task of the model under one budget (xtune.network.scheduler)."""
-    from xtune.network.allocation import SchedulerOptions, Strategy
-    from xtune.network.results import ModelStop
-    from xtune.network.scheduler import tune_tasks
-    from xtune.network.tasks import extract_tasks
+    """`xtune tune --model`: every task of the model under one budget (xtune.tuning.scheduler)."""
+    from xtune.frontend.tasks import extract_tasks
     from xtune.templates import template_for
+    from xtune.tuning.allocation import SchedulerOptions, Strategy
     from xtune.tuning.features import features_op
+    from xtune.tuning.results import ModelStop
+    from xtune.tuning.scheduler import tune_tasks
 
     taskset = extract_tasks(args.model, boards[0].target, layout)
     pretrained: dict[str, tuple[CostModel, bool]] = {}

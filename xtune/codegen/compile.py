@@ -56,7 +56,7 @@ def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
     # Our loop nests are already unrolled and vectorized where the config says. LLVM's own
     # unroller and vectorizers would second-guess the schedule being measured, and its full
     # unrolling of constant-trip loops doubled both compile time and code size (docs/benchmarks.md,
-    # issue 2, "Compile + link of one candidate").
+    # "Compile + link of one candidate").
     pto.loop_unrolling = False
     pto.loop_vectorization = False
     pto.slp_vectorization = False

@@ -3,7 +3,7 @@
 The text follows the LLVM Language Reference (https://llvm.org/docs/LangRef.html) of LLVM 15+: opaque
 `ptr`, `poison`. `compile.parse_verified` runs LLVM's verifier on every module, since nothing here
 checks the text. Building it through llvmlite.ir's object model cost about half of the Python time
-per candidate (docs/benchmarks.md, issue 2, "Compile + link of one candidate").
+per candidate (docs/benchmarks.md, "Compile + link of one candidate").
 
 The control flow is straight-line code and rotated (do-while) loops, so every instruction dominates
 everything emitted after it: a pure value (address arithmetic, a broadcast, a constant) computed once
@@ -45,7 +45,7 @@ LOCAL_ALIGN = 64
 # otherwise turn our copy/zero loops into memcpy/memset calls, i.e. undefined symbols (measured on all
 # three architectures, docs/notes.md §1).
 FUNCTION_ATTRIBUTES = 'attributes #0 = { nounwind "no-builtins" }'
-# Internal kernels of a whole-network module (xtune/netbuild.py) are never inlined into its entry: each
+# Internal kernels of a whole-network module (xtune/firmware/build.py) are never inlined into its entry: each
 # keeps its own frame, so the entry's stack is the largest kernel's, not the sum of all of them.
 INTERNAL_ATTRIBUTES = 'attributes #1 = { nounwind "no-builtins" noinline }'
 

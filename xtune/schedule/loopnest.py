@@ -189,7 +189,7 @@ class Kernel:
 
     `noalias`: the caller promises the parameters never overlap (C's restrict), which lets LLVM reorder
     loads and stores freely. A kernel that may run in place (an elementwise op whose output is one of its
-    inputs, xtune/network/memory.py) is built without it."""
+    inputs, xtune/firmware/memory.py) is built without it."""
 
     name: str
     buffers: tuple[Buffer, ...]

@@ -9,10 +9,10 @@ from typing import Protocol
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace
 from xtune.target import Target
-from xtune.workload import Workload
 
 
 class ScheduleTemplate(Protocol):
@@ -32,7 +32,7 @@ class ScheduleTemplate(Protocol):
         """The workload's inputs (its tensors' layouts, what `Workload.reference` takes) as the kernel of
         `config` reads them: the same arrays, except weights a prepacked=1 workload passes in the packed
         layout of the config. The one home of how a kernel reads its weights: the Measurer and the
-        network build (netbuild.py) both call it."""
+        network build (xtune/firmware/build.py) both call it."""
         ...
 
     def packed_layout(self, config: Config) -> Hashable:

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from xtune.operators import EPILOGUE, ConvShape, conv_shape
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Buffer,
@@ -39,7 +41,6 @@ from xtune.templates.tiles import (
     tile_registers,
     whole_tiles,
 )
-from xtune.workload import Workload, parse_workload
 
 IC_OPTIONS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 OC_OPTIONS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

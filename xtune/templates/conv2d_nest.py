@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from xtune.operators import ConvShape, conv_shape
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
@@ -28,7 +29,6 @@ from xtune.templates.tiles import (
     split_edges,
     unrolled,
 )
-from xtune.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.operators import ConvShape, conv_shape
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
@@ -34,7 +35,6 @@ from xtune.schedule.loopnest import (
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
 from xtune.templates.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
-from xtune.workload import Workload
 
 OW_OPTIONS = (8, 16, 32, 64, 128, 256)
 

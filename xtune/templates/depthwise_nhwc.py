@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.operators import ConvShape, conv_shape
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Affine, Buffer, BufferKind, Kernel, Load, LoopKind, MulAdd, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 from xtune.templates.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
-from xtune.workload import Workload
 
 K_OPTIONS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768)  # output channels per block
 OH_OPTIONS = (1, 2, 4, 8, 16, 32)  # interior output rows per block

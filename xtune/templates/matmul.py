@@ -19,6 +19,7 @@ from typing import Literal
 
 import numpy as np
 
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Broadcast,
@@ -46,7 +47,6 @@ from xtune.templates.tiles import (
     unrolled,
     whole_tiles,
 )
-from xtune.workload import Workload
 
 ORDERS = ("nkm", "nmk", "knm", "kmn", "mnk", "mkn")  # block loops, outermost first
 KC_OPTIONS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512)

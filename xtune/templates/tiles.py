@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -24,7 +25,6 @@ from xtune.schedule.loopnest import (
     Value,
 )
 from xtune.target import Target
-from xtune.workload import Workload
 
 Num = TypeVar("Num", int, float, np.ndarray)
 

@@ -24,12 +24,12 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from xtune.operators import conv_shape
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 from xtune.templates.tiles import clipped, fmas_per_load, parse_tile, register_tiles, tile_registers
 from xtune.templates.winograd_nest import E, WinogradEmitter, WinogradSchedule, round_up, stack_floats, tiles
-from xtune.workload import Workload
 
 TY_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tile rows per block
 TX_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tiles along a row per block

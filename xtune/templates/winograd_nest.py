@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xtune.operators import ConvShape, conv_shape
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -24,7 +25,6 @@ from xtune.schedule.loopnest import (
     Value,
 )
 from xtune.templates.tiles import Epilogue, split_edges, unrolled
-from xtune.workload import Workload
 
 E = 16  # elements of a transformed 4x4 tile
 

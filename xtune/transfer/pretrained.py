@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-import xtune
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError, XtuneWarning
+from xtune.ops.registry import parse_workload
 from xtune.target import Target, cpu_name, get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.transfer.modelfile import (
@@ -41,7 +41,7 @@ from xtune.tuning.features import (
     featurize,
 )
 from xtune.tuning.measure import MeasureStatus
-from xtune.workload import parse_workload
+from xtune.version import __version__
 
 SourceKind = Literal["model", "builtin", "logs"]  # a model file, the shipped model, logs trained on the fly
 BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/models/ for the tuned target
@@ -212,7 +212,7 @@ def train(
         feature_names=tuple((op, feature_names(op)) for op in data),
         targets=tuple(sorted({c.target for c in counts})), groups=counts,
         records_used=sum(c.records for c in counts), skipped=tuple(sorted(skipped.items())),
-        xtune_version=xtune.__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        xtune_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         sources=tuple(Path(s).name for s in sources), base_columns=tuple(bases),
     )  # fmt: skip
     return PretrainedModel(manifest, tuple(boosters))
@@ -309,7 +309,7 @@ def load_source(
 ) -> TransferSource:
     """`builtin` (the shipped model that fits `target` and the board's `cpu` best), one model file, or log
     files (trained on the fly, as `xtune model train` would). A TransferWarning if the model saw no log of
-    `target`: what it learned of other hardware can mislead (docs/benchmarks.md, issue 7)."""
+    `target`: what it learned of other hardware can mislead (docs/transfer.md)."""
     source = _load_source(list(sources), target, op, options, cpu)
     if not source.saw(target):
         warnings.warn(f"the pretrained model saw no {target.name} logs (only "

@@ -15,14 +15,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import xtune
 from xtune.boards.cost import RANKING_UNITS, CostUnit
 from xtune.errors import InputError, XtuneWarning
+from xtune.ops.registry import parse_workload
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.workload import parse_workload
+from xtune.version import __version__
 
 FORMAT_VERSION = 1
 GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952, section 2.3.1
@@ -50,7 +50,7 @@ class Record:
     options: MeasureOptions = DEFAULT_OPTIONS
     fingerprint: tuple[tuple[str, str], ...] = ()  # the board's uname, cpu info, ... as recorded at deploy
     version: int = FORMAT_VERSION
-    xtune_version: str = xtune.__version__
+    xtune_version: str = __version__
     time: float = 0.0  # unix seconds when measured
 
     @property
@@ -462,7 +462,23 @@ def best(
     winner's curse, docs/benchmarks.md). A config that ever gave a wrong answer or crashed is never a best,
     whatever its other records say (a correctness-only board's records count for that). Ties go to the
     earlier record, then to the lower index, so the answer does not depend on file order."""
-    return [r for r, _ in leaders(records, workload, target, k, cost_unit, board)]
+    return [leader.record for leader in leaders(records, workload, target, k, cost_unit, board)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leader:
+    """A config's median record among its timings, and how many timings that median is over."""
+
+    record: Record
+    timings: int
+
+    @property
+    def cost(self) -> float:
+        return self.record.cost
+
+    @property
+    def index(self) -> int:
+        return self.record.index
 
 
 def leaders(
@@ -472,7 +488,7 @@ def leaders(
     k: int = 1,
     cost_unit: CostUnit | None = None,
     board: str | None = None,
-) -> list[tuple[Record, int]]:
+) -> list[Leader]:
     """`best`, each with the count of timings its median record is the median of.
 
     A config is an index with its knobs: a changed template renumbers, and one version's wrong answer
@@ -480,8 +496,8 @@ def leaders(
     figures = _figures(of_machine(records, workload, target, board))
     unit = _preferred(figures) if cost_unit is None else cost_unit
     timings = figures.get(unit, {}) if unit is not None else {}
-    medians = [(_median_record(rs), len(rs)) for rs in timings.values()]
-    return sorted(medians, key=lambda pair: _rank(pair[0]))[: max(k, 0)]
+    medians = [Leader(record=_median_record(rs), timings=len(rs)) for rs in timings.values()]
+    return sorted(medians, key=lambda leader: _rank(leader.record))[: max(k, 0)]
 
 
 def _median_record(records: list[Record]) -> Record:

@@ -26,7 +26,7 @@ LINE, WAYS, L2_BW, L3_BW = 64.0, 8.0, 32.0, 20.0
 STRIDED_L2_BW, STRIDED_L3_BW = 16.0, 4.0
 # The share of the shorter of a kernel's compute and memory streams that runs under the longer: the
 # prefetchers and the out-of-order window hide most of it, not all (a depthwise layer whose compute and
-# L3 stream take about as long ran at 85 % of FMA peak, docs/benchmarks.md, session 11).
+# L3 stream take about as long ran at 85 % of FMA peak, docs/benchmarks.md).
 HIDDEN = 0.9
 # Cycles a loop iteration the template did not unroll adds (increment, compare, branch).
 LOOP_CYCLES = 1.0

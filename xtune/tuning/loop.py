@@ -10,13 +10,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from xtune.errors import InputError
-from xtune.schedule.space import ConfigSpace
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.tuner import Tuner
 
 
 class StopReason(Enum):
-    TRIALS = "trials"  # n_trials measured
+    TRIALS = "trials"  # the budget measured
     EXHAUSTED = "exhausted"  # every config of the space measured
     EARLY_STOPPING = "early_stopping"  # `early_stopping` trials without improvement
     INTERRUPTED = "interrupted"  # KeyboardInterrupt (Ctrl-C) during measuring or a callback
@@ -38,7 +37,7 @@ class TuneProgress:
     batch: tuple[int, ...]  # config indices measured in this batch
     results: tuple[MeasureResult, ...]  # their results, same order
     trials: int  # measured so far, this batch included
-    n_trials: int
+    budget: int  # new trials the run may measure (TuneOptions.trials)
     best_index: int | None  # None until a config measured OK
     best_cost: float  # +inf until a config measured OK
     since_improvement: int  # trials since best_cost last fell (all trials while nothing was OK)
@@ -91,7 +90,7 @@ class _Loop:
 class TuneLoop:
     """A tuning loop advanced one batch at a time: `step` proposes, measures, learns and reports one batch.
 
-    `tune` runs one to the end; a task scheduler (xtune.network.scheduler) keeps one per task and steps
+    `tune` runs one to the end; a task scheduler (xtune.tuning.scheduler) keeps one per task and steps
     whichever task it chooses, so every task's tuner keeps learning across its batches."""
 
     def __init__(
@@ -108,8 +107,8 @@ class TuneLoop:
     def trials(self) -> int:
         return len(self.state.curve)
 
-    def step(self, n: int, n_trials: int = 0) -> TuneProgress | None:
-        """Measure one batch of at most `n` configs; None when the space is exhausted. `n_trials` is the
+    def step(self, n: int, budget: int = 0) -> TuneProgress | None:
+        """Measure one batch of at most `n` configs; None when the space is exhausted. `budget` is the
         run's budget, passed on to the callbacks. A KeyboardInterrupt while measuring propagates and the
         batch is dropped (neither given to the tuner nor to callbacks); in a callback, the batch is kept,
         as it is when a callback raises StopTuning (which propagates too: `run_loop` stops on it)."""
@@ -128,7 +127,7 @@ class TuneLoop:
         self.tuner_seconds += time.perf_counter() - t0
         self.state.record(batch, results)
         state = self.state
-        progress = TuneProgress(tuple(batch), tuple(results), self.trials, n_trials, state.best_index,
+        progress = TuneProgress(tuple(batch), tuple(results), self.trials, budget, state.best_index,
                                 state.best_cost, state.since_improvement)  # fmt: skip
         for callback in self.callbacks:
             callback(progress)
@@ -141,36 +140,33 @@ class TuneLoop:
 
 
 def tune(
-    space: ConfigSpace,
     tuner: Tuner,
     measure_batch: Callable[[list[int]], list[MeasureResult]],
-    n_trials: int,
+    budget: int,
     batch_size: int,
     early_stopping: int | None = None,
     callbacks: Sequence[Callable[[TuneProgress], None]] = (),
 ) -> TuneSummary:
-    """Propose, measure, learn, report, until `n_trials`, the space is exhausted, or early stopping.
+    """Propose, measure, learn, report, until `budget`, the space is exhausted, or early stopping.
 
     Ctrl-C (KeyboardInterrupt) while measuring or in a callback ends the loop and returns the summary of
     every batch measured so far with `stop=INTERRUPTED` (a batch interrupted mid-measurement is dropped:
     it was neither given to the tuner nor to callbacks). The caller decides what to do next, e.g. print the
     best so far and exit 130. A callback that raises StopTuning ends the loop with its reason, the batch
     it was handed kept."""
-    return run_loop(TuneLoop(tuner, measure_batch, callbacks), n_trials, batch_size, early_stopping)
+    return run_loop(TuneLoop(tuner, measure_batch, callbacks), budget, batch_size, early_stopping)
 
 
-def run_loop(
-    loop: TuneLoop, n_trials: int, batch_size: int, early_stopping: int | None = None
-) -> TuneSummary:
-    """`tune` over a loop built by the caller (xtune.tuning.session): `n_trials` more trials."""
-    if n_trials < 0 or batch_size < 1:
-        raise InputError(f"need n_trials >= 0 and batch_size >= 1 (got {n_trials}, {batch_size})")
+def run_loop(loop: TuneLoop, budget: int, batch_size: int, early_stopping: int | None = None) -> TuneSummary:
+    """`tune` over a loop built by the caller (xtune.tuning.session): `budget` more trials."""
+    if budget < 0 or batch_size < 1:
+        raise InputError(f"need budget >= 0 and batch_size >= 1 (got {budget}, {batch_size})")
     start = time.perf_counter()
     stop = StopReason.TRIALS
     first = loop.trials
     try:
-        while loop.trials - first < n_trials:
-            progress = loop.step(min(batch_size, n_trials - (loop.trials - first)), n_trials)
+        while loop.trials - first < budget:
+            progress = loop.step(min(batch_size, budget - (loop.trials - first)), budget)
             if progress is None:
                 stop = StopReason.EXHAUSTED
                 break

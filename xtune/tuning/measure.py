@@ -24,9 +24,9 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import BoardError, BoardFault, LinkError, XtuneError
+from xtune.ops.workload import RTOL, Workload, check_output, random_inputs
 from xtune.target import Target
 from xtune.templates import ScheduleTemplate, template_for
-from xtune.workload import RTOL, Workload, check_output, random_inputs
 
 
 class MeasureStatus(Enum):

@@ -5,45 +5,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
 import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
 from xtune.boards.cost import COUNTED_UNITS, CostUnit, gflops
-from xtune.peers import numpy_seconds
+from xtune.ops.workload import Workload
 from xtune.templates import ScheduleTemplate
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders
 from xtune.tuning.loop import StopReason, StopTuning, TuneProgress, TuneSummary
-from xtune.tuning.measure import MeasureOptions
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.peers import numpy_seconds
 from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession
-from xtune.tuning.tuner import TunerName
-from xtune.workload import Workload
-
-
-@dataclass(frozen=True, kw_only=True)
-class TuneOptions:
-    """Everything a tuning run was asked to do; written into the report and (measure part) the log."""
-
-    tuner: TunerName = "xgb"
-    trials: int = 64
-    batch_size: int = 16
-    early_stopping: int | None = None
-    seed: int = 0
-    measure: MeasureOptions = field(default_factory=MeasureOptions)
-    # Measure the template's heuristic default first, so a tuned result is never worse than it.
-    # Benchmarks of search efficiency turn it off to compare tuners on their own picks.
-    start_from_default: bool = True
-    # With no pretrained model, the xgb tuner ranks its first batch by the analytic estimate (features.py)
-    # and keeps it as a fading base; False makes it start blind (random first batch), as AutoTVM did.
-    analytic_prior: bool = True
-    # At the end of a run the `confirm` fastest configs are timed again until each has session.CONFIRM_TIMINGS
-    # timings, and the best is the config with the lowest median (database.best): on a noisy host the
-    # fastest of a run's single timings is mostly the luckiest (docs/benchmarks.md, "winner's curse"),
-    # and `xtune build` should ship the fastest kernel, not the best-timed one. 0 skips it.
-    confirm: int = 3
 
 
 class Confirmation(Enum):
@@ -175,7 +151,7 @@ def _report(
     top = leaders(records, wl, target, 1, unit)
     best_cost, best_index, best_timings = math.inf, None, 0
     if top:
-        best_cost, best_index, best_timings = top[0][0].cost, top[0][0].index, top[0][1]
+        best_cost, best_index, best_timings = top[0].cost, top[0].index, top[0].timings
     flops = workload.flops()
     return TuningReport(
         workload=wl, target=target, boards=tuple(b.name for b in boards), options=options,

@@ -1,6 +1,6 @@
 """A tuning session: one workload on boards, set up once (template, tuner resumed from the log, measurer)
 and measured one batch at a time, every batch appended to the log. `run_tuning` runs one session to the
-end; the task scheduler of a network (xtune.network.scheduler) keeps one per task and steps the task it
+end; the task scheduler of a network (xtune.tuning.scheduler) keeps one per task and steps the task it
 chooses."""
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
+from xtune.ops.workload import Workload
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import (
+    Leader,
     Record,
     TuningLog,
     config_of,
@@ -29,11 +30,8 @@ from xtune.tuning.database import (
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
+from xtune.tuning.options import TuneOptions
 from xtune.tuning.tuner import make_tuner
-from xtune.workload import Workload
-
-if TYPE_CHECKING:
-    from xtune.tuning.run import TuneOptions
 
 CONFIRM_TIMINGS = 3
 
@@ -195,19 +193,24 @@ class TuningSession:
         """Why a board of this session cannot measure any more (it failed for good), else None."""
         return self.measure.failure
 
-    def step(self, n: int, n_trials: int = 0) -> TuneProgress | None:
+    def step(self, n: int, budget: int = 0) -> TuneProgress | None:
         """Measure one batch of at most `n` configs (see TuneLoop.step); None when the space is exhausted.
         Raises StopTuning(BOARD_FAILED), after keeping the batch, when a board failed for good."""
-        return self.loop.step(n, n_trials)
+        return self.loop.step(n, budget)
 
     def first_picks(self) -> int:
         """How many configs lead the next batch before the tuner's own choice (Tuner.first_picks): on a
         fresh session the template's default and the analytic estimate's top pick."""
         return self.loop.tuner.first_picks()
 
-    def run(self, n_trials: int, batch_size: int, early_stopping: int | None = None) -> TuneSummary:
-        """Batches until `n_trials`, exhaustion, early stopping, a board's failure or Ctrl-C (loop.tune)."""
-        return run_loop(self.loop, n_trials, batch_size, early_stopping)
+    def run(self, budget: int, batch_size: int, early_stopping: int | None = None) -> TuneSummary:
+        """Batches until `budget`, exhaustion, early stopping, a board's failure or Ctrl-C (loop.tune)."""
+        return run_loop(self.loop, budget, batch_size, early_stopping)
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the tuner has no config left to propose."""
+        return not self.loop.tuner.has_next()
 
     @property
     def trials(self) -> int:
@@ -223,7 +226,7 @@ class TuningSession:
         """The log's earlier records of this workload on this machine, then this session's."""
         return self.past + self.this_run
 
-    def leader(self) -> tuple[Record, int] | None:
+    def leader(self) -> Leader | None:
         """The best config so far (over the log's history and this session) with its count of timings:
         the one `xtune build` would ship (database.leaders)."""
         top = leaders(self.records(), self.workload.key, self.target.name, 1, self.cost_unit)
@@ -266,9 +269,13 @@ def _confirm(
     budget = 2 * count * (CONFIRM_TIMINGS - 1)
     tries: Counter[int] = Counter()
     while True:
-        top = [(r.index, n) for r, n in leaders(records(), wl, target, count, CostUnit.SECONDS)]
-        short = [i for i, n in top if n < CONFIRM_TIMINGS and tries[i] < 2 * (CONFIRM_TIMINGS - 1)]
-        short = short[:budget] if budget > 0 else [i for i in short[:1] if i == top[0][0]]
+        top = leaders(records(), wl, target, count, CostUnit.SECONDS)
+        short = [
+            lead.index
+            for lead in top
+            if lead.timings < CONFIRM_TIMINGS and tries[lead.index] < 2 * (CONFIRM_TIMINGS - 1)
+        ]
+        short = short[:budget] if budget > 0 else [i for i in short[:1] if i == top[0].index]
         if not short:
             return
         keep(short, measure(short))

@@ -77,7 +77,7 @@ class Tuner(ABC):
     def first_picks(self) -> int:
         """How many configs the next batch holds before the tuner's own choice: those proposed first
         (`propose_first`, e.g. the template's default) and not measured yet. A task scheduler's first
-        round measures just these on every task (xtune.network.scheduler)."""
+        round measures just these on every task (xtune.tuning.scheduler)."""
         return len({i for i in self._first if i not in self.visited})
 
     @abstractmethod
@@ -187,8 +187,9 @@ class ModelTuner(Tuner):
 
     Whatever the prior, the first batch holds the `anchors` (the template's default config) and, with an
     `estimate` that is not already one of the priors, the estimate's own top pick: a model of another
-    machine can rank every config it picks far below the default (issue 18: 38 % of the default's speed
-    for a held-out stride-2 layer's first 8 trials), so a warm start then starts no lower than these."""
+    machine can rank every config it picks far below the default (38 % of the default's speed for a
+    held-out stride-2 layer's first 8 trials, docs/benchmarks.md), so a warm start then starts no lower
+    than these."""
 
     def __init__(
         self,

@@ -1,5 +1,5 @@
 """Pooling operators of a network: MaxPool and AveragePool (`Pool2d`) and GlobalAveragePool, in NCHW or
-NHWC (the layout pass's, xtune/network/relayout.py). Semantics as xtune/network/ops.py states them."""
+NHWC (the layout pass's, xtune/firmware/relayout.py). Semantics as xtune/ops/generated.py states them."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from enum import Enum
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.network.layout import Layout, physical, to_layout
-from xtune.network.opkit import Shape, hsum_or_max, params, positive
+from xtune.ops.layout import Layout, physical, to_layout
+from xtune.ops.opkit import Shape, hsum_or_max, params, positive
 from xtune.schedule.loopnest import (
     Affine,
     Binary,

@@ -1,14 +1,48 @@
-"""Workloads: text such as "matmul:m=512,n=512,k=512" in, a frozen `Workload` with its tensors,
-numpy reference and flop count out (each op's own rules are in xtune.operators)."""
+"""Workloads: an operator and its key=value text (as in "matmul:m=512,n=512,k=512") in, a frozen
+`Workload` with its tensors, numpy reference and flop count out; the grammar, the bounds every workload
+keeps, deterministic random inputs and the check of an output against the reference. What each operator
+owns is behind the `Operator` protocol (xtune/operators.py); xtune/ops/registry.py finds it by name."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.operators import OPERATORS, Operator, ParamValue, TensorSpec
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One float32 argument of a kernel, row-major (C order)."""
+
+    name: str
+    shape: tuple[int, ...]
+    is_output: bool = False
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)  # exact: np.prod wraps around at 2^63
+
+
+ParamValue = int | str
+
+
+class Operator(Protocol):
+    """What each op owns: its keys with defaults, validation, tensors, reference and flop count."""
+
+    name: ClassVar[str]
+    keys: ClassVar[tuple[str, ...]]  # in canonical order
+    defaults: ClassVar[dict[str, ParamValue]]
+    optional: ClassVar[frozenset[str]]  # keys left out of the canonical text while at their default
+    words: ClassVar[dict[str, tuple[str, ...]]]  # keys whose values are words rather than integers
+
+    def validate(self, params: dict[str, ParamValue]) -> None: ...
+    def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]: ...
+    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray: ...
+    def flops(self, wl: Workload) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -21,6 +55,7 @@ class Workload:
 
     op: str
     params: tuple[tuple[str, ParamValue], ...]
+    operator: Operator = field(compare=False, repr=False)
 
     def value(self, name: str) -> ParamValue:
         for key, value in self.params:
@@ -42,10 +77,6 @@ class Workload:
     def symbol(self) -> str:
         """A C identifier fragment, e.g. matmul_m512_n512_k512."""
         return "_".join([self.op] + [f"{k}{v}" for k, v in self.params])
-
-    @property
-    def operator(self) -> Operator:
-        return OPERATORS[self.op]
 
     def tensors(self) -> tuple[TensorSpec, ...]:
         return self.operator.tensors(self)
@@ -114,14 +145,11 @@ def _check_tensors(wl: Workload) -> None:
             )
 
 
-def parse_workload(text: str) -> Workload:
-    """Parse "OP:key=value,..." into a canonical Workload, or raise InputError naming the problem."""
-    op_name, sep, rest = text.partition(":")
-    if op_name not in OPERATORS:
-        raise InputError(f"unknown operator {op_name!r} in workload {text!r} (known: {', '.join(OPERATORS)})")
-    if sep and not rest:
-        raise InputError(f"{op_name}: no key=value items after ':' in workload '{text}'")
-    op = OPERATORS[op_name]
+def make_workload(op: Operator, rest: str, text: str) -> Workload:
+    """The canonical Workload of operator `op` from `rest`, the key=value items of `text` after "OP:", or
+    InputError naming the problem (xtune/ops/registry.py's `parse_workload` finds `op` by name)."""
+    if text.partition(":")[1] and not rest:
+        raise InputError(f"{op.name}: no key=value items after ':' in workload '{text}'")
     params = _items(op, rest, text)
     op.validate(params)
     canonical = (
@@ -129,7 +157,7 @@ def parse_workload(text: str) -> Workload:
         for key in op.keys
         if key in params and not (key in op.optional and params[key] == op.defaults[key])
     )
-    wl = Workload(op_name, tuple(canonical))
+    wl = Workload(op.name, tuple(canonical), op)
     _check_tensors(wl)
     return wl
 

@@ -19,12 +19,14 @@ from typing import Literal
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.network.anchors import Anchor, anchor_of
-from xtune.network.graph import Graph, Node, Source, load_graph
-from xtune.network.layout import DEFAULT, Layout, parse_layout, runs_in
+from xtune.frontend.anchors import Anchor, anchor_of
+from xtune.frontend.load import Source, load_graph
+from xtune.graph import Graph, Node
+from xtune.ops.layout import DEFAULT, Layout, parse_layout, runs_in
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import Workload
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
-from xtune.workload import Workload, parse_workload
 
 OtherKind = Literal["pooling", "elementwise", "reshape", "softmax", "concat"]
 _OTHER_OPS: dict[OtherKind, str] = {
@@ -45,7 +47,7 @@ class FusedOp:
     """One kernel call of the network: an anchor node (Conv, Gemm, MatMul) and the nodes fused after it.
 
     `weights` and `bias` are what the kernel takes, in ONNX's order (a Conv's OIHW, which the build turns
-    into the workload's layout: xtune/network/layout.py, `task_weights`): BatchNormalization folded in,
+    into the workload's layout: xtune/ops/layout.py, `task_weights`): BatchNormalization folded in,
     Gemm's transposed (n, k) weights transposed to (k, n) (`transposed`) and its alpha applied.
     `weights` is None when the second matmul operand is an activation (`weights_input` names it)."""
 
@@ -95,7 +97,7 @@ class TaskSet:
 
     model: str
     target: Target
-    layout: Layout  # the network's (xtune/network/layout.py); each task's workload carries its own
+    layout: Layout  # the network's (xtune/ops/layout.py); each task's workload carries its own
     tasks: tuple[Task, ...]
     other_nodes: tuple[OtherNode, ...]
     total_flops: float  # of every kernel call: sum of flops * count (other nodes are not counted)
@@ -109,7 +111,7 @@ def extract_tasks(
     source: Source, target: str | Target | None = None, layout: str | Layout = DEFAULT
 ) -> TaskSet:
     """The unique tasks of an ONNX model (path or ModelProto) for `target` (default: the host's), the
-    network run in `layout` (xtune/network/layout.py: NHWC unless asked)."""
+    network run in `layout` (xtune/ops/layout.py: NHWC unless asked)."""
     tgt = target if isinstance(target, Target) else get_target(target) if target else host_target()
     where = parse_layout(layout)
     graph = load_graph(source)

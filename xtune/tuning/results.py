@@ -1,6 +1,6 @@
 """What a model's tuning run reports: how each task and the run stopped, each task's result, the run's
 result (its curve of the end-to-end estimate included), and the progress handed out after each batch
-(xtune/network/scheduler.py makes them; the CLI prints them)."""
+(xtune/tuning/scheduler.py makes them; the CLI prints them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 
 from xtune.boards.cost import CostUnit
-from xtune.network.allocation import Strategy
+from xtune.tuning.allocation import Strategy
 from xtune.tuning.loop import TuneProgress
 
 

@@ -1,4 +1,4 @@
-"""The pieces every generated operator (xtune/network/ops.py, xtune/network/pooling.py) is built from:
+"""The pieces every generated operator (xtune/ops/generated.py, xtune/ops/pooling.py) is built from:
 size checks, the kernel's pointer parameters, vector loops over contiguous memory, horizontal reductions."""
 
 from __future__ import annotations

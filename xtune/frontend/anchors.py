@@ -16,9 +16,9 @@ from typing import Literal
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.network.graph import Graph, Node
-from xtune.network.layout import Layout
+from xtune.graph import Graph, Node
 from xtune.operators import winograd_eligible
+from xtune.ops.layout import Layout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,8 +37,8 @@ class Anchor:
         return self.out_shape[self.channel_axis]
 
     def workload_key(self, bias: bool, flags: dict[str, int], layout: Layout = Layout.NCHW) -> str:
-        """The workload, run in `layout` (xtune/network/layout.py decides which). Constant weights are
-        packed once, at build time (netbuild.py), so the task is tuned as it runs: prepacked=1
+        """The workload, run in `layout` (xtune/ops/layout.py decides which). Constant weights are
+        packed once, at build time (xtune/firmware/build.py), so the task is tuned as it runs: prepacked=1
         (workload.PREPACKED). Depthwise weights are too small to matter."""
         constant = self.weights is not None
         packed = {"prepacked": 1} if constant and self.op != "depthwise" else {}

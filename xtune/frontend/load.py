@@ -1,9 +1,9 @@
-"""ONNX import: a model file (or ModelProto) in, a small typed `Graph` out — nodes with their op, inputs,
-outputs and attributes, the constants as numpy arrays, and every tensor's static shape.
+"""ONNX import: a model file (or ModelProto) in, a small typed `Graph` (xtune/graph.py) out — nodes with
+their op, inputs, outputs and attributes, the constants as numpy arrays, and every tensor's static shape.
 
 Only what xtune cannot represent is refused here, in one line naming the node and its op: tensors of
 dynamic shape, activations that are not float32, subgraphs, opsets outside 11..current. Which ops a
-network may hold is the business of the passes that read the graph (`xtune.network.tasks`, and the
+network may hold is the business of the passes that read the graph (`xtune.frontend.tasks`, and the
 whole-network build that emits it), not of the import.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,67 +18,11 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from xtune.errors import InputError
+from xtune.graph import AttrValue, Graph, Node
 
 SMALL_CONSTANT = 64  # elements: initializers up to this size stay data during shape inference
 MIN_OPSET = 11  # Clip's bounds became inputs in opset 11; older models are not worth a second path
-AttrValue = int | float | str | tuple[int, ...] | tuple[float, ...] | tuple[str, ...] | np.ndarray
 Source = str | os.PathLike[str] | onnx.ModelProto
-
-
-@dataclass(frozen=True, kw_only=True)
-class Node:
-    """One ONNX node: `op` is its op_type; an omitted optional input is the empty string, as in ONNX."""
-
-    name: str
-    op: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: Mapping[str, AttrValue] = field(default_factory=dict, compare=False)
-
-    def attr(self, key: str, default: AttrValue) -> AttrValue:
-        return self.attrs.get(key, default)
-
-    def ints(self, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
-        value = self.attrs.get(key, default)
-        assert isinstance(value, tuple), (self.name, key, value)
-        return tuple(int(v) for v in value)
-
-    @property
-    def label(self) -> str:
-        """How errors name the node: "node 'layer1.0.conv1' (Conv)"."""
-        return f"node '{self.name}' ({self.op})"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Graph:
-    """A model's main graph in topological order (ONNX requires it), with constants and static shapes."""
-
-    name: str  # the file it came from, or the graph's own name for an in-memory model
-    opset: int
-    nodes: tuple[Node, ...]
-    inputs: tuple[str, ...]  # graph inputs that are not initializers: what a caller feeds
-    outputs: tuple[str, ...]
-    constants: Mapping[str, np.ndarray] = field(compare=False)  # initializers and Constant nodes' values
-    shapes: Mapping[str, tuple[int, ...]] = field(compare=False)  # every tensor's shape
-
-    def shape(self, tensor: str) -> tuple[int, ...]:
-        return self.shapes[tensor]
-
-    def constant(self, tensor: str) -> np.ndarray | None:
-        return self.constants.get(tensor)
-
-    def producers(self) -> dict[str, int]:
-        """Tensor -> the index of the node that writes it."""
-        return {out: i for i, node in enumerate(self.nodes) for out in node.outputs}
-
-    def consumers(self) -> dict[str, list[int]]:
-        """Tensor -> the indices of the nodes that read it, in graph order."""
-        readers: dict[str, list[int]] = {}
-        for i, node in enumerate(self.nodes):
-            for name in dict.fromkeys(node.inputs):
-                if name:
-                    readers.setdefault(name, []).append(i)
-        return readers
 
 
 def load_model(source: Source) -> onnx.ModelProto:

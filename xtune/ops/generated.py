@@ -1,7 +1,7 @@
 """The operators of a network that are not tuned tasks: shapes in; the output shape, a numpy reference and
 a loop-nest `Kernel` (lowered by xtune.codegen.lower like any template's) out. Float32; 4-D tensors in
-NCHW, or NHWC where the operator has a `layout` (pooling, in xtune/network/pooling.py; the layout pass,
-xtune/network/relayout.py, gives it, re-expresses Concat along channels and inserts `Transpose`).
+NCHW, or NHWC where the operator has a `layout` (pooling, in xtune/ops/pooling.py; the layout pass,
+xtune/firmware/relayout.py, gives it, re-expresses Concat along channels and inserts `Transpose`).
 
 Every kernel takes its inputs then its output as pointer parameters, in that order, and writes every
 element of the output. The parameters must not overlap, except that an elementwise kernel's output may be
@@ -11,7 +11,7 @@ right), ceil_mode=0 and, for AveragePool, the default count_include_pad=0 (paddi
 candidate nor counted in the mean); GlobalAveragePool; Add (same shapes, optionally followed by ReLU);
 Relu and Clip; Softmax over the last axis (opset 13); Concat along channels; Flatten/Reshape, which need no
 code at all: the output is the input's bytes (`Reshape.alias`), which the memory planner shares
-(xtune/network/memory.py, `alias_of`).
+(xtune/firmware/memory.py, `alias_of`).
 
 Vectorization: elementwise ops, Concat and Softmax run along contiguous memory in vectors of the target's
 fp32 lanes (a partial vector at the end, never a read past it); pooling with unit column stride runs whole
@@ -30,11 +30,11 @@ from enum import Enum
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.network.layout import Layout, physical
-from xtune.network.opkit import Shape, hsum_or_max, params, positive, vector_map
-from xtune.network.pooling import GlobalAveragePool as GlobalAveragePool
-from xtune.network.pooling import Pool2d as Pool2d
-from xtune.network.pooling import PoolKind as PoolKind
+from xtune.ops.layout import Layout, physical
+from xtune.ops.opkit import Shape, hsum_or_max, params, positive, vector_map
+from xtune.ops.pooling import GlobalAveragePool as GlobalAveragePool
+from xtune.ops.pooling import Pool2d as Pool2d
+from xtune.ops.pooling import PoolKind as PoolKind
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -55,7 +55,7 @@ from xtune.schedule.loopnest import (
 @dataclass(frozen=True, kw_only=True)
 class Transpose:
     """A 4-D activation converted between layouts: (n, c, h, w) to (n, h, w, c) (`to` NHWC), or back. The
-    layout pass (xtune/network/relayout.py) inserts it."""
+    layout pass (xtune/firmware/relayout.py) inserts it."""
 
     n: int
     c: int

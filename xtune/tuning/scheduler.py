@@ -3,7 +3,7 @@
 
 A first round measures every task's anchors only (Tuner.first_picks: its default config and the analytic
 estimate's top pick, a trial or two), so that nearly all of the budget is the strategy's to allocate.
-Then each batch goes where the policy of xtune/network/allocation.py says (Ansor's gradient, or
+Then each batch goes where the policy of xtune/tuning/allocation.py says (Ansor's gradient, or
 round-robin: after the same first round, the rest split evenly, Ansor's baseline). A task stops when its
 space is exhausted, when it went `early_stopping` trials without improvement, or when neither its
 anchors nor one batch after them found a correct config. A board that fails for good stops the whole
@@ -14,17 +14,15 @@ run, as it stops `xtune tune --workload` (docs/boards.md, "Faults"). The design 
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from xtune.boards.board import Board
 from xtune.errors import InputError
-from xtune.network.allocation import (
+from xtune.templates import template_for
+from xtune.tuning.allocation import (
     RoundRobin,
     SchedulerOptions,
     Strategy,
@@ -34,19 +32,14 @@ from xtune.network.allocation import (
     end_to_end,
     leaves_group,
 )
-from xtune.network.results import ModelProgress, ModelStop, ModelTuningResult, TaskResult, TaskStop
-from xtune.templates import template_for
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, leaders
 from xtune.tuning.features import features_op
 from xtune.tuning.loop import StopTuning
 from xtune.tuning.measure import CompilePool, MeasureStatus
+from xtune.tuning.options import TuneOptions
+from xtune.tuning.results import ModelProgress, ModelStop, ModelTuningResult, TaskResult, TaskStop
 from xtune.tuning.session import TuningSession, check_boards
-
-if TYPE_CHECKING:
-    from xtune.network.graph import Source
-    from xtune.tuning.run import TuneOptions
-
 
 DEFAULT_SCHEDULER = SchedulerOptions()  # Ansor's gradient with its constants
 
@@ -70,7 +63,7 @@ class _Task:
     @property
     def latency(self) -> float:
         top = self.session.leader()
-        return top[0].cost if top else math.inf
+        return top.cost if top else math.inf
 
 
 def _resumed_history(session: TuningSession, batch: int) -> list[float]:
@@ -80,7 +73,7 @@ def _resumed_history(session: TuningSession, batch: int) -> list[float]:
     history: list[float] = []
     for end in range(batch, len(done) + batch, batch):
         top = leaders(done[:end], wl, target, 1, unit)
-        history.append(top[0][0].cost if top else math.inf)
+        history.append(top[0].cost if top else math.inf)
     return [g for g in history if math.isfinite(g)] or history[-1:]
 
 
@@ -241,7 +234,7 @@ class TaskScheduler:
         stopping = self.options.early_stopping
         if stopping is not None and state.since_improvement >= stopping:
             state.stop = TaskStop.EARLY_STOPPING
-        elif not state.session.loop.tuner.has_next():
+        elif state.session.exhausted:
             state.stop = TaskStop.EXHAUSTED
         self._point()
         if self.on_progress is not None:
@@ -276,13 +269,13 @@ class TaskScheduler:
 
 def _task_result(state: _Task) -> TaskResult:
     session, top = state.session, state.session.leader()
-    best_index = top[0].index if top else None
+    best_index = top.index if top else None
     default = session.template.default_config().index
     return TaskResult(
         workload=session.workload.key, nodes=state.task.nodes, flops=state.task.flops,
         trials=session.trials, resumed=session.resumed, batches=state.batches, best_index=best_index,
-        best_knobs=top[0].knobs if top else (), best_cost=top[0].cost if top else math.inf,
-        best_timings=top[1] if top else 0, default_cost=_config_cost(session, default), stop=state.stop,
+        best_knobs=top.record.knobs if top else (), best_cost=top.cost if top else math.inf,
+        best_timings=top.timings if top else 0, default_cost=_config_cost(session, default), stop=state.stop,
     )  # fmt: skip
 
 
@@ -290,7 +283,7 @@ def _config_cost(session: TuningSession, index: int) -> float:
     """One config's cost by the rule of the best (database.leaders: median, never a disqualified one)."""
     records: list[Record] = [r for r in session.records() if r.index == index]
     top = leaders(records, session.workload.key, session.target.name, 1, session.cost_unit)
-    return top[0][0].cost if top else math.inf
+    return top[0].cost if top else math.inf
 
 
 def tune_tasks(
@@ -313,44 +306,3 @@ def tune_tasks(
     finally:
         run.close()
     return run.result(stop, model=model, budget=options.trials, seconds=time.perf_counter() - start)
-
-
-def tune_model(
-    model: Source,
-    *,
-    board: str | Board | Sequence[str | Board] = "local",
-    boards_file: str | os.PathLike[str] | None = None,
-    target: str | None = None,
-    trials: int | None = None,
-    log: str | os.PathLike[str] | TuningLog | None = None,
-    options: TuneOptions | None = None,
-    strategy: Strategy | str = Strategy.GRADIENT,
-    on_progress: Callable[[ModelProgress], None] | None = None,
-    layout: str = "nhwc",
-) -> ModelTuningResult:
-    """Tune every task of an ONNX model (path or ModelProto) on `board` (a name, a Board, or several of
-    one target) under one budget of `trials` (default: options.trials), the network run in `layout`
-    (xtune/network/layout.py), appending to `log` and resuming from it: what `xtune tune --model` does."""
-    from xtune.boards.board import get_board
-    from xtune.network.layout import parse_layout
-    from xtune.network.tasks import extract_tasks
-    from xtune.tuning.run import TuneOptions
-
-    where = parse_layout(layout)  # before any board is opened
-    items = [board] if isinstance(board, str) or not isinstance(board, Sequence) else list(board)
-    path = Path(boards_file) if boards_file is not None else None
-    boards = [get_board(b, path, target=target) if isinstance(b, str) else b for b in items]
-    check_boards(boards)
-    options = options or TuneOptions()
-    options = replace(options, trials=trials) if trials is not None else options
-    if options.trials < 1:
-        raise InputError("trials must be at least 1")
-    try:
-        chosen = Strategy(strategy)
-    except ValueError:
-        known = ", ".join(s.value for s in Strategy)
-        raise InputError(f"unknown strategy '{strategy}' (known: {known})") from None
-    taskset = extract_tasks(model, boards[0].target, where)
-    tuning_log = log if isinstance(log, TuningLog) or log is None else TuningLog(log)
-    return tune_tasks(taskset.tasks, boards, options, tuning_log, model=taskset.model,
-                      scheduler=SchedulerOptions(strategy=chosen), on_progress=on_progress)  # fmt: skip

@@ -1,11 +1,11 @@
 """The network as a program: an imported graph in, the calls that run it in order out (`Program`): each a
-tuned task (a `FusedOp`'s workload) or a generated operator (xtune/network/ops.py) with the tensors it
+tuned task (a `FusedOp`'s workload) or a generated operator (xtune/ops/generated.py) with the tensors it
 reads and writes, every tensor placed in one of four spaces (the caller's input, output and workspace, or
-the object's weights), the workspace laid out by the static memory planner (xtune/network/memory.py).
+the object's weights), the workspace laid out by the static memory planner (xtune/firmware/memory.py).
 
 Execution order is the graph's (ONNX requires topological order): a fused call runs where its anchor
 node stands, which is valid because the nodes fused after it read only the anchor's chain and its
-residual exists before the anchor runs (xtune/network/tasks.py). Add followed by its only reader Relu is
+residual exists before the anchor runs (xtune/frontend/tasks.py). Add followed by its only reader Relu is
 one Add+ReLU call. Flatten, Reshape, Squeeze, Unsqueeze, Identity and Dropout (inference) are views: no
 call, the same bytes. A view that is the network's output makes its source be written straight into the
 caller's output; a view of the input or of a constant is that input or constant.
@@ -21,10 +21,12 @@ from enum import Enum
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.network.graph import Graph, Node, Source, load_graph
-from xtune.network.layout import DEFAULT, Layout, parse_layout, task_weights
-from xtune.network.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
-from xtune.network.ops import (
+from xtune.firmware.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
+from xtune.firmware.relayout import OpStep, relayout
+from xtune.frontend.load import Source, load_graph
+from xtune.frontend.tasks import FusedOp, fuse
+from xtune.graph import Graph, Node
+from xtune.ops.generated import (
     Concat,
     Elementwise,
     ElementwiseOp,
@@ -35,9 +37,8 @@ from xtune.network.ops import (
     Softmax,
     relu,
 )
-from xtune.network.relayout import OpStep, relayout
-from xtune.network.tasks import FusedOp, fuse
-from xtune.workload import Workload
+from xtune.ops.layout import DEFAULT, Layout, parse_layout, task_weights
+from xtune.ops.workload import Workload
 
 VIEWS = frozenset(("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout"))
 
@@ -73,14 +74,14 @@ class Program:
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
     calls: tuple[Call, ...]
-    places: Mapping[str, tuple[Space, int]]  # tensor -> (space, byte offset; weights: see netbuild)
+    places: Mapping[str, tuple[Space, int]]  # tensor -> (space, byte offset; weights: see firmware/build.py)
     weights: tuple[tuple[str, np.ndarray], ...]  # constant arrays by tensor name, in first-use order
     memory: MemoryPlan
 
 
 def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     """The calls that run `source`'s network (a path or a ModelProto) in `layout` (NHWC unless asked:
-    xtune/network/layout.py), or one InputError naming the node xtune cannot run (or the file it cannot
+    xtune/ops/layout.py), or one InputError naming the node xtune cannot run (or the file it cannot
     read)."""
     where = parse_layout(layout)
     graph = load_graph(source)

@@ -3,13 +3,13 @@ network and its C header out (`build_model`, `xtune build --model`).
 
 One LLVM module holds every kernel as an internal, never-inlined function: each task's kernel from its
 template with the logs' best config (else the template's default, named in a warning, as `xtune build`
-chooses for kernels: `xtune.artifact.choose`), and the generated kernels of the other operators
-(xtune/network/ops.py). The external entry `{prefix}_run(input, output, workspace)` calls them in graph
+chooses for kernels: `xtune.firmware.kernels.choose`), and the generated kernels of the other operators
+(xtune/ops/generated.py). The external entry `{prefix}_run(input, output, workspace)` calls them in graph
 order with pointers into the caller's three buffers and into the weights, which are read-only data of the
 object (xtune/codegen/rodata.py: BatchNorm folded at extraction; the weights of prepacked=1 tasks packed at
 build time into the panels their kernel reads, the template's `kernel_inputs`, as tuning measured them;
 others in the layout the workload takes). The
-workspace layout is the static memory plan of xtune/network/program.py. Small queries
+workspace layout is the static memory plan of xtune/firmware/program.py. Small queries
 (`{prefix}_workspace_bytes`, `_input_size`, `_output_size`, `_build_id`) let a firmware check at run time
 that the object is the one its header describes. docs/firmware.md, "Whole networks", is the user's view.
 """
@@ -27,7 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from xtune.artifact import (
+from xtune.codegen.compile import compile_object
+from xtune.codegen.link import check_object
+from xtune.codegen.lower import lower, quoted
+from xtune.codegen.rodata import WeightsLayout, pack_weights, patch_weights, weights_base, weights_global
+from xtune.errors import InputError
+from xtune.files import write_all_atomic
+from xtune.firmware.kernels import (
     MAX_STACK_BYTES,
     check_outputs,
     choose,
@@ -38,22 +44,16 @@ from xtune.artifact import (
     read_noted,
     valid_prefix,
 )
-from xtune.codegen.compile import compile_object
-from xtune.codegen.link import check_object
-from xtune.codegen.lower import lower, quoted
-from xtune.codegen.rodata import WeightsLayout, pack_weights, patch_weights, weights_base, weights_global
-from xtune.errors import InputError
-from xtune.files import write_all_atomic
-from xtune.network.graph import Source
-from xtune.network.layout import DEFAULT, Layout, parse_layout
-from xtune.network.ops import Elementwise, Operator, Transpose
-from xtune.network.program import Call, Program, Space, program
+from xtune.firmware.program import Call, Program, Space, program
+from xtune.frontend.load import Source
+from xtune.ops.generated import Elementwise, Operator, Transpose
+from xtune.ops.layout import DEFAULT, Layout, parse_layout
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config
 from xtune.target import Target, get_target
 from xtune.templates import ScheduleTemplate, template_for
 from xtune.tuning.database import Record
-from xtune.workload import Workload
 
 PathLike = str | os.PathLike[str]
 # Added to the largest kernel's packed panels: the entry's frame and one kernel's (callee-saved registers,
@@ -180,7 +180,7 @@ def build_model(
     profile: bool = False,
 ) -> NetArtifact:
     """The whole network of `model` (a path or a ModelProto) for `target`, as one checked object, run in
-    `layout` (xtune/network/layout.py; the entry's input and output are in ONNX's order whatever it is).
+    `layout` (xtune/ops/layout.py; the entry's input and output are in ONNX's order whatever it is).
     With `profile`, the object also has `{prefix}_profile(input, output, workspace, stamps)`: the same
     calls with the target's counter (PROFILE_COUNTERS) read into stamps[0..calls] before the first step
     and after each (the step i took stamps[i+1] - stamps[i] ticks); `{prefix}_run` is unchanged.

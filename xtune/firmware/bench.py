@@ -3,7 +3,7 @@ board's target, run through the agent on a seeded random input, checked against 
 the same input, and timed (`bench_model`, `xtune bench --model`): wall time on the local board, beside ONNX
 Runtime's on one thread in the same run; the instruction count of one inference on QEMU boards.
 
-Correctness uses the rule every kernel check uses (xtune.workload.check_output): max |got - ref| <=
+Correctness uses the rule every kernel check uses (xtune.ops.workload.check_output): max |got - ref| <=
 RTOL * max(1, max |ref|), RTOL = 1e-4. Over a whole network the error of float32 accumulation in another
 order grows with depth, but stays far below that: 2e-7 to 1.2e-6 of the output's largest magnitude on the
 small and full ResNet-18 and MobileNetV2 (measured on x86-avx512), while a wrong weight, layout or
@@ -26,11 +26,11 @@ from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import FlatImage, link_flat
 from xtune.errors import BoardError, InputError
-from xtune.netbuild import NetArtifact, build_model
-from xtune.network.graph import Source, load_model
-from xtune.network.layout import DEFAULT, Layout, parse_layout
-from xtune.peers import ort_available, ort_network
-from xtune.workload import RTOL, check_output
+from xtune.firmware.build import NetArtifact, build_model
+from xtune.frontend.load import Source, load_model
+from xtune.ops.layout import DEFAULT, Layout, parse_layout
+from xtune.ops.workload import RTOL, check_output
+from xtune.tuning.peers import ort_available, ort_network
 
 PathLike = str | os.PathLike[str]
 SEED = 0  # of the random input, so that a run can be repeated
@@ -42,7 +42,7 @@ class NetBenchReport:
     model: str
     target: str
     board: str
-    layout: str  # the layout the network ran in (xtune/network/layout.py)
+    layout: str  # the layout the network ran in (xtune/ops/layout.py)
     correct: bool
     error: str  # why not correct; "" when it is
     max_abs_error: float  # against ONNX Runtime

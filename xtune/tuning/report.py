@@ -12,8 +12,8 @@ from pathlib import Path
 from xtune.boards.cost import CostUnit, gflops
 from xtune.errors import InputError
 from xtune.files import write_atomic
+from xtune.ops.registry import parse_workload
 from xtune.tuning.database import Record, build_choice, ranking_unit
-from xtune.workload import parse_workload
 
 
 @dataclass(frozen=True, kw_only=True)

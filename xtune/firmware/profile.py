@@ -1,7 +1,7 @@
-"""Per-step time inside a whole network (`profile_model`, `xtune bench --model --profile`): the network built
-with its profile entry (xtune/netbuild.py, `build_model(profile=True)`), run on a wall-time board through
-the agent, the counter readings between steps turned into seconds, and each tuned step set beside its
-standalone latency in the tuning logs (what the task scheduler adds up as the network's estimate).
+"""Per-step time inside a whole network (`profile_model`, `xtune bench --model --profile`): the network
+built with its profile entry (xtune/firmware/build.py, `build_model(profile=True)`), run on a wall-time
+board through the agent, the counter readings between steps turned into seconds, and each tuned step set
+beside its standalone latency in the tuning logs (what the task scheduler adds up as the network's estimate).
 
 The counter's rate is not assumed: each run's span (last reading minus first) is divided by the wall time
 the agent measured for that call, and the median of those rates converts ticks to seconds. A step's time
@@ -21,12 +21,12 @@ from xtune.boards.agent import RunRequest
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
-from xtune.netbench import TIMEOUT_MS, check_finished, load_network, random_input
-from xtune.netbuild import NetArtifact, build_model, check_profile, kernel_key, step_label
-from xtune.network.graph import Source
-from xtune.network.layout import DEFAULT, Layout, parse_layout
+from xtune.firmware.bench import TIMEOUT_MS, check_finished, load_network, random_input
+from xtune.firmware.build import NetArtifact, build_model, check_profile, kernel_key, step_label
+from xtune.frontend.load import Source
+from xtune.ops.layout import DEFAULT, Layout, parse_layout
+from xtune.ops.workload import Workload
 from xtune.tuning.database import build_choice, read_logs
-from xtune.workload import Workload
 
 PathLike = str | os.PathLike[str]
 RUNS = 31  # profiled calls; a step's time is its median over them
@@ -42,7 +42,7 @@ class StepTime:
 
     index: int
     label: str  # kind and ONNX node, e.g. "conv2d Conv_12" or "transpose->nhwc Conv_0"
-    what: str  # the workload key, or the operator (netbuild's build table)
+    what: str  # the workload key, or the operator (the network build's table, firmware/build.py)
     seconds: float  # median over the runs, in the network
     standalone: float | None  # the tuning log's best latency of its workload on this target, if any
 
@@ -79,7 +79,7 @@ class NetProfile:
 
 def check_board(board: Board) -> None:
     """InputError in one line unless `board` can time a profile build: wall time on a target with a
-    counter xtune reads (xtune/netbuild.py, PROFILE_COUNTERS)."""
+    counter xtune reads (xtune/firmware/build.py, PROFILE_COUNTERS)."""
     if board.cost_unit is not CostUnit.SECONDS:
         raise InputError(
             f"{board.name}: --profile times steps in wall time, and this board measures "

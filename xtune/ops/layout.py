@@ -5,7 +5,7 @@ A network runs in NHWC by default on every target: with channels innermost, the 
 along output channels (a 1x1 convolution is one matmul of the pixels by the weights, whatever the spatial
 size), which on a Zen 5 made 3x3 and pointwise layers 10-16 % faster than in NCHW (docs/networks.md,
 "Layout"). NCHW stays available (`--layout nchw`) to compare. Whatever the layout, the model's input and
-output keep the shapes and order ONNX declares: the pass (xtune/network/relayout.py) converts the input
+output keep the shapes and order ONNX declares: the pass (xtune/firmware/relayout.py) converts the input
 once at entry, any 4-D output at exit, and a tensor between operators that run in different layouts.
 Only 4-D activations have a layout; every other tensor is the same in both.
 """
@@ -17,7 +17,7 @@ from enum import Enum
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.workload import Workload
+from xtune.ops.workload import Workload
 
 
 class Layout(Enum):
@@ -29,7 +29,7 @@ DEFAULT = Layout.NHWC
 
 _BOTH = frozenset(Layout)
 _NCHW = frozenset((Layout.NCHW,))
-# What each operator runs in (its kind: a workload's op, an xtune/network/ops.py class name lowered, or
+# What each operator runs in (its kind: a workload's op, an xtune/ops/generated.py class name lowered, or
 # "view"). An operator runs in the network's layout when it can, else in NCHW with conversions around it.
 # Conv2d and depthwise tasks carry their layout in the workload key (xtune/operators.py; weights through
 # `task_weights`). Matmul reads the last axis of ONNX's order (a 4-D input's W) and Softmax normalizes
@@ -78,11 +78,6 @@ def physical(shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
         return shape
     n, c, h, w = shape
     return (n, h, w, c)
-
-
-def nchw_axis(axis: int, layout: Layout) -> int:
-    """Where ONNX axis `axis` of a 4-D tensor is in `layout`."""
-    return axis if layout is Layout.NCHW else (0, 3, 1, 2)[axis]
 
 
 def to_layout(array: np.ndarray, layout: Layout) -> np.ndarray:

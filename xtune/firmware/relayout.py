@@ -1,6 +1,6 @@
 """The layout pass: the steps of a network in ONNX's order (NCHW) in, the same steps run in the network's
-layout out, with a `Transpose` (xtune/network/ops.py) inserted wherever a tensor is not in the layout its
-reader runs in (xtune/network/layout.py decides both).
+layout out, with a `Transpose` (xtune/ops/generated.py) inserted wherever a tensor is not in the layout its
+reader runs in (xtune/ops/layout.py decides both).
 
 Every step runs in one layout (`runs_in` of its kind; an elementwise step in its first input's), and its
 4-D activations are read and written in it. A tensor is named by its ONNX name in ONNX's order and by
@@ -8,7 +8,7 @@ Every step runs in one layout (`runs_in` of its kind; an elementwise step in its
 name. A conversion is inserted right before the first reader that needs it and shared by later readers.
 The model's input is in ONNX's order; its output is converted back at the end when its last writer ran in
 NHWC. A 4-D constant read in NHWC is converted at build time. The memory planner then places the new
-tensors like any other intermediate (xtune/network/memory.py).
+tensors like any other intermediate (xtune/firmware/memory.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from xtune.network.graph import Graph
-from xtune.network.layout import FOLLOWS_INPUT, Layout, differs, runs_in, to_layout, workload_layout
-from xtune.network.memory import Sharing
-from xtune.network.ops import Concat, GlobalAveragePool, Operator, Pool2d, Transpose
-from xtune.workload import Workload
+from xtune.firmware.memory import Sharing
+from xtune.graph import Graph
+from xtune.ops.generated import Concat, GlobalAveragePool, Operator, Pool2d, Transpose
+from xtune.ops.layout import FOLLOWS_INPUT, Layout, differs, runs_in, to_layout, workload_layout
+from xtune.ops.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _kind(kernel: Workload | Operator | None) -> str:
 def _layout(graph: Graph, step: OpStep, network: Layout, have: dict[str, set[Layout]]) -> Layout:
     """The layout `step` runs in."""
     kind = _kind(step.kernel)
-    if isinstance(step.kernel, Workload):  # the task's workload says (xtune/network/tasks.py chose it)
+    if isinstance(step.kernel, Workload):  # the task's workload says (xtune/frontend/tasks.py chose it)
         return workload_layout(step.kernel)
     if kind in FOLLOWS_INPUT or (kind == "view" and graph.shape(step.args[0]) == graph.shape(step.args[-1])):
         # Elementwise steps, and views that keep the shape: the layout their first input has, no conversion.

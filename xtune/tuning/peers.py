@@ -16,7 +16,7 @@ import numpy as np
 
 from xtune.errors import InputError, XtuneError
 from xtune.operators import conv_shape
-from xtune.workload import RTOL, Workload, check_output, random_inputs
+from xtune.ops.workload import RTOL, Workload, check_output, random_inputs
 
 if TYPE_CHECKING:
     import onnx

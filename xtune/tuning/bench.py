@@ -12,11 +12,11 @@ import numpy as np
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit, gflops
 from xtune.errors import BoardError
-from xtune.peers import numpy_seconds, ort_gflops
+from xtune.ops.workload import Workload
 from xtune.schedule.space import KnobValue
 from xtune.templates import template_for
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
-from xtune.workload import Workload
+from xtune.tuning.peers import numpy_seconds, ort_gflops
 
 ConfigSource = Literal["default", "given", "log"]
 

@@ -1,6 +1,6 @@
 """The task scheduler's policy: which task the next batch goes to, from each task's history alone.
 
-No board, log or tuner here: the scheduler (xtune/network/scheduler.py) keeps the state and measures,
+No board, log or tuner here: the scheduler (xtune/tuning/scheduler.py) keeps the state and measures,
 this module decides, and a replay of recorded tuning curves (benchmarks/sim_scheduler.py) runs the very
 same decisions without measuring anything.
 
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from xtune.workload import Workload
+from xtune.ops.workload import Workload
 
 
 class TaskLike(Protocol):
-    """What the scheduler reads of a task (xtune.network.tasks.Task)."""
+    """What the scheduler reads of a task (xtune.frontend.tasks.Task)."""
 
     @property
     def workload(self) -> Workload: ...

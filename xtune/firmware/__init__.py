@@ -1,0 +1,2 @@
+"""Firmware: tuned kernels and whole networks built into relocatable objects with C headers, benched and
+profiled on a board."""

@@ -1,0 +1,32 @@
+"""What a tuning run is asked to do (`TuneOptions`): the CLI, `tune_workload`, the session and the task
+scheduler all read it, so it sits below every one of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xtune.tuning.measure import MeasureOptions
+from xtune.tuning.tuner import TunerName
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneOptions:
+    """Everything a tuning run was asked to do; written into the report and (measure part) the log."""
+
+    tuner: TunerName = "xgb"
+    trials: int = 64
+    batch_size: int = 16
+    early_stopping: int | None = None
+    seed: int = 0
+    measure: MeasureOptions = field(default_factory=MeasureOptions)
+    # Measure the template's heuristic default first, so a tuned result is never worse than it.
+    # Benchmarks of search efficiency turn it off to compare tuners on their own picks.
+    start_from_default: bool = True
+    # With no pretrained model, the xgb tuner ranks its first batch by the analytic estimate (features.py)
+    # and keeps it as a fading base; False makes it start blind (random first batch), as AutoTVM did.
+    analytic_prior: bool = True
+    # At the end of a run the `confirm` fastest configs are timed again until each has session.CONFIRM_TIMINGS
+    # timings, and the best is the config with the lowest median (database.best): on a noisy host the
+    # fastest of a run's single timings is mostly the luckiest (docs/benchmarks.md, "winner's curse"),
+    # and `xtune build` should ship the fastest kernel, not the best-timed one. 0 skips it.
+    confirm: int = 3
