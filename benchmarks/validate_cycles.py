@@ -36,9 +36,9 @@ import numpy as np
 from xtune.boards.board import CycleCountingSession, LocalBoard, QemuBoard, local_target
 from xtune.boards.cost import CostUnit
 from xtune.boards.cycles import BlockRun, block_summary, cycle_model
+from xtune.ops.registry import parse_workload
 from xtune.templates import template_for
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer
-from xtune.workload import parse_workload
 
 # One layer per operator, from MobileNetV2 1.0 at 224x224 (benchmarks/make_networks.py): the first
 # block-2 expansion as a matmul (14x14 pixels, 96 -> 576 channels), the stem convolution, and a 14x14x384

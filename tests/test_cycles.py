@@ -35,10 +35,10 @@ from xtune.boards.cycles import (
 )
 from xtune.cli import main
 from xtune.errors import BoardError, BoardFault
+from xtune.ops.registry import parse_workload
 from xtune.target import get_target
 from xtune.templates import template_for
 from xtune.tuning.measure import MeasureOptions, Measurer
-from xtune.workload import parse_workload
 
 HAVE_MCA = find_llvm_tools() is not None
 

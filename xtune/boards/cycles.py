@@ -7,6 +7,7 @@ scheduling model (`Target.mca_cpu`); every execution of a block costs its steady
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -299,8 +300,9 @@ def _named(region: Region, stderr: str) -> bool:
 
 
 def total_cycles(runs: Iterable[BlockRun], cycles: Iterable[BlockCycles]) -> float:
-    """The run's cycle estimate: the sum of every block's `run_cost`."""
-    return sum(run_cost(r, c) for r, c in zip(runs, cycles, strict=True))
+    """The run's cycle estimate: the sum of every block's `run_cost`, correctly rounded (math.fsum), so
+    that the same blocks listed in another order give the same figure to the last bit."""
+    return math.fsum(run_cost(r, c) for r, c in zip(runs, cycles, strict=True))
 
 
 @cache
@@ -338,6 +340,8 @@ def block_summary(runs: Sequence[BlockRun], cycles: Sequence[BlockCycles]) -> Ma
     pairs = list(zip(runs, cycles, strict=True))
     return {
         "cycles": total_cycles(runs, cycles),
-        "entry_latency": sum((r.execs - r.repeats) * c.latency + r.repeats * c.throughput for r, c in pairs),
-        "latency_only": sum(r.execs * c.latency for r, c in pairs),
+        "entry_latency": math.fsum(
+            (r.execs - r.repeats) * c.latency + r.repeats * c.throughput for r, c in pairs
+        ),
+        "latency_only": math.fsum(r.execs * c.latency for r, c in pairs),
     }
