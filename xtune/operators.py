@@ -35,14 +35,14 @@ class Matmul:
     words: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
-        _require_positive(self.name, params, ("m", "n", "k"))
+        require_positive(self.name, params, ("m", "n", "k"))
         _require_switches(self.name, params)
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         m, n, k = wl["m"], wl["n"], wl["k"]
         return (
             TensorSpec("A", (m, k)),
-            TensorSpec("B", (k, n)),
+            TensorSpec("B", (k, n), axes="k, n"),
             *_epilogue_tensors(wl, n, (m, n)),
             TensorSpec("C", (m, n), is_output=True),
         )
@@ -80,7 +80,7 @@ def _epilogue(wl: Workload, out: np.ndarray, extra: list[np.ndarray], axis: int)
     return out.astype(np.float32, copy=False)
 
 
-def _require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
+def require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
     for key in keys:
         if key not in params:
             raise InputError(f"{op}: missing size '{key}'")
@@ -134,7 +134,7 @@ def conv_shape(wl: Workload) -> ConvShape:
 
 
 def _validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...]) -> None:
-    _require_positive(op, params, (*sizes, "stride", "dilation"))
+    require_positive(op, params, (*sizes, "stride", "dilation"))
     _require_switches(op, params)
     pad = params["pad"]
     if not isinstance(pad, int) or pad < 0:
@@ -226,13 +226,13 @@ class Conv2d:
         if sh.nhwc:
             io = (
                 TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
-                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k)),
+                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), axes="r, s, c, k: HWIO"),
             )
             out = TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True)
         else:
             io = (
                 TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)),
-                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s)),
+                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s), axes="k, c, r, s: OIHW"),
             )
             out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
         return (*io, *_epilogue_tensors(wl, sh.k, out.shape), out)

@@ -281,9 +281,11 @@ class QemuBoard:
 # `xtune boards` show it) and a log never compares figures of two units.
 _QEMU_BOARDS = {
     "qemu-aarch64": ("arm-a72-neon", CostUnit.INSTRUCTIONS),
+    "qemu-aarch64-dotprod": ("arm-a76-dotprod", CostUnit.INSTRUCTIONS),
     "qemu-riscv64": ("riscv64-gc", CostUnit.INSTRUCTIONS),
     "qemu-riscv64-v": ("riscv64-gcv", CostUnit.INSTRUCTIONS),
     "qemu-aarch64-cycles": ("arm-a72-neon", CostUnit.CYCLES),
+    "qemu-aarch64-dotprod-cycles": ("arm-a76-dotprod", CostUnit.CYCLES),
     "qemu-riscv64-cycles": ("riscv64-gc", CostUnit.CYCLES),
     "qemu-riscv64-v-cycles": ("riscv64-gcv", CostUnit.CYCLES),
 }

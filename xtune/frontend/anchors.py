@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from xtune.errors import InputError
+from xtune.frontend.refusal import UnsupportedNode
 from xtune.graph import Graph, Node
 from xtune.operators import winograd_eligible
 from xtune.ops.layout import Layout
@@ -78,8 +78,8 @@ def anchor_of(graph: Graph, node: Node) -> Anchor:
     return _matmul(graph, node)
 
 
-def _refuse(graph: Graph, node: Node, why: str) -> InputError:
-    return InputError(f"{graph.name}: {node.label}: {why}")
+def _refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
+    return UnsupportedNode(graph.name, node.name, node.op, why)
 
 
 def _float_constant(graph: Graph, node: Node, tensor: str, what: str) -> np.ndarray:

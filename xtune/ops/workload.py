@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 
 from xtune.errors import InputError
 
+DTypeName = Literal["float32", "int8", "uint8", "int32"]
+
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One float32 argument of a kernel, row-major (C order)."""
+    """One argument of a kernel, row-major (C order): float32 unless a quantized operator says otherwise
+    (`dtype` is numpy's name of the element type)."""
 
     name: str
     shape: tuple[int, ...]
     is_output: bool = False
+    dtype: DTypeName = "float32"
+    axes: str = ""  # what each dimension is, where a header must say it (a weights tensor's layout)
 
     @property
     def size(self) -> int:
@@ -163,8 +168,12 @@ def make_workload(op: Operator, rest: str, text: str) -> Workload:
 
 
 def random_inputs(wl: Workload, seed: int = 0) -> list[np.ndarray]:
-    """Deterministic inputs in [-1, 1): small enough that fp32 sums stay well conditioned."""
+    """Deterministic inputs: float32 in [-1, 1) (small enough that fp32 sums stay well conditioned), or
+    what a quantized operator's own `sample` draws (zero points, scales and tensors that fit together)."""
     rng = np.random.default_rng(seed)
+    sample = getattr(wl.operator, "sample", None)
+    if sample is not None:
+        return list(sample(wl, rng))
     return [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in wl.tensors() if not t.is_output]
 
 
@@ -173,7 +182,10 @@ RTOL = 1e-4
 
 
 def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
-    """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
+    """'' if `got` matches the reference, else why not (NaN means an element was never written). Integer
+    outputs (quantized operators) must equal the reference exactly: their references are bit-exact."""
+    if expected.dtype.kind in "iu":
+        return _check_exact(got, expected)
     if not np.all(np.isfinite(got)):
         bad = int(np.count_nonzero(~np.isfinite(got)))
         return f"{bad} of {got.size} outputs are not finite (never written or overflowed)"
@@ -183,3 +195,15 @@ def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
         where = np.unravel_index(int(np.argmax(np.abs(got - expected))), expected.shape)
         return f"max abs error {err:.3g} > {rtol * scale:.3g} at {tuple(int(i) for i in where)}"
     return ""
+
+
+def _check_exact(got: np.ndarray, expected: np.ndarray) -> str:
+    wrong = got != expected
+    if not wrong.any():
+        return ""
+    diff = np.abs(got.astype(np.int64) - expected.astype(np.int64))
+    where = np.unravel_index(int(np.argmax(diff)), expected.shape)
+    return (
+        f"{int(wrong.sum())} of {got.size} outputs differ from the reference, by up to {int(diff.max())} "
+        f"at {tuple(int(i) for i in where)}"
+    )

@@ -40,10 +40,18 @@ class ScheduleTemplate(Protocol):
         configs with equal keys read equal bytes, so the Measurer packs and uploads once per key."""
         ...
 
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        """For a prepacked=1 workload, the nest `name(plain, packed)` that writes the weights operand as
+        `kernel_inputs` gives it to `config`'s kernel, from the plain operand (the workload's layout):
+        emitted from the nest code the kernel reads the packed weights by, so a firmware packs them on
+        its board (`xtune build --workload ...,prepacked=1`)."""
+        ...
+
 
 @cache
 def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     from xtune.operators import conv_shape
+    from xtune.ops.qmatmul.template import QMatmulTemplate
     from xtune.templates.conv2d import Conv2dTemplate
     from xtune.templates.depthwise import DepthwiseTemplate
     from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate
@@ -52,6 +60,7 @@ def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     # Typed as constructors of the protocol, so mypy checks that every template has all of it.
     templates: dict[str, Callable[[Workload, Target], ScheduleTemplate]] = {
         "matmul": MatmulTemplate, "conv2d": Conv2dTemplate, "depthwise": DepthwiseTemplate,
+        "qmatmul": QMatmulTemplate,
     }  # fmt: skip
     if workload.op == "depthwise" and conv_shape(workload).nhwc:  # channels, not rows, are its vectors
         templates["depthwise"] = DepthwiseNhwcTemplate

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xtune.errors import InputError
 from xtune.operators import ConvShape, conv_shape
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Affine, Buffer, BufferKind, Kernel, Load, LoopKind, MulAdd, NestBuilder
@@ -178,6 +179,9 @@ class DepthwiseNhwcTemplate:
 
     def packed_layout(self, config: Config) -> Hashable:
         return None  # its inputs are read as they are
+
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        raise InputError(f"{self.workload.key}: depthwise weights are read as they are, never packed")
 
 
 @dataclass(frozen=True)

@@ -131,8 +131,9 @@ def ort_network(
 
 
 def ort_gflops(workload: Workload) -> float | None:
-    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it."""
-    if not ort_available():
+    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it or
+    for an operator `onnx_model` does not write (qmatmul: benchmarks/bench_int8.py runs its peer)."""
+    if not ort_available() or workload.op not in ("matmul", "conv2d", "depthwise"):
         return None
     return workload.flops() / statistics.median(ort_seconds(workload)) / 1e9
 
