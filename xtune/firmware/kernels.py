@@ -18,13 +18,13 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
-from xtune.files import check_output, write_all_atomic
+from xtune.files import check_paths, write_all_atomic
 from xtune.ops.registry import parse_workload
 from xtune.ops.workload import TensorSpec, Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
-from xtune.templates import ScheduleTemplate, template_for
+from xtune.templates import MAX_STACK_BYTES, ScheduleTemplate, template_for
 from xtune.tuning.database import Record, build_choice, config_of, read_logs
 from xtune.version import __version__
 
@@ -38,10 +38,6 @@ ABIS = {
     "riscv64": "RISC-V ELF psABI, LP64D (hard-float double calling convention)",
 }
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
-# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
-# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB.
-MAX_STACK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -118,17 +114,16 @@ class Artifact:
         write_all_atomic(files)  # all three written before any replaces its old file
 
 
-def check_outputs(object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None) -> None:
-    """InputError unless each output can be written and no two name the same file (call it before a build)."""
-    paths = {"object": object_path, "header": header_path, "archive": archive_path}
-    real: dict[Path, str] = {}
-    for what, path in paths.items():
-        if path is None:
-            continue
-        resolved = check_output(path, what)
-        if resolved in real:
-            raise InputError(f"the {real[resolved]} and the {what} are the same file {path}")
-        real[resolved] = what
+def check_outputs(
+    object_path: PathLike,
+    header_path: PathLike,
+    archive_path: PathLike | None = None,
+    inputs: Sequence[tuple[PathLike | None, str]] = (),
+) -> None:
+    """InputError unless each output can be written, no two name the same file, and none is one of the
+    `inputs` (the logs, the model) a build reads (call it before a build: `xtune.files.check_paths`)."""
+    outputs = [(object_path, "object"), (header_path, "header"), (archive_path, "archive")]
+    check_paths(outputs, inputs)
 
 
 @dataclass(frozen=True)
