@@ -353,6 +353,28 @@ def test_real_seconds_beat_instruction_counts_and_are_never_compared_with_them(q
     assert row.cost_unit is CostUnit.SECONDS and row.best_gflops is not None
 
 
+def test_cycle_estimates_beat_instruction_counts_and_are_never_compared_with_them(qemu_log: Path) -> None:
+    cycles_fp = {
+        **QEMU_FP,
+        "board": "qemu-aarch64-cycles",
+        "cost": "cycles per call (llvm-mca 22 -mcpu=cortex-a72 over the plugin's blocks)",
+    }
+    lines = [
+        old_line(3, "ok", [9000.0], "cycles", cycles_fp),
+        old_line(2, "ok", [8000.0], "cycles", cycles_fp),
+        old_line(5, "compile_error", [], "cycles", cycles_fp),
+    ]
+    cycles = write_lines(qemu_log.with_name("cycles.jsonl"), lines)
+    records = read_logs([qemu_log, cycles])
+    assert {r.result.cost_unit for r in records if r.board == "qemu-aarch64-cycles"} == {CostUnit.CYCLES}
+    assert ranking_unit(records) is CostUnit.CYCLES
+    assert [r.index for r in best(records, ARM_WL, ARM, k=5)] == [2, 3]  # by cycles: 8000 < 9000
+    assert [r.index for r in best(records, ARM_WL, ARM, k=5, cost_unit=CostUnit.INSTRUCTIONS)] == [3, 2]
+    (row,) = summarize(records)
+    assert row.cost_unit is CostUnit.CYCLES and row.best_gflops is None
+    assert "8000 cycles" in format_table([row])
+
+
 def test_a_correctness_only_result_round_trips_as_none_and_has_no_figure() -> None:
     result = MeasureResult(MeasureStatus.OK, cost_unit=CostUnit.NONE)
     config = template_for(parse_workload(ARM_WL), get_target(ARM)).space.config(1)

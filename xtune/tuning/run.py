@@ -11,7 +11,7 @@ from enum import Enum
 import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
-from xtune.boards.cost import CostUnit, gflops
+from xtune.boards.cost import COUNTED_UNITS, CostUnit, gflops
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
@@ -51,7 +51,7 @@ class TuningReport:
     counts: tuple[tuple[str, int], ...]  # this run's trials by status
     best_index: int | None  # over the log's whole history and this run
     best_knobs: tuple[tuple[str, object], ...]
-    best_cost: float  # per call in `cost_unit`: its median timing (an exact count for INSTRUCTIONS)
+    best_cost: float  # per call in `cost_unit`: its median timing (an exact count for a counted unit)
     best_timings: int  # how many timings of the best config that median is over
     confirmation: Confirmation | None  # whether best_timings keeps the promise of `confirm`; None: no best
     confirm_timings: int  # timings this run added to confirm its leaders (not counted in trials)
@@ -68,7 +68,8 @@ class TuningReport:
         """How many timings the best's figure is over, and why not CONFIRM_TIMINGS when fewer."""
         n = self.best_timings
         if self.confirmation is Confirmation.EXACT:
-            return "an exact count" if n == 1 else f"an exact count, counted {n} times"
+            what = "a deterministic estimate" if self.cost_unit is CostUnit.CYCLES else "an exact count"
+            return what if n == 1 else f"{what}, counted {n} times"
         timed = "timed once" if n == 1 else f"median of {n} timings"
         if self.confirmation is None or self.confirmation is Confirmation.CONFIRMED:
             return timed
@@ -168,7 +169,7 @@ def _report(
 def _confirmation(unit: CostUnit, timings: int, options: TuneOptions, stop: StopReason) -> Confirmation:
     """Why the best has `timings` timings (see `_confirm`, which gives it CONFIRM_TIMINGS unless one of
     these stopped it)."""
-    if unit is CostUnit.INSTRUCTIONS:
+    if unit in COUNTED_UNITS:
         return Confirmation.EXACT
     if timings >= CONFIRM_TIMINGS:
         return Confirmation.CONFIRMED
