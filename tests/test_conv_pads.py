@@ -6,11 +6,14 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from tests.test_conv import check, configs
 from xtune.boards.board import get_board
 from xtune.errors import InputError
+from xtune.firmware.bench import bench_model
 from xtune.ops.conv import conv_shape
 from xtune.ops.registry import parse_workload
 from xtune.ops.workload import RTOL, check_output, random_inputs
@@ -101,3 +104,27 @@ def test_kernels_correct_under_qemu(board: str, key: str) -> None:
     if shutil.which(get_board(board).target.qemu_binary) is None:
         pytest.skip(f"needs {get_board(board).target.qemu_binary} (qemu-user)")
     check(board, key, configs(key, get_board(board).target.name, 1))
+
+
+def pooling_network(auto_pad: str) -> onnx.ModelProto:
+    """A conv with TensorFlow's "same" at stride 2, then MaxPool and AveragePool whose windows overhang
+    the bottom and right (explicit asymmetric pads, or auto_pad)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((6, 3, 3, 3)).astype(np.float32), "w")
+    pads = {"auto_pad": auto_pad} if auto_pad != "NOTSET" else {"pads": [0, 0, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", strides=[2, 2], **pads),
+        helper.make_node("MaxPool", ["c"], ["m"], name="max", kernel_shape=[3, 2], strides=[2, 2], **pads),
+        helper.make_node("AveragePool", ["m"], ["y"], name="avg", kernel_shape=[2, 3], **pads),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 13, 11])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "pools", [x], [y], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("auto_pad", ["NOTSET", "SAME_UPPER", "SAME_LOWER"])
+def test_asymmetric_pads_of_conv_and_pooling_build_and_match_onnx_runtime(auto_pad: str, layout: str) -> None:
+    report = bench_model(pooling_network(auto_pad), get_board("local"), repeat=0, layout=layout)
+    assert report.correct, report.error

@@ -9,6 +9,7 @@ the top side and leaves out every side equal to it, so a symmetric key is exactl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -162,6 +163,20 @@ def windows(x: np.ndarray, sh: ConvShape, axes: tuple[int, int]) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(x, (*shape, *out_shape), (*strides, *out_strides), writeable=False)
 
 
+def same_pads(
+    auto_pad: str, hw: Sequence[int], strides: Sequence[int], dilations: Sequence[int], rs: Sequence[int]
+) -> tuple[int, ...]:
+    """(top, left, bottom, right) of ONNX's auto_pad SAME_UPPER or SAME_LOWER (Conv, MaxPool,
+    AveragePool): the output is ceil(in / stride); SAME_UPPER puts the odd pixel at the end (bottom,
+    right: TensorFlow's "same"), SAME_LOWER at the beginning."""
+    totals = [
+        max(0, (-(-size // st) - 1) * st + d * (r - 1) + 1 - size)
+        for size, st, d, r in zip(hw, strides, dilations, rs, strict=True)
+    ]
+    small, large = tuple(t // 2 for t in totals), tuple(t - t // 2 for t in totals)
+    return (*small, *large) if auto_pad == "SAME_UPPER" else (*large, *small)
+
+
 def conv_geometry(
     graph: Graph, node: Node, hw: tuple[int, int], rs: tuple[int, int]
 ) -> tuple[int, tuple[int, int, int, int], int]:
@@ -171,14 +186,7 @@ def conv_geometry(
     dilations = node.ints("dilations", (1, 1))
     auto_pad = str(node.attr("auto_pad", "NOTSET"))
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        # ONNX Conv: the output is ceil(in / stride); SAME_UPPER puts the odd pixel at the end (bottom,
-        # right), SAME_LOWER at the beginning.
-        totals = [
-            max(0, (-(-size // st) - 1) * st + d * (r - 1) + 1 - size)
-            for size, st, d, r in zip(hw, strides, dilations, rs, strict=True)
-        ]
-        small, large = tuple(t // 2 for t in totals), tuple(t - t // 2 for t in totals)
-        pads = (*small, *large) if auto_pad == "SAME_UPPER" else (*large, *small)
+        pads = same_pads(auto_pad, hw, strides, dilations, rs)
     elif auto_pad == "VALID":
         pads = (0, 0, 0, 0)
     else:
