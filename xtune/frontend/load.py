@@ -18,11 +18,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-from xtune.errors import InputError
+from xtune.errors import InputError, UnsupportedNode
 from xtune.frontend.external import load_external_data
 from xtune.frontend.normalize import normalize
 from xtune.frontend.protos import default_opset, skeleton
-from xtune.frontend.refusal import UnsupportedNode, by_op, refusal
+from xtune.frontend.refusal import by_op, refusal
 from xtune.graph import AttrValue, Graph, Node
 
 Source = str | os.PathLike[str] | onnx.ModelProto

@@ -26,7 +26,7 @@ from xtune.frontend.support import not_run, runs
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import Anchor
 from xtune.ops.layout import DEFAULT, Layout, layout_for, parse_layout
-from xtune.ops.registry import ANCHOR_OPS, anchor_of, family, parse_workload
+from xtune.ops.registry import anchor_of, family, parse_workload
 from xtune.ops.workload import Workload
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
@@ -156,7 +156,7 @@ def fuse(
     claimed: set[int] = set()
     failed: dict[int, UnsupportedNode] = {}
     for i, node in enumerate(graph.nodes):
-        if node.op in ANCHOR_OPS:
+        if runs(node.op) == "task":
             try:
                 anchor = anchor_of(graph, node)
             except UnsupportedNode as failure:

@@ -54,8 +54,7 @@ class Anchor:
 
 
 def refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
-    """The refusal of `node`, which a model's one refusal gathers with the others
-    (xtune/frontend/refusal.py)."""
+    """A node xtune cannot run, and why: the refusal gathers them all (xtune/frontend/refusal.py)."""
     return UnsupportedNode(graph.name, node.name, node.op, why)
 
 

@@ -41,7 +41,6 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
 )
 GeneratedOp = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
-_LISTED = {op: f for f in NODE_FAMILIES for op in f.listed}
 
 
 def family(name: str) -> Family:
@@ -76,7 +75,6 @@ def anchor_of(graph: Graph, node: Node) -> Anchor:
     raise UnsupportedNode(graph.name, node.name, node.op, "no operator family runs it")
 
 
-def node_family(op: str, built: bool = True) -> NodeFamily | None:
-    """The generated operator family that builds ONNX op type `op` (`built`), or that `xtune tasks`
-    lists it under; None if there is none."""
-    return (_BUILT if built else _LISTED).get(op)
+def node_family(op: str) -> NodeFamily | None:
+    """The generated operator family that builds ONNX op type `op`, None if there is none."""
+    return _BUILT.get(op)

@@ -120,16 +120,17 @@ class Conv2d:
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)
         cg = sh.per_group.c  # grouped weights hold one group's input channels (ONNX's (k, c/group, r, s))
+        per = "c" if sh.groups == 1 else "c/groups"
         if sh.nhwc:
             io = (
                 TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
-                TensorSpec("weights", (sh.r, sh.s, cg, sh.k)),
+                TensorSpec("weights", (sh.r, sh.s, cg, sh.k), axes=f"r, s, {per}, k: HWIO"),
             )
             out = TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True)
         else:
             io = (
                 TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)),
-                TensorSpec("weights", (sh.k, cg, sh.r, sh.s)),
+                TensorSpec("weights", (sh.k, cg, sh.r, sh.s), axes=f"k, {per}, r, s: OIHW"),
             )
             out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
         return (*io, *epilogue_tensors(wl, sh.k, out.shape), out)
