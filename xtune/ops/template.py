@@ -13,6 +13,20 @@ from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace
 from xtune.target import Target
 
+# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
+# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
+# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB,
+# except where a template copies a whole padded image (a 3x4096x4096 conv2d: 64 MiB): such a network is
+# refused when its tasks are extracted (xtune/frontend/tasks.py), not tuned into stack overflows.
+MAX_STACK_BYTES = 8 << 20
+
+# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
+# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
+# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB,
+# except where a template copies a whole padded image (a 3x4096x4096 conv2d: 64 MiB): such a network is
+# refused when its tasks are extracted (xtune/frontend/tasks.py), not tuned into stack overflows.
+MAX_STACK_BYTES = 8 << 20
+
 
 class ScheduleTemplate(Protocol):
     workload: Workload

@@ -16,6 +16,7 @@ from xtune.ops.anchor import Anchor
 from xtune.ops.conv import (
     SIDE_DEFAULTS,
     SIDES,
+    ConvShape,
     canonical_pads,
     conv_nodes,
     conv_shape,
@@ -26,7 +27,7 @@ from xtune.ops.conv import (
 )
 from xtune.ops.conv2d.direct import Conv2dTemplate
 from xtune.ops.conv2d.features import DIRECT, WINOGRAD
-from xtune.ops.conv2d.winograd import WinogradTemplate
+from xtune.ops.conv2d.winograd import WinogradTemplate, fits_stack
 from xtune.ops.epilogue import EPILOGUE, PREPACKED, apply_epilogue, epilogue_tensors
 from xtune.ops.featurize import FeatureSet
 from xtune.ops.layout import Layout, layout_key
@@ -192,7 +193,12 @@ class Conv2d:
         activation would be transformed on every call: those layers stay direct."""
         constant = anchor.weights is not None
         extra: tuple[tuple[str, ParamValue], ...] = layout_key(layout)
-        if constant and winograd_eligible({"dilation": 1, **dict(anchor.sizes)}):
+        # So do non-finite weights: the transform mixes each weight into 16 sums, and inf - inf makes NaN
+        # of outputs that a direct convolution computes as +-inf (what ONNX Runtime gives); and a layer
+        # whose padded image copy would exceed Winograd's stack budget is tuned and built direct.
+        finite = anchor.weights is not None and bool(np.all(np.isfinite(anchor.weights)))
+        sizes: dict[str, ParamValue] = {"dilation": 1, **dict(anchor.sizes)}
+        if finite and winograd_eligible(sizes) and _winograd_fits(sizes, layout):
             extra += (("algo", "winograd"),)
         packed = {"prepacked": 1} if constant else {}
         return anchor.key(extra, {**switches, **packed})
@@ -206,3 +212,12 @@ class Conv2d:
         if wl.value("layout") != "nhwc":
             return weights
         return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))
+
+
+def _winograd_fits(sizes: dict[str, ParamValue], layout: Layout) -> bool:
+    """Whether a Winograd kernel of these sizes keeps its padded image copy within its stack budget; a
+    larger layer is tuned and built direct, rather than refused when its tasks are extracted."""
+    n, c, h, w, k, r, s, stride, pad, dilation = (
+        int(sizes[key]) for key in ("n", "c", "h", "w", "k", "r", "s", "stride", "pad", "dilation")
+    )
+    return fits_stack(ConvShape(n, c, h, w, k, r, s, stride, pad, dilation, layout is Layout.NHWC))
