@@ -107,12 +107,17 @@ class ConvEmitter:
 
                 split_edges(b, sh.c, s.cb, cblock, "cb")
 
-            if groups == 1:
-                group(Affine())
-            else:
-                with b.loop(groups, "g") as g:
-                    group(g)
+            self.each_group(group)
         return b.kernel(name, tuple(buffers))
+
+    def each_group(self, body: Callable[[Affine], None]) -> None:
+        """`body(g)` for every group: a loop over the groups, or the constant 0 of an ungrouped conv2d
+        (no loop: its nest is what it was before groups existed)."""
+        if self.full.groups == 1:
+            body(Affine())
+            return
+        with self.b.loop(self.full.groups, "g") as g:
+            body(g)
 
     @property
     def packed_size(self) -> int:
@@ -201,11 +206,7 @@ class ConvEmitter:
 
             split_edges(b, sh.c, s.cb, cblock, "cb")
 
-        if groups == 1:
-            group(Affine())
-        else:
-            with b.loop(groups, "g") as g:
-                group(g)
+        self.each_group(group)
         buffers = (
             Buffer("weights", groups * sh.k * sh.c * sh.r * sh.s, BufferKind.INPUT),
             Buffer("packed", size, BufferKind.OUTPUT),
