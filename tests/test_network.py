@@ -213,6 +213,20 @@ def test_depthwise_with_multiplier_and_same_shapes_are_one_task() -> None:
     assert task.nodes == ("a", "b") and task.count == 2
 
 
+def test_grouped_and_asymmetrically_padded_convs_are_conv2d_tasks() -> None:
+    """group 2 of 8 channels is conv2d's groups=2; pads (0, 0, 1, 1) its own sides (TensorFlow "same")."""
+    inits = {"w": f32(4, 4, 3, 3), "w2": f32(6, 4, 3, 3)}
+    nodes = [conv("g", "x", "w", "a", group=2, pads=[1, 1, 1, 1]),
+             conv("s", "a", "w2", "y", strides=[2, 2], pads=[0, 0, 1, 1])]  # fmt: skip
+    model = make(nodes, {"x": [1, 8, 8, 8]}, ["y"], inits)
+    ts = extract_tasks(model, TARGET, "nchw")
+    assert [t.workload.key for t in ts.tasks] == [
+        "conv2d:n=1,c=8,h=8,w=8,k=4,r=3,s=3,stride=1,pad=1,groups=2,prepacked=1",
+        "conv2d:n=1,c=4,h=8,w=8,k=6,r=3,s=3,stride=2,pad=0,pad_bottom=1,pad_right=1,prepacked=1",
+    ]
+    assert_ops_match_onnx(model, [op for t in ts.tasks for op in t.ops])
+
+
 def test_gemm_transposed_weights_alpha_beta_and_batchnorm() -> None:
     """PyTorch's Linear (Gemm transB=1): the (n, k) weight is transposed at extraction and noted."""
     inits = {"w": f32(5, 7), "c": f32(5), **bn_inits("bn", 5)}
@@ -287,10 +301,6 @@ def test_refusals_name_the_node_and_op() -> None:
     w4 = {"w": f32(4, 4, 3, 3)}
     dynamic = make([conv("c1", "x", "w", "y")], {"x": ["N", 4, 8, 8]}, ["y"], w4)
     assert "node 'c1' (Conv)" in refusal(dynamic) and "dynamic shape" in refusal(dynamic)
-    grouped = make([conv("g", "x", "w", "y", group=2)], {"x": [1, 8, 8, 8]}, ["y"], w4)
-    assert "node 'g' (Conv): grouped convolution (group=2 of 8 channels)" in refusal(grouped)
-    asym = make([conv("a", "x", "w", "y", pads=[0, 0, 1, 1])], {"x": [1, 4, 8, 8]}, ["y"], w4)
-    assert "node 'a' (Conv): asymmetric padding (0, 0, 1, 1)" in refusal(asym)
     strides = make([conv("s", "x", "w", "y", strides=[1, 2])], {"x": [1, 4, 8, 8]}, ["y"], w4)
     assert "node 's' (Conv): strides (1, 2) differ per axis" in refusal(strides)
     weights = make([conv("v", "x", "w", "y")], {"x": [1, 4, 8, 8], "w": [4, 4, 3, 3]}, ["y"])
@@ -463,12 +473,14 @@ def test_cli_bad_model_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Cap
     assert main(["tasks", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.onnx: not an ONNX model" in err
-    grouped = tmp_path / "grouped.onnx"
-    model = make([conv("g", "x", "w", "y", group=2)], {"x": [1, 8, 8, 8]}, ["y"], {"w": f32(4, 4, 3, 3)})
-    onnx.save_model(model, grouped)
-    assert main(["tasks", str(grouped), "--target", TARGET]) == 2
+    strided = tmp_path / "strided.onnx"
+    model = make(
+        [conv("g", "x", "w", "y", strides=[1, 2])], {"x": [1, 4, 8, 8]}, ["y"], {"w": f32(4, 4, 3, 3)}
+    )
+    onnx.save_model(model, strided)
+    assert main(["tasks", str(strided), "--target", TARGET]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "node 'g' (Conv): grouped convolution" in err
+    assert err.count("\n") == 1 and "node 'g' (Conv): strides (1, 2) differ per axis" in err
 
 
 # --- the small networks' tasks compile and are correct on every board ----------------------------------

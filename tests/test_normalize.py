@@ -247,12 +247,13 @@ def test_external_data_loads_from_beside_the_model_and_nowhere_else(tmp_path: Pa
 
 
 def unsupported_model() -> onnx.ModelProto:
-    """LRN twice, a grouped conv, a Transpose and a custom-domain op: four op types xtune does not run;
-    and a MaxPool with ceil_mode=1, which only the build's generated operator refuses."""
+    """LRN twice, a conv whose dilations differ per axis, a Transpose and a custom-domain op: four op
+    types xtune does not run; and a MaxPool with ceil_mode=1, which only the build's generated operator
+    refuses."""
     rng = np.random.default_rng(0)
     node = helper.make_node
     nodes = [
-        node("Conv", ["x", "w"], ["c"], name="conv", group=2, pads=[1, 1, 1, 1]),
+        node("Conv", ["x", "w"], ["c"], name="conv", group=2, pads=[1, 2, 1, 2], dilations=[1, 2]),
         node("BatchNormalization", ["c", "g", "b", "m", "v"], ["cb"], name="conv.bn"),
         node("LRN", ["cb"], ["n1"], name="lrn1", size=3),
         node("LRN", ["n1"], ["n2"], name="lrn2", size=3),
@@ -295,11 +296,11 @@ def test_one_refusal_names_every_unsupported_node_by_op_type(tmp_path: Path, cap
         assert main(command) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
-        assert "xtune cannot run 6 nodes (5 op types): Conv ×1 (node 'conv'): grouped convolution" in err
+        assert "xtune cannot run 6 nodes (5 op types): Conv ×1 (node 'conv'): dilations (1, 2) differ" in err
         assert "LRN ×2 (nodes 'lrn1', 'lrn2'): not an operator xtune runs;" in err
         assert "Transpose ×1 (node 'shuffle')" in err and "MaxPool ×1 (node 'pool'): ceil_mode=1" in err
         assert "com.microsoft.Gelu ×1 (node 'gelu'): not an operator xtune runs (an operator of the " in err
-        assert "BatchNormalization" not in err  # it folds into the conv once grouped convs run
+        assert "BatchNormalization" not in err  # it would fold into the conv
     assert main(["tasks", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [(u["op"], u["count"], u["nodes"]) for u in report["unsupported"]] == [

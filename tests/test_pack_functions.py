@@ -22,7 +22,7 @@ from xtune.target import get_target
 
 # Tails on every axis (channels no multiple of any vector width, several channel blocks in random configs),
 # both layouts, strides 1 and 2, the epilogue; Winograd with odd sizes; the pointwise conv2d's matmul
-# (weights as A for NCHW, as B for NHWC); a plain matmul.
+# (weights as A for NCHW, as B for NHWC); a plain matmul; grouped conv2d (each group's blocks in turn).
 KEYS = (
     "conv2d:n=1,c=13,h=9,w=9,k=21,r=3,s=3,stride=1,pad=1,bias=1,relu=1,prepacked=1",
     "conv2d:n=2,c=7,h=11,w=10,k=19,r=3,s=3,stride=2,pad=1,layout=nhwc,prepacked=1",
@@ -31,6 +31,8 @@ KEYS = (
     "conv2d:n=2,c=13,h=5,w=7,k=21,r=1,s=1,stride=1,pad=0,prepacked=1",
     "conv2d:n=1,c=13,h=5,w=7,k=21,r=1,s=1,stride=1,pad=0,layout=nhwc,prepacked=1",
     "matmul:m=7,n=37,k=20,bias=1,prepacked=1",
+    "conv2d:n=1,c=21,h=7,w=6,k=15,r=3,s=3,stride=1,pad=1,groups=3,prepacked=1",
+    "conv2d:n=1,c=24,h=5,w=6,k=40,r=1,s=1,stride=1,pad=0,groups=8,layout=nhwc,prepacked=1",
 )
 
 

@@ -5,6 +5,7 @@ xtune cannot run yet, and those it runs build and match ONNX Runtime on this mac
 
 from __future__ import annotations
 
+import shutil
 from functools import cache
 
 import onnx
@@ -25,12 +26,12 @@ LIGHT = exported.light_models()
 # The op types xtune cannot run yet, per graph. It shrinks as operators land: a model whose set empties
 # moves into BUILDS below.
 NOT_YET: dict[str, set[str]] = {
-    "alexnet": {"LRN", "Conv"},  # Conv: grouped, group=2 (the two GPUs of the original)
+    "alexnet": {"LRN"},
     "densenet121": {"BatchNormalization"},  # pre-activation: no convolution before it to fold into
     "inception_v1": {"LRN"},
     "inception_v2": set(),
     "resnet50": set(),
-    "shufflenet": {"Conv", "Transpose"},  # Conv: grouped, group=4; Transpose: the 5-D channel shuffle
+    "shufflenet": {"Transpose"},  # the 5-D channel shuffle
     "squeezenet": set(),
     "vgg19": set(),
     "zfnet512": {"LRN"},
@@ -102,7 +103,7 @@ def test_the_zoo_graphs_xtune_runs_build_and_match_onnx_runtime(name: str) -> No
 
 # The exporter-style networks of tests/exported.py and the op types xtune cannot run in each yet.
 EXPORTED: dict[str, tuple[onnx.ModelProto, set[str]]] = {
-    "ds_cnn": (exported.ds_cnn(), {"Conv"}),  # Conv: the first one's asymmetric "same" padding
+    "ds_cnn": (exported.ds_cnn(), set()),
     "se_block": (exported.se_block(), {"HardSwish", "HardSigmoid", "Mul"}),  # Mul: [n,c,1,1] x [n,c,h,w]
     "reduce_mean_13": (exported.reduce_mean_head(13), {"ReduceMean"}),
     "reduce_mean_18": (exported.reduce_mean_head(18), {"ReduceMean"}),
@@ -118,3 +119,25 @@ def test_exporter_style_networks_normalize_exactly_and_name_what_is_missing(name
     assert check_output(got, want, RTOL) == "", name
     partial = extract_tasks(model, "x86-avx2", partial=True)
     assert {u.op for u in partial.unsupported} == missing
+
+
+@pytest.mark.parametrize(
+    ("board", "layout", "channels"),
+    [
+        ("local", "nhwc", 64),
+        ("local", "nchw", 64),
+        ("qemu-aarch64", "nhwc", 16),
+        ("qemu-riscv64", "nchw", 16),
+    ],
+)
+def test_ds_cnn_with_its_asymmetric_same_padding_builds_and_matches_onnx_runtime(
+    board: str, layout: str, channels: int
+) -> None:
+    """The first conv's TensorFlow "same" pads (4 on top, 5 below, 1 left and right) run as they are."""
+    if board != "local" and shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip(f"needs {get_board(board).target.qemu_binary} (qemu-user)")
+    model = exported.ds_cnn(channels=channels, blocks=4 if board == "local" else 1)
+    first = extract_tasks(model, "x86-avx2", layout).tasks[0].workload.key
+    assert ",pad=4,pad_left=1,pad_bottom=5,pad_right=1," in first, first
+    report = bench_model(model, get_board(board), repeat=0, layout=layout)
+    assert report.correct, report.error

@@ -1,11 +1,11 @@
 """The pooling family of a network's generated operators: ONNX's MaxPool and AveragePool (`Pool2d`) and
-GlobalAveragePool, in NCHW or NHWC (the layout pass's, xtune/firmware/relayout.py). Semantics as ONNX
-defines them: `pads` as (top, left, bottom, right), ceil_mode=0 and, for AveragePool, the default
-count_include_pad=0 (padding is neither a maximum candidate nor counted in the mean). Pooling with unit
-column stride runs whole output rows as vectors; with column stride 2 the window's input columns are not
-contiguous and each output is computed as a scalar (such pools are one layer of a network); in NHWC,
-pooling runs along channels, any stride. Pooling windows that overlap the padding are specialised at
-build time (their clipped extent is a constant), so the interior has no bounds checks."""
+GlobalAveragePool, in NCHW or NHWC (the layout pass's, xtune/firmware/relayout.py). Semantics as ONNX defines
+them: `pads` as (top, left, bottom, right) (or auto_pad: conv.same_pads), ceil_mode=0 and, for AveragePool,
+the default count_include_pad=0 (padding is neither a maximum candidate nor counted in the mean). Pooling
+with unit column stride runs whole output rows as vectors; with column stride 2 the window's input columns
+are not contiguous and each output is computed as a scalar (such pools are one layer of a network); in NHWC,
+pooling runs along channels, any stride. Pooling windows that overlap the padding are specialised at build
+time (their clipped extent is a constant), so the interior has no bounds checks."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
+from xtune.ops.conv import same_pads
 from xtune.ops.layout import Layout, physical, to_layout
 from xtune.ops.opkit import UNSUPPORTED, Consts, Mapped, NodeFamily, Shape, hsum_or_max, params, positive
 from xtune.schedule.loopnest import (
@@ -274,7 +275,7 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
     refusals = (
         (int(node.attr("ceil_mode", 0)) != 0, "ceil_mode=1"),  # type: ignore[arg-type]
         (any(d != 1 for d in node.ints("dilations", (1, 1))), "dilations"),
-        (auto_pad not in ("NOTSET", "VALID"), f"auto_pad {auto_pad}"),
+        (auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"), f"auto_pad {auto_pad}"),
         (int(node.attr("storage_order", 0)) != 0, "storage_order=1"),  # type: ignore[arg-type]
         (int(node.attr("count_include_pad", 0)) != 0, "count_include_pad=1"),  # type: ignore[arg-type]
     )
@@ -284,6 +285,8 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
     kernel = node.ints("kernel_shape", ())
     stride = node.ints("strides", (1, 1))
     pads = (0, 0, 0, 0) if auto_pad == "VALID" else node.ints("pads", (0, 0, 0, 0))
+    if auto_pad.startswith("SAME") and len(kernel) == 2 and len(stride) == 2:
+        pads = same_pads(auto_pad, shape[2:], stride, (1, 1), kernel)
     if len(kernel) != 2 or len(stride) != 2 or len(pads) != 4:
         raise refuse(graph, node, "kernel_shape, strides and pads must describe a 2-D window")
     kind = PoolKind.MAX if node.op == "MaxPool" else PoolKind.AVERAGE

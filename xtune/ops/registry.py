@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from xtune.errors import InputError
+from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import Graph, Node
 from xtune.ops import concat, elementwise, pool2d, reshape, softmax, transpose
 from xtune.ops.anchor import Anchor
@@ -74,7 +74,7 @@ def anchor_of(graph: Graph, node: Node) -> Anchor:
     for f in FAMILIES:
         if node.op in f.onnx_ops and (anchor := f.anchor(graph, node)) is not None:
             return anchor
-    raise InputError(f"{graph.name}: {node.label}: no operator family runs it")
+    raise UnsupportedNode(graph.name, node.name, node.op, "no operator family runs it")
 
 
 def node_family(op: str) -> NodeFamily | None:

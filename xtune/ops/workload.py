@@ -159,12 +159,16 @@ def make_workload(op: Operator, rest: str, text: str) -> Workload:
         raise InputError(f"{op.name}: no key=value items after ':' in workload '{text}'")
     params = _items(op, rest, text)
     op.validate(params)
-    canonical = (
+    # An operator with two spellings of one workload (a convolution's padding) names the canonical one.
+    canonical = getattr(op, "canonical", None)
+    if canonical is not None:
+        params = canonical(params)
+    items = (
         (key, params[key])
         for key in op.keys
         if key in params and not (key in op.optional and params[key] == op.defaults[key])
     )
-    wl = Workload(op.name, tuple(canonical), op)
+    wl = Workload(op.name, tuple(items), op)
     _check_tensors(wl)
     return wl
 

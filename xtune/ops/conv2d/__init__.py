@@ -13,7 +13,18 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import Anchor
-from xtune.ops.conv import ConvShape, conv_nodes, conv_shape, read_conv, validate_conv, windows
+from xtune.ops.conv import (
+    SIDE_DEFAULTS,
+    SIDES,
+    ConvShape,
+    canonical_pads,
+    conv_nodes,
+    conv_shape,
+    pad_sides,
+    read_conv,
+    validate_conv,
+    windows,
+)
 from xtune.ops.conv2d.direct import Conv2dTemplate
 from xtune.ops.conv2d.features import DIRECT, WINOGRAD
 from xtune.ops.conv2d.winograd import WinogradTemplate, fits_stack
@@ -31,8 +42,12 @@ if TYPE_CHECKING:
 
 def winograd_eligible(params: dict[str, ParamValue] | Workload) -> bool:
     """Whether a conv2d may take algo=winograd (F(2x2, 3x3), ops/conv2d/winograd.py): a 3x3 window at
-    stride 1 without dilation. The one home of the rule: validation and task extraction call it."""
-    return all(params[key] == value for key, value in (("r", 3), ("s", 3), ("stride", 1), ("dilation", 1)))
+    stride 1 without dilation, ungrouped, the same padding on every side (its buffers assume the
+    symmetric border). The one home of the rule: validation and task extraction call it."""
+    window = (("r", 3), ("s", 3), ("stride", 1), ("dilation", 1))
+    ungrouped = (params.get("groups", 1) if isinstance(params, dict) else params["groups"]) == 1
+    symmetric = len(set(pad_sides(params))) == 1
+    return ungrouped and symmetric and all(params[key] == value for key, value in window)
 
 
 def require_winograd(params: dict[str, ParamValue]) -> None:
@@ -40,6 +55,8 @@ def require_winograd(params: dict[str, ParamValue]) -> None:
         raise InputError(
             "conv2d: algo=winograd needs r=3, s=3, stride=1, dilation=1, got "
             f"r={params['r']}, s={params['s']}, stride={params['stride']}, dilation={params['dilation']}"
+            f" (and groups=1 and one pad on every side, got groups={params['groups']}, pads "
+            f"{pad_sides(params)})"
         )
 
 
@@ -64,7 +81,9 @@ class Conv2d:
         "s",
         "stride",
         "pad",
+        *SIDES,
         "dilation",
+        "groups",
         "layout",
         "algo",
         *EPILOGUE,
@@ -73,52 +92,70 @@ class Conv2d:
     defaults: ClassVar[dict[str, ParamValue]] = {
         "stride": 1,
         "pad": 0,
+        **SIDE_DEFAULTS,
         "dilation": 1,
+        "groups": 1,
         "layout": "nchw",
         "algo": "direct",
         **EPILOGUE,
         **PREPACKED,
     }
-    optional: ClassVar[frozenset[str]] = frozenset(("dilation", "layout", "algo", *EPILOGUE, *PREPACKED))
+    optional: ClassVar[frozenset[str]] = frozenset(
+        (*SIDES, "dilation", "groups", "layout", "algo", *EPILOGUE, *PREPACKED)
+    )
     words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc"), "algo": ("direct", "winograd")}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
-        validate_conv(self.name, params, ("n", "c", "h", "w", "k", "r", "s"))
+        validate_conv(self.name, params, ("n", "c", "h", "w", "k", "r", "s", "groups"))
+        groups = int(params["groups"])
+        if int(params["c"]) % groups or int(params["k"]) % groups:
+            raise InputError(
+                f"conv2d: groups={groups} must divide both c={params['c']} and k={params['k']} (ONNX Conv)"
+            )
         if params["algo"] == "winograd":
             require_winograd(params)
 
+    def canonical(self, params: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        return canonical_pads(params)
+
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)
+        cg = sh.per_group.c  # grouped weights hold one group's input channels (ONNX's (k, c/group, r, s))
+        per = "c" if sh.groups == 1 else "c/groups"
         if sh.nhwc:
             io = (
                 TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
-                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), axes="r, s, c, k: HWIO"),
+                TensorSpec("weights", (sh.r, sh.s, cg, sh.k), axes=f"r, s, {per}, k: HWIO"),
             )
             out = TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True)
         else:
             io = (
                 TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)),
-                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s), axes="k, c, r, s: OIHW"),
+                TensorSpec("weights", (sh.k, cg, sh.r, sh.s), axes=f"k, {per}, r, s: OIHW"),
             )
             out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
         return (*io, *epilogue_tensors(wl, sh.k, out.shape), out)
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        """im2col + one np.matmul: also the "numpy" baseline that benchmarks compare against."""
+        """im2col + one np.matmul per group: also the "numpy" baseline that benchmarks compare against."""
         sh = conv_shape(wl)
+        g, one = sh.groups, sh.per_group
         x, wt = inputs[0], inputs[1]
-        if sh.nhwc:  # view (n, r, s, c, oh, ow) -> columns (n, oh, ow, r, s, c) @ (r*s*c, k)
+        if sh.nhwc:  # view (n, r, s, c, oh, ow) -> columns (n, oh, ow, r, s, c) @ (r*s*c, k), per group
             win = windows(x, sh, (1, 2)).transpose(0, 4, 5, 1, 2, 3)
-            rows = win.reshape(sh.n * sh.oh * sh.ow, sh.r * sh.s * sh.c)
-            out = np.matmul(rows, wt.reshape(-1, sh.k)).reshape(sh.n, sh.oh, sh.ow, sh.k)
+            rows = win.reshape(sh.n * sh.oh * sh.ow, sh.r * sh.s, g, one.c)
+            hwio = wt.reshape(sh.r * sh.s, one.c, g, one.k)
+            per = [rows[:, :, i].reshape(len(rows), -1) @ hwio[:, :, i].reshape(-1, one.k) for i in range(g)]
+            out = np.stack(per, axis=1).reshape(sh.n, sh.oh, sh.ow, sh.k)
             return apply_epilogue(wl, out, inputs[2:], axis=3)
-        cols = windows(x, sh, (2, 3)).reshape(sh.n, sh.c * sh.r * sh.s, sh.oh * sh.ow)
-        out = np.matmul(wt.reshape(sh.k, -1), cols).reshape(sh.n, sh.k, sh.oh, sh.ow)
-        return apply_epilogue(wl, out, inputs[2:], axis=1)
+        cols = windows(x, sh, (2, 3)).reshape(sh.n, g, one.c * sh.r * sh.s, sh.oh * sh.ow)
+        oihw = wt.reshape(g, one.k, -1)
+        out = np.stack([np.matmul(oihw[i], cols[:, i]) for i in range(g)], axis=1)
+        return apply_epilogue(wl, out.reshape(sh.n, sh.k, sh.oh, sh.ow), inputs[2:], axis=1)
 
     def flops(self, wl: Workload) -> int:
         sh = conv_shape(wl)
-        return 2 * sh.n * sh.k * sh.oh * sh.ow * sh.c * sh.r * sh.s
+        return 2 * sh.n * sh.k * sh.oh * sh.ow * sh.per_group.c * sh.r * sh.s
 
     onnx_ops: ClassVar[tuple[str, ...]] = ("Conv",)
     layouts: ClassVar[frozenset[Layout]] = frozenset(Layout)
@@ -139,11 +176,14 @@ class Conv2d:
         return DIRECT, template
 
     def anchor(self, graph: Graph, node: Node) -> Anchor | None:
+        """A Conv of any group but depthwise's (group = channels, one input channel per group: that
+        family's own template); a grouped one is `groups` independent convolutions in one kernel."""
         conv = read_conv(graph, node)
-        if conv.group != 1:
+        if conv.depthwise:
             return None
         k = conv.weights.shape[0]
-        sizes = (*conv.sizes((("k", k),)), ("dilation", conv.geometry[2]))
+        groups = (("groups", conv.group),) if conv.group != 1 else ()
+        sizes = (*conv.sizes((("k", k),)), ("dilation", conv.geometry[2]), *groups)
         return conv.anchor(node, self.name, sizes)
 
     def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
@@ -164,10 +204,11 @@ class Conv2d:
         return anchor.key(extra, {**switches, **packed})
 
     def onnx_nodes(self, wl: Workload, x: str, out: str, inits: Inits) -> list[onnx.NodeProto]:
-        return conv_nodes(wl, 1, x, out, inits)
+        return conv_nodes(wl, wl["groups"], x, out, inits)
 
     def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
-        """ONNX's OIHW weights (BatchNorm folded) in the workload's layout: HWIO (r, s, c, k) for nhwc."""
+        """ONNX's OIHW weights (BatchNorm folded) in the workload's layout: HWIO (r, s, c, k) for nhwc
+        (grouped: (k, c/groups, r, s) -> (r, s, c/groups, k), TensorFlow's grouped filter)."""
         if wl.value("layout") != "nhwc":
             return weights
         return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))

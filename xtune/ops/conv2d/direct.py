@@ -81,7 +81,7 @@ def stack_clamped(sh: ConvShape, nr: int, cb: int, kb: int) -> int:
 def is_pointwise(sh: ConvShape) -> bool:
     """A 1x1 window at stride 1 without padding: every output pixel is a dot product of its own input pixel
     with each output channel's weights, i.e. the convolution is a matmul."""
-    return sh.r == 1 and sh.s == 1 and sh.stride == 1 and sh.pad == 0
+    return sh.r == 1 and sh.s == 1 and sh.stride == 1 and sh.padded == (sh.h, sh.w)
 
 
 def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
@@ -115,11 +115,15 @@ class Conv2dTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
         self.target = target
-        self.shape = sh = conv_shape(workload)
+        full = conv_shape(workload)
+        # A grouped conv2d's space is one group's convolution: its groups run one after another, each
+        # blocked and tiled alike (direct_nest.py).
+        self.shape = sh = full.per_group
+        self.groups = full.groups
         # A pointwise conv2d lowers through the matmul template: its space, default, features and cost
         # models are the matmul's (the register tiles and blocking that make a matmul fast).
         self.as_matmul: MatmulTemplate | None = None
-        if is_pointwise(sh):
+        if is_pointwise(sh) and full.groups == 1:
             gemm, operands = pointwise_matmul(workload)
             self.as_matmul = MatmulTemplate(gemm, target, operands)
             self.space = self.as_matmul.space
@@ -232,10 +236,20 @@ class Conv2dTemplate:
         zero past the last output channel; every block `cb*r*s*kb` floats (tail blocks padded). Not for a
         pointwise conv2d (its matmul's `kernel_inputs` packs its weights)."""
         assert self.as_matmul is None
-        sh, s = self.shape, self.schedule(config)
-        layout = (sh.r, sh.s, sh.c, sh.k) if sh.nhwc else (sh.k, sh.c, sh.r, sh.s)
-        w = np.asarray(weights, np.float32).reshape(layout)
+        sh, s, groups = self.shape, self.schedule(config), self.groups
         emitter = ConvEmitter(self.workload, s)
+        if groups > 1:  # each group's weights packed alone, the groups one after another (block_base)
+            split = (sh.r, sh.s, sh.c, groups, sh.k) if sh.nhwc else (groups, sh.k, sh.c, sh.r, sh.s)
+            w = np.asarray(weights, np.float32).reshape(split)
+            return np.concatenate(
+                [self._pack(emitter, w[..., g, :] if sh.nhwc else w[g]) for g in range(groups)]
+            )
+        layout = (sh.r, sh.s, sh.c, sh.k) if sh.nhwc else (sh.k, sh.c, sh.r, sh.s)
+        return self._pack(emitter, np.asarray(weights, np.float32).reshape(layout))
+
+    def _pack(self, emitter: ConvEmitter, w: np.ndarray) -> np.ndarray:
+        """One group's weights (HWIO or OIHW of its channels) in the prepacked blocks of `emitter`."""
+        sh, s = self.shape, emitter.s
         kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
         # wp_index is affine in (strip, channel, kh, kw) and block_base in (c0, k0): their coefficients
         # place every element of every block with one index computation over the whole (k, c, r, s).

@@ -50,7 +50,7 @@ class ConvSchedule:
 
 
 def padded(sh: ConvShape) -> tuple[int, int]:
-    return sh.h + 2 * sh.pad, sh.w + 2 * sh.pad
+    return sh.padded
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,16 @@ class _Block:
     last: bool
     k0: Affine = field(default_factory=Affine)
     kcur: int = 0
+    g: Affine = field(default_factory=Affine)  # the group (groups > 1): its channels' offsets
 
 
 class ConvEmitter:
     def __init__(self, workload: Workload, s: ConvSchedule):
-        self.sh = conv_shape(workload)
+        # The blocking works on one group's channels (c/groups in, k/groups out); the tensors' strides are
+        # the whole shape's: `full`. A grouped conv2d runs its groups one after another, each a
+        # convolution of its own (group g reads input channels g*c/groups.., writes outputs g*k/groups..).
+        self.full = conv_shape(workload)
+        self.sh = self.full.per_group
         self.s = s
         self.prepacked = bool(workload["prepacked"])
         self.b = NestBuilder()
@@ -78,28 +83,41 @@ class ConvEmitter:
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
         ip_size = -(-s.cb * self.hp * self.wp // s.lanes) * s.lanes
-        weights = self.packed_size if self.prepacked else sh.k * sh.c * sh.r * sh.s
+        full, groups = self.full, self.full.groups
+        weights = (self.packed_size if self.prepacked else sh.k * sh.c * sh.r * sh.s) * groups
         buffers = [
-            Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
+            Buffer("input", full.n * full.c * sh.h * sh.w, BufferKind.INPUT),
             Buffer("weights", weights, BufferKind.INPUT),
-            *self.epi.buffers(sh.k, sh.n * sh.k * sh.oh * sh.ow),
-            Buffer("output", sh.n * sh.k * sh.oh * sh.ow, BufferKind.OUTPUT),
+            *self.epi.buffers(full.k, sh.n * full.k * sh.oh * sh.ow),
+            Buffer("output", sh.n * full.k * sh.oh * sh.ow, BufferKind.OUTPUT),
             Buffer("Ip", ip_size, BufferKind.LOCAL),
         ]
         if not self.prepacked:
             buffers.append(Buffer("Wp", s.cb * sh.r * sh.s * s.kb, BufferKind.LOCAL))
         if not sh.nhwc:
             buffers.append(Buffer("Ot", s.p * s.nr, BufferKind.LOCAL))  # transposes a tile for NCHW
-        if sh.pad:  # the border of the packed input is never written again: zero it once
+        if sh.padded != (sh.h, sh.w):  # the border of the packed input is never written again: zero it once
             with b.loop(ip_size // s.lanes, "z") as z:
                 b.store("Ip", z * s.lanes, Const(0.0, s.lanes), s.lanes)
         with b.loop(sh.n, "n") as ni:
 
-            def cblock(c0: Affine, ccur: int, first: bool, last: bool) -> None:
-                self.cblock(_Block(ni, c0, ccur, first, last))
+            def group(g: Affine) -> None:
+                def cblock(c0: Affine, ccur: int, first: bool, last: bool) -> None:
+                    self.cblock(_Block(ni, c0, ccur, first, last, g=g))
 
-            split_edges(b, sh.c, s.cb, cblock, "cb")
+                split_edges(b, sh.c, s.cb, cblock, "cb")
+
+            self.each_group(group)
         return b.kernel(name, tuple(buffers))
+
+    def each_group(self, body: Callable[[Affine], None]) -> None:
+        """`body(g)` for every group: a loop over the groups, or the constant 0 of an ungrouped conv2d
+        (no loop: its nest is what it was before groups existed)."""
+        if self.full.groups == 1:
+            body(Affine())
+            return
+        with self.b.loop(self.full.groups, "g") as g:
+            body(g)
 
     @property
     def packed_size(self) -> int:
@@ -108,14 +126,16 @@ class ConvEmitter:
         kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
         return -(-sh.c // cb) * -(-sh.k // kb) * s.cb * sh.r * sh.s * s.kb
 
-    def block_base(self, c0: Affine | int, k0: Affine | int) -> Affine:
-        """Where the prepacked block of channels c0.. and output channels k0.. starts: blocks are laid out
-        input-channel block first, each c0/cb * (k blocks) + k0/kb blocks of `cb*r*s*kb` floats."""
+    def block_base(self, c0: Affine | int, k0: Affine | int, g: Affine | int = 0) -> Affine:
+        """Where the prepacked block of channels c0.. and output channels k0.. of group g starts: the
+        groups one after another, `packed_size` floats each; in a group, blocks are laid out input-channel
+        block first, each c0/cb * (k blocks) + k0/kb blocks of `cb*r*s*kb` floats."""
         sh, s = self.sh, self.s
         kb, cb = min(s.kb, sh.k), min(s.cb, sh.c)
         block = s.cb * sh.r * sh.s * s.kb
         # c0 and k0 are multiples of cb and kb, so the division is exact in the coefficients.
-        return Affine.of(c0) * (-(-sh.k // kb) * block // cb) + Affine.of(k0) * (block // kb)
+        within = Affine.of(c0) * (-(-sh.k // kb) * block // cb) + Affine.of(k0) * (block // kb)
+        return within + Affine.of(g) * self.packed_size
 
     def ip_index(self, cc: Affine | int, row: Affine | int, col: Affine | int) -> Affine:
         if self.s.hwc:
@@ -134,18 +154,20 @@ class ConvEmitter:
         self.b.split(self.sh.k, self.s.kb, kblock, "kb")
 
     def pack_input(self, ctx: _Block) -> None:
-        """Ip <- the block's input channels at offset (pad, pad); vectors along the contiguous axis."""
+        """Ip <- the block's input channels at offset (top, left); vectors along the contiguous axis."""
         sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+
+        channels, c0 = self.full.c, ctx.g * sh.c + ctx.c0
 
         def src(c: Affine, y: Affine, x: Affine) -> Affine:
             if sh.nhwc:
-                return ((ctx.n * sh.h + y) * sh.w + x) * sh.c + ctx.c0 + c
-            return ((ctx.n * sh.c + ctx.c0 + c) * sh.h + y) * sh.w + x
+                return ((ctx.n * sh.h + y) * sh.w + x) * channels + c0 + c
+            return ((ctx.n * channels + c0 + c) * sh.h + y) * sh.w + x
 
         def copy(c: Affine, y: Affine, x: Affine, n: int) -> None:  # n: floats of a vector, 0: a scalar
             width = lanes if n else 1
             value = Load("input", src(c, y, x), width, n % width)
-            b.store("Ip", self.ip_index(c, y + sh.pad, x + sh.pad), value, width, n)
+            b.store("Ip", self.ip_index(c, y + sh.top, x + sh.left), value, width, n)
 
         if sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
             with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x:
@@ -169,21 +191,25 @@ class ConvEmitter:
         """`name(weights, packed)`: the plain weights (the workload's layout) laid out as the prepacked
         kernel reads them, each block's strips at its `block_base` by the per-call packer's own loops;
         the padding of tail blocks zero."""
-        sh, s, b = self.sh, self.s, self.b
-        with b.loop(self.packed_size // s.lanes, "z") as z:  # blocks are whole strips of whole vectors
+        sh, s, b, groups = self.sh, self.s, self.b, self.full.groups
+        size = self.packed_size * groups  # the groups' blocks one after another (`block_base`)
+        with b.loop(size // s.lanes, "z") as z:  # blocks are whole strips of whole vectors
             b.store("packed", z * s.lanes, Const(0.0, s.lanes), s.lanes)
 
-        def cblock(c0: Affine, ccur: int, first: bool, last: bool) -> None:
-            def kblock(k0: Affine, kcur: int) -> None:
-                block = _Block(Affine(), c0, ccur, first, last, k0, kcur)
-                self.pack_weights(block, "packed", self.block_base(c0, k0))
+        def group(g: Affine) -> None:
+            def cblock(c0: Affine, ccur: int, first: bool, last: bool) -> None:
+                def kblock(k0: Affine, kcur: int) -> None:
+                    block = _Block(Affine(), c0, ccur, first, last, k0, kcur, g=g)
+                    self.pack_weights(block, "packed", self.block_base(c0, k0, g))
 
-            b.split(sh.k, s.kb, kblock, "kb")
+                b.split(sh.k, s.kb, kblock, "kb")
 
-        split_edges(b, sh.c, s.cb, cblock, "cb")
+            split_edges(b, sh.c, s.cb, cblock, "cb")
+
+        self.each_group(group)
         buffers = (
-            Buffer("weights", sh.k * sh.c * sh.r * sh.s, BufferKind.INPUT),
-            Buffer("packed", self.packed_size, BufferKind.OUTPUT),
+            Buffer("weights", groups * sh.k * sh.c * sh.r * sh.s, BufferKind.INPUT),
+            Buffer("packed", size, BufferKind.OUTPUT),
         )
         return b.kernel(name, buffers)
 
@@ -191,7 +217,7 @@ class ConvEmitter:
         """dst[base + strip][reduction order][nr] <- weights of the block, zero past the last output channel
         (the per-call Wp, or a block of the prepacked weights)."""
         sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
-        c0, k0, ccur = ctx.c0, ctx.k0, ctx.ccur
+        c0, k0, ccur = ctx.c0, ctx.g * sh.k + ctx.k0, ctx.ccur  # k0: of all the output channels
         at = base or Affine()
 
         def strip(js: Affine, ncols: int) -> None:
@@ -200,7 +226,7 @@ class ConvEmitter:
                 with b.loop(sh.r, "wi") as i, b.loop(sh.s, "wj") as j, b.loop(ccur, "wc") as c:
                     for v in range(s.nv):
                         cols = min(max(ncols - v * lanes, 0), lanes)
-                        src = ((i * sh.s + j) * sh.c + c0 + c) * sh.k + k0 + js + v * lanes
+                        src = ((i * sh.s + j) * sh.c + c0 + c) * self.full.k + k0 + js + v * lanes
                         val: Value = Load("weights", src, lanes, cols % lanes) if cols else Const(0.0, lanes)
                         b.store(dst, at + self.wp_index(st, c, i, j) + v * lanes, val, lanes)
                 return
@@ -268,11 +294,11 @@ class ConvEmitter:
         )
 
     def out_index(self, ctx: _Block, y: Affine, x: Affine | int, ch: Affine | int) -> Affine:
-        sh = self.sh
-        ni, k0 = ctx.n, ctx.k0
+        sh, k = self.sh, self.full.k
+        ni, k0 = ctx.n, ctx.g * sh.k + ctx.k0
         if sh.nhwc:
-            return ((ni * sh.oh + y) * sh.ow + x) * sh.k + k0 + ch
-        return ((ni * sh.k + k0 + ch) * sh.oh + y) * sh.ow + x
+            return ((ni * sh.oh + y) * sh.ow + x) * k + k0 + ch
+        return ((ni * k + k0 + ch) * sh.oh + y) * sh.ow + x
 
     def micro(self, ctx: _Block, y: Affine, x: Affine, np_: int, js: Affine, nc: int) -> None:
         """acc[p][v] (+)= sum over (c, kh, kw) of broadcast(Ip) * Wp-vector; then the epilogue and store."""
@@ -285,7 +311,9 @@ class ConvEmitter:
         strip = Affine(tuple((var, c // s.nr) for var, c in js.terms), js.const // s.nr)
         self.init(ctx, acc, y, x, js, nc, counts)
 
-        packed, base = ("weights", self.block_base(ctx.c0, ctx.k0)) if self.prepacked else ("Wp", Affine())
+        packed, base = (
+            ("weights", self.block_base(ctx.c0, ctx.k0, ctx.g)) if self.prepacked else ("Wp", Affine())
+        )
 
         def step(env: dict[str, Affine]) -> None:
             cc, i, j = env["c"], env["r"], env["s"]
@@ -325,7 +353,7 @@ class ConvEmitter:
         """Accumulators start at the bias plus the residual (or 0) in the first channel block, else at the
         partial output. In NCHW both the output and the residual are gathered through Ot."""
         s, b, lanes, nhwc = self.s, self.b, self.s.lanes, self.sh.nhwc
-        k0 = ctx.k0
+        k0 = ctx.g * self.sh.k + ctx.k0
         first = ctx.first
         gather = "output" if not first else "residual" if self.epi.residual else ""
         if gather and not nhwc:

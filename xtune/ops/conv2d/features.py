@@ -35,7 +35,8 @@ CONV2D_FEATURES = (
 
 
 def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
-    t, sh = template.target, conv_shape(template.workload)
+    # A grouped conv2d is described by one group's convolution: its space and blocking are that group's.
+    t, sh = template.target, conv_shape(template.workload).per_group
     cfg = Configs(template, indices)
     ints, flag = cfg.ints, cfg.flag
     p, nv = cfg.tiles()

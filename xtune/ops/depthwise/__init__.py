@@ -10,8 +10,17 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from xtune.graph import Graph, Node
-from xtune.ops.anchor import Anchor, refuse
-from xtune.ops.conv import conv_nodes, conv_shape, read_conv, validate_conv, windows
+from xtune.ops.anchor import Anchor
+from xtune.ops.conv import (
+    SIDE_DEFAULTS,
+    SIDES,
+    canonical_pads,
+    conv_nodes,
+    conv_shape,
+    read_conv,
+    validate_conv,
+    windows,
+)
 from xtune.ops.depthwise.features import NCHW, NHWC
 from xtune.ops.depthwise.nchw import DepthwiseTemplate
 from xtune.ops.depthwise.nhwc import DepthwiseNhwcTemplate
@@ -44,6 +53,7 @@ class Depthwise:
         "s",
         "stride",
         "pad",
+        *SIDES,
         "multiplier",
         "dilation",
         "layout",
@@ -52,16 +62,20 @@ class Depthwise:
     defaults: ClassVar[dict[str, ParamValue]] = {
         "stride": 1,
         "pad": 0,
+        **SIDE_DEFAULTS,
         "multiplier": 1,
         "dilation": 1,
         "layout": "nchw",
         **EPILOGUE,
     }
-    optional: ClassVar[frozenset[str]] = frozenset(("multiplier", "dilation", "layout", *EPILOGUE))
+    optional: ClassVar[frozenset[str]] = frozenset((*SIDES, "multiplier", "dilation", "layout", *EPILOGUE))
     words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc")}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         validate_conv(self.name, params, ("n", "c", "h", "w", "r", "s", "multiplier"))
+
+    def canonical(self, params: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        return canonical_pads(params)
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)
@@ -113,19 +127,11 @@ class Depthwise:
         return (NHWC if conv_shape(template.workload).nhwc else NCHW), template
 
     def anchor(self, graph: Graph, node: Node) -> Anchor | None:
-        """A Conv of group = channels; None for group 1 (a conv2d), a refusal for any other group."""
+        """A Conv of group = channels (one input channel per group); None for any other (conv2d's)."""
         conv = read_conv(graph, node)
-        c = conv.input[1]
-        k, cg = conv.weights.shape[:2]
-        if conv.group == 1:
+        if not conv.depthwise:
             return None
-        if conv.group != c or cg != 1 or k % c != 0:
-            raise refuse(
-                graph,
-                node,
-                f"grouped convolution (group={conv.group} of {c} channels) is not supported: "
-                "only group=1 and depthwise (group = channels)",
-            )
+        c, k = conv.input[1], conv.weights.shape[0]
         sizes = (*conv.sizes(()), ("multiplier", k // c), ("dilation", conv.geometry[2]))
         return conv.anchor(node, self.name, sizes)
 

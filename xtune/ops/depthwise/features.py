@@ -39,14 +39,14 @@ def depthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndarr
     width = nv * lanes
     owb = depthwise.column_block(sh, width, cfg.ints("tile_ow"))
     unroll_kh = cfg.flag("unroll_kh", 1)
-    plane = 4.0 * (sh.h + 2 * sh.pad) * sh.stride * depthwise.phase_width(sh, t.fp32_lanes)
+    plane = 4.0 * sh.padded[0] * sh.stride * depthwise.phase_width(sh, t.fp32_lanes)
     one = np.ones_like(p)
     cols = [
         one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow), one * np.log2(sh.r * sh.s),
         one * sh.stride, one * sh.dilation, one * sh.multiplier, one * np.log2(lanes),
         p * nv / regs, depthwise.fmas_per_load(sh, p, nv), p, nv,
         np.ceil(sh.ow / width) * width / sh.ow - 1, np.ceil(sh.oh / p) * p / sh.oh - 1,
-        one * ((sh.h + 2 * sh.pad) * (sh.w + 2 * sh.pad) / (sh.h * sh.w) - 1),
+        one * (sh.padded[0] * sh.padded[1] / (sh.h * sh.w) - 1),
         one * np.log2(plane / l1), one * np.log2(plane / l2), owb / sh.ow,
         cfg.flag("order", "yx"), unroll_kh,
         log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)),

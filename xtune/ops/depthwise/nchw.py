@@ -160,7 +160,7 @@ class _DepthwiseEmitter:
 
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
-        ip_size = (sh.h + 2 * sh.pad) * self.row
+        ip_size = sh.padded[0] * self.row
         buffers = (
             Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
             Buffer("weights", sh.k * sh.r * sh.s, BufferKind.INPUT),
@@ -189,11 +189,11 @@ class _DepthwiseEmitter:
         sh, s, b = self.sh, self.s, self.b
         step = s.p * sh.stride  # padded input rows a full tile adds
         lead = (sh.r - 1) * sh.dilation + 1 - sh.stride  # tile t needs rows [t*step + lead, +step) first
-        first, end = sh.pad, sh.pad + sh.h  # the padded rows that hold input (the rest stay zero)
+        first, end = sh.top, sh.top + sh.h  # the padded rows that hold input (the rest stay zero)
 
         def pack(start: int, stop: int) -> None:  # constant padded rows, clipped to the input's
             for row in range(max(start, first), min(stop, end)):
-                self.pack_row(ni * sh.c + ci, Affine.of(row - sh.pad))
+                self.pack_row(ni * sh.c + ci, Affine.of(row - sh.top))
 
         def compute(y: Affine, nrows: int) -> None:
             with b.loop(sh.multiplier, "m") as m:
@@ -209,7 +209,7 @@ class _DepthwiseEmitter:
             compute(Affine.of(t * s.p), s.p)
         with b.loop(hi - lo, "ty") as tv:
             with b.loop(step, "pr") as k:
-                self.pack_row(ni * sh.c + ci, (tv + lo) * step + (lead - sh.pad) + k)
+                self.pack_row(ni * sh.c + ci, (tv + lo) * step + (lead - sh.top) + k)
             compute((tv + lo) * s.p, s.p)
         for t in range(hi, full):
             pack(t * step + lead, (t + 1) * step + lead)
@@ -219,15 +219,15 @@ class _DepthwiseEmitter:
             compute(Affine.of(full * s.p), tail)
 
     def pack_row(self, plane: Affine, y: Affine) -> None:
-        """Ip[pad + y][phase][q] <- input[plane][y][x] for the padded column x + pad = q*stride + phase."""
+        """Ip[top + y][phase][q] <- input[plane][y][x] for the padded column x + left = q*stride + phase."""
         sh, b, lanes = self.sh, self.b, self.s.lanes
         src = (plane * sh.h + y) * sh.w
-        dst = (y + sh.pad) * self.row
+        dst = (y + sh.top) * self.row
         if sh.stride == 1:
             v = row_lanes(sh.w, lanes)
 
             def copy(x: Affine) -> None:
-                b.store("Ip", dst + sh.pad + x, Load("input", src + x, v), v)
+                b.store("Ip", dst + sh.left + x, Load("input", src + x, v), v)
 
             full, tail = divmod(sh.w, v)
             with b.loop(full, "px", pack_loop_kind(full)) as t:
@@ -238,12 +238,12 @@ class _DepthwiseEmitter:
         v = row_lanes(sh.w // 2, lanes)
         done = self.deinterleave(src, dst, v) if sh.stride == 2 and v > 1 else 0
         for phase in range(sh.stride):  # the columns left, one by one
-            q0 = max(0, -(-(done + sh.pad - phase) // sh.stride))  # first q with x >= done
-            q1 = (sh.w - 1 + sh.pad - phase) // sh.stride  # last q with x < w
+            q0 = max(0, -(-(done + sh.left - phase) // sh.stride))  # first q with x >= done
+            q1 = (sh.w - 1 + sh.left - phase) // sh.stride  # last q with x < w
             if q1 < q0:
                 continue
             with b.loop(q1 - q0 + 1, "pq") as q:
-                x = (q + q0) * sh.stride + (phase - sh.pad)
+                x = (q + q0) * sh.stride + (phase - sh.left)
                 b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
 
     def deinterleave(self, src: Affine, dst: Affine, lanes: int) -> int:
@@ -258,8 +258,8 @@ class _DepthwiseEmitter:
             # One load of 2V floats and two even/odd shuffles of it: the pattern LLVM's InterleavedAccess
             # pass turns into one AArch64 LD2 or RISC-V VLSEG2 (on x86: two loads and two permutes).
             both = Load("input", src + x0, width)
-            for first in (0, 1):  # input columns x0 + first + 2i, padded x0 + first + pad + 2i
-                phase, q = (first + sh.pad) % 2, (first + sh.pad) // 2
+            for first in (0, 1):  # input columns x0 + first + 2i, padded x0 + first + left + 2i
+                phase, q = (first + sh.left) % 2, (first + sh.left) // 2
                 picked = Shuffle(both, both, tuple(range(first, width, 2)))
                 b.store("Ip", dst + phase * self.wq + div(x0, 2) + q, picked, lanes)
 

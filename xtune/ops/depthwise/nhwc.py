@@ -60,8 +60,8 @@ def interior(extent: int, out: int, kernel: int, stride: int, pad: int, dilation
 
 def interiors(sh: ConvShape) -> tuple[tuple[int, int], tuple[int, int]]:
     """The interior rows and columns of the output (`interior` along h and w)."""
-    rows = interior(sh.h, sh.oh, sh.r, sh.stride, sh.pad, sh.dilation)
-    return rows, interior(sh.w, sh.ow, sh.s, sh.stride, sh.pad, sh.dilation)
+    rows = interior(sh.h, sh.oh, sh.r, sh.stride, sh.top, sh.dilation)
+    return rows, interior(sh.w, sh.ow, sh.s, sh.stride, sh.left, sh.dilation)
 
 
 def tile_registers(sh: ConvShape, p: Real, nv: Real) -> Real:
@@ -238,7 +238,7 @@ class _NhwcEmitter:
     def kh_valid(self, row: _Row, kh: int) -> bool:
         """Whether kernel row kh of output row `row` reads an input row (always, off the border)."""
         sh = self.sh
-        return not row.border or 0 <= row.y.const * sh.stride + kh * sh.dilation - sh.pad < sh.h
+        return not row.border or 0 <= row.y.const * sh.stride + kh * sh.dilation - sh.top < sh.h
 
     def row(self, row: _Row) -> None:
         """One output row of one channel block: left border pixels, interior tiles, right border pixels."""
@@ -258,7 +258,7 @@ class _NhwcEmitter:
             tiles([(Affine.of(x), True) for x in range(x0, min(x0 + s.p, sh.ow))])
 
     def expand(self, row: _Row) -> None:
-        """E[kh][x][o] <- input[row y*stride + kh*dilation - pad][x][(k0 + o) // multiplier] for the
+        """E[kh][x][o] <- input[row y*stride + kh*dilation - top][x][(k0 + o) // multiplier] for the
         block's output channels o: whole multipliers, so (k0 + o) // m = k0 / m + o's input channel."""
         sh, s, b = self.sh, self.s, self.b
         m, kb = sh.multiplier, min(s.kb, sh.k)
@@ -267,7 +267,7 @@ class _NhwcEmitter:
         khs = [Affine.of(kh) for kh in range(sh.r) if self.kh_valid(row, kh)] if row.border else None
 
         def copy(kh: Affine) -> None:
-            src_row = row.y * sh.stride + kh * sh.dilation + (-sh.pad)
+            src_row = row.y * sh.stride + kh * sh.dilation + (-sh.top)
             with b.loop(sh.w, "ex") as x, b.loop(row.kcur // m, "ec") as cc:
                 value = Load("input", ((row.n * sh.h + src_row) * sh.w + x) * sh.c + c0 + cc)
                 for j in range(m):
@@ -283,10 +283,10 @@ class _NhwcEmitter:
     def tap(self, row: _Row, kh: Affine, x: Affine, kw: int, js: Affine, count: int) -> Load:
         """The input vector of output pixel x's tap (kh, kw) at the block's output channels js.."""
         sh, lanes = self.sh, self.s.lanes
-        col = x * sh.stride + (kw * sh.dilation - sh.pad)
+        col = x * sh.stride + (kw * sh.dilation - sh.left)
         if sh.multiplier > 1:
             return Load("E", (kh * sh.w + col) * min(self.s.kb, sh.k) + js, lanes, count)
-        src_row = row.y * sh.stride + kh * sh.dilation + (-sh.pad)
+        src_row = row.y * sh.stride + kh * sh.dilation + (-sh.top)
         return Load("input", ((row.n * sh.h + src_row) * sh.w + col) * sh.c + row.k0 + js, lanes, count)
 
     def micro(self, row: _Row, xs: list[tuple[Affine, bool]], js: Affine, nc: int) -> None:
@@ -342,4 +342,4 @@ class _NhwcEmitter:
 
     def kw_valid(self, x: int, kw: int) -> bool:
         sh = self.sh
-        return 0 <= x * sh.stride + kw * sh.dilation - sh.pad < sh.w
+        return 0 <= x * sh.stride + kw * sh.dilation - sh.left < sh.w
