@@ -146,15 +146,26 @@ def _build_model(args: argparse.Namespace, target: Target) -> int:
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     from xtune.boards.cost import gflops
+    from xtune.firmware.program import unsupported as unsupported_nodes
+    from xtune.frontend.load import load_graph
+    from xtune.frontend.refusal import refusal
     from xtune.frontend.tasks import extract_tasks, logged_best
     from xtune.tuning.database import read_logs
 
-    taskset = extract_tasks(args.model, args.target, model_layout(args))
+    graph = load_graph(args.model)
+    # What a whole-network build refuses, the generated operators' attribute checks included: the text
+    # form refuses it as `xtune build` does, the JSON lists it.
+    unsupported = unsupported_nodes(graph, model_layout(args))
+    if unsupported and not args.json:
+        raise refusal(graph.name, unsupported)
+    taskset = extract_tasks(graph, args.target, model_layout(args), partial=True)
     with _warnings_unless_error():
         records = read_logs(args.log or ())
     bests = logged_best(taskset.tasks, taskset.target, records)
     if args.json:
-        _emit_json(_tasks_json(taskset, bests, args.log or []))
+        _emit_json(
+            {**_tasks_json(taskset, bests, args.log or []), "unsupported": [u.as_dict() for u in unsupported]}
+        )
         return 0
     width = max(len("workload"), *(len(t.workload.key) for t in taskset.tasks)) if taskset.tasks else 8
     print(f"{'workload':<{width}} {'nodes':>5} {'flops':>6} {'MFLOP':>9}  best in log")

@@ -7,9 +7,10 @@ memory planner (xtune/firmware/memory.py).
 Execution order is the graph's (ONNX requires topological order): a fused call runs where its anchor
 node stands, which is valid because the nodes fused after it read only the anchor's chain and its
 residual exists before the anchor runs (xtune/frontend/tasks.py). Add followed by its only reader Relu is
-one Add+ReLU call. Flatten, Reshape, Squeeze, Unsqueeze, Identity and Dropout (inference) are views: no
-call, the same bytes. A view that is the network's output makes its source be written straight into the
-caller's output; a view of the input or of a constant is that input or constant.
+one Add+ReLU call. Flatten, Reshape, Squeeze, Unsqueeze and Identity are views
+(the reshape family, xtune/ops/reshape.py): no call, the same bytes. A view that is the network's output makes
+its source be written straight into the caller's output; a view of the input or of a constant is that
+input or constant.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from enum import Enum
 
 import numpy as np
 
-from xtune.errors import InputError
+from xtune.errors import InputError, UnsupportedNode
 from xtune.firmware.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
 from xtune.firmware.relayout import OpStep, relayout
 from xtune.frontend.load import Source, load_graph
+from xtune.frontend.refusal import Unsupported, by_op, refusal
 from xtune.frontend.tasks import FusedOp, fuse
 from xtune.graph import Graph, Node
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
@@ -71,7 +73,7 @@ class Program:
 
 def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     """The calls that run `source`'s network (a path or a ModelProto) in `layout` (NHWC unless asked:
-    xtune/ops/layout.py), or one InputError naming the node xtune cannot run (or the file it cannot
+    xtune/ops/layout.py), or one InputError naming every node xtune cannot run (or the file it cannot
     read)."""
     where = parse_layout(layout)
     graph = load_graph(source)
@@ -84,8 +86,11 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
         raise InputError(f"{graph.name}: two nodes are named '{twice}'; node names must be unique")
-    ops, _ = fuse(graph, where)  # refuses an operator no pass knows, naming the node
-    steps, weights = _calls(graph, ops)
+    ops, others, failures = fuse(graph, where)
+    runnable = {o.name for o in others}
+    if refused := _refused(graph, runnable, failures):
+        raise refusal(graph.name, by_op(refused))
+    steps, weights = _calls(graph, ops, runnable)
     steps, sizes = relayout(graph, steps, weights, where)
     places, plan = _place(graph, steps, weights, sizes)
     calls = tuple(Call(nodes=s.nodes, kernel=s.kernel, args=s.args) for s in steps if s.kernel is not None)
@@ -96,14 +101,38 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     )  # fmt: skip
 
 
-def _calls(graph: Graph, ops: list[FusedOp]) -> tuple[list[OpStep], dict[str, np.ndarray]]:
+def unsupported(source: Source | Graph, layout: str | Layout = DEFAULT) -> tuple[Unsupported, ...]:
+    """Every node of the network that a whole-network build cannot run, by op type: what `program`
+    refuses, as data (`xtune tasks --json` lists it)."""
+    graph = source if isinstance(source, Graph) else load_graph(source)
+    _, others, failures = fuse(graph, parse_layout(layout))
+    return by_op(_refused(graph, {o.name for o in others}, failures))
+
+
+def _refused(graph: Graph, others: set[str], failures: list[UnsupportedNode]) -> list[UnsupportedNode]:
+    """`failures` (from task extraction) and the nodes of `others` whose generated operator refuses
+    them, in graph order."""
+    refused = {f.name: f for f in failures}
+    scratch: dict[str, np.ndarray] = {}
+    for node in graph.nodes:
+        if node.name in others:
+            try:
+                _other(graph, node, scratch, None)
+            except UnsupportedNode as failure:
+                refused[node.name] = failure
+    return [refused[n.name] for n in graph.nodes if n.name in refused]
+
+
+def _calls(graph: Graph, ops: list[FusedOp], others: set[str]) -> tuple[list[OpStep], dict[str, np.ndarray]]:
+    """The steps in execution order (the kernel calls `ops` and the generated operators of `others`) and
+    the weights they read."""
     by_anchor = {op.anchor: op for op in ops}
     claimed = {name for op in ops for name in op.fused}
     readers = graph.consumers()
     weights: dict[str, np.ndarray] = {}
     steps: list[OpStep] = []
     for i, node in enumerate(graph.nodes):
-        if node.name in claimed:
+        if node.name in claimed or (node.name not in by_anchor and node.name not in others):
             continue
         if node.name in by_anchor:
             steps.append(_task_step(by_anchor[node.name], weights))
@@ -135,8 +164,8 @@ def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> OpStep:
     return OpStep((op.anchor, *op.fused), wl, (*args, op.output), Sharing.NONE)
 
 
-def _refuse(graph: Graph, node: Node, why: str) -> InputError:
-    return InputError(f"{graph.name}: {node.label}: {why}")
+def _refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
+    return UnsupportedNode(graph.name, node.name, node.op, why)
 
 
 def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], later: Node | None) -> OpStep:

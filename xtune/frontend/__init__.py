@@ -1,1 +1,2 @@
-"""Network front ends: a model file in (ONNX), the graph IR, its fused kernel calls and tuning tasks out."""
+"""Network front ends: a model file in (ONNX), normalized, the graph IR, its fused kernel calls and tuning
+tasks out; the table of what xtune runs and the one refusal that names everything it cannot."""

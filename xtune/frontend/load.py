@@ -1,10 +1,11 @@
 """ONNX import: a model file (or ModelProto) in, a small typed `Graph` (xtune/graph.py) out — nodes with
 their op, inputs, outputs and attributes, the constants as numpy arrays, and every tensor's static shape.
 
-Only what xtune cannot represent is refused here, in one line naming the node and its op: tensors of
-dynamic shape, activations that are not float32, subgraphs, opsets outside 11..current. Which ops a
-network may hold is the business of the passes that read the graph (`xtune.frontend.tasks`, and the
-whole-network build that emits it), not of the import.
+The model is normalized first (xtune/frontend/normalize.py: opsets 7-10 upgraded, constants folded,
+Identity and inference Dropout removed, ...). Only what xtune cannot represent is refused here, in one
+line naming every node concerned: tensors of dynamic shape, activations that are not float32, subgraphs,
+opsets outside 7..current. Which ops a network may hold is the business of the passes that read the
+graph (`xtune.frontend.tasks`, and the whole-network build that emits it), not of the import.
 """
 
 from __future__ import annotations
@@ -17,34 +18,38 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-from xtune.errors import InputError
+from xtune.errors import InputError, UnsupportedNode
+from xtune.frontend.external import load_external_data
+from xtune.frontend.normalize import normalize
+from xtune.frontend.protos import default_opset, skeleton
+from xtune.frontend.refusal import by_op, refusal
 from xtune.graph import AttrValue, Graph, Node
 
-SMALL_CONSTANT = 64  # elements: initializers up to this size stay data during shape inference
-MIN_OPSET = 11  # Clip's bounds became inputs in opset 11; older models are not worth a second path
 Source = str | os.PathLike[str] | onnx.ModelProto
 
 
 def load_model(source: Source) -> onnx.ModelProto:
-    """The ModelProto of a file, or InputError naming the file."""
+    """The ModelProto of a file, its external data read from beside it, or InputError naming the file."""
     if isinstance(source, onnx.ModelProto):
         return source
     path = Path(source)
     if not path.is_file():
         raise InputError(f"{path}: no such ONNX file")
     try:
-        return onnx.load_model(path)
+        model = onnx.load_model(path, load_external_data=False)
     except Exception as err:  # protobuf's DecodeError and friends: the file is not a model
         raise InputError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from None
+    return load_external_data(model, path)
 
 
 def load_graph(source: Source) -> Graph:
     """Import `source` (a path or a ModelProto); InputError in one line for anything xtune cannot take."""
-    model = load_model(source)
-    where = str(source) if not isinstance(source, onnx.ModelProto) else (model.graph.name or "model")
-    opset = _opset(model, where)
+    loaded = load_model(source)
+    where = str(source) if not isinstance(source, onnx.ModelProto) else (loaded.graph.name or "model")
+    model = normalize(loaded, where)
+    opset = default_opset(model) or 0
     try:
-        inferred = shape_inference.infer_shapes(_skeleton(model), strict_mode=True)
+        inferred = shape_inference.infer_shapes(skeleton(model), strict_mode=True)
     except Exception as err:  # onnx's InferenceError, ValidationError: a broken or inconsistent model
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"{where}: shape inference failed: {first}") from None
@@ -65,38 +70,6 @@ def load_graph(source: Source) -> Graph:
     )  # fmt: skip
     _check_tensors(graph, types, where)
     return graph
-
-
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its large initializers declared as typed inputs instead: shape inference copies
-    the whole model through protobuf twice, which was half the time of `xtune tasks` on ResNet-18's
-    47 MB. Small ones stay data, since inference reads shape tensors (Reshape's shape, Clip's bounds)."""
-    skeleton = onnx.ModelProto(ir_version=model.ir_version)
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    src, g = model.graph, skeleton.graph
-    g.name = src.name
-    for part in ("node", "input", "output", "value_info"):
-        getattr(g, part).extend(getattr(src, part))
-    declared = {i.name for i in src.input}
-    for init in src.initializer:
-        if int(np.prod(init.dims)) <= SMALL_CONSTANT:
-            g.initializer.append(init)
-        elif init.name not in declared:
-            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    return skeleton
-
-
-def _opset(model: onnx.ModelProto, where: str) -> int:
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if not versions:
-        raise InputError(f"{where}: the model imports no default-domain opset")
-    current = onnx.defs.onnx_opset_version()
-    if not MIN_OPSET <= versions[0] <= current:
-        raise InputError(
-            f"{where}: opset {versions[0]} is not supported (xtune reads {MIN_OPSET} to {current})"
-        )
-    return versions[0]
 
 
 def _node(proto: onnx.NodeProto, index: int) -> Node:
@@ -147,21 +120,31 @@ def _value_infos(
 
 
 def _check_tensors(graph: Graph, types: Mapping[str, int], where: str) -> None:
-    """Every activation a node reads or writes: float32, of a known static shape."""
+    """Every activation a node reads or writes: float32, of a known static shape; one refusal names every
+    node that has another."""
+    failures = []
     for node in graph.nodes:
         for tensor in (*node.inputs, *node.outputs):
-            if not tensor or tensor in graph.constants:
-                continue
-            shape = graph.shapes.get(tensor)
-            if shape is None or any(d < 0 for d in shape):
-                shown = "unknown" if shape is None else "x".join("?" if d < 0 else str(d) for d in shape)
-                raise InputError(
-                    f"{where}: {node.label}: tensor '{tensor}' has a dynamic shape ({shown}); "
-                    "xtune needs static shapes (fix the batch size and input size when exporting)"
-                )
-            elem = types.get(tensor, onnx.TensorProto.FLOAT)
-            if elem != onnx.TensorProto.FLOAT:
-                kind = onnx.helper.tensor_dtype_to_np_dtype(elem)
-                raise InputError(
-                    f"{where}: {node.label}: tensor '{tensor}' is {kind}, xtune runs float32 only"
-                )
+            if problem := _tensor_problem(graph, types, tensor):
+                failures.append(UnsupportedNode(where, node.name, node.op, *problem))
+                break
+    if failures:
+        raise refusal(where, by_op(failures))
+
+
+def _tensor_problem(graph: Graph, types: Mapping[str, int], tensor: str) -> tuple[str, str] | None:
+    """Why xtune cannot take `tensor`, and what would help; None if it can."""
+    if not tensor or tensor in graph.constants:
+        return None
+    shape = graph.shapes.get(tensor)
+    if shape is None or any(d < 0 for d in shape):
+        shown = "unknown" if shape is None else "x".join("?" if d < 0 else str(d) for d in shape)
+        return (
+            f"tensor '{tensor}' has a dynamic shape ({shown})",
+            "fix the batch and input size when exporting",
+        )
+    elem = types.get(tensor, onnx.TensorProto.FLOAT)
+    if elem != onnx.TensorProto.FLOAT:
+        kind = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        return f"tensor '{tensor}' is {kind}, xtune runs float32 only", ""
+    return None

@@ -2,12 +2,13 @@
 
 Every Conv, Gemm and MatMul is a kernel call (`FusedOp`) with what follows it fused into its epilogue
 while the chain allows it (each step's tensor read by that one next node only):
-BatchNormalization, folded into the weights and bias (Conv, or Gemm/MatMul over the last axis); an
-Add of a per-channel constant (a bias); an Add of a tensor shaped like the output, available before
-the kernel runs (the residual of ResNet and MobileNetV2 blocks); then Relu, or Clip(0, 6) as ReLU6
-(Clip(0, ∞) as ReLU), which ends the chain. Calls with the same workload are one `Task`, tuned once.
-Pooling, elementwise, reshape, softmax and concat nodes are listed as other nodes; anything else is
-refused in one line naming the node and its op.
+BatchNormalization and Mul or Div by a per-channel constant, folded into the weights and bias (Conv,
+or Gemm/MatMul over the last axis), and an Add of a per-channel constant (a bias), in any number and
+order; an Add of a tensor shaped like the output, available before the kernel runs (the residual of
+ResNet and MobileNetV2 blocks); then Relu, or Clip(0, 6) as ReLU6 (Clip(0, ∞) as ReLU), which ends the
+chain. Calls with the same workload are one `Task`, tuned once. The other nodes xtune runs
+(xtune/frontend/support.py) are listed as other nodes; every node it cannot run is named in one refusal
+(xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for a partial answer.
 """
 
 from __future__ import annotations
@@ -18,18 +19,22 @@ from typing import Literal
 
 import numpy as np
 
-from xtune.errors import InputError
+from xtune.errors import UnsupportedNode
 from xtune.frontend.load import Source, load_graph
+from xtune.frontend.refusal import Unsupported, by_op, refusal
+from xtune.frontend.support import not_run, runs
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import Anchor
 from xtune.ops.layout import DEFAULT, Layout, layout_for, parse_layout
-from xtune.ops.registry import ANCHOR_OPS, anchor_of, family, node_family, parse_workload
+from xtune.ops.registry import anchor_of, family, parse_workload
 from xtune.ops.workload import Workload
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
 
-# Epilogue stages in the order they apply; a chain only moves forward (operators.EPILOGUE).
-_BN, _BIAS, _RESIDUAL, _CLAMP = 1, 2, 3, 4
+# Epilogue stages in the order they apply; a chain only moves forward (operators.EPILOGUE). The affine
+# stage takes any number of per-channel scales (BatchNormalization, Mul, Div) and shifts (Add): each
+# folds into the weights and bias.
+_AFFINE, _RESIDUAL, _CLAMP = 1, 2, 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +96,7 @@ class TaskSet:
     tasks: tuple[Task, ...]
     other_nodes: tuple[OtherNode, ...]
     total_flops: float  # of every kernel call: sum of flops * count (other nodes are not counted)
+    unsupported: tuple[Unsupported, ...] = ()  # what xtune cannot run, by op type (partial answers only)
 
     def share(self, task: Task) -> float:
         """The task's fraction of the model's flops (every call of it)."""
@@ -98,14 +104,23 @@ class TaskSet:
 
 
 def extract_tasks(
-    source: Source, target: str | Target | None = None, layout: str | Layout = DEFAULT
+    source: Source | Graph,
+    target: str | Target | None = None,
+    layout: str | Layout = DEFAULT,
+    partial: bool = False,
 ) -> TaskSet:
-    """The unique tasks of an ONNX model (path or ModelProto) for `target` (default: the host's), the
-    network run in `layout` (xtune/ops/layout.py: NHWC unless asked)."""
+    """The unique tasks of an ONNX model (path, ModelProto or imported Graph) for `target` (default: the
+    host's), the network run in `layout` (xtune/ops/layout.py: NHWC unless asked). A model with nodes
+    xtune cannot run is refused in one InputError naming them all; with `partial`, the tasks of the
+    nodes it can run are returned with the others in `unsupported` (what task extraction knows; the
+    build's own checks of its generated operators add to it: xtune.firmware.program.unsupported)."""
     tgt = target if isinstance(target, Target) else get_target(target) if target else host_target()
     where = parse_layout(layout)
-    graph = load_graph(source)
-    ops, others = fuse(graph, where)
+    graph = source if isinstance(source, Graph) else load_graph(source)
+    ops, others, failures = fuse(graph, where)
+    unsupported = by_op(failures)
+    if unsupported and not partial:
+        raise refusal(graph.name, unsupported)
     calls: dict[str, list[FusedOp]] = {}
     for op in ops:
         calls.setdefault(op.workload.key, []).append(op)
@@ -115,8 +130,15 @@ def extract_tasks(
         for group in calls.values()
     )  # fmt: skip
     total = sum(t.flops * t.count for t in tasks)
-    return TaskSet(model=graph.name, target=tgt, layout=where, tasks=tasks, other_nodes=tuple(others),
-                   total_flops=total)  # fmt: skip
+    return TaskSet(
+        model=graph.name,
+        target=tgt,
+        layout=where,
+        tasks=tasks,
+        other_nodes=tuple(others),
+        total_flops=total,
+        unsupported=unsupported,
+    )
 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
@@ -124,29 +146,51 @@ def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]
     return [build_choice(records, task.workload.key, target.name) for task in tasks]
 
 
-def fuse(graph: Graph, layout: Layout = DEFAULT) -> tuple[list[FusedOp], list[OtherNode]]:
+def fuse(
+    graph: Graph, layout: Layout = DEFAULT
+) -> tuple[list[FusedOp], list[OtherNode], list[UnsupportedNode]]:
     """The kernel calls of `graph` with their fused epilogues, each workload in the layout it runs in
-    within a network of `layout`, and the nodes left over, in graph order."""
+    within a network of `layout`, the nodes left over, and the nodes xtune cannot run, in graph order."""
     readers, writers = graph.consumers(), graph.producers()
     ops: list[FusedOp] = []
     claimed: set[int] = set()
+    failed: dict[int, UnsupportedNode] = {}
     for i, node in enumerate(graph.nodes):
-        if node.op in ANCHOR_OPS:
-            op, used = _fuse_chain(graph, i, anchor_of(graph, node), readers, writers, layout)
+        if runs(node.op) == "task":
+            try:
+                anchor = anchor_of(graph, node)
+            except UnsupportedNode as failure:
+                failed[i] = failure
+                claimed.update(_scales_after(graph, i, readers))
+                continue
+            op, used = _fuse_chain(graph, i, anchor, readers, writers, layout)
             ops.append(op)
             claimed.update(used)
     others = []
     for i, node in enumerate(graph.nodes):
-        if i in claimed or node.op in ANCHOR_OPS:
+        kind = runs(node.op)
+        if i in claimed or kind == "task":
             continue
-        listing = node_family(node.op, built=False)
-        if listing is None:
-            raise InputError(
-                f"{graph.name}: {node.label} is not supported (xtune runs Conv, Gemm, MatMul and "
-                "pooling, elementwise, reshape, softmax and concat nodes)"
-            )
-        others.append(OtherNode(name=node.name, op=node.op, kind=listing.kind))
-    return ops, others
+        if kind is None:
+            failed[i] = not_run(graph, node)
+            continue
+        others.append(OtherNode(name=node.name, op=node.op, kind=kind))
+    return ops, others, [failed[i] for i in sorted(failed)]
+
+
+def _scales_after(graph: Graph, index: int, readers: dict[str, list[int]]) -> list[int]:
+    """The BatchNormalization and constant Mul, Div and Add nodes that would fold into the anchor at
+    `index` if xtune ran it: a refusal names the anchor, not them as well."""
+    out, chain = graph.nodes[index].outputs[0], []
+    while out not in graph.outputs and len(readers.get(out, [])) == 1:
+        j = readers[out][0]
+        nxt = graph.nodes[j]
+        constant = all(t == out or graph.constant(t) is not None for t in nxt.inputs if t)
+        if nxt.op not in ("BatchNormalization", "Mul", "Div", "Add") or not constant:
+            break
+        chain.append(j)
+        out = nxt.outputs[0]
+    return chain
 
 
 def _fuse_chain(
@@ -162,18 +206,17 @@ def _fuse_chain(
     while stage < _CLAMP and out not in graph.outputs and len(readers.get(out, [])) == 1:
         j = readers[out][0]
         nxt = graph.nodes[j]
-        other = next((t for t in nxt.inputs[:2] if t != out), "") if nxt.op == "Add" else ""
-        # BatchNormalization normalizes axis 1: the channels of a conv, the columns of a 2-D matmul.
-        if nxt.op == "BatchNormalization" and stage < _BN and weights is not None and a.channel_axis == 1:
-            folded = _fold_batchnorm(graph, nxt, a, weights, bias)
+        other = next((t for t in nxt.inputs[:2] if t != out), "") if nxt.op in ("Add", "Mul", "Div") else ""
+        if nxt.op in ("BatchNormalization", "Mul", "Div") and stage <= _AFFINE and weights is not None:
+            folded = _fold_scale(graph, nxt, a, weights, bias, other)
             if folded is None:
                 break
-            weights, bias, stage = *folded, _BN
-        elif nxt.op == "Add" and stage < _BIAS and graph.constant(other) is not None:
+            weights, bias, stage = *folded, _AFFINE
+        elif nxt.op == "Add" and stage <= _AFFINE and graph.constant(other) is not None:
             vector = a.channel_vector(graph, graph.constants[other])
             if vector is None:
                 break
-            bias, stage = vector if bias is None else bias + vector, _BIAS
+            bias, stage = vector if bias is None else bias + vector, _AFFINE
         elif nxt.op == "Add" and stage < _RESIDUAL and _available(graph, other, out, index, writers):
             residual, flags["residual"], stage = other, 1, _RESIDUAL
         elif nxt.op in ("Relu", "Clip") and (clamp := _clamp(graph, nxt)):
@@ -191,6 +234,25 @@ def _fuse_chain(
         weights=weights, bias=bias, transposed=a.transposed,
     )  # fmt: skip
     return op, used
+
+
+def _fold_scale(
+    graph: Graph, node: Node, a: Anchor, weights: np.ndarray, bias: np.ndarray | None, other: str
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """A per-channel scale after the anchor folded into its weights and bias: BatchNormalization, or a Mul
+    or Div (the anchor's output first) by a constant that varies along the output channels only; None
+    where it does not fold. (conv(x, w) + b) * s = conv(x, w * s) + b * s, one output channel at a time."""
+    if node.op == "BatchNormalization":
+        return _fold_batchnorm(graph, node, a, weights, bias) if a.channel_axis == 1 else None
+    const = graph.constant(other)
+    if const is None or (node.op == "Div" and node.inputs[1] != other):
+        return None
+    vector = a.channel_vector(graph, const)
+    if vector is None:
+        return None
+    scale = 1 / vector.astype(np.float64) if node.op == "Div" else vector.astype(np.float64)
+    folded = a.scale_channels(weights.astype(np.float64), scale).astype(np.float32)
+    return folded, None if bias is None else (bias * scale).astype(np.float32)
 
 
 def _fold_batchnorm(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xtune.errors import InputError
+from xtune.errors import UnsupportedNode
 from xtune.graph import Graph, Node
 from xtune.ops.workload import ParamValue
 
@@ -53,8 +53,9 @@ class Anchor:
         return weights * scale.reshape(shape)
 
 
-def refuse(graph: Graph, node: Node, why: str) -> InputError:
-    return InputError(f"{graph.name}: {node.label}: {why}")
+def refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
+    """The refusal of one node: xtune/frontend/refusal.py gathers every node's into one."""
+    return UnsupportedNode(graph.name, node.name, node.op, why)
 
 
 def float_constant(graph: Graph, node: Node, tensor: str, what: str) -> np.ndarray:

@@ -98,6 +98,4 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     return Mapped(kernel=_concat(graph, node), inputs=tuple(node.inputs), layouts=layouts)
 
 
-FAMILY = NodeFamily(
-    kind="concat", onnx_ops=("Concat",), listed=("Concat",), layouts=frozenset(Layout), from_node=from_node
-)
+FAMILY = NodeFamily(kind="concat", onnx_ops=("Concat",), layouts=frozenset(Layout), from_node=from_node)

@@ -140,23 +140,6 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
 FAMILY = NodeFamily(
     kind="elementwise",
     onnx_ops=("Add", "Relu", "Clip"),
-    listed=tuple(
-        [
-            "Add",
-            "Sub",
-            "Mul",
-            "Div",
-            "Relu",
-            "Clip",
-            "Sigmoid",
-            "Tanh",
-            "HardSigmoid",
-            "HardSwish",
-            "LeakyRelu",
-            "BatchNormalization",
-            "Pad",
-        ]
-    ),
     layouts=frozenset(Layout),
     from_node=from_node,
     follows_input=True,

@@ -65,15 +65,13 @@ class Mapped:
 @dataclass(frozen=True, kw_only=True)
 class NodeFamily:
     """A generated operator's ONNX side: `kind` as `xtune tasks` lists its nodes, `onnx_ops` the op
-    types it builds, `listed` the ones `xtune tasks` lists under `kind` (a superset: the task listing
-    knows ops a build does not run yet), `layouts` the layouts a network may run it in (else NCHW with
+    types it builds, `layouts` the layouts a network may run it in (else NCHW with
     conversions around it), `follows_input` whether it runs in the layout its first input has instead,
     and `from_node`, a node (and the only node reading its output, if it comes later) as a `Mapped`,
     adding the constants it reads to `consts`."""
 
     kind: str
     onnx_ops: tuple[str, ...]
-    listed: tuple[str, ...]
     layouts: frozenset[Layout]
     from_node: Callable[[Graph, Node, Consts, Node | None], Mapped]
     follows_input: bool = False

@@ -308,7 +308,6 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
 FAMILY = NodeFamily(
     kind="pooling",
     onnx_ops=("MaxPool", "AveragePool", "GlobalAveragePool"),
-    listed=("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"),
     layouts=frozenset(Layout),
     from_node=from_node,
 )

@@ -11,7 +11,7 @@ from functools import cache
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops import concat, elementwise, pool2d, reshape, softmax
-from xtune.ops.anchor import Anchor
+from xtune.ops.anchor import Anchor, refuse
 from xtune.ops.concat import Concat
 from xtune.ops.conv2d import Conv2d
 from xtune.ops.depthwise import Depthwise
@@ -41,7 +41,6 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
 )
 GeneratedOp = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
-_LISTED = {op: f for f in NODE_FAMILIES for op in f.listed}
 
 
 def family(name: str) -> Family:
@@ -73,10 +72,9 @@ def anchor_of(graph: Graph, node: Node) -> Anchor:
     for f in FAMILIES:
         if node.op in f.onnx_ops and (anchor := f.anchor(graph, node)) is not None:
             return anchor
-    raise InputError(f"{graph.name}: {node.label}: no operator family runs it")
+    raise refuse(graph, node, "no operator family runs it")
 
 
-def node_family(op: str, built: bool = True) -> NodeFamily | None:
-    """The generated operator family that builds ONNX op type `op` (`built`), or that `xtune tasks`
-    lists it under; None if there is none."""
-    return (_BUILT if built else _LISTED).get(op)
+def node_family(op: str) -> NodeFamily | None:
+    """The generated operator family that builds ONNX op type `op`; None if there is none."""
+    return _BUILT.get(op)

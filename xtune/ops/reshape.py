@@ -1,7 +1,8 @@
-"""The reshape family of a network's generated operators: ONNX's Flatten, Reshape, Squeeze, Unsqueeze,
-Identity and Dropout (inference) are views: no code, the output is the input's bytes, which the memory
-planner shares (xtune/firmware/memory.py, `alias_of`). A view that changes the shape reinterprets ONNX's
-byte order, so it runs in NCHW; one that keeps the shape takes its input's layout."""
+"""The reshape family of a network's generated operators: ONNX's Flatten, Reshape, Squeeze, Unsqueeze and
+Identity are views (an inference Dropout is gone by then: xtune/frontend/normalize.py): no code, the
+output is the input's bytes, which the memory planner shares (xtune/firmware/memory.py, `alias_of`). A
+view that changes the shape reinterprets ONNX's byte order, so it runs in NCHW; one that keeps the shape
+takes its input's layout."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
-from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape
 
-VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout")
+VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,15 +44,12 @@ class Reshape:
 
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
-    if node.op == "Dropout" and any(node.outputs[1:]):
-        raise refuse(graph, node, "Dropout's mask output is a training feature xtune does not run")
     return Mapped(kernel=None, inputs=(node.inputs[0],), alias=True)
 
 
 FAMILY = NodeFamily(
     kind="reshape",
     onnx_ops=VIEWS,
-    listed=(*VIEWS[:4], "Transpose", *VIEWS[4:]),
     layouts=frozenset((Layout.NCHW,)),
     from_node=from_node,
 )

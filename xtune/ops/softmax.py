@@ -118,7 +118,6 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
 FAMILY = NodeFamily(
     kind="softmax",
     onnx_ops=("Softmax",),
-    listed=("Softmax", "LogSoftmax"),
     layouts=frozenset((Layout.NCHW,)),
     from_node=from_node,
 )
