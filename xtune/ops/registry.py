@@ -10,8 +10,10 @@ from functools import cache
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
-from xtune.ops import concat, elementwise, pool2d, reshape, softmax
+from xtune.ops import activation, arith, concat, elementwise, pool2d, reduce, reshape, softmax
+from xtune.ops.activation import Activation
 from xtune.ops.anchor import Anchor, refuse
+from xtune.ops.arith import Arith
 from xtune.ops.concat import Concat
 from xtune.ops.conv2d import Conv2d
 from xtune.ops.depthwise import Depthwise
@@ -38,8 +40,11 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     reshape.FAMILY,
     softmax.FAMILY,
     concat.FAMILY,
+    activation.FAMILY,
+    arith.FAMILY,
+    reduce.FAMILY,
 )
-GeneratedOp = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose
+GeneratedOp = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose | Activation | Arith
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 
 

@@ -1,0 +1,157 @@
+"""The activation family of a network's generated operators: ONNX's Sigmoid, HardSigmoid, HardSwish, Tanh,
+LeakyRelu and Elu (a node, its attributes and shape in) as one `Activation` kernel (a vector map over the
+tensor, in place, in its input's layout) out.
+
+The transcendental ones are built from the loop-nest IR's `Exp` (docs/design.md, "The loop-nest IR":
+relative error below 8e-8): Sigmoid(x) = 1 / (1 + e^-x), which is 0 where e^-x overflows to +inf;
+Tanh(x) = 1 - 2 / (1 + e^2x), exact in its limits (e^2x = +inf gives 1, 0 gives -1) and within a few
+float32 ulps of 1 in absolute error near 0 (the subtraction cancels: about 1.2e-7, well under the 1e-4 a
+network is checked to); Elu(x) = max(x, 0) + alpha * (e^min(x, 0) - 1). The rest are exact in float32
+arithmetic up to rounding: HardSigmoid(x) = max(0, min(1, alpha * x + beta)), HardSwish(x) = x *
+HardSigmoid(x) with alpha 1/6, beta 1/2, LeakyRelu(x) = max(x, 0) + alpha * min(x, 0). Semantics and
+default attributes as the ONNX operator definitions (https://onnx.ai/onnx/operators/)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.layout import Layout
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive, vector_map
+from xtune.schedule.loopnest import Affine, Binary, BinaryOp, Const, Exp, Kernel, Load, NestBuilder, Value
+
+
+class ActivationKind(Enum):
+    SIGMOID = "sigmoid"
+    HARD_SIGMOID = "hardsigmoid"
+    HARD_SWISH = "hardswish"
+    TANH = "tanh"
+    LEAKY_RELU = "leakyrelu"
+    ELU = "elu"
+
+
+_ONNX = {
+    "Sigmoid": ActivationKind.SIGMOID,
+    "HardSigmoid": ActivationKind.HARD_SIGMOID,
+    "HardSwish": ActivationKind.HARD_SWISH,
+    "Tanh": ActivationKind.TANH,
+    "LeakyRelu": ActivationKind.LEAKY_RELU,
+    "Elu": ActivationKind.ELU,
+}
+# ONNX's default alpha and beta per op type (HardSwish's are fixed by its definition).
+_DEFAULTS = {
+    "HardSigmoid": (0.2, 0.5),
+    "HardSwish": (1 / 6, 0.5),
+    "LeakyRelu": (0.01, 0.0),
+    "Elu": (1.0, 0.0),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Activation:
+    """One activation applied to every element of `shape`, with its `alpha` and `beta` where it has them."""
+
+    kind: ActivationKind
+    shape: Shape
+    alpha: float = 0.0
+    beta: float = 0.0
+
+    def __post_init__(self) -> None:
+        positive("activation", **{f"dim{i}": d for i, d in enumerate(self.shape)})
+        if not (math.isfinite(self.alpha) and math.isfinite(self.beta)):
+            raise InputError(f"{self.kind.value}: alpha {self.alpha} and beta {self.beta} must be finite")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def in_layout(self, layout: Layout, out_shape: Shape) -> Activation:
+        """The same computation in `layout`: elementwise, the same whatever the order."""
+        return self
+
+    @property
+    def label(self) -> str:
+        """How a profile names its steps."""
+        return self.kind.value
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return (self.shape,)
+
+    @property
+    def output_shape(self) -> Shape:
+        return self.shape
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        """The ONNX definitions in float64."""
+        v, a, b = x.astype(np.float64), self.alpha, self.beta
+        k = self.kind
+        if k is ActivationKind.SIGMOID:
+            out = 1 / (1 + np.exp(-v))
+        elif k is ActivationKind.TANH:
+            out = np.tanh(v)
+        elif k is ActivationKind.ELU:
+            out = np.where(v > 0, v, a * np.expm1(np.minimum(v, 0)))
+        elif k is ActivationKind.LEAKY_RELU:
+            out = np.where(v > 0, v, a * v)
+        else:
+            out = np.clip(a * v + b, 0, 1) * (v if k is ActivationKind.HARD_SWISH else 1)
+        return out.astype(np.float32)
+
+    def expr(self, x: Value, lanes: int) -> Value:
+        """The activation of `x` (`lanes` wide) in the loop-nest IR."""
+
+        def c(value: float) -> Const:
+            return Const(value, lanes)
+
+        def op(kind: BinaryOp, a: Value, b: Value) -> Binary:
+            return Binary(kind, a, b)
+
+        k = self.kind
+        if k is ActivationKind.SIGMOID:
+            return op(BinaryOp.DIV, c(1.0), op(BinaryOp.ADD, c(1.0), Exp(op(BinaryOp.SUB, c(0.0), x))))
+        if k is ActivationKind.TANH:
+            e2x = Exp(op(BinaryOp.MUL, x, c(2.0)))
+            return op(BinaryOp.SUB, c(1.0), op(BinaryOp.DIV, c(2.0), op(BinaryOp.ADD, c(1.0), e2x)))
+        positive_part, negative_part = op(BinaryOp.MAX, x, c(0.0)), op(BinaryOp.MIN, x, c(0.0))
+        if k is ActivationKind.LEAKY_RELU:
+            return op(BinaryOp.ADD, positive_part, op(BinaryOp.MUL, negative_part, c(self.alpha)))
+        if k is ActivationKind.ELU:
+            em1 = op(BinaryOp.SUB, Exp(negative_part), c(1.0))
+            return op(BinaryOp.ADD, positive_part, op(BinaryOp.MUL, em1, c(self.alpha)))
+        linear = op(BinaryOp.ADD, op(BinaryOp.MUL, x, c(self.alpha)), c(self.beta))
+        hard = op(BinaryOp.MIN, op(BinaryOp.MAX, linear, c(0.0)), c(1.0))
+        return op(BinaryOp.MUL, x, hard) if k is ActivationKind.HARD_SWISH else hard
+
+    def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        b = NestBuilder()
+
+        def emit(i: Affine, width: int, count: int) -> None:
+            b.store("out", i, self.expr(Load("x", i, width, count), width), width, count)
+
+        vector_map(b, self.size, lanes, emit)
+        # In place (the memory plan's in_place_of): every element is loaded before it is stored.
+        return b.kernel(name, params([("x", self.size)], self.size), noalias=False)
+
+
+def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
+    alpha, beta = _DEFAULTS.get(node.op, (0.0, 0.0))
+    if node.op != "HardSwish":
+        alpha = float(node.attr("alpha", alpha))  # type: ignore[arg-type]
+        beta = float(node.attr("beta", beta))  # type: ignore[arg-type]
+    kernel = Activation(kind=_ONNX[node.op], shape=graph.shape(node.outputs[0]), alpha=alpha, beta=beta)
+    return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True)
+
+
+FAMILY = NodeFamily(
+    kind="elementwise",
+    onnx_ops=tuple(_ONNX),
+    layouts=frozenset(Layout),
+    from_node=from_node,
+    follows_input=True,
+)
