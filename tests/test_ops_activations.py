@@ -4,6 +4,7 @@ real build path in NCHW and NHWC on odd shapes, against ONNX Runtime on the host
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
@@ -22,15 +23,17 @@ ACTIVATIONS: dict[str, dict[str, float]] = {
 }
 
 
-def one(op: str, shape: tuple[int, ...]) -> object:
-    return net([helper.make_node(op, ["a"], ["y"], name="act", **ACTIVATIONS[op])], shape)
+def one(op: str, shape: tuple[int, ...]) -> onnx.ModelProto:
+    node = helper.make_node(op, ["a"], ["y"], name="act")
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in ACTIVATIONS[op].items())
+    return net([node], shape)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("op", list(ACTIVATIONS))
 def test_each_activation_matches_onnx_runtime(op: str, layout: str, shape: tuple[int, ...]) -> None:
-    artifact = check(one(op, shape), layout)  # type: ignore[arg-type]
+    artifact = check(one(op, shape), layout)
     assert "activation" in kinds(artifact)
 
 
