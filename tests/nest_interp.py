@@ -15,6 +15,7 @@ from xtune.schedule.loopnest import (
     For,
     Kernel,
     Load,
+    Log,
     MulAdd,
     Reg,
     Shuffle,
@@ -52,6 +53,8 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
         if isinstance(v, Exp):
             return np.exp(value(v.a, env))
+        if isinstance(v, Log):
+            return np.log(value(v.a, env))
         if isinstance(v, Shuffle):
             return np.concatenate([value(v.a, env), value(v.b, env)])[list(v.mask)]
         a, b = value(v.a, env), value(v.b, env)

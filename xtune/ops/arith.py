@@ -160,8 +160,12 @@ def _batchnorm(graph: Graph, node: Node, consts: Consts, out: Shape) -> Mapped:
     spec, BatchNormalization, inference mode), computed in float64 at build time."""
     params_ = [graph.constant(t) for t in node.inputs[1:5]]
     if len(params_) != 4 or any(p is None for p in params_) or any(node.outputs[1:]):
-        raise refuse(graph, node, "a BatchNormalization whose scale, bias, mean and variance are not all "
-                     "constants (or with training outputs) is not supported")  # fmt: skip
+        raise refuse(
+            graph,
+            node,
+            "a BatchNormalization whose scale, bias, mean and variance are not all "
+            "constants (or with training outputs) is not supported",
+        )
     gamma, beta, mean, var = (np.asarray(p, np.float64).reshape(-1) for p in params_)
     eps = float(node.attr("epsilon", 1e-5))  # type: ignore[arg-type]
     scale = gamma / np.sqrt(var + eps)

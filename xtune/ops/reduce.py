@@ -33,8 +33,12 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     shape = graph.shape(x)
     axes = _axes(graph, node, len(shape))
     if len(shape) != 4 or axes != (2, 3):
-        raise refuse(graph, node, f"a reduction over axes {list(axes)} of a {len(shape)}-D tensor (xtune "
-                     "reduces the two spatial axes of a 4-D one)")  # fmt: skip
+        raise refuse(
+            graph,
+            node,
+            f"a reduction over axes {list(axes)} of a {len(shape)}-D tensor (xtune "
+            "reduces the two spatial axes of a 4-D one)",
+        )
     n, c, h, w = shape
     if node.op == "ReduceMean":
         return Mapped(kernel=GlobalAveragePool(n=n, c=c, h=h, w=w), inputs=(x,))

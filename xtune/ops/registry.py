@@ -10,7 +10,7 @@ from functools import cache
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
-from xtune.ops import activation, arith, concat, elementwise, pool2d, reduce, reshape, softmax
+from xtune.ops import activation, arith, concat, elementwise, lrn, pool2d, reduce, reshape, softmax
 from xtune.ops.activation import Activation
 from xtune.ops.anchor import Anchor, refuse
 from xtune.ops.arith import Arith
@@ -20,6 +20,7 @@ from xtune.ops.depthwise import Depthwise
 from xtune.ops.elementwise import Elementwise
 from xtune.ops.family import Family
 from xtune.ops.featurize import FeatureSet
+from xtune.ops.lrn import Lrn
 from xtune.ops.matmul import Matmul
 from xtune.ops.opkit import NodeFamily
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d
@@ -43,8 +44,11 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     activation.FAMILY,
     arith.FAMILY,
     reduce.FAMILY,
+    lrn.FAMILY,
 )
-GeneratedOp = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose | Activation | Arith
+GeneratedOp = (
+    Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose | Activation | Arith | Lrn
+)
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 
 
