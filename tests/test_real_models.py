@@ -29,7 +29,7 @@ NOT_YET: dict[str, set[str]] = {
     "inception_v1": set(),
     "inception_v2": set(),
     "resnet50": set(),
-    "shufflenet": {"Conv", "Transpose"},  # Conv: grouped, group=4; Transpose: the channel shuffle
+    "shufflenet": {"Conv"},  # Conv: grouped, group=4
     "squeezenet": set(),
     "vgg19": set(),
     "zfnet512": set(),

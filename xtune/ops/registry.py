@@ -10,7 +10,7 @@ from functools import cache
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
-from xtune.ops import activation, arith, concat, elementwise, lrn, pool2d, reduce, reshape, softmax
+from xtune.ops import activation, arith, concat, elementwise, lrn, permute, pool2d, reduce, reshape, softmax
 from xtune.ops.activation import Activation
 from xtune.ops.anchor import Anchor, refuse
 from xtune.ops.arith import Arith
@@ -23,6 +23,7 @@ from xtune.ops.featurize import FeatureSet
 from xtune.ops.lrn import Lrn
 from xtune.ops.matmul import Matmul
 from xtune.ops.opkit import NodeFamily
+from xtune.ops.permute import Permute
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d
 from xtune.ops.softmax import Softmax
 from xtune.ops.template import ScheduleTemplate
@@ -45,9 +46,19 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     arith.FAMILY,
     reduce.FAMILY,
     lrn.FAMILY,
+    permute.FAMILY,
 )
 GeneratedOp = (
-    Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose | Activation | Arith | Lrn
+    Pool2d
+    | GlobalAveragePool
+    | Elementwise
+    | Softmax
+    | Concat
+    | Transpose
+    | Activation
+    | Arith
+    | Lrn
+    | Permute
 )
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 
