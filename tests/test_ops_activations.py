@@ -20,6 +20,7 @@ ACTIVATIONS: dict[str, dict[str, float]] = {
     "Tanh": {},
     "LeakyRelu": {"alpha": 0.15},
     "Elu": {"alpha": 0.7},
+    "Erf": {},
 }
 
 
@@ -37,15 +38,71 @@ def test_each_activation_matches_onnx_runtime(op: str, layout: str, shape: tuple
     assert "activation" in kinds(artifact)
 
 
+def silu_and_gelu() -> list[onnx.NodeProto]:
+    """SiLU as exporters write it (x * Sigmoid(x)), then GELU's Erf form x * 0.5 * (1 + Erf(x / sqrt 2))."""
+    node = helper.make_node
+    return [
+        node("Sigmoid", ["a"], ["s"], name="sig"),
+        node("Mul", ["a", "s"], ["silu"], name="silu"),
+        node("Div", ["silu", "sqrt2"], ["d"], name="gelu.div"),
+        node("Erf", ["d"], ["e"], name="gelu.erf"),
+        node("Add", ["e", "one"], ["p"], name="gelu.add"),
+        node("Mul", ["silu", "p"], ["m"], name="gelu.mul"),
+        node("Mul", ["m", "half"], ["y"], name="gelu.half"),
+    ]
+
+
+GELU_CONSTANTS = {k: np.array(v, np.float32) for k, v in (("sqrt2", np.sqrt(2)), ("one", 1.0), ("half", 0.5))}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_silu_is_one_kernel_and_gelu_runs(layout: str, shape: tuple[int, ...]) -> None:
+    artifact = check(net(silu_and_gelu(), shape, GELU_CONSTANTS), layout)
+    silu = [c for c in artifact.program.calls if "silu" in c.nodes]
+    assert len(silu) == 1 and silu[0].nodes == ("sig", "silu")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_prelu_with_a_slope_per_channel_and_a_scalar(layout: str, shape: tuple[int, ...]) -> None:
+    c = shape[1]
+    slopes = {
+        "k": np.linspace(-0.5, 0.5, c, dtype=np.float32).reshape(c, 1, 1),
+        "s": np.array([0.2], np.float32),
+    }
+    nodes = [
+        helper.make_node("PRelu", ["a", "k"], ["p"], name="per_channel"),
+        helper.make_node("PRelu", ["p", "s"], ["y"], name="scalar"),
+    ]
+    check(net(nodes, shape, slopes), layout)
+
+
+def test_erf_is_within_a_few_ulps() -> None:
+    """Eigen's rational Erf in the IR, interpreted in float32, against math.erf."""
+    import math
+
+    from tests.nest_interp import run_kernel
+
+    x = np.concatenate([np.linspace(-5, 5, 4001), [-1e-6, 0, 1e-6, 30, -30]]).astype(np.float32)
+    op = Activation(kind=ActivationKind.ERF, shape=x.shape)
+    got = np.full_like(x, np.nan)
+    run_kernel(op.kernel_nest("erf", 8), [x, got])
+    want = np.array([math.erf(v) for v in x.astype(np.float64)])
+    assert np.max(np.abs(got - want)) <= 4e-7
+
+
 @pytest.mark.parametrize("board", ["qemu-aarch64", "qemu-riscv64"])
 def test_activations_under_qemu(board: str) -> None:
     nodes = [
         helper.make_node("Sigmoid", ["a"], ["s"], name="s"),
         helper.make_node("Tanh", ["s"], ["t"], name="t"),
         helper.make_node("Elu", ["t"], ["e"], name="e", alpha=0.5),
-        helper.make_node("HardSwish", ["e"], ["y"], name="hs"),
+        helper.make_node("HardSwish", ["e"], ["h"], name="hs"),
+        helper.make_node("Erf", ["h"], ["y"], name="erf"),
     ]
     check(net(nodes, (1, 6, 3, 5)), "nhwc", board)
+    check(net(silu_and_gelu(), (1, 6, 3, 5), GELU_CONSTANTS), "nchw", board)
 
 
 def test_the_reference_keeps_the_limits() -> None:

@@ -1,6 +1,7 @@
 """The activation family of a network's generated operators: ONNX's Sigmoid, HardSigmoid, HardSwish, Tanh,
-LeakyRelu and Elu (a node, its attributes and shape in) as one `Activation` kernel (a vector map over the
-tensor, in place, in its input's layout) out.
+LeakyRelu, Elu and Erf (a node, its attributes and shape in) as one `Activation` kernel (a vector map over
+the tensor, in place, in its input's layout) out; a Sigmoid whose only reader is Mul(x, Sigmoid(x)) is one
+SiLU kernel (x / (1 + e^-x)). GELU's Erf form runs as its nodes: Div, Erf, Add, Mul (xtune/ops/arith.py).
 
 The transcendental ones are built from the loop-nest IR's `Exp` (docs/design.md, "The loop-nest IR":
 relative error below 8e-8): Sigmoid(x) = 1 / (1 + e^-x), which is 0 where e^-x overflows to +inf;
@@ -23,7 +24,18 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive, vector_map
-from xtune.schedule.loopnest import Affine, Binary, BinaryOp, Const, Exp, Kernel, Load, NestBuilder, Value
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Const,
+    Exp,
+    Kernel,
+    Load,
+    MulAdd,
+    NestBuilder,
+    Value,
+)
 
 
 class ActivationKind(Enum):
@@ -33,6 +45,8 @@ class ActivationKind(Enum):
     TANH = "tanh"
     LEAKY_RELU = "leakyrelu"
     ELU = "elu"
+    ERF = "erf"
+    SILU = "silu"  # x * Sigmoid(x): a Sigmoid whose only reader multiplies it by its own input
 
 
 _ONNX = {
@@ -42,7 +56,28 @@ _ONNX = {
     "Tanh": ActivationKind.TANH,
     "LeakyRelu": ActivationKind.LEAKY_RELU,
     "Elu": ActivationKind.ELU,
+    "Erf": ActivationKind.ERF,
 }
+# Erf(x) = x P(x^2) / Q(x^2) on [-4, 4], +-1 beyond (in float32 Erf(4) rounds to 1 within 2e-8): the
+# rational approximation of Eigen's generic_fast_erf_float (Eigen, SpecialFunctionsImpl.h), lowest degree
+# first, without exp. Abramowitz-Stegun 7.1.26 needs an exp and has an absolute error of 1.5e-7, a large
+# relative one near 0.
+_ERF_P = (
+    -1.60960333262415e-02,
+    -2.95459980854025e-03,
+    -7.34990630326855e-04,
+    -5.69250639462346e-05,
+    -2.10102402082508e-06,
+    2.77068142495902e-08,
+    -2.72614225801306e-10,
+)
+_ERF_Q = (
+    -1.42647390514189e-02,
+    -7.37332916720468e-03,
+    -1.68282697438203e-03,
+    -2.13374055278905e-04,
+    -1.45660718464996e-05,
+)
 # ONNX's default alpha and beta per op type (HardSwish's are fixed by its definition).
 _DEFAULTS = {
     "HardSigmoid": (0.2, 0.5),
@@ -93,6 +128,10 @@ class Activation:
         k = self.kind
         if k is ActivationKind.SIGMOID:
             out = 1 / (1 + np.exp(-v))
+        elif k is ActivationKind.SILU:
+            out = v / (1 + np.exp(-v))
+        elif k is ActivationKind.ERF:
+            out = np.vectorize(math.erf)(v) if v.size else v
         elif k is ActivationKind.TANH:
             out = np.tanh(v)
         elif k is ActivationKind.ELU:
@@ -113,8 +152,11 @@ class Activation:
             return Binary(kind, a, b)
 
         k = self.kind
-        if k is ActivationKind.SIGMOID:
-            return op(BinaryOp.DIV, c(1.0), op(BinaryOp.ADD, c(1.0), Exp(op(BinaryOp.SUB, c(0.0), x))))
+        if k in (ActivationKind.SIGMOID, ActivationKind.SILU):
+            numerator = x if k is ActivationKind.SILU else c(1.0)
+            return op(BinaryOp.DIV, numerator, op(BinaryOp.ADD, c(1.0), Exp(op(BinaryOp.SUB, c(0.0), x))))
+        if k is ActivationKind.ERF:
+            return _erf(x, lanes)
         if k is ActivationKind.TANH:
             e2x = Exp(op(BinaryOp.MUL, x, c(2.0)))
             return op(BinaryOp.SUB, c(1.0), op(BinaryOp.DIV, c(2.0), op(BinaryOp.ADD, c(1.0), e2x)))
@@ -139,7 +181,33 @@ class Activation:
         return b.kernel(name, params([("x", self.size)], self.size), noalias=False)
 
 
+def _erf(x: Value, lanes: int) -> Value:
+    """Eigen's rational Erf of x clamped to [-4, 4], by Horner's rule in x^2."""
+    clamped = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, x, Const(-4.0, lanes)), Const(4.0, lanes))
+    x2 = Binary(BinaryOp.MUL, clamped, clamped)
+
+    def horner(coeffs: tuple[float, ...]) -> Value:
+        acc: Value = Const(coeffs[-1], lanes)
+        for coeff in reversed(coeffs[:-1]):
+            acc = MulAdd(x2, acc, Const(coeff, lanes))
+        return acc
+
+    return Binary(BinaryOp.DIV, Binary(BinaryOp.MUL, clamped, horner(_ERF_P)), horner(_ERF_Q))
+
+
+def _silu(graph: Graph, node: Node, nxt: Node | None) -> Node | None:
+    """The Mul that makes `node` (a Sigmoid) SiLU: its only reader, multiplying it by the Sigmoid's own
+    input (x * Sigmoid(x), as exporters write SiLU and Swish), or None."""
+    x, s = node.inputs[0], node.outputs[0]
+    if nxt is None or nxt.op != "Mul" or s in graph.outputs or sorted(nxt.inputs[:2]) != sorted((x, s)):
+        return None
+    return nxt
+
+
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
+    if node.op == "Sigmoid" and (mul := _silu(graph, node, nxt)) is not None:
+        kernel = Activation(kind=ActivationKind.SILU, shape=graph.shape(mul.outputs[0]))
+        return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True, fused=mul)
     alpha, beta = _DEFAULTS.get(node.op, (0.0, 0.0))
     if node.op != "HardSwish":
         alpha = float(node.attr("alpha", alpha))  # type: ignore[arg-type]

@@ -1,8 +1,8 @@
-"""The broadcasting arithmetic family of a network's generated operators: ONNX's Mul, Sub and Div (and an
-Add whose operands differ in shape) of two tensors of any broadcastable shapes — activations or
-constants, e.g. squeeze-and-excite's [n,c,1,1] gate times its [n,c,h,w] activation — and a
-BatchNormalization with no convolution before it to fold into (DenseNet's pre-activation) as the
-per-channel x * scale + shift, as one `Arith` kernel.
+"""The broadcasting arithmetic family of a network's generated operators: ONNX's Mul, Sub, Div and PRelu
+(its slope per channel or of any broadcastable shape), and an Add whose operands differ in shape, of two
+tensors of any broadcastable shapes — activations or constants, e.g. squeeze-and-excite's [n,c,1,1] gate
+times its [n,c,h,w] activation — and a BatchNormalization with no convolution before it to fold into
+(DenseNet's pre-activation) as the per-channel x * scale + shift, as one `Arith` kernel.
 
 Broadcasting is numpy's, as the ONNX operators define it (https://onnx.ai/onnx/operators/, "Broadcasting
 in ONNX"): shapes aligned on their last axis, a size-1 axis repeated. The kernel walks the output in
@@ -30,6 +30,7 @@ from xtune.schedule.loopnest import (
     Binary,
     BinaryOp,
     Broadcast,
+    Const,
     Kernel,
     Load,
     MulAdd,
@@ -44,9 +45,16 @@ class ArithOp(Enum):
     MUL = "mul"
     DIV = "div"
     SCALE_SHIFT = "scale_shift"  # a * b + c: a BatchNormalization's inference form
+    PRELU = "prelu"  # max(a, 0) + b * min(a, 0): the slope b per channel (or any broadcastable shape)
 
 
-_ONNX = {"Add": ArithOp.ADD, "Sub": ArithOp.SUB, "Mul": ArithOp.MUL, "Div": ArithOp.DIV}
+_ONNX = {
+    "Add": ArithOp.ADD,
+    "Sub": ArithOp.SUB,
+    "Mul": ArithOp.MUL,
+    "Div": ArithOp.DIV,
+    "PRelu": ArithOp.PRELU,
+}
 _BINARY = {
     ArithOp.ADD: BinaryOp.ADD,
     ArithOp.SUB: BinaryOp.SUB,
@@ -97,7 +105,10 @@ class Arith:
 
     def reference(self, *xs: np.ndarray) -> np.ndarray:
         v = [x.reshape(s).astype(np.float32) for x, s in zip(xs, self.shapes, strict=True)]
-        out = v[0] * v[1] + v[2] if self.op is ArithOp.SCALE_SHIFT else _NUMPY[self.op](v[0], v[1])
+        if self.op is ArithOp.PRELU:
+            out = np.where(v[0] > 0, v[0], v[0] * v[1])
+        else:
+            out = v[0] * v[1] + v[2] if self.op is ArithOp.SCALE_SHIFT else _NUMPY[self.op](v[0], v[1])
         return np.broadcast_to(out, self.out).astype(np.float32)
 
     def _axes(self) -> tuple[list[int], list[list[int]]]:
@@ -139,6 +150,10 @@ class Arith:
                 value: Value
                 if self.op is ArithOp.SCALE_SHIFT:
                     value = MulAdd(*operands)
+                elif self.op is ArithOp.PRELU:
+                    a, slope = operands
+                    zero = Const(0.0, width)
+                    value = MulAdd(Binary(BinaryOp.MIN, a, zero), slope, Binary(BinaryOp.MAX, a, zero))
                 else:
                     value = Binary(_BINARY[self.op], operands[0], operands[1])
                 b.store("out", base_out + i, value, width, count)
@@ -202,7 +217,7 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
 
 FAMILY = NodeFamily(
     kind="elementwise",
-    onnx_ops=("Mul", "Sub", "Div", "BatchNormalization"),
+    onnx_ops=("Mul", "Sub", "Div", "PRelu", "BatchNormalization"),
     layouts=frozenset(Layout),
     from_node=from_node,
 )
