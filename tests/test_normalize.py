@@ -260,7 +260,7 @@ def unsupported_model() -> onnx.ModelProto:
         node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[1, 1], ceil_mode=1),
         node("Gelu", ["p"], ["y"], name="gelu", domain="com.microsoft"),
     ]
-    inits = {
+    inits: dict[str, np.ndarray] = {
         "w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
         **{p: rng.uniform(0.5, 1.5, 8).astype(np.float32) for p in "gbmv"},
         "pads": np.zeros(8, np.int64),
