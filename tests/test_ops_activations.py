@@ -24,18 +24,68 @@ ACTIVATIONS: dict[str, dict[str, float]] = {
 }
 
 
-def one(op: str, shape: tuple[int, ...]) -> onnx.ModelProto:
-    node = helper.make_node(op, ["a"], ["y"], name="act")
+def act(op: str, x: str, y: str) -> onnx.NodeProto:
+    node = helper.make_node(op, [x], [y], name=f"{y}.act")
     node.attribute.extend(helper.make_attribute(k, v) for k, v in ACTIVATIONS[op].items())
-    return net([node], shape)
+    return node
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("op", list(ACTIVATIONS))
-def test_each_activation_matches_onnx_runtime(op: str, layout: str, shape: tuple[int, ...]) -> None:
-    artifact = check(one(op, shape), layout)
+def test_each_activation_alone_matches_onnx_runtime(op: str, layout: str, shape: tuple[int, ...]) -> None:
+    """On the network's input (no kernel before it to fuse into): its own in-place call."""
+    artifact = check(net([act(op, "a", "y")], shape, conv=False), layout)
     assert "activation" in kinds(artifact)
+
+
+def fused_net(op: str) -> onnx.ModelProto:
+    """conv 3x3 (Winograd) -> act -> depthwise 3x3 -> act -> conv 1x1 -> act -> Flatten -> Gemm -> act,
+    5 channels (no multiple of any vector width); `op` "SiLU" is x * Sigmoid(x)."""
+    rng = np.random.default_rng(1)
+    node = helper.make_node
+    inits = {
+        "w1": rng.standard_normal((5, 3, 3, 3)) * 0.5,
+        "w2": rng.standard_normal((5, 1, 3, 3)) * 0.5,
+        "w3": rng.standard_normal((5, 5, 1, 1)) * 0.5,
+        "fc": rng.standard_normal((7, 45)) * 0.3,
+    }
+
+    def activation(x: str, y: str) -> list[onnx.NodeProto]:
+        if op == "SiLU":
+            return [
+                node("Sigmoid", [x], [f"{y}.s"], name=f"{y}.sig"),
+                node("Mul", [x, f"{y}.s"], [y], name=y),
+            ]
+        return [act(op, x, y)]
+
+    nodes = [
+        node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]), *activation("c1", "a1"),
+        node("Conv", ["a1", "w2"], ["c2"], name="c2", pads=[1, 1, 1, 1], group=5), *activation("c2", "a2"),
+        node("Conv", ["a2", "w3"], ["c3"], name="c3"), *activation("c3", "a3"),
+        node("Flatten", ["a3"], ["f"], name="flat"),
+        node("Gemm", ["f", "fc"], ["g"], name="fc", transB=1), *activation("g", "y"),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "fused",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 3, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("op", [*ACTIVATIONS, "SiLU"])
+def test_each_activation_fuses_into_conv_depthwise_and_gemm(op: str, layout: str) -> None:
+    """Into every template's epilogue (Winograd, depthwise, the pointwise conv's matmul, Gemm): no call of
+    its own, the workload key says `act=`, and the network matches ONNX Runtime."""
+    artifact = check(fused_net(op), layout)
+    assert "activation" not in kinds(artifact)
+    keys = [c.kernel.key for c in artifact.program.calls if hasattr(c.kernel, "key")]
+    kind = op.lower()
+    assert len(keys) == 4 and all(f"act={kind}" in key for key in keys), keys
 
 
 def silu_and_gelu() -> list[onnx.NodeProto]:
@@ -58,7 +108,7 @@ GELU_CONSTANTS = {k: np.array(v, np.float32) for k, v in (("sqrt2", np.sqrt(2)),
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_silu_is_one_kernel_and_gelu_runs(layout: str, shape: tuple[int, ...]) -> None:
-    artifact = check(net(silu_and_gelu(), shape, GELU_CONSTANTS), layout)
+    artifact = check(net(silu_and_gelu(), shape, GELU_CONSTANTS, conv=False), layout)
     silu = [c for c in artifact.program.calls if "silu" in c.nodes]
     assert len(silu) == 1 and silu[0].nodes == ("sig", "silu")
 
@@ -95,7 +145,8 @@ def test_erf_is_within_a_few_ulps() -> None:
 @pytest.mark.parametrize("board", ["qemu-aarch64", "qemu-riscv64"])
 def test_activations_under_qemu(board: str) -> None:
     nodes = [
-        helper.make_node("Sigmoid", ["a"], ["s"], name="s"),
+        helper.make_node("Relu", ["a"], ["r"], name="r"),  # fused: the activations after it are calls
+        helper.make_node("Sigmoid", ["r"], ["s"], name="s"),
         helper.make_node("Tanh", ["s"], ["t"], name="t"),
         helper.make_node("Elu", ["t"], ["e"], name="e", alpha=0.5),
         helper.make_node("HardSwish", ["e"], ["h"], name="hs"),
@@ -112,3 +163,23 @@ def test_the_reference_keeps_the_limits() -> None:
     tanh = Activation(kind=ActivationKind.TANH, shape=(5,)).reference(x)
     assert np.all(np.isfinite(sig)) and sig[0] == 0 and sig[-1] == 1
     assert tanh[0] == -1 and tanh[2] == 0 and tanh[-1] == 1
+
+
+def test_the_activation_keys_keep_old_workloads_and_exclude_relu() -> None:
+    """`act` (with alpha and beta in millionths) is left out at its default, so older keys and logs are
+    unchanged; it excludes relu and relu6; the reference applies it after bias and residual."""
+    from xtune.errors import InputError
+    from xtune.ops.registry import parse_workload
+    from xtune.ops.workload import random_inputs
+
+    assert parse_workload("matmul:m=4,n=5,k=3,bias=1,relu=1,act=none,alpha=0").key == (
+        "matmul:m=4,n=5,k=3,bias=1,relu=1"
+    )
+    wl = parse_workload("matmul:m=4,n=5,k=3,bias=1,act=leakyrelu,alpha=100000")
+    a, b, bias = random_inputs(wl)
+    pre = a @ b + bias
+    assert np.allclose(wl.reference([a, b, bias]), np.where(pre > 0, pre, 0.1 * pre), atol=1e-6)
+    with pytest.raises(InputError, match="'act' excludes 'relu' and 'relu6'"):
+        parse_workload("conv2d:n=1,c=3,h=4,w=4,k=2,r=1,s=1,relu=1,act=tanh")
+    with pytest.raises(InputError, match="'act' must be one of"):
+        parse_workload("depthwise:n=1,c=3,h=4,w=4,r=3,s=3,act=gelu")

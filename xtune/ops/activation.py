@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +37,9 @@ from xtune.schedule.loopnest import (
     NestBuilder,
     Value,
 )
+
+if TYPE_CHECKING:
+    import onnx
 
 
 class ActivationKind(Enum):
@@ -204,14 +208,60 @@ def _silu(graph: Graph, node: Node, nxt: Node | None) -> Node | None:
     return nxt
 
 
-def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
-    if node.op == "Sigmoid" and (mul := _silu(graph, node, nxt)) is not None:
-        kernel = Activation(kind=ActivationKind.SILU, shape=graph.shape(mul.outputs[0]))
-        return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True, fused=mul)
+def _parameters(node: Node) -> tuple[float, float]:
     alpha, beta = _DEFAULTS.get(node.op, (0.0, 0.0))
     if node.op != "HardSwish":
         alpha = float(node.attr("alpha", alpha))  # type: ignore[arg-type]
         beta = float(node.attr("beta", beta))  # type: ignore[arg-type]
+    return alpha, beta
+
+
+MICRO = 1_000_000  # a fused activation's alpha and beta are workload keys in millionths (integers)
+
+
+def epilogue_form(graph: Graph, node: Node, x: str) -> tuple[ActivationKind, int, int] | None:
+    """`node` as the activation a conv's or matmul's epilogue applies to its output `x`: its kind and its
+    alpha and beta rounded to millionths (so HardSigmoid's 1/6 is 0.166667: the output moves by at most
+    5e-7 |x| + 5e-7, far inside the 1e-4 a network is checked to); None if it is no activation."""
+    if node.op not in _ONNX or node.inputs[0] != x:
+        return None
+    alpha, beta = _parameters(node)
+    return _ONNX[node.op], round(alpha * MICRO), round(beta * MICRO)
+
+
+def silu_mul(graph: Graph, x: str, readers: list[Node]) -> Node | None:
+    """The Mul of x by Sigmoid(x) when `readers`, the readers of x, are that Sigmoid and that Mul: SiLU
+    as exporters write it; else None. (The caller checks that the Mul alone reads the Sigmoid.)"""
+    sig = next((r for r in readers if r.op == "Sigmoid" and r.inputs[0] == x), None)
+    mul = next((r for r in readers if r.op == "Mul"), None)
+    if len(readers) != 2 or sig is None or mul is None or sig.outputs[0] in graph.outputs:
+        return None
+    return mul if sorted(mul.inputs[:2]) == sorted((x, sig.outputs[0])) else None
+
+
+def onnx_nodes(act: Activation, x: str, out: str) -> list[onnx.NodeProto]:
+    """`act` of x as ONNX nodes (the ONNX Runtime peer of a workload with a fused activation)."""
+    from onnx import helper
+
+    if act.kind is ActivationKind.SILU:
+        return [
+            helper.make_node("Sigmoid", [x], [f"{out}.sigmoid"]),
+            helper.make_node("Mul", [x, f"{out}.sigmoid"], [out]),
+        ]
+    op = next(op for op, kind in _ONNX.items() if kind is act.kind)
+    node = helper.make_node(op, [x], [out])
+    if op in ("HardSigmoid", "LeakyRelu", "Elu"):
+        node.attribute.append(helper.make_attribute("alpha", act.alpha))
+    if op == "HardSigmoid":
+        node.attribute.append(helper.make_attribute("beta", act.beta))
+    return [node]
+
+
+def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
+    if node.op == "Sigmoid" and (mul := _silu(graph, node, nxt)) is not None:
+        kernel = Activation(kind=ActivationKind.SILU, shape=graph.shape(mul.outputs[0]))
+        return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True, fused=mul)
+    alpha, beta = _parameters(node)
     kernel = Activation(kind=_ONNX[node.op], shape=graph.shape(node.outputs[0]), alpha=alpha, beta=beta)
     return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True)
 
