@@ -6,11 +6,11 @@ the 64-trial best and the longer run's, and the flops-weighted totals.
 Usage: python benchmarks/bench_layers.py [--layers issue|resnet18|mobilenetv2|all] [--trials 64]
        [--long 512] [--rounds 5] [--seed 1] [--only SUBSTRING ...] [--insn-trials 32] [--plain]
 Each layer is tuned as the network runs it: the task `xtune tasks` extracts from the layer as a one-node
-ONNX model (so one home, `frontend/anchors.py`, decides it): NHWC, conv2d weights prepacked once at build
-time (as ONNX Runtime prepacks a Conv's constant weights), 3x3 stride-1 conv2d as Winograd F(2x2, 3x3).
---plain tunes the layer as written (NCHW, direct, weights packed at every call). The peers run the layer
-as written, NCHW: ONNX Runtime's own layout (it converts to its blocked NCHWc inside), never behind
-Transposes.
+ONNX model (so one home, the conv2d family's `task_key`, decides it): NHWC, conv2d weights prepacked once
+at build time (as ONNX Runtime prepacks a Conv's constant weights), 3x3 stride-1 conv2d as Winograd
+F(2x2, 3x3). --plain tunes the layer as written (NCHW, direct, weights packed at every call). The peers
+run the layer as written, NCHW: ONNX Runtime's own layout (it converts to its blocked NCHWc inside),
+never behind Transposes.
 --long N: what the 64-trial run ships (its leaders confirmed, as `xtune tune` ends), what the same run
 continued to N trials ships, and the 64 trials' fastest single timing (unconfirmed: what this column was
 before session 13) are timed again in `--rounds` interleaved rounds (bench.retime_gflops), so the gap

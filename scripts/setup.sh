@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # qemu-user runs the agent for the emulated boards (7.2 loads TCG plugins; -static cannot).
+# scripts/arm_peers.sh checks Debian's arm64 packages with Debian's archive keyring (on Ubuntu too).
 # Cross gcc builds the agent for aarch64/riscv64 and links firmware artifacts in the tests;
 # their binutils are the linker oracle. openssh-server is the real sshd of the SSH board tests.
 APT_PACKAGES=(
@@ -14,6 +15,7 @@ APT_PACKAGES=(
   gcc-riscv64-linux-gnu libc6-dev-riscv64-cross binutils-riscv64-linux-gnu
   openssh-server openssh-client
   python3 python3-pip python3-venv
+  debian-archive-keyring
 )
 
 missing=()
@@ -36,7 +38,7 @@ fi
 # Install this checkout (editable) unless it is already the installed xtune with its dependencies.
 # The check runs from / so that the current directory cannot stand in for the installed package.
 here="$(pwd -P)/xtune/__init__.py"
-installed="$(cd / && "$PYTHON" -c 'import os, xtune, llvmlite, paramiko, xgboost, elftools, tqdm, pytest, ruff, mypy, onnx, onnxruntime, matplotlib
+installed="$(cd / && "$PYTHON" -c 'import os, xtune, llvmlite, paramiko, xgboost, elftools, tqdm, pytest, ruff, mypy, onnx, onnxruntime, matplotlib, ai_edge_litert
 print(os.path.realpath(xtune.__file__))' 2>/dev/null || true)"
 if [ "$installed" != "$here" ]; then
   echo "setup: installing xtune and its Python dependencies" >&2
@@ -44,3 +46,7 @@ if [ "$installed" != "$here" ]; then
     | grep -v -E "^(WARNING: Running pip as|WARNING: Location|.*Consider using a virtual environment)" >&2 || true
   (cd / && "$PYTHON" -c "import xtune, llvmlite, paramiko, xgboost, elftools")
 fi
+
+# The ARM peers of the benchmarks and their test: an arm64 Python with ONNX Runtime and LiteRT, run under
+# qemu-aarch64 (docs/arm-peers.md). Quick when already built.
+bash scripts/arm_peers.sh

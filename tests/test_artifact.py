@@ -30,6 +30,13 @@ WORKLOADS = (
     "matmul:m=1,n=7,k=3",
     "matmul:m=6,n=10,k=5,bias=1,relu=1",
 )
+# prepacked=1: the checker lays the weights out with each kernel's pack function first, as a firmware does.
+PREPACKED = (
+    "conv2d:n=1,c=13,h=9,w=9,k=21,r=3,s=3,stride=1,pad=1,bias=1,relu=1,prepacked=1",
+    "conv2d:n=1,c=11,h=10,w=8,k=19,r=3,s=3,pad=1,algo=winograd,prepacked=1",
+    "conv2d:n=2,c=13,h=5,w=7,k=21,r=1,s=1,stride=1,pad=0,prepacked=1",
+    "matmul:m=5,n=33,k=150,prepacked=1",
+)
 Capture = pytest.CaptureFixture[str]
 CROSS = {"aarch64": "aarch64-linux-gnu-gcc", "riscv64": "riscv64-linux-gnu-gcc"}
 
@@ -60,10 +67,18 @@ def checker_source(workloads: Sequence[str], prefix: str = "xt") -> str:
         wl = parse_workload(text)
         inputs = random_inputs(wl, seed=n)
         expected = wl.reference(inputs).astype(np.float32)
-        args = []
-        for tensor, data in zip([t for t in wl.tensors() if not t.is_output], inputs, strict=True):
+        args, symbol = [], f"{prefix}_{wl.symbol}"
+        for slot, (tensor, data) in enumerate(
+            zip([t for t in wl.tensors() if not t.is_output], inputs, strict=True)
+        ):
             parts.append(f"static const float w{n}_{tensor.name}[] = {{{_c_floats(data)}}};")
             args.append(f"w{n}_{tensor.name}")
+            if (
+                dict(wl.params).get("prepacked") and slot == 1
+            ):  # the weights, packed by the kernel's own function
+                parts.append(f"static float w{n}_packed[{symbol.upper()}_PACKED_FLOATS];")
+                calls.append(f"    {symbol}_pack(w{n}_{tensor.name}, w{n}_packed);")
+                args[-1] = f"w{n}_packed"
         parts.append(f"static const float w{n}_want[] = {{{_c_floats(expected)}}};")
         parts.append(f"static float w{n}_got[{expected.size}];")
         tol = 1e-4 * max(1.0, float(np.abs(expected).max())) * wl["k"] ** 0.5
@@ -123,6 +138,29 @@ def test_host_gcc_links_the_object_and_every_kernel_is_right(tmp_path: Path) -> 
     assert out.count(" 0 of ") == len(WORKLOADS), out
     assert [k.symbol for k in artifact.kernels] == [f"xt_{parse_workload(w).symbol}" for w in WORKLOADS]
     assert all(k.code_bytes > 0 for k in artifact.kernels)
+
+
+@pytest.mark.host_runs("x86-avx2")
+def test_prepacked_kernels_link_with_their_pack_functions_and_are_right(tmp_path: Path) -> None:
+    artifact = build("x86-avx2", PREPACKED)
+    out = link_and_run(artifact, PREPACKED, tmp_path)
+    assert out.count(" 0 of ") == len(PREPACKED), out
+    for entry in artifact.kernels:
+        assert entry.pack is not None and entry.pack.symbol == entry.symbol + "_pack"
+        assert f"#define {entry.symbol.upper()}_PACKED_FLOATS {entry.pack.packed_floats}u" in artifact.header
+        assert (
+            f"void {entry.pack.symbol}(const float *{entry.pack.tensor}, float *packed);" in artifact.header
+        )
+    # The header names the layout the pack function takes: the workload's tensors().
+    assert "weights: float[21][13][3][3] (k, c, r, s: OIHW), row-major" in artifact.header
+    assert "B: float[150][33] (k, n), row-major" in artifact.header
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("target", ["arm-a72-neon", "riscv64-gc", "riscv64-gcv"])
+def test_prepacked_kernels_and_pack_functions_run_under_qemu(target: str, tmp_path: Path) -> None:
+    out = link_and_run(build(target, PREPACKED), PREPACKED, tmp_path, archive=True)
+    assert out.count(" 0 of ") == len(PREPACKED), out
 
 
 @pytest.mark.host_runs("x86-avx2")
@@ -200,7 +238,7 @@ def test_example_makefile_builds_and_runs(tmp_path: Path) -> None:
     xtune = f"{sys.executable} -m xtune.cli"
     _run(["make", "-C", ROOT / "examples/firmware", f"BUILD={tmp_path}", f"XTUNE={xtune}"])
     out = _run([tmp_path / "demo"]).stdout
-    assert out.count(" ok") == 2, out
+    assert out.count(" ok") == 3, out
 
 
 @pytest.mark.board
@@ -224,7 +262,7 @@ def test_example_cmake_cross_build_runs_under_qemu(tmp_path: Path) -> None:
     )
     _run(["cmake", "--build", tmp_path])
     out = _run(["qemu-aarch64", "-cpu", "cortex-a72", tmp_path / "demo"]).stdout
-    assert out.count(" ok") == 2, out
+    assert out.count(" ok") == 3, out
 
 
 # ---- which config reaches the artifact ----------------------------------------------------------------

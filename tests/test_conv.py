@@ -217,6 +217,26 @@ def test_every_packing_and_reduction_order(layout: str) -> None:
     check("local", key, indices)
 
 
+@pytest.mark.parametrize("board", ["local", *QEMU_BOARDS])
+def test_transposed_weight_packing_on_every_board(board: str) -> None:
+    """Reduction order crs packs NCHW's OIHW weights per call by lanes x lanes shuffle transposes: rows
+    past k (21 output channels: a partial strip of one vector and of several), columns past the block's
+    c*r*s (blocks of 4 or 16 of the 18 channels, then 2: 36, 144 and 18 floats, 18 no multiple of any
+    vector width)."""
+    if board != "local" and shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip(f"needs {get_board(board).target.qemu_binary} (qemu-user)")
+    key = "conv2d:n=1,c=18,h=6,w=7,k=21,r=3,s=3,stride=1,pad=1,bias=1"
+    template = template_for(parse_workload(key), get_board(board).target)
+    base = template.default_config().as_dict()
+    tiles = [str(t) for t in template.space.knobs[0].options]
+    indices = [
+        template.space.index_of({**base, "tile": tile, "tile_ic": ic, "tile_oc": 21, "reduction": "crs"})
+        for tile in (tiles[0], tiles[-1])
+        for ic in (4, 16)
+    ]
+    check(board, key, indices)
+
+
 # --- pointwise through the matmul template, stride 2 without a cliff ----------------------
 
 # Pointwise layers (NCHW and NHWC, a batch, bias and ReLU), stride 2 with odd input sizes, padding 0 and

@@ -5,6 +5,7 @@ packing is a wrong_answer; fewer instructions than packing per call; tasks of a 
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from dataclasses import replace
@@ -350,20 +351,17 @@ def test_tasks_with_constant_weights_are_prepacked_and_depthwise_are_not() -> No
     assert set(ops.get("matmul", [1])) == {1}  # the classifier's constant weights too
 
 
-def test_build_of_a_prepacked_workload_is_refused_in_one_line(xtune_cli: CliRunner, tmp_path: Path) -> None:
-    out = xtune_cli(
-        "build",
-        "--target",
-        "x86-avx2",
-        "--workload",
-        CONV,
-        "-o",
-        f"{tmp_path}/k.o",
-        "--header",
-        f"{tmp_path}/k.h",
-    )
-    assert out.returncode == 2 and out.stdout == ""
-    assert len(out.stderr.strip().splitlines()) == 1 and "xtune build --model" in out.stderr
+def test_build_of_a_prepacked_workload_adds_its_pack_function(xtune_cli: CliRunner, tmp_path: Path) -> None:
+    outputs = ["-o", f"{tmp_path}/k.o", "--header", f"{tmp_path}/k.h", "--json"]
+    out = xtune_cli("build", "--target", "x86-avx2", "--workload", CONV, "--workload", MATMUL, *outputs)
+    assert out.returncode == 0, out.stderr
+    kernels = json.loads(out.stdout)["kernels"]
+    for kernel in kernels:
+        template = template_for(parse_workload(kernel["workload"]), get_target("x86-avx2"))
+        config = template.space.config(kernel["config"])
+        packed = template.kernel_inputs(config, random_inputs(template.workload))[1]
+        assert kernel["pack"]["symbol"] == kernel["symbol"] + "_pack"
+        assert kernel["pack"]["packed_floats"] == packed.size
 
 
 @pytest.mark.host_runs("x86-avx2")

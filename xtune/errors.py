@@ -66,3 +66,18 @@ class BoardError(XtuneError):
     def gave_up(self, suffix: str) -> BoardError:
         """The same fault after the retries ran out: no longer transient."""
         return BoardError(f"{self}{suffix}", self.kind, transient=False)
+
+
+# What helps, for op types that survive normalization only in a training form.
+HINTS = {
+    "Dropout": "export in inference mode (model.eval()): a mask read, or training_mode, is for training",
+}
+
+
+class UnsupportedNode(InputError):
+    """One node xtune cannot run: its name, op type and why, and what would help ("" when nothing would
+    but a new operator in xtune). The message is the one-line refusal of that node alone."""
+
+    def __init__(self, where: str, name: str, op: str, why: str, hint: str = "") -> None:
+        super().__init__(f"{where}: node '{name}' ({op}): {why}")
+        self.where, self.name, self.op, self.why, self.hint = where, name, op, why, hint or HINTS.get(op, "")

@@ -85,7 +85,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             "warnings": list(artifact.warnings),
         })  # fmt: skip
         return 0
-    width = max(len("symbol"), *(len(k.symbol) for k in artifact.kernels))
+    width = max(len("symbol"), *(len(s) for k in artifact.kernels for s in k.symbols))
     print(f"{'symbol':<{width}}  {'source':<7} {'config':>10} {'code':>8} {'stack':>9} {'GFLOP/s':>8}")
     for k in artifact.kernels:
         gflops = f"{k.gflops:8.1f}" if k.gflops is not None else f"{'-':>8}"
@@ -93,6 +93,9 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"{k.symbol:<{width}}  {k.source:<7} {k.config_index:>10} {k.code_bytes:>6} B "
             f"{k.stack_bytes:>7} B {gflops}"
         )
+        if k.pack:  # its pack function, built from the same config
+            size = f"{k.pack.code_bytes:>6} B {k.pack.stack_bytes:>7} B {'-':>8}"
+            print(f"{k.pack.symbol:<{width}}  {'pack':<7} {k.config_index:>10} {size}")
     wrote = ", ".join(p for p in (args.output, args.header, args.archive) if p)
     print(f"{len(artifact.kernels)} kernel(s) for {artifact.target.name}: wrote {wrote}")
     return 0

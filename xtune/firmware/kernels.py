@@ -3,6 +3,7 @@ and a build table out (`build`), written as .o, .h and optionally a .a archive (
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
@@ -56,13 +57,35 @@ class KernelEntry:
     code_bytes: int  # st_size of the function symbol in the object
     stack_bytes: int  # packed panels the kernel keeps on the caller's stack (its frame adds a little)
     gflops: float | None = None  # best measured in the log (wall-time boards only)
+    pack: PackEntry | None = None  # prepacked=1: the function that lays the weights out for it
 
     def as_dict(self) -> dict[str, object]:
         return {
             "symbol": self.symbol, "workload": self.workload, "config": self.config_index,
             "knobs": dict(self.knobs), "source": self.source, "reason": self.reason,
             "code_bytes": self.code_bytes, "stack_bytes": self.stack_bytes, "gflops": self.gflops,
+            **({"pack": self.pack.as_dict()} if self.pack else {}),
         }  # fmt: skip
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The entry points of this kernel: itself, then its pack function if it has one."""
+        return (self.symbol, self.pack.symbol) if self.pack else (self.symbol,)
+
+
+@dataclass(frozen=True)
+class PackEntry:
+    """The pack function of a prepacked=1 kernel: `symbol(const float *tensor, float *packed)` writes the
+    `packed_floats` floats the kernel reads in place of `tensor` (its weights, in the workload's layout)."""
+
+    symbol: str
+    tensor: str
+    packed_floats: int
+    code_bytes: int
+    stack_bytes: int  # scratch on the caller's stack (NCHW Winograd stages weights there), plus the frame
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -77,7 +100,7 @@ class Artifact:
 
     def archive(self, member: str = "kernels.o") -> bytes:
         """A static library holding the object, with the symbol index GNU ld needs (`ar rcs`)."""
-        return ar_archive(member, self.object, [k.symbol for k in self.kernels])
+        return ar_archive(member, self.object, [s for k in self.kernels for s in k.symbols])
 
     def write(
         self, object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None
@@ -133,12 +156,6 @@ def build(
     wls = _unique([w if isinstance(w, Workload) else parse_workload(w) for w in workloads])
     if not wls:
         raise InputError("no workloads to build")
-    for w in wls:
-        if dict(w.params).get("prepacked"):
-            # Its weights parameter would take the packed layout of one config, which depends on the
-            # config's blocking: a firmware could not lay it out. A network's build packs its weights.
-            raise InputError(f"{w.key}: a prepacked=1 kernel reads its weights packed for its config; "
-                             "build it with `xtune build --model`, or without prepacked=1")  # fmt: skip
     records, notes = read_noted(logs)
     templates = [template_for(w, tgt) for w in wls]
     choices = [choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]
@@ -146,16 +163,34 @@ def build(
     kernels = [
         kernel_for(w, t, c, name) for w, t, c, name in zip(wls, templates, choices, names, strict=True)
     ]
+    # A prepacked=1 kernel reads its weights in its config's layout: its pack function lays them out, from
+    # the same nest code as the kernel's own reads (the template's `pack_kernel`).
+    packs = {
+        name: t.pack_kernel(c.config, f"{name}_pack")
+        for w, t, c, name in zip(wls, templates, choices, names, strict=True)
+        if "prepacked" in w.operator.keys and w["prepacked"]
+    }
+    entry_points = tuple(n for name in names for n in (name, *([f"{name}_pack"] if name in packs else [])))
     # One LLVM module, so one object; lower() makes only the kernels external.
-    obj = compile_object(lower(kernels, module_name=f"{prefix}_kernels"), tgt, names)
+    obj = compile_object(
+        lower([*kernels, *packs.values()], module_name=f"{prefix}_kernels"), tgt, entry_points
+    )
     sizes = dict(check_object(obj, tgt).functions)
     entries = tuple(
         KernelEntry(name, w.key, c.config.index, c.config.values, c.source, c.reason, sizes[name],
-                    k.stack_bytes, c.gflops)
+                    k.stack_bytes, c.gflops, pack_entry(packs.get(name), sizes))
         for name, w, c, k in zip(names, wls, choices, kernels, strict=True)
     )  # fmt: skip
     notes += fallback_notes([(e.workload, e.source, e.reason) for e in entries])
     return Artifact(tgt, obj.data, render_header(tgt, wls, entries, prefix), entries, tuple(notes))
+
+
+def pack_entry(pack: Kernel | None, sizes: dict[str, int]) -> PackEntry | None:
+    """The build table's row of a pack function (params: the plain tensor, then the packed output)."""
+    if pack is None:
+        return None
+    plain, packed = pack.params
+    return PackEntry(pack.name, plain.name, packed.size, sizes[pack.name], pack.stack_bytes)
 
 
 def valid_prefix(prefix: str) -> None:
@@ -286,11 +321,15 @@ def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:
     knobs = " ".join(f"{k}={v}" for k, v in entry.knobs)
     where = "best OK record in the log" if entry.source == "log" else f"template default: {entry.reason}"
     speed = f", {entry.gflops:.1f} GFLOP/s measured" if entry.gflops is not None else ""
+    pack, packed_floats = entry.pack, f"{entry.symbol.upper()}_PACKED_FLOATS"
     lines = [f"/* {entry.symbol}: {wl.key}", f" *   {summary}"]
     for t in tensors:
         dims = "".join(f"[{d}]" for d in t.shape)
         role = "output, overwritten" if t.is_output else "input, read only"
-        lines.append(f" *   {t.name}: float{dims}, row-major, {role}")
+        if pack and t.name == pack.tensor:
+            lines.append(f" *   {t.name}: float[{packed_floats}], as {pack.symbol} packs it, {role}")
+        else:
+            lines.append(f" *   {t.name}: float{dims}, row-major, {role}")
     names = ", ".join(t.name for t in tensors)
     lines += [
         f" *   config {entry.config_index} ({where}{speed}):",
@@ -300,9 +339,25 @@ def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:
         f" *   {names} must not overlap (the parameters are noalias); any 4-byte alignment is fine.",
         " */",
         f"#define {entry.symbol.upper()}_STACK_BYTES {entry.stack_bytes}u",
+        *([f"#define {packed_floats} {pack.packed_floats}u"] if pack else []),
         f"void {entry.symbol}({_params(tensors)});",
         "",
     ]
+    if pack:
+        (plain,) = [t for t in tensors if t.name == pack.tensor]
+        dims = "".join(f"[{d}]" for d in plain.shape)
+        lines += [
+            f"/* {pack.symbol}: {plain.name} as {entry.symbol} reads it (the layout of config "
+            f"{entry.config_index}); call it once,",
+            " *   e.g. at start-up, and pass `packed` to every call. Packed bytes fit this build only.",
+            f" *   {plain.name}: float{dims} ({plain.axes}), row-major (the workload's layout), input",
+            f" *   packed: float[{packed_floats}], output, overwritten (padding zero)",
+            f" *   stack: {pack.stack_bytes} bytes of scratch buffers, plus the frame (allow 1 KiB more).",
+            f" *   {plain.name} and packed must not overlap; any 4-byte alignment is fine.",
+            " */",
+            f"void {pack.symbol}(const float *{plain.name}, float *packed);",
+            "",
+        ]
     return lines
 
 

@@ -8,7 +8,7 @@ Execution order is the graph's (ONNX requires topological order): a fused call r
 node stands, which is valid because the nodes fused after it read only the anchor's chain and its
 residual exists before the anchor runs (xtune/frontend/tasks.py). Add followed by its only reader Relu is
 one Add+ReLU call. Flatten, Reshape, Squeeze, Unsqueeze and Identity are views
-(the reshape family, xtune/ops/reshape.py): no call, the same bytes. A view that is the network's output makes
+(xtune/ops/reshape.py): no call, the same bytes. A view that is the network's output makes
 its source be written straight into the caller's output; a view of the input or of a constant is that
 input or constant.
 """

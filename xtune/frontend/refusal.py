@@ -9,13 +9,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from xtune.errors import InputError, UnsupportedNode
+from xtune.errors import HINTS, InputError, UnsupportedNode
 
 SHOWN = 3  # node names a refusal shows per op type; the JSON lists them all
-# What helps, for op types that survive normalization only in a training form.
-_HINTS = {
-    "Dropout": "export in inference mode (model.eval()): a mask read, or training_mode, is for training",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,8 +50,8 @@ class Unsupported:
 def hint(op: str, domain: str, opset: int) -> str:
     """What would help with an op type xtune does not run: another domain is an exporter option; an
     operator ONNX deprecated at the model's opset has a replacement a newer opset exports."""
-    if op in _HINTS:
-        return _HINTS[op]
+    if op in HINTS:
+        return HINTS[op]
     if domain not in ("", "ai.onnx"):
         return f"an operator of the '{domain}' domain: export with standard ONNX operators only"
     try:
@@ -79,7 +75,7 @@ def by_op(failures: Iterable[UnsupportedNode]) -> tuple[Unsupported, ...]:
             op=op,
             nodes=tuple(f.name for f in fs),
             why=tuple(dict.fromkeys(f.why for f in fs)),
-            hint=next((f.hint for f in fs if f.hint), _HINTS.get(op, "")),
+            hint=next((f.hint for f in fs if f.hint), ""),
         )
         for op, fs in grouped.items()
     )

@@ -1,11 +1,11 @@
 """What xtune runs: an ONNX op type in, how a whole-network build runs it out — a tuned kernel (a task), a
-generated operator of one kind, or a view that costs nothing — or None. The table is the operator
-registry's (xtune/ops/registry.py): a tunable family's op types are tasks, a generated family's are of
-its `kind`, the reshape family's are views. Task extraction, the build and the refusals ask `runs`.
+generated operator of one kind, or a view that costs nothing — or None. Task extraction, the build and
+the refusals ask `runs`, which asks the operator families (xtune/ops/registry.py): a family added to
+xtune declares its ONNX op types itself.
 
-Whether a node of a known op type runs also depends on its attributes and shapes: the families' anchors
-and ONNX mappings refuse what they cannot take, each as an `UnsupportedNode`, and the refusal gathers
-them with the nodes this table refuses.
+Whether a node of a known op type runs also depends on its attributes and shapes: the families' ONNX
+mappings (`anchor`, `from_node`) refuse what they cannot take, each as an `UnsupportedNode`, and the
+refusal gathers them with the nodes no family runs.
 """
 
 from __future__ import annotations
@@ -13,25 +13,19 @@ from __future__ import annotations
 from xtune.errors import UnsupportedNode
 from xtune.frontend.refusal import hint
 from xtune.graph import Graph, Node
-from xtune.ops import reshape
-from xtune.ops.registry import ANCHOR_OPS, NODE_FAMILIES, node_family
+from xtune.ops.registry import ANCHOR_OPS, node_family
 
-# The reshapes are views: no call, the output is the input's bytes (xtune/firmware/memory.py, alias_of).
-VIEWS = frozenset(reshape.FAMILY.onnx_ops)
+OtherKind = str  # the generated operator family that runs a node (NodeFamily.kind)
 
 
 def runs(op: str) -> str | None:
-    """How xtune runs op type `op` (an ONNX op_type; another domain's as "domain.op"): "task", a generated
-    family's kind, or None if it does not."""
+    """How xtune runs op type `op` (an ONNX op_type; another domain's as "domain.op"): "task" for a
+    tunable family's op (a kernel call), else the kind of the generated operator family that builds it;
+    None if no family does."""
     if op in ANCHOR_OPS:
         return "task"
     fam = node_family(op)
     return fam.kind if fam is not None else None
-
-
-def ops_run() -> tuple[str, ...]:
-    """Every op type xtune runs: the tunable families', then the generated families' in registry order."""
-    return (*sorted(ANCHOR_OPS), *(op for f in NODE_FAMILIES for op in f.onnx_ops))
 
 
 def not_run(graph: Graph, node: Node) -> UnsupportedNode:

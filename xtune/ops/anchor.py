@@ -30,7 +30,7 @@ class Anchor:
     def channels(self) -> int:
         return self.out_shape[self.channel_axis]
 
-    def key(self, extra: tuple[tuple[str, ParamValue], ...], switches: dict[str, ParamValue]) -> str:
+    def key(self, extra: tuple[tuple[str, ParamValue], ...], switches: dict[str, int]) -> str:
         """The workload key: the sizes, the family's `extra` keys (layout, algorithm), the switches."""
         return f"{self.op}:" + ",".join(f"{k}={v}" for k, v in (*self.sizes, *extra, *switches.items()))
 
@@ -54,7 +54,7 @@ class Anchor:
 
 
 def refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
-    """The refusal of one node: xtune/frontend/refusal.py gathers every node's into one."""
+    """A node xtune cannot run, and why: the refusal gathers them all (xtune/frontend/refusal.py)."""
     return UnsupportedNode(graph.name, node.name, node.op, why)
 
 

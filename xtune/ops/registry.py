@@ -96,5 +96,5 @@ def anchor_of(graph: Graph, node: Node) -> Anchor:
 
 
 def node_family(op: str) -> NodeFamily | None:
-    """The generated operator family that builds ONNX op type `op`; None if there is none."""
+    """The generated operator family that builds ONNX op type `op`, None if there is none."""
     return _BUILT.get(op)

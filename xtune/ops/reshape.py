@@ -1,8 +1,8 @@
-"""The reshape family of a network's generated operators: ONNX's Flatten, Reshape, Squeeze, Unsqueeze and
-Identity are views (an inference Dropout is gone by then: xtune/frontend/normalize.py): no code, the
-output is the input's bytes, which the memory planner shares (xtune/firmware/memory.py, `alias_of`). A
-view that changes the shape reinterprets ONNX's byte order, so it runs in NCHW; one that keeps the shape
-takes its input's layout."""
+"""The reshape family of a network's generated operators: ONNX's Flatten, Reshape, Squeeze, Unsqueeze
+and Identity are views (normalization removes inference Dropout): no code, the output is the input's
+bytes, which the memory planner shares (xtune/firmware/memory.py, `alias_of`). A view that changes the
+shape reinterprets ONNX's byte order, so it runs in NCHW; one that keeps the shape takes its input's
+layout."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from xtune.graph import Graph, Node
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape
 
-VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
+VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 
 @dataclass(frozen=True, kw_only=True)

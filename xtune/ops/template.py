@@ -38,3 +38,10 @@ class ScheduleTemplate(Protocol):
         """What fixes the bytes `kernel_inputs` gives `config`'s kernel (None: the inputs as they are):
         configs with equal keys read equal bytes, so the Measurer packs and uploads once per key."""
         ...
+
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        """For a prepacked=1 workload, the nest `name(plain, packed)` that writes the weights operand as
+        `kernel_inputs` gives it to `config`'s kernel, from the plain operand (the workload's layout):
+        emitted from the nest code the kernel reads the packed weights by, so a firmware packs them on
+        its board (`xtune build --workload ...,prepacked=1`)."""
+        ...

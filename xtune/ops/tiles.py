@@ -6,7 +6,7 @@ thousands at once): one home for each, whichever the caller needs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -22,8 +22,11 @@ from xtune.schedule.loopnest import (
     Buffer,
     BufferKind,
     Const,
+    Load,
     LoopKind,
     NestBuilder,
+    Reg,
+    Shuffle,
     Value,
 )
 from xtune.target import Target
@@ -160,3 +163,53 @@ def unrolled(b: NestBuilder, extent: int, unroll: int, body: Callable[[Affine], 
     if rest:
         with b.loop(rest, f"{prefix}r", LoopKind.UNROLLED) as tail:
             body(tail + full * unroll)
+
+
+def transpose(b: NestBuilder, rows: Sequence[Value], prefix: str = "tp") -> list[Reg]:
+    """The n x n transpose of n vectors of n lanes (n >= 2 a power of two): register i of the result holds
+    lane i of every row. log2(n) stages of n two-input shuffles; stage k swaps bit k of the row number
+    with bit k of the lane number (rows u and u + k, bit k of u clear: u takes u's lanes with the bit
+    clear and u + k's shifted down, u + k the rest), so after the last stage element (u, v) is at (v, u)."""
+    n = len(rows)
+    assert n >= 2 and n & (n - 1) == 0, "a power of two"
+    current: Sequence[Value] = rows
+    regs: list[Reg] = []
+    for stage, k in enumerate(1 << e for e in range(n.bit_length() - 1)):
+        regs = [b.register(f"{prefix}{stage % 2}_{u}", n) for u in range(n)]
+        low = tuple(v if not v & k else n + v - k for v in range(n))
+        high = tuple(v + k if not v & k else n + v for v in range(n))
+        for u in (u for u in range(n) if not u & k):
+            b.assign(regs[u], Shuffle(current[u], current[u + k], low))
+            b.assign(regs[u + k], Shuffle(current[u], current[u + k], high))
+        current = regs
+    return regs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rows:
+    """`count` rows of a buffer, row u starting at `start(u)`, each `length` contiguous floats."""
+
+    buffer: str
+    start: Callable[[int], Affine]
+    count: int
+    length: int
+
+
+def transposed_copy(b: NestBuilder, lanes: int, rows: Rows, dst: str, at: Affine, width: int) -> None:
+    """dst[at + l*width + u] <- row u's float l, for every l and u < width (0 for the rows past
+    `rows.count`): the rows written column by column, `width` (a multiple of `lanes`) floats to a column.
+    In lanes x lanes tiles of vector loads, `transpose` and vector stores: (2 + log2 lanes) / lanes
+    instructions per float, where a scalar copy takes 2 and its loop's."""
+
+    def chunk(l0: Affine, n: int) -> None:  # n < lanes: the last columns
+        for g in range(width // lanes):
+            loads: list[Value] = [
+                Load(rows.buffer, rows.start(u) + l0, lanes, n % lanes)
+                if u < rows.count
+                else Const(0.0, lanes)
+                for u in range(g * lanes, (g + 1) * lanes)
+            ]
+            for v, column in enumerate(transpose(b, loads)[:n]):
+                b.store(dst, at + (l0 + v) * width + g * lanes, column, lanes)
+
+    b.split(rows.length, lanes, chunk, "tl")

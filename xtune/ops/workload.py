@@ -22,6 +22,7 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     is_output: bool = False
+    axes: str = ""  # what each dimension is, where a header must say it (a weights tensor's layout)
 
     @property
     def size(self) -> int:

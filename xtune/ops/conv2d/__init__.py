@@ -107,13 +107,13 @@ class Conv2d:
         if sh.nhwc:
             io = (
                 TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
-                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k)),
+                TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), axes="r, s, c, k: HWIO"),
             )
             out = TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True)
         else:
             io = (
                 TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)),
-                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s)),
+                TensorSpec("weights", (sh.k, sh.c, sh.r, sh.s), axes="k, c, r, s: OIHW"),
             )
             out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
         return (*io, *epilogue_tensors(wl, sh.k, out.shape), out)

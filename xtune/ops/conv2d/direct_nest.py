@@ -9,11 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.tiles import (
-    Epilogue,
-    split_edges,
-    unrolled,
-)
+from xtune.ops.tiles import Epilogue, Rows, split_edges, transposed_copy, unrolled
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -169,10 +165,34 @@ class ConvEmitter:
             inner = (Affine.of(i) * sh.s + j) * s.cb + cc
         return Affine.of(strip) * (s.cb * sh.r * sh.s * s.nr) + inner * s.nr
 
-    def pack_weights(self, ctx: _Block) -> None:
-        """Wp[strip][reduction order][nr] <- weights of the block, zero past the last output channel."""
+    def pack_kernel(self, name: str) -> Kernel:
+        """`name(weights, packed)`: the plain weights (the workload's layout) laid out as the prepacked
+        kernel reads them, each block's strips at its `block_base` by the per-call packer's own loops;
+        the padding of tail blocks zero."""
+        sh, s, b = self.sh, self.s, self.b
+        with b.loop(self.packed_size // s.lanes, "z") as z:  # blocks are whole strips of whole vectors
+            b.store("packed", z * s.lanes, Const(0.0, s.lanes), s.lanes)
+
+        def cblock(c0: Affine, ccur: int, first: bool, last: bool) -> None:
+            def kblock(k0: Affine, kcur: int) -> None:
+                block = _Block(Affine(), c0, ccur, first, last, k0, kcur)
+                self.pack_weights(block, "packed", self.block_base(c0, k0))
+
+            b.split(sh.k, s.kb, kblock, "kb")
+
+        split_edges(b, sh.c, s.cb, cblock, "cb")
+        buffers = (
+            Buffer("weights", sh.k * sh.c * sh.r * sh.s, BufferKind.INPUT),
+            Buffer("packed", self.packed_size, BufferKind.OUTPUT),
+        )
+        return b.kernel(name, buffers)
+
+    def pack_weights(self, ctx: _Block, dst: str = "Wp", base: Affine | None = None) -> None:
+        """dst[base + strip][reduction order][nr] <- weights of the block, zero past the last output channel
+        (the per-call Wp, or a block of the prepacked weights)."""
         sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
         c0, k0, ccur = ctx.c0, ctx.k0, ctx.ccur
+        at = base or Affine()
 
         def strip(js: Affine, ncols: int) -> None:
             st = Affine(tuple((v, c // s.nr) for v, c in js.terms), js.const // s.nr)
@@ -182,23 +202,42 @@ class ConvEmitter:
                         cols = min(max(ncols - v * lanes, 0), lanes)
                         src = ((i * sh.s + j) * sh.c + c0 + c) * sh.k + k0 + js + v * lanes
                         val: Value = Load("weights", src, lanes, cols % lanes) if cols else Const(0.0, lanes)
-                        b.store("Wp", self.wp_index(st, c, i, j) + v * lanes, val, lanes)
+                        b.store(dst, at + self.wp_index(st, c, i, j) + v * lanes, val, lanes)
                 return
-            # OIHW: read contiguously, write strided.
+            if s.red == "crs" and lanes > 1:
+                self.transposed_strip(dst, at + self.wp_index(st, 0, 0, 0), k0 + js, ncols, c0, ccur)
+                return
+            # OIHW: write the strip's rows contiguously (nr floats), read nr lines at a stride of c*r*s that
+            # stay in L1 across the (c, kh, kw) loops. Reading contiguously instead wrote a line per float
+            # across a block of up to megabytes, which missed L1 on every store: at 256 channels and 14x14
+            # the per-call packing then took about as long as the convolution.
             with (
-                b.loop(ncols, "wk") as kk,
                 b.loop(ccur, "wc") as c,
                 b.loop(sh.r, "wi") as i,
                 b.loop(sh.s, "wj") as j,
+                b.loop(ncols, "wk") as kk,
             ):
                 src = ((k0 + js + kk) * sh.c + c0 + c) * (sh.r * sh.s) + i * sh.s + j
-                b.store("Wp", self.wp_index(st, c, i, j) + kk, Load("weights", src))
+                b.store(dst, at + self.wp_index(st, c, i, j) + kk, Load("weights", src))
             if ncols < s.nr:
                 with b.loop(ccur, "wc") as c, b.loop(sh.r, "wi") as i, b.loop(sh.s, "wj") as j:
                     for lane in range(ncols, s.nr):
-                        b.store("Wp", self.wp_index(st, c, i, j) + lane, Const(0.0))
+                        b.store(dst, at + self.wp_index(st, c, i, j) + lane, Const(0.0))
 
         b.split(ctx.kcur, s.nr, strip, "ws")
+
+    def transposed_strip(self, dst: str, at: Affine, k: Affine, ncols: int, c0: Affine, ccur: int) -> None:
+        """dst[at + l*nr + kk] <- weights[k + kk][c0*r*s + l] for the block's l < ccur*r*s, zero for kk past
+        ncols: in reduction order crs, l*nr is `wp_index` of l's (c, kh, kw), and in OIHW each output
+        channel's (c, kh, kw) are contiguous, so a strip is the transpose of nr rows (`transposed_copy`).
+        The per-call packing of a deep layer is as many floats as its FMAs are vectors (256 channels at
+        14x14: 590 K), so a scalar copy's 2 instructions per float were a third of the kernel's."""
+        sh, s = self.sh, self.s
+        rs = sh.r * sh.s
+        rows = Rows(
+            buffer="weights", start=lambda u: (k + u) * (sh.c * rs) + c0 * rs, count=ncols, length=ccur * rs
+        )
+        transposed_copy(self.b, s.lanes, rows, dst, at, s.nr)
 
     def spatial(self, ctx: _Block) -> None:
         """Blocks of output rows x columns; inside, pixel tiles and channel strips in the config's order."""

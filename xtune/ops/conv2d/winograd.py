@@ -143,6 +143,14 @@ class WinogradTemplate:
         """U's layout depends on the strip width alone (`prepack`)."""
         return ("nr", self.schedule(config).nr) if self.prepacked else None
 
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        """The nest `name(weights, packed)` that writes U as `kernel_inputs` gives it to `config`'s
+        prepacked kernel: the per-call weight transform over all of k, into U's whole-k layout."""
+        assert self.prepacked, "only a prepacked=1 kernel reads U"
+        return WinogradEmitter(self.workload, self.schedule(config), True, u_buffer="packed").pack_kernel(
+            name
+        )
+
     def prepack(self, config: Config, weights: np.ndarray) -> np.ndarray:
         """The workload's weights (HWIO, or OIHW for nchw) as the prepacked kernel of `config` reads them:
         U = G g G^T laid out U[e][strip][c][nr] (e = 4i + j of the 4x4 tile, strips of nr output channels,
@@ -151,8 +159,22 @@ class WinogradTemplate:
         nr = self.schedule(config).nr
         w = np.asarray(weights, np.float32)
         w = w.reshape(3, 3, sh.c, sh.k) if sh.nhwc else w.reshape(sh.k, sh.c, 3, 3).transpose(2, 3, 1, 0)
-        u = np.einsum("ai,ijck,bj->abck", G, w, G).reshape(E, sh.c, sh.k)  # U[e][c][k]
+        u = filter_transform(w).reshape(E, sh.c, sh.k)  # U[e][c][k]
         strips = -(-sh.k // nr)
         out = np.zeros((E, sh.c, strips * nr), np.float32)
         out[:, :, : sh.k] = u
         return np.ascontiguousarray(out.reshape(E, sh.c, strips, nr).transpose(0, 2, 1, 3)).ravel()
+
+
+def filter_transform(w: np.ndarray) -> np.ndarray:
+    """U = G g G^T (4, 4, ...) of filters g = w (3, 3, ...), float32, in the operations and order of the
+    nest's `WinogradEmitter._filter_transform` (G's halves are exact, so a fused or unfused multiply-add
+    rounds alike), so that U packed here and by the emitted pack function are the same bits."""
+    half = np.float32(0.5)
+
+    def g_rows(g0: np.ndarray, g1: np.ndarray, g2: np.ndarray) -> list[np.ndarray]:  # G @ [g0; g1; g2]
+        even = (g0 + g2) * half
+        return [g0, g1 * half + even, g1 * -half + even, g2]
+
+    gg = g_rows(*np.asarray(w, np.float32))  # (G g)[a], each (3, ...) over the filter's columns
+    return np.stack([np.stack(g_rows(*row)) for row in gg])

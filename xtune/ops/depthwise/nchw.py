@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xtune.errors import InputError
 from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
@@ -143,6 +144,9 @@ class DepthwiseTemplate:
 
     def packed_layout(self, config: Config) -> Hashable:
         return None  # its inputs are read as they are
+
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        raise InputError(f"{self.workload.key}: depthwise weights are read as they are, never packed")
 
 
 class _DepthwiseEmitter:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xtune.errors import InputError
 from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
@@ -178,6 +179,9 @@ class DepthwiseNhwcTemplate:
 
     def packed_layout(self, config: Config) -> Hashable:
         return None  # its inputs are read as they are
+
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        raise InputError(f"{self.workload.key}: depthwise weights are read as they are, never packed")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ their store.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal
@@ -237,6 +237,17 @@ class MatmulTemplate:
             return None
         return (s.passed_packed, s.mr if self.operands.prepacked == "A" else s.nr)
 
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        """The nest `name(plain, packed)` that writes the prepacked operand as `kernel_inputs` gives it to
+        `config`'s kernel from the operand in the workload's layout: panels through the index the kernel
+        reads them by, or a copy when the config reads the operand as it is."""
+        s, o = self.schedule(config), self.operands
+        assert o.prepacked, "only a prepacked operand has a packed form"
+        emitter = _MatmulEmitter(self.workload, s, o)
+        plain = next(p for p in self.params() if p.name == (o.a if o.prepacked == "A" else o.b))
+        packed = replace(emitter.packed_param(plain), name="packed", kind=BufferKind.OUTPUT)
+        return emitter.pack_kernel(name, plain, packed)
+
     def prepack_operand(self, s: MatmulSchedule, matrix: np.ndarray) -> np.ndarray:
         m, n, k = self.workload["m"], self.workload["n"], self.workload["k"]
         if self.operands.prepacked == "A":
@@ -341,39 +352,83 @@ class _MatmulEmitter:
 
     def pack_b(self, ctx: dict[str, tuple[Affine, int]]) -> None:
         """Bp[strip][kk][nr] = B[k0+kk, n0+strip*nr : +nr], zero-padded past the last column."""
-        s, b = self.s, self.b
+        s = self.s
         (n0, ncur), (k0, kcur) = ctx["n"], ctx["k"]
+        self.copy_strips(n0, ncur, k0, kcur, "Bp", lambda js, kk: div(js, s.nr) * (kcur * s.nr) + kk * s.nr)
+
+    def copy_strips(
+        self, n0: Affine, ncur: int, k0: Affine, kcur: int, dst: str, at: Callable[[Affine, Affine], Affine]
+    ) -> None:
+        """dst[at(js, kk) + 0:nr] = B[k0+kk, n0+js : +nr] for each strip js of the block, zero past n."""
+        s, b = self.s, self.b
 
         def strip(js: Affine, ncols: int) -> None:
             with b.loop(kcur, "pbk") as kk:
                 for c in range(s.nv):
                     cols = min(max(ncols - c * s.lanes, 0), s.lanes)
+                    src = self.b_at + (k0 + kk) * self.n + n0 + js + c * s.lanes
                     value: Value = (
-                        Load(
-                            self.o.b,
-                            self.b_at + (k0 + kk) * self.n + n0 + js + c * s.lanes,
-                            s.lanes,
-                            cols % s.lanes,
-                        )
-                        if cols
-                        else Const(0.0, s.lanes)
+                        Load(self.o.b, src, s.lanes, cols % s.lanes) if cols else Const(0.0, s.lanes)
                     )
-                    b.store("Bp", div(js, s.nr) * (kcur * s.nr) + kk * s.nr + c * s.lanes, value, s.lanes)
+                    b.store(dst, at(js, kk) + c * s.lanes, value, s.lanes)
 
         b.split(ncur, s.nr, strip, "pbj")
 
     def pack_a(self, ctx: dict[str, tuple[Affine, int]]) -> None:
         """Ap[panel][kk][rows] = A[m0+panel*mr+r, k0+kk]: the broadcasts then stream contiguously."""
-        s, b = self.s, self.b
+        s = self.s
         (m0, mcur), (k0, kcur) = ctx["m"], ctx["k"]
+        self.copy_panels(
+            m0, mcur, k0, kcur, "Ap", lambda io, kk, rows: div(io, s.mr) * (kcur * s.mr) + kk * rows
+        )
+
+    def copy_panels(
+        self,
+        m0: Affine,
+        mcur: int,
+        k0: Affine,
+        kcur: int,
+        dst: str,
+        at: Callable[[Affine, Affine, int], Affine],
+        pad: bool = False,
+    ) -> None:
+        """dst[at(io, kk, rows) + r] = A[m0+io+r, k0+kk] for each panel io of `rows` rows of the block; with
+        `pad`, zeros in rows past m up to mr (the prepacked layout's whole panels)."""
+        s, b = self.s, self.b
 
         def panel(io: Affine, rows: int) -> None:
             with b.loop(kcur, "pak") as kk:
-                for r in range(rows):
-                    src = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)
-                    b.store("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r, src)
+                for r in range(s.mr if pad else rows):
+                    src: Value = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk) if r < rows else Const(0.0)
+                    b.store(dst, at(io, kk, rows) + r, src)
 
         b.split(mcur, s.mr, panel, "pai")
+
+    def panel_index(self, start: Affine | int, kk: Affine | int) -> Affine:
+        """Where row `kk` of the prepacked operand's panel starting at row (A) or column (B) `start` is:
+        whole-k panels of `width` = mr rows (A) or nr columns (B), each k x width (`prepack`)."""
+        width = self.s.mr if self.s.passed_packed == "A" else self.s.nr
+        return div(Affine.of(start), width) * (self.k * width) + Affine.of(kk) * width
+
+    def pack_kernel(self, name: str, plain: Buffer, packed: Buffer) -> Kernel:
+        """The nest that writes `packed` (the prepacked operand as the kernel reads it) from `plain` (the
+        operand in the workload's layout): through `panel_index`, the index the kernel reads by."""
+        s, b = self.s, self.b
+        zero = Affine()
+        if s.passed_packed == "B":
+            self.copy_strips(zero, self.n, zero, self.k, packed.name, self.panel_index)
+        elif s.passed_packed == "A":
+            self.copy_panels(
+                zero, self.m, zero, self.k, packed.name, lambda io, kk, _: self.panel_index(io, kk), True
+            )
+        else:  # the config reads the operand as it is: the packed form is a copy
+            b.split(
+                plain.size,
+                s.lanes,
+                lambda i, n: b.store(packed.name, i, Load(plain.name, i, s.lanes, n % s.lanes), s.lanes, n),
+                "cp",
+            )
+        return b.kernel(name, (plain, packed))
 
     def macro(self, ctx: dict[str, tuple[Affine, int]]) -> None:
         s, b = self.s, self.b
@@ -407,7 +462,7 @@ class _MatmulEmitter:
         loaded vector, and a prefetch per line made it slower. The addresses may run past the strip
         (the next strip, or past the end of B): a prefetch never faults (LangRef "llvm.prefetch")."""
         s = self.s
-        ahead = div(col, s.nr) * (self.k * s.nr) + row * s.nr + s.prefetch_bytes // 4
+        ahead = self.panel_index(col, row) + s.prefetch_bytes // 4
         for line in range(0, s.nr, 16):  # 16 floats per 64-byte cache line
             self.b.prefetch(self.o.b, ahead + line)
 
@@ -444,8 +499,7 @@ class _MatmulEmitter:
                 if s.copy_b:
                     src = Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
                 elif s.passed_packed == "B":  # whole-k strips of the whole B (`prepack`)
-                    at = div(n0 + jo, s.nr) * (self.k * s.nr) + (k0 + kk) * s.nr + c * lanes
-                    src = Load(self.o.b, at, lanes)
+                    src = Load(self.o.b, self.panel_index(n0 + jo, k0 + kk) + c * lanes, lanes)
                 else:
                     at = self.b_at + (k0 + kk) * self.n + n0 + jo + c * lanes
                     src = Load(self.o.b, at, lanes, counts[c])
@@ -454,7 +508,7 @@ class _MatmulEmitter:
                 if s.copy_a:
                     a = Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r)
                 elif s.passed_packed == "A":  # whole-k panels of the whole A, mr rows each (`prepack`)
-                    a = Load(self.o.a, div(m0 + io, s.mr) * (self.k * s.mr) + (k0 + kk) * s.mr + r)
+                    a = Load(self.o.a, self.panel_index(m0 + io, k0 + kk) + r)
                 else:
                     a = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)
                 bcast = Broadcast(a, lanes)
