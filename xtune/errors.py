@@ -17,16 +17,6 @@ class InputError(XtuneError):
     """A user's mistake: unknown name, bad shape, malformed option or file."""
 
 
-class UnsupportedNode(InputError):
-    """One node of a network xtune cannot run: its name, op type and why, and what would help ("" when
-    nothing would but a new operator in xtune). The message is the one-line refusal of that node alone;
-    xtune/frontend/refusal.py gathers every one of a model into one refusal."""
-
-    def __init__(self, where: str, name: str, op: str, why: str, hint: str = "") -> None:
-        super().__init__(f"{where}: node '{name}' ({op}): {why}")
-        self.where, self.name, self.op, self.why, self.hint = where, name, op, why, hint
-
-
 class CompileError(XtuneError):
     """LLVM refused or crashed on a module."""
 
