@@ -5,6 +5,7 @@ freestanding object), and the float constants they and the lowering write."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from functools import cache
 from typing import Protocol
 
@@ -72,6 +73,20 @@ def _int(value: int, lanes: int) -> str:
     return str(value) if lanes == 1 else "<" + ", ".join([f"i32 {value}"] * lanes) + ">"
 
 
+def _helpers(
+    e: Emitter, lanes: int
+) -> tuple[str, str, Callable[[float], str], Callable[[str, str, str], str]]:
+    """The float and i32 types of `lanes` lanes, their float constant, and a fused multiply-add."""
+
+    def c(value: float) -> str:
+        return constant(value, lanes)
+
+    def fma(a: str, b: str, addend: str) -> str:
+        return e.fmuladd(a, b, addend, lanes)
+
+    return ftype(lanes), "i32" if lanes == 1 else f"<{lanes} x i32>", c, fma
+
+
 def exp(e: Emitter, operand: Operand) -> Operand:
     """e**x without libm, after Cephes' expf (S. L. Moshier, "Methods and Programs for Mathematical
     Functions", 1989): Cody-Waite reduction x = n ln2 + r with ln2 split in two so that n * _LN2_HI is
@@ -80,13 +95,7 @@ def exp(e: Emitter, operand: Operand) -> Operand:
     applied as two factors so that n from -150 to 128 (subnormal results to FLT_MAX) stays in range.
     Beyond the range: +inf above ln(FLT_MAX), 0 below ln of half the smallest subnormal."""
     x, lanes = operand
-    ty, ity = ftype(lanes), "i32" if lanes == 1 else f"<{lanes} x i32>"
-
-    def c(value: float) -> str:
-        return constant(value, lanes)
-
-    def fma(a: str, b: str, addend: str) -> str:
-        return e.fmuladd(a, b, addend, lanes)
+    ty, ity, c, fma = _helpers(e, lanes)
 
     clamped = e.select(x, "olt", c(_EXP_LO), c(_EXP_LO), x, lanes)
     clamped = e.select(clamped, "ogt", c(_EXP_HI), c(_EXP_HI), clamped, lanes)
@@ -117,13 +126,7 @@ def log(e: Emitter, operand: Operand) -> Operand:
     split as in `exp`. Zero, negative, subnormal, infinite and NaN inputs are not handled: a caller
     guarantees its operand is a positive normal float."""
     x, lanes = operand
-    ty, ity = ftype(lanes), "i32" if lanes == 1 else f"<{lanes} x i32>"
-
-    def c(value: float) -> str:
-        return constant(value, lanes)
-
-    def fma(a: str, b: str, addend: str) -> str:
-        return e.fmuladd(a, b, addend, lanes)
+    ty, ity, c, fma = _helpers(e, lanes)
 
     bits = e.define(f"bitcast {ty} {x} to {ity}")
     biased = e.define(f"lshr {ity} {bits}, {_int(23, lanes)}")
