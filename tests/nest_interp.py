@@ -24,6 +24,7 @@ from xtune.schedule.loopnest import (
     HighMul,
     Kernel,
     Load,
+    Log,
     MulAdd,
     PairSum,
     Reg,
@@ -122,6 +123,8 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
         if isinstance(v, Exp):
             return np.exp(value(v.a, env))
+        if isinstance(v, Log):
+            return np.log(value(v.a, env))
         if isinstance(v, Shuffle):
             return np.concatenate([value(v.a, env), value(v.b, env)])[list(v.mask)]
         if not isinstance(v, Binary):

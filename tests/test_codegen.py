@@ -12,7 +12,8 @@ from xtune.boards.agent import RunRequest, RunStatus
 from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object, optimize, parse_verified, target_machine
 from xtune.codegen.link import check_object, link_flat
-from xtune.codegen.lower import float_literal, lower
+from xtune.codegen.lower import lower
+from xtune.codegen.transcend import float_literal
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import (

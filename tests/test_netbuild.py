@@ -191,7 +191,7 @@ def _tiny(
 
 
 BAD = {
-    "unsupported operator": (lambda: _tiny("Sigmoid"), "node 'act' (Sigmoid)"),
+    "unsupported operator": (lambda: _tiny("Floor"), "node 'act' (Floor)"),
     "dynamic shape": (lambda: _tiny(dims=["N", 2, 4, 4]), "dynamic shape"),
     "non-float model": (lambda: _tiny(elem=TensorProto.DOUBLE), "float32 only"),
 }

@@ -247,23 +247,24 @@ def test_external_data_loads_from_beside_the_model_and_nowhere_else(tmp_path: Pa
 
 
 def unsupported_model() -> onnx.ModelProto:
-    """LRN twice, a conv whose dilations differ per axis, a Transpose and a custom-domain op: four op
-    types xtune does not run; and a MaxPool with ceil_mode=1, which only the build's generated operator
-    refuses."""
+    """A conv whose dilations differ per axis, a Pad and a custom-domain op: three op types xtune does not
+    run; and two LRNs with bias 0 and a MaxPool with ceil_mode=1, which only the build's generated
+    operators refuse."""
     rng = np.random.default_rng(0)
     node = helper.make_node
     nodes = [
         node("Conv", ["x", "w"], ["c"], name="conv", group=2, pads=[1, 2, 1, 2], dilations=[1, 2]),
         node("BatchNormalization", ["c", "g", "b", "m", "v"], ["cb"], name="conv.bn"),
-        node("LRN", ["cb"], ["n1"], name="lrn1", size=3),
-        node("LRN", ["n1"], ["n2"], name="lrn2", size=3),
-        node("Transpose", ["n2"], ["t"], name="shuffle", perm=[0, 1, 3, 2]),
+        node("LRN", ["cb"], ["n1"], name="lrn1", size=3, bias=0.0),
+        node("LRN", ["n1"], ["n2"], name="lrn2", size=3, bias=0.0),
+        node("Pad", ["n2", "pads"], ["t"], name="pad"),
         node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[1, 1], ceil_mode=1),
         node("Gelu", ["p"], ["y"], name="gelu", domain="com.microsoft"),
     ]
-    inits = {
+    inits: dict[str, np.ndarray] = {
         "w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
         **{p: rng.uniform(0.5, 1.5, 8).astype(np.float32) for p in "gbmv"},
+        "pads": np.zeros(8, np.int64),
     }
     graph = helper.make_graph(
         nodes,
@@ -297,8 +298,11 @@ def test_one_refusal_names_every_unsupported_node_by_op_type(tmp_path: Path, cap
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
         assert "xtune cannot run 6 nodes (5 op types): Conv ×1 (node 'conv'): dilations (1, 2) differ" in err
-        assert "LRN ×2 (nodes 'lrn1', 'lrn2'): not an operator xtune runs;" in err
-        assert "Transpose ×1 (node 'shuffle')" in err and "MaxPool ×1 (node 'pool'): ceil_mode=1" in err
+        assert "LRN ×2 (nodes 'lrn1', 'lrn2'): lrn: bias 0.0 must be positive" in err
+        assert (
+            "Pad ×1 (node 'pad'): not an operator xtune runs" in err
+            and "MaxPool ×1 (node 'pool'): ceil_mode=1" in err
+        )
         assert "com.microsoft.Gelu ×1 (node 'gelu'): not an operator xtune runs (an operator of the " in err
         assert "BatchNormalization" not in err  # it would fold into the conv
     assert main(["tasks", str(path), "--json"]) == 0
@@ -306,7 +310,7 @@ def test_one_refusal_names_every_unsupported_node_by_op_type(tmp_path: Path, cap
     assert [(u["op"], u["count"], u["nodes"]) for u in report["unsupported"]] == [
         ("Conv", 1, ["conv"]),
         ("LRN", 2, ["lrn1", "lrn2"]),
-        ("Transpose", 1, ["shuffle"]),
+        ("Pad", 1, ["pad"]),
         ("MaxPool", 1, ["pool"]),
         ("com.microsoft.Gelu", 1, ["gelu"]),
     ]

@@ -24,7 +24,18 @@ from xtune.ops.registry import GeneratedOp as Operator
 from xtune.ops.reshape import Reshape
 from xtune.ops.softmax import Softmax
 from xtune.ops.transpose import Transpose
-from xtune.schedule.loopnest import Assign, Buffer, BufferKind, Exp, Kernel, Load, NestBuilder, Shuffle, walk
+from xtune.schedule.loopnest import (
+    Assign,
+    Buffer,
+    BufferKind,
+    Exp,
+    Kernel,
+    Load,
+    Log,
+    NestBuilder,
+    Shuffle,
+    walk,
+)
 from xtune.target import Target
 
 MAX, AVG = PoolKind.MAX, PoolKind.AVERAGE
@@ -152,6 +163,35 @@ def test_exp_accuracy_on_host() -> None:
 
 def test_exp_accuracy_under_qemu(qemu_board: str) -> None:
     check_exp(qemu_board)
+
+
+def check_log(board: str) -> None:
+    """Log against numpy in float64 over the positive normal floats (every binade, both sides of each
+    mantissa fold at sqrt(1/2)): within 2e-7 absolute near 1 (where ln x is near 0) and 1e-6 relative
+    elsewhere."""
+    target = get_board(board).target
+    rng = np.random.default_rng(0)
+    x = np.concatenate([
+        np.float32(2.0) ** np.arange(-126, 128, dtype=np.float32),
+        np.exp2(rng.uniform(-126, 127.9, 20000)),
+        rng.uniform(0.5, 2.0, 5000),
+        [np.float32(0.70710677), np.float32(0.7071068), np.finfo(np.float32).max, np.finfo(np.float32).tiny],
+    ]).astype(np.float32)  # fmt: skip
+    b, lanes = NestBuilder(), target.fp32_lanes
+    b.split(x.size, lanes, lambda i, n: b.store("y", i, Log(Load("x", i, lanes, n)), lanes, n))
+    kernel = b.kernel("log", (Buffer("x", x.size, BufferKind.INPUT), Buffer("y", x.size, BufferKind.OUTPUT)))
+    _, y = run_entry(board, image(kernel, target), "log", [x, np.full_like(x, np.nan)])
+    want = np.log(x.astype(np.float64))
+    err = np.abs(y - want) / np.maximum(np.abs(want), 0.2)
+    assert err.max() <= 1e-6, (err.max(), x[err.argmax()])
+
+
+def test_log_accuracy_on_host() -> None:
+    check_log("local")
+
+
+def test_log_accuracy_under_qemu(qemu_board: str) -> None:
+    check_log(qemu_board)
 
 
 def test_reshape_is_an_alias() -> None:

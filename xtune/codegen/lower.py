@@ -12,11 +12,12 @@ is reused from a table by later statements. Loads are reused only up to the next
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from functools import cache
 
+from xtune.codegen import transcend
 from xtune.codegen.intlower import SCALAR, Env, Operand, integer_binary, lower_integer, vtype
+from xtune.codegen.transcend import float_literal
 from xtune.schedule.loopnest import (
     Affine,
     Assign,
@@ -34,6 +35,7 @@ from xtune.schedule.loopnest import (
     HighMul,
     Kernel,
     Load,
+    Log,
     LoopKind,
     MulAdd,
     PairSum,
@@ -58,25 +60,9 @@ FUNCTION_ATTRIBUTES = 'attributes #0 = { nounwind "no-builtins" }'
 # keeps its own frame, so the entry's stack is the largest kernel's, not the sum of all of them.
 INTERNAL_ATTRIBUTES = 'attributes #1 = { nounwind "no-builtins" noinline }'
 
-# exp (see _FunctionLowering.exp): ln(FLT_MAX); ln(2**-150), below which e**x rounds to 0 in float32;
-# log2(e); ln 2 = _LN2_HI + _LN2_LO with _LN2_HI exact in 9 bits; Cephes expf's polynomial, highest first.
-_EXP_HI, _EXP_LO = 88.72283905206835, -103.97207708399179
-_LOG2E = 1.44269504088896341
-_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-             5.0000001201e-1)  # fmt: skip
-
 
 def ftype(lanes: int) -> str:
     return vtype(lanes, DType.F32)
-
-
-@cache
-def float_literal(value: float) -> str:
-    """LangRef "Simple Constants": a float constant in hex is the 64-bit pattern of the double holding
-    the float's exact value; decimal would have to be exact too."""
-    exact = struct.unpack("<f", struct.pack("<f", value))[0]
-    return f"0x{struct.unpack('<Q', struct.pack('<d', exact))[0]:016X}"
 
 
 @cache
@@ -243,6 +229,8 @@ class _FunctionLowering:
             return self.muladd(v, env)
         if isinstance(v, Exp):
             return self.exp(self.value(v.a, env))
+        if isinstance(v, Log):
+            return self.log(self.value(v.a, env))
         if isinstance(v, Shuffle):
             return self.shuffle(v, env)
         if isinstance(v, Binary):
@@ -297,44 +285,14 @@ class _FunctionLowering:
         return self.define(f"select {cty} {cond}, {ty} {then}, {ty} {other}")
 
     def exp(self, operand: Operand) -> Operand:
-        """e**x without libm, after Cephes' expf (S. L. Moshier, "Methods and Programs for Mathematical
-        Functions", 1989): Cody-Waite reduction x = n ln2 + r with ln2 split in two so that n * _LN2_HI is
-        exact (W. J. Cody and W. Waite, "Software Manual for the Elementary Functions", 1980), |r| <= ln2/2,
-        e**r by Cephes' degree-7 minimax polynomial, then times 2**n built in the exponent bits. 2**n is
-        applied as two factors so that n from -150 to 128 (subnormal results to FLT_MAX) stays in range.
-        Beyond the range: +inf above ln(FLT_MAX), 0 below ln of half the smallest subnormal."""
+        """e**x of a float operand, with native instructions only (xtune/codegen/transcend.py)."""
         x, lanes, _ = operand
-        ty, ity = ftype(lanes), "i32" if lanes == 1 else f"<{lanes} x i32>"
+        return (*transcend.exp(self, (x, lanes)), DType.F32)
 
-        def c(value: float) -> str:
-            return constant(value, lanes)
-
-        def ic(value: int) -> str:
-            return str(value) if lanes == 1 else "<" + ", ".join([f"i32 {value}"] * lanes) + ">"
-
-        def fma(a: str, b: str, addend: str) -> str:
-            return self.fmuladd(a, b, addend, lanes)
-
-        clamped = self.select(x, "olt", c(_EXP_LO), c(_EXP_LO), x, lanes)
-        clamped = self.select(clamped, "ogt", c(_EXP_HI), c(_EXP_HI), clamped, lanes)
-        t = self.define(f"fmul {ty} {clamped}, {c(_LOG2E)}")
-        half = self.select(t, "olt", c(0.0), c(-0.5), c(0.5), lanes)  # round half away from zero
-        n = self.define(f"fptosi {ty} {self.define(f'fadd {ty} {t}, {half}')} to {ity}")
-        nf = self.define(f"sitofp {ity} {n} to {ty}")
-        r = fma(nf, c(-_LN2_HI), clamped)
-        r = fma(nf, c(-_LN2_LO), r)
-        poly = c(_EXP_POLY[0])
-        for coeff in _EXP_POLY[1:]:
-            poly = fma(poly, r, c(coeff))
-        z = self.define(f"fmul {ty} {r}, {r}")
-        y = self.define(f"fadd {ty} {fma(poly, z, r)}, {c(1.0)}")
-        n1 = self.define(f"ashr {ity} {n}, {ic(1)}")
-        n2 = self.define(f"sub {ity} {n}, {n1}")
-        for part in (n1, n2):
-            bits = self.define(f"shl {ity} {self.define(f'add {ity} {part}, {ic(127)}')}, {ic(23)}")
-            y = self.define(f"fmul {ty} {y}, {self.define(f'bitcast {ity} {bits} to {ty}')}")
-        y = self.select(x, "ogt", c(_EXP_HI), c(float("inf")), y, lanes)
-        return self.select(x, "olt", c(_EXP_LO), c(0.0), y, lanes), lanes, DType.F32
+    def log(self, operand: Operand) -> Operand:
+        """ln x of a positive normal float operand (xtune/codegen/transcend.py)."""
+        x, lanes, _ = operand
+        return (*transcend.log(self, (x, lanes)), DType.F32)
 
     def broadcast(self, scalar: str, lanes: int, dtype: DType = DType.F32) -> str:
         """The splat idiom instcombine produces itself (insertelement into poison, zero shuffle mask)."""

@@ -189,14 +189,15 @@ def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], later: Node
         return OpStep(nodes, None, (*mapped.inputs, out), Sharing.ALIAS, layouts, fam.follows_input)
     assert isinstance(mapped.kernel, GeneratedOp)
     kernel = mapped.kernel
-    if tuple(math.prod(s) for s in kernel.input_shapes) != tuple(
-        math.prod(graph.shape(t)) for t in mapped.inputs
-    ):
+    sizes = (weights[t].size if t in weights else math.prod(graph.shape(t)) for t in mapped.inputs)
+    if tuple(math.prod(s) for s in kernel.input_shapes) != tuple(sizes):
         raise _refuse(graph, node, "the operator's inputs do not have the sizes it reads")
     if math.prod(kernel.output_shape) != math.prod(graph.shape(out)):
         raise _refuse(graph, node, f"xtune computes {kernel.output_shape}, the model says {graph.shape(out)}")
     sharing = Sharing.IN_PLACE if mapped.in_place else Sharing.NONE
-    return OpStep(nodes, kernel, (*mapped.inputs, out), sharing, layouts, fam.follows_input)
+    # A node whose own layouts differ from its family's runs in them, not in its first input's.
+    follows = fam.follows_input and mapped.layouts is None
+    return OpStep(nodes, kernel, (*mapped.inputs, out), sharing, layouts, follows)
 
 
 def _place(

@@ -105,6 +105,13 @@ class _Pass:
         kernel = _in_layout(self.graph, step.kernel, step.args, layout)
         self.steps.append(replace(step, kernel=kernel, args=(*args, self.name(out, layout))))
 
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        """A tensor's ONNX shape; a constant an operator made at build time (a BatchNormalization's scale)
+        is not in the graph, and has its array's."""
+        if tensor not in self.graph.shapes and tensor in self.weights:
+            return tuple(self.weights[tensor].shape)
+        return self.graph.shape(tensor)
+
     def name(self, tensor: str, layout: Layout) -> str:
         name = physical_name(self.graph, tensor, layout)
         name = self.same.get(name, name)
@@ -137,7 +144,7 @@ class _Pass:
 
     def need(self, tensor: str, layout: Layout, node: str) -> str:
         """The name of `tensor` in `layout`, converting it first if it is not there yet."""
-        if not tensor or not differs(self.graph.shape(tensor)):
+        if not tensor or not differs(self.shape(tensor)):
             return tensor
         if tensor in self.weights:  # a constant operand: converted here, at build time
             name = self.name(tensor, layout)

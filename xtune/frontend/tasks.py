@@ -24,11 +24,12 @@ from xtune.frontend.load import Source, load_graph
 from xtune.frontend.refusal import Unsupported, by_op, refusal
 from xtune.frontend.support import not_run, runs
 from xtune.graph import Graph, Node
+from xtune.ops.activation import ActivationKind, epilogue_form, silu_mul
 from xtune.ops.anchor import Anchor
 from xtune.ops.layout import DEFAULT, Layout, layout_for, parse_layout
 from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.template import MAX_STACK_BYTES
-from xtune.ops.workload import Workload
+from xtune.ops.workload import ParamValue, Workload
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
 
@@ -220,9 +221,18 @@ def _fuse_chain(
     writers: dict[str, int],
     layout: Layout,
 ) -> tuple[FusedOp, list[int]]:
-    out, stage, used, flags = a.node.outputs[0], 0, [], {"residual": 0, "relu": 0, "relu6": 0}
+    out, stage, used = a.node.outputs[0], 0, []
+    flags: dict[str, ParamValue] = {"residual": 0, "relu": 0, "relu6": 0}
     weights, bias, residual = a.weights, a.bias, None
-    while stage < _CLAMP and out not in graph.outputs and len(readers.get(out, [])) == 1:
+    while stage < _CLAMP and out not in graph.outputs and len(readers.get(out, [])) in (1, 2):
+        if len(readers[out]) == 2:  # x * Sigmoid(x): SiLU, the one activation that reads x twice
+            mul = silu_mul(graph, out, [graph.nodes[j] for j in readers[out]])
+            if mul is None or any(len(readers.get(t, [])) != 1 for t in mul.inputs[:2] if t != out):
+                break  # the Sigmoid's output read by the Mul alone
+            flags["act"], stage = ActivationKind.SILU.value, _CLAMP
+            used += sorted(readers[out])
+            out = mul.outputs[0]
+            break
         j = readers[out][0]
         nxt = graph.nodes[j]
         other = next((t for t in nxt.inputs[:2] if t != out), "") if nxt.op in ("Add", "Mul", "Div") else ""
@@ -240,6 +250,9 @@ def _fuse_chain(
             residual, flags["residual"], stage = other, 1, _RESIDUAL
         elif nxt.op in ("Relu", "Clip") and (clamp := _clamp(graph, nxt)):
             flags[clamp], stage = 1, _CLAMP
+        elif (act := epilogue_form(graph, nxt, out)) is not None:
+            kind, flags["alpha"], flags["beta"] = act
+            flags["act"], stage = kind.value, _CLAMP
         else:
             break
         used.append(j)

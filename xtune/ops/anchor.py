@@ -30,7 +30,7 @@ class Anchor:
     def channels(self) -> int:
         return self.out_shape[self.channel_axis]
 
-    def key(self, extra: tuple[tuple[str, ParamValue], ...], switches: dict[str, int]) -> str:
+    def key(self, extra: tuple[tuple[str, ParamValue], ...], switches: dict[str, ParamValue]) -> str:
         """The workload key: the sizes, the family's `extra` keys (layout, algorithm), the switches."""
         return f"{self.op}:" + ",".join(f"{k}={v}" for k, v in (*self.sizes, *extra, *switches.items()))
 

@@ -1,6 +1,7 @@
 """The elementwise family of a network's generated operators: ONNX's Add (same shapes; followed by its
 only reader Relu, one Add+ReLU), Relu and Clip (constant scalar bounds) as one `Elementwise` kernel, run
-in place and in the layout its first input has."""
+in place and in the layout its first input has. An Add whose operands differ in shape broadcasts: the
+arithmetic family's kernel (xtune/ops/arith.py) runs it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
+from xtune.ops import arith
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_operand, params, positive, vector_map
@@ -115,14 +117,9 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     out = node.outputs[0]
     if node.op == "Add":
         inputs = tuple(node.inputs[:2])
+        if any(graph.shape(t) != graph.shape(out) for t in inputs):
+            return arith.from_node(graph, node, consts, nxt)  # a broadcasting Add
         for t in inputs:
-            if graph.shape(t) != graph.shape(out):
-                raise refuse(
-                    graph,
-                    node,
-                    f"broadcasting {graph.shape(t)} to {graph.shape(out)} is not "
-                    "supported (xtune adds tensors of one shape)",
-                )
             constant_operand(graph, node, t, consts)
         fused = nxt if nxt is not None and nxt.op == "Relu" and out not in graph.outputs else None
         op = ElementwiseOp.ADD_RELU if fused is not None else ElementwiseOp.ADD

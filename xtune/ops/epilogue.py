@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from xtune.errors import InputError
+from xtune.ops.activation import MICRO, Activation, ActivationKind
 from xtune.ops.workload import ParamValue, TensorSpec, Workload
 
 # The fused epilogue switches every operator takes, in the order they apply: out = conv/matmul
@@ -14,6 +15,11 @@ from xtune.ops.workload import ParamValue, TensorSpec, Workload
 # the Clip(0, 6) of MobileNetV2). residual is a whole extra input tensor shaped like the output (ResNet's
 # skip connection). All default to 0 and are left out of the text then, so older logs stay valid.
 EPILOGUE = {"bias": 0, "residual": 0, "relu": 0, "relu6": 0}
+# An activation after them (xtune/ops/activation.py: sigmoid, hardswish, silu, ...), in place of relu and
+# relu6, with its alpha and beta in millionths (integers: the workload grammar has no reals); "none" and
+# 0 by default and left out of the text then, so older keys and logs stay valid.
+ACTIVATION: dict[str, ParamValue] = {"act": "none", "alpha": 0, "beta": 0}
+ACTIVATION_WORDS = {"act": ("none", *(k.value for k in ActivationKind))}
 # How the kernel reads its weights (conv2d's weights, matmul's B): prepacked=1, already in the packed
 # layout of the kernel's config, as a network's constant weights are laid out at build time (the
 # template's `kernel_inputs`, docs/design.md "Convolutions"); 0, as the tensors() say, packed per call as
@@ -43,7 +49,19 @@ def apply_epilogue(wl: Workload, out: np.ndarray, extra: list[np.ndarray], axis:
         out = np.maximum(out, np.float32(0))
     if wl["relu6"]:
         out = np.minimum(out, np.float32(6))
+    if (act := activation(wl)) is not None:
+        out = act.reference(out)
     return out.astype(np.float32, copy=False)
+
+
+def activation(wl: Workload) -> Activation | None:
+    """The workload's fused activation (`act`), or None."""
+    kind = wl.value("act")
+    if kind == "none":
+        return None
+    return Activation(
+        kind=ActivationKind(kind), shape=(1,), alpha=wl["alpha"] / MICRO, beta=wl["beta"] / MICRO
+    )
 
 
 def require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
@@ -61,3 +79,5 @@ def require_switches(op: str, params: dict[str, ParamValue]) -> None:
             raise InputError(f"{op}: '{key}' must be 0 or 1, got {params[key]}")
     if params["relu"] and params["relu6"]:
         raise InputError(f"{op}: 'relu' and 'relu6' exclude each other (relu6 already clamps at 0)")
+    if params["act"] != "none" and (params["relu"] or params["relu6"]):
+        raise InputError(f"{op}: 'act' excludes 'relu' and 'relu6' (one activation per epilogue)")

@@ -10,16 +10,20 @@ from functools import cache
 
 from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import Graph, Node
-from xtune.ops import concat, elementwise, pool2d, reshape, softmax, transpose
+from xtune.ops import activation, arith, concat, elementwise, lrn, pool2d, reduce, reshape, softmax, transpose
+from xtune.ops.activation import Activation
 from xtune.ops.anchor import Anchor
+from xtune.ops.arith import Arith
 from xtune.ops.concat import Concat
 from xtune.ops.conv2d import Conv2d
 from xtune.ops.depthwise import Depthwise
 from xtune.ops.elementwise import Elementwise
 from xtune.ops.family import Family
 from xtune.ops.featurize import FeatureSet
+from xtune.ops.lrn import Lrn
 from xtune.ops.matmul import Matmul
 from xtune.ops.opkit import NodeFamily
+from xtune.ops.permute import Permute
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d
 from xtune.ops.qmatmul.operator import QMatmul
 from xtune.ops.softmax import Softmax
@@ -40,8 +44,23 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     softmax.FAMILY,
     concat.FAMILY,
     transpose.FAMILY,
+    activation.FAMILY,
+    arith.FAMILY,
+    reduce.FAMILY,
+    lrn.FAMILY,
 )
-GeneratedOp = Pool2d | GlobalAveragePool | Elementwise | Softmax | Concat | Transpose
+GeneratedOp = (
+    Pool2d
+    | GlobalAveragePool
+    | Elementwise
+    | Softmax
+    | Concat
+    | Transpose
+    | Activation
+    | Arith
+    | Lrn
+    | Permute
+)
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 
 

@@ -12,6 +12,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from xtune.ops.activation import Activation
+from xtune.ops.epilogue import activation
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -106,15 +108,19 @@ class Epilogue:
     residual: bool
     relu: bool
     relu6: bool
+    act: Activation | None = None  # the fused activation (`act`), applied where the clamp is
 
     @staticmethod
     def of(workload: Workload) -> Epilogue:
         w = workload
-        return Epilogue(bool(w["bias"]), bool(w["residual"]), bool(w["relu"]), bool(w["relu6"]))
+        return Epilogue(
+            bool(w["bias"]), bool(w["residual"]), bool(w["relu"]), bool(w["relu6"]), activation(w)
+        )
 
     @property
     def clamps(self) -> bool:
-        return self.relu or self.relu6
+        """Whether anything applies to the accumulators before the last block's store."""
+        return self.relu or self.relu6 or self.act is not None
 
     def buffers(self, channels: int, out_size: int) -> list[Buffer]:
         """The kernel parameters after the operator's own inputs, in workload.tensors() order."""
@@ -134,6 +140,8 @@ class Epilogue:
         """The clamp on the accumulators before their store, in the last reduction block only."""
         if not last or not self.clamps:
             return acc
+        if self.act is not None:
+            return self.act.expr(acc, lanes)
         out: Value = Binary(BinaryOp.MAX, acc, Const(0.0, lanes))
         return Binary(BinaryOp.MIN, out, Const(6.0, lanes)) if self.relu6 else out
 

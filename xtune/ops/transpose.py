@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.graph import Graph, Node
-from xtune.ops.anchor import refuse
+from xtune.ops import permute
 from xtune.ops.layout import Layout, physical
 from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive
 from xtune.schedule.loopnest import (
@@ -127,7 +127,8 @@ def _other(layout: Layout) -> Layout:
 
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
-    """A model's own 4-D NHWC <-> NCHW Transpose; any other permutation is refused."""
+    """A model's own 4-D NHWC <-> NCHW Transpose as the layout change (which the layout pass relabels in
+    NHWC networks); any other permutation as the permute family's general copy."""
     x = node.inputs[0]
     shape, perm = graph.shape(x), node.ints("perm", ())
     if len(shape) == 4 and perm == (0, 3, 1, 2):
@@ -136,8 +137,7 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     if len(shape) == 4 and perm == (0, 2, 3, 1):
         n, c, h, w = shape
         return Mapped(kernel=Transpose(n=n, c=c, h=h, w=w, to=Layout.NHWC), inputs=(x,))
-    why = f"Transpose {perm} of a {len(shape)}-D tensor is not supported (xtune runs 4-D NHWC <-> NCHW)"
-    raise refuse(graph, node, why)
+    return permute.from_node(graph, node, consts, nxt)  # any other permutation: a general copy
 
 
 FAMILY = NodeFamily(

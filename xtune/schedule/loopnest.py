@@ -155,6 +155,14 @@ class Exp:
 
 
 @dataclass(frozen=True)
+class Log:
+    """The natural logarithm of a, lane by lane, for a positive normal float (what a reduction's
+    normalizer, e.g. LRN's, takes): expanded by the lowering like `Exp`."""
+
+    a: Value
+
+
+@dataclass(frozen=True)
 class Shuffle:
     """Lanes picked from two vectors of equal width (LLVM shufflevector): `mask[i]` < lanes picks lane
     mask[i] of `a`, else lane mask[i] - lanes of `b`. A deinterleave (stride-2 packing) is one of these."""
@@ -251,6 +259,7 @@ Value = (
     | Binary
     | MulAdd
     | Exp
+    | Log
     | Shuffle
     | Dot
     | Cast

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xtune.errors import InputError, XtuneError
+from xtune.ops.activation import onnx_nodes as activation_nodes
+from xtune.ops.epilogue import activation
 from xtune.ops.registry import family
 from xtune.ops.workload import RTOL, Workload, check_output, random_inputs
 
@@ -189,7 +191,7 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
     bias) are initializers, as in a deployed model, from `random_inputs` like numpy's.
 
     The operator's own nodes are its family's (`onnx_nodes`: MatMul, Conv, ...); then (+ Add residual)
-    (+ Relu, or Clip(0, 6) for relu6)."""
+    (+ Relu, or Clip(0, 6) for relu6) (+ the fused activation's nodes)."""
     try:
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
@@ -200,13 +202,18 @@ def onnx_model(workload: Workload) -> onnx.ModelProto:
     inits = {t.name: a for t, a in zip(params, random_inputs(workload)[1:], strict=True)}
     nodes: list[onnx.NodeProto] = []
     # The fused epilogue after the op itself: + residual, then Relu or Clip(0, 6) (ReLU6).
+    act = activation(workload)
     tail = ["residual"] * bool(workload["residual"]) + ["relu"] * bool(workload["relu"] or workload["relu6"])
+    tail += ["act"] * (act is not None)
     names = [f"pre_{step}" for step in tail] + [_OUTPUT]
     last = names[0]
     nodes += family(workload.op).onnx_nodes(workload, _INPUT, last, inits)
     for step, (before, after) in zip(tail, itertools.pairwise(names), strict=True):
         if step == "residual":
             nodes.append(helper.make_node("Add", [before, "residual"], [after]))
+        elif step == "act":
+            assert act is not None
+            nodes += activation_nodes(act, before, after)
         elif workload["relu6"]:
             inits["relu6_lo"], inits["relu6_hi"] = np.array(0, np.float32), np.array(6, np.float32)
             nodes.append(helper.make_node("Clip", [before, "relu6_lo", "relu6_hi"], [after]))

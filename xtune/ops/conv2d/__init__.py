@@ -28,7 +28,14 @@ from xtune.ops.conv import (
 from xtune.ops.conv2d.direct import Conv2dTemplate
 from xtune.ops.conv2d.features import DIRECT, WINOGRAD
 from xtune.ops.conv2d.winograd import WinogradTemplate, fits_stack
-from xtune.ops.epilogue import EPILOGUE, PREPACKED, apply_epilogue, epilogue_tensors
+from xtune.ops.epilogue import (
+    ACTIVATION,
+    ACTIVATION_WORDS,
+    EPILOGUE,
+    PREPACKED,
+    apply_epilogue,
+    epilogue_tensors,
+)
 from xtune.ops.featurize import FeatureSet
 from xtune.ops.layout import Layout, layout_key
 from xtune.ops.matmul.features import FEATURES as MATMUL_FEATURES
@@ -88,6 +95,7 @@ class Conv2d:
         "algo",
         *EPILOGUE,
         *PREPACKED,
+        *ACTIVATION,
     )
     defaults: ClassVar[dict[str, ParamValue]] = {
         "stride": 1,
@@ -99,11 +107,16 @@ class Conv2d:
         "algo": "direct",
         **EPILOGUE,
         **PREPACKED,
+        **ACTIVATION,
     }
     optional: ClassVar[frozenset[str]] = frozenset(
-        (*SIDES, "dilation", "groups", "layout", "algo", *EPILOGUE, *PREPACKED)
+        (*SIDES, "dilation", "groups", "layout", "algo", *EPILOGUE, *PREPACKED, *ACTIVATION)
     )
-    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc"), "algo": ("direct", "winograd")}
+    words: ClassVar[dict[str, tuple[str, ...]]] = {
+        "layout": ("nchw", "nhwc"),
+        "algo": ("direct", "winograd"),
+        **ACTIVATION_WORDS,
+    }
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         validate_conv(self.name, params, ("n", "c", "h", "w", "k", "r", "s", "groups"))
@@ -186,7 +199,7 @@ class Conv2d:
         sizes = (*conv.sizes((("k", k),)), ("dilation", conv.geometry[2]), *groups)
         return conv.anchor(node, self.name, sizes)
 
-    def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
+    def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
         """In `layout`, prepacked=1 for constant weights (packed once at build time, xtune/firmware/build.py),
         and Winograd where it may run with constant weights: 2.25x fewer multiplies than any direct kernel,
         with U = G g G^T made once at build time (docs/design.md, Convolutions). Weights that are an

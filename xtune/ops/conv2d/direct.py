@@ -20,7 +20,7 @@ import numpy as np
 
 from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.conv2d.direct_nest import ConvEmitter, ConvSchedule, padded
-from xtune.ops.epilogue import EPILOGUE
+from xtune.ops.epilogue import ACTIVATION, EPILOGUE
 from xtune.ops.matmul import Matmul
 from xtune.ops.matmul.template import MatmulTemplate, Operands
 from xtune.ops.tiles import (
@@ -106,7 +106,8 @@ def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
         m, n, k = sh.k, sh.h * sh.w, sh.c
         operands = Operands(a="weights", b="input", c="output", params=params, bias_rows=True, batch=sh.n,
                             prepacked="A" if packed else "")  # fmt: skip
-    epilogue = ",".join(f"{key}={workload[key]}" for key in EPILOGUE)  # the same fused epilogue
+    # the same fused epilogue
+    epilogue = ",".join(f"{key}={workload.value(key)}" for key in (*EPILOGUE, *ACTIVATION))
     rest = f"m={m},n={n},k={k},{epilogue}"
     return make_workload(Matmul(), rest, f"matmul:{rest}"), operands
 

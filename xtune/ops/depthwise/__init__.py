@@ -24,7 +24,7 @@ from xtune.ops.conv import (
 from xtune.ops.depthwise.features import NCHW, NHWC
 from xtune.ops.depthwise.nchw import DepthwiseTemplate
 from xtune.ops.depthwise.nhwc import DepthwiseNhwcTemplate
-from xtune.ops.epilogue import EPILOGUE, apply_epilogue, epilogue_tensors
+from xtune.ops.epilogue import ACTIVATION, ACTIVATION_WORDS, EPILOGUE, apply_epilogue, epilogue_tensors
 from xtune.ops.featurize import FeatureSet
 from xtune.ops.layout import Layout, layout_key
 from xtune.ops.template import ScheduleTemplate
@@ -58,6 +58,7 @@ class Depthwise:
         "dilation",
         "layout",
         *EPILOGUE,
+        *ACTIVATION,
     )
     defaults: ClassVar[dict[str, ParamValue]] = {
         "stride": 1,
@@ -67,9 +68,12 @@ class Depthwise:
         "dilation": 1,
         "layout": "nchw",
         **EPILOGUE,
+        **ACTIVATION,
     }
-    optional: ClassVar[frozenset[str]] = frozenset((*SIDES, "multiplier", "dilation", "layout", *EPILOGUE))
-    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc")}
+    optional: ClassVar[frozenset[str]] = frozenset(
+        (*SIDES, "multiplier", "dilation", "layout", *EPILOGUE, *ACTIVATION)
+    )
+    words: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ("nchw", "nhwc"), **ACTIVATION_WORDS}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         validate_conv(self.name, params, ("n", "c", "h", "w", "r", "s", "multiplier"))
@@ -135,7 +139,7 @@ class Depthwise:
         sizes = (*conv.sizes(()), ("multiplier", k // c), ("dilation", conv.geometry[2]))
         return conv.anchor(node, self.name, sizes)
 
-    def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
+    def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
         """In `layout`; never prepacked: depthwise weights are too small to matter."""
         extra: tuple[tuple[str, ParamValue], ...] = layout_key(layout)
         return anchor.key(extra, switches)

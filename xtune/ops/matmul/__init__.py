@@ -15,6 +15,8 @@ import numpy as np
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import Anchor, float_constant, refuse
 from xtune.ops.epilogue import (
+    ACTIVATION,
+    ACTIVATION_WORDS,
     EPILOGUE,
     PREPACKED,
     apply_epilogue,
@@ -39,10 +41,10 @@ class Matmul:
     prepacked=1: B holds the weights, passed in the packed layout of the kernel's config."""
 
     name: ClassVar[str] = "matmul"
-    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", *EPILOGUE, *PREPACKED)
-    defaults: ClassVar[dict[str, ParamValue]] = {**EPILOGUE, **PREPACKED}
-    optional: ClassVar[frozenset[str]] = frozenset((*EPILOGUE, *PREPACKED))
-    words: ClassVar[dict[str, tuple[str, ...]]] = {}
+    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", *EPILOGUE, *PREPACKED, *ACTIVATION)
+    defaults: ClassVar[dict[str, ParamValue]] = {**EPILOGUE, **PREPACKED, **ACTIVATION}
+    optional: ClassVar[frozenset[str]] = frozenset((*EPILOGUE, *PREPACKED, *ACTIVATION))
+    words: ClassVar[dict[str, tuple[str, ...]]] = {**ACTIVATION_WORDS}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         require_positive(self.name, params, ("m", "n", "k"))
@@ -77,7 +79,7 @@ class Matmul:
     def anchor(self, graph: Graph, node: Node) -> Anchor:
         return gemm_anchor(graph, node) if node.op == "Gemm" else matmul_anchor(graph, node)
 
-    def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
+    def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
         """Constant weights are packed once, at build time (xtune/firmware/build.py), so the task is tuned
         as it runs: prepacked=1."""
         packed = {"prepacked": 1} if anchor.weights is not None else {}

@@ -100,7 +100,7 @@ class QMatmul:
     def anchor(self, graph: Graph, node: Node) -> Anchor | None:
         return None
 
-    def task_key(self, anchor: Anchor, switches: dict[str, int], layout: Layout) -> str:
+    def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
         raise InputError("qmatmul: no ONNX node maps to it yet")
 
     def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:

@@ -1,0 +1,275 @@
+"""The activation family of a network's generated operators: ONNX's Sigmoid, HardSigmoid, HardSwish, Tanh,
+LeakyRelu, Elu and Erf (a node, its attributes and shape in) as one `Activation` kernel (a vector map over
+the tensor, in place, in its input's layout) out; a Sigmoid whose only reader is Mul(x, Sigmoid(x)) is one
+SiLU kernel (x / (1 + e^-x)). GELU's Erf form runs as its nodes: Div, Erf, Add, Mul (xtune/ops/arith.py).
+
+The transcendental ones are built from the loop-nest IR's `Exp` (docs/design.md, "The loop-nest IR":
+relative error below 8e-8): Sigmoid(x) = 1 / (1 + e^-x), which is 0 where e^-x overflows to +inf;
+Tanh(x) = 1 - 2 / (1 + e^2x), exact in its limits (e^2x = +inf gives 1, 0 gives -1) and within a few
+float32 ulps of 1 in absolute error near 0 (the subtraction cancels: about 1.2e-7, well under the 1e-4 a
+network is checked to); Elu(x) = max(x, 0) + alpha * (e^min(x, 0) - 1). The rest are exact in float32
+arithmetic up to rounding: HardSigmoid(x) = max(0, min(1, alpha * x + beta)), HardSwish(x) = x *
+HardSigmoid(x) with alpha 1/6, beta 1/2, LeakyRelu(x) = max(x, 0) + alpha * min(x, 0). Semantics and
+default attributes as the ONNX operator definitions (https://onnx.ai/onnx/operators/)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.layout import Layout
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive, vector_map
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Const,
+    Exp,
+    Kernel,
+    Load,
+    MulAdd,
+    NestBuilder,
+    Value,
+)
+
+if TYPE_CHECKING:
+    import onnx
+
+
+class ActivationKind(Enum):
+    SIGMOID = "sigmoid"
+    HARD_SIGMOID = "hardsigmoid"
+    HARD_SWISH = "hardswish"
+    TANH = "tanh"
+    LEAKY_RELU = "leakyrelu"
+    ELU = "elu"
+    ERF = "erf"
+    SILU = "silu"  # x * Sigmoid(x): a Sigmoid whose only reader multiplies it by its own input
+
+
+_ONNX = {
+    "Sigmoid": ActivationKind.SIGMOID,
+    "HardSigmoid": ActivationKind.HARD_SIGMOID,
+    "HardSwish": ActivationKind.HARD_SWISH,
+    "Tanh": ActivationKind.TANH,
+    "LeakyRelu": ActivationKind.LEAKY_RELU,
+    "Elu": ActivationKind.ELU,
+    "Erf": ActivationKind.ERF,
+}
+# Erf(x) = x P(x^2) / Q(x^2) on [-4, 4], +-1 beyond (in float32 Erf(4) rounds to 1 within 2e-8): the
+# rational approximation of Eigen's generic_fast_erf_float (Eigen, SpecialFunctionsImpl.h), lowest degree
+# first, without exp. Abramowitz-Stegun 7.1.26 needs an exp and has an absolute error of 1.5e-7, a large
+# relative one near 0.
+_ERF_P = (
+    -1.60960333262415e-02,
+    -2.95459980854025e-03,
+    -7.34990630326855e-04,
+    -5.69250639462346e-05,
+    -2.10102402082508e-06,
+    2.77068142495902e-08,
+    -2.72614225801306e-10,
+)
+_ERF_Q = (
+    -1.42647390514189e-02,
+    -7.37332916720468e-03,
+    -1.68282697438203e-03,
+    -2.13374055278905e-04,
+    -1.45660718464996e-05,
+)
+# ONNX's default alpha and beta per op type (HardSwish's are fixed by its definition).
+_DEFAULTS = {
+    "HardSigmoid": (0.2, 0.5),
+    "HardSwish": (1 / 6, 0.5),
+    "LeakyRelu": (0.01, 0.0),
+    "Elu": (1.0, 0.0),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Activation:
+    """One activation applied to every element of `shape`, with its `alpha` and `beta` where it has them."""
+
+    kind: ActivationKind
+    shape: Shape
+    alpha: float = 0.0
+    beta: float = 0.0
+
+    def __post_init__(self) -> None:
+        positive("activation", **{f"dim{i}": d for i, d in enumerate(self.shape)})
+        if not (math.isfinite(self.alpha) and math.isfinite(self.beta)):
+            raise InputError(f"{self.kind.value}: alpha {self.alpha} and beta {self.beta} must be finite")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def in_layout(self, layout: Layout, out_shape: Shape) -> Activation:
+        """The same computation in `layout`: elementwise, the same whatever the order."""
+        return self
+
+    @property
+    def label(self) -> str:
+        """How a profile names its steps."""
+        return self.kind.value
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return (self.shape,)
+
+    @property
+    def output_shape(self) -> Shape:
+        return self.shape
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        """The ONNX definitions in float64."""
+        v, a, b = x.astype(np.float64), self.alpha, self.beta
+        k = self.kind
+        if k is ActivationKind.SIGMOID:
+            out = 1 / (1 + np.exp(-v))
+        elif k is ActivationKind.SILU:
+            out = v / (1 + np.exp(-v))
+        elif k is ActivationKind.ERF:
+            out = np.vectorize(math.erf)(v) if v.size else v
+        elif k is ActivationKind.TANH:
+            out = np.tanh(v)
+        elif k is ActivationKind.ELU:
+            out = np.where(v > 0, v, a * np.expm1(np.minimum(v, 0)))
+        elif k is ActivationKind.LEAKY_RELU:
+            out = np.where(v > 0, v, a * v)
+        else:
+            out = np.clip(a * v + b, 0, 1) * (v if k is ActivationKind.HARD_SWISH else 1)
+        return out.astype(np.float32)
+
+    def expr(self, x: Value, lanes: int) -> Value:
+        """The activation of `x` (`lanes` wide) in the loop-nest IR."""
+
+        def c(value: float) -> Const:
+            return Const(value, lanes)
+
+        def op(kind: BinaryOp, a: Value, b: Value) -> Binary:
+            return Binary(kind, a, b)
+
+        k = self.kind
+        if k in (ActivationKind.SIGMOID, ActivationKind.SILU):
+            numerator = x if k is ActivationKind.SILU else c(1.0)
+            return op(BinaryOp.DIV, numerator, op(BinaryOp.ADD, c(1.0), Exp(op(BinaryOp.SUB, c(0.0), x))))
+        if k is ActivationKind.ERF:
+            return _erf(x, lanes)
+        if k is ActivationKind.TANH:
+            e2x = Exp(op(BinaryOp.MUL, x, c(2.0)))
+            return op(BinaryOp.SUB, c(1.0), op(BinaryOp.DIV, c(2.0), op(BinaryOp.ADD, c(1.0), e2x)))
+        positive_part, negative_part = op(BinaryOp.MAX, x, c(0.0)), op(BinaryOp.MIN, x, c(0.0))
+        if k is ActivationKind.LEAKY_RELU:
+            return op(BinaryOp.ADD, positive_part, op(BinaryOp.MUL, negative_part, c(self.alpha)))
+        if k is ActivationKind.ELU:
+            em1 = op(BinaryOp.SUB, Exp(negative_part), c(1.0))
+            return op(BinaryOp.ADD, positive_part, op(BinaryOp.MUL, em1, c(self.alpha)))
+        linear = op(BinaryOp.ADD, op(BinaryOp.MUL, x, c(self.alpha)), c(self.beta))
+        hard = op(BinaryOp.MIN, op(BinaryOp.MAX, linear, c(0.0)), c(1.0))
+        return op(BinaryOp.MUL, x, hard) if k is ActivationKind.HARD_SWISH else hard
+
+    def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        b = NestBuilder()
+
+        def emit(i: Affine, width: int, count: int) -> None:
+            b.store("out", i, self.expr(Load("x", i, width, count), width), width, count)
+
+        vector_map(b, self.size, lanes, emit)
+        # In place (the memory plan's in_place_of): every element is loaded before it is stored.
+        return b.kernel(name, params([("x", self.size)], self.size), noalias=False)
+
+
+def _erf(x: Value, lanes: int) -> Value:
+    """Eigen's rational Erf of x clamped to [-4, 4], by Horner's rule in x^2."""
+    clamped = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, x, Const(-4.0, lanes)), Const(4.0, lanes))
+    x2 = Binary(BinaryOp.MUL, clamped, clamped)
+
+    def horner(coeffs: tuple[float, ...]) -> Value:
+        acc: Value = Const(coeffs[-1], lanes)
+        for coeff in reversed(coeffs[:-1]):
+            acc = MulAdd(x2, acc, Const(coeff, lanes))
+        return acc
+
+    return Binary(BinaryOp.DIV, Binary(BinaryOp.MUL, clamped, horner(_ERF_P)), horner(_ERF_Q))
+
+
+def _silu(graph: Graph, node: Node, nxt: Node | None) -> Node | None:
+    """The Mul that makes `node` (a Sigmoid) SiLU: its only reader, multiplying it by the Sigmoid's own
+    input (x * Sigmoid(x), as exporters write SiLU and Swish), or None."""
+    x, s = node.inputs[0], node.outputs[0]
+    if nxt is None or nxt.op != "Mul" or s in graph.outputs or sorted(nxt.inputs[:2]) != sorted((x, s)):
+        return None
+    return nxt
+
+
+def _parameters(node: Node) -> tuple[float, float]:
+    alpha, beta = _DEFAULTS.get(node.op, (0.0, 0.0))
+    if node.op != "HardSwish":
+        alpha = float(node.attr("alpha", alpha))  # type: ignore[arg-type]
+        beta = float(node.attr("beta", beta))  # type: ignore[arg-type]
+    return alpha, beta
+
+
+MICRO = 1_000_000  # a fused activation's alpha and beta are workload keys in millionths (integers)
+
+
+def epilogue_form(graph: Graph, node: Node, x: str) -> tuple[ActivationKind, int, int] | None:
+    """`node` as the activation a conv's or matmul's epilogue applies to its output `x`: its kind and its
+    alpha and beta rounded to millionths (so HardSigmoid's 1/6 is 0.166667: the output moves by at most
+    5e-7 |x| + 5e-7, far inside the 1e-4 a network is checked to); None if it is no activation."""
+    if node.op not in _ONNX or node.inputs[0] != x:
+        return None
+    alpha, beta = _parameters(node)
+    return _ONNX[node.op], round(alpha * MICRO), round(beta * MICRO)
+
+
+def silu_mul(graph: Graph, x: str, readers: list[Node]) -> Node | None:
+    """The Mul of x by Sigmoid(x) when `readers`, the readers of x, are that Sigmoid and that Mul: SiLU
+    as exporters write it; else None. (The caller checks that the Mul alone reads the Sigmoid.)"""
+    sig = next((r for r in readers if r.op == "Sigmoid" and r.inputs[0] == x), None)
+    mul = next((r for r in readers if r.op == "Mul"), None)
+    if len(readers) != 2 or sig is None or mul is None or sig.outputs[0] in graph.outputs:
+        return None
+    return mul if sorted(mul.inputs[:2]) == sorted((x, sig.outputs[0])) else None
+
+
+def onnx_nodes(act: Activation, x: str, out: str) -> list[onnx.NodeProto]:
+    """`act` of x as ONNX nodes (the ONNX Runtime peer of a workload with a fused activation)."""
+    from onnx import helper
+
+    if act.kind is ActivationKind.SILU:
+        return [
+            helper.make_node("Sigmoid", [x], [f"{out}.sigmoid"]),
+            helper.make_node("Mul", [x, f"{out}.sigmoid"], [out]),
+        ]
+    op = next(op for op, kind in _ONNX.items() if kind is act.kind)
+    node = helper.make_node(op, [x], [out])
+    if op in ("HardSigmoid", "LeakyRelu", "Elu"):
+        node.attribute.append(helper.make_attribute("alpha", act.alpha))
+    if op == "HardSigmoid":
+        node.attribute.append(helper.make_attribute("beta", act.beta))
+    return [node]
+
+
+def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
+    if node.op == "Sigmoid" and (mul := _silu(graph, node, nxt)) is not None:
+        kernel = Activation(kind=ActivationKind.SILU, shape=graph.shape(mul.outputs[0]))
+        return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True, fused=mul)
+    alpha, beta = _parameters(node)
+    kernel = Activation(kind=_ONNX[node.op], shape=graph.shape(node.outputs[0]), alpha=alpha, beta=beta)
+    return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True)
+
+
+FAMILY = NodeFamily(
+    kind="elementwise",
+    onnx_ops=tuple(_ONNX),
+    layouts=frozenset(Layout),
+    from_node=from_node,
+    follows_input=True,
+)
