@@ -210,7 +210,7 @@ def test_bad_models_are_one_line_exit_2_and_nothing_written(
 def test_unreadable_model_and_foreign_log_are_refused(tmp_path: Path, capsys: Capture) -> None:
     (tmp_path / "junk.onnx").write_text("not a model")
     check_refused(["--model", str(tmp_path / "junk.onnx")], "not an ONNX model", tmp_path, capsys)
-    check_refused(["--model", str(tmp_path / "none.onnx")], "no such ONNX file", tmp_path, capsys)
+    check_refused(["--model", str(tmp_path / "none.onnx")], "no such model file", tmp_path, capsys)
     path = tmp_path / "m.onnx"
     onnx.save(_tiny(), path)
     log = tmp_path / "arm.jsonl"

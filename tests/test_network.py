@@ -339,7 +339,7 @@ def test_unreadable_files_are_input_errors(tmp_path: Path) -> None:
     junk.write_bytes(b"\x00not a protobuf\xff" * 10)
     with pytest.raises(InputError, match=r"junk\.onnx: not an ONNX model"):
         load_graph(junk)
-    with pytest.raises(InputError, match=r"missing\.onnx: no such ONNX file"):
+    with pytest.raises(InputError, match=r"missing\.onnx: no such model file"):
         load_graph(tmp_path / "missing.onnx")
 
 
