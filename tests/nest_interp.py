@@ -47,7 +47,7 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
         if isinstance(v, Reg):
             return regs[v.name].copy()
         if isinstance(v, Broadcast):
-            return np.full(v.lanes, value(v.value, env)[0], dtype=np.float32)
+            return np.full(v.lanes, value(v.value, env)[v.lane], dtype=np.float32)
         if isinstance(v, MulAdd):
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
         if isinstance(v, Exp):

@@ -38,6 +38,15 @@ class Target:
     weight_prefetch_bytes: int = 0
 
     @property
+    def lane_fma(self) -> bool:
+        """Whether a vector FMA takes its broadcast multiplicand as a lane of a vector register: AArch64's
+        FMLA (by element) (Arm ARM, "FMLA (by element)"), which LLVM selects from an FMA whose operand
+        splats a lane of a loaded vector. A template then loads `fp32_lanes` consecutive broadcast values
+        as one vector instead of one scalar load per value. x86 broadcasts from memory in one load
+        (VBROADCASTSS) and RVV multiplies by a scalar register (vfmacc.vf), so neither gains from it."""
+        return self.arch == "aarch64" and self.fp32_lanes == 4
+
+    @property
     def peak_gflops(self) -> float:
         """Nominal single-core fp32 peak, the denominator of "% of peak"."""
         return self.clock_ghz * self.fp32_flops_per_cycle

@@ -227,7 +227,7 @@ class _FunctionLowering:
         if isinstance(v, Const):
             return constant(v.value, v.lanes), v.lanes
         if isinstance(v, Broadcast):
-            return self.broadcast(self.value(v.value, env)[0], v.lanes), v.lanes
+            return self.broadcast(self.value(v.value, env), v.lanes, v.lane), v.lanes
         if isinstance(v, MulAdd):
             return self.muladd(v, env)
         if isinstance(v, Exp):
@@ -309,16 +309,21 @@ class _FunctionLowering:
         y = self.select(x, "ogt", c(_EXP_HI), c(float("inf")), y, lanes)
         return self.select(x, "olt", c(_EXP_LO), c(0.0), y, lanes), lanes
 
-    def broadcast(self, scalar: str, lanes: int) -> str:
-        """The splat idiom instcombine produces itself (insertelement into poison, zero shuffle mask)."""
+    def broadcast(self, source: Operand, lanes: int, lane: int) -> str:
+        """The splat idiom instcombine produces itself: a scalar inserted into poison and shuffled by a zero
+        mask; a vector's lane by a shuffle whose mask is that lane everywhere, the operand AArch64's
+        instruction selection folds into FMLA (by element)."""
+        value, width = source
         if lanes == 1:
-            return scalar
-        key = ("splat", scalar, lanes)
+            return value if width == 1 else self.define(f"extractelement {ftype(width)} {value}, i64 {lane}")
+        key = ("splat", value, lanes, lane)
         splat = self.pure.get(key)
         if splat is None:
-            ty = ftype(lanes)
-            one = self.define(f"insertelement {ty} poison, float {scalar}, i64 0")
-            splat = self.define(f"shufflevector {ty} {one}, {ty} poison, <{lanes} x i32> zeroinitializer")
+            ty = ftype(width if width > 1 else lanes)
+            if width == 1:
+                value = self.define(f"insertelement {ty} poison, float {value}, i64 0")
+            mask = "zeroinitializer" if lane == 0 else "<" + ", ".join([f"i32 {lane}"] * lanes) + ">"
+            splat = self.define(f"shufflevector {ty} {value}, {ty} poison, <{lanes} x i32> {mask}")
             self.pure[key] = splat
         return splat
 

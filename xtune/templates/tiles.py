@@ -21,7 +21,6 @@ from xtune.schedule.loopnest import (
     BufferKind,
     Const,
     Load,
-    LoopKind,
     NestBuilder,
     Reg,
     Shuffle,
@@ -146,15 +145,30 @@ def div(index: Affine, d: int) -> Affine:
 
 def unrolled(b: NestBuilder, extent: int, unroll: int, body: Callable[[Affine], None], prefix: str) -> None:
     """`extent` steps of `body(index)`: a loop whose body is `unroll` steps unrolled, then the remainder
-    unrolled after it (the reduction loops of the register tiles: LLVM then schedules whole steps)."""
+    unrolled after it (the reduction loops of the register tiles: LLVM then schedules whole steps). The
+    steps are unrolled here, each index's constant part known to the body (`lane_group` reads it)."""
     unroll = max(1, min(unroll, extent))
     full, rest = divmod(extent, unroll)
     if full:
-        with b.loop(full, f"{prefix}o") as outer, b.loop(unroll, f"{prefix}u", LoopKind.UNROLLED) as inner:
-            body(outer * unroll + inner)
-    if rest:
-        with b.loop(rest, f"{prefix}r", LoopKind.UNROLLED) as tail:
-            body(tail + full * unroll)
+        with b.loop(full, f"{prefix}o") as outer:
+            for inner in range(unroll):
+                body(outer * unroll + inner)
+    for tail in range(rest):
+        body(Affine.of(full * unroll + tail))
+
+
+def lane_group(step: Affine, extent: int, lanes: int) -> tuple[Affine, int] | None:
+    """A reduction step as `unrolled` numbers them (outer * unroll + inner, or a constant in the remainder)
+    as (the first step of its group of `lanes`, its lane in that group), when the whole group is in
+    range(extent): in the loop if the unroll is a multiple of `lanes` (the coefficient says so), in the
+    remainder if the group ends by `extent`. None otherwise: the step is loaded on its own."""
+    lane = step.const % lanes
+    if any(c % lanes for _, c in step.terms):
+        return None
+    start = step + (-lane)
+    if not step.terms and start.const + lanes > extent:
+        return None
+    return start, lane
 
 
 def transpose(b: NestBuilder, rows: Sequence[Value], prefix: str = "tp") -> list[Reg]:
