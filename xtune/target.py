@@ -38,6 +38,12 @@ class Target:
     weight_prefetch_bytes: int = 0
 
     @property
+    def has_fma(self) -> bool:
+        """Whether the FPU fuses multiply and add: every AArch64 and RISC-V F target, x86 with +fma. Without
+        it (x86 SSE) a product needs a register of its own before it is added (MULPS overwrites a source)."""
+        return self.arch != "x86_64" or "+fma" in self.features.split(",")
+
+    @property
     def lane_fma(self) -> bool:
         """Whether a vector FMA takes its broadcast multiplicand as a lane of a vector register: AArch64's
         FMLA (by element) (Arm ARM, "FMLA (by element)"), which LLVM selects from an FMA whose operand

@@ -43,8 +43,11 @@ from xtune.templates.tiles import (
     fmas_per_load,
     lane_group,
     parse_tile,
+    register_budget,
     register_tiles,
+    roomy_tiles,
     split_edges,
+    tile_registers,
     unrolled,
     whole_tiles,
 )
@@ -194,12 +197,18 @@ class MatmulTemplate:
         return MatmulSchedule(
             mr, nv, lanes, int(mc), int(nc), int(kc), str(config["order"]),
             str(config["inner"]), bool(config["pack_a"]), bool(config["pack_b"]), config.int("unroll_k"),
-            self.operands.prepacked, self.target.weight_prefetch_bytes, self.target.lane_fma,
+            self.operands.prepacked, self.target.weight_prefetch_bytes,
+            # A tile whose A vectors would not fit beside its accumulators broadcasts A one step at a time.
+            self.target.lane_fma and tile_registers(mr, nv, True) <= register_budget(self.target),
         )  # fmt: skip
 
     def default_config(self) -> Config:
         t = self.target
-        tiles = [parse_tile(s) for s in register_tiles(t)]
+        # The default reads A in place, 4 k steps unrolled: on a lane-FMA target a vector of A per row.
+        tiles = [
+            parse_tile(s)
+            for s in roomy_tiles(register_tiles(t), t, lambda r, v: tile_registers(r, v, t.lane_fma))
+        ]
         # Most FMAs per loaded value, then the larger tile.
         mr, nv = max(tiles, key=lambda p: (fmas_per_load(p[0], p[1]), p[0] * p[1]))
         nr = nv * t.fp32_lanes

@@ -37,10 +37,25 @@ Real = TypeVar("Real", float, np.ndarray)
 Scalars = int | float | np.ndarray  # one config's value, or one per config
 
 
-def tile_registers(rows: Num, vectors: Num) -> Num:
+def tile_registers(rows: Num, vectors: Num, lanes_of_a: bool = False) -> Num:
     """Vector registers a rows x vectors register tile holds live: its accumulators, one row of B
-    vectors (conv2d: weight vectors) and one broadcast of A (conv2d: of the input)."""
+    vectors (conv2d: weight vectors) and one broadcast of A (conv2d: of the input); with `lanes_of_a`
+    (a lane-FMA target reading A as vectors of k steps, matmul's `a_value`) one vector of A per row and
+    the one B vector its FMAs take at a time instead."""
+    if lanes_of_a:
+        return rows * vectors + rows + 1
     return rows * vectors + vectors + 1
+
+
+def register_budget(target: Target) -> int:
+    """The registers a default config's register tile may hold live (`tile_registers`) without a spill in
+    its loop: the vector register file (scalar FP without vectors) less one, into which the scheduler
+    loads the next step's operand while this step's FMAs run (a tile that fills the file exactly spilled:
+    conv2d, Winograd and depthwise on AArch64; matmul on the in-order Cortex-A53), and less one more
+    without FMA (x86 SSE: MULPS overwrites a source, so each product needs a register before its ADDPS).
+    The spaces keep every tile that fits the file (`register_tiles`): the tuner measures the rest.
+    tests/test_spills.py counts the stack accesses in the emitted loops."""
+    return target.vector_registers - (target.arch != "x86_64") - (not target.has_fma)
 
 
 def fmas_per_load(rows: Real, vectors: Real) -> Real:
@@ -52,6 +67,15 @@ def whole_tiles(block: Scalars, extent: Scalars, tile: Scalars) -> np.ndarray:
     """A block size resolved against its axis: whole register tiles (at least one), except a block that
     covers the whole axis, which is the axis (so no block is larger than its axis)."""
     return np.where(block >= extent, extent, np.maximum(tile, block // tile * tile))
+
+
+def roomy_tiles(
+    tiles: Sequence[object], target: Target, live: Callable[[int, int], int] = tile_registers
+) -> list[str]:
+    """The tiles ("RxV") a default config may pick: those whose live registers (`live(rows, vectors)`)
+    fit the `register_budget`; all of them if none does."""
+    names = [str(t) for t in tiles]
+    return [t for t in names if live(*parse_tile(t)) <= register_budget(target)] or names
 
 
 def register_tiles(target: Target) -> tuple[str, ...]:
