@@ -158,7 +158,7 @@ class DepthwiseNhwcTemplate:
         fits = [k for k in ks if reuses_rows(sh, k, t)]
         # A block is whole strips of the tile's channels (channel_block): a strip wider than the block that
         # fits would round the block up past it, so such tiles go only if no other tile is left.
-        roomy = roomy_tiles(knobs["tile"], t, lambda p, v: tile_registers(sh, p, v))
+        roomy = roomy_tiles(knobs["tile"], t, lambda p, v: int(tile_registers(sh, p, v)))
         narrow = [o for o in roomy if fits and parse_tile(o)[1] * t.fp32_lanes <= max(fits)]
         tile = max(narrow or roomy, key=score)
         values: dict[str, KnobValue] = {
