@@ -1,35 +1,104 @@
-"""A slow reference interpreter of the loop-nest IR, so templates can be checked without LLVM."""
+"""A slow reference interpreter of the loop-nest IR, so templates can be checked without LLVM: float32
+lanes, and the integer lanes of int8 kernels in numpy's integer types (which wrap as LLVM's do)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from xtune.ops.qmatmul import reference as qref
 from xtune.schedule.loopnest import (
     Affine,
     Assign,
+    Binary,
     BinaryOp,
     Broadcast,
     BufferKind,
+    Cast,
+    Clamp,
     Const,
+    Dot,
+    DotInsn,
+    DType,
     Exp,
     For,
+    HighMul,
     Kernel,
     Load,
     MulAdd,
+    PairSum,
     Reg,
+    RoundEven,
+    RoundShift,
     Shuffle,
     Stmt,
     Store,
     Value,
-)  # fmt: skip
+)
+
+NUMPY = {
+    DType.F32: np.float32,
+    DType.I8: np.int8,
+    DType.U8: np.uint8,
+    DType.I16: np.int16,
+    DType.I32: np.int32,
+    DType.I64: np.int64,
+}
+INT_OPS = {
+    BinaryOp.AND: np.bitwise_and,
+    BinaryOp.XOR: np.bitwise_xor,
+    BinaryOp.SHL: np.left_shift,
+    BinaryOp.SHR: np.right_shift,
+}
+
+
+def dot(v: Dot, acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`Dot`'s contract: 4 products per group into each lane, or (SADALP) 2 per lane of a 2x accumulator."""
+    a = np.tile(a, b.size // a.size).astype(np.int64)
+    products = a * b.astype(np.int64)
+    per = 2 if v.insn is DotInsn.SADALP else 4
+    return (acc.astype(np.int64) + products.reshape(-1, per).sum(axis=1)).astype(np.int32)
+
+
+def integer(v: Value, args: list[np.ndarray]) -> np.ndarray:
+    """The values of int8 kernels, on their operands' arrays."""
+    if isinstance(v, Dot):
+        return dot(v, *args)
+    if isinstance(v, Cast):
+        x = np.trunc(args[0]) if args[0].dtype.kind == "f" and v.dtype is not DType.F32 else args[0]
+        return x.astype(NUMPY[v.dtype])
+    if isinstance(v, PairSum):
+        return (args[0][0::2] + args[0][1::2]).astype(args[0].dtype)
+    if isinstance(v, RoundEven):
+        return np.rint(args[0])
+    if isinstance(v, Clamp):
+        return np.minimum(np.maximum(args[0], args[1]), args[2])
+    if isinstance(v, HighMul):
+        return qref.saturating_rounding_doubling_high_mul(*args)
+    assert isinstance(v, RoundShift)
+    return qref.rounding_divide_by_pot(args[0], args[1])
+
+
+def operands(v: Value) -> list[Value]:
+    if isinstance(v, Dot):
+        return [v.acc, v.a, v.b]
+    if isinstance(v, Clamp):
+        return [v.a, v.lo, v.hi]
+    if isinstance(v, HighMul):
+        return [v.a, v.b]
+    if isinstance(v, RoundShift):
+        return [v.a, v.shift]
+    assert isinstance(v, Cast | PairSum | RoundEven)
+    return [v.a]
 
 
 def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
-    """Executes `kernel` on flat float32 arrays (outputs updated in place); NaN-poisons scratch."""
+    """Executes `kernel` on flat arrays of its buffers' types (outputs updated in place); poisons scratch
+    (NaN, or 0x5A bytes for integers)."""
     buffers = {b.name: p.reshape(-1) for b, p in zip(kernel.params, params, strict=True)}
     for b in kernel.buffers:
         if b.kind is BufferKind.LOCAL:
-            buffers[b.name] = np.full(b.size, np.nan, dtype=np.float32)
+            poison = np.nan if b.dtype is DType.F32 else 0x5A
+            buffers[b.name] = np.full(b.size, poison, dtype=NUMPY[b.dtype])
     regs: dict[str, np.ndarray] = {}
 
     def index(a: Affine, env: dict[str, int]) -> int:
@@ -38,26 +107,37 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
     def value(v: Value, env: dict[str, int]) -> np.ndarray:
         if isinstance(v, Load):
             i = index(v.index, env)
-            out = np.zeros(v.lanes, dtype=np.float32)
+            out = np.zeros(v.lanes, dtype=buffers[v.buffer].dtype)
             assert i >= 0 and i + v.valid <= buffers[v.buffer].size, f"out of bounds read of {v.buffer}"
             out[: v.valid] = buffers[v.buffer][i : i + v.valid]
             return out
         if isinstance(v, Const):
-            return np.full(v.lanes, v.value, dtype=np.float32)
+            return np.full(v.lanes, v.value, dtype=NUMPY[v.dtype])
         if isinstance(v, Reg):
             return regs[v.name].copy()
         if isinstance(v, Broadcast):
-            return np.full(v.lanes, value(v.value, env)[v.lane], dtype=np.float32)
+            source = value(v.value, env)
+            return np.full(v.lanes, source[v.lane], dtype=source.dtype)
         if isinstance(v, MulAdd):
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
         if isinstance(v, Exp):
             return np.exp(value(v.a, env))
         if isinstance(v, Shuffle):
             return np.concatenate([value(v.a, env), value(v.b, env)])[list(v.mask)]
+        if not isinstance(v, Binary):
+            return integer(v, [value(x, env) for x in operands(v)])
         a, b = value(v.a, env), value(v.b, env)
-        ops = {BinaryOp.ADD: np.add, BinaryOp.SUB: np.subtract, BinaryOp.MUL: np.multiply,
-               BinaryOp.DIV: np.divide, BinaryOp.MAX: np.maximum, BinaryOp.MIN: np.minimum}  # fmt: skip
-        return ops[v.op](a, b)
+        if v.op in INT_OPS:
+            return INT_OPS[v.op](a, b.astype(a.dtype))
+        ops = {
+            BinaryOp.ADD: np.add,
+            BinaryOp.SUB: np.subtract,
+            BinaryOp.MUL: np.multiply,
+            BinaryOp.DIV: np.divide,
+            BinaryOp.MAX: np.maximum,
+            BinaryOp.MIN: np.minimum,
+        }
+        return ops[v.op](a, b).astype(a.dtype)
 
     def run(stmts: tuple[Stmt, ...], env: dict[str, int]) -> None:
         for s in stmts:

@@ -50,6 +50,7 @@ WORKLOADS = {
     "winograd_nhwc": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,pad=1,layout=nhwc,algo=winograd",
     "winograd_nchw": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,pad=1,algo=winograd",
 }
+AARCH64 = tuple(name for name, target in load_targets().items() if target.arch == "aarch64")
 # Hot loops that still spill, each for the reason found in its disassembly. strict: one that stops
 # spilling fails here, so the list only shrinks.
 SPILLING = {
@@ -65,16 +66,26 @@ SPILLING = {
     # Its s * V weight vectors, V input vectors and the accumulators: a pointer or vector too many.
     **{
         (t, "depthwise_nhwc"): "weights of a kernel row"
-        for t in ("arm-a72-neon", "riscv64-gcv", "x86-avx512", "x86-sse42")
+        for t in (
+            "arm-a72-neon",
+            "arm-a76-dotprod",
+            "riscv64-gcv",
+            "x86-avx512",
+            "x86-avx512-vnni",
+            "x86-sse42",
+        )
     },
     ("riscv64-gcv", "winograd_nhwc"): "a GPR (a row pointer) reloaded in the tile loop",
     # Its rows of input vectors and weight broadcasts beside the P x V accumulators: more than the
     # p * v + 2 its register rule counts.
     **{
         (t, "depthwise_nchw"): "input rows and weights beyond p * v + 2"
-        for t in ("arm-a53-neon", "arm-a72-neon", "riscv64-gcv", "x86-avx2")
+        for t in (*AARCH64, "riscv64-gcv", "x86-avx2", "x86-avx2-vnni")
     },
-    ("x86-avx512", "depthwise_nchw"): "its tiles along a row are straight-line code, no loop to check",
+    **{
+        (t, "depthwise_nchw"): "its tiles along a row are straight-line code, no loop to check"
+        for t in ("x86-avx512", "x86-avx512-vnni")
+    },
 }
 
 
@@ -149,7 +160,7 @@ def test_the_pattern_sees_a_spill_and_not_a_panel_access() -> None:
     assert not STACK_ACCESS["riscv64"].search("add\ta0,sp,576")
 
 
-@pytest.mark.parametrize("name", ["arm-a53-neon", "arm-a72-neon"])
+@pytest.mark.parametrize("name", AARCH64)
 def test_aarch64_matmul_multiplies_by_lanes_of_a(name: str) -> None:
     """Four k steps of A in one q register, each lane an FMLA (by element) operand: no ld1r, no scalar A."""
     if shutil.which(OBJDUMP["aarch64"]) is None:

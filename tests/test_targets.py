@@ -17,8 +17,11 @@ from xtune.tuning.features import MATMUL_FEATURES, featurize
 FMAS_PER_CYCLE = {
     "arm-a72-neon": 1.0,  # one Q-form FMLA per cycle over F0+F1 (Cortex-A72 Software Optimization Guide)
     "arm-a53-neon": 0.5,  # a Q-form FMLA holds the 64-bit MAC pipe two cycles
+    "arm-a76-dotprod": 2.0,  # two Q-form FMLAs per cycle on V0/V1 (Cortex-A76 Software Optimization Guide)
     "x86-avx2": 2.0,
     "x86-avx512": 2.0,
+    "x86-avx2-vnni": 2.0,  # x86-avx2's float units
+    "x86-avx512-vnni": 2.0,  # x86-avx512's float units
     "x86-sse42": 2.0,  # no FMA: 2 mulps + 2 addps per cycle on Zen 3, i.e. 2 FMAs' worth
     "riscv64-gc": 1.0,
     "riscv64-gcv": 1.0,

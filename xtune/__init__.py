@@ -48,10 +48,12 @@ def build_model(
     prefix: str = "net",
     layout: str = "nhwc",
     profile: bool = False,
+    refuse_nonfinite: bool = False,
 ) -> NetArtifact:
     """One relocatable object running the whole network of `model` on `target` in `layout`, with its C
-    header (`xtune build --model`; with `profile`, also `{prefix}_profile`, as `--profile`); see
+    header (`xtune build --model`; with `profile`, also `{prefix}_profile`, as `--profile`; with
+    `refuse_nonfinite`, a model whose constants hold NaN or inf refused, as `--refuse-nonfinite`); see
     xtune.firmware.build.build_model. Imported on first call, like `tasks`."""
     from xtune.firmware.build import build_model as build
 
-    return build(model, target, logs, prefix, layout, profile)
+    return build(model, target, logs, prefix, layout, profile, refuse_nonfinite)

@@ -27,6 +27,70 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+def check_input(path: PathLike, what: str = "input") -> Path:
+    """The resolved `path` if it names an existing regular file, else InputError naming `what` and why.
+
+    Called before the file is opened: opening a FIFO for reading blocks until a writer comes (fifo(7)),
+    and a device or a directory is no model or log."""
+    given = str(path)
+    real = Path(os.path.realpath(path)) if given else Path()
+    try:
+        mode = os.stat(real).st_mode if given else None
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise InputError(f"cannot read the {what} {given}: {e.strerror}") from None
+    if mode is None:
+        raise InputError(f"{given}: no such {what}")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"cannot read the {what} {given}: it is {_kind(mode)}, not a regular file")
+    return real
+
+
+def check_paths(
+    outputs: Sequence[tuple[PathLike | None, str]],
+    inputs: Sequence[tuple[PathLike | None, str]] = (),
+    append: bool = False,
+) -> None:
+    """Every (path, what) of `outputs` can be written (`check_output`; `append`: they are logs appended
+    to), no two of them are one file, and none is one of the `inputs`: the same file after resolving
+    links and hard links (st_dev and st_ino), so a command never writes over what it reads. Absent
+    entries (None) are skipped; a missing input is left to its reader to report."""
+    seen: dict[tuple[int, int] | Path, str] = {}
+    for path, what in inputs:
+        found = _identity(Path(os.path.realpath(path))) if path is not None else None
+        if found is not None:
+            seen.setdefault(found, f"the {what} {path}")
+    for path, what in outputs:
+        if path is None:
+            continue
+        real = check_output(path, what, append)
+        key: tuple[int, int] | Path = _identity(real) or real
+        if key in seen:
+            raise InputError(
+                f"the {what} {path} is {seen[key]}: an output may not be an input or another output"
+            )
+        seen[key] = f"the {what} {path}"
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _writable(path: Path, st: os.stat_result) -> bool:
+    """`path` may be written by this process by its mode bits, for root too: root passes access(2)'s
+    permission checks (CAP_DAC_OVERRIDE, capabilities(7)), so a file or folder whose owner made it
+    read-only (no write bit for anyone) is refused by its bits; access(2) still says no for a read-only
+    mount, or for anyone else by the bits that apply to them."""
+    if not os.access(path, os.W_OK):
+        return False
+    return os.geteuid() != 0 or bool(st.st_mode & 0o222)
+
+
 def check_output(path: PathLike, what: str = "output", append: bool = False) -> Path:
     """The resolved `path` if a file can be written there, else InputError naming `what` and why.
 
@@ -48,9 +112,11 @@ def check_output(path: PathLike, what: str = "output", append: bool = False) -> 
     folder = real.parent
     if not folder.is_dir():
         raise InputError(f"cannot write the {what} {given}: no directory {folder}")
-    if not (append and mode is not None) and not os.access(folder, os.W_OK | os.X_OK):
+    if not (append and mode is not None) and not (
+        os.access(folder, os.X_OK) and _writable(folder, os.stat(folder))
+    ):
         raise InputError(f"cannot write the {what} {given}: the directory {folder} is not writable")
-    if mode is not None and not os.access(real, os.W_OK):
+    if mode is not None and not _writable(real, os.stat(real)):
         raise InputError(f"cannot write the {what} {given}: the file is not writable")
     return real
 

@@ -35,7 +35,7 @@ class Matmul:
     words: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def validate(self, params: dict[str, ParamValue]) -> None:
-        _require_positive(self.name, params, ("m", "n", "k"))
+        require_positive(self.name, params, ("m", "n", "k"))
         _require_switches(self.name, params)
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
@@ -80,7 +80,7 @@ def _epilogue(wl: Workload, out: np.ndarray, extra: list[np.ndarray], axis: int)
     return out.astype(np.float32, copy=False)
 
 
-def _require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
+def require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:
     for key in keys:
         if key not in params:
             raise InputError(f"{op}: missing size '{key}'")
@@ -134,7 +134,7 @@ def conv_shape(wl: Workload) -> ConvShape:
 
 
 def _validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...]) -> None:
-    _require_positive(op, params, (*sizes, "stride", "dilation"))
+    require_positive(op, params, (*sizes, "stride", "dilation"))
     _require_switches(op, params)
     pad = params["pad"]
     if not isinstance(pad, int) or pad < 0:

@@ -101,7 +101,8 @@ _MACHINE_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "aarch64", "a
 _X86_PREFERENCE = ("x86-avx512", "x86-avx2", "x86-sse42")
 # LLVM feature name -> the /proc/cpuinfo flag that says the CPU has it, where the two spellings differ.
 _CPUINFO_FLAG = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "bmi": "bmi1", "neon": "asimd", "fp-armv8": "fp",
-                 "crc": "crc32"}  # fmt: skip
+                 "crc": "crc32", "dotprod": "asimddp", "avx512vnni": "avx512_vnni",
+                 "avxvnni": "avx_vnni"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -199,7 +199,12 @@ class QemuBoard:
         }
 
 
-_QEMU_BOARDS = {"qemu-aarch64": "arm-a72-neon", "qemu-riscv64": "riscv64-gc", "qemu-riscv64-v": "riscv64-gcv"}
+_QEMU_BOARDS = {
+    "qemu-aarch64": "arm-a72-neon",
+    "qemu-aarch64-dotprod": "arm-a76-dotprod",
+    "qemu-riscv64": "riscv64-gc",
+    "qemu-riscv64-v": "riscv64-gcv",
+}
 
 
 def board_names(boards_file: Path | None = None) -> list[str]:

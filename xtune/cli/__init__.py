@@ -8,38 +8,93 @@ best, report, model), `networks` (tasks, --model builds and benches), `progress`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
 
-from xtune.cli.common import Handler
-from xtune.cli.parser import build_parser
+from xtune.cli.common import Handler, one_line
 from xtune.errors import XtuneError
+
+if TYPE_CHECKING:
+    from xtune.cli.parser import build_parser
 
 __all__ = ["build_parser", "main"]
 
 
+def __getattr__(name: str) -> object:
+    """`build_parser`, imported on first use: the parser imports numpy and every command's module, which
+    `main` does inside its Ctrl-C handling."""
+    if name == "build_parser":
+        from xtune.cli.parser import build_parser
+
+        return build_parser
+    raise AttributeError(f"module 'xtune.cli' has no attribute '{name}'")
+
+
 def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
     """Every warning as one line (Python's default format adds the source line that raised it)."""
-    text = " ".join(str(message).split())
-    print(f"xtune: warning: {text}", file=sys.stderr)
+    print(f"xtune: warning: {one_line(str(message))}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    with warnings.catch_warnings():  # restored on return: main() may run in a caller's process
-        warnings.simplefilter("default")  # each warning once per run (and a fresh registry per call)
+    with warnings.catch_warnings(), _terminate_as_interrupt():  # restored on return: main() may run in a
+        warnings.simplefilter("default")  # caller's process; each warning once per run (a fresh registry)
         warnings.showwarning = _show_warning
-        args = build_parser().parse_args(argv)
+        try:
+            with _signals_held():
+                from xtune.cli.parser import build_parser  # half a second of imports (numpy among them)
+            args = build_parser().parse_args(argv)
+        except KeyboardInterrupt:
+            print("xtune: interrupted", file=sys.stderr)
+            return 130
         handler: Handler = args.handler
         return _run(handler, args)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (pthread_sigmask(3)) for the block, then delivered: numpy's import
+    turns a KeyboardInterrupt raised inside it into an ImportError with its own traceback (it imports its
+    C modules through PyCapsule_Import), so Ctrl-C during the imports is taken right after them."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (kill, a service manager stopping xtune) handled as Ctrl-C is: the run stops where it is,
+    its compile pool is shut down (no leaked semaphores for multiprocessing's resource tracker to warn
+    about), every finished measurement stays in the log, exit status 130. Only from the main thread,
+    where Python runs signal handlers; the caller's handler is restored on return."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(handler: Handler, args: argparse.Namespace) -> int:
     try:
         return handler(args)
     except XtuneError as err:
-        print(f"xtune: error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"xtune: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except MemoryError:
         print("xtune: error: out of memory (a workload's tensors are bounded, see README.md; "

@@ -58,6 +58,14 @@ def _float_in(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def one_line(text: str) -> str:
+    """A message as one terminal line: whitespace runs (newlines too) as one space, then what a terminal
+    would obey (escape sequences, other controls) shown escaped, as names from a model may hold them."""
+    from xtune.firmware.header import printable
+
+    return printable(" ".join(text.split()))
+
+
 def _emit_json(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, indent=None, sort_keys=False) + "\n")
 

@@ -10,7 +10,7 @@ import time
 from xtune.cli.common import _emit_json, _warnings_unless_error
 from xtune.cli.networks import _bench_model, _build_model, model_layout
 from xtune.errors import InputError
-from xtune.files import check_output
+from xtune.files import check_paths
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -27,6 +27,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise InputError("--log is for --model; a kernel's config is --config")
     if args.profile:
         raise InputError("--profile times the steps of a whole network (--model)")
+    if args.refuse_nonfinite:
+        raise InputError("--refuse-nonfinite is for a whole network (--model)")
     workload = parse_workload(args.workload)
     board = get_board(args.board, args.boards, target=args.target)
     report = bench(workload, board, args.config)
@@ -70,10 +72,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     model_layout(args)  # refuses --layout without a model
     if not args.workload:
         raise InputError("give --workload (repeat for each kernel) or --model (a whole network)")
-    if args.reference is not None or args.profile:
-        option = "--reference" if args.reference is not None else "--profile"
+    if args.reference is not None or args.profile or args.refuse_nonfinite:
+        option = (
+            "--reference"
+            if args.reference is not None
+            else "--profile"
+            if args.profile
+            else "--refuse-nonfinite"
+        )
         raise InputError(f"{option} is for --model builds")
-    check_outputs(args.output, args.header, args.archive)  # before compiling anything
+    logs = [(log, "log") for log in args.log or ()]
+    check_outputs(args.output, args.header, args.archive, logs)  # before compiling anything
     artifact = build(target, args.workload, args.log or (), args.prefix or "xt")
     artifact.write(args.output, args.header, args.archive)
     for warning in artifact.warnings:
@@ -119,8 +128,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from xtune.tuning.database import read_logs
     from xtune.tuning.report import format_table, plot_convergence, summarize
 
-    if args.plot:
-        check_output(args.plot, "plot")
+    check_paths([(args.plot, "plot")], [(log, "log") for log in args.log])  # before reading, not after
     records = read_logs(args.log)
     if not records:
         raise InputError("no usable records in " + ", ".join(args.log))
@@ -138,7 +146,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_model_train(args: argparse.Namespace) -> int:
     from xtune.transfer.pretrained import TrainOptions, train_from_logs
 
-    check_output(args.output, "model file")  # before training, not after
+    check_paths([(args.output, "model file")], [(log, "log") for log in args.log])  # before training
     start = time.perf_counter()
     options = TrainOptions(objective=args.objective, seed=args.seed, nthread=args.threads)
     with _warnings_unless_error():

@@ -8,9 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from xtune.cli.common import _emit_json, _warnings_unless_error
+from xtune.cli.common import _emit_json, _warnings_unless_error, one_line
 from xtune.errors import InputError
-from xtune.files import check_output
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
@@ -42,12 +41,14 @@ def _bench_model(args: argparse.Namespace) -> int:
 
         check_board(board)  # before building and running anything
     with _warnings_unless_error():
-        report = bench_model(args.model, board, args.log or (), layout=model_layout(args))
+        report = bench_model(args.model, board, args.log or (), layout=model_layout(args),
+                             refuse_nonfinite=args.refuse_nonfinite)  # fmt: skip
     profile = _profile(args, board) if args.profile and report.correct else None
     if args.json:
         _emit_json({**report.as_dict(), **({"profile": profile.as_dict()} if profile else {})})
         return 0 if report.correct else 1
-    print(f"{report.model} on {report.board} ({report.target}, {report.layout}): {report.kernels} kernels "
+    model = one_line(report.model)
+    print(f"{model} on {report.board} ({report.target}, {report.layout}): {report.kernels} kernels "
           f"({report.defaults} at the default config), workspace {report.workspace_bytes} B")  # fmt: skip
     if not report.correct:
         print(f"  xtune  WRONG against ONNX Runtime: {report.error}")
@@ -96,36 +97,27 @@ def _print_profile(profile: NetProfile) -> None:
 
 
 def _build_model(args: argparse.Namespace, target: Target) -> int:
-    from xtune.files import write_all_atomic
-    from xtune.firmware.bench import reference_file
-    from xtune.firmware.build import build_model
-    from xtune.firmware.kernels import check_outputs
+    from xtune.firmware.bench import build_model_files
 
     if args.workload or args.archive:
         raise InputError("--model builds one network object: --workload and --archive are for kernels")
-    check_outputs(args.output, args.header)  # before compiling anything
-    if args.reference is not None:
-        reference = check_output(args.reference, "reference")
-        if reference in (check_output(args.output), check_output(args.header)):
-            raise InputError(f"the reference {args.reference} is the object or the header")
     start = time.perf_counter()
     with _warnings_unless_error():
-        artifact = build_model(
+        artifact = build_model_files(
             args.model,
             target,
-            args.log or (),
-            args.prefix or "net",
+            object_path=args.output,
+            header_path=args.header,
+            reference_path=args.reference,
+            logs=args.log or (),
+            prefix=args.prefix or "net",
             layout=model_layout(args),
             profile=args.profile,
+            refuse_nonfinite=args.refuse_nonfinite,
         )
-    files: list[tuple[str, bytes | str, str]] = [(args.output, artifact.object, "object"),
-                                                  (args.header, artifact.header, "header")]  # fmt: skip
-    if args.reference is not None:
-        files.append((args.reference, reference_file(artifact, args.model), "reference"))
-    write_all_atomic(files)
     seconds = time.perf_counter() - start
     for warning in artifact.warnings:
-        print(f"xtune: warning: {warning}", file=sys.stderr)
+        print(f"xtune: warning: {one_line(warning)}", file=sys.stderr)
     if args.json:
         _emit_json({**artifact.as_dict(), "object": args.output, "header": args.header,
                     "reference": args.reference, "seconds": round(seconds, 3)})  # fmt: skip
@@ -140,7 +132,7 @@ def _build_model(args: argparse.Namespace, target: Target) -> int:
           f"{plan.intermediate_bytes} of intermediates), stack {artifact.stack_bytes} bytes, weights "
           f"{artifact.weights_bytes} bytes")  # fmt: skip
     wrote = ", ".join(p for p in (args.output, args.header, args.reference) if p)
-    print(f"{artifact.target.name}: wrote {wrote} in {seconds:.1f} s")
+    print(f"{artifact.target.name}: wrote {one_line(wrote)} in {seconds:.1f} s")
     return 0
 
 
@@ -186,7 +178,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
           f"inference, {tuned} with a best on {taskset.target.name} (the network runs in "
           f"{taskset.layout.value})")  # fmt: skip
     if taskset.other_nodes:
-        shown = ", ".join(f"{o.name} ({o.op})" for o in taskset.other_nodes)
+        shown = one_line(", ".join(f"{o.name} ({o.op})" for o in taskset.other_nodes))
         print(f"{len(taskset.other_nodes)} other nodes (not tuning tasks): {shown}")
     return 0
 

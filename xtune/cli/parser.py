@@ -22,6 +22,15 @@ def _add_layout(p: argparse.ArgumentParser) -> None:
                    "input and output stay in ONNX's NCHW")  # fmt: skip
 
 
+def _add_nonfinite(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--refuse-nonfinite",
+        action="store_true",
+        help="with --model: refuse a model whose constants hold NaN or infinity (default: build it, with a "
+        "warning naming them)",
+    )
+
+
 def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     from xtune.transfer.pretrained import TrainOptions
 
@@ -164,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="with --model: also each step's time in the network beside its tuned latency "
                    "alone (wall-time boards on x86-64 and AArch64)")  # fmt: skip
+    _add_nonfinite(p)
     _add_layout(p)
     p.set_defaults(handler=cmd_bench)
 
@@ -182,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--profile", action="store_true", help="with --model: add NAME_profile, which also "
                    "writes a counter reading after every step (x86-64 and AArch64)")  # fmt: skip
+    _add_nonfinite(p)
     _add_layout(p)
     p.set_defaults(handler=cmd_build)
 

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from xtune.cli.common import one_line
+
 if TYPE_CHECKING:
     from xtune.boards.cost import CostUnit
     from xtune.frontend.tasks import Task
@@ -101,8 +103,8 @@ class _ModelProgressBar:
 
 
 def _print_model_tuning(result: ModelTuningResult, log: str) -> None:
-    unit = result.cost_unit
-    print(f"{result.model} on {'+'.join(result.boards)} ({result.target}), {result.strategy.value}: "
+    unit, model = result.cost_unit, one_line(result.model)
+    print(f"{model} on {'+'.join(result.boards)} ({result.target}), {result.strategy.value}: "
           f"{result.trials} of {result.budget} trials, stopped: {result.stop.value}; log {log}")  # fmt: skip
     width = max(len("workload"), *(len(t.workload) for t in result.tasks))
     print(f"{'workload':<{width}} {'nodes':>5} {'trials':>6} {'resumed':>7} {'default':>11} {'best':>11} "

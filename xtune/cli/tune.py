@@ -10,7 +10,6 @@ from xtune.cli.common import _emit_json, _warnings_unless_error
 from xtune.cli.networks import model_layout
 from xtune.cli.progress import _ModelProgressBar, _print_model_tuning, _print_tuning, _ProgressBar
 from xtune.errors import InputError
-from xtune.files import check_output
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
@@ -31,14 +30,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.tuning.run import local_numpy_gflops, run_tuning
     from xtune.tuning.session import check_boards
 
-    check_output(args.log, "log", append=True)  # a folder, device, read-only file: before measuring
     layout = model_layout(args)
     workload = parse_workload(args.workload) if args.workload is not None else None
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     log = TuningLog(args.log)
-    # run_tuning and the scheduler check both too, but only after training --transfer-from logs
+    # run_tuning and the scheduler check both too, but only after training --transfer-from logs; the log
+    # is checked here against every file the run reads (a folder, device, read-only file, the model)
     check_boards(boards)
-    log.check_appendable()
+    sources = [s for s in args.transfer_from or () if s != "builtin"]
+    log.check_appendable([(args.model, "model"), *((s, "--transfer-from source") for s in sources)])
     if workload is None:
         return _tune_model(args, boards, log, layout)
     # A pointwise conv2d is tuned as the matmul it lowers to: that operator's model scores its configs.

@@ -16,6 +16,7 @@ import struct
 from collections.abc import Sequence
 from functools import cache
 
+from xtune.codegen.intlower import SCALAR, Env, Operand, integer_binary, lower_integer, vtype
 from xtune.schedule.loopnest import (
     Affine,
     Assign,
@@ -23,15 +24,23 @@ from xtune.schedule.loopnest import (
     BinaryOp,
     Broadcast,
     BufferKind,
+    Cast,
+    Clamp,
     Const,
+    Dot,
+    DType,
     Exp,
     For,
+    HighMul,
     Kernel,
     Load,
     LoopKind,
     MulAdd,
+    PairSum,
     Prefetch,
     Reg,
+    RoundEven,
+    RoundShift,
     Shuffle,
     Stmt,
     Store,
@@ -57,13 +66,9 @@ _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
 _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
              5.0000001201e-1)  # fmt: skip
 
-Operand = tuple[str, int]  # (LLVM operand text without its type, fp32 lanes)
-Env = dict[str, str | int]  # loop variable -> an i64 SSA name (serial loop) or a constant (unrolled)
 
-
-@cache
 def ftype(lanes: int) -> str:
-    return "float" if lanes == 1 else f"<{lanes} x float>"
+    return vtype(lanes, DType.F32)
 
 
 @cache
@@ -75,11 +80,11 @@ def float_literal(value: float) -> str:
 
 
 @cache
-def constant(value: float, lanes: int) -> str:
+def constant(value: float, lanes: int, dtype: DType = DType.F32) -> str:
     if value == 0.0 and not str(value).startswith("-"):
-        return "0.0" if lanes == 1 else "zeroinitializer"
-    scalar = float_literal(value)
-    return scalar if lanes == 1 else "<" + ", ".join([f"float {scalar}"] * lanes) + ">"
+        return ("0.0" if dtype.is_float else "0") if lanes == 1 else "zeroinitializer"
+    scalar = float_literal(value) if dtype.is_float else str(int(value))
+    return scalar if lanes == 1 else "<" + ", ".join([f"{SCALAR[dtype]} {scalar}"] * lanes) + ">"
 
 
 def quoted(name: str) -> str:
@@ -100,6 +105,8 @@ class _FunctionLowering:
         self.block = "entry"  # the label of the block being filled, as referenced after '%'
         self.counter = 0
         self.lanes = dict(kernel.registers)
+        self.types = dict(kernel.register_types)  # registers that do not hold float32
+        self.dtypes = {buf.name: buf.dtype for buf in kernel.buffers}
         self.registers: dict[str, str] = {}  # register -> its current SSA value
         self.buffers: dict[str, str] = {}
         self.pure: dict[tuple[object, ...], str] = {}  # address arithmetic, broadcasts (never invalid)
@@ -108,7 +115,8 @@ class _FunctionLowering:
         for buf in kernel.buffers:
             self.buffers[buf.name] = "%" + quoted(buf.name)
             if buf.kind is BufferKind.LOCAL:
-                self.emit(f"{self.buffers[buf.name]} = alloca float, i64 {buf.size}, align {LOCAL_ALIGN}")
+                elem = SCALAR[buf.dtype]
+                self.emit(f"{self.buffers[buf.name]} = alloca {elem}, i64 {buf.size}, align {LOCAL_ALIGN}")
 
     def fresh(self) -> str:
         self.counter += 1
@@ -170,7 +178,7 @@ class _FunctionLowering:
         latch = self.block
         self.lines[phi_line] = f"  {iv} = phi i64 [0, %{pre}], [{nxt}, %{latch}]"
         for row, reg in enumerate(carried, phi_line + 1):
-            ty = ftype(self.lanes[reg])
+            ty = vtype(self.lanes[reg], self.types.get(reg, DType.F32))
             incoming = f"[{entering[reg]}, %{pre}], [{self.registers[reg]}, %{latch}]"
             self.lines[row] = f"  %{quoted(f'{reg}.{name}')} = phi {ty} {incoming}"
         done = self.define(f"icmp eq i64 {nxt}, {loop.extent}")
@@ -191,13 +199,14 @@ class _FunctionLowering:
         return regs
 
     def store(self, stmt: Store, env: Env) -> None:
-        value, lanes = self.value(stmt.value, env)
+        value, lanes, dtype = self.value(stmt.value, env)
         ptr = self.address(stmt.buffer, stmt.index, env)
+        align = dtype.bytes
         self.loads.clear()
         if stmt.valid == lanes:
-            self.emit(f"store {ftype(lanes)} {value}, ptr {ptr}, align 4")
+            self.emit(f"store {vtype(lanes, dtype)} {value}, ptr {ptr}, align {align}")
             return
-        vty = ftype(lanes)
+        vty = vtype(lanes, dtype)
         # A partial vector (the tail of a row) as power-of-two pieces, widest first: 7 lanes are one
         # 4-lane, one 2-lane and one scalar store rather than 7 scalar ones (never past the valid lanes).
         lane = 0
@@ -208,7 +217,8 @@ class _FunctionLowering:
             else:
                 mask = ", ".join(f"i32 {i}" for i in range(lane, lane + width))
                 piece = self.define(f"shufflevector {vty} {value}, {vty} poison, <{width} x i32> <{mask}>")
-            self.emit(f"store {ftype(width)} {piece}, ptr {self.lane_address(ptr, lane)}, align 4")
+            addr = self.lane_address(ptr, lane, dtype)
+            self.emit(f"store {vtype(width, dtype)} {piece}, ptr {addr}, align {align}")
             lane += width
 
     # --- values -----------------------------------------------------------------------------
@@ -221,32 +231,44 @@ class _FunctionLowering:
 
     def value(self, v: Value, env: Env) -> Operand:
         if isinstance(v, Reg):
-            return self.registers[v.name], self.lanes[v.name]
+            return self.registers[v.name], self.lanes[v.name], self.types.get(v.name, DType.F32)
         if isinstance(v, Load):
-            return self.load(v, env), v.lanes
+            return self.load(v, env), v.lanes, self.dtypes[v.buffer]
         if isinstance(v, Const):
-            return constant(v.value, v.lanes), v.lanes
+            return constant(v.value, v.lanes, v.dtype), v.lanes, v.dtype
         if isinstance(v, Broadcast):
-            return self.broadcast(self.value(v.value, env), v.lanes, v.lane), v.lanes
+            value, width, dtype = self.value(v.value, env)
+            if width > 1:
+                return self.lane_splat(value, width, v.lanes, v.lane, dtype), v.lanes, dtype
+            return self.broadcast(value, v.lanes, dtype), v.lanes, dtype
         if isinstance(v, MulAdd):
             return self.muladd(v, env)
         if isinstance(v, Exp):
             return self.exp(self.value(v.a, env))
         if isinstance(v, Shuffle):
             return self.shuffle(v, env)
-        return self.binary(v, env)
+        if isinstance(v, Binary):
+            return self.binary(v, env)
+        return self.integer(v, env)
+
+    def integer(
+        self, v: Dot | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
+    ) -> Operand:
+        """The integer operations of quantized kernels (xtune/codegen/intlower.py)."""
+        return lower_integer(self, v, env)
 
     def shuffle(self, v: Shuffle, env: Env) -> Operand:
         """LangRef "shufflevector": the mask is a constant vector of i32 lane numbers over a ++ b."""
-        (a, lanes), (b, _) = self.value(v.a, env), self.value(v.b, env)
-        ty = ftype(lanes)
+        (a, lanes, dtype), (b, _, _) = self.value(v.a, env), self.value(v.b, env)
+        ty = vtype(lanes, dtype)
         mask = ", ".join(f"i32 {i}" for i in v.mask)
-        return self.define(f"shufflevector {ty} {a}, {ty} {b}, <{len(v.mask)} x i32> <{mask}>"), len(v.mask)
+        shuffled = self.define(f"shufflevector {ty} {a}, {ty} {b}, <{len(v.mask)} x i32> <{mask}>")
+        return shuffled, len(v.mask), dtype
 
     def muladd(self, v: MulAdd, env: Env) -> Operand:
         """llvm.fmuladd: one FMA where the target has it, mul + add elsewhere (never a libcall)."""
-        (a, lanes), (b, _), (c, _) = (self.value(part, env) for part in (v.a, v.b, v.c))
-        return self.fmuladd(a, b, c, lanes), lanes
+        (a, lanes, _), (b, _, _), (c, _, _) = (self.value(part, env) for part in (v.a, v.b, v.c))
+        return self.fmuladd(a, b, c, lanes), lanes, DType.F32
 
     def fmuladd(self, a: str, b: str, c: str, lanes: int) -> str:
         ty = ftype(lanes)
@@ -254,18 +276,25 @@ class _FunctionLowering:
         return self.define(f"call {ty} @llvm.fmuladd.{_suffix(lanes)}({ty} {a}, {ty} {b}, {ty} {c})")
 
     def binary(self, v: Binary, env: Env) -> Operand:
-        (lhs, lanes), (rhs, _) = self.value(v.a, env), self.value(v.b, env)
+        (lhs, lanes, dtype), (rhs, _, _) = self.value(v.a, env), self.value(v.b, env)
+        if not dtype.is_float:
+            return integer_binary(self, v.op, lhs, rhs, lanes, dtype), lanes, dtype
         ty = ftype(lanes)
         arithmetic = {BinaryOp.ADD: "fadd", BinaryOp.SUB: "fsub", BinaryOp.MUL: "fmul", BinaryOp.DIV: "fdiv"}
         if v.op in arithmetic:
-            return self.define(f"{arithmetic[v.op]} {ty} {lhs}, {rhs}"), lanes
+            return self.define(f"{arithmetic[v.op]} {ty} {lhs}, {rhs}"), lanes, dtype
+        if v.op not in (BinaryOp.MAX, BinaryOp.MIN):
+            raise ValueError(f"{v.op.value} takes integer lanes, not float")
         # max/min via compare + select: llvm.maxnum/minnum would be libcalls (fmaxf) on some targets.
-        return self.select(lhs, "ogt" if v.op is BinaryOp.MAX else "olt", rhs, lhs, rhs, lanes), lanes
+        return self.select(lhs, "ogt" if v.op is BinaryOp.MAX else "olt", rhs, lhs, rhs, lanes), lanes, dtype
 
-    def select(self, a: str, pred: str, b: str, then: str, other: str, lanes: int) -> str:
-        """`a PRED b ? then : other`, lane by lane."""
-        ty = ftype(lanes)
-        cond = self.define(f"fcmp {pred} {ty} {a}, {b}")
+    def select(
+        self, a: str, pred: str, b: str, then: str, other: str, lanes: int, dtype: DType = DType.F32
+    ) -> str:
+        """`a PRED b ? then : other`, lane by lane (fcmp predicates for float lanes, icmp for integers)."""
+        ty = vtype(lanes, dtype)
+        compare = "fcmp" if dtype.is_float else "icmp"
+        cond = self.define(f"{compare} {pred} {ty} {a}, {b}")
         cty = "i1" if lanes == 1 else f"<{lanes} x i1>"
         return self.define(f"select {cty} {cond}, {ty} {then}, {ty} {other}")
 
@@ -276,7 +305,7 @@ class _FunctionLowering:
         e**r by Cephes' degree-7 minimax polynomial, then times 2**n built in the exponent bits. 2**n is
         applied as two factors so that n from -150 to 128 (subnormal results to FLT_MAX) stays in range.
         Beyond the range: +inf above ln(FLT_MAX), 0 below ln of half the smallest subnormal."""
-        x, lanes = operand
+        x, lanes, _ = operand
         ty, ity = ftype(lanes), "i32" if lanes == 1 else f"<{lanes} x i32>"
 
         def c(value: float) -> str:
@@ -307,24 +336,34 @@ class _FunctionLowering:
             bits = self.define(f"shl {ity} {self.define(f'add {ity} {part}, {ic(127)}')}, {ic(23)}")
             y = self.define(f"fmul {ty} {y}, {self.define(f'bitcast {ity} {bits} to {ty}')}")
         y = self.select(x, "ogt", c(_EXP_HI), c(float("inf")), y, lanes)
-        return self.select(x, "olt", c(_EXP_LO), c(0.0), y, lanes), lanes
+        return self.select(x, "olt", c(_EXP_LO), c(0.0), y, lanes), lanes, DType.F32
 
-    def broadcast(self, source: Operand, lanes: int, lane: int) -> str:
-        """The splat idiom instcombine produces itself: a scalar inserted into poison and shuffled by a zero
-        mask; a vector's lane by a shuffle whose mask is that lane everywhere, the operand AArch64's
-        instruction selection folds into FMLA (by element)."""
-        value, width = source
+    def broadcast(self, scalar: str, lanes: int, dtype: DType = DType.F32) -> str:
+        """The splat idiom instcombine produces itself (insertelement into poison, zero shuffle mask)."""
         if lanes == 1:
-            return value if width == 1 else self.define(f"extractelement {ftype(width)} {value}, i64 {lane}")
-        key = ("splat", value, lanes, lane)
+            return scalar
+        key = ("splat", scalar, lanes, SCALAR[dtype])
         splat = self.pure.get(key)
         if splat is None:
-            ty = ftype(width if width > 1 else lanes)
-            if width == 1:
-                value = self.define(f"insertelement {ty} poison, float {value}, i64 0")
-            mask = "zeroinitializer" if lane == 0 else "<" + ", ".join([f"i32 {lane}"] * lanes) + ">"
-            splat = self.define(f"shufflevector {ty} {value}, {ty} poison, <{lanes} x i32> {mask}")
+            ty = vtype(lanes, dtype)
+            one = self.define(f"insertelement {ty} poison, {SCALAR[dtype]} {scalar}, i64 0")
+            splat = self.define(f"shufflevector {ty} {one}, {ty} poison, <{lanes} x i32> zeroinitializer")
             self.pure[key] = splat
+        return splat
+
+    def lane_splat(self, vector: str, width: int, lanes: int, lane: int, dtype: DType) -> str:
+        """Lane `lane` of a `width`-lane vector in all `lanes` lanes: a shuffle whose mask is that lane
+        everywhere, the operand AArch64's instruction selection folds into FMLA (by element)."""
+        ty = vtype(width, dtype)
+        if lanes == 1:
+            return self.define(f"extractelement {ty} {vector}, i64 {lane}")
+        key = ("lane splat", vector, lanes, lane)
+        splat = self.pure.get(key)
+        if splat is None:
+            mask = "<" + ", ".join([f"i32 {lane}"] * lanes) + ">"
+            splat = self.pure[key] = self.define(
+                f"shufflevector {ty} {vector}, {ty} poison, <{lanes} x i32> {mask}"
+            )
         return splat
 
     def load(self, v: Load, env: Env) -> str:
@@ -333,20 +372,22 @@ class _FunctionLowering:
         value = self.loads.get(key)
         if value is not None:
             return value
+        dtype = self.dtypes[v.buffer]
+        scalar, align = SCALAR[dtype], dtype.bytes
         if v.valid == v.lanes:
-            value = self.define(f"load {ftype(v.lanes)}, ptr {ptr}, align 4")
+            value = self.define(f"load {vtype(v.lanes, dtype)}, ptr {ptr}, align {align}")
         else:
-            vty, value = ftype(v.lanes), "zeroinitializer"
+            vty, value = vtype(v.lanes, dtype), "zeroinitializer"
             for lane in range(v.valid):  # never read past the end of a row
-                elem = self.define(f"load float, ptr {self.lane_address(ptr, lane)}, align 4")
-                value = self.define(f"insertelement {vty} {value}, float {elem}, i64 {lane}")
+                elem = self.define(f"load {scalar}, ptr {self.lane_address(ptr, lane, dtype)}, align {align}")
+                value = self.define(f"insertelement {vty} {value}, {scalar} {elem}, i64 {lane}")
         self.loads[key] = value
         return value
 
     # --- addresses --------------------------------------------------------------------------
     def address(self, buffer: str, index: Affine, env: Env, inbounds: bool = True) -> str:
-        """&buffer[index] as one GEP over float (inbounds unless a prefetch's, which may point past the
-        buffer); the loop-variable part is computed once."""
+        """&buffer[index] as one GEP over its element type (inbounds unless a prefetch's, which may point
+        past the buffer); the loop-variable part is computed once."""
         const, dynamic = index.const, []
         for var, coeff in index.terms:
             bound = env[var]
@@ -367,7 +408,8 @@ class _FunctionLowering:
                     flags = "nuw nsw" if const > 0 else "nsw"
                     offset = self.define(f"add {flags} i64 {offset}, {const}")
             gep = "getelementptr inbounds" if inbounds else "getelementptr"
-            ptr = self.define(f"{gep} float, ptr {self.buffers[buffer]}, i64 {offset}")
+            elem = SCALAR[self.dtypes[buffer]]
+            ptr = self.define(f"{gep} {elem}, ptr {self.buffers[buffer]}, i64 {offset}")
             self.pure[key] = ptr
         return ptr
 
@@ -384,13 +426,14 @@ class _FunctionLowering:
         self.pure[("sum", terms)] = total
         return total
 
-    def lane_address(self, ptr: str, lane: int) -> str:
+    def lane_address(self, ptr: str, lane: int, dtype: DType = DType.F32) -> str:
         if lane == 0:
             return ptr
-        key = ("lane", ptr, lane)
+        key = ("lane", ptr, lane, SCALAR[dtype])
         addr = self.pure.get(key)
         if addr is None:
-            addr = self.pure[key] = self.define(f"getelementptr inbounds float, ptr {ptr}, i64 {lane}")
+            elem = SCALAR[dtype]
+            addr = self.pure[key] = self.define(f"getelementptr inbounds {elem}, ptr {ptr}, i64 {lane}")
         return addr
 
 

@@ -15,21 +15,25 @@ from __future__ import annotations
 import os
 import statistics
 import struct
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, RunStatus
 from xtune.boards.board import Board, InsnCountingSession
 from xtune.boards.cost import CostUnit
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import FlatImage, link_flat
-from xtune.errors import BoardError, InputError
-from xtune.firmware.build import NetArtifact, build_model
+from xtune.errors import BoardError, InputError, XtuneWarning
+from xtune.files import check_paths, write_all_atomic
+from xtune.firmware.build import NetArtifact, build_model, nonfinite_notes
 from xtune.frontend.load import Source, load_model
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
-from xtune.ops.workload import RTOL, check_output
+from xtune.ops.workload import RTOL, check_output, max_abs_error
+from xtune.target import Target
 from xtune.tuning.peers import ort_available, ort_network
 
 PathLike = str | os.PathLike[str]
@@ -78,9 +82,43 @@ def reference_file(artifact: NetArtifact, model: Source) -> bytes:
     seeded random input and ONNX Runtime's output for it. Little-endian: 8 bytes "XTNETREF", u32 version 1,
     u32 the build id (the header's), u64 input floats, u64 output floats, then both arrays as float32."""
     x = random_input(artifact.program.input_shape)
-    ref, _ = ort_network(load_model(model).SerializeToString(), x)
+    ref, _ = ort_network(load_model(model).SerializeToString(), x, where=artifact.model)
     head = REFERENCE_MAGIC + struct.pack("<IIQQ", 1, artifact.build_id, x.size, ref.size)
     return head + x.astype("<f4").tobytes() + ref.astype("<f4").tobytes()
+
+
+def build_model_files(
+    model: Source,
+    target: str | Target,
+    *,
+    object_path: PathLike,
+    header_path: PathLike,
+    reference_path: PathLike | None = None,
+    logs: Sequence[PathLike] = (),
+    prefix: str = "net",
+    layout: str | Layout = DEFAULT,
+    profile: bool = False,
+    refuse_nonfinite: bool = False,
+) -> NetArtifact:
+    """What `xtune build --model` does: every path checked before anything is built (each output
+    writable, none another output or a file the build reads: the model, a log), the network built
+    (`build_model`), and the object, the header and the reference file (`reference_file`,
+    with `reference_path`) written atomically, all or none."""
+    inputs = [
+        (None if isinstance(model, onnx.ModelProto) else model, "model"),
+        *((log, "log") for log in logs),
+    ]
+    outputs = [(object_path, "object"), (header_path, "header"), (reference_path, "reference")]
+    check_paths(outputs, inputs)
+    artifact = build_model(model, target, logs, prefix, layout, profile, refuse_nonfinite)
+    files: list[tuple[PathLike, bytes | str, str]] = [
+        (object_path, artifact.object, "object"),
+        (header_path, artifact.header, "header"),
+    ]
+    if reference_path is not None:
+        files.append((reference_path, reference_file(artifact, model), "reference"))
+    write_all_atomic(files)
+    return artifact
 
 
 def random_input(shape: tuple[int, ...], seed: int = SEED) -> np.ndarray:
@@ -134,20 +172,25 @@ def bench_model(
     logs: Sequence[PathLike] = (),
     repeat: int = 5,
     layout: str | Layout = DEFAULT,
+    refuse_nonfinite: bool = False,
 ) -> NetBenchReport:
-    """Build `model` for the board's target in `layout`, run it on `board`, check it against ONNX Runtime,
-    time both."""
+    """Build `model` for the board's target in `layout`, run it on `board`, check it against ONNX Runtime
+    (non-finite outputs by position and value: xtune.ops.workload.check_output), time both. A constant
+    holding NaN or infinity is a warning, or with `refuse_nonfinite` an InputError."""
     where = parse_layout(layout)
     if not ort_available():
         raise InputError("checking a network needs ONNX Runtime: pip install 'xtune[bench]'")
-    artifact = build_model(model, board.target, logs, layout=where)
+    artifact = build_model(model, board.target, logs, layout=where, refuse_nonfinite=refuse_nonfinite)
+    for note in nonfinite_notes(artifact.program, refuse_nonfinite):
+        warnings.warn(note, XtuneWarning, stacklevel=2)
     x = random_input(artifact.program.input_shape)
-    got, cost = run_network(board, artifact, x, repeat)
     serialized = load_model(model).SerializeToString()
     wall = board.cost_unit is CostUnit.SECONDS
-    ref, ort_times = ort_network(serialized, x, repeat if wall else 0)
+    # First: a model ONNX Runtime refuses is refused before the board runs it.
+    ref, ort_times = ort_network(serialized, x, repeat if wall else 0, where=artifact.model)
+    got, cost = run_network(board, artifact, x, repeat)
     mismatch = check_output(got, ref, RTOL)
-    error = float(np.max(np.abs(got - ref))) if np.all(np.isfinite(got)) else float("inf")
+    error = max_abs_error(got, ref)  # over the finite positions: the others matched, or mismatch says
     return NetBenchReport(
         model=artifact.model, target=board.target.name, board=board.name, layout=where.value,
         correct=not mismatch,

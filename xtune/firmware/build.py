@@ -33,6 +33,7 @@ from xtune.codegen.lower import lower, quoted
 from xtune.codegen.rodata import WeightsLayout, pack_weights, patch_weights, weights_base, weights_global
 from xtune.errors import InputError
 from xtune.files import write_all_atomic
+from xtune.firmware.header import c_comment
 from xtune.firmware.kernels import (
     MAX_STACK_BYTES,
     check_outputs,
@@ -178,6 +179,7 @@ def build_model(
     prefix: str = "net",
     layout: str | Layout = DEFAULT,
     profile: bool = False,
+    refuse_nonfinite: bool = False,
 ) -> NetArtifact:
     """The whole network of `model` (a path or a ModelProto) for `target`, as one checked object, run in
     `layout` (xtune/ops/layout.py; the entry's input and output are in ONNX's order whatever it is).
@@ -185,14 +187,16 @@ def build_model(
     calls with the target's counter (PROFILE_COUNTERS) read into stamps[0..calls] before the first step
     and after each (the step i took stamps[i+1] - stamps[i] ticks); `{prefix}_run` is unchanged.
 
-    InputError (one line naming the node or file) for what xtune cannot run or read, a bad prefix, and a
-    log without a record for `target` but with records for other targets (built for another target)."""
+    InputError (one line naming the node or file) for what xtune cannot run or read, a bad prefix, a
+    log without a record for `target` but with records for other targets (built for another target),
+    and with `refuse_nonfinite` a constant holding NaN or infinity (else that is a warning)."""
     tgt = target if isinstance(target, Target) else get_target(target)
     valid_prefix(prefix)
     if profile:
         check_profile(tgt)
     records, notes = _read_logs(logs, tgt)
     prog = program(model, parse_layout(layout))
+    notes += nonfinite_notes(prog, refuse_nonfinite)
     kernels, rows, task_notes, prepack = _kernels(prog, tgt, records, prefix)
     notes += task_notes
     rodata, blob = pack_weights(_packed_weights(prog, prepack))
@@ -215,6 +219,19 @@ def build_model(
         profiled=profile,
     )  # fmt: skip
     return _with_header(artifact)
+
+
+def nonfinite_notes(prog: Program, refuse: bool) -> list[str]:
+    """The warning naming the model's constants that hold NaN or infinity (none: []), or with `refuse`
+    InputError. Such a network is built as given: its kernels compute with those values as IEEE 754
+    says, and `xtune bench --model` compares each non-finite output with ONNX Runtime's by position."""
+    if not prog.nonfinite:
+        return []
+    shown = ", ".join(f"'{name}' ({count} values)" for name, count in prog.nonfinite)
+    what = f"{prog.model}: constant(s) holding NaN or infinity: {shown}"
+    if refuse:
+        raise InputError(f"{what} (refused: --refuse-nonfinite)")
+    return [f"{what}; built as given (--refuse-nonfinite refuses such a model)"]
 
 
 def _read_logs(logs: Sequence[PathLike], target: Target) -> tuple[list[Record] | None, list[str]]:
@@ -400,11 +417,12 @@ def _with_header(a: NetArtifact) -> NetArtifact:
     out_dims = "".join(f"[{d}]" for d in prog.output_shape)
     tasks = sum(k.calls for k in a.kernels if k.source != "generated")
     lines = header_open(a.target, guard, includes=("stdint.h",))
+    model = c_comment(os.path.basename(a.model))
     lines += [
-        f"/* {a.entry}: the whole network {os.path.basename(a.model)}, {len(prog.calls)} kernel calls "
+        f"/* {a.entry}: the whole network {model}, {len(prog.calls)} kernel calls "
         f"({tasks} tuned tasks, {len(prog.calls) - tasks} generated operators).",
-        f" *   input:  float{dims}, '{prog.input}', row-major (NCHW), read only",
-        f" *   output: float{out_dims}, '{prog.output}', row-major, overwritten",
+        f" *   input:  float{dims}, '{c_comment(prog.input)}', row-major (NCHW), read only",
+        f" *   output: float{out_dims}, '{c_comment(prog.output)}', row-major, overwritten",
         f" *   (the network runs in {prog.layout.value.upper()} inside; input and output are as the model "
         "declares them)",
         f" *   workspace: {plan.workspace_bytes} bytes of the caller's memory, 64-byte aligned for speed",
@@ -436,7 +454,9 @@ def _with_header(a: NetArtifact) -> NetArtifact:
     for k in a.kernels:
         config = f"config {k.config_index} ({k.source}{': ' + k.reason if k.reason else ''})"
         how = config if k.source != "generated" else "generated"
-        lines.append(f" *   {k.symbol}: {k.what}, {k.calls} call(s), {how}, {k.stack_bytes} B stack")
+        lines.append(
+            c_comment(f" *   {k.symbol}: {k.what}, {k.calls} call(s), {how}, {k.stack_bytes} B stack")
+        )
     lines += [" */", ""]
     return replace(a, header="\n".join(lines + header_close(guard)))
 
@@ -454,7 +474,7 @@ def _profile_header(a: NetArtifact) -> list[str]:
         f"int {a.profile_entry}(const float *input, float *output, void *workspace, uint64_t *stamps);",
         "/* Steps:",
     ]
-    lines += [f" *   {i:3d} {step_label(call)}" for i, call in enumerate(calls)]
+    lines += [f" *   {i:3d} {c_comment(step_label(call))}" for i, call in enumerate(calls)]
     return [*lines, " */"]
 
 

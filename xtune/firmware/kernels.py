@@ -18,13 +18,13 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import check_object
 from xtune.codegen.lower import lower
 from xtune.errors import CompileError, InputError
-from xtune.files import check_output, write_all_atomic
+from xtune.files import check_paths, write_all_atomic
 from xtune.ops.registry import parse_workload
 from xtune.ops.workload import TensorSpec, Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
-from xtune.templates import ScheduleTemplate, template_for
+from xtune.templates import MAX_STACK_BYTES, ScheduleTemplate, template_for
 from xtune.tuning.database import Record, build_choice, config_of, read_logs
 from xtune.version import __version__
 
@@ -38,10 +38,6 @@ ABIS = {
     "riscv64": "RISC-V ELF psABI, LP64D (hard-float double calling convention)",
 }
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
-# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
-# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB.
-MAX_STACK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -118,17 +114,16 @@ class Artifact:
         write_all_atomic(files)  # all three written before any replaces its old file
 
 
-def check_outputs(object_path: PathLike, header_path: PathLike, archive_path: PathLike | None = None) -> None:
-    """InputError unless each output can be written and no two name the same file (call it before a build)."""
-    paths = {"object": object_path, "header": header_path, "archive": archive_path}
-    real: dict[Path, str] = {}
-    for what, path in paths.items():
-        if path is None:
-            continue
-        resolved = check_output(path, what)
-        if resolved in real:
-            raise InputError(f"the {real[resolved]} and the {what} are the same file {path}")
-        real[resolved] = what
+def check_outputs(
+    object_path: PathLike,
+    header_path: PathLike,
+    archive_path: PathLike | None = None,
+    inputs: Sequence[tuple[PathLike | None, str]] = (),
+) -> None:
+    """InputError unless each output can be written, no two name the same file, and none is one of the
+    `inputs` (the logs, the model) a build reads (call it before a build: `xtune.files.check_paths`)."""
+    outputs = [(object_path, "object"), (header_path, "header"), (archive_path, "archive")]
+    check_paths(outputs, inputs)
 
 
 @dataclass(frozen=True)
@@ -156,6 +151,12 @@ def build(
     wls = _unique([w if isinstance(w, Workload) else parse_workload(w) for w in workloads])
     if not wls:
         raise InputError("no workloads to build")
+    for w in wls:
+        if w.op == "qmatmul":  # its weights are always packed, their column sums folded into the bias
+            raise InputError(
+                f"{w.key}: a qmatmul kernel reads its weights packed for its config (and their "
+                "column sums in its bias); it is built into a network, not alone"
+            )
     records, notes = read_noted(logs)
     templates = [template_for(w, tgt) for w in wls]
     choices = [choose(w, tgt, t, records) for w, t in zip(wls, templates, strict=True)]
@@ -283,7 +284,8 @@ def render_header(
 ) -> str:
     """A C99/C++ header: guard, extern "C", and per kernel its layouts, config, stack and prototype."""
     guard = f"{prefix.upper()}_KERNELS_H"
-    lines = header_open(target, guard)
+    integers = any(t.dtype != "float32" for wl in workloads for t in wl.tensors())
+    lines = header_open(target, guard, includes=("stdint.h",) if integers else ())
     for wl, entry in zip(workloads, entries, strict=True):
         lines += _kernel_block(wl, entry)
     return "\n".join(lines + header_close(guard))
@@ -329,7 +331,7 @@ def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:
         if pack and t.name == pack.tensor:
             lines.append(f" *   {t.name}: float[{packed_floats}], as {pack.symbol} packs it, {role}")
         else:
-            lines.append(f" *   {t.name}: float{dims}, row-major, {role}")
+            lines.append(f" *   {t.name}: {C_TYPES[t.dtype]}{dims}, row-major, {role}")
     names = ", ".join(t.name for t in tensors)
     lines += [
         f" *   config {entry.config_index} ({where}{speed}):",
@@ -361,8 +363,15 @@ def _kernel_block(wl: Workload, entry: KernelEntry) -> list[str]:
     return lines
 
 
+# The C type of each tensor element type (C99 <stdint.h> for the integers).
+C_TYPES = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t", "int32": "int32_t"}
+
+
 def _params(tensors: Sequence[TensorSpec]) -> str:
-    return ", ".join(f"float *{t.name}" if t.is_output else f"const float *{t.name}" for t in tensors)
+    return ", ".join(
+        f"{C_TYPES[t.dtype]} *{t.name}" if t.is_output else f"const {C_TYPES[t.dtype]} *{t.name}"
+        for t in tensors
+    )
 
 
 # ---- the archive --------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from xtune.frontend.load import Source, load_graph
 from xtune.frontend.refusal import Unsupported, UnsupportedNode, by_op, refusal
 from xtune.frontend.support import VIEWS
 from xtune.frontend.tasks import FusedOp, fuse
+from xtune.frontend.validate import nonfinite
 from xtune.graph import Graph, Node
 from xtune.ops.generated import (
     Concat,
@@ -78,6 +79,7 @@ class Program:
     places: Mapping[str, tuple[Space, int]]  # tensor -> (space, byte offset; weights: see firmware/build.py)
     weights: tuple[tuple[str, np.ndarray], ...]  # constant arrays by tensor name, in first-use order
     memory: MemoryPlan
+    nonfinite: tuple[tuple[str, int], ...] = ()  # the model's constants holding NaN or inf, and how many
 
 
 def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
@@ -91,6 +93,8 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
             f"{graph.name}: the network has {len(graph.inputs)} input(s) and {len(graph.outputs)} output(s); "
             "xtune builds networks of one input and one output"
         )
+    if graph.outputs[0] in graph.inputs:
+        raise InputError(f"{graph.name}: the output '{graph.outputs[0]}' is the input: nothing to compute")
     names = [n.name for n in graph.nodes]
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
@@ -104,9 +108,11 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     places, plan = _place(graph, steps, weights, sizes)
     calls = tuple(Call(nodes=s.nodes, kernel=s.kernel, args=s.args) for s in steps if s.kernel is not None)
     (x,), (y,) = graph.inputs, graph.outputs
+    read = dict.fromkeys(t for node in graph.nodes for t in node.inputs)
     return Program(
         model=graph.name, layout=where, input=x, output=y, input_shape=graph.shape(x),
         output_shape=graph.shape(y), calls=calls, places=places, weights=tuple(weights.items()), memory=plan,
+        nonfinite=tuple(nonfinite((t, graph.constants[t]) for t in read if t in graph.constants)),
     )  # fmt: skip
 
 

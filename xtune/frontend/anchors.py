@@ -10,6 +10,7 @@ or two 2-D activations.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -17,8 +18,10 @@ import numpy as np
 
 from xtune.frontend.refusal import UnsupportedNode
 from xtune.graph import Graph, Node
-from xtune.operators import winograd_eligible
+from xtune.operators import ConvShape, winograd_eligible
 from xtune.ops.layout import Layout
+from xtune.ops.workload import ParamValue
+from xtune.templates.winograd import fits_stack
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,10 +47,14 @@ class Anchor:
         packed = {"prepacked": 1} if constant and self.op != "depthwise" else {}
         switches = {"bias": int(bias), **flags, **packed}
         where: tuple[tuple[str, str], ...] = (("layout", layout.value),) if layout is not Layout.NCHW else ()
-        if constant and self.op == "conv2d" and winograd_eligible({"dilation": 1, **dict(self.sizes)}):
+        finite = self.weights is not None and bool(np.all(np.isfinite(self.weights)))
+        sizes: dict[str, ParamValue] = {"dilation": 1, **dict(self.sizes)}
+        if finite and self.op == "conv2d" and winograd_eligible(sizes) and _winograd_fits(sizes, layout):
             # 2.25x fewer multiplies than any direct kernel, with U = G g G^T made once at build time
             # (docs/design.md, Convolutions; docs/benchmarks.md, issue 18). Weights that are an activation
-            # would be transformed on every call: those layers stay direct.
+            # would be transformed on every call: those layers stay direct. So do non-finite weights:
+            # the transform mixes each weight into 16 sums, and inf - inf makes NaN of outputs that a
+            # direct convolution computes as +-inf (what ONNX Runtime gives).
             where += (("algo", "winograd"),)
         return f"{self.op}:" + ",".join(f"{k}={v}" for k, v in (*self.sizes, *where, *switches.items()))
 
@@ -68,6 +75,15 @@ class Anchor:
         if self.op == "matmul":  # B is (k, n)
             return weights * scale[None, :]
         return weights * scale.reshape(-1, *([1] * (weights.ndim - 1)))
+
+
+def _winograd_fits(sizes: Mapping[str, ParamValue], layout: Layout) -> bool:
+    """Whether a Winograd kernel of these sizes keeps its padded image copy within its stack budget; a
+    larger layer is tuned and built direct, rather than refused when its tasks are extracted."""
+    n, c, h, w, k, r, s, stride, pad, dilation = (
+        int(sizes[key]) for key in ("n", "c", "h", "w", "k", "r", "s", "stride", "pad", "dilation")
+    )
+    return fits_stack(ConvShape(n, c, h, w, k, r, s, stride, pad, dilation, layout is Layout.NHWC))
 
 
 def anchor_of(graph: Graph, node: Node) -> Anchor:

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
 from xtune.errors import InputError
+from xtune.files import check_input
 from xtune.frontend.external import load_external_data
 from xtune.frontend.normalize import normalize
 from xtune.frontend.protos import default_opset, skeleton
 from xtune.frontend.refusal import UnsupportedNode, by_op, refusal
+from xtune.frontend.validate import check, check_weights, validate
 from xtune.graph import AttrValue, Graph, Node
 
 Source = str | os.PathLike[str] | onnx.ModelProto
@@ -32,13 +33,13 @@ def load_model(source: Source) -> onnx.ModelProto:
     """The ModelProto of a file, its external data read from beside it, or InputError naming the file."""
     if isinstance(source, onnx.ModelProto):
         return source
-    path = Path(source)
-    if not path.is_file():
-        raise InputError(f"{path}: no such ONNX file")
+    path = check_input(source, "ONNX file")
+    if path.stat().st_size == 0:
+        raise InputError(f"{source}: the file is empty, not an ONNX model")
     try:
         model = onnx.load_model(path, load_external_data=False)
     except Exception as err:  # protobuf's DecodeError and friends: the file is not a model
-        raise InputError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from None
+        raise InputError(f"{source}: not an ONNX model ({type(err).__name__}: {err})") from None
     return load_external_data(model, path)
 
 
@@ -46,13 +47,14 @@ def load_graph(source: Source) -> Graph:
     """Import `source` (a path or a ModelProto); InputError in one line for anything xtune cannot take."""
     loaded = load_model(source)
     where = str(source) if not isinstance(source, onnx.ModelProto) else (loaded.graph.name or "model")
-    model = normalize(loaded, where)
+    model = normalize(validate(loaded, where), where)  # nodes in topological order from here on
     opset = default_opset(model) or 0
     try:
         inferred = shape_inference.infer_shapes(skeleton(model), strict_mode=True)
     except Exception as err:  # onnx's InferenceError, ValidationError: a broken or inconsistent model
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = " ".join(str(err).split())[:300] or type(err).__name__
         raise InputError(f"{where}: shape inference failed: {first}") from None
+    check(inferred, where)
     g = inferred.graph
     constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     nodes = []
@@ -69,6 +71,7 @@ def load_graph(source: Source) -> Graph:
         outputs=tuple(o.name for o in g.output), constants=constants, shapes=shapes,
     )  # fmt: skip
     _check_tensors(graph, types, where)
+    check_weights(g.node, shapes, where)
     return graph
 
 
@@ -142,6 +145,11 @@ def _tensor_problem(graph: Graph, types: Mapping[str, int], tensor: str) -> tupl
         return (
             f"tensor '{tensor}' has a dynamic shape ({shown})",
             "fix the batch and input size when exporting",
+        )
+    if 0 in shape:
+        return (
+            f"tensor '{tensor}' has no elements (shape {shape})",
+            "xtune runs tensors of at least one element",
         )
     elem = types.get(tensor, onnx.TensorProto.FLOAT)
     if elem != onnx.TensorProto.FLOAT:

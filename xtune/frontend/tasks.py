@@ -14,11 +14,12 @@ chain. Calls with the same workload are one `Task`, tuned once. The other nodes 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 
+from xtune.errors import InputError
 from xtune.frontend.anchors import Anchor, anchor_of
 from xtune.frontend.load import Source, load_graph
 from xtune.frontend.refusal import Unsupported, UnsupportedNode, by_op, refusal
@@ -28,6 +29,7 @@ from xtune.ops.layout import DEFAULT, Layout, parse_layout, runs_in
 from xtune.ops.registry import parse_workload
 from xtune.ops.workload import Workload
 from xtune.target import Target, get_target, host_target
+from xtune.templates import MAX_STACK_BYTES, template_for
 from xtune.tuning.database import Record, build_choice
 
 # Epilogue stages in the order they apply; a chain only moves forward (operators.EPILOGUE). The affine
@@ -117,9 +119,6 @@ def extract_tasks(
     where = parse_layout(layout)
     graph = source if isinstance(source, Graph) else load_graph(source)
     ops, others, failures = fuse(graph, where)
-    unsupported = by_op(failures)
-    if unsupported and not partial:
-        raise refusal(graph.name, unsupported)
     calls: dict[str, list[FusedOp]] = {}
     for op in ops:
         calls.setdefault(op.workload.key, []).append(op)
@@ -128,6 +127,12 @@ def extract_tasks(
              flops=float(group[0].workload.flops()), ops=tuple(group))
         for group in calls.values()
     )  # fmt: skip
+    unsupported = by_op(failures)
+    if unsupported and not partial:
+        raise refusal(graph.name, unsupported)
+    for task in tasks:  # in every mode: no config of such a task could be measured, nor built
+        if failure := _stack_failure(graph, task, tgt):
+            raise failure
     total = sum(t.flops * t.count for t in tasks)
     return TaskSet(
         model=graph.name,
@@ -138,6 +143,21 @@ def extract_tasks(
         total_flops=total,
         unsupported=unsupported,
     )
+
+
+def _stack_failure(graph: Graph, task: Task, target: Target) -> UnsupportedNode | None:
+    """The refusal of a task whose default kernel needs more stack than any kernel may (MAX_STACK_BYTES:
+    the agent's stack, where every config would be measured as a crash), naming its first node."""
+    template = template_for(task.workload, target)
+    need = template.kernel(template.default_config(), "stack_check").stack_bytes
+    if need <= MAX_STACK_BYTES:
+        return None
+    op = next(node.op for node in graph.nodes if node.name == task.nodes[0])
+    why = (
+        f"its kernel ({task.workload.key}) needs {need} bytes of stack, more than the {MAX_STACK_BYTES} "
+        "a kernel may use (docs/firmware.md, Stack)"
+    )
+    return UnsupportedNode(graph.name, task.nodes[0], op, why, "the tensor is too large for xtune's kernels")
 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
@@ -224,7 +244,11 @@ def _fuse_chain(
             break
         used.append(j)
         out = nxt.outputs[0]
-    workload = parse_workload(a.workload_key(bias is not None, flags, runs_in(a.op, layout)))
+    try:
+        as_run = replace(a, weights=weights)  # the weights as the kernel takes them: Winograd only if finite
+        workload = parse_workload(as_run.workload_key(bias is not None, flags, runs_in(a.op, layout)))
+    except InputError as err:  # a size outside the workload's bounds: say which node has it
+        raise InputError(f"{graph.name}: {a.node.label}: {err}") from None
     op = FusedOp(
         anchor=a.node.name, fused=tuple(graph.nodes[j].name for j in used), workload=workload,
         input=a.node.inputs[0], weights_input=a.node.inputs[1], residual=residual, output=out,
@@ -264,10 +288,14 @@ def _fold_batchnorm(
     eps = float(bn.attr("epsilon", 1e-5))  # type: ignore[arg-type]
     if gamma.size != a.channels:
         return None
-    scale = gamma / np.sqrt(var + eps)
-    folded = a.scale_channels(weights, scale).astype(np.float32)
-    start = np.zeros(a.channels) if bias is None else bias.astype(np.float64)
-    return folded, ((start - mean) * scale + beta).astype(np.float32)
+    # A zero (with epsilon 0), negative or NaN variance gives a non-finite scale, folded as it is: ONNX
+    # Runtime folds BatchNormalization into a Conv the same way (its ConvBNFusion), so the NaN and inf
+    # outputs land where its do, and numpy's "invalid value" warnings would only repeat that.
+    with np.errstate(all="ignore"):
+        scale = gamma / np.sqrt(var + eps)
+        folded = a.scale_channels(weights, scale).astype(np.float32)
+        start = np.zeros(a.channels) if bias is None else bias.astype(np.float64)
+        return folded, ((start - mean) * scale + beta).astype(np.float32)
 
 
 def _available(graph: Graph, other: str, out: str, anchor: int, writers: dict[str, int]) -> bool:

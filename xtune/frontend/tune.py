@@ -52,7 +52,9 @@ def tune_model(
     except ValueError:
         known = ", ".join(s.value for s in Strategy)
         raise InputError(f"unknown strategy '{strategy}' (known: {known})") from None
-    taskset = extract_tasks(model, boards[0].target, where)
     tuning_log = log if isinstance(log, TuningLog) or log is None else TuningLog(log)
+    if tuning_log is not None:  # never the model itself, never a FIFO: before anything is read
+        tuning_log.check_appendable([(model if isinstance(model, str | os.PathLike) else None, "model")])
+    taskset = extract_tasks(model, boards[0].target, where)
     return tune_tasks(taskset.tasks, boards, options, tuning_log, model=taskset.model,
                       scheduler=SchedulerOptions(strategy=chosen), on_progress=on_progress)  # fmt: skip

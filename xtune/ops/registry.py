@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from xtune.errors import InputError
 from xtune.operators import Conv2d, Depthwise, Matmul
+from xtune.ops.qmatmul.operator import QMatmul
 from xtune.ops.workload import Operator, Workload, make_workload
 
-OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(), Conv2d(), Depthwise())}
+OPERATORS: dict[str, Operator] = {op.name: op for op in (Matmul(), Conv2d(), Depthwise(), QMatmul())}
 
 
 def parse_workload(text: str) -> Workload:

@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 
 from xtune.errors import InputError
 
+DTypeName = Literal["float32", "int8", "uint8", "int32"]
+
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One float32 argument of a kernel, row-major (C order)."""
+    """One argument of a kernel, row-major (C order): float32 unless a quantized operator says otherwise
+    (`dtype` is numpy's name of the element type)."""
 
     name: str
     shape: tuple[int, ...]
     is_output: bool = False
+    dtype: DTypeName = "float32"
     axes: str = ""  # what each dimension is, where a header must say it (a weights tensor's layout)
 
     @property
@@ -164,8 +168,12 @@ def make_workload(op: Operator, rest: str, text: str) -> Workload:
 
 
 def random_inputs(wl: Workload, seed: int = 0) -> list[np.ndarray]:
-    """Deterministic inputs in [-1, 1): small enough that fp32 sums stay well conditioned."""
+    """Deterministic inputs: float32 in [-1, 1) (small enough that fp32 sums stay well conditioned), or
+    what a quantized operator's own `sample` draws (zero points, scales and tensors that fit together)."""
     rng = np.random.default_rng(seed)
+    sample = getattr(wl.operator, "sample", None)
+    if sample is not None:
+        return list(sample(wl, rng))
     return [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in wl.tensors() if not t.is_output]
 
 
@@ -174,13 +182,58 @@ RTOL = 1e-4
 
 
 def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
-    """'' if `got` matches the reference, else why not (NaN means an element was never written)."""
-    if not np.all(np.isfinite(got)):
-        bad = int(np.count_nonzero(~np.isfinite(got)))
-        return f"{bad} of {got.size} outputs are not finite (never written or overflowed)"
-    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
-    err = float(np.max(np.abs(got - expected))) if expected.size else 0.0
+    """'' if `got` matches the reference, else why not. Non-finite values match by position and value
+    (an inf of the same sign, a NaN where the reference has NaN: IEEE 754 arithmetic on non-finite weights
+    gives them); any other non-finite difference is wrong, and a NaN where the reference is finite always
+    is (the output buffer starts as NaN: an element never written). Finite positions: max|got - ref| <=
+    rtol * max(1, max|ref|). Integer outputs (quantized operators) must equal the reference exactly:
+    their references are bit-exact."""
+    if expected.dtype.kind in "iu":
+        return _check_exact(got, expected)
+    finite = np.isfinite(got) & np.isfinite(expected)
+    if not finite.all():
+        why = _nonfinite_mismatch(got, expected, finite)
+        if why:
+            return why
+    err = max_abs_error(got, expected)
+    scale = max(1.0, float(np.max(np.abs(expected[finite])))) if finite.any() else 1.0
     if err > rtol * scale:
-        where = np.unravel_index(int(np.argmax(np.abs(got - expected))), expected.shape)
+        with np.errstate(invalid="ignore"):  # inf - inf at the non-finite positions left out
+            gap = np.where(finite, np.abs(got - expected), -1.0)
+        where = np.unravel_index(int(np.argmax(gap)), expected.shape)
         return f"max abs error {err:.3g} > {rtol * scale:.3g} at {tuple(int(i) for i in where)}"
     return ""
+
+
+def _nonfinite_mismatch(got: np.ndarray, expected: np.ndarray, finite: np.ndarray) -> str:
+    unwritten = np.isnan(got) & np.isfinite(expected)
+    if unwritten.any():
+        bad = int(np.count_nonzero(unwritten))
+        return f"{bad} of {got.size} outputs are not finite (NaN where the reference is finite: unwritten)"
+    same = (got == expected) | (np.isnan(got) & np.isnan(expected))
+    differ = ~finite & ~same
+    if not differ.any():
+        return ""
+    at = np.unravel_index(int(np.argmax(differ)), expected.shape)
+    first = f"{tuple(int(i) for i in at)}, {got[at]} where the reference has {expected[at]}"
+    return f"{int(np.count_nonzero(differ))} non-finite output(s) differ from the reference: first at {first}"
+
+
+def max_abs_error(got: np.ndarray, expected: np.ndarray) -> float:
+    """max|got - ref| over the positions where both are finite (0 where there are none)."""
+    finite = np.isfinite(got) & np.isfinite(expected)
+    if finite.all():
+        return float(np.max(np.abs(got - expected))) if expected.size else 0.0
+    return float(np.max(np.abs(got[finite] - expected[finite]))) if finite.any() else 0.0
+
+
+def _check_exact(got: np.ndarray, expected: np.ndarray) -> str:
+    wrong = got != expected
+    if not wrong.any():
+        return ""
+    diff = np.abs(got.astype(np.int64) - expected.astype(np.int64))
+    where = np.unravel_index(int(np.argmax(diff)), expected.shape)
+    return (
+        f"{int(wrong.sum())} of {got.size} outputs differ from the reference, by up to {int(diff.max())} "
+        f"at {tuple(int(i) for i in where)}"
+    )

@@ -46,6 +46,30 @@ class Affine:
         return Affine(tuple(t for t in self.terms if t[0] != var), self.const + c * value)
 
 
+class DType(Enum):
+    """Element types: float32 (every float kernel), and the integers of quantized kernels (int8/uint8
+    tensors, int16 intermediates, int32 accumulators, int64 for exact fixed-point products)."""
+
+    F32 = "f32"
+    I8 = "i8"
+    U8 = "u8"
+    I16 = "i16"
+    I32 = "i32"
+    I64 = "i64"
+
+    @property
+    def bytes(self) -> int:
+        return {"f32": 4, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8}[self.value]
+
+    @property
+    def is_float(self) -> bool:
+        return self is DType.F32
+
+    @property
+    def signed(self) -> bool:
+        return self is not DType.U8
+
+
 class BufferKind(Enum):
     INPUT = "input"
     OUTPUT = "output"
@@ -55,8 +79,9 @@ class BufferKind(Enum):
 @dataclass(frozen=True)
 class Buffer:
     name: str
-    size: int  # float32 elements
+    size: int  # elements of `dtype`
     kind: BufferKind
+    dtype: DType = DType.F32
 
 
 class BinaryOp(Enum):
@@ -66,11 +91,17 @@ class BinaryOp(Enum):
     DIV = "div"
     MAX = "max"
     MIN = "min"
+    # integer lanes only: bitwise and, xor, shifts (SHR is arithmetic on signed types, logical on U8)
+    AND = "and"
+    XOR = "xor"
+    SHL = "shl"
+    SHR = "shr"
 
 
 @dataclass(frozen=True)
 class Load:
-    """`lanes` consecutive floats from buffer[index]; only the first `count` are read, the rest are 0."""
+    """`lanes` consecutive elements (of the buffer's dtype) from buffer[index]; only the first `count` are
+    read, the rest are 0."""
 
     buffer: str
     index: Affine
@@ -86,6 +117,7 @@ class Load:
 class Const:
     value: float
     lanes: int = 1
+    dtype: DType = DType.F32
 
 
 @dataclass(frozen=True)
@@ -137,7 +169,102 @@ class Shuffle:
     mask: tuple[int, ...]
 
 
-Value = Load | Const | Broadcast | Reg | Binary | MulAdd | Exp | Shuffle
+class DotInsn(Enum):
+    """How a `Dot` is computed: the instruction the target has (each exact, none saturates)."""
+
+    VPDPBUSD = "vpdpbusd"  # x86 AVX512-VNNI / AVX-VNNI: u8 x s8, 4 products per i32 lane
+    SDOT = "sdot"  # AArch64 +dotprod: s8 x s8 (udot: u8 x u8)
+    PMADDWD = "pmaddwd"  # x86 without VNNI: the even and odd bytes widened to i16, two vpmaddwd
+    MLA = "mla"  # anywhere: each byte of an i32 lane sign/zero-extended by shifts, i32 multiply-adds
+    # AArch64 without dotprod: smull of the bytes into i16 products, sadalp of product pairs into i32.
+    # Its accumulator holds two lanes per group (the pair sums of bytes 0-1 and 2-3): `acc` has
+    # 2 * lanes lanes, and `PairSum` folds it into the group sums after the reduction.
+    SADALP = "sadalp"
+
+
+@dataclass(frozen=True)
+class Dot:
+    """acc + the 4-way dot products of 8-bit integers: lane i of the i32 result adds a[4i+t] * b[4i+t] for
+    t < 4 to acc[i]. `a` and `b` hold 4 * lanes bytes each, except that an `a` of 4 bytes is one group
+    broadcast to every lane (a row of A against a strip of B columns). Signedness is the operands'
+    dtypes'; `insn` must support it (VPDPBUSD: a u8, b i8; SDOT: both i8 or both u8)."""
+
+    acc: Value
+    a: Value
+    b: Value
+    insn: DotInsn
+
+
+@dataclass(frozen=True)
+class PairSum:
+    """Lanes 2i and 2i+1 added into lane i (an accumulator of `DotInsn.SADALP` into group sums: addp)."""
+
+    a: Value
+
+
+@dataclass(frozen=True)
+class Cast:
+    """Each lane converted to `dtype`: integers widened (by their signedness) or truncated (the low bits),
+    integers to float rounded to nearest (LLVM sitofp), floats to integers truncated toward zero (fptosi:
+    the value must fit the integer type)."""
+
+    a: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class RoundEven:
+    """Float lanes rounded to the nearest integer, ties to even (llvm.roundeven: roundps/vrndscaleps,
+    frintn, RVV vfcvt with the RNE rounding mode), still float."""
+
+    a: Value
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """Float lanes clamped to [lo, hi], for inputs that are never NaN (llvm.maxnum/minnum with nnan: one
+    vmaxps and one vminps, fmaxnm/fminnm, vfmax/vfmin; no compare and select)."""
+
+    a: Value
+    lo: Value
+    hi: Value
+
+
+@dataclass(frozen=True)
+class HighMul:
+    """gemmlowp's SaturatingRoundingDoublingHighMul of i32 lanes: the high 32 bits of 2ab, rounded to
+    nearest with ties away from zero, INT32_MAX for a = b = INT32_MIN (gemmlowp fixedpoint.h)."""
+
+    a: Value
+    b: Value
+
+
+@dataclass(frozen=True)
+class RoundShift:
+    """gemmlowp's RoundingDivideByPOT of i32 lanes: a / 2**shift rounded to nearest, ties away from zero,
+    for shifts 0..31 (a per-lane vector or one for all)."""
+
+    a: Value
+    shift: Value
+
+
+Value = (
+    Load
+    | Const
+    | Broadcast
+    | Reg
+    | Binary
+    | MulAdd
+    | Exp
+    | Shuffle
+    | Dot
+    | Cast
+    | PairSum
+    | RoundEven
+    | Clamp
+    | HighMul
+    | RoundShift
+)
 
 
 @dataclass(frozen=True)
@@ -148,7 +275,7 @@ class Assign:
 
 @dataclass(frozen=True)
 class Store:
-    """Store the first `count` (0: all) of `lanes` floats of value at buffer[index]."""
+    """Store the first `count` (0: all) of `lanes` elements of value at buffer[index]."""
 
     buffer: str
     index: Affine
@@ -190,7 +317,8 @@ Stmt = Assign | Store | Prefetch | For
 
 @dataclass(frozen=True)
 class Kernel:
-    """One entry point: params are the INPUT/OUTPUT buffers in order; registers are (name, lanes).
+    """One entry point: params are the INPUT/OUTPUT buffers in order; registers are (name, lanes), and
+    `register_types` names those that do not hold float32 (an integer accumulator).
 
     `noalias`: the caller promises the parameters never overlap (C's restrict), which lets LLVM reorder
     loads and stores freely. A kernel that may run in place (an elementwise op whose output is one of its
@@ -201,6 +329,7 @@ class Kernel:
     registers: tuple[tuple[str, int], ...]
     body: tuple[Stmt, ...]
     noalias: bool = True
+    register_types: tuple[tuple[str, DType], ...] = ()
 
     @property
     def params(self) -> tuple[Buffer, ...]:
@@ -208,7 +337,7 @@ class Kernel:
 
     @property
     def stack_bytes(self) -> int:
-        return sum(4 * b.size for b in self.buffers if b.kind is BufferKind.LOCAL)
+        return sum(b.dtype.bytes * b.size for b in self.buffers if b.kind is BufferKind.LOCAL)
 
 
 class NestBuilder:
@@ -217,6 +346,7 @@ class NestBuilder:
     def __init__(self) -> None:
         self._stack: list[list[Stmt]] = [[]]
         self._registers: dict[str, int] = {}
+        self._types: dict[str, DType] = {}
         self._counter = 0
 
     def fresh(self, prefix: str) -> str:
@@ -236,9 +366,11 @@ class NestBuilder:
         if extent > 1 and body:
             self.emit(For(var, extent, tuple(body), kind))
 
-    def register(self, name: str, lanes: int) -> Reg:
+    def register(self, name: str, lanes: int, dtype: DType = DType.F32) -> Reg:
         if self._registers.setdefault(name, lanes) != lanes:
             raise ValueError(f"register {name} redeclared with {lanes} lanes")
+        if self._types.setdefault(name, dtype) is not dtype:
+            raise ValueError(f"register {name} redeclared as {dtype.value}")
         return Reg(name)
 
     def emit(self, stmt: Stmt) -> None:
@@ -265,7 +397,8 @@ class NestBuilder:
 
     def kernel(self, name: str, buffers: tuple[Buffer, ...], noalias: bool = True) -> Kernel:
         assert len(self._stack) == 1, "unclosed loop"
-        return Kernel(name, buffers, tuple(self._registers.items()), tuple(self._stack[0]), noalias)
+        types = tuple((n, t) for n, t in self._types.items() if t is not DType.F32)
+        return Kernel(name, buffers, tuple(self._registers.items()), tuple(self._stack[0]), noalias, types)
 
 
 def walk(stmts: tuple[Stmt, ...], loops: tuple[For, ...] = ()) -> Iterator[tuple[Stmt, tuple[For, ...]]]:

@@ -14,6 +14,13 @@ from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace
 from xtune.target import Target
 
+# The most packed-panel stack a built kernel may need: Linux's default RLIMIT_STACK (8 MiB, `ulimit -s`),
+# the stack the timing agent runs kernels on, so a config needing more never ran there; a firmware task's
+# stack is far smaller (docs/firmware.md, "Stack"). Default configs of in-bounds workloads need < 1 MiB,
+# except where a template copies a whole padded image (a 3x4096x4096 conv2d: 64 MiB): such a network is
+# refused when its tasks are extracted (xtune/frontend/tasks.py), not tuned into stack overflows.
+MAX_STACK_BYTES = 8 << 20
+
 
 class ScheduleTemplate(Protocol):
     workload: Workload
@@ -51,6 +58,7 @@ class ScheduleTemplate(Protocol):
 @cache
 def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     from xtune.operators import conv_shape
+    from xtune.ops.qmatmul.template import QMatmulTemplate
     from xtune.templates.conv2d import Conv2dTemplate
     from xtune.templates.depthwise import DepthwiseTemplate
     from xtune.templates.depthwise_nhwc import DepthwiseNhwcTemplate
@@ -59,6 +67,7 @@ def template_for(workload: Workload, target: Target) -> ScheduleTemplate:
     # Typed as constructors of the protocol, so mypy checks that every template has all of it.
     templates: dict[str, Callable[[Workload, Target], ScheduleTemplate]] = {
         "matmul": MatmulTemplate, "conv2d": Conv2dTemplate, "depthwise": DepthwiseTemplate,
+        "qmatmul": QMatmulTemplate,
     }  # fmt: skip
     if workload.op == "depthwise" and conv_shape(workload).nhwc:  # channels, not rows, are its vectors
         templates["depthwise"] = DepthwiseNhwcTemplate

@@ -23,13 +23,21 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from xtune.operators import conv_shape
+from xtune.operators import ConvShape, conv_shape
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 from xtune.templates.tiles import clipped, fmas_per_load, parse_tile, register_tiles, roomy_tiles
-from xtune.templates.winograd_nest import E, WinogradEmitter, WinogradSchedule, round_up, stack_floats, tiles
+from xtune.templates.winograd_nest import (
+    E,
+    WinogradEmitter,
+    WinogradSchedule,
+    image_copy_floats,
+    round_up,
+    stack_floats,
+    tiles,
+)
 
 TY_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tile rows per block
 TX_OPTIONS = (1, 2, 4, 7, 8, 14, 16, 28, 56)  # tiles along a row per block
@@ -40,6 +48,15 @@ KB_OPTIONS = (16, 32, 64, 128, 256, 512)
 # conv2d's 2 MiB a per-call U of 512 channels (16 x 512 x 64 floats, 2 MiB) left room for blocks of one
 # tile only, 10x slower.
 STACK_BUDGET = 4 << 20
+WIDEST_LANES = 16  # float32 lanes of the widest target (AVX-512): the largest channel padding of any
+
+
+def fits_stack(sh: ConvShape) -> bool:
+    """Whether the padded image copy, which every config keeps, fits the stack budget on every target:
+    a larger image (VGG's 64 x 224 x 224: 13 MB) runs direct, whose panels fit (docs/firmware.md, Stack)."""
+    return 4 * image_copy_floats(sh, WIDEST_LANES) <= STACK_BUDGET
+
+
 # F(2x2, 3x3) (Lavin & Gray, section 4.1): d is a 4x4 input patch, g the 3x3 filter, Y the 2x2 output.
 BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float32)
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float32)

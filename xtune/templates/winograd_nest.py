@@ -66,10 +66,14 @@ def round_up(x: int, m: int) -> int:
 def stack_floats(sh: ConvShape, lanes: int, nt: int, kb: int, prepacked: bool) -> int:
     """Floats of the local buffers: padded input copy, V (16 x nt x C), M (16 x nt x kb), and U of one
     output-channel block unless the weights come prepacked."""
-    th, tw = tiles(sh)
     cp = round_up(sh.c, lanes)
-    ip = (2 * th + 2) * (2 * tw + 2) * cp if needs_copy(sh) else 0
-    return ip + E * nt * cp + E * nt * kb + (0 if prepacked else E * sh.c * kb)
+    return image_copy_floats(sh, lanes) + E * nt * cp + E * nt * kb + (0 if prepacked else E * sh.c * kb)
+
+
+def image_copy_floats(sh: ConvShape, lanes: int) -> int:
+    """Floats of the padded copy of the whole image the tiles read (`needs_copy`), whatever the config."""
+    th, tw = tiles(sh)
+    return (2 * th + 2) * (2 * tw + 2) * round_up(sh.c, lanes) if needs_copy(sh) else 0
 
 
 def _add(a: Value, b: Value) -> Value:

@@ -17,6 +17,7 @@ from typing import Any
 
 from xtune.boards.cost import RANKING_UNITS, CostUnit
 from xtune.errors import InputError, XtuneWarning
+from xtune.files import PathLike, check_input, check_paths
 from xtune.ops.registry import parse_workload
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
@@ -192,7 +193,10 @@ class TuningLog:
     def compressed(self) -> bool:
         return self.path.suffix == ".gz"
 
-    def check_appendable(self) -> None:
+    def check_appendable(self, inputs: Sequence[tuple[PathLike | None, str]] = ()) -> None:
+        """InputError unless records can be appended: a writable plain log (a regular file or none yet),
+        which is none of `inputs` (the model tuned, the logs a cost model is trained on)."""
+        check_paths([(self.path, "log")], inputs, append=True)  # before it is opened: a FIFO would block
         if self.compressed or _starts_with(self.path, GZIP_MAGIC):
             raise InputError(f"{self.path} is a compressed log: xtune reads it but appends only to plain "
                              "JSON-lines logs (give --log a name without .gz)")  # fmt: skip
@@ -222,6 +226,7 @@ class TuningLog:
         """`read`, each record with its line number (from 1)."""
         if not self.path.exists():
             return []
+        check_input(self.path, "log")  # a FIFO would block the read, a device never end
         try:
             raw = self.path.read_bytes()
         except OSError as e:

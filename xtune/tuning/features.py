@@ -17,6 +17,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.operators import conv_shape
+from xtune.ops.qmatmul.features import QMATMUL_FEATURES, qmatmul_features
 from xtune.schedule.space import ConfigSpace, KnobValue
 from xtune.target import Target
 from xtune.templates import (
@@ -383,6 +384,7 @@ FEATURIZERS: dict[
     "depthwise": (DEPTHWISE_FEATURES, depthwise_features),
     "depthwise_nhwc": (DEPTHWISE_NHWC_FEATURES, depthwise_nhwc_features),
     "winograd": (WINOGRAD_FEATURES, winograd_features),
+    "qmatmul": (QMATMUL_FEATURES, qmatmul_features),
 }
 
 

@@ -272,12 +272,13 @@ class Measurer:
         self._owns_pool = pool is None
         self.template = template_for(workload, board.target)
         self.inputs = random_inputs(workload)
-        self.expected = workload.reference(self.inputs).astype(np.float32)
         self.tensors = workload.tensors()
         self.args = tuple(range(len(self.tensors)))  # buffer slot i is the kernel's i-th parameter
         self.out_slot = next(i for i, t in enumerate(self.tensors) if t.is_output)
         self.out_shape = self.tensors[self.out_slot].shape
-        self._poison = np.full(self.out_shape, np.nan, dtype=np.float32).tobytes()
+        self.out_dtype = np.dtype(self.tensors[self.out_slot].dtype)
+        self.expected = workload.reference(self.inputs).astype(self.out_dtype)
+        self._poison = _poison(self.expected).tobytes()
         self._session: AgentSession | None = None
         self._input_slots = [slot for slot, t in enumerate(self.tensors) if not t.is_output]
         self._held: dict[int, Hashable] = {}  # input slot -> which bytes the session holds (`_upload`)
@@ -308,7 +309,7 @@ class Measurer:
         for slot, plain, array in zip(self._input_slots, self.inputs, self.kernel_inputs(index), strict=True):
             held = ("plain",) if array is plain else ("packed", key)
             if self._held.get(slot) != held:
-                session.set_buffer(slot, np.ascontiguousarray(array, np.float32).tobytes())
+                session.set_buffer(slot, np.ascontiguousarray(array, self.tensors[slot].dtype).tobytes())
                 self._held[slot] = held
         self._held_layout = key
 
@@ -366,7 +367,7 @@ class Measurer:
         reply = session.run(RunRequest.check(built.entry_offset, args, opts.timeout_ms))
         if reply.status is not RunStatus.OK:
             return _failed(reply)
-        got = np.frombuffer(session.read_buffer(self.out_slot), dtype=np.float32).reshape(self.out_shape)
+        got = np.frombuffer(session.read_buffer(self.out_slot), dtype=self.out_dtype).reshape(self.out_shape)
         mismatch = check_output(got, self.expected, opts.rtol)
         if mismatch:
             return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
@@ -402,6 +403,15 @@ class Measurer:
         self.close_session()
         if self._owns_pool:
             self.pool.close()
+
+
+def _poison(expected: np.ndarray) -> np.ndarray:
+    """What the output buffer holds before a check run, so that an element the kernel never writes fails
+    the check: NaN for floats; for integer outputs, which have no NaN, the reference's complement (every
+    element differs from what it should become)."""
+    if expected.dtype.kind == "f":
+        return np.full(expected.shape, np.nan, expected.dtype)
+    return np.invert(expected)
 
 
 _NOTHING = object()  # `Measurer._held_layout` of a fresh session: equal to no layout key, None included

@@ -119,20 +119,28 @@ def ort_session(model: bytes) -> Any:
 
 
 def ort_network(
-    model: bytes, x: np.ndarray, repeat: int = 0, min_repeat_s: float = 0.05
+    model: bytes, x: np.ndarray, repeat: int = 0, min_repeat_s: float = 0.05, where: str = "the model"
 ) -> tuple[np.ndarray, list[float]]:
     """ONNX Runtime's output of a one-input network on `x`, and (with `repeat`) its seconds per
-    inference, one figure per repeat, on one thread."""
-    session = ort_session(model)
-    feed = {session.get_inputs()[0].name: x}
-    out = np.asarray(session.run(None, feed)[0], dtype=np.float32)
+    inference, one figure per repeat, on one thread. A model ONNX Runtime refuses or fails on is an
+    InputError naming `where` (its file) with the first line of ONNX Runtime's reason."""
+    try:
+        session = ort_session(model)
+        feed = {session.get_inputs()[0].name: x}
+        out = np.asarray(session.run(None, feed)[0], dtype=np.float32)
+    except (InputError, MemoryError):
+        raise
+    except Exception as err:  # onnxruntime's Fail, InvalidGraph, RuntimeException...: Exception subclasses
+        first = " ".join(str(err).split())[:300] or type(err).__name__
+        raise InputError(f"{where}: ONNX Runtime refuses the model ({type(err).__name__}: {first})") from None
     seconds = _seconds_per_call(lambda: session.run(None, feed), repeat, min_repeat_s) if repeat else []
     return out, seconds
 
 
 def ort_gflops(workload: Workload) -> float | None:
-    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it."""
-    if not ort_available():
+    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it or
+    for an operator `onnx_model` does not write (qmatmul: benchmarks/bench_int8.py runs its peer)."""
+    if not ort_available() or workload.op not in ("matmul", "conv2d", "depthwise"):
         return None
     return workload.flops() / statistics.median(ort_seconds(workload)) / 1e9
 

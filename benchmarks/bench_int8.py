@@ -1,0 +1,163 @@
+"""int8 matmul (qmatmul) at network-like shapes against ONNX Runtime's int8 and xtune's own float32.
+
+For each shape: xtune's int8 kernel with its default config and tuned (--trials xgb trials, on the local
+board with the VNNI target), ONNX Runtime's one-node QLinearMatMul on the same data (one intra-op thread,
+checked equal to the kernel's reference first), and xtune's float32 matmul of the same shape (weights
+prepacked, as a network runs it) default and tuned with the same trials; the tuned configs re-timed in
+--rounds interleaved rounds. Then the default int8 kernel's qemu-aarch64 instructions per multiply-add on
+the A72 (no dot product: the mla route) and the A76 (sdot) targets, and, with --insn-trials N, the best
+count of N trials tuned by instruction count.
+
+Usage: python benchmarks/bench_int8.py [--shapes fc,pw,mid] [--trials 64] [--rounds 3] [--insn-trials 0]
+       [--a u8|s8] [--target x86-avx512-vnni] [--float-target x86-avx512] [--no-float] [--no-qemu]
+--a is the activation type, u8 by default: ONNX Runtime 1.32's QLinearMatMul runs uint8 activations
+through MLAS's packed u8s8 kernels, int8 ones about 12x slower here (12.6 against 159 GOP/s at 784x512x128,
+measured while writing this script), so u8 compares with ONNX Runtime at its best.
+ORT needs the `bench` extra; the machine should be otherwise idle: every GOP/s is a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from xtune.boards.board import Board, get_board
+from xtune.ops.qmatmul import reference as ref
+from xtune.ops.registry import parse_workload
+from xtune.ops.workload import Workload, random_inputs
+from xtune.templates import template_for
+from xtune.tuning.bench import retime_gflops
+from xtune.tuning.database import TuningLog
+from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer
+from xtune.tuning.peers import _seconds_per_call, ort_available, ort_session
+from xtune.tuning.run import TuneOptions, run_tuning
+
+# m x n x k: ResNet-18's classifier (one image), a ResNet-50 bottleneck's 1x1 expand at 56x56, a 1x1 at 28x28.
+SHAPES = {"fc": (1, 1000, 512), "pw": (3136, 256, 64), "mid": (784, 512, 128)}
+
+
+def qmodel(wl: Workload, inputs: list[np.ndarray]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """A one-node QLinearMatMul of the workload's data (per-tensor, requant=onnx): the model, its input A,
+    and the reference output with the scale ONNX Runtime derives (a_scale * b_scale / y_scale)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    a, b, bias, scale, qparams = inputs
+    za, zy = int(qparams[0]), int(qparams[1])
+    a_scale, y_scale = np.float32(0.02), np.float32(0.02 / float(scale[0]) * 0.01)
+    b_scale = np.float32(0.01)
+    ort_scale = np.array([a_scale * b_scale / y_scale], np.float32)
+    act = ref.NUMPY_TYPES[str(wl.value("a"))]
+    consts: dict[str, np.ndarray] = {
+        "a_scale": np.array(a_scale),
+        "a_zp": np.array(za, act),
+        "B": b,
+        "b_scale": np.array(b_scale),
+        "b_zp": np.array(0, np.int8),
+        "y_scale": np.array(y_scale),
+        "y_zp": np.array(zy, act),
+    }
+    elem = TensorProto.UINT8 if act is np.uint8 else TensorProto.INT8
+    node = helper.make_node("QLinearMatMul", ["A", *list(consts)[:2], "B", *list(consts)[3:]], ["Y"])
+    m, n, k = wl["m"], wl["n"], wl["k"]
+    graph = helper.make_graph(
+        [node],
+        "qmatmul",
+        [helper.make_tensor_value_info("A", elem, [m, k])],
+        [helper.make_tensor_value_info("Y", elem, [m, n])],
+        [numpy_helper.from_array(v, name) for name, v in consts.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    expected = wl.reference([a, b, np.zeros_like(bias), ort_scale, qparams])
+    return model.SerializeToString(), a, expected
+
+
+def ort_gops(wl: Workload) -> float | None:
+    if not ort_available():
+        return None
+    model, a, expected = qmodel(wl, random_inputs(wl))
+    session = ort_session(model)
+    got = session.run(None, {"A": a})[0]
+    if not np.array_equal(got, expected):
+        raise SystemExit(
+            f"ONNX Runtime's QLinearMatMul differs from the reference on {int((got != expected).sum())} "
+            "outputs"
+        )
+    seconds = _seconds_per_call(lambda: session.run(None, {"A": a}), 5, 0.05)
+    return wl.flops() / statistics.median(seconds) / 1e9
+
+
+def tuned(wl: Workload, board: Board, trials: int, rounds: int) -> tuple[float, float]:
+    """GOP/s of the default config and of the best of `trials` xgb trials, re-timed together."""
+    default = template_for(wl, board.target).default_config().index
+    with tempfile.TemporaryDirectory() as tmp:
+        log = TuningLog(Path(tmp) / "log.jsonl")
+        report = run_tuning(wl, [board], TuneOptions(trials=trials), log)
+    best = report.best_index if report.best_index is not None else default
+    rows = retime_gflops(wl, board, [default, best], rounds)
+    return statistics.median(rows[0]), statistics.median(rows[1])
+
+
+def insn_per_mac(wl: Workload, board_name: str, trials: int) -> float:
+    """Instructions per multiply-add of the default config (or the best of `trials` by instruction count)."""
+    board = get_board(board_name)
+    if trials:
+        with tempfile.TemporaryDirectory() as tmp:
+            report = run_tuning(
+                wl, [board], TuneOptions(trials=trials, confirm=0), TuningLog(Path(tmp) / "l.jsonl")
+            )
+        return report.best_cost / (wl["m"] * wl["n"] * wl["k"])
+    pool = CompilePool()
+    measurer = Measurer(board, wl, MeasureOptions(), pool)
+    try:
+        (result,) = measurer.measure([measurer.template.default_config().index])
+    finally:
+        measurer.close()
+        pool.close()
+    return result.cost / (wl["m"] * wl["n"] * wl["k"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="fc,pw,mid")
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--insn-trials", type=int, default=0)
+    parser.add_argument("--a", choices=("u8", "s8"), default="u8")
+    parser.add_argument("--target", default="x86-avx512-vnni")
+    parser.add_argument("--float-target", default="x86-avx512")
+    parser.add_argument("--no-float", action="store_true")
+    parser.add_argument("--no-qemu", action="store_true")
+    args = parser.parse_args()
+    board = get_board("local", target=args.target)
+    print(
+        f"{'shape':<16} {'int8 def':>9} {'int8 tuned':>10} {'ORT int8':>9} {'f32 def':>8} {'f32 tuned':>9} "
+        f"{'vs ORT':>7} {'vs f32':>7} {'A72 i/MAC':>9} {'A76 i/MAC':>9}   (GOP/s, one thread)"
+    )
+    for name in args.shapes.split(","):
+        m, n, k = SHAPES[name]
+        wl = parse_workload(f"qmatmul:m={m},n={n},k={k},a={args.a}")
+        q_default, q_best = tuned(wl, board, args.trials, args.rounds)
+        ort = ort_gops(wl)
+        f_default = f_best = float("nan")
+        if not args.no_float:
+            fwl = parse_workload(f"matmul:m={m},n={n},k={k},prepacked=1")
+            f_default, f_best = tuned(
+                fwl, get_board("local", target=args.float_target), args.trials, args.rounds
+            )
+        a72 = a76 = float("nan")
+        if not args.no_qemu:
+            a72 = insn_per_mac(wl, "qemu-aarch64", args.insn_trials)
+            a76 = insn_per_mac(wl, "qemu-aarch64-dotprod", args.insn_trials)
+        vs_ort = f"{q_best / ort:.2f}x" if ort else "-"
+        print(
+            f"{name} {m}x{n}x{k}".ljust(16) + f" {q_default:9.1f} {q_best:10.1f} {ort or float('nan'):9.1f} "
+            f"{f_default:8.1f} {f_best:9.1f} {vs_ort:>7} {q_best / f_best:6.2f}x {a72:9.3f} {a76:9.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The requantizing epilogue of int8 kernels: a qmatmul workload in, the loop-nest values that turn an
+int32 accumulator vector into the stored output out (the nest form of xtune/ops/qmatmul/reference.py).
+
+The output clamp [lo, hi] and the zero points are read from the `qparams` input ([za, zy, lo, hi]); a
+fused ReLU or ReLU6 is only a narrower clamp, so one kernel serves all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from xtune.ops.qmatmul.reference import Requant
+from xtune.ops.workload import Workload
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Cast,
+    Clamp,
+    Const,
+    DType,
+    HighMul,
+    Load,
+    RoundEven,
+    RoundShift,
+    Value,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Requantizer:
+    """How a workload's int32 sums become its output (its `requant`, scales per tensor or per channel)."""
+
+    kind: Requant
+    lanes: int
+    per_channel: bool
+    out: DType
+
+    @staticmethod
+    def of(workload: Workload, lanes: int) -> Requantizer:
+        out = {"u8": DType.U8, "s8": DType.I8}[str(workload.value("a"))]
+        kind = cast(Requant, workload.value("requant"))
+        return Requantizer(kind=kind, lanes=lanes, per_channel=bool(workload["perchannel"]), out=out)
+
+    def channel(self, buffer: str, col: Affine, count: int) -> Value:
+        """A scale-like input's vector for columns col.., or its single value in every lane."""
+        if self.per_channel:
+            return Load(buffer, col, self.lanes, count)
+        return Broadcast(Load(buffer, Affine()), self.lanes)
+
+    def param(self, index: int) -> Value:
+        return Load("qparams", Affine.of(index))
+
+    def apply(self, total: Value, col: Affine, count: int) -> Value:
+        """The value stored for accumulators `total` (bias included) of columns col..col+lanes."""
+        if self.kind == "none":
+            return total
+        lanes, i32 = self.lanes, DType.I32
+        zy = Broadcast(self.param(1), lanes)
+        if self.kind == "onnx":
+            # MLAS's order: the float clamped to [lo - zy, hi - zy], rounded half to even, plus zy.
+            f = Binary(BinaryOp.MUL, Cast(total, DType.F32), self.channel("scale", col, count))
+            lo, hi = (
+                Broadcast(Cast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), DType.F32), lanes)
+                for i in (2, 3)
+            )
+            y: Value = Cast(RoundEven(Clamp(f, lo, hi)), i32)
+            return Cast(Binary(BinaryOp.ADD, y, zy), self.out)
+        shift = self.channel("shift", col, count)
+        zero = Const(0, lanes, i32)
+        left = Binary(BinaryOp.MAX, shift, zero)
+        right = Binary(BinaryOp.MAX, Binary(BinaryOp.SUB, zero, shift), zero)
+        x = HighMul(Binary(BinaryOp.SHL, total, left), self.channel("multiplier", col, count))
+        y = Binary(BinaryOp.ADD, RoundShift(x, right), zy)
+        lo, hi = (Broadcast(self.param(i), lanes) for i in (2, 3))
+        y = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, y, lo), hi)
+        return Cast(y, self.out)
