@@ -117,8 +117,8 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
         if isinstance(v, Reg):
             return regs[v.name].copy()
         if isinstance(v, Broadcast):
-            scalar = value(v.value, env)
-            return np.full(v.lanes, scalar[0], dtype=scalar.dtype)
+            source = value(v.value, env)
+            return np.full(v.lanes, source[v.lane], dtype=source.dtype)
         if isinstance(v, MulAdd):
             return value(v.a, env) * value(v.b, env) + value(v.c, env)
         if isinstance(v, Exp):

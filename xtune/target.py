@@ -41,6 +41,21 @@ class Target:
     mca_cpu: str = ""
 
     @property
+    def has_fma(self) -> bool:
+        """Whether the FPU fuses multiply and add: every AArch64 and RISC-V F target, x86 with +fma. Without
+        it (x86 SSE) a product needs a register of its own before it is added (MULPS overwrites a source)."""
+        return self.arch != "x86_64" or "+fma" in self.features.split(",")
+
+    @property
+    def lane_fma(self) -> bool:
+        """Whether a vector FMA takes its broadcast multiplicand as a lane of a vector register: AArch64's
+        FMLA (by element) (Arm ARM, "FMLA (by element)"), which LLVM selects from an FMA whose operand
+        splats a lane of a loaded vector. A template then loads `fp32_lanes` consecutive broadcast values
+        as one vector instead of one scalar load per value. x86 broadcasts from memory in one load
+        (VBROADCASTSS) and RVV multiplies by a scalar register (vfmacc.vf), so neither gains from it."""
+        return self.arch == "aarch64" and self.fp32_lanes == 4
+
+    @property
     def peak_gflops(self) -> float:
         """Nominal single-core fp32 peak, the denominator of "% of peak"."""
         return self.clock_ghz * self.fp32_flops_per_cycle

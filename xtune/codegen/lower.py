@@ -223,8 +223,10 @@ class _FunctionLowering:
         if isinstance(v, Const):
             return constant(v.value, v.lanes, v.dtype), v.lanes, v.dtype
         if isinstance(v, Broadcast):
-            scalar, _, dtype = self.value(v.value, env)
-            return self.broadcast(scalar, v.lanes, dtype), v.lanes, dtype
+            value, width, dtype = self.value(v.value, env)
+            if width > 1:
+                return self.lane_splat(value, width, v.lanes, v.lane, dtype), v.lanes, dtype
+            return self.broadcast(value, v.lanes, dtype), v.lanes, dtype
         if isinstance(v, MulAdd):
             return self.muladd(v, env)
         if isinstance(v, Exp):
@@ -305,6 +307,21 @@ class _FunctionLowering:
             one = self.define(f"insertelement {ty} poison, {SCALAR[dtype]} {scalar}, i64 0")
             splat = self.define(f"shufflevector {ty} {one}, {ty} poison, <{lanes} x i32> zeroinitializer")
             self.pure[key] = splat
+        return splat
+
+    def lane_splat(self, vector: str, width: int, lanes: int, lane: int, dtype: DType) -> str:
+        """Lane `lane` of a `width`-lane vector in all `lanes` lanes: a shuffle whose mask is that lane
+        everywhere, the operand AArch64's instruction selection folds into FMLA (by element)."""
+        ty = vtype(width, dtype)
+        if lanes == 1:
+            return self.define(f"extractelement {ty} {vector}, i64 {lane}")
+        key = ("lane splat", vector, lanes, lane)
+        splat = self.pure.get(key)
+        if splat is None:
+            mask = "<" + ", ".join([f"i32 {lane}"] * lanes) + ">"
+            splat = self.pure[key] = self.define(
+                f"shufflevector {ty} {vector}, {ty} poison, <{lanes} x i32> {mask}"
+            )
         return splat
 
     def load(self, v: Load, env: Env) -> str:

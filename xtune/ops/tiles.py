@@ -23,7 +23,6 @@ from xtune.schedule.loopnest import (
     BufferKind,
     Const,
     Load,
-    LoopKind,
     NestBuilder,
     Reg,
     Shuffle,
@@ -40,10 +39,25 @@ Real = TypeVar("Real", float, np.ndarray)
 Scalars = int | float | np.ndarray  # one config's value, or one per config
 
 
-def tile_registers(rows: Num, vectors: Num) -> Num:
+def tile_registers(rows: Num, vectors: Num, lanes_of_a: bool = False) -> Num:
     """Vector registers a rows x vectors register tile holds live: its accumulators, one row of B
-    vectors (conv2d: weight vectors) and one broadcast of A (conv2d: of the input)."""
+    vectors (conv2d: weight vectors) and one broadcast of A (conv2d: of the input); with `lanes_of_a`
+    (a lane-FMA target reading A as vectors of k steps, matmul's `a_value`) one vector of A per row and
+    the one B vector its FMAs take at a time instead."""
+    if lanes_of_a:
+        return rows * vectors + rows + 1
     return rows * vectors + vectors + 1
+
+
+def register_budget(target: Target) -> int:
+    """The registers a default config's register tile may hold live (`tile_registers`) without a spill in
+    its loop: the vector register file (scalar FP without vectors) less one, into which the scheduler
+    loads the next step's operand while this step's FMAs run (a tile that fills the file exactly spilled:
+    conv2d, Winograd and depthwise on AArch64; matmul on the in-order Cortex-A53), and less one more
+    without FMA (x86 SSE: MULPS overwrites a source, so each product needs a register before its ADDPS).
+    The spaces keep every tile that fits the file (`register_tiles`): the tuner measures the rest.
+    tests/test_spills.py counts the stack accesses in the emitted loops."""
+    return target.vector_registers - (target.arch != "x86_64") - (not target.has_fma)
 
 
 def fmas_per_load(rows: Real, vectors: Real) -> Real:
@@ -55,6 +69,15 @@ def whole_tiles(block: Scalars, extent: Scalars, tile: Scalars) -> np.ndarray:
     """A block size resolved against its axis: whole register tiles (at least one), except a block that
     covers the whole axis, which is the axis (so no block is larger than its axis)."""
     return np.where(block >= extent, extent, np.maximum(tile, block // tile * tile))
+
+
+def roomy_tiles(
+    tiles: Sequence[object], target: Target, live: Callable[[int, int], int] = tile_registers
+) -> list[str]:
+    """The tiles ("RxV") a default config may pick: those whose live registers (`live(rows, vectors)`)
+    fit the `register_budget`; all of them if none does."""
+    names = [str(t) for t in tiles]
+    return [t for t in names if live(*parse_tile(t)) <= register_budget(target)] or names
 
 
 def register_tiles(target: Target) -> tuple[str, ...]:
@@ -154,15 +177,30 @@ def div(index: Affine, d: int) -> Affine:
 
 def unrolled(b: NestBuilder, extent: int, unroll: int, body: Callable[[Affine], None], prefix: str) -> None:
     """`extent` steps of `body(index)`: a loop whose body is `unroll` steps unrolled, then the remainder
-    unrolled after it (the reduction loops of the register tiles: LLVM then schedules whole steps)."""
+    unrolled after it (the reduction loops of the register tiles: LLVM then schedules whole steps). The
+    steps are unrolled here, each index's constant part known to the body (`lane_group` reads it)."""
     unroll = max(1, min(unroll, extent))
     full, rest = divmod(extent, unroll)
     if full:
-        with b.loop(full, f"{prefix}o") as outer, b.loop(unroll, f"{prefix}u", LoopKind.UNROLLED) as inner:
-            body(outer * unroll + inner)
-    if rest:
-        with b.loop(rest, f"{prefix}r", LoopKind.UNROLLED) as tail:
-            body(tail + full * unroll)
+        with b.loop(full, f"{prefix}o") as outer:
+            for inner in range(unroll):
+                body(outer * unroll + inner)
+    for tail in range(rest):
+        body(Affine.of(full * unroll + tail))
+
+
+def lane_group(step: Affine, extent: int, lanes: int) -> tuple[Affine, int] | None:
+    """A reduction step as `unrolled` numbers them (outer * unroll + inner, or a constant in the remainder)
+    as (the first step of its group of `lanes`, its lane in that group), when the whole group is in
+    range(extent): in the loop if the unroll is a multiple of `lanes` (the coefficient says so), in the
+    remainder if the group ends by `extent`. None otherwise: the step is loaded on its own."""
+    lane = step.const % lanes
+    if any(c % lanes for _, c in step.terms):
+        return None
+    start = step + (-lane)
+    if not step.terms and start.const + lanes > extent:
+        return None
+    return start, lane
 
 
 def transpose(b: NestBuilder, rows: Sequence[Value], prefix: str = "tp") -> list[Reg]:

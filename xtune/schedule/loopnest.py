@@ -122,8 +122,13 @@ class Const:
 
 @dataclass(frozen=True)
 class Broadcast:
+    """`lanes` copies of lane `lane` of `value` (a scalar's lane 0 is the scalar). A lane of a loaded
+    vector is what AArch64's FMLA (by element) multiplies by without a separate broadcast (Arm ARM,
+    "FMLA (by element)"): one vector load then serves `lanes` multiply-adds' broadcasts."""
+
     value: Value
     lanes: int
+    lane: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from xtune.ops.tiles import (
     fmas_per_load,
     parse_tile,
     register_tiles,
-    tile_registers,
+    roomy_tiles,
     whole_tiles,
 )
 from xtune.ops.workload import Workload, make_workload
@@ -173,9 +173,7 @@ class Conv2dTemplate:
             waste = (sh.ow / (-(-sh.ow // p) * p)) * (sh.k / (-(-sh.k // nr) * nr))
             return fmas_per_load(p, nv) * waste + 1e-3 * p * nv
 
-        # A spare register: a tile that fills the register file exactly spills (docs/benchmarks.md, History).
-        roomy = [str(o) for o in knobs["tile"] if _fits(str(o), t.vector_registers - 1)]
-        tile = max(roomy or [str(o) for o in knobs["tile"]], key=score)
+        tile = max(roomy_tiles(knobs["tile"], t), key=score)
         # unroll_kw: a 7-wide window unrolled doubles code and compile time for no gain
         # (docs/benchmarks.md, History).
         values: dict[str, KnobValue] = {
@@ -271,8 +269,3 @@ class Conv2dTemplate:
         else:
             out[per_kc[:, :, None, None] + per_ij] = w
         return out
-
-
-def _fits(tile: str, registers: int) -> bool:
-    p, nv = parse_tile(tile)
-    return tile_registers(p, nv) <= registers

@@ -33,7 +33,7 @@ from xtune.ops.conv2d.winograd_nest import (
     stack_floats,
     tiles,
 )
-from xtune.ops.tiles import clipped, fmas_per_load, parse_tile, register_tiles, tile_registers
+from xtune.ops.tiles import clipped, fmas_per_load, parse_tile, register_tiles, roomy_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
@@ -110,10 +110,7 @@ class WinogradTemplate:
             waste = nt / round_up(nt, mr) * sh.k / round_up(sh.k, nr)
             return fmas_per_load(mr, nv) * waste + 1e-3 * mr * nv
 
-        # A spare register: a tile that fills the register file exactly spills (as conv2d's default).
-        tiles_ok = [str(o) for o in self.space.knobs[0].options]
-        roomy = [s for s in tiles_ok if tile_registers(*parse_tile(s)) <= t.vector_registers - 1]
-        tile = max(roomy or tiles_ok, key=score)
+        tile = max(roomy_tiles(self.space.knobs[0].options, t), key=score)
         nr = parse_tile(tile)[1] * t.fp32_lanes
         # The input channels whose U strip (cb x nr) fills half of L1; all the output channels.
         fits = [o for o in knobs["tile_ic"] if 4 * o * nr <= t.l1d_bytes // 2]

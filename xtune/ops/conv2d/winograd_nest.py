@@ -239,9 +239,11 @@ class WinogradEmitter:
             if not sh.nhwc:
                 self.transform_weights_oihw(k0 + js, st, ncols)
                 return
-            with b.loop(sh.c, "wc") as c:
-                for v in range(s.nv):
-                    cols = min(max(ncols - v * lanes, 0), lanes)
+            # A vector of output channels at a time: its 9 taps, 12 partial and 16 transformed values fit
+            # the registers, where all nv vectors of a strip at once spilled on every target.
+            for v in range(s.nv):
+                cols = min(max(ncols - v * lanes, 0), lanes)
+                with b.loop(sh.c, "wc") as c:
                     g = [
                         [self._weight(i, j, c, k0 + js + v * lanes, cols) for j in range(3)] for i in range(3)
                     ]
@@ -264,8 +266,8 @@ class WinogradEmitter:
                 buffer="weights", start=lambda u: (k + u) * (sh.c * 9) + c0 * 9, count=ncols, length=ccur * 9
             )
             transposed_copy(b, lanes, rows, "Wt", Affine(), s.nr)
-            with b.loop(ccur, "wc") as c:
-                for v in range(s.nv):
+            for v in range(s.nv):  # a vector at a time, as `transform_weights`
+                with b.loop(ccur, "wc") as c:
                     g: list[list[Value]] = [
                         [Load("Wt", (c * 9 + i * 3 + j) * s.nr + v * lanes, lanes) for j in range(3)]
                         for i in range(3)

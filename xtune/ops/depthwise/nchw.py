@@ -19,7 +19,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
+from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, roomy_tiles, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -46,8 +46,13 @@ def register_tiles(target: Target) -> tuple[str, ...]:
         f"{p}x{v}"
         for p in range(1, 9)
         for v in range(1, 7)
-        if p * v + 2 <= target.vector_registers and v * target.fp32_lanes <= 64
+        if _tile_registers(p, v) <= target.vector_registers and v * target.fp32_lanes <= 64
     )
+
+
+def _tile_registers(p: int, v: int) -> int:
+    """Vector registers a P x V tile holds live: its accumulators, one input vector, one weight broadcast."""
+    return p * v + 2
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,8 @@ class DepthwiseTemplate:
             return fmas_per_load(sh, p, nv) * waste + 1e-3 * p * nv
 
         values = {
-            "tile": max((str(o) for o in knobs["tile"]), key=score), "tile_ow": max(knobs["tile_ow"]),
+            "tile": max(roomy_tiles(knobs["tile"], self.target, _tile_registers), key=score),
+            "tile_ow": max(knobs["tile_ow"]),
             "order": "yx", "unroll_kh": 1,
         }  # fmt: skip
         return self.space.config(self.space.index_of(values))

@@ -27,7 +27,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, whole_tiles
+from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, roomy_tiles, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Affine, Buffer, BufferKind, Kernel, Load, LoopKind, MulAdd, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
@@ -156,14 +156,11 @@ class DepthwiseNhwcTemplate:
         # The largest channel block whose input rows stay in half of L1 for the next output row to reuse.
         ks = [int(o) for o in knobs["tile_k"]]
         fits = [k for k in ks if reuses_rows(sh, k, t)]
-        # A spare register, as conv2d's default: a tile that fills the register file exactly spills. A
-        # block is whole strips of the tile's channels (channel_block): a strip wider than the block that
+        # A block is whole strips of the tile's channels (channel_block): a strip wider than the block that
         # fits would round the block up past it, so such tiles go only if no other tile is left.
-        roomy = [
-            o for o in map(str, knobs["tile"]) if tile_registers(sh, *parse_tile(o)) < t.vector_registers
-        ]
+        roomy = roomy_tiles(knobs["tile"], t, lambda p, v: int(tile_registers(sh, p, v)))
         narrow = [o for o in roomy if fits and parse_tile(o)[1] * t.fp32_lanes <= max(fits)]
-        tile = max(narrow or roomy or [str(o) for o in knobs["tile"]], key=score)
+        tile = max(narrow or roomy, key=score)
         values: dict[str, KnobValue] = {
             "tile": tile, "tile_k": max(fits) if fits else min(ks),
             "tile_oh": max(int(o) for o in knobs["tile_oh"]), "unroll_kh": 1,

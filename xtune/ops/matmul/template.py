@@ -26,9 +26,13 @@ from xtune.ops.tiles import (
     clipped,
     div,
     fmas_per_load,
+    lane_group,
     parse_tile,
+    register_budget,
     register_tiles,
+    roomy_tiles,
     split_edges,
+    tile_registers,
     unrolled,
     whole_tiles,
 )
@@ -122,6 +126,7 @@ class MatmulSchedule:
     unroll_k: int
     prepacked: str  # the operand passed already in panels (when its pack knob is on), or ""
     prefetch_bytes: int = 0  # the target's weight_prefetch_bytes (`_MatmulEmitter.prefetch_strip`)
+    lane_fma: bool = False  # the target's: A read in place is loaded a vector of k steps at a time
 
     @property
     def nr(self) -> int:
@@ -193,11 +198,17 @@ class MatmulTemplate:
             mr, nv, lanes, int(mc), int(nc), int(kc), str(config["order"]),
             str(config["inner"]), bool(config["pack_a"]), bool(config["pack_b"]), config.int("unroll_k"),
             self.operands.prepacked, self.target.weight_prefetch_bytes,
+            # A tile whose A vectors would not fit beside its accumulators broadcasts A one step at a time.
+            self.target.lane_fma and tile_registers(mr, nv, True) <= register_budget(self.target),
         )  # fmt: skip
 
     def default_config(self) -> Config:
         t = self.target
-        tiles = [parse_tile(s) for s in register_tiles(t)]
+        # The default reads A in place, 4 k steps unrolled: on a lane-FMA target a vector of A per row.
+        tiles = [
+            parse_tile(s)
+            for s in roomy_tiles(register_tiles(t), t, lambda r, v: tile_registers(r, v, t.lane_fma))
+        ]
         # Most FMAs per loaded value, then the larger tile.
         mr, nv = max(tiles, key=lambda p: (fmas_per_load(p[0], p[1]), p[0] * p[1]))
         nr = nv * t.fp32_lanes
@@ -466,6 +477,37 @@ class _MatmulEmitter:
         for line in range(0, s.nr, 16):  # 16 floats per 64-byte cache line
             self.b.prefetch(self.o.b, ahead + line)
 
+    def b_vector(
+        self, ctx: dict[str, tuple[Affine, int]], jo: Affine, kk: Affine, c: int, count: int
+    ) -> Value:
+        """Vector c of B's row k0 + kk in the register tile at column jo: from the packed strip, the
+        prepacked whole-k strips, or B itself."""
+        s = self.s
+        (n0, _), (k0, kcur), lanes = ctx["n"], ctx["k"], s.lanes
+        if s.copy_b:
+            return Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
+        if s.passed_packed == "B":  # whole-k strips of the whole B (`prepack`)
+            return Load(self.o.b, self.panel_index(n0 + jo, k0 + kk) + c * lanes, lanes)
+        return Load(self.o.b, self.b_at + (k0 + kk) * self.n + n0 + jo + c * lanes, lanes, count)
+
+    def a_value(
+        self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, r: int, kk: Affine
+    ) -> Broadcast:
+        """A[i + r, k0 + kk] broadcast: from the packed panel, the prepacked whole-k panels, or A itself;
+        read in place on a lane-FMA target, as lane kk % lanes of a vector of `lanes` consecutive steps."""
+        s = self.s
+        (m0, _), (k0, kcur), lanes = ctx["m"], ctx["k"], s.lanes
+        if s.copy_a:
+            return Broadcast(Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r), lanes)
+        if s.passed_packed == "A":  # whole-k panels of the whole A, mr rows each (`prepack`)
+            return Broadcast(Load(self.o.a, self.panel_index(m0 + io, k0 + kk) + r), lanes)
+        row = (m0 + io + r) * self.k + k0
+        group = lane_group(kk, kcur, lanes) if s.lane_fma else None
+        if group is None:
+            return Broadcast(Load(self.o.a, row + kk), lanes)
+        start, lane = group
+        return Broadcast(Load(self.o.a, row + start, lanes), lanes, lane)
+
     def micro(
         self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, jo: Affine, ncols: int
     ) -> None:
@@ -495,25 +537,21 @@ class _MatmulEmitter:
         def step(kk: Affine) -> None:
             if s.passed_packed == "B" and s.prefetch_bytes and rows > 1:
                 self.prefetch_strip(n0 + jo, k0 + kk)
-            for c in range(nvec):
-                if s.copy_b:
-                    src = Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
-                elif s.passed_packed == "B":  # whole-k strips of the whole B (`prepack`)
-                    src = Load(self.o.b, self.panel_index(n0 + jo, k0 + kk) + c * lanes, lanes)
-                else:
-                    at = self.b_at + (k0 + kk) * self.n + n0 + jo + c * lanes
-                    src = Load(self.o.b, at, lanes, counts[c])
-                b.assign(breg[c], src)
-            for r in range(rows):
-                if s.copy_a:
-                    a = Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r)
-                elif s.passed_packed == "A":  # whole-k panels of the whole A, mr rows each (`prepack`)
-                    a = Load(self.o.a, self.panel_index(m0 + io, k0 + kk) + r)
-                else:
-                    a = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk)
-                bcast = Broadcast(a, lanes)
+            bvec = [self.b_vector(ctx, jo, kk, c, counts[c]) for c in range(nvec)]
+            a = [self.a_value(ctx, io, rows, r, kk) for r in range(rows)]
+            if any(isinstance(x.value, Load) and x.value.lanes > 1 for x in a):
+                # Each A vector holds `lanes` steps of its row: with B outermost only one B vector is live
+                # beside the accumulators and the rows' A vectors (`tile_registers` with lane_fma).
                 for c in range(nvec):
-                    b.assign(acc[r][c], MulAdd(bcast, breg[c], acc[r][c]))
+                    b.assign(breg[c], bvec[c])
+                    for r in range(rows):
+                        b.assign(acc[r][c], MulAdd(a[r], breg[c], acc[r][c]))
+                return
+            for c in range(nvec):
+                b.assign(breg[c], bvec[c])
+            for r in range(rows):
+                for c in range(nvec):
+                    b.assign(acc[r][c], MulAdd(a[r], breg[c], acc[r][c]))
 
         unrolled(b, kcur, s.unroll_k, step, "k")
         last = "not_last_k" not in ctx
