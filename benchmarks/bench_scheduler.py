@@ -42,8 +42,10 @@ def estimate_at(result: ModelTuningResult, trials: int) -> float:
 
 
 def scale(unit: object) -> tuple[float, str]:
-    """How the estimate is shown: wall time in ms, instruction counts (qemu boards) in millions."""
-    return (1e-6, "M instructions") if unit == "insn" else (1e3, "ms")
+    """How the estimate is shown: wall time in ms, instruction counts and cycle estimates (qemu boards) in
+    millions."""
+    counted = {"insn": "M instructions", "cycles": "M cycles"}
+    return (1e-6, counted[str(unit)]) if unit in counted else (1e3, "ms")
 
 
 def plot(data: dict[str, object], path: Path) -> None:

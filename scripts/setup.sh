@@ -8,12 +8,16 @@ cd "$(dirname "$0")/.."
 # scripts/arm_peers.sh checks Debian's arm64 packages with Debian's archive keyring (on Ubuntu too).
 # Cross gcc builds the agent for aarch64/riscv64 and links firmware artifacts in the tests;
 # their binutils are the linker oracle. openssh-server is the real sshd of the SSH board tests.
+# llvm-22 gives llvm-mca-22 and llvm-mc-22, the cycle cost of the emulated "-cycles" boards: the newest
+# Debian LLVM apt offers here (bookworm-security); its scheduling models include the SpacemiT X60 (LLVM 20+)
+# and years of fixes to the Cortex-A and SiFive ones since the system's llvm-14 (docs/qemu-insn-count.md).
 APT_PACKAGES=(
   gcc libc6-dev make cmake
   qemu-user
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu
   gcc-riscv64-linux-gnu libc6-dev-riscv64-cross binutils-riscv64-linux-gnu
   openssh-server openssh-client
+  llvm-22
   python3 python3-pip python3-venv
   debian-archive-keyring
 )

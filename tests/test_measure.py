@@ -128,7 +128,7 @@ def test_every_result_carries_its_boards_unit_failures_included() -> None:
 def test_a_correctness_only_board_checks_and_bench_says_so() -> None:
     wl = parse_workload("matmul:m=6,n=10,k=7")
     target = get_target("arm-a72-neon")
-    emulated = QemuBoard("qemu-aarch64", target, count_insns=False)
+    emulated = QemuBoard("qemu-aarch64", target, CostUnit.NONE)
     measurer = Measurer(emulated, wl, FAST)
     wrong = image_of(WRONG, "arm-a72-neon")
     try:

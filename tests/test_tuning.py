@@ -147,7 +147,7 @@ def test_tune_refuses_a_correctness_only_board_in_one_line(tmp_path: Path, xtune
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "correctness only" in out.stderr, out.stderr
     assert not (tmp_path / "log.jsonl").exists()
-    emulated = QemuBoard("qemu-aarch64", get_target("arm-a72-neon"), count_insns=False)
+    emulated = QemuBoard("qemu-aarch64", get_target("arm-a72-neon"), CostUnit.NONE)
     with pytest.raises(InputError, match="correctness only"):
         run_tuning(parse_workload(WORKLOAD), [emulated], TuneOptions(trials=1))
 

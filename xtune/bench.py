@@ -61,6 +61,7 @@ class BenchReport:
             "cost_unit": self.cost_unit.value,
             "seconds": figure if self.cost_unit is CostUnit.SECONDS else None,
             "instructions": figure if self.cost_unit is CostUnit.INSTRUCTIONS else None,
+            "cycles": figure if self.cost_unit is CostUnit.CYCLES else None,
             "gflops": round(gf, 3) if gf is not None else None, "numpy_gflops": round(self.numpy_gflops, 3),
             "ratio_vs_numpy": round(ratio, 4) if ratio is not None else None,
             "percent_of_peak": round(100 * gf / self.peak_gflops, 2) if gf is not None else None,

@@ -35,6 +35,7 @@ class BoardFault(Enum):
     TIMEOUT = "timeout"  # no TCP connect, SSH banner or reply in time
     AGENT_GONE = "agent gone"  # the agent cannot be started or speaks another protocol: redeploy
     AGENT = "agent"  # the agent refused or garbled one request; the session is restarted
+    COST_MODEL = "cost model"  # llvm-mca cannot cost the kernel's code: no retry would help
 
 
 # Faults that go away by themselves (a reboot, a network blip, a busy board): retried, a bounded number

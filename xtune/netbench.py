@@ -49,6 +49,7 @@ class NetBenchReport:
     cost_unit: CostUnit
     seconds: float | None  # median per inference on the board (wall-time boards)
     instructions: float | None  # per inference (QEMU boards with the instruction counter)
+    cycles: float | None  # estimated per inference (QEMU cycles boards, llvm-mca's model)
     ort_seconds: float | None  # ONNX Runtime on this host, one thread, same run (wall-time boards only)
     workspace_bytes: int
     kernels: int
@@ -64,7 +65,8 @@ class NetBenchReport:
             "model": self.model, "target": self.target, "board": self.board, "layout": self.layout,
             "correct": self.correct,
             "error": self.error, "max_abs_error": self.max_abs_error, "cost_unit": self.cost_unit.value,
-            "seconds": self.seconds, "instructions": self.instructions, "ort_seconds": self.ort_seconds,
+            "seconds": self.seconds, "instructions": self.instructions, "cycles": self.cycles,
+            "ort_seconds": self.ort_seconds,
             "speedup_vs_ort": self.ratio_vs_ort, "workspace_bytes": self.workspace_bytes,
             "kernels": self.kernels, "default_configs": self.defaults,
         }  # fmt: skip
@@ -104,15 +106,16 @@ def run_network(
     board: Board, artifact: NetArtifact, x: np.ndarray, repeat: int = 0
 ) -> tuple[np.ndarray, float]:
     """The network's output on `board` for input `x` (one checked call), and with `repeat` its cost per
-    inference in the board's unit (median seconds, or the instruction count of one call; nan for none)."""
+    inference in the board's unit (median seconds, or the instruction or cycle count of one call; nan for
+    none)."""
     with board.open() as session:
         entry = load_network(session, artifact, x).entry(artifact.entry)
         reply = session.run(RunRequest.check(entry, (0, 1, 2), timeout_ms=TIMEOUT_MS))
         check_finished(reply, board)
         got = np.frombuffer(session.read_buffer(1), np.float32).reshape(artifact.program.output_shape).copy()
         cost = float("nan")
-        if isinstance(session, InsnCountingSession) and session.last_insn_count is not None:
-            cost = float(session.last_insn_count)  # the check-only call is one inference (deterministic)
+        if isinstance(session, InsnCountingSession) and session.last_cost is not None:
+            cost = session.last_cost  # the check-only call is one inference (deterministic)
         if repeat and board.cost_unit is CostUnit.SECONDS:
             timed = session.run(RunRequest(entry, (0, 1, 2), number=1, repeat=repeat, warmup=1,
                                            timeout_ms=TIMEOUT_MS))  # fmt: skip
@@ -154,6 +157,7 @@ def bench_model(
         error=mismatch, max_abs_error=error, cost_unit=board.cost_unit,
         seconds=cost if wall and not mismatch else None,
         instructions=cost if board.cost_unit is CostUnit.INSTRUCTIONS and not mismatch else None,
+        cycles=cost if board.cost_unit is CostUnit.CYCLES and not mismatch else None,
         ort_seconds=statistics.median(ort_times) if ort_times else None,
         workspace_bytes=artifact.workspace_bytes, kernels=len(artifact.kernels),
         defaults=sum(k.source == "default" for k in artifact.kernels),

@@ -86,7 +86,8 @@ def format_table(rows: Sequence[SummaryRow]) -> str:
             figure, config = ("checked only" if row.checked_only else "no correct run"), "-"
         else:
             gf = row.best_gflops
-            figure = f"{gf:.1f} GFLOP/s" if gf is not None else f"{row.best.cost:.0f} insn"
+            unit = row.best.result.cost_unit.value
+            figure = f"{gf:.1f} GFLOP/s" if gf is not None else f"{row.best.cost:.0f} {unit}"
             config = f"#{row.best.index} " + ",".join(f"{k}={v}" for k, v in row.best.knobs)
         lines.append(
             f"{row.workload:<44} {row.target:<13} {row.trials:>6} {row.failed:>6} {figure:>14}  {config}"
@@ -95,7 +96,7 @@ def format_table(rows: Sequence[SummaryRow]) -> str:
 
 
 def convergence(group: Sequence[Record]) -> tuple[list[float], list[float]]:
-    """Each trial's figure of merit (GFLOP/s, or 1/insn, by the group's `ranking_unit`; 0 for a trial
+    """Each trial's figure of merit (GFLOP/s, or 1/count, by the group's `ranking_unit`; 0 for a trial
     without a figure in that unit) and the best so far, in log order."""
     flops = parse_workload(group[0].workload).flops()
     unit = ranking_unit(group)
@@ -125,12 +126,12 @@ def plot_convergence(records: Sequence[Record], path: str | Path) -> None:
     for ax, ((wl, tg), group) in zip(axes[:, 0], sorted(groups.items()), strict=True):
         per_trial, running = convergence(group)
         trials = range(1, len(per_trial) + 1)
-        insn = ranking_unit(group) is CostUnit.INSTRUCTIONS
+        unit = ranking_unit(group)
         ax.plot(trials, per_trial, ".", color="0.6", label="trial")
         ax.plot(trials, running, "-", color="C0", label="best so far")
         ax.set_title(f"{wl} on {tg}", fontsize=9)
         ax.set_xlabel("trial")
-        ax.set_ylabel("1 / instructions" if insn else "GFLOP/s")
+        ax.set_ylabel("GFLOP/s" if unit is None or unit is CostUnit.SECONDS else f"1 / {unit.noun}")
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     png = io.BytesIO()

@@ -36,6 +36,9 @@ class Target:
     # How far ahead (bytes) a kernel prefetches the prepacked weights it streams; 0: never
     # (templates/matmul.py, `_MatmulEmitter.prefetch_strip`, says why; set where it was measured to pay).
     weight_prefetch_bytes: int = 0
+    # The core llvm-mca models for the cycle cost of emulated boards (its -mcpu; docs/qemu-insn-count.md);
+    # "" for a target with no scheduling model, which then has no cycle cost.
+    mca_cpu: str = ""
 
     @property
     def peak_gflops(self) -> float:

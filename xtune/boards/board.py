@@ -16,6 +16,7 @@ from xtune.boards import agent_build, ssh
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
 from xtune.boards.cost import CostUnit
+from xtune.boards.cycles import BlockCycles, BlockRun, CycleModel, cycle_model, parse_block_line, total_cycles
 from xtune.errors import BoardError, BoardFault, InputError
 from xtune.target import Target, get_target, host_cannot_run, host_cpu_identity, host_target
 
@@ -29,7 +30,8 @@ class Board(Protocol):
     name: str
     target: Target
     # What it measures, the one decision (xtune/boards/cost.py): SECONDS, the Measurer times the kernel;
-    # INSTRUCTIONS, open() gives an InsnCountingSession; NONE, the board checks correctness only.
+    # INSTRUCTIONS or CYCLES, open() gives an InsnCountingSession whose `last_cost` is the figure; NONE,
+    # the board checks correctness only.
     cost_unit: CostUnit
 
     def open(self) -> AgentSession: ...
@@ -117,24 +119,41 @@ class InsnCountingSession(AgentSession):
     """An agent under qemu with the insncount plugin: after each run, the run child's instruction count.
 
     The plugin appends "pid count" when a guest process exits, which for a run child happens before
-    the agent's waitpid() returns, so the line is in the file when the RUN reply arrives."""
+    the agent's waitpid() returns, so the line is in the file when the RUN reply arrives. `last_cost` is
+    the board's figure for that run (here the count; `CycleCountingSession` makes it cycles)."""
 
     def __init__(self, transport: Transport, timeout: float, counts: Path) -> None:
         self._counts = counts
         self._offset = 0
         self.last_insn_count: int | None = None  # of the last OK run: every call of it, warm-ups included
+        self.last_blocks: tuple[BlockRun, ...] = ()  # its translation blocks, when the plugin records them
         super().__init__(transport, timeout)
 
+    @property
+    def last_cost(self) -> float | None:
+        return None if self.last_insn_count is None else float(self.last_insn_count)
+
     def run(self, req: RunRequest) -> RunReply:
-        self.last_insn_count = None
+        self.last_insn_count, self.last_blocks = None, ()
         reply = super().run(req)
         with open(self._counts, "rb") as f:
             f.seek(self._offset)
-            lines = f.read().splitlines()
+            lines = [line.split() for line in f.read().splitlines()]
             self._offset = f.tell()
-        children = [line.split() for line in lines if line.split()[:1] != [str(self.hello.pid).encode()]]
-        if children and len(children[-1]) == 2:
-            self.last_insn_count = int(children[-1][1])
+        mine = str(self.hello.pid).encode()
+        ends = [i for i, words in enumerate(lines) if len(words) == 2 and words[0] != mine]
+        if not ends:
+            return reply
+        end = ends[-1]
+        child = lines[end][0]
+        if lines[end][1] == b"lost":
+            raise BoardError("the QEMU plugin ran out of memory recording the blocks", BoardFault.AGENT)
+        # A process's record is one write: its block lines directly precede its count line.
+        start = end
+        while start > 0 and lines[start - 1][:2] == [child, b"b"]:
+            start -= 1
+        self.last_blocks = tuple(parse_block_line(words) for words in lines[start:end])
+        self.last_insn_count = int(lines[end][1])
         return reply
 
     def close(self) -> None:
@@ -144,18 +163,59 @@ class InsnCountingSession(AgentSession):
             self._counts.unlink(missing_ok=True)
 
 
+class CycleCountingSession(InsnCountingSession):
+    """The counting session of a cycles board: the plugin records blocks, and after each run llvm-mca
+    costs them against the image loaded last (docs/qemu-insn-count.md, "The cycle model")."""
+
+    def __init__(self, transport: Transport, timeout: float, counts: Path, model: CycleModel) -> None:
+        self.model = model
+        self._image, self._base = b"", 0
+        self.last_cycles: float | None = None
+        self.last_block_cycles: tuple[BlockCycles, ...] = ()
+        super().__init__(transport, timeout, counts)
+
+    @property
+    def last_cost(self) -> float | None:
+        return self.last_cycles
+
+    def load_image(self, image: bytes) -> int:
+        self._base = super().load_image(image)
+        self._image = image
+        return self._base
+
+    def run(self, req: RunRequest) -> RunReply:
+        self.last_cycles, self.last_block_cycles = None, ()
+        reply = super().run(req)
+        if self.last_insn_count is not None:
+            self.last_block_cycles = tuple(self.model.costs(self._image, self._base, self.last_blocks))
+            self.last_cycles = total_cycles(self.last_blocks, self.last_block_cycles)
+        return reply
+
+
 class QemuBoard:
     """The agent under qemu-user: results are correct, but wall time is no performance signal.
 
-    With `count_insns` (the default) the cost is the number of instructions one kernel call executes,
-    counted by a TCG plugin: deterministic, unlike emulated wall time (docs/qemu-insn-count.md). Without
-    it the board checks correctness only (CostUnit.NONE): emulated wall time ranks nothing."""
+    `cost` is what it records (docs/qemu-insn-count.md): INSTRUCTIONS (the default), the number of
+    instructions one kernel call executes, counted by a TCG plugin; CYCLES, llvm-mca's estimate for the
+    blocks the plugin saw run (the target's `mca_cpu` model); NONE, correctness only (emulated wall time
+    ranks nothing). Counts and estimates are deterministic, unlike emulated wall time."""
 
-    def __init__(self, name: str, target: Target, count_insns: bool = True) -> None:
+    def __init__(self, name: str, target: Target, cost: CostUnit = CostUnit.INSTRUCTIONS) -> None:
+        if cost is CostUnit.SECONDS:
+            raise ValueError("a QEMU board's wall time is no cost (docs/qemu-insn-count.md)")
         self.name = name
         self.target = target
-        self.count_insns = count_insns
-        self.cost_unit = CostUnit.INSTRUCTIONS if count_insns else CostUnit.NONE
+        self.cost_unit: CostUnit = cost
+
+    def problem(self) -> str | None:
+        """Why this board cannot measure (its cycle model cannot be had), or None."""
+        if self.cost_unit is not CostUnit.CYCLES:
+            return None
+        try:
+            cycle_model(self.target)
+        except InputError as err:
+            return f"board {self.name}: {err}"
+        return None
 
     def _qemu(self) -> str:
         path = shutil.which(self.target.qemu_binary)
@@ -171,17 +231,22 @@ class QemuBoard:
         plugin = []
         if counts is not None:
             # -plugin splits its argument at commas: the counts path must not contain one (mkstemp's won't).
-            plugin = ["-plugin", f"{build_insn_plugin()},min={INSN_MIN_VADDR:#x},out={counts}"]
+            blocks = ",blocks=1" if self.cost_unit is CostUnit.CYCLES else ""
+            plugin = ["-plugin", f"{build_insn_plugin()},min={INSN_MIN_VADDR:#x},out={counts}{blocks}"]
         return [self._qemu(), "-cpu", self.target.qemu_cpu, *plugin, str(agent)]
 
     def open(self) -> AgentSession:
-        if not self.count_insns:
+        if self.cost_unit is CostUnit.NONE:
             return AgentSession(SubprocessTransport(self.argv()), timeout=QEMU_HELLO_TIMEOUT)
+        model = cycle_model(self.target) if self.cost_unit is CostUnit.CYCLES else None
         fd, name = tempfile.mkstemp(prefix="xtune-insn-", suffix=".txt")
         os.close(fd)
         counts = Path(name)
         try:
-            return InsnCountingSession(SubprocessTransport(self.argv(counts)), QEMU_HELLO_TIMEOUT, counts)
+            transport = SubprocessTransport(self.argv(counts))
+            if model is not None:
+                return CycleCountingSession(transport, QEMU_HELLO_TIMEOUT, counts, model)
+            return InsnCountingSession(transport, QEMU_HELLO_TIMEOUT, counts)
         except BaseException:
             counts.unlink(missing_ok=True)
             raise
@@ -195,11 +260,28 @@ class QemuBoard:
             "cores": "1",
             "agent": agent_version(),
             # database.logged_unit reads failures of older logs (all logged as "s") back by this key.
-            "cost": "instructions per call (insncount plugin)" if self.count_insns else "correctness only",
+            "cost": self._cost_text(),
         }
 
+    def _cost_text(self) -> str:
+        if self.cost_unit is CostUnit.CYCLES:
+            return f"cycles per call ({cycle_model(self.target).describe()} over the plugin's blocks)"
+        if self.cost_unit is CostUnit.INSTRUCTIONS:
+            return "instructions per call (insncount plugin)"
+        return "correctness only"
 
-_QEMU_BOARDS = {"qemu-aarch64": "arm-a72-neon", "qemu-riscv64": "riscv64-gc", "qemu-riscv64-v": "riscv64-gcv"}
+
+# Built-in emulated boards: name -> (target, what it records). A "-cycles" board is the same emulator
+# costing the same run in cycles: a name of its own, because the unit is the board's (every record and
+# `xtune boards` show it) and a log never compares figures of two units.
+_QEMU_BOARDS = {
+    "qemu-aarch64": ("arm-a72-neon", CostUnit.INSTRUCTIONS),
+    "qemu-riscv64": ("riscv64-gc", CostUnit.INSTRUCTIONS),
+    "qemu-riscv64-v": ("riscv64-gcv", CostUnit.INSTRUCTIONS),
+    "qemu-aarch64-cycles": ("arm-a72-neon", CostUnit.CYCLES),
+    "qemu-riscv64-cycles": ("riscv64-gc", CostUnit.CYCLES),
+    "qemu-riscv64-v-cycles": ("riscv64-gcv", CostUnit.CYCLES),
+}
 
 
 def board_names(boards_file: Path | None = None) -> list[str]:
@@ -207,15 +289,23 @@ def board_names(boards_file: Path | None = None) -> list[str]:
     return ["local", *_QEMU_BOARDS, *ssh.load_boards(boards_file)]
 
 
-def get_board(name: str, boards_file: Path | None = None, target: str | None = None) -> Board:
+def get_board(
+    name: str, boards_file: Path | None = None, target: str | None = None, check: bool = True
+) -> Board:
     """A board by name: "local", one of the qemu-user boards, or an SSH board from boards.toml.
 
     `target` picks the code the local board runs (any target this host can execute, e.g. x86-sse42 on an
-    AVX2 host); for any other board it must be the board's own target."""
+    AVX2 host); for any other board it must be the board's own target. With `check`, a board that cannot
+    measure (a cycles board without its llvm-mca model) is an InputError here, before any work starts."""
     if name == "local":
         return LocalBoard(local_target(target))
     if name in _QEMU_BOARDS:
-        board: Board = QemuBoard(name, get_target(_QEMU_BOARDS[name]))
+        target_name, unit = _QEMU_BOARDS[name]
+        qemu = QemuBoard(name, get_target(target_name), unit)
+        why = qemu.problem() if check else None
+        if why is not None:
+            raise InputError(why)
+        board: Board = qemu
     else:
         configs = ssh.load_boards(boards_file)
         if name not in configs:

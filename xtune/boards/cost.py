@@ -1,7 +1,8 @@
 """What a board measures: one `CostUnit`, declared by the board, stamped on every result, read everywhere.
 
 The values are the log's spelling of `cost_unit` ("s" and "insn" since format 1; "none" added for boards
-that check correctness only), so logs written before the enum read unchanged."""
+that check correctness only; "cycles" for the llvm-mca estimate), so logs written before the enum read
+unchanged."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from enum import Enum
 class CostUnit(Enum):
     SECONDS = "s"  # wall time per call on real hardware
     INSTRUCTIONS = "insn"  # instructions per call under qemu's insncount plugin (docs/qemu-insn-count.md)
+    # Estimated core cycles per call: the plugin's per-block counts times llvm-mca's cycles per block
+    # under the target's scheduling model (docs/qemu-insn-count.md, "The cycle model").
+    CYCLES = "cycles"
     # Correctness only: the board checks outputs but gives no figure. Emulated wall time is no speed
     # signal (qemu-user's translation cost and its host inverted rankings, docs/qemu-insn-count.md).
     NONE = "none"
@@ -21,16 +25,32 @@ class CostUnit(Enum):
         """What a board of this unit is good for, as `xtune boards` lists it."""
         return _DESCRIBE[self]
 
+    @property
+    def noun(self) -> str:
+        """How a count in this unit reads in a sentence: "1234 instructions", "5678 cycles"."""
+        return _NOUN[self]
+
 
 _DESCRIBE = {
     CostUnit.SECONDS: "wall time",
     CostUnit.INSTRUCTIONS: "instructions (emulated)",
+    CostUnit.CYCLES: "cycles (emulated, llvm-mca model)",
     CostUnit.NONE: "correctness only (emulated)",
 }
 
+_NOUN = {
+    CostUnit.SECONDS: "seconds",
+    CostUnit.INSTRUCTIONS: "instructions",
+    CostUnit.CYCLES: "cycles",
+    CostUnit.NONE: "",
+}
+
 # Which figures decide when records of one workload and target come in several units: real seconds beat
-# instruction counts beat nothing. Figures of two units are never compared with each other.
-RANKING_UNITS = (CostUnit.SECONDS, CostUnit.INSTRUCTIONS)
+# cycle estimates (a pipeline model) beat instruction counts beat nothing. Figures of two units are never
+# compared with each other.
+RANKING_UNITS = (CostUnit.SECONDS, CostUnit.CYCLES, CostUnit.INSTRUCTIONS)
+# The units an emulated board counts in one exactly reproducible run (no timed repeats follow).
+COUNTED_UNITS = frozenset({CostUnit.INSTRUCTIONS, CostUnit.CYCLES})
 
 
 def gflops(flops: float, cost: float, unit: CostUnit) -> float | None:

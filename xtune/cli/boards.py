@@ -31,13 +31,13 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_boards(args: argparse.Namespace) -> int:
-    from xtune.boards.board import board_names, get_board
+    from xtune.boards.board import QemuBoard, board_names, get_board
     from xtune.boards.cost import CostUnit
     from xtune.boards.ssh import SshBoard, probe
 
     rows = []
     for name in board_names(args.boards):
-        board = get_board(name, args.boards)
+        board = get_board(name, args.boards, check=False)  # one that cannot measure is listed, with why
         row: dict[str, object] = {
             "name": name,
             "target": board.target.name,
@@ -48,6 +48,8 @@ def cmd_boards(args: argparse.Namespace) -> int:
         if isinstance(board, SshBoard):  # a short connect per SSH board: reachable, or why not
             why = probe(board, timeout=args.timeout)
             row.update(kind="ssh", host=board.config.host, reachable=not why, reason=why)
+        elif isinstance(board, QemuBoard) and (problem := board.problem()) is not None:
+            row.update(unavailable=problem)
         rows.append(row)
     if args.json:
         _emit_json({"boards": rows})
@@ -57,7 +59,9 @@ def cmd_boards(args: argparse.Namespace) -> int:
         if row["kind"] == "ssh":
             state = "reachable" if row["reachable"] else f"unreachable: {row['reason']}"
             status = f"  ssh {row['host']}: {state}"
-        print(f"{row['name']:<16} {row['target']:<14} {CostUnit(row['cost_unit']).describe}{status}")
+        elif "unavailable" in row:
+            status = f"  unavailable: {row['unavailable']}"
+        print(f"{row['name']:<22} {row['target']:<14} {CostUnit(row['cost_unit']).describe}{status}")
     return 0
 
 

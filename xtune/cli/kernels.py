@@ -45,10 +45,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(
                 f"  xtune  {report.gflops:8.1f} GFLOP/s  ({d['percent_of_peak']}% of nominal peak), correct"
             )
-        elif d["instructions"] is not None:
-            print(
-                f"  xtune  {report.cost:.0f} instructions per call (emulated; no wall-time figure), correct"
-            )
+        elif d["instructions"] is not None or d["cycles"] is not None:
+            noun = report.cost_unit.noun
+            print(f"  xtune  {report.cost:.0f} {noun} per call (emulated; no wall-time figure), correct")
         else:
             print("  xtune  correct (a correctness-only board: no speed figure)")
         print(f"  numpy  {report.numpy_gflops:8.1f} GFLOP/s  (single thread on this host, same run)")

@@ -56,6 +56,8 @@ def _bench_model(args: argparse.Namespace) -> int:
         print(f"  xtune  {report.seconds * 1e3:9.3f} ms per inference")
     elif report.instructions is not None:
         print(f"  xtune  {report.instructions:.0f} instructions per inference (emulated: no wall time)")
+    elif report.cycles is not None:
+        print(f"  xtune  {report.cycles:.0f} cycles per inference (emulated estimate: no wall time)")
     if report.ort_seconds is not None:
         print(f"  ORT    {report.ort_seconds * 1e3:9.3f} ms per inference (ONNX Runtime, 1 thread, same run)")
     if report.ratio_vs_ort is not None:

@@ -35,7 +35,7 @@ class _ProgressBar:
             if self.numpy_gflops:
                 post["numpy"] = f"{100 * speed / self.numpy_gflops:.0f}%"
         elif progress.best_cost < float("inf"):
-            post["best"] = f"{progress.best_cost:.0f} insn"
+            post["best"] = f"{progress.best_cost:.0f} {self.unit.value}"
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(len(progress.batch))
 
@@ -62,7 +62,8 @@ def _print_tuning(report: TuningReport, log: str) -> None:
         print(line)
     else:
         print(
-            f"  best {report.best_cost:.0f} instructions per call ({timed}; emulated board: not a wall time)"
+            f"  best {report.best_cost:.0f} {report.cost_unit.noun} per call ({timed}; emulated board: "
+            "not a wall time)"
         )
     print(f"  {report.seconds:.1f} s wall, of which {report.tuner_seconds:.1f} s in the tuner")
 

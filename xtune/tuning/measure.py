@@ -19,7 +19,7 @@ import numpy as np
 
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, RunStatus
 from xtune.boards.board import Board, InsnCountingSession
-from xtune.boards.cost import CostUnit
+from xtune.boards.cost import COUNTED_UNITS, CostUnit
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
 from xtune.codegen.lower import lower
@@ -374,14 +374,15 @@ class Measurer:
             # Correctness only: the output was checked, and emulated wall time would rank nothing
             # (docs/boards.md), so no timed run follows.
             return MeasureResult(MeasureStatus.OK)
-        if self.board.cost_unit is CostUnit.INSTRUCTIONS:
-            # QEMU boards: the check run was exactly one call and the insncount plugin counted its
-            # instructions: a deterministic cost (docs/qemu-insn-count.md), so no timed run follows.
-            count = session.last_insn_count if isinstance(session, InsnCountingSession) else None
-            if count is None:
-                raise BoardError(f"board {self.board.name} reported no instruction count for the run",
-                                 BoardFault.AGENT)  # fmt: skip
-            return MeasureResult(MeasureStatus.OK, (float(count),))
+        if self.board.cost_unit in COUNTED_UNITS:
+            # QEMU boards: the check run was exactly one call and the insncount plugin counted it (its
+            # instructions, or its blocks for the cycle estimate): a deterministic cost
+            # (docs/qemu-insn-count.md), so no timed run follows.
+            cost = session.last_cost if isinstance(session, InsnCountingSession) else None
+            if cost is None:
+                raise BoardError(f"board {self.board.name} reported no {self.board.cost_unit.value} count "
+                                 "for the run", BoardFault.AGENT)  # fmt: skip
+            return MeasureResult(MeasureStatus.OK, (cost,))
         flush = 2 * self.board.target.l2_bytes if opts.flush_cache else 0
         timed = RunRequest(
             built.entry_offset, args, opts.number, opts.repeat, opts.min_repeat_ms, opts.warmup,

@@ -11,7 +11,7 @@ from enum import Enum
 import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
-from xtune.boards.cost import CostUnit, gflops
+from xtune.boards.cost import COUNTED_UNITS, CostUnit, gflops
 from xtune.peers import numpy_seconds
 from xtune.templates import ScheduleTemplate
 from xtune.tuning.costmodel import CostModel
@@ -75,7 +75,7 @@ class TuningReport:
     counts: tuple[tuple[str, int], ...]  # this run's trials by status
     best_index: int | None  # over the log's whole history and this run
     best_knobs: tuple[tuple[str, object], ...]
-    best_cost: float  # per call in `cost_unit`: its median timing (an exact count for INSTRUCTIONS)
+    best_cost: float  # per call in `cost_unit`: its median timing (an exact count for a counted unit)
     best_timings: int  # how many timings of the best config that median is over
     confirmation: Confirmation | None  # whether best_timings keeps the promise of `confirm`; None: no best
     confirm_timings: int  # timings this run added to confirm its leaders (not counted in trials)
@@ -192,7 +192,7 @@ def _report(
 def _confirmation(unit: CostUnit, timings: int, options: TuneOptions, stop: StopReason) -> Confirmation:
     """Why the best has `timings` timings (see `_confirm`, which gives it CONFIRM_TIMINGS unless one of
     these stopped it)."""
-    if unit is CostUnit.INSTRUCTIONS:
+    if unit in COUNTED_UNITS:
         return Confirmation.EXACT
     if timings >= CONFIRM_TIMINGS:
         return Confirmation.CONFIRMED

@@ -105,7 +105,7 @@ def check_boards(boards: Sequence[Board]) -> None:
                              f"docs/boards.md): tune on a timing or instruction-counting board; "
                              f"`xtune bench --board {b.name}` checks a config on it")  # fmt: skip
     if len({b.cost_unit for b in boards}) > 1:
-        raise InputError("boards of one run must measure the same thing (wall time or instruction counts)")
+        raise InputError("boards of one run must measure one unit (wall time, instructions or cycles)")
 
 
 class TuningSession:
@@ -230,9 +230,9 @@ class TuningSession:
         return top[0] if top else None
 
     def confirm(self, count: int) -> None:
-        """Time the `count` leaders again (TuneOptions.confirm; `confirm_timings` counts them). Instruction
-        counts (emulated boards) are exact: timing them again would add nothing. Raises StopTuning
-        (BOARD_FAILED) when a board fails for good; every timing taken is kept."""
+        """Time the `count` leaders again (TuneOptions.confirm; `confirm_timings` counts them). Counts
+        and cycle estimates (emulated boards) are exact: measuring them again would add nothing. Raises
+        StopTuning (BOARD_FAILED) when a board fails for good; every timing taken is kept."""
         if self.cost_unit is CostUnit.SECONDS and count > 0:
             _confirm(self.records, self.template, count, self.measure, self._keep_or_stop)
 
