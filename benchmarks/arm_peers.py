@@ -21,10 +21,12 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
+from arm_cycles import cycles_between, records
 
 from xtune.boards.board import build_insn_plugin
 from xtune.errors import InputError, XtuneError
 from xtune.peers import ort_session
+from xtune.target import Target
 from xtune.workload import RTOL, check_output
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,10 +76,7 @@ class PeerRun:
     inputs: tuple[np.ndarray, ...]  # seeded, in the model's input order
     outputs: tuple[np.ndarray, ...]  # of one inference on the emulated core
     instructions: float  # guest instructions per inference, the whole process counted
-    # Hook for the cycle estimate of emulated boards (llvm-mca over per-block execution counts): the
-    # per-block plugin would replace the counter below, and the blocks, which here lie in the runtimes'
-    # shared libraries rather than in one kernel image, would be read from the files the guest's
-    # /proc/self/maps names. Not measured yet: None.
+    # llvm-mca's estimate per inference under a target's scheduling model (arm_cycles.py); None if not asked
     cycles: float | None
     seconds: float  # wall time of the emulated process, start-up included: no performance signal
 
@@ -177,22 +176,16 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
-def _counts(path: Path) -> dict[int, int]:
-    """The plugin's "pid count" lines: each guest process's instructions at its exit."""
-    counts = {}
-    for line in path.read_text(encoding="ascii").splitlines():
-        pid, count = line.split()
-        counts[int(pid)] = int(count)
-    return counts
-
-
 def _arrays(path: Path) -> tuple[np.ndarray, ...]:
     with np.load(path) as saved:
         return tuple(saved[f"arr_{i}"] for i in range(len(saved.files)))
 
 
-def run_peer(model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Path = CACHE) -> PeerRun:
-    """Run `model` in its peer on the emulated `core`, counting instructions per inference."""
+def run_peer(
+    model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Path = CACHE, cycles: Target | None = None
+) -> PeerRun:
+    """Run `model` in its peer on the emulated `core`, counting instructions per inference, and with
+    `cycles` estimating its cycles under that target's scheduling model (the plugin records blocks)."""
     runtime = runtime_for(model)
     if not model.is_file():
         raise InputError(f"{model}: no such model file")
@@ -204,6 +197,7 @@ def run_peer(model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Pat
         if "," in str(counts):  # -plugin splits its argument at commas
             raise XtuneError(f"the temporary folder {tmp} has a comma in its path: set TMPDIR elsewhere")
         plugin = f"{build_insn_plugin()},min=0,out={counts}"  # min=0: the runtimes' libraries lie anywhere
+        plugin += ",blocks=1" if cycles is not None else ""
         argv = [qemu_aarch64(), "-cpu", core, "-L", str(view), "-plugin", plugin, *_python(root)]
         argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS))]
         start = time.perf_counter()
@@ -216,8 +210,12 @@ def run_peer(model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Pat
             why = _last_line(proc.stderr)
             raise XtuneError(f"{runtime.value} on {core} failed on {model.name} ({proc.returncode}): {why}")
         reply = json.loads(proc.stdout.splitlines()[-1])
-        by_pid = _counts(counts)
-        few, many = (by_pid[reply["children"][str(n)]] for n in RUNS)
+        fewer, more = (int(reply["children"][str(n)]) for n in RUNS)
+        by_pid, _ = records(counts.read_bytes().splitlines())
+        estimate = None
+        if cycles is not None:
+            maps = (work / "maps.txt").read_text(encoding="utf-8")
+            estimate = cycles_between(counts, fewer, more, maps, cycles) / (RUNS[1] - RUNS[0])
         return PeerRun(
             runtime=runtime,
             version=reply["version"],
@@ -225,8 +223,8 @@ def run_peer(model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Pat
             model=model.name,
             inputs=_arrays(work / "inputs.npz"),
             outputs=_arrays(work / "outputs.npz"),
-            instructions=(many - few) / (RUNS[1] - RUNS[0]),
-            cycles=None,
+            instructions=(by_pid[more] - by_pid[fewer]) / (RUNS[1] - RUNS[0]),
+            cycles=estimate,
             seconds=seconds,
         )
 
