@@ -1,7 +1,8 @@
 """Runs inside the emulated arm64 Python (numpy and one runtime, no xtune): a model, a seed and run counts in;
-on stdout one JSON line (the runtime's version, the input names, the pid of each counting child), in the
-work directory the seeded inputs and the outputs of one inference. `hwcaps` instead prints the emulated
-core's AT_HWCAP words. benchmarks/arm_peers.py starts it under qemu-aarch64 (docs/arm-peers.md).
+on stdout one JSON line (the runtime's version, the input names, the pids of the counting children in the
+order of the run counts), in the work directory the seeded inputs and the outputs of one inference.
+`hwcaps` instead prints the emulated core's AT_HWCAP words. benchmarks/arm_peers.py starts it under
+qemu-aarch64 (docs/arm-peers.md).
 
 After one warm-up inference, which also gives the outputs, the loaded model is forked once per run count
 and each child runs that many inferences and exits: qemu-user runs a guest fork() as a host fork(), so the
@@ -140,8 +141,7 @@ def main(argv: list[str]) -> None:
     Path(workdir, "maps.txt").write_text(Path("/proc/self/maps").read_text())
     counts = [int(n) for n in runs.split(",")]
     pids = count_children(run, feeds, counts)
-    children = dict(zip(counts, pids, strict=True))
-    print(json.dumps({"version": version, "inputs": list(feeds), "children": children}))
+    print(json.dumps({"version": version, "inputs": list(feeds), "children": pids}))
 
 
 if __name__ == "__main__":

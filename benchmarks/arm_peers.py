@@ -4,7 +4,8 @@ its instructions per inference, and its outputs checked against the same runtime
 
 The arm64 Python with the runtimes is built by scripts/arm_peers.sh; docs/arm-peers.md says why each step
 exists. Start-up and session creation cancel: arm_guest.py forks the loaded model into a child that runs
-1 inference and one that runs 3, and the count is their difference over 2.
+1 inference and one that runs 3, three pairs of them, and the count is the median of their differences
+over 2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -34,6 +36,10 @@ CACHE = REPO / ".cache" / "arm64-peers"  # what scripts/arm_peers.sh builds
 GUEST = Path(__file__).resolve().with_name("arm_guest.py")
 SETUP_HINT = "build it with: bash scripts/arm_peers.sh"
 RUNS = (1, 3)  # inferences of the two counting children; the count is their difference over 2
+# Pairs of such children, forked from the same parent: the median of their differences. A child now and
+# then does some one-off work (seen once in about fifteen runs of a small ONNX Runtime model: 12 % more,
+# in the runtime's library and libc's allocator), which one pair would report as the inference's.
+PAIRS = 3
 TIMEOUT_S = 3600.0  # ResNet-18 takes minutes under qemu-user on a loaded machine: a guard, not a limit
 
 
@@ -181,6 +187,22 @@ def _arrays(path: Path) -> tuple[np.ndarray, ...]:
         return tuple(saved[f"arr_{i}"] for i in range(len(saved.files)))
 
 
+def _per_inference(
+    counts: Path, pids: list[int], maps: Path, cycles: Target | None
+) -> tuple[float, float | None]:
+    """Instructions and (with a target) cycles per inference: the median over the pairs of children of
+    the second child's figure minus the first's, over the inferences it ran more."""
+    by_pid, _ = records(counts.read_bytes().splitlines())
+    pairs = list(zip(pids[::2], pids[1::2], strict=True))
+    extra = RUNS[1] - RUNS[0]
+    instructions = statistics.median(by_pid[more] - by_pid[fewer] for fewer, more in pairs) / extra
+    if cycles is None:
+        return instructions, None
+    text = maps.read_text(encoding="utf-8")
+    estimates = [cycles_between(counts, fewer, more, text, cycles) for fewer, more in pairs]
+    return instructions, statistics.median(estimates) / extra
+
+
 def run_peer(
     model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Path = CACHE, cycles: Target | None = None
 ) -> PeerRun:
@@ -199,7 +221,7 @@ def run_peer(
         plugin = f"{build_insn_plugin()},min=0,out={counts}"  # min=0: the runtimes' libraries lie anywhere
         plugin += ",blocks=1" if cycles is not None else ""
         argv = [qemu_aarch64(), "-cpu", core, "-L", str(view), "-plugin", plugin, *_python(root)]
-        argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS))]
+        argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS * PAIRS))]
         start = time.perf_counter()
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, env=_env(root), timeout=TIMEOUT_S)
@@ -210,12 +232,7 @@ def run_peer(
             why = _last_line(proc.stderr)
             raise XtuneError(f"{runtime.value} on {core} failed on {model.name} ({proc.returncode}): {why}")
         reply = json.loads(proc.stdout.splitlines()[-1])
-        fewer, more = (int(reply["children"][str(n)]) for n in RUNS)
-        by_pid, _ = records(counts.read_bytes().splitlines())
-        estimate = None
-        if cycles is not None:
-            maps = (work / "maps.txt").read_text(encoding="utf-8")
-            estimate = cycles_between(counts, fewer, more, maps, cycles) / (RUNS[1] - RUNS[0])
+        instructions, estimate = _per_inference(counts, reply["children"], work / "maps.txt", cycles)
         return PeerRun(
             runtime=runtime,
             version=reply["version"],
@@ -223,7 +240,7 @@ def run_peer(
             model=model.name,
             inputs=_arrays(work / "inputs.npz"),
             outputs=_arrays(work / "outputs.npz"),
-            instructions=(by_pid[more] - by_pid[fewer]) / (RUNS[1] - RUNS[0]),
+            instructions=instructions,
             cycles=estimate,
             seconds=seconds,
         )

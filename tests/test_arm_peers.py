@@ -1,7 +1,7 @@
 """The ARM peers' harness (benchmarks/arm_peers.py, arm_cycles.py): the emulated core's /proc/cpuinfo reads
 like a real one, the children's block records subtract, and ONNX Runtime's aarch64 build under
 qemu-aarch64 computes what ONNX Runtime computes on this host, with an instruction count per inference that
-repeats exactly and grows with the work, and a cycle estimate beside it."""
+repeats and grows with the work, and a cycle estimate beside it."""
 
 from __future__ import annotations
 
@@ -108,10 +108,10 @@ def _write(workload: str, path: Path) -> Path:
 @pytest.mark.slow
 def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -> None:
     """Three emulated runs of two small convolutions (about 40 s): outputs equal to x86 ONNX Runtime's,
-    the count per inference identical run to run, with the block-recording plugin too, and four times the
-    multiply-adds costing more than twice the instructions, never fewer than one NEON FMA per four of
-    them; llvm-mca's Cortex-A72 model, which issues at most 3 instructions a cycle, gives at least a
-    cycle per 3 instructions."""
+    the count per inference the same run to run (to 0.5 %), with the block-recording plugin too, and four
+    times the multiply-adds costing more than twice the instructions, never fewer than one NEON FMA per
+    four of them; llvm-mca's Cortex-A72 model, which issues at most 3 instructions a cycle, gives at least
+    a cycle per 3 instructions."""
     if not (CACHE / "root" / ".complete").is_file():
         pytest.skip(
             "no arm64 Python with the ARM peers: bash scripts/arm_peers.sh (scripts/setup.sh runs it)"
@@ -120,8 +120,9 @@ def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -
     first = run_peer(small, "cortex-a72")
     assert first.runtime.value == "onnxruntime" and first.version
     assert check_peer(first, small) == ""
+    # Two processes' heaps differ a little at the fork, and libc's allocator with them (docs/arm-peers.md).
     again = run_peer(small, "cortex-a72", cycles=get_target("arm-a72-neon"))
-    assert again.instructions == first.instructions and first.cycles is None
+    assert again.instructions == pytest.approx(first.instructions, rel=0.005) and first.cycles is None
     assert again.cycles is not None and again.cycles >= again.instructions / 3
     macs = 28 * 28 * 32 * 16 * 9
     assert first.instructions >= macs / 4
