@@ -23,10 +23,12 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
+from arm_cycles import cycles_between, records
 
 from xtune.boards.board import build_insn_plugin
 from xtune.errors import InputError, XtuneError
 from xtune.ops.workload import RTOL, check_output
+from xtune.target import Target
 from xtune.tuning.peers import ort_session
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,10 +82,7 @@ class PeerRun:
     inputs: tuple[np.ndarray, ...]  # seeded, in the model's input order
     outputs: tuple[np.ndarray, ...]  # of one inference on the emulated core
     instructions: float  # guest instructions per inference, the whole process counted
-    # Hook for the cycle estimate of emulated boards (llvm-mca over per-block execution counts): the
-    # per-block plugin would replace the counter below, and the blocks, which here lie in the runtimes'
-    # shared libraries rather than in one kernel image, would be read from the files the guest's
-    # /proc/self/maps names. Not measured yet: None.
+    # llvm-mca's estimate per inference under a target's scheduling model (arm_cycles.py); None if not asked
     cycles: float | None
     seconds: float  # wall time of the emulated process, start-up included: no performance signal
 
@@ -183,22 +182,32 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
-def _counts(path: Path) -> dict[int, int]:
-    """The plugin's "pid count" lines: each guest process's instructions at its exit."""
-    counts = {}
-    for line in path.read_text(encoding="ascii").splitlines():
-        pid, count = line.split()
-        counts[int(pid)] = int(count)
-    return counts
-
-
 def _arrays(path: Path) -> tuple[np.ndarray, ...]:
     with np.load(path) as saved:
         return tuple(saved[f"arr_{i}"] for i in range(len(saved.files)))
 
 
-def run_peer(model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Path = CACHE) -> PeerRun:
-    """Run `model` in its peer on the emulated `core`, counting instructions per inference."""
+def _per_inference(
+    counts: Path, pids: list[int], maps: Path, cycles: Target | None
+) -> tuple[float, float | None]:
+    """Instructions and (with a target) cycles per inference: the median over the pairs of children of
+    the second child's figure minus the first's, over the inferences it ran more."""
+    by_pid, _ = records(counts.read_bytes().splitlines())
+    pairs = list(zip(pids[::2], pids[1::2], strict=True))
+    extra = RUNS[1] - RUNS[0]
+    instructions = statistics.median(by_pid[more] - by_pid[fewer] for fewer, more in pairs) / extra
+    if cycles is None:
+        return instructions, None
+    text = maps.read_text(encoding="utf-8")
+    estimates = [cycles_between(counts, fewer, more, text, cycles) for fewer, more in pairs]
+    return instructions, statistics.median(estimates) / extra
+
+
+def run_peer(
+    model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Path = CACHE, cycles: Target | None = None
+) -> PeerRun:
+    """Run `model` in its peer on the emulated `core`, counting instructions per inference, and with
+    `cycles` estimating its cycles under that target's scheduling model (the plugin records blocks)."""
     runtime = runtime_for(model)
     if not model.is_file():
         raise InputError(f"{model}: no such model file")
@@ -210,6 +219,7 @@ def run_peer(model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Pat
         if "," in str(counts):  # -plugin splits its argument at commas
             raise XtuneError(f"the temporary folder {tmp} has a comma in its path: set TMPDIR elsewhere")
         plugin = f"{build_insn_plugin()},min=0,out={counts}"  # min=0: the runtimes' libraries lie anywhere
+        plugin += ",blocks=1" if cycles is not None else ""
         argv = [qemu_aarch64(), "-cpu", core, "-L", str(view), "-plugin", plugin, *_python(root)]
         argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS * PAIRS))]
         start = time.perf_counter()
@@ -222,12 +232,7 @@ def run_peer(model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Pat
             why = _last_line(proc.stderr)
             raise XtuneError(f"{runtime.value} on {core} failed on {model.name} ({proc.returncode}): {why}")
         reply = json.loads(proc.stdout.splitlines()[-1])
-        by_pid = _counts(counts)
-        pids = reply["children"]
-        per_pair = [
-            (by_pid[more] - by_pid[fewer]) / (RUNS[1] - RUNS[0])
-            for fewer, more in zip(pids[::2], pids[1::2], strict=True)
-        ]
+        instructions, estimate = _per_inference(counts, reply["children"], work / "maps.txt", cycles)
         return PeerRun(
             runtime=runtime,
             version=reply["version"],
@@ -235,8 +240,8 @@ def run_peer(model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Pat
             model=model.name,
             inputs=_arrays(work / "inputs.npz"),
             outputs=_arrays(work / "outputs.npz"),
-            instructions=statistics.median(per_pair),
-            cycles=None,
+            instructions=instructions,
+            cycles=estimate,
             seconds=seconds,
         )
 

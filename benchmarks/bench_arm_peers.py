@@ -1,8 +1,10 @@
-"""Benchmark: instructions per inference of the ARM peers (ONNX Runtime for the ONNX networks, LiteRT with
-XNNPACK for the MLPerf Tiny float models) and of xtune's build of the same network, per emulated core, all
-counted by xtune's TCG plugin under qemu-aarch64 (docs/arm-peers.md). Prints a markdown table.
+"""Benchmark: instructions (and with --cycles llvm-mca's cycle estimate) per inference of the ARM peers
+(ONNX Runtime for the ONNX networks, LiteRT with XNNPACK for the MLPerf Tiny float models) and of xtune's
+build of the same network, per emulated core, all counted by xtune's TCG plugin under qemu-aarch64
+(docs/arm-peers.md). Prints a markdown table.
 
 Usage: python3 benchmarks/bench_arm_peers.py [--only NAME ...] [--cores CORE ...] [--tiny DIR] [--log LOG ...]
+                                             [--cycles]
 
 ResNet-18 and MobileNetV2 are written as benchmarks/make_networks.py writes them (random weights);
 the MLPerf Tiny float models are read from --tiny DIR (docs/benchmarks.md says where to get them). Needs
@@ -24,6 +26,7 @@ import onnx
 from arm_peers import CORES, check_peer, run_peer
 
 from xtune.boards.board import QemuBoard
+from xtune.boards.cost import CostUnit
 from xtune.errors import XtuneError
 from xtune.firmware.bench import bench_model
 from xtune.target import Target, load_targets
@@ -48,6 +51,8 @@ class Row:
     target: str  # xtune's target for the core, or "-"
     xtune_insns: float | None
     note: str  # why xtune's figure is missing, or ""
+    peer_cycles: float | None = None  # with --cycles, under the target's llvm-mca model
+    xtune_cycles: float | None = None
 
 
 def xtune_target(core: str) -> Target | None:
@@ -56,50 +61,59 @@ def xtune_target(core: str) -> Target | None:
     return found[0] if found else None
 
 
-def xtune_instructions(model: Path, target: Target, logs: list[Path]) -> tuple[float | None, str]:
-    """xtune's instructions per inference for `model` built for `target` (its own qemu -cpu), or why none."""
+def xtune_cost(model: Path, target: Target, logs: list[Path], unit: CostUnit) -> tuple[float | None, str]:
+    """xtune's instructions or cycles per inference for `model` built for `target` (on its own qemu -cpu),
+    or why there are none."""
+    name = "qemu-aarch64-cycles" if unit is CostUnit.CYCLES else "qemu-aarch64"
     try:
-        report = bench_model(model, QemuBoard("qemu-aarch64", target), logs)
+        report = bench_model(model, QemuBoard(name, target, unit), logs)
     except XtuneError as e:
         return None, f"xtune cannot run it: {e}"
     if not report.correct:
         return None, f"xtune's output is wrong: {report.error}"
-    return report.instructions, ""
+    return report.cycles if unit is CostUnit.CYCLES else report.instructions, ""
 
 
-def measure(model: Path, cores: list[str], logs: list[Path]) -> list[Row]:
-    name = model.stem
+def peer_figures(
+    model: Path, core: str, target: Target | None, cycles: bool
+) -> tuple[str, float | None, float | None]:
+    """The peer's part of a row: its name (or why it failed), its instructions and cycles per inference
+    (None where its outputs differ from the x86 host's)."""
+    try:
+        run = run_peer(model, core, cycles=target if cycles else None)
+    except XtuneError as e:
+        return f"failed: {e}", None, None
+    why = check_peer(run, model)
+    if why:
+        return f"{run.runtime.value} {run.version} (WRONG: {why})", None, None
+    return f"{run.runtime.value} {run.version}", run.instructions, run.cycles
+
+
+def measure(model: Path, cores: list[str], logs: list[Path], cycles: bool) -> list[Row]:
     rows = []
     for core in cores:
         start = time.perf_counter()
-        try:
-            run = run_peer(model, core)
-            why = check_peer(run, model)
-            peer = f"{run.runtime.value} {run.version}" + (f" (WRONG: {why})" if why else "")
-            peer_insns = None if why else run.instructions
-        except XtuneError as e:
-            peer, peer_insns = f"failed: {e}", None
         target = xtune_target(core)
-        if target is None:
-            insns, note = None, f"xtune has no target for {core}"
-        else:
-            insns, note = xtune_instructions(model, target, logs)
-        rows.append(
-            Row(
-                network=name,
-                core=core,
-                peer=peer,
-                peer_insns=peer_insns,
-                target=target.name if target else "-",
-                xtune_insns=insns,
-                note=note,
-            )
+        peer, peer_insns, peer_cycles = peer_figures(model, core, target, cycles)
+        insns, xcycles, note = None, None, f"xtune has no target for {core}"
+        if target is not None:
+            insns, note = xtune_cost(model, target, logs, CostUnit.INSTRUCTIONS)
+            if cycles and insns is not None:
+                xcycles, note = xtune_cost(model, target, logs, CostUnit.CYCLES)
+        row = Row(
+            network=model.stem,
+            core=core,
+            peer=peer,
+            peer_insns=peer_insns,
+            peer_cycles=peer_cycles,
+            target=target.name if target else "-",
+            xtune_insns=insns,
+            xtune_cycles=xcycles,
+            note=note,
         )
-        print(
-            f"{name} on {core}: {peer}, {_millions(peer_insns)} M; xtune {_millions(insns)} M "
-            f"{note} ({time.perf_counter() - start:.0f} s)",
-            file=sys.stderr,
-        )
+        rows.append(row)
+        took = time.perf_counter() - start
+        print(f"{row.network} on {core} ({took:.0f} s): {table([row]).splitlines()[-1]}", file=sys.stderr)
     return rows
 
 
@@ -107,18 +121,27 @@ def _millions(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e6:.2f}"
 
 
+def _ratio(ours: float | None, theirs: float | None) -> str:
+    return f"{ours / theirs:.2f}" if ours and theirs else "-"
+
+
 def table(rows: list[Row]) -> str:
-    lines = [
-        "| network | core | peer | peer M insn/inf | xtune target | xtune M insn/inf | xtune / peer | note |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    """A markdown table; the cycle columns only when some row has a cycle figure."""
+    cycles = any(r.peer_cycles or r.xtune_cycles for r in rows)
+    head = ["network", "core", "peer", "peer M insn/inf", "xtune target", "xtune M insn/inf", "xtune / peer"]
+    head += ["peer M cycles/inf", "xtune M cycles/inf", "xtune / peer (cycles)"] if cycles else []
+    lines = ["| " + " | ".join([*head, "note"]) + " |", "|" + "---|" * (len(head) + 1)]
     for r in rows:
-        ratio = f"{r.xtune_insns / r.peer_insns:.2f}" if r.xtune_insns and r.peer_insns else "-"
-        peer, note = r.peer.replace("|", "/"), r.note.replace("|", "/")  # a message must not split a cell
-        lines.append(
-            f"| {r.network} | {r.core} | {peer} | {_millions(r.peer_insns)} | {r.target} | "
-            f"{_millions(r.xtune_insns)} | {ratio} | {note} |"
-        )
+        cells = [r.network, r.core, r.peer, _millions(r.peer_insns), r.target, _millions(r.xtune_insns)]
+        cells.append(_ratio(r.xtune_insns, r.peer_insns))
+        if cycles:
+            cells += [
+                _millions(r.peer_cycles),
+                _millions(r.xtune_cycles),
+                _ratio(r.xtune_cycles, r.peer_cycles),
+            ]
+        cells.append(r.note)
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")  # a message splits no cell
     return "\n".join(lines)
 
 
@@ -154,13 +177,14 @@ def main() -> None:
     )
     parser.add_argument("--tiny", type=Path, help="folder holding the MLPerf Tiny .tflite files")
     parser.add_argument("--log", type=Path, action="append", default=[], help="xtune tuning log(s)")
+    parser.add_argument("--cycles", action="store_true", help="also llvm-mca's cycle estimates (slower)")
     args = parser.parse_args()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="xtune-bench-arm-") as folder:
         rows = [
             row
             for model in models(args.only, args.tiny, Path(folder))
-            for row in measure(model, args.cores, args.log)
+            for row in measure(model, args.cores, args.log, args.cycles)
         ]
     print(table(rows))
     print(f"\n{len(rows)} rows in {time.perf_counter() - start:.0f} s", file=sys.stderr)

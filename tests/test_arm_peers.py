@@ -1,6 +1,7 @@
-"""The ARM peers' harness (benchmarks/arm_peers.py): the emulated core's /proc/cpuinfo reads like a real
-one, and ONNX Runtime's aarch64 build under qemu-aarch64 computes what ONNX Runtime computes on this host,
-with an instruction count per inference that repeats and grows with the work."""
+"""The ARM peers' harness (benchmarks/arm_peers.py, arm_cycles.py): the emulated core's /proc/cpuinfo reads
+like a real one, the children's block records subtract, and ONNX Runtime's aarch64 build under
+qemu-aarch64 computes what ONNX Runtime computes on this host, with an instruction count per inference that
+repeats and grows with the work, and a cycle estimate beside it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from pathlib import Path
 
 import onnx
 import pytest
+from arm_cycles import executable_mappings, extra_runs, records
 from arm_peers import CACHE, CORES, arm64_root, check_peer, cpuinfo_text, run_peer, runtime_for
 
+from xtune.boards.cycles import BlockRun
 from xtune.errors import InputError, XtuneError
 from xtune.ops.registry import parse_workload
+from xtune.target import get_target
 from xtune.tuning.peers import onnx_model
 
 # A Raspberry Pi 4's first entry (Cortex-A72, Linux 6.1 arm64), but for BogoMIPS (its timer runs at 54 MHz).
@@ -60,6 +64,41 @@ def test_a_missing_root_says_how_to_build_it(tmp_path: Path) -> None:
         arm64_root(tmp_path)
 
 
+MAPS = """400000-916000 r-xp 00000000 fe:00 5326061    /root/usr/bin/python3.11
+930000-a5f000 rw-p 00520000 fe:00 5326061    /root/usr/bin/python3.11
+a5f000-a80000 rw-p 00000000 00:00 0          [heap]
+55009a0000-5500b2c000 r-xp 00000000 fe:00 5325077   /root/lib/aarch64-linux-gnu/libc.so.6
+5501000000-5501010000 r-xp 00000000 00:00 0
+"""
+
+
+def test_only_file_backed_code_is_mapped_for_costing() -> None:
+    found = executable_mappings(MAPS)
+    assert [(m.start, m.end, m.offset, m.path) for m in found] == [
+        (0x400000, 0x916000, 0, "/root/usr/bin/python3.11"),
+        (0x55009A0000, 0x5500B2C000, 0, "/root/lib/aarch64-linux-gnu/libc.so.6"),
+    ]
+
+
+def _block(vaddr: int, insns: int, execs: int, repeats: int = 0) -> BlockRun:
+    return BlockRun(vaddr=vaddr, size=4 * insns, insns=insns, execs=execs, repeats=repeats)
+
+
+def test_the_second_childs_extra_block_runs() -> None:
+    """A block is its address and length; unchanged blocks drop out, a block new to one child counts whole."""
+    fewer = [_block(0x1000, 4, 10, 2), _block(0x2000, 3, 5), _block(0x3000, 2, 7)]
+    more = [_block(0x1000, 4, 30, 12), _block(0x2000, 3, 5), _block(0x1000, 2, 4), _block(0x3000, 2, 6)]
+    assert extra_runs(fewer, more) == [_block(0x1000, 2, 4), _block(0x1000, 4, 20, 10), _block(0x3000, 2, -1)]
+
+
+def test_plugin_records_by_process() -> None:
+    counts, blocks = records([b"7 b 1000 16 4 3 1", b"7 120", b"8 b 2000 8 2 1 0", b"8 60", b"9 0"])
+    assert counts == {7: 120, 8: 60, 9: 0}
+    assert blocks[7] == [_block(0x1000, 4, 3, 1)] and blocks[8] == [_block(0x2000, 2, 1)] and 9 not in blocks
+    with pytest.raises(XtuneError, match="out of memory"):
+        records([b"7 lost"])
+
+
 def _write(workload: str, path: Path) -> Path:
     onnx.save_model(onnx_model(parse_workload(workload)), path)
     return path
@@ -68,9 +107,11 @@ def _write(workload: str, path: Path) -> Path:
 @pytest.mark.board
 @pytest.mark.slow
 def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -> None:
-    """Three emulated runs of two small convolutions (about 30 s): outputs equal to x86 ONNX Runtime's,
-    the count per inference the same run to run (to 0.5 %), and four times the multiply-adds costing more than
-    twice the instructions, never fewer than one NEON FMA per four of them."""
+    """Three emulated runs of two small convolutions (about 40 s): outputs equal to x86 ONNX Runtime's,
+    the count per inference the same run to run (to 0.5 %), with the block-recording plugin too, and four
+    times the multiply-adds costing more than twice the instructions, never fewer than one NEON FMA per
+    four of them; llvm-mca's Cortex-A72 model, which issues at most 3 instructions a cycle, gives at least
+    a cycle per 3 instructions."""
     if not (CACHE / "root" / ".complete").is_file():
         pytest.skip(
             "no arm64 Python with the ARM peers: bash scripts/arm_peers.sh (scripts/setup.sh runs it)"
@@ -80,7 +121,9 @@ def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -
     assert first.runtime.value == "onnxruntime" and first.version
     assert check_peer(first, small) == ""
     # Two processes' heaps differ a little at the fork, and libc's allocator with them (docs/arm-peers.md).
-    assert run_peer(small, "cortex-a72").instructions == pytest.approx(first.instructions, rel=0.005)
+    again = run_peer(small, "cortex-a72", cycles=get_target("arm-a72-neon"))
+    assert again.instructions == pytest.approx(first.instructions, rel=0.005) and first.cycles is None
+    assert again.cycles is not None and again.cycles >= again.instructions / 3
     macs = 28 * 28 * 32 * 16 * 9
     assert first.instructions >= macs / 4
     bigger = run_peer(large, "cortex-a72")
