@@ -27,8 +27,14 @@ from xtune.tuning.database import TuningLog, best
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.run import run_tuning
 
-WORKLOADS = ("matmul:m=384,n=384,k=384", "matmul:m=768,n=64,k=640", "matmul:m=128,n=1024,k=256",
-             "matmul:m=320,n=1024,k=768", "matmul:m=96,n=768,k=192", "matmul:m=512,n=512,k=512")  # fmt: skip
+WORKLOADS = (
+    "matmul:m=384,n=384,k=384",
+    "matmul:m=768,n=64,k=640",
+    "matmul:m=128,n=1024,k=256",
+    "matmul:m=320,n=1024,k=768",
+    "matmul:m=96,n=768,k=192",
+    "matmul:m=512,n=512,k=512",
+)
 
 
 def one(workload: str, trials: int, rounds: int) -> str:

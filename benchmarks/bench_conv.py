@@ -29,8 +29,10 @@ def main() -> None:
     args = parser.parse_args()
     board = get_board("local")
     peak = board.target.peak_gflops
-    print(f"| workload | numpy GFLOP/s | ORT GFLOP/s | default | after 64 | after {args.trials} | × numpy "
-          "| × ORT | % of peak |")  # fmt: skip
+    print(
+        f"| workload | numpy GFLOP/s | ORT GFLOP/s | default | after 64 | after {args.trials} | × numpy "
+        "| × ORT | % of peak |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for text in args.workload or WORKLOADS:
         wl = parse_workload(text)
@@ -43,9 +45,11 @@ def main() -> None:
         at64 = curve[min(63, len(curve) - 1)]
         best = report.best_gflops or 0.0
         ort_text, versus_ort = (f"{ort:.1f}", f"{best / ort:.2f}") if ort else ("–", "–")
-        print(f"| {text} | {numpy_gflops:.1f} | {ort_text} | {curve[0]:.1f} | {at64:.1f} | {best:.1f} "
-              f"| {best / numpy_gflops:.2f} | {versus_ort} | {100 * best / peak:.0f}% |",
-              flush=True)  # fmt: skip
+        print(
+            f"| {text} | {numpy_gflops:.1f} | {ort_text} | {curve[0]:.1f} | {at64:.1f} | {best:.1f} "
+            f"| {best / numpy_gflops:.2f} | {versus_ort} | {100 * best / peak:.0f}% |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -200,8 +200,10 @@ def main() -> None:
         f"layers {'as written (--plain)' if args.plain else 'as the network runs them'}\n"
     )
     heading = args.long or "-"
-    print(f"| layer | count | numpy | ORT | xtune {args.trials} | × ORT | × numpy | % peak | "
-          f"{heading} trials | {args.trials}/{heading} | unconfirmed/{heading} |")  # fmt: skip
+    print(
+        f"| layer | count | numpy | ORT | xtune {args.trials} | × ORT | × numpy | % peak | "
+        f"{heading} trials | {args.trials}/{heading} | unconfirmed/{heading} |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for layer in layers:
@@ -219,9 +221,11 @@ def main() -> None:
         rows.append(Row(layer=layer, numpy=numpy, ort=ort, at64=at64, long=long, picks=picks))
         gap, single_gap = (f"{x / long:.3f}" if args.long and long else "-" for x in (at64, single))
         long_text = f"{long:.1f}" if args.long else "-"
-        print(f"| {layer.name} | {layer.count} | {numpy:.1f} | {ort:.1f} | {at64:.1f} | {at64 / ort:.2f} "
-              f"| {at64 / numpy:.2f} | {100 * at64 / peak:.0f}% | {long_text} | {gap} | {single_gap} |",
-              flush=True)  # fmt: skip
+        print(
+            f"| {layer.name} | {layer.count} | {numpy:.1f} | {ort:.1f} | {at64:.1f} | {at64 / ort:.2f} "
+            f"| {at64 / numpy:.2f} | {100 * at64 / peak:.0f}% | {long_text} | {gap} | {single_gap} |",
+            flush=True,
+        )
     print(f"\nmeasured FMA peak, the best of every layer's probe: {peak:.1f} GFLOP/s\n")
     for row in rows:  # what was tuned (the peers ran the layer as written) and the configs picked
         print(f"{row.layer.name}: {as_run(row.layer.workload, board.target, args.plain).key} ({row.picks})")
@@ -233,11 +237,15 @@ def main() -> None:
         # Flops-weighted: total time of the network's layers at each one's speed.
         flops = [parse_workload(r.layer.workload).flops() * r.layer.count for r in chosen]  # either form
         total = sum(flops)
-        seconds = {name: sum(f / getattr(r, name) for f, r in zip(flops, chosen, strict=True))
-                   for name in ("numpy", "ort", "at64")}  # fmt: skip
+        seconds = {
+            name: sum(f / getattr(r, name) for f, r in zip(flops, chosen, strict=True))
+            for name in ("numpy", "ort", "at64")
+        }
         xt = seconds["at64"]
-        print(f"{table}: flops-weighted xtune/ORT {seconds['ort'] / xt:.2f}, xtune/numpy "
-              f"{seconds['numpy'] / xt:.2f}; xtune {total / xt:.1f} GFLOP/s")  # fmt: skip
+        print(
+            f"{table}: flops-weighted xtune/ORT {seconds['ort'] / xt:.2f}, xtune/numpy "
+            f"{seconds['numpy'] / xt:.2f}; xtune {total / xt:.1f} GFLOP/s"
+        )
     if args.insn_trials:
         print(f"\nqemu-aarch64, {args.insn_trials} trials by instruction count\n")
         print("| layer | instructions | FMA lower bound | ratio |")

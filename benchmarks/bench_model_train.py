@@ -51,8 +51,11 @@ def synthetic_lines(workload: str, n: int, rng: np.random.Generator) -> list[str
     failed = rng.random(n) < 0.03
     lines = []
     for index, cost, bad in zip(indices.tolist(), costs.tolist(), failed.tolist(), strict=True):
-        result = (MeasureResult(MeasureStatus.WRONG_ANSWER, error="synthetic") if bad
-                  else MeasureResult(MeasureStatus.OK, (cost, cost * 1.01, cost * 0.99)))  # fmt: skip
+        result = (
+            MeasureResult(MeasureStatus.WRONG_ANSWER, error="synthetic")
+            if bad
+            else MeasureResult(MeasureStatus.OK, (cost, cost * 1.01, cost * 0.99))
+        )
         lines.append(record_to_json(make_record(wl.key, target.name, "local", space.config(index), result)))
     return lines
 
@@ -77,10 +80,14 @@ def main() -> None:
         seconds = time.perf_counter() - start
         report = json.loads(out.stdout)
         manifest = report["manifest"]
-        print(f"xtune model train: {len(lines)} records ({log.stat().st_size / 1e6:.1f} MB log), "
-              f"{len(WORKLOADS)} workloads, ops {', '.join(manifest['feature_names'])}")  # fmt: skip
-        print(f"  {manifest['records_used']} used, {manifest['records_skipped']} skipped; "
-              f"model {model.stat().st_size / 1e6:.2f} MB")  # fmt: skip
+        print(
+            f"xtune model train: {len(lines)} records ({log.stat().st_size / 1e6:.1f} MB log), "
+            f"{len(WORKLOADS)} workloads, ops {', '.join(manifest['feature_names'])}"
+        )
+        print(
+            f"  {manifest['records_used']} used, {manifest['records_skipped']} skipped; "
+            f"model {model.stat().st_size / 1e6:.2f} MB"
+        )
         print(f"  wall time end to end: {seconds:.1f} s (inside the command: {report['seconds']:.1f} s)")
 
 

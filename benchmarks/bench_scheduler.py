@@ -68,8 +68,13 @@ def plot(data: dict[str, object], path: Path) -> None:
     colours = {Strategy.GRADIENT.value: "tab:blue", Strategy.ROUND_ROBIN.value: "tab:orange"}
     for name in sorted(curves, key=list(colours).index):  # one colour per strategy, whichever ran first
         points = curves[name]
-        ax.plot([n for n, _ in points], [e * k for _, e in points], label=name, color=colours[name],
-                drawstyle="steps-post")  # fmt: skip
+        ax.plot(
+            [n for n, _ in points],
+            [e * k for _, e in points],
+            label=name,
+            color=colours[name],
+            drawstyle="steps-post",
+        )
     even = curves.get(Strategy.ROUND_ROBIN.value)
     if even:
         ax.axhline(even[-1][1] * k, color="grey", linestyle=":", label="round-robin's final")
@@ -102,8 +107,10 @@ def interleaved(
             if next(gen, None) is None:
                 del batches[strategy]
             seconds[strategy] += time.perf_counter() - t0
-    return {s: run.result(run.ended(budget), model=model, budget=budget, seconds=seconds[s])
-            for s, run in runs.items()}  # fmt: skip
+    return {
+        s: run.result(run.ended(budget), model=model, budget=budget, seconds=seconds[s])
+        for s, run in runs.items()
+    }
 
 
 def main() -> None:
@@ -112,8 +119,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0, help="the search's seed (TuneOptions.seed)")
-    parser.add_argument("--board", default="local", help="e.g. qemu-aarch64: exact instruction counts, no "
-                        "timing noise (the estimate is then in instructions)")  # fmt: skip
+    parser.add_argument(
+        "--board",
+        default="local",
+        help="e.g. qemu-aarch64: exact instruction counts, no "
+        "timing noise (the estimate is then in instructions)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="both curves as a PNG")
     parser.add_argument("--replot", type=Path, default=None, help="plot a saved --out file; run nothing")
@@ -145,8 +156,9 @@ def main() -> None:
             for strategy in order:
                 log = Path(tmp) / f"{strategy.value}.jsonl"
                 shutil.copy(shared, log)
-                runs[strategy] = TaskScheduler(tasks, [board], rest, TuningLog(log),
-                                               scheduler=SchedulerOptions(strategy=strategy))  # fmt: skip
+                runs[strategy] = TaskScheduler(
+                    tasks, [board], rest, TuningLog(log), scheduler=SchedulerOptions(strategy=strategy)
+                )
             for strategy, result in interleaved(runs, rest.trials, args.model).items():
                 curve = (start, *((spent + n, e) for n, e in result.curve[1:]))  # trials of the whole budget
                 results[strategy] = replace(
@@ -156,23 +168,31 @@ def main() -> None:
             for run in runs.values():
                 run.close()
     gradient, even = results[Strategy.GRADIENT], results[Strategy.ROUND_ROBIN]
-    print(f"\n{args.model}: {len(tasks)} tasks, {args.trials} trials, batches of {args.batch_size}, "
-          f"seed {args.seed}\n")  # fmt: skip
+    print(
+        f"\n{args.model}: {len(tasks)} tasks, {args.trials} trials, batches of {args.batch_size}, "
+        f"seed {args.seed}\n"
+    )
     k, unit = scale(board.cost_unit.value)
-    print(f"| strategy | default ({unit}) | first round (trials: {unit}) | final estimate ({unit}) | speedup "
-          "| seconds |\n|---|---|---|---|---|---|")  # fmt: skip
+    print(
+        f"| strategy | default ({unit}) | first round (trials: {unit}) | final estimate ({unit}) | speedup "
+        "| seconds |\n|---|---|---|---|---|---|"
+    )
     for strategy, r in results.items():
         first = r.curve[0] if r.curve else (0, float("nan"))
         speedup = r.default_estimate / r.estimate
-        print(f"| {strategy.value} | {r.default_estimate * k:.3f} | {first[0]}: {first[1] * k:.3f} | "
-              f"{r.estimate * k:.3f} | {speedup:.2f}x | {r.seconds:.0f} |")  # fmt: skip
+        print(
+            f"| {strategy.value} | {r.default_estimate * k:.3f} | {first[0]}: {first[1] * k:.3f} | "
+            f"{r.estimate * k:.3f} | {speedup:.2f}x | {r.seconds:.0f} |"
+        )
     reached = trials_to(gradient, even.estimate)
     if reached is None:
         above = 100 * (gradient.estimate / even.estimate - 1)
         print(f"\ngradient never reached round-robin's final estimate (it ends {above:.2f} % above it)")
     else:
-        print(f"\ngradient reached round-robin's final estimate after {reached} trials "
-              f"({100 * reached / args.trials:.0f} % of the budget)")  # fmt: skip
+        print(
+            f"\ngradient reached round-robin's final estimate after {reached} trials "
+            f"({100 * reached / args.trials:.0f} % of the budget)"
+        )
     # Noise-tolerant figures: within 2 % of round-robin's final, and both estimates at half the budget.
     near = trials_to(gradient, 1.02 * even.estimate)
     half = {s.value: estimate_at(r, args.trials // 2) for s, r in results.items()}
@@ -182,16 +202,29 @@ def main() -> None:
     )
     curves = {s.value: [[n, e] for n, e in r.curve] for s, r in results.items()}
     data = {
-        "model": args.model, "board": args.board, "unit": board.cost_unit.value, "trials": args.trials,
-        "batch_size": args.batch_size, "seed": args.seed,
-        "tasks": len(tasks), "reached": reached, "within_2_percent": near, "at_half": half, "curves": curves,
-        "results": {s.value: {"default_estimate": r.default_estimate, "estimate": r.estimate,
-                              "seconds": round(r.seconds, 1),
-                              "trials_per_task": [t.resumed + t.trials for t in r.tasks],
-                              "best_per_task": [t.as_dict()["best_cost"] for t in r.tasks],
-                              "counts": [t.count for t in r.tasks]}
-                    for s, r in results.items()},
-    }  # fmt: skip
+        "model": args.model,
+        "board": args.board,
+        "unit": board.cost_unit.value,
+        "trials": args.trials,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "tasks": len(tasks),
+        "reached": reached,
+        "within_2_percent": near,
+        "at_half": half,
+        "curves": curves,
+        "results": {
+            s.value: {
+                "default_estimate": r.default_estimate,
+                "estimate": r.estimate,
+                "seconds": round(r.seconds, 1),
+                "trials_per_task": [t.resumed + t.trials for t in r.tasks],
+                "best_per_task": [t.as_dict()["best_cost"] for t in r.tasks],
+                "counts": [t.count for t in r.tasks],
+            }
+            for s, r in results.items()
+        },
+    }
     if args.out:
         args.out.write_text(json.dumps(data))
     if args.plot:

@@ -41,8 +41,10 @@ def main() -> None:
     for text in args.workloads:
         wl = parse_workload(text)
         print(f"\n{wl.key}, GFLOP/s by the tuning timings\n")
-        print(f"| seed | best of {args.trials} (trial) | best of {args.long} (trial) | "
-              f"{args.trials}/{args.long} |\n|---|---|---|---|")  # fmt: skip
+        print(
+            f"| seed | best of {args.trials} (trial) | best of {args.long} (trial) | "
+            f"{args.trials}/{args.long} |\n|---|---|---|---|"
+        )
         for seed in args.seeds:
             with tempfile.TemporaryDirectory() as tmp:
                 log = TuningLog(Path(tmp) / "log.jsonl")
@@ -53,8 +55,10 @@ def main() -> None:
             speeds = [wl.flops() / r.cost / 1e9 if r.result.ok else 0.0 for r in records]
             short, at_short = best_by(speeds, args.trials)
             long, at_long = best_by(speeds, len(speeds))
-            print(f"| {seed} | {short:.1f} ({at_short}) | {long:.1f} ({at_long}) | {short / long:.3f} |",
-                  flush=True)  # fmt: skip
+            print(
+                f"| {seed} | {short:.1f} ({at_short}) | {long:.1f} ({at_long}) | {short / long:.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

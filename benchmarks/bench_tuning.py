@@ -29,8 +29,10 @@ def vs_numpy() -> None:
         wl, [board], TuneOptions(tuner="xgb", trials=256, batch_size=16), None, None, numpy_gflops
     )
     curve = report.curve_gflops
-    print(f"\nmatmul 512³, `--tuner xgb`, one run of 256 trials; numpy {numpy_gflops:.1f} GFLOP/s, "
-          f"ONNX Runtime {ort:.1f} GFLOP/s\n")  # fmt: skip
+    print(
+        f"\nmatmul 512³, `--tuner xgb`, one run of 256 trials; numpy {numpy_gflops:.1f} GFLOP/s, "
+        f"ONNX Runtime {ort:.1f} GFLOP/s\n"
+    )
     print("| after trials | best GFLOP/s | × numpy | × ORT |")
     print("|---|---|---|---|")
     for n in (1, 16, 64, 128, 256):
@@ -40,9 +42,11 @@ def vs_numpy() -> None:
             )
     best = report.best_gflops or math.nan
     print(f"\nbest config #{report.best_index}: {dict(report.best_knobs)}; {report.seconds:.0f} s wall")
-    print(f"its median of {report.best_timings} timings (what `xtune tune` reports and `xtune build` ships): "
-          f"{best:.1f} GFLOP/s, {best / numpy_gflops:.3f} × numpy, "
-          f"{best / ort:.3f} × ONNX Runtime")  # fmt: skip
+    print(
+        f"its median of {report.best_timings} timings (what `xtune tune` reports and `xtune build` ships): "
+        f"{best:.1f} GFLOP/s, {best / numpy_gflops:.3f} × numpy, "
+        f"{best / ort:.3f} × ONNX Runtime"
+    )
 
 
 def trials_to(curve: tuple[float, ...], goal: float) -> int | None:
@@ -74,8 +78,10 @@ def search(seeds: int, trials: int) -> None:
         def med(xs: list[int | None]) -> str:
             return str(statistics.median(x or trials + 1 for x in xs))
 
-        print(f"| {text} | {best_known:.1f} | {show(need['xgb'])} | {show(need['random'])} "
-              f"| {med(need['xgb'])} | {med(need['random'])} |")  # fmt: skip
+        print(
+            f"| {text} | {best_known:.1f} | {show(need['xgb'])} | {show(need['random'])} "
+            f"| {med(need['xgb'])} | {med(need['random'])} |"
+        )
 
 
 def throughput() -> None:
@@ -86,8 +92,10 @@ def throughput() -> None:
         wl, [board], TuneOptions(tuner="xgb", trials=64, batch_size=16, confirm=0)
     )  # the loop's rate
     wall = time.perf_counter() - start
-    print(f"\nmatmul 256³, xgb, 64 trials: {report.trials / wall:.2f} measured trials/s "
-          f"({wall:.1f} s wall incl. start-up; tuner itself {report.tuner_seconds:.1f} s)")  # fmt: skip
+    print(
+        f"\nmatmul 256³, xgb, 64 trials: {report.trials / wall:.2f} measured trials/s "
+        f"({wall:.1f} s wall incl. start-up; tuner itself {report.tuner_seconds:.1f} s)"
+    )
 
 
 def main() -> None:

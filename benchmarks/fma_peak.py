@@ -53,8 +53,15 @@ double fma_chains(int64_t iters, float *sink) {
 
 def _library(lanes: int) -> ctypes.CDLL:
     """The probe built for this host's widest vectors (-march=native: FMA contraction of a*x+y)."""
-    flags = ["-O2", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC",
-             f"-DLANES={lanes}", f"-DCHAINS={CHAINS}"]  # fmt: skip
+    flags = [
+        "-O2",
+        "-march=native",
+        "-ffp-contract=fast",
+        "-shared",
+        "-fPIC",
+        f"-DLANES={lanes}",
+        f"-DCHAINS={CHAINS}",
+    ]
     key = hashlib.sha256((SOURCE + " ".join(flags)).encode()).hexdigest()[:16]
     out = Path(tempfile.gettempdir()) / f"xtune-fma-peak-{key}.so"
     if not out.exists():
@@ -87,9 +94,11 @@ def main() -> None:
     args = parser.parse_args()
     target = get_board("local").target
     peak = measured_peak_gflops(args.seconds)
-    print(f"{target.name}: measured fp32 FMA peak {peak:.1f} GFLOP/s on one core "
-          f"({peak / 2 / target.fp32_lanes:.2f} G vector FMAs/s of {target.fp32_lanes} lanes); "
-          f"the descriptor's nominal peak is {target.peak_gflops:.1f}")  # fmt: skip
+    print(
+        f"{target.name}: measured fp32 FMA peak {peak:.1f} GFLOP/s on one core "
+        f"({peak / 2 / target.fp32_lanes:.2f} G vector FMAs/s of {target.fp32_lanes} lanes); "
+        f"the descriptor's nominal peak is {target.peak_gflops:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -113,8 +113,18 @@ def measure(log: Path, target: str, workload: str, n_random: int, n_xgb: int) ->
     print(f"{target} {workload}", file=sys.stderr, flush=True)
     # --confirm 0: one timing per config, as many configs as asked (the trees learn from spread, not
     # from a few leaders timed three times).
-    common = ["tune", "--workload", workload, "--target", target, "--log", str(log), "--json",
-              "--confirm", "0"]  # fmt: skip
+    common = [
+        "tune",
+        "--workload",
+        workload,
+        "--target",
+        target,
+        "--log",
+        str(log),
+        "--json",
+        "--confirm",
+        "0",
+    ]
     # --trials counts new measurements; configs already in the log are resumed (and learned from).
     xtune(*common, "--tuner", "random", "--trials", str(n_random), "--seed", "1")
     xtune(*common, "--tuner", "xgb", "--trials", str(n_xgb), "--seed", "1")

@@ -78,8 +78,10 @@ def curves_of(log: Path, keys: Sequence[str]) -> list[Curve]:
     # Round-robin gives batches in task order: a task with fewer trials than one after it ran out of
     # configs (a log cut short leaves the later tasks one batch behind, not the earlier ones).
     lengths = [len(costs[k]) - anchors[k] for k in keys]
-    return [Curve(anchors=anchors[k], costs=tuple(costs[k]), exhausted=lengths[i] < max(lengths[i:]))
-            for i, k in enumerate(keys)]  # fmt: skip
+    return [
+        Curve(anchors=anchors[k], costs=tuple(costs[k]), exhausted=lengths[i] < max(lengths[i:]))
+        for i, k in enumerate(keys)
+    ]
 
 
 @dataclass(eq=False)
@@ -109,8 +111,9 @@ class Replayed:
 Chooser = Callable[[list[Replayed], int], int | None]
 
 
-def replay(tasks: Sequence[TaskLike], curves: Sequence[Curve], budget: int, choose: Chooser,
-           regroup: float | None) -> tuple[list[tuple[int, float]], list[int]]:  # fmt: skip
+def replay(
+    tasks: Sequence[TaskLike], curves: Sequence[Curve], budget: int, choose: Chooser, regroup: float | None
+) -> tuple[list[tuple[int, float]], list[int]]:
     """One run: the first round (every task's anchors), then batches of min(16, budget // tasks) to the
     task `choose` names, `regroup` the beta of Ansor's group check (None: none). Returns the curve
     (trials spent, estimate) and every task's trials."""
@@ -146,8 +149,9 @@ def round_robin() -> Chooser:
 
 def oracle(states: list[Replayed], _spent: int) -> int | None:
     """The batch to the task whose next 16 trials lower the estimate the most (known curves)."""
-    drops = [s.task.count * (s.latency - s.curve.best(s.trials + BATCH)) if s.running else -1.0
-             for s in states]  # fmt: skip
+    drops = [
+        s.task.count * (s.latency - s.curve.best(s.trials + BATCH)) if s.running else -1.0 for s in states
+    ]
     best = max(range(len(states)), key=lambda i: (drops[i], -states[i].batches))
     return best if drops[best] >= 0 else None
 
@@ -209,8 +213,10 @@ def main_replay(args: argparse.Namespace) -> None:
             shares[name].append(100 * n / args.trials if n is not None else math.inf)
             finals[name].append(curve[-1][1] / goal)
             beyond[name] += sum(t > len(c.costs) for t, c in zip(trials, curves, strict=True))
-    print(f"{args.model}: {len(tasks)} tasks, {args.trials} trials, {args.runs} replayed runs on "
-          f"{len(args.logs)} recorded log(s), noise {args.noise:.0%}\n")  # fmt: skip
+    print(
+        f"{args.model}: {len(tasks)} tasks, {args.trials} trials, {args.runs} replayed runs on "
+        f"{len(args.logs)} recorded log(s), noise {args.noise:.0%}\n"
+    )
     print(
         "| policy | trials to round-robin's final: median | quartiles | runs ≤ 50 % | never | final / "
         "round-robin's final (median) | tasks past their recording |\n|---|---|---|---|---|---|---|"
@@ -220,12 +226,16 @@ def main_replay(args: argparse.Namespace) -> None:
         q1, med, q3 = quartiles(s)
         ok = sum(x <= 50 for x in s) / len(s)
         never = sum(math.isinf(x) for x in s)
-        print(f"| {name} | {med:.0f} % | {q1:.0f}–{q3:.0f} % | {ok:.0%} | {never} | "
-              f"{statistics.median(finals[name]):.3f} | {beyond[name] / args.runs:.1f} |")  # fmt: skip
+        print(
+            f"| {name} | {med:.0f} % | {q1:.0f}–{q3:.0f} % | {ok:.0%} | {never} | "
+            f"{statistics.median(finals[name]):.3f} | {beyond[name] / args.runs:.1f} |"
+        )
     if bound:
         q1, med, q3 = quartiles(bound)
-        print(f"\nthe best allocation knowing every curve (whole batches) needs {med:.0f} % of the budget "
-              f"(median; quartiles {q1:.0f}–{q3:.0f} %)")  # fmt: skip
+        print(
+            f"\nthe best allocation knowing every curve (whole batches) needs {med:.0f} % of the budget "
+            f"(median; quartiles {q1:.0f}–{q3:.0f} %)"
+        )
 
 
 def main_record(args: argparse.Namespace) -> None:
@@ -245,8 +255,9 @@ def main_record(args: argparse.Namespace) -> None:
         probe.close()
     budget = first + len(tasks) * args.batches * BATCH
     even = SchedulerOptions(strategy=Strategy.ROUND_ROBIN)
-    result = tune_tasks(tasks, [board], replace(options, trials=budget), TuningLog(args.log),
-                        model=args.model, scheduler=even)  # fmt: skip
+    result = tune_tasks(
+        tasks, [board], replace(options, trials=budget), TuningLog(args.log), model=args.model, scheduler=even
+    )
     print(f"{result.trials} trials in {result.seconds:.0f} s; per task {[t.trials for t in result.tasks]}")
 
 

@@ -80,19 +80,36 @@ CORPUS = ROOT / "xtune" / "data" / "corpus"
 # drew the corpus's random shapes (benchmarks/make_transfer_corpus.py), so that the set is not a choice.
 # The medians over held-out shapes are the issue's figures; with four shapes one lucky shape moved them.
 HELD_OUT = {
-    "matmul": tuple("matmul:m={},n={},k={}".format(*shape) for shape in (
-        (384, 384, 384), (128, 1024, 256), (640, 160, 320), (96, 768, 192),
-        (320, 1024, 768), (768, 64, 640), (384, 256, 160), (1024, 256, 1024))),
+    "matmul": tuple(
+        "matmul:m={},n={},k={}".format(*shape)
+        for shape in (
+            (384, 384, 384),
+            (128, 1024, 256),
+            (640, 160, 320),
+            (96, 768, 192),
+            (320, 1024, 768),
+            (768, 64, 640),
+            (384, 256, 160),
+            (1024, 256, 1024),
+        )
+    ),
     # Picked by hand (session 8) beside the corpus's CONV_TRAIN_LAYERS: the same kinds of layer, other sizes.
-    "conv2d": ("conv2d:n=1,c=48,h=28,w=28,k=48,r=3,s=3,stride=1,pad=1",
-               "conv2d:n=1,c=128,h=14,w=14,k=64,r=1,s=1,stride=1,pad=0",
-               "conv2d:n=1,c=64,h=28,w=28,k=64,r=3,s=3,stride=2,pad=1",
-               "conv2d:n=1,c=32,h=56,w=56,k=16,r=3,s=3,stride=1,pad=1"),
-}  # fmt: skip
+    "conv2d": (
+        "conv2d:n=1,c=48,h=28,w=28,k=48,r=3,s=3,stride=1,pad=1",
+        "conv2d:n=1,c=128,h=14,w=14,k=64,r=1,s=1,stride=1,pad=0",
+        "conv2d:n=1,c=64,h=28,w=28,k=64,r=3,s=3,stride=2,pad=1",
+        "conv2d:n=1,c=32,h=56,w=56,k=16,r=3,s=3,stride=1,pad=1",
+    ),
+}
 TARGET = "x86-avx2"
 MODES = ("blind", "cold", "shapes", "sse42", "machines")
-TITLES = {"blind": "cold, blind", "cold": "cold, as xtune starts", "shapes": "warm: other shapes",
-          "sse42": "warm: sse42 logs", "machines": "warm: other machines"}  # fmt: skip
+TITLES = {
+    "blind": "cold, blind",
+    "cold": "cold, as xtune starts",
+    "shapes": "warm: other shapes",
+    "sse42": "warm: sse42 logs",
+    "machines": "warm: other machines",
+}
 LOO_MODES = ("cold", "shapes", "sse42")
 BATCH = 16
 
@@ -112,12 +129,17 @@ def modes_of(op: str, modes: tuple[str, ...]) -> tuple[str, ...]:
 
 def corpus_records(target: str, cpu: str, op: str, other_machines: bool = False) -> list[Record]:
     """The corpus records of `op` of `target` this machine (`cpu`) measured, or the other machines did."""
-    records = [r for r in read_logs([CORPUS / f"{target}.jsonl.gz"])
-               if (cpu_of(r) != cpu) == other_machines and r.workload.startswith(f"{op}:")]  # fmt: skip
+    records = [
+        r
+        for r in read_logs([CORPUS / f"{target}.jsonl.gz"])
+        if (cpu_of(r) != cpu) == other_machines and r.workload.startswith(f"{op}:")
+    ]
     if not records:
         whose = "other machines than this one" if other_machines else "this machine"
-        sys.exit(f"the corpus has no {op} {target} records of {whose} ({cpu}): run "
-                 "benchmarks/make_transfer_corpus.py first")  # fmt: skip
+        sys.exit(
+            f"the corpus has no {op} {target} records of {whose} ({cpu}): run "
+            "benchmarks/make_transfer_corpus.py first"
+        )
     return records
 
 
@@ -189,8 +211,10 @@ def remeasure(
     one config's timings."""
     indices = [r.index for r in best(records, workload.key, board.target.name, k=top)]
     per_config = retime_gflops(workload, board, indices, rounds)
-    return (max(statistics.median(t) for t in per_config),
-            statistics.median((max(t) - min(t)) / max(t) for t in per_config))  # fmt: skip
+    return (
+        max(statistics.median(t) for t in per_config),
+        statistics.median((max(t) - min(t)) / max(t) for t in per_config),
+    )
 
 
 def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argparse.Namespace) -> ShapeRuns:
@@ -209,8 +233,11 @@ def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argp
     for seed in range(args.seeds):
         for mode in modes:
             curves[mode].append(run(workload, board, mode, models[mode], seed, args.cap))
-            print(f"  {workload.key} seed {seed} {mode}: {trials_to(curves[mode][-1], 0.9 * best_known)}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  {workload.key} seed {seed} {mode}: {trials_to(curves[mode][-1], 0.9 * best_known)}",
+                file=sys.stderr,
+                flush=True,
+            )
     return ShapeRuns(best_known, remeasured, spread, curves)
 
 
@@ -230,8 +257,12 @@ def count_table(
             counts = [trials_to(curve, bar) for curve in shape.curves[mode]]
             medians[mode].append(median_count(counts, cap))
             cells.append(cell(counts, cap))
-        print(f"| {key} | {shape.best_known:.1f} | {shape.remeasured:.1f} ({shape.spread:.0%}) | "
-              + " | ".join(cells) + " |", flush=True)  # fmt: skip
+        print(
+            f"| {key} | {shape.best_known:.1f} | {shape.remeasured:.1f} ({shape.spread:.0%}) | "
+            + " | ".join(cells)
+            + " |",
+            flush=True,
+        )
     overall = {mode: statistics.median(v) for mode, v in medians.items()}
     print("| **median** | | | " + " | ".join(f"**{overall[m]:g}**" for m in modes) + " |")
     print("| mean | | | " + " | ".join(f"{statistics.mean(medians[m]):.1f}" for m in modes) + " |")
@@ -253,8 +284,10 @@ def first_picks(results: dict[str, ShapeRuns], modes: tuple[str, ...], cap: int)
     batch = min(BATCH, cap)
     print(f"\n| start | after 1 trial | after {batch} trials |\n|---|---|---|")
     for mode in modes:
-        fractions = [[curve[t - 1] / shape.remeasured for shape in results.values()
-                      for curve in shape.curves[mode]] for t in (1, batch)]  # fmt: skip
+        fractions = [
+            [curve[t - 1] / shape.remeasured for shape in results.values() for curve in shape.curves[mode]]
+            for t in (1, batch)
+        ]
         print(f"| {mode} | " + " | ".join(f"{statistics.median(f):.0%}" for f in fractions) + " |")
 
 
@@ -275,8 +308,10 @@ def leave_one_out(cpu: str, args: argparse.Namespace) -> dict[str, ShapeRuns]:
             for mode, target in (("shapes", TARGET), ("sse42", "x86-sse42"))
         }
         seeds = range(args.seeds)
-        curves = {mode: [run(workload, board, mode, models[mode], seed, args.cap) for seed in seeds]
-                  for mode in modes_of(args.op, LOO_MODES)}  # fmt: skip
+        curves = {
+            mode: [run(workload, board, mode, models[mode], seed, args.cap) for seed in seeds]
+            for mode in modes_of(args.op, LOO_MODES)
+        }
         results[key] = ShapeRuns(corpus_best, remeasured, spread, curves)
         print(f"  {key} done", file=sys.stderr, flush=True)
     return results
@@ -351,9 +386,15 @@ def load(path: Path, args: argparse.Namespace) -> tuple[str, tuple[str, ...], st
     """What `save` wrote, as `measure_all` returns it; the saved run's options replace `args`'."""
     saved = json.loads(path.read_text())
     vars(args).update(saved["options"])
-    results = {key: ShapeRuns(shape["best_known"], shape["remeasured"], shape["spread"],
-                              {mode: [tuple(c) for c in curves] for mode, curves in shape["curves"].items()})
-               for key, shape in saved["results"].items()}  # fmt: skip
+    results = {
+        key: ShapeRuns(
+            shape["best_known"],
+            shape["remeasured"],
+            shape["spread"],
+            {mode: [tuple(c) for c in curves] for mode, curves in shape["curves"].items()},
+        )
+        for key, shape in saved["results"].items()
+    }
     return saved["cpu"], tuple(saved["modes"]), saved["reference"], results
 
 

@@ -41,9 +41,14 @@ class _Builder:
         fan_in = cin // groups * k * k
         w = self.rng.standard_normal((cout, cin // groups, k, k)) * np.sqrt(2.0 / fan_in)
         return self.node(
-            "Conv", name, [x, self.const(f"{name}.weight", w)], kernel_shape=[k, k],
-            strides=[stride, stride], pads=[k // 2] * 4, group=groups,
-        )  # fmt: skip
+            "Conv",
+            name,
+            [x, self.const(f"{name}.weight", w)],
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            pads=[k // 2] * 4,
+            group=groups,
+        )
 
     def bn(self, name: str, x: str, channels: int) -> str:
         rng = self.rng
@@ -71,10 +76,12 @@ class _Builder:
 
     def model(self, name: str, resolution: int, out: str, classes: int) -> onnx.ModelProto:
         graph = helper.make_graph(
-            self.nodes, name,
+            self.nodes,
+            name,
             [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, resolution, resolution])],
-            [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, classes])], self.inits,
-        )  # fmt: skip
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, classes])],
+            self.inits,
+        )
         model = helper.make_model(
             graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="xtune"
         )
@@ -84,9 +91,12 @@ class _Builder:
 
 
 def resnet(
-    blocks: tuple[int, ...] = (2, 2, 2, 2), width: int = 64, resolution: int = 224, classes: int = 1000,
+    blocks: tuple[int, ...] = (2, 2, 2, 2),
+    width: int = 64,
+    resolution: int = 224,
+    classes: int = 1000,
     seed: int = 0,
-) -> onnx.ModelProto:  # fmt: skip
+) -> onnx.ModelProto:
     """torchvision's ResNet with BasicBlocks: (2, 2, 2, 2) and width 64 is ResNet-18."""
     b = _Builder(seed)
     x = b.node("Relu", "relu", [b.bn("bn1", b.conv("conv1", "input", 3, width, 7, 2), width)])
@@ -121,8 +131,15 @@ def make_divisible(v: float, divisor: int = 8) -> int:
 
 
 # (expansion t, output channels c, repeats n, first stride s) of MobileNetV2 (Sandler et al., 2018, Table 2)
-INVERTED_RESIDUALS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                      (6, 160, 3, 2), (6, 320, 1, 1))  # fmt: skip
+INVERTED_RESIDUALS = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
 
 
 def mobilenet_v2(

@@ -28,8 +28,11 @@ GRADIENT = SchedulerOptions(epsilon=0.0)  # the largest expected gain, every tim
 
 def task(key: str, count: int = 1) -> Task:
     workload = parse_workload(key)
-    return Task(workload=workload, nodes=tuple(f"{workload.op}_{i}" for i in range(count)),
-                flops=float(workload.flops()))  # fmt: skip
+    return Task(
+        workload=workload,
+        nodes=tuple(f"{workload.op}_{i}" for i in range(count)),
+        flops=float(workload.flops()),
+    )
 
 
 @dataclass(eq=False)
@@ -59,8 +62,10 @@ def test_gain_after_one_batch_is_the_optimistic_forward_guess() -> None:
 
 def test_gain_scales_with_the_node_count() -> None:
     history = [4e-3, 3e-3, 2.5e-3, 2.2e-3, 2e-3]
-    one, five = (expected_gain(count=c, history=history, flops=1e6, peer_throughput=0.0, options=GRADIENT)
-                 for c in (1, 5))  # fmt: skip
+    one, five = (
+        expected_gain(count=c, history=history, flops=1e6, peer_throughput=0.0, options=GRADIENT)
+        for c in (1, 5)
+    )
     assert five == pytest.approx(5 * one) and one > 0
 
 
@@ -101,9 +106,11 @@ def test_end_to_end_is_count_times_latency_and_unknown_while_a_task_has_none() -
 # --- the choice ---------------------------------------------------------------------------------------------
 
 # Three tasks of different operators or flops (no similarity group): the second has the largest weight.
-THREE = [State(task("matmul:m=16,n=16,k=16"), [2e-3, 1e-3], 1),
-         State(task("matmul:m=64,n=64,k=64", 4), [3e-3, 2e-3], 1),
-         State(task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1"), [1e-3, 1e-3], 1)]  # fmt: skip
+THREE = [
+    State(task("matmul:m=16,n=16,k=16"), [2e-3, 1e-3], 1),
+    State(task("matmul:m=64,n=64,k=64", 4), [3e-3, 2e-3], 1),
+    State(task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1"), [1e-3, 1e-3], 1),
+]
 
 
 def test_greedy_picks_the_largest_expected_gain_among_running_tasks() -> None:

@@ -282,14 +282,18 @@ def _write_log(path: Path, target: str, rows: Sequence[tuple[str, int | None, Me
 def test_wrong_answers_and_crashes_never_reach_the_artifact(tmp_path: Path) -> None:
     tuned, untuned, failed = "matmul:m=8,n=16,k=4", "matmul:m=13,n=19,k=7", "matmul:m=1,n=7,k=3"
     log = tmp_path / "log.jsonl"
-    _write_log(log, "x86-avx2", [
-        (tuned, 5, MeasureStatus.WRONG_ANSWER, 1e-9),  # fastest, but wrong
-        (tuned, 6, MeasureStatus.RUNTIME_ERROR, 1e-9),
-        (tuned, 7, MeasureStatus.OK, 2e-6),
-        (tuned, 8, MeasureStatus.OK, 3e-6),
-        (failed, 1, MeasureStatus.WRONG_ANSWER, 1e-9),
-        (failed, 2, MeasureStatus.RUNTIME_ERROR, 1e-9),
-    ])  # fmt: skip
+    _write_log(
+        log,
+        "x86-avx2",
+        [
+            (tuned, 5, MeasureStatus.WRONG_ANSWER, 1e-9),  # fastest, but wrong
+            (tuned, 6, MeasureStatus.RUNTIME_ERROR, 1e-9),
+            (tuned, 7, MeasureStatus.OK, 2e-6),
+            (tuned, 8, MeasureStatus.OK, 3e-6),
+            (failed, 1, MeasureStatus.WRONG_ANSWER, 1e-9),
+            (failed, 2, MeasureStatus.RUNTIME_ERROR, 1e-9),
+        ],
+    )
     # `untuned` was tuned, but on another target only.
     _write_log(tmp_path / "arm.jsonl", "arm-a72-neon", [(untuned, 3, MeasureStatus.OK, 1e-6)])
     artifact = build("x86-avx2", [tuned, untuned, failed], logs=[tmp_path / "arm.jsonl", log])

@@ -91,10 +91,17 @@ def good_log(path: Path, indices: Sequence[int] = (3, 7, 11)) -> list[str]:
     """A log of OK records of WL on TARGET, the fastest last; returns its lines."""
     template = template_for(parse_workload(WL), get_target(TARGET))
     lines = [
-        record_to_json(make_record(WL, TARGET, "local", template.space.config(i),
-                                   MeasureResult(MeasureStatus.OK, (1e-6 * (len(indices) - n),))))
+        record_to_json(
+            make_record(
+                WL,
+                TARGET,
+                "local",
+                template.space.config(i),
+                MeasureResult(MeasureStatus.OK, (1e-6 * (len(indices) - n),)),
+            )
+        )
         for n, i in enumerate(indices)
-    ]  # fmt: skip
+    ]
     path.write_text("\n".join(lines) + "\n")
     return lines
 
@@ -112,8 +119,10 @@ def test_an_overflowing_or_lenient_workload_builds_nothing(
     workload: str, words: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     obj, hdr = tmp_path / "k.o", tmp_path / "k.h"
-    status, _, err = run_main(["build", "--target", "x86-avx512", "--workload", workload, "-o", str(obj),
-                               "--header", str(hdr)], capsys)  # fmt: skip
+    status, _, err = run_main(
+        ["build", "--target", "x86-avx512", "--workload", workload, "-o", str(obj), "--header", str(hdr)],
+        capsys,
+    )
     assert refused(status, err, *words), err
     assert not obj.exists() and not hdr.exists()
     if "100000" in workload:  # used to die allocating 74.5 GiB
@@ -203,8 +212,13 @@ def test_records_a_build_cannot_use_are_skipped_with_a_warning_and_best_shows_wh
     template = template_for(parse_workload(WL), get_target(TARGET))
     fastest = json.loads(lines[-1])
     bad = []
-    cases = [("workload", "conv9:m=1"), ("index", -1), ("knobs", [["tile", "99x99"]]), ("target", 5),
-             ("index", template.space.size)]  # fmt: skip
+    cases = [
+        ("workload", "conv9:m=1"),
+        ("index", -1),
+        ("knobs", [["tile", "99x99"]]),
+        ("target", 5),
+        ("index", template.space.size),
+    ]
     for key, value in cases:
         record = {
             **fastest,

@@ -49,8 +49,13 @@ def test_flags_left_out_mean_the_library_defaults() -> None:
 def test_a_changed_dataclass_default_is_the_cli_default(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    changed = {(TuneOptions, "trials"): 7, (TuneOptions, "confirm"): 9, (MeasureOptions, "repeat"): 5,
-               (MeasureOptions, "min_repeat_ms"): 2.5, (TrainOptions, "nthread"): 3}  # fmt: skip
+    changed = {
+        (TuneOptions, "trials"): 7,
+        (TuneOptions, "confirm"): 9,
+        (MeasureOptions, "repeat"): 5,
+        (MeasureOptions, "min_repeat_ms"): 2.5,
+        (TrainOptions, "nthread"): 3,
+    }
     for (options, name), value in changed.items():
         field = {f.name: f for f in dataclasses.fields(options)}[name]
         monkeypatch.setattr(field, "default", value)

@@ -125,8 +125,12 @@ def direct_conv(key: str, inputs: list[np.ndarray]) -> np.ndarray:
             for i in range(sh.r):
                 for j in range(sh.s):
                     y0, x0 = i * sh.dilation, j * sh.dilation
-                    patch = x[:, ci, y0 : y0 + sh.stride * (sh.oh - 1) + 1 : sh.stride,
-                              x0 : x0 + sh.stride * (sh.ow - 1) + 1 : sh.stride]  # fmt: skip
+                    patch = x[
+                        :,
+                        ci,
+                        y0 : y0 + sh.stride * (sh.oh - 1) + 1 : sh.stride,
+                        x0 : x0 + sh.stride * (sh.ow - 1) + 1 : sh.stride,
+                    ]
                     out[:, o] += w[o, 0 if wl.op == "depthwise" else ci, i, j] * patch
     if wl["bias"]:
         out += inputs[2].reshape(1, -1, 1, 1)

@@ -264,26 +264,59 @@ def test_a_killed_writer_leaves_complete_lines(tmp_path: Path) -> None:
 
 ARM_WL, ARM = "matmul:m=16,n=16,k=16", "arm-a72-neon"
 # Fingerprints as the boards wrote them before cost_unit "none" existed (xtune/boards/board.py, ssh.py).
-QEMU_FP = {"board": "qemu-aarch64", "target": ARM, "uname": "Linux 6.1.0 x86_64 (emulated aarch64)",
-           "cpu": "qemu-aarch64 version 7.2.9 -cpu cortex-a72", "cores": "1", "agent": "a1",
-           "cost": "instructions per call (insncount plugin)"}  # fmt: skip
-WRAPPER_FP = {"board": "pi-emu", "target": ARM, "uname": "Linux lab 6.1.0 #1 SMP x86_64 GNU/Linux",
-              "cpu": "AMD EPYC (family 25, model 1)", "cores": "4", "agent": "a1",
-              "wrapper": "qemu-aarch64 -cpu cortex-a72"}  # fmt: skip
-PI_FP = {"board": "pi4", "target": ARM, "uname": "Linux pi4 6.1.21-v8+ aarch64", "cpu": "Cortex-A72",
-         "cores": "4", "agent": "a1"}  # fmt: skip
+QEMU_FP = {
+    "board": "qemu-aarch64",
+    "target": ARM,
+    "uname": "Linux 6.1.0 x86_64 (emulated aarch64)",
+    "cpu": "qemu-aarch64 version 7.2.9 -cpu cortex-a72",
+    "cores": "1",
+    "agent": "a1",
+    "cost": "instructions per call (insncount plugin)",
+}
+WRAPPER_FP = {
+    "board": "pi-emu",
+    "target": ARM,
+    "uname": "Linux lab 6.1.0 #1 SMP x86_64 GNU/Linux",
+    "cpu": "AMD EPYC (family 25, model 1)",
+    "cores": "4",
+    "agent": "a1",
+    "wrapper": "qemu-aarch64 -cpu cortex-a72",
+}
+PI_FP = {
+    "board": "pi4",
+    "target": ARM,
+    "uname": "Linux pi4 6.1.21-v8+ aarch64",
+    "cpu": "Cortex-A72",
+    "cores": "4",
+    "agent": "a1",
+}
 
 
 def old_line(index: int, status: str, costs: list[float], unit: str, fp: dict[str, str]) -> str:
     """One log line as xtune wrote it before the CostUnit enum: failures always said "s"."""
     knobs = template_for(parse_workload(ARM_WL), get_target(ARM)).space.config(index).values
-    return json.dumps({
-        "v": 1, "workload": ARM_WL, "target": ARM, "board": fp["board"],
-        "fingerprint": [list(pair) for pair in fp.items()], "index": index, "knobs": [list(k) for k in knobs],
-        "result": {"status": status, "costs": costs, "error": "" if status == "ok" else "bad",
-                   "compile_seconds": 0.1, "cost_unit": unit, "extra": []},
-        "options": {}, "xtune": "0.1.0", "time": 1000.0 + index,
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "v": 1,
+            "workload": ARM_WL,
+            "target": ARM,
+            "board": fp["board"],
+            "fingerprint": [list(pair) for pair in fp.items()],
+            "index": index,
+            "knobs": [list(k) for k in knobs],
+            "result": {
+                "status": status,
+                "costs": costs,
+                "error": "" if status == "ok" else "bad",
+                "compile_seconds": 0.1,
+                "cost_unit": unit,
+                "extra": [],
+            },
+            "options": {},
+            "xtune": "0.1.0",
+            "time": 1000.0 + index,
+        }
+    )
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -293,22 +326,30 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 @pytest.fixture
 def qemu_log(tmp_path: Path) -> Path:
-    return write_lines(tmp_path / "qemu.jsonl", [
-        old_line(1, "compile_error", [], "s", QEMU_FP),  # the first record failed: its "s" decides nothing
-        old_line(2, "ok", [5000.0], "insn", QEMU_FP),
-        old_line(3, "ok", [4000.0], "insn", QEMU_FP),
-        old_line(4, "timeout", [], "s", QEMU_FP),
-    ])  # fmt: skip
+    return write_lines(
+        tmp_path / "qemu.jsonl",
+        [
+            old_line(
+                1, "compile_error", [], "s", QEMU_FP
+            ),  # the first record failed: its "s" decides nothing
+            old_line(2, "ok", [5000.0], "insn", QEMU_FP),
+            old_line(3, "ok", [4000.0], "insn", QEMU_FP),
+            old_line(4, "timeout", [], "s", QEMU_FP),
+        ],
+    )
 
 
 @pytest.fixture
 def wrapper_log(tmp_path: Path) -> Path:
     # qemu behind SSH timed emulated wall time: config 5 "ran at 0.3 GFLOP/s", which is no speed at all.
-    return write_lines(tmp_path / "wrapper.jsonl", [
-        old_line(5, "ok", [2.7e-5], "s", WRAPPER_FP),
-        old_line(3, "ok", [9e-4], "s", WRAPPER_FP),
-        old_line(6, "wrong_answer", [], "s", WRAPPER_FP),
-    ])  # fmt: skip
+    return write_lines(
+        tmp_path / "wrapper.jsonl",
+        [
+            old_line(5, "ok", [2.7e-5], "s", WRAPPER_FP),
+            old_line(3, "ok", [9e-4], "s", WRAPPER_FP),
+            old_line(6, "wrong_answer", [], "s", WRAPPER_FP),
+        ],
+    )
 
 
 def test_an_old_qemu_log_whose_first_record_failed_still_has_a_best(qemu_log: Path) -> None:
@@ -317,8 +358,12 @@ def test_an_old_qemu_log_whose_first_record_failed_still_has_a_best(qemu_log: Pa
     (row,) = summarize(records)
     assert row.cost_unit is CostUnit.INSTRUCTIONS and row.best is not None and row.best.index == 3
     assert "4000 insn" in format_table([row]) and "no correct run" not in format_table([row])
-    out = subprocess.run([sys.executable, "-m", "xtune.cli", "best", "--log", str(qemu_log), "--json"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "xtune.cli", "best", "--log", str(qemu_log), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["best"][0]["best"]["cost_unit"] == "insn"
 
@@ -341,10 +386,14 @@ def test_best_never_takes_a_wall_time_from_a_correctness_only_board(
 
 
 def test_real_seconds_beat_instruction_counts_and_are_never_compared_with_them(qemu_log: Path) -> None:
-    seconds = write_lines(qemu_log.with_name("pi.jsonl"), [
-        old_line(7, "ok", [2e-3], "s", PI_FP), old_line(2, "ok", [1e-3], "s", PI_FP),
-        old_line(8, "runtime_error", [], "s", PI_FP),
-    ])  # fmt: skip
+    seconds = write_lines(
+        qemu_log.with_name("pi.jsonl"),
+        [
+            old_line(7, "ok", [2e-3], "s", PI_FP),
+            old_line(2, "ok", [1e-3], "s", PI_FP),
+            old_line(8, "runtime_error", [], "s", PI_FP),
+        ],
+    )
     records = read_logs([qemu_log, seconds])
     assert ranking_unit(records) is CostUnit.SECONDS
     assert [r.index for r in best(records, ARM_WL, ARM, k=5)] == [2, 7]  # seconds only, in seconds order

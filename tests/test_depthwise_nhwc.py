@@ -50,8 +50,11 @@ def test_layout_round_trips_and_defaults_to_nchw() -> None:
     assert wl.key == "depthwise:n=1,c=8,h=6,w=5,r=3,s=3,stride=1,pad=1,multiplier=2,layout=nhwc,bias=1"
     assert parse_workload(wl.key) == wl and conv_shape(wl).nhwc
     assert [(t.name, t.shape) for t in wl.tensors()] == [
-        ("input", (1, 6, 5, 8)), ("weights", (3, 3, 16)), ("bias", (16,)), ("output", (1, 6, 5, 16)),
-    ]  # fmt: skip
+        ("input", (1, 6, 5, 8)),
+        ("weights", (3, 3, 16)),
+        ("bias", (16,)),
+        ("output", (1, 6, 5, 16)),
+    ]
     nchw = parse_workload("depthwise:n=1,c=8,h=6,w=5,r=3,s=3,pad=1,layout=nchw")
     assert "layout" not in nchw.key and not conv_shape(nchw).nhwc
     assert nchw == parse_workload("depthwise:n=1,c=8,h=6,w=5,r=3,s=3,pad=1")
@@ -147,8 +150,10 @@ def _loads(stmt: object) -> list[Load]:
 @pytest.mark.parametrize("target_name", ["x86-avx512", "x86-avx2", "arm-a72-neon", "riscv64-gcv"])
 def test_the_default_tile_leaves_a_register_spare(target_name: str) -> None:
     target = get_target(target_name)
-    for key in ("depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc",
-                "depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,layout=nhwc"):  # fmt: skip
+    for key in (
+        "depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc",
+        "depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,layout=nhwc",
+    ):
         template = template_for(parse_workload(key), target)
         assert isinstance(template, DepthwiseNhwcTemplate)
         s = template.schedule(template.default_config())
@@ -161,10 +166,12 @@ def test_the_default_channel_block_keeps_its_rows_in_l1(target_name: str) -> Non
     input rows stay in L1 for the next output row whenever a block of the space can: a strip wider than
     that block would round it up past L1 (112-wide rows of 96 channels: 16 channels fit, 32 do not)."""
     target = get_target(target_name)
-    for key in ("depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,layout=nhwc",
-                "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1,layout=nhwc",
-                "depthwise:n=1,c=144,h=56,w=56,r=3,s=3,pad=1,layout=nhwc",
-                "depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc"):  # fmt: skip
+    for key in (
+        "depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,layout=nhwc",
+        "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1,layout=nhwc",
+        "depthwise:n=1,c=144,h=56,w=56,r=3,s=3,pad=1,layout=nhwc",
+        "depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc",
+    ):
         template = template_for(parse_workload(key), target)
         assert isinstance(template, DepthwiseNhwcTemplate)
         s = template.schedule(template.default_config())
@@ -224,8 +231,9 @@ def test_the_estimates_pick_is_a_correct_kernel_on_every_board(board: str) -> No
         prior = estimate_prior(features_op(template))
         assert prior is not None
         default = template.default_config().index
-        tuner = make_tuner("xgb", template.space, 0, partial(featurize, template),
-                           anchors=[default], estimate=prior)  # fmt: skip
+        tuner = make_tuner(
+            "xgb", template.space, 0, partial(featurize, template), anchors=[default], estimate=prior
+        )
         assert tuner.first_picks() == 2
         head = tuner.next_batch(2)
         assert head[0] == default and 0 <= head[1] < template.space.size

@@ -36,9 +36,12 @@ def test_new_keys_keep_old_workload_strings_and_take_a_residual_tensor() -> None
     wl = parse_workload("conv2d:n=1,c=4,h=8,w=8,k=6,r=3,s=3,stride=2,pad=1,relu6=1,residual=1,bias=1")
     assert wl.key.endswith("bias=1,residual=1,relu6=1")
     assert [(t.name, t.shape) for t in wl.tensors()] == [
-        ("input", (1, 4, 8, 8)), ("weights", (6, 4, 3, 3)), ("bias", (6,)), ("residual", (1, 6, 4, 4)),
+        ("input", (1, 4, 8, 8)),
+        ("weights", (6, 4, 3, 3)),
+        ("bias", (6,)),
+        ("residual", (1, 6, 4, 4)),
         ("output", (1, 6, 4, 4)),
-    ]  # fmt: skip
+    ]
     mm = parse_workload("matmul:m=3,n=5,k=2,residual=1")
     assert [t.name for t in mm.tensors()] == ["A", "B", "residual", "C"]
     with pytest.raises(InputError, match="'relu' and 'relu6' exclude each other"):

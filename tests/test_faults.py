@@ -44,9 +44,15 @@ pytestmark = [pytest.mark.board, pytest.mark.skipif(not os.path.exists(SSHD), re
 
 TINY = "matmul:m=8,n=8,k=8"
 QUICK = ("--tuner", "random", "--batch-size", "2", "--repeat", "1", "--min-repeat-ms", "1", "--confirm", "0")
-FIGURES = {"faults injected": 0, "runs stopped cleanly": 0, "records lost": 0, "tracebacks": 0,
-           "stray processes": 0, "records shown by the bar before kill -9": 0,
-           "records logged before kill -9": 0}  # fmt: skip
+FIGURES = {
+    "faults injected": 0,
+    "runs stopped cleanly": 0,
+    "records lost": 0,
+    "tracebacks": 0,
+    "stray processes": 0,
+    "records shown by the bar before kill -9": 0,
+    "records logged before kill -9": 0,
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -87,13 +93,31 @@ def _board(server: PrivateSshd, boards: Path) -> SshBoard:
 
 def _xtune(*args: str, marker: str = "") -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "XTUNE_FAULT_MARK": marker}
-    return subprocess.Popen([sys.executable, "-m", "xtune.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "xtune.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _tune(boards: Path, log: Path, trials: int, marker: str = "") -> subprocess.Popen[str]:
-    return _xtune("tune", "--workload", TINY, "--board", "faulty", "--boards", str(boards), "--trials",
-                  str(trials), "--log", str(log), *QUICK, marker=marker)  # fmt: skip
+    return _xtune(
+        "tune",
+        "--workload",
+        TINY,
+        "--board",
+        "faulty",
+        "--boards",
+        str(boards),
+        "--trials",
+        str(trials),
+        "--log",
+        str(log),
+        *QUICK,
+        marker=marker,
+    )
 
 
 def _stopped_cleanly(proc: subprocess.Popen[str], expect: str, timeout: float = 60) -> float:
@@ -185,8 +209,10 @@ def test_a_port_that_accepts_and_never_answers_stops_bench_and_tune(
     tarpit = Tarpit()
     try:
         boards = _boards(sshd, port=tarpit.port, connect_timeout=0.5)
-        for proc in (_xtune("bench", "--workload", TINY, "--board", "faulty", "--boards", str(boards)),
-                     _tune(boards, tmp_path / "log.jsonl", trials=8)):  # fmt: skip
+        for proc in (
+            _xtune("bench", "--workload", TINY, "--board", "faulty", "--boards", str(boards)),
+            _tune(boards, tmp_path / "log.jsonl", trials=8),
+        ):
             FIGURES["faults injected"] += 1
             # 0.5 s per attempt, 4 attempts, 3.5 s of backoff: 5.5 s, plus start-up.
             assert _stopped_cleanly(proc, "gave no SSH handshake within 0.5 s") < 30
@@ -343,7 +369,14 @@ def test_unmeasured_are_the_configs_with_board_errors_only_in_first_tried_order(
         return make_record(wl.key, "t", "b", space.config(index), MeasureResult(status))
 
     error, ok = MeasureStatus.BOARD_ERROR, MeasureStatus.OK
-    records = [record(4, error), record(1, error), record(2, error), record(2, ok), record(3, ok),
-               record(4, error), record(5, MeasureStatus.WRONG_ANSWER)]  # fmt: skip
+    records = [
+        record(4, error),
+        record(1, error),
+        record(2, error),
+        record(2, ok),
+        record(3, ok),
+        record(4, error),
+        record(5, MeasureStatus.WRONG_ANSWER),
+    ]
     assert unmeasured(records, wl.key, "t") == [4, 1]
     assert set(measured(records, wl.key, "t")) == {2, 3, 5}

@@ -43,8 +43,9 @@ def test_the_estimate_prefers_the_default_over_a_degenerate_schedule(target_name
     one FMA per two loads and a call per 8 k steps."""
     template = template_for(parse_workload("matmul:m=256,n=256,k=256"), get_target(target_name))
     default = template.default_config()
-    degenerate = template.space.index_of({**dict(default.values), "tile": "1x1", "kc": 8, "pack_a": 0,
-                                          "pack_b": 0, "unroll_k": 1})  # fmt: skip
+    degenerate = template.space.index_of(
+        {**dict(default.values), "tile": "1x1", "kc": 8, "pack_a": 0, "pack_b": 0, "unroll_k": 1}
+    )
     est = featurize(template, [default.index, degenerate])[:, EST]
     assert est[0] > 2 * est[1]
 
@@ -156,9 +157,12 @@ def test_a_changed_block_rule_moves_template_and_features_together(monkeypatch: 
         depthwise_template, "column_block", lambda sh, width, ow: whole_axis(ow, sh.ow, width)
     )
     monkeypatch.setattr(nhwc_template, "channel_block", lambda sh, nr, tile_k: whole_axis(tile_k, sh.k, nr))
-    for workload in ("matmul:m=300,n=200,k=64", "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1",
-                     "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1",
-                     "depthwise:n=1,c=96,h=14,w=14,r=3,s=3,pad=1,layout=nhwc"):  # fmt: skip
+    for workload in (
+        "matmul:m=300,n=200,k=64",
+        "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1",
+        "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1",
+        "depthwise:n=1,c=96,h=14,w=14,r=3,s=3,pad=1,layout=nhwc",
+    ):
         template: Any = template_for(parse_workload(workload), get_target("x86-avx2"))
         indices = np.random.default_rng(4).integers(0, template.space.size, 50)
         for i, seen in zip(indices.tolist(), _resolved_by_features(template, indices), strict=True):
@@ -213,8 +217,9 @@ def _est(template: Any, values: list[dict[str, object]]) -> np.ndarray:
 def test_the_depthwise_estimate_prefers_tiles_that_share_loads(target_name: str) -> None:
     """A layer whose tensors stay in L2 is bound by its loads: one pixel per tile reloads every weight
     vector per pixel and reads 3 input columns per pixel where a wide tile shares them."""
-    template = template_for(parse_workload("depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc"),
-                            get_target(target_name))  # fmt: skip
+    template = template_for(
+        parse_workload("depthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1,layout=nhwc"), get_target(target_name)
+    )
     wide, single = _est(template, [{}, {"tile": "1x1", "unroll_kh": 0}])
     assert wide > 1.3 * single
 
@@ -223,8 +228,9 @@ def test_the_depthwise_estimate_prefers_channel_blocks_whose_rows_stay_in_l1() -
     """Input rows an output row shares with the next come again from L2 when its channel block's rows do
     not stay in L1 (depthwise_nhwc.reuses_rows): with the same register tile, the L1-sized block wins."""
     target = get_target("x86-avx512")
-    template: Any = template_for(parse_workload("depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,"
-                                                "layout=nhwc"), target)  # fmt: skip
+    template: Any = template_for(
+        parse_workload("depthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1,layout=nhwc"), target
+    )
     sh = template.shape
     assert nhwc_template.reuses_rows(sh, 16, target) and not nhwc_template.reuses_rows(sh, 96, target)
     small, whole = _est(template, [{"tile": "4x1", "tile_k": 16}, {"tile": "4x1", "tile_k": 96}])

@@ -80,10 +80,36 @@ def judge(outcome: Outcome, tally: Tally) -> None:
 
 # ---- generators ---------------------------------------------------------------------------------------
 
-VALUES = ["8", "1", "0", "-1", "+8", " 8", "8 ", "1_6", "\u0661\u0666", "\uff11\uff16", "\u00b2", "1e3",
-          "0x10", "08", "",
-          "x", "nchw", "nhwc", "NHWC", "8\x00", "8\n", str(2**31 - 1), str(2**31), str(2**63),
-          str(2**64), "9" * 5000, "4.0", "nan"]  # fmt: skip
+VALUES = [
+    "8",
+    "1",
+    "0",
+    "-1",
+    "+8",
+    " 8",
+    "8 ",
+    "1_6",
+    "\u0661\u0666",
+    "\uff11\uff16",
+    "\u00b2",
+    "1e3",
+    "0x10",
+    "08",
+    "",
+    "x",
+    "nchw",
+    "nhwc",
+    "NHWC",
+    "8\x00",
+    "8\n",
+    str(2**31 - 1),
+    str(2**31),
+    str(2**63),
+    str(2**64),
+    "9" * 5000,
+    "4.0",
+    "nan",
+]
 SIZES = [1, 2, 3, 4, 8, 16, 5000, 70000]
 KEYS = sorted({k for op in OPERATORS.values() for k in op.keys} | {"q", "M", "", " m", "m "})
 
@@ -118,14 +144,43 @@ def breaks_the_grammar(text: str) -> bool:
 
 # Flags whose values are numbers, per command; each gets values out of its range or no number at all.
 FLAGS = {
-    "tune": ["--trials", "--early-stopping", "--seed", "--batch-size", "--repeat", "--min-repeat-ms",
-             "--timeout-ms", "--confirm"],
+    "tune": [
+        "--trials",
+        "--early-stopping",
+        "--seed",
+        "--batch-size",
+        "--repeat",
+        "--min-repeat-ms",
+        "--timeout-ms",
+        "--confirm",
+    ],
     "bench": ["--config"],
     "boards": ["--timeout"],
     "model train": ["--threads", "--seed"],
-}  # fmt: skip
-BAD_NUMBERS = ["-1", "0", "-0", "1025", "5000", str(2**31), str(2**32), str(2**63), str(2**64), "9" * 40,
-               "nan", "inf", "-inf", "1e999", "abc", "", "\u0661", "1_0", "0x10", "3.5", " 3"]  # fmt: skip
+}
+BAD_NUMBERS = [
+    "-1",
+    "0",
+    "-0",
+    "1025",
+    "5000",
+    str(2**31),
+    str(2**32),
+    str(2**63),
+    str(2**64),
+    "9" * 40,
+    "nan",
+    "inf",
+    "-inf",
+    "1e999",
+    "abc",
+    "",
+    "\u0661",
+    "1_0",
+    "0x10",
+    "3.5",
+    " 3",
+]
 
 
 def flag_argv(rng: random.Random, tmp: Path, command: str, flag: str, value: str) -> list[str]:
@@ -188,9 +243,16 @@ def junk_logs(rng: random.Random, tmp: Path) -> Iterator[Path]:
         where[rng.choice(sorted(where))] = rng.choice(JUNK_VALUES)
         yield file(f"wrong-type{n}.jsonl", plain + json.dumps(data) + "\n")
     for n, (key, value) in enumerate(
-        [("workload", "conv9:m=1"), ("workload", "matmul:m=8,n=8,k=8,m=8"), ("index", -1), ("index", 10**9),
-         ("target", 5), ("target", "pdp11"), ("knobs", [["tile", "99x99"]])]
-    ):  # fmt: skip
+        [
+            ("workload", "conv9:m=1"),
+            ("workload", "matmul:m=8,n=8,k=8,m=8"),
+            ("index", -1),
+            ("index", 10**9),
+            ("target", 5),
+            ("target", "pdp11"),
+            ("knobs", [["tile", "99x99"]]),
+        ]
+    ):
         data = json.loads(lines[0])
         data[key] = value
         yield file(f"unusable{n}.jsonl", json.dumps(data) + "\n" + plain)

@@ -54,8 +54,16 @@ def configs(workload: str, target_name: str, count: int, seed: int) -> list[int]
     return [template.default_config().index] + [rng.randrange(template.space.size) for _ in range(count)]
 
 
-@pytest.mark.parametrize("shape", ["matmul:m=127,n=255,k=63", "matmul:m=1,n=1,k=1", "matmul:m=3,n=1000,k=17",
-                                   "matmul:m=64,n=64,k=64", "matmul:m=33,n=7,k=300"])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "matmul:m=127,n=255,k=63",
+        "matmul:m=1,n=1,k=1",
+        "matmul:m=3,n=1000,k=17",
+        "matmul:m=64,n=64,k=64",
+        "matmul:m=33,n=7,k=300",
+    ],
+)
 def test_local_board_candidates_match_numpy(shape: str, compile_pool: CompilePool) -> None:
     board = get_board("local")
     measurer = Measurer(board, parse_workload(shape), FAST, compile_pool)
@@ -116,8 +124,11 @@ def test_every_result_carries_its_boards_unit_failures_included() -> None:
         ]
     finally:
         measurer.close()
-    assert [r.status for r in results] == [MeasureStatus.COMPILE_ERROR, MeasureStatus.RUNTIME_ERROR,
-                                           MeasureStatus.OK]  # fmt: skip
+    assert [r.status for r in results] == [
+        MeasureStatus.COMPILE_ERROR,
+        MeasureStatus.RUNTIME_ERROR,
+        MeasureStatus.OK,
+    ]
     # A failure is stamped like an OK result: no reader guesses "s" for a count that never happened.
     assert [r.cost_unit for r in results] == [CostUnit.INSTRUCTIONS] * 3
 

@@ -184,9 +184,12 @@ def _tiny(
         helper.make_node(op, ["c"], ["y"], name="act"),
     ]
     graph = helper.make_graph(
-        nodes, "tiny", [helper.make_tensor_value_info("x", elem, shape)],
-        [helper.make_tensor_value_info("y", elem, shape)], [w],
-    )  # fmt: skip
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", elem, shape)],
+        [helper.make_tensor_value_info("y", elem, shape)],
+        [w],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -252,8 +255,24 @@ def test_example_program_cross_links_runs_under_qemu_and_matches(target: str, tm
     static = ["-static"] if tgt.arch != "x86_64" else []
     demo = tmp_path / "demo"
     main_c = ROOT / "examples" / "network" / "main.c"
-    _run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", "-I", tmp_path, main_c, tmp_path / "net.o",
-          *static, "-lm", "-o", demo])  # fmt: skip
+    _run(
+        [
+            cc,
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-std=c11",
+            "-I",
+            tmp_path,
+            main_c,
+            tmp_path / "net.o",
+            *static,
+            "-lm",
+            "-o",
+            demo,
+        ]
+    )
     out = _run([*runner, demo, tmp_path / "net.ref"]).stdout
     assert out.startswith("match: max abs error"), out
     # A reference that is not this network's output is caught: flip one expected float.
@@ -270,8 +289,18 @@ def test_example_makefile_builds_and_runs_on_the_host(tmp_path: Path) -> None:
     build = tmp_path / "build"
     xtune_cmd = f"{sys.executable} -m xtune.cli"
     example = ROOT / "examples" / "network"
-    _run(["make", "-C", example, f"MODEL={path}", f"BUILD={build}", f"XTUNE={xtune_cmd}", "TARGET=x86-avx2",
-          "CC=gcc"])  # fmt: skip
+    _run(
+        [
+            "make",
+            "-C",
+            example,
+            f"MODEL={path}",
+            f"BUILD={build}",
+            f"XTUNE={xtune_cmd}",
+            "TARGET=x86-avx2",
+            "CC=gcc",
+        ]
+    )
     out = _run([build / "demo", build / "net.ref"]).stdout
     assert out.startswith("match: max abs error"), out
 
@@ -288,11 +317,13 @@ def operators_model() -> onnx.ModelProto:
         )
 
     inits = [
-        const("w1", rng.standard_normal((8, 4, 3, 3)) * 0.3), const("w2", rng.standard_normal((8, 4, 1, 1))),
+        const("w1", rng.standard_normal((8, 4, 3, 3)) * 0.3),
+        const("w2", rng.standard_normal((8, 4, 1, 1))),
         const("fc", rng.standard_normal((10, 16)) * 0.3),
-        const("lo", np.array(-0.5)), const("hi", np.array(1.5)),
+        const("lo", np.array(-0.5)),
+        const("hi", np.array(1.5)),
         numpy_helper.from_array(np.array([1, 16], np.int64), "shape"),
-    ]  # fmt: skip
+    ]
     node = helper.make_node
     nodes = [
         node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
@@ -310,9 +341,12 @@ def operators_model() -> onnx.ModelProto:
         node("Softmax", ["logits"], ["y"], name="softmax", axis=-1),
     ]
     graph = helper.make_graph(
-        nodes, "operators", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits,
-    )  # fmt: skip
+        nodes,
+        "operators",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -358,26 +392,45 @@ def conversion_models() -> dict[str, onnx.ModelProto]:
 
     conv = node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1])
     graphs = {
-        "flatten7x7": ([conv, node("Flatten", ["c"], ["f"], name="flatten"),
-                        node("Gemm", ["f", "fc"], ["y"], name="fc", transB=1)],
-                       {"w": f32(4, 3, 3, 3), "fc": f32(10, 4 * 7 * 7) * 0.1}, [1, 10]),
-        "output4d": ([conv, node("Add", ["c", "k"], ["y"], name="addk")],
-                     {"w": f32(4, 3, 3, 3), "k": f32(1, 4, 7, 7)}, [1, 4, 7, 7]),
-        "concat-w": ([conv, node("Concat", ["c", "c"], ["y"], name="cat", axis=3)],
-                     {"w": f32(4, 3, 3, 3)}, [1, 4, 7, 14]),
-        "depthwise-m2": ([conv, node("Conv", ["c", "dw"], ["d"], name="dw", group=4, strides=[2, 2],
-                                     pads=[1, 1, 1, 1]),
-                          node("GlobalAveragePool", ["d"], ["g"], name="gap"),
-                          node("Flatten", ["g"], ["y"], name="flat")],
-                         {"w": f32(4, 3, 3, 3), "dw": f32(8, 1, 3, 3)}, [1, 8]),
-    }  # fmt: skip
+        "flatten7x7": (
+            [
+                conv,
+                node("Flatten", ["c"], ["f"], name="flatten"),
+                node("Gemm", ["f", "fc"], ["y"], name="fc", transB=1),
+            ],
+            {"w": f32(4, 3, 3, 3), "fc": f32(10, 4 * 7 * 7) * 0.1},
+            [1, 10],
+        ),
+        "output4d": (
+            [conv, node("Add", ["c", "k"], ["y"], name="addk")],
+            {"w": f32(4, 3, 3, 3), "k": f32(1, 4, 7, 7)},
+            [1, 4, 7, 7],
+        ),
+        "concat-w": (
+            [conv, node("Concat", ["c", "c"], ["y"], name="cat", axis=3)],
+            {"w": f32(4, 3, 3, 3)},
+            [1, 4, 7, 14],
+        ),
+        "depthwise-m2": (
+            [
+                conv,
+                node("Conv", ["c", "dw"], ["d"], name="dw", group=4, strides=[2, 2], pads=[1, 1, 1, 1]),
+                node("GlobalAveragePool", ["d"], ["g"], name="gap"),
+                node("Flatten", ["g"], ["y"], name="flat"),
+            ],
+            {"w": f32(4, 3, 3, 3), "dw": f32(8, 1, 3, 3)},
+            [1, 8],
+        ),
+    }
     models = {}
     for name, (nodes, inits, out) in graphs.items():
         graph = helper.make_graph(
-            nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 7])],
+            nodes,
+            name,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 7])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
             [numpy_helper.from_array(v, k) for k, v in inits.items()],
-        )  # fmt: skip
+        )
         models[name] = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     return models
 

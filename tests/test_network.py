@@ -47,10 +47,12 @@ def make(
 ) -> onnx.ModelProto:
     """A model of `nodes`; output shapes are left to ONNX shape inference."""
     graph = helper.make_graph(
-        nodes, "tiny", [helper.make_tensor_value_info(n, dtype, s) for n, s in inputs.items()],
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info(n, dtype, s) for n, s in inputs.items()],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
         [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()],
-    )  # fmt: skip
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
@@ -59,8 +61,10 @@ def conv(name: str, x: str, w: str, out: str, *extra: str, **attrs: Any) -> onnx
 
 
 def bn_inits(prefix: str, k: int) -> dict[str, np.ndarray]:
-    return {f"{prefix}.{p}": RNG.uniform(lo, hi, k).astype(np.float32)
-            for p, lo, hi in (("g", 0.5, 1.5), ("b", -1, 1), ("m", -1, 1), ("v", 0.5, 2))}  # fmt: skip
+    return {
+        f"{prefix}.{p}": RNG.uniform(lo, hi, k).astype(np.float32)
+        for p, lo, hi in (("g", 0.5, 1.5), ("b", -1, 1), ("m", -1, 1), ("v", 0.5, 2))
+    }
 
 
 def bn(name: str, x: str, out: str) -> onnx.NodeProto:
@@ -73,8 +77,11 @@ def assert_ops_match_onnx(model: onnx.ModelProto, ops: list[FusedOp] | tuple[Fus
     """Each fused call — the workload's numpy reference on the extracted weights, bias and residual —
     computes what onnx's reference evaluator computes for the nodes it replaces."""
     constants = {t.name for t in model.graph.initializer}
-    feeds = {i.name: f32(*(d.dim_value for d in i.type.tensor_type.shape.dim), scale=3.0)
-             for i in model.graph.input if i.name not in constants}  # fmt: skip
+    feeds = {
+        i.name: f32(*(d.dim_value for d in i.type.tensor_type.shape.dim), scale=3.0)
+        for i in model.graph.input
+        if i.name not in constants
+    }
     computed = ReferenceEvaluator(model).run(None, feeds, intermediate=True)
     assert isinstance(computed, dict)
     values = {**feeds, **computed}
@@ -108,9 +115,12 @@ def only_op(model: onnx.ModelProto) -> tuple[TaskSet, FusedOp]:
 def test_conv_bias_batchnorm_residual_relu_fuse_into_one_call() -> None:
     """ResNet's block end: Conv(+B) -> BatchNormalization -> Add(skip) -> Relu is one conv2d call."""
     inits = {"w": f32(8, 4, 3, 3), "cb": f32(8), **bn_inits("bn", 8)}
-    nodes = [conv("conv", "x", "w", "c", "cb", pads=[1] * 4, strides=[2, 2]), bn("bn", "c", "n"),
-             helper.make_node("Add", ["n", "skip"], ["a"], name="add"),
-             helper.make_node("Relu", ["a"], ["y"], name="relu")]  # fmt: skip
+    nodes = [
+        conv("conv", "x", "w", "c", "cb", pads=[1] * 4, strides=[2, 2]),
+        bn("bn", "c", "n"),
+        helper.make_node("Add", ["n", "skip"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["y"], name="relu"),
+    ]
     model = make(nodes, {"x": [1, 4, 9, 9], "skip": [1, 8, 5, 5]}, ["y"], inits)
     ts, op = only_op(model)
     key = "conv2d:n=1,c=4,h=9,w=9,k=8,r=3,s=3,stride=2,pad=1,layout=nhwc,bias=1,residual=1,relu=1,prepacked=1"
@@ -121,10 +131,17 @@ def test_conv_bias_batchnorm_residual_relu_fuse_into_one_call() -> None:
 
 @pytest.mark.parametrize("opset", [11, 13, 17])
 def test_clip_0_6_is_relu6_and_a_per_channel_add_is_a_bias(opset: int) -> None:
-    inits = {"w": f32(6, 3, 1, 1), "c": f32(1, 6, 1, 1), "lo": np.array(0, np.float32),
-             "hi": np.array(6, np.float32)}  # fmt: skip
-    nodes = [conv("conv", "x", "w", "o"), helper.make_node("Add", ["o", "c"], ["a"], name="bias"),
-             helper.make_node("Clip", ["a", "lo", "hi"], ["y"], name="relu6")]  # fmt: skip
+    inits = {
+        "w": f32(6, 3, 1, 1),
+        "c": f32(1, 6, 1, 1),
+        "lo": np.array(0, np.float32),
+        "hi": np.array(6, np.float32),
+    }
+    nodes = [
+        conv("conv", "x", "w", "o"),
+        helper.make_node("Add", ["o", "c"], ["a"], name="bias"),
+        helper.make_node("Clip", ["a", "lo", "hi"], ["y"], name="relu6"),
+    ]
     model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits, opset=opset)
     _, op = only_op(model)
     key = "conv2d:n=1,c=3,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,layout=nhwc,bias=1,relu6=1,prepacked=1"
@@ -175,12 +192,21 @@ def test_per_channel_scales_and_shifts_fold_into_conv_and_gemm_weights() -> None
 
 def test_what_does_not_fuse_stays_a_node_of_its_own() -> None:
     """Clip(0, 5), an Add of a non-channel constant, and a conv output read twice stay separate."""
-    inits = {"w": f32(6, 3, 1, 1), "w2": f32(6, 6, 1, 1), "lo": np.array(0, np.float32),
-             "hi": np.array(5, np.float32), "full": f32(1, 6, 5, 4)}  # fmt: skip
-    nodes = [conv("conv", "x", "w", "o"), helper.make_node("Clip", ["o", "lo", "hi"], ["c"], name="clip5"),
-             helper.make_node("Add", ["c", "full"], ["a"], name="addfull"),
-             conv("conv2", "a", "w2", "b"), helper.make_node("Relu", ["b"], ["r"], name="relu"),
-             helper.make_node("Mul", ["b", "r"], ["y"], name="mul")]  # fmt: skip
+    inits = {
+        "w": f32(6, 3, 1, 1),
+        "w2": f32(6, 6, 1, 1),
+        "lo": np.array(0, np.float32),
+        "hi": np.array(5, np.float32),
+        "full": f32(1, 6, 5, 4),
+    }
+    nodes = [
+        conv("conv", "x", "w", "o"),
+        helper.make_node("Clip", ["o", "lo", "hi"], ["c"], name="clip5"),
+        helper.make_node("Add", ["c", "full"], ["a"], name="addfull"),
+        conv("conv2", "a", "w2", "b"),
+        helper.make_node("Relu", ["b"], ["r"], name="relu"),
+        helper.make_node("Mul", ["b", "r"], ["y"], name="mul"),
+    ]
     model = make(nodes, {"x": [1, 3, 5, 4]}, ["y"], inits)
     ts = extract_tasks(model, TARGET, partial=True)
     assert [(t.workload.key, t.nodes) for t in ts.tasks] == [
@@ -188,9 +214,11 @@ def test_what_does_not_fuse_stays_a_node_of_its_own() -> None:
         ("conv2d:n=1,c=6,h=5,w=4,k=6,r=1,s=1,stride=1,pad=0,layout=nhwc,prepacked=1", ("conv2",)),
     ]
     assert [(o.name, o.op, o.kind) for o in ts.other_nodes] == [
-        ("clip5", "Clip", "elementwise"), ("addfull", "Add", "elementwise"), ("relu", "Relu", "elementwise"),
+        ("clip5", "Clip", "elementwise"),
+        ("addfull", "Add", "elementwise"),
+        ("relu", "Relu", "elementwise"),
         ("mul", "Mul", "elementwise"),
-    ]  # fmt: skip
+    ]
     assert ts.unsupported == ()
 
 
@@ -198,8 +226,11 @@ def test_depthwise_with_multiplier_and_same_shapes_are_one_task() -> None:
     """group == channels is a depthwise task; two convs of one shape are one task used twice."""
     inits = {"w": f32(8, 1, 3, 3), "w2": f32(8, 1, 3, 3), "b": f32(8)}
     attrs = {"group": 4, "pads": [1] * 4}
-    nodes = [conv("dw1", "x", "w", "a", "b", **attrs), conv("dw2", "x2", "w2", "y", **attrs),
-             helper.make_node("Add", ["a", "y"], ["z"], name="sum")]  # fmt: skip
+    nodes = [
+        conv("dw1", "x", "w", "a", "b", **attrs),
+        conv("dw2", "x2", "w2", "y", **attrs),
+        helper.make_node("Add", ["a", "y"], ["z"], name="sum"),
+    ]
     model = make(nodes, {"x": [1, 4, 7, 6], "x2": [1, 4, 7, 6]}, ["z"], inits)
     ts = extract_tasks(model, TARGET)
     keys = [(t.workload.key, t.count) for t in ts.tasks]
@@ -207,8 +238,12 @@ def test_depthwise_with_multiplier_and_same_shapes_are_one_task() -> None:
     shape = "depthwise:n=1,c=4,h=7,w=6,r=3,s=3,stride=1,pad=1,multiplier=2,layout=nhwc"
     assert keys == [(f"{shape},bias=1", 1), (f"{shape},residual=1", 1)]
     assert_ops_match_onnx(model, [op for t in ts.tasks for op in t.ops])
-    twice = make([conv("a", "x", "w", "y", **attrs), conv("b", "x", "w", "z", **attrs)], {"x": [1, 4, 7, 6]},
-                 ["y", "z"], inits)  # fmt: skip
+    twice = make(
+        [conv("a", "x", "w", "y", **attrs), conv("b", "x", "w", "z", **attrs)],
+        {"x": [1, 4, 7, 6]},
+        ["y", "z"],
+        inits,
+    )
     (task,) = extract_tasks(twice, TARGET).tasks
     assert task.nodes == ("a", "b") and task.count == 2
 
@@ -216,8 +251,10 @@ def test_depthwise_with_multiplier_and_same_shapes_are_one_task() -> None:
 def test_grouped_and_asymmetrically_padded_convs_are_conv2d_tasks() -> None:
     """group 2 of 8 channels is conv2d's groups=2; pads (0, 0, 1, 1) its own sides (TensorFlow "same")."""
     inits = {"w": f32(4, 4, 3, 3), "w2": f32(6, 4, 3, 3)}
-    nodes = [conv("g", "x", "w", "a", group=2, pads=[1, 1, 1, 1]),
-             conv("s", "a", "w2", "y", strides=[2, 2], pads=[0, 0, 1, 1])]  # fmt: skip
+    nodes = [
+        conv("g", "x", "w", "a", group=2, pads=[1, 1, 1, 1]),
+        conv("s", "a", "w2", "y", strides=[2, 2], pads=[0, 0, 1, 1]),
+    ]
     model = make(nodes, {"x": [1, 8, 8, 8]}, ["y"], inits)
     ts = extract_tasks(model, TARGET, "nchw")
     assert [t.workload.key for t in ts.tasks] == [
@@ -230,8 +267,10 @@ def test_grouped_and_asymmetrically_padded_convs_are_conv2d_tasks() -> None:
 def test_gemm_transposed_weights_alpha_beta_and_batchnorm() -> None:
     """PyTorch's Linear (Gemm transB=1): the (n, k) weight is transposed at extraction and noted."""
     inits = {"w": f32(5, 7), "c": f32(5), **bn_inits("bn", 5)}
-    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["g"], name="fc", transB=1, alpha=0.5, beta=2.0),
-             bn("bn", "g", "y")]  # fmt: skip
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "c"], ["g"], name="fc", transB=1, alpha=0.5, beta=2.0),
+        bn("bn", "g", "y"),
+    ]
     ts, op = only_op(make(nodes, {"x": [3, 7]}, ["y"], inits))
     assert op.workload.key == "matmul:m=3,n=5,k=7,bias=1,prepacked=1"
     assert op.transposed and op.fused == ("bn",)
@@ -240,9 +279,11 @@ def test_gemm_transposed_weights_alpha_beta_and_batchnorm() -> None:
 
 def test_matmul_flattens_leading_axes_and_takes_bias_add_and_relu() -> None:
     inits = {"w": f32(6, 4), "b": f32(4)}
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
-             helper.make_node("Add", ["b", "m"], ["a"], name="bias"),
-             helper.make_node("Relu", ["a"], ["y"], name="relu")]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Add", ["b", "m"], ["a"], name="bias"),
+        helper.make_node("Relu", ["a"], ["y"], name="relu"),
+    ]
     _, op = only_op(make(nodes, {"x": [2, 3, 6]}, ["y"], inits))
     assert op.workload.key == "matmul:m=6,n=4,k=6,bias=1,relu=1,prepacked=1" and not op.transposed
     two = make([helper.make_node("MatMul", ["x", "z"], ["y"], name="mm")], {"x": [3, 6], "z": [6, 2]}, ["y"])
@@ -276,8 +317,10 @@ def test_initializers_declared_as_inputs_and_shape_tensors() -> None:
     """An export that lists its weights among the graph inputs (keep_initializers_as_inputs) and reads a
     constant shape tensor (Reshape): the weights are constants, not inputs to feed."""
     inits = {"w": f32(10, 96), "shape": np.array([1, 96], dtype=np.int64)}
-    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
-             helper.make_node("Gemm", ["r", "w"], ["y"], name="fc", transB=1)]  # fmt: skip
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        helper.make_node("Gemm", ["r", "w"], ["y"], name="fc", transB=1),
+    ]
     model = make(nodes, {"x": [1, 6, 4, 4], "w": [10, 96]}, ["y"], inits)
     graph = load_graph(model)
     assert graph.inputs == ("x",) and graph.shape("r") == (1, 96)
@@ -305,9 +348,14 @@ def test_refusals_name_the_node_and_op() -> None:
     assert "node 's' (Conv): strides (1, 2) differ per axis" in refusal(strides)
     weights = make([conv("v", "x", "w", "y")], {"x": [1, 4, 8, 8], "w": [4, 4, 3, 3]}, ["y"])
     assert "node 'v' (Conv): weight 'w' is not a constant" in refusal(weights)
-    ints = make([helper.make_node("Cast", ["x"], ["i"], name="cast", to=TensorProto.INT32),
-                 helper.make_node("Cast", ["i"], ["y"], name="back", to=TensorProto.FLOAT)],
-                {"x": [1, 4]}, ["y"])  # fmt: skip
+    ints = make(
+        [
+            helper.make_node("Cast", ["x"], ["i"], name="cast", to=TensorProto.INT32),
+            helper.make_node("Cast", ["i"], ["y"], name="back", to=TensorProto.FLOAT),
+        ],
+        {"x": [1, 4]},
+        ["y"],
+    )
     assert "Cast ×2 (nodes 'cast', 'back'): tensor 'i' is int32, xtune runs float32 only" in refusal(ints)
     floor = make([helper.make_node("Floor", ["x"], ["y"], name="fl")], {"x": [1, 4]}, ["y"])
     assert "node 'fl' (Floor): not an operator xtune runs" in refusal(floor)
@@ -417,8 +465,10 @@ def test_cli_tasks_table_json_and_log(tmp_path: Path, capsys: pytest.CaptureFixt
     assert [t["workload"] for t in data["tasks"]] == [t.workload.key for t in ts.tasks]
     assert data["tasks"][0]["best"]["config"] == config.index and data["tasks"][1]["best"] is None
     assert sum(t["share"] for t in data["tasks"]) == pytest.approx(1.0)
-    assert data["other_nodes"] == [{"name": "avgpool", "op": "GlobalAveragePool", "kind": "pooling"},
-                                   {"name": "flatten", "op": "Flatten", "kind": "reshape"}]  # fmt: skip
+    assert data["other_nodes"] == [
+        {"name": "avgpool", "op": "GlobalAveragePool", "kind": "pooling"},
+        {"name": "flatten", "op": "Flatten", "kind": "reshape"},
+    ]
 
 
 def exit_status(argv: list[str]) -> int:
@@ -446,11 +496,25 @@ def test_tasks_carry_the_layout_the_network_runs_in(
         assert all(("layout=nhwc" in k) == (layout == "nhwc") for k in convs), how
         assert not any("layout=" in k for k in keys if k not in convs)
         assert keys == [t.workload.key for t in xtune.tasks(path, TARGET, layout=layout).tasks]
-    for argv in (["tasks", str(path), "--layout", "nhcw"], ["bench", "--model", str(path), "--layout", "x"],
-                 ["build", "--model", str(path), "--target", TARGET, "-o", str(tmp_path / "n.o"), "--header",
-                  str(tmp_path / "n.h"), "--layout", "NCHW"],
-                 ["tune", "--model", str(path), "--layout", "chw", "--log", str(tmp_path / "l.jsonl")],
-                 ["bench", "--workload", "matmul:m=8,n=8,k=8", "--layout", "nchw"]):  # fmt: skip
+    for argv in (
+        ["tasks", str(path), "--layout", "nhcw"],
+        ["bench", "--model", str(path), "--layout", "x"],
+        [
+            "build",
+            "--model",
+            str(path),
+            "--target",
+            TARGET,
+            "-o",
+            str(tmp_path / "n.o"),
+            "--header",
+            str(tmp_path / "n.h"),
+            "--layout",
+            "NCHW",
+        ],
+        ["tune", "--model", str(path), "--layout", "chw", "--log", str(tmp_path / "l.jsonl")],
+        ["bench", "--workload", "matmul:m=8,n=8,k=8", "--layout", "nchw"],
+    ):
         assert exit_status(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "layout" in err, argv
@@ -487,8 +551,11 @@ def test_cli_bad_model_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Cap
 
 
 def small_tasks() -> list[str]:
-    keys = [t.workload.key for build in (networks.resnet_small, networks.mobilenet_v2_small)
-            for t in extract_tasks(build(), TARGET).tasks]  # fmt: skip
+    keys = [
+        t.workload.key
+        for build in (networks.resnet_small, networks.mobilenet_v2_small)
+        for t in extract_tasks(build(), TARGET).tasks
+    ]
     return list(dict.fromkeys(keys))
 
 

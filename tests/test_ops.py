@@ -77,10 +77,25 @@ CASES: dict[str, Operator] = {
     "to-nhwc-rgb": Transpose(n=2, c=3, h=7, w=11, to=NHWC),
     "to-nhwc-2ch": Transpose(n=1, c=2, h=5, w=13, to=NHWC),
 }
-BOARD_CASES = ("maxpool3s2p1", "maxpool3s1-asym", "avgpool5x3s21", "gap7x7", "add-relu", "relu6",
-               "softmax1000", "softmax-short", "concat3", "maxpool3s2p1-nhwc", "avgpool5x3s21-nhwc",
-               "gap7x7-nhwc", "to-nhwc", "to-nchw", "to-nhwc-blocks", "to-nchw-blocks",
-               "to-nhwc-rgb")  # fmt: skip
+BOARD_CASES = (
+    "maxpool3s2p1",
+    "maxpool3s1-asym",
+    "avgpool5x3s21",
+    "gap7x7",
+    "add-relu",
+    "relu6",
+    "softmax1000",
+    "softmax-short",
+    "concat3",
+    "maxpool3s2p1-nhwc",
+    "avgpool5x3s21-nhwc",
+    "gap7x7-nhwc",
+    "to-nhwc",
+    "to-nchw",
+    "to-nhwc-blocks",
+    "to-nchw-blocks",
+    "to-nhwc-rgb",
+)
 
 
 def image(kernel: Kernel, target: Target) -> FlatImage:
@@ -171,12 +186,19 @@ def check_log(board: str) -> None:
     elsewhere."""
     target = get_board(board).target
     rng = np.random.default_rng(0)
-    x = np.concatenate([
-        np.float32(2.0) ** np.arange(-126, 128, dtype=np.float32),
-        np.exp2(rng.uniform(-126, 127.9, 20000)),
-        rng.uniform(0.5, 2.0, 5000),
-        [np.float32(0.70710677), np.float32(0.7071068), np.finfo(np.float32).max, np.finfo(np.float32).tiny],
-    ]).astype(np.float32)  # fmt: skip
+    x = np.concatenate(
+        [
+            np.float32(2.0) ** np.arange(-126, 128, dtype=np.float32),
+            np.exp2(rng.uniform(-126, 127.9, 20000)),
+            rng.uniform(0.5, 2.0, 5000),
+            [
+                np.float32(0.70710677),
+                np.float32(0.7071068),
+                np.finfo(np.float32).max,
+                np.finfo(np.float32).tiny,
+            ],
+        ]
+    ).astype(np.float32)
     b, lanes = NestBuilder(), target.fp32_lanes
     b.split(x.size, lanes, lambda i, n: b.store("y", i, Log(Load("x", i, lanes, n)), lanes, n))
     kernel = b.kernel("log", (Buffer("x", x.size, BufferKind.INPUT), Buffer("y", x.size, BufferKind.OUTPUT)))
@@ -218,8 +240,9 @@ def test_nhwc_operators_compute_the_nchw_ones_transposed() -> None:
 
 def test_pool_output_shapes_follow_onnx() -> None:
     """floor((in + pads - kernel) / stride) + 1 (ceil_mode=0): ResNet's stem pool; one that drops a row."""
-    assert Pool2d(kind=MAX, n=1, c=64, h=112, w=112, kernel=(3, 3), stride=(2, 2),
-                  pads=(1, 1, 1, 1)).output_shape == (1, 64, 56, 56)  # fmt: skip
+    assert Pool2d(
+        kind=MAX, n=1, c=64, h=112, w=112, kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1)
+    ).output_shape == (1, 64, 56, 56)
     assert CASES["maxpool2s2"].output_shape == (2, 3, 4, 4)
 
 

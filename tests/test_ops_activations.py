@@ -60,12 +60,16 @@ def fused_net(op: str) -> onnx.ModelProto:
         return [act(op, x, y)]
 
     nodes = [
-        node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]), *activation("c1", "a1"),
-        node("Conv", ["a1", "w2"], ["c2"], name="c2", pads=[1, 1, 1, 1], group=5), *activation("c2", "a2"),
-        node("Conv", ["a2", "w3"], ["c3"], name="c3"), *activation("c3", "a3"),
+        node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        *activation("c1", "a1"),
+        node("Conv", ["a1", "w2"], ["c2"], name="c2", pads=[1, 1, 1, 1], group=5),
+        *activation("c2", "a2"),
+        node("Conv", ["a2", "w3"], ["c3"], name="c3"),
+        *activation("c3", "a3"),
         node("Flatten", ["a3"], ["f"], name="flat"),
-        node("Gemm", ["f", "fc"], ["g"], name="fc", transB=1), *activation("g", "y"),
-    ]  # fmt: skip
+        node("Gemm", ["f", "fc"], ["g"], name="fc", transB=1),
+        *activation("g", "y"),
+    ]
     graph = helper.make_graph(
         nodes,
         "fused",

@@ -207,8 +207,10 @@ def test_conv2d_configs_that_share_a_packed_layout_pack_and_upload_it_once(
     base = dict(template.default_config().values)
     tile_ow = min(int(o) for o in next(k for k in template.space.knobs if k.name == "tile_ow").options)
     same: list[dict[str, KnobValue]] = [
-        {"order": "kp"}, {"pack_layout": "chw", "unroll": 2}, {"unroll_kw": 0, "tile_ow": tile_ow}
-    ]  # fmt: skip
+        {"order": "kp"},
+        {"pack_layout": "chw", "unroll": 2},
+        {"unroll_kw": 0, "tile_ow": tile_ow},
+    ]
     other: dict[str, KnobValue] = {"reduction": next(r for r in REDUCTIONS if r != base["reduction"])}
     indices = [template.space.index_of({**base, **knobs}) for knobs in [{}, *same, other]]
     measurer = Measurer(board, wl, FAST, compile_pool)
@@ -280,9 +282,17 @@ def per_element_matmul_prepack(operand: str, matrix: np.ndarray, width: int) -> 
     return out
 
 
-@pytest.mark.parametrize(("operand", "rows", "cols", "width"), [
-    ("B", 7, 37, 8), ("B", 70, 16, 16), ("B", 5, 3, 24), ("A", 9, 70, 4), ("A", 23, 19, 6), ("A", 2, 3, 8),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("operand", "rows", "cols", "width"),
+    [
+        ("B", 7, 37, 8),
+        ("B", 70, 16, 16),
+        ("B", 5, 3, 24),
+        ("A", 9, 70, 4),
+        ("A", 23, 19, 6),
+        ("A", 2, 3, 8),
+    ],
+)
 def test_matmul_prepack_lays_out_panels_and_strips_as_documented(
     operand: str, rows: int, cols: int, width: int
 ) -> None:

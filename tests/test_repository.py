@@ -29,12 +29,18 @@ def tracked_text_files() -> list[Path]:
 def test_no_file_cites_notes_outside_the_repository() -> None:
     """Facts the code and docs rest on are in docs/ (docs/notes.md), where a user can read them."""
     this = Path(__file__).resolve()
-    citing = [str(p.relative_to(ROOT)) for p in tracked_text_files()
-              if p != this and OUTSIDE.search(p.read_text(encoding="utf-8", errors="replace"))]  # fmt: skip
+    citing = [
+        str(p.relative_to(ROOT))
+        for p in tracked_text_files()
+        if p != this and OUTSIDE.search(p.read_text(encoding="utf-8", errors="replace"))
+    ]
     assert citing == []
 
 
 def test_no_file_holds_merge_conflict_markers() -> None:
-    marked = [str(p.relative_to(ROOT)) for p in tracked_text_files()
-              if MARKER.search(p.read_text(encoding="utf-8", errors="replace"))]  # fmt: skip
+    marked = [
+        str(p.relative_to(ROOT))
+        for p in tracked_text_files()
+        if MARKER.search(p.read_text(encoding="utf-8", errors="replace"))
+    ]
     assert marked == []

@@ -42,8 +42,13 @@ def add_module(target: Target, layout: WeightsLayout) -> str:
     """A lowered vector kernel add(out, a, b) and an entry run(out) that passes it two weights arrays."""
     lanes = target.fp32_lanes
     b = NestBuilder()
-    b.split(N, lanes, lambda i, n: b.store("out", i, Binary(BinaryOp.ADD, Load("a", i, lanes, n),
-                                                            Load("b", i, lanes, n)), lanes, n))  # fmt: skip
+    b.split(
+        N,
+        lanes,
+        lambda i, n: b.store(
+            "out", i, Binary(BinaryOp.ADD, Load("a", i, lanes, n), Load("b", i, lanes, n)), lanes, n
+        ),
+    )
     out, ins = Buffer("out", N, BufferKind.OUTPUT), (Buffer(x, N, BufferKind.INPUT) for x in "ab")
     buffers = (out, *ins)
     entry = f"""

@@ -43,14 +43,20 @@ GREEDY = SchedulerOptions(epsilon=0.0)  # the largest expected gain, every time
 
 def task(key: str, count: int = 1) -> Task:
     workload = parse_workload(key)
-    return Task(workload=workload, nodes=tuple(f"{workload.op}_{i}" for i in range(count)),
-                flops=float(workload.flops()))  # fmt: skip
+    return Task(
+        workload=workload,
+        nodes=tuple(f"{workload.op}_{i}" for i in range(count)),
+        flops=float(workload.flops()),
+    )
 
 
 # --- whole runs on the local board ------------------------------------------------------------------------
 
-SMALL = [task("matmul:m=32,n=32,k=32"), task("matmul:m=48,n=32,k=24", 3),
-         task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1")]  # fmt: skip
+SMALL = [
+    task("matmul:m=32,n=32,k=32"),
+    task("matmul:m=48,n=32,k=24", 3),
+    task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1"),
+]
 
 
 def options(trials: int, tuner: TunerName = "random", batch: int = 2) -> TuneOptions:
@@ -140,8 +146,13 @@ def test_the_gradient_favours_the_task_with_the_larger_weight(tmp_path: Path) ->
     light, heavy = gradient.tasks
     assert heavy.trials >= 3 * light.trials, (light.trials, heavy.trials)
     # Round-robin: the same first round (the default of each), then the other 16 trials split evenly.
-    even = tune_tasks(tasks, [get_board("local")], options(18), TuningLog(tmp_path / "r.jsonl"),
-                      scheduler=SchedulerOptions(strategy=Strategy.ROUND_ROBIN))  # fmt: skip
+    even = tune_tasks(
+        tasks,
+        [get_board("local")],
+        options(18),
+        TuningLog(tmp_path / "r.jsonl"),
+        scheduler=SchedulerOptions(strategy=Strategy.ROUND_ROBIN),
+    )
     assert [t.trials for t in even.tasks] == [9, 9]
 
 
@@ -178,9 +189,13 @@ def faked(
     no ε-greedy draws unless asked for."""
     seen: list[ModelProgress] = []
     opts = replace(options(trials, batch=4), seed=seed)
-    run = TaskScheduler(tasks, [get_board("local")], opts,
-                        scheduler=SchedulerOptions(strategy=strategy, epsilon=epsilon),
-                        on_progress=seen.append)  # fmt: skip
+    run = TaskScheduler(
+        tasks,
+        [get_board("local")],
+        opts,
+        scheduler=SchedulerOptions(strategy=strategy, epsilon=epsilon),
+        on_progress=seen.append,
+    )
     try:
         for state, curve in zip(run.tasks, curves, strict=True):
             state.session.loop.measure_batch = curve
@@ -191,16 +206,21 @@ def faked(
 
 
 # Four tasks of different operators or flops: each its own similarity group.
-FOUR = [task("matmul:m=16,n=16,k=16"), task("matmul:m=64,n=64,k=64", 6),
-        task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1", 2),
-        task("matmul:m=128,n=128,k=128")]  # fmt: skip
+FOUR = [
+    task("matmul:m=16,n=16,k=16"),
+    task("matmul:m=64,n=64,k=64", 6),
+    task("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,stride=1,pad=1", 2),
+    task("matmul:m=128,n=128,k=128"),
+]
 
 
 def four_curves() -> list[Curve]:
-    return [Curve(4e-3, 3e-3, 2.5e-3, 2e-3, 1.8e-3, 1.2e-3, 1e-3, 0.9e-3, 0.85e-3),  # light, keeps improving
-            Curve(1e-3),  # heavy (6 nodes), but every config runs alike
-            Curve(2e-3, 1.9e-3, 1.8e-3, 1.7e-3, 1.6e-3, 1.5e-3),  # 2 nodes, slowly improving
-            Curve(3e-3, 1e-3, 0.5e-3)]  # one node, a large early gain  # fmt: skip
+    return [
+        Curve(4e-3, 3e-3, 2.5e-3, 2e-3, 1.8e-3, 1.2e-3, 1e-3, 0.9e-3, 0.85e-3),  # light, keeps improving
+        Curve(1e-3),  # heavy (6 nodes), but every config runs alike
+        Curve(2e-3, 1.9e-3, 1.8e-3, 1.7e-3, 1.6e-3, 1.5e-3),  # 2 nodes, slowly improving
+        Curve(3e-3, 1e-3, 0.5e-3),
+    ]  # one node, a large early gain
 
 
 def test_the_gradient_gives_each_batch_to_the_task_of_the_largest_expected_gain() -> None:
@@ -211,8 +231,12 @@ def test_the_gradient_gives_each_batch_to_the_task_of_the_largest_expected_gain(
     assert all(len(p.batch.batch) == 1 for p in seen[:4])  # the default alone (the random tuner's anchor)
     histories: list[list[float]] = [[p.latencies[p.task]] for p in seen[:4]]
     for p in seen[4:]:
-        gains = [expected_gain(count=t.count, history=h, flops=t.flops, peer_throughput=t.flops / h[-1],
-                               options=GREEDY) for t, h in zip(FOUR, histories, strict=True)]  # fmt: skip
+        gains = [
+            expected_gain(
+                count=t.count, history=h, flops=t.flops, peer_throughput=t.flops / h[-1], options=GREEDY
+            )
+            for t, h in zip(FOUR, histories, strict=True)
+        ]
         assert gains[p.task] == max(gains), (p.trials, gains)
         histories[p.task].append(p.latencies[p.task])
     # After the first round the heavy task weighs most (6 x 1 ms): the first batch is its.
@@ -227,9 +251,16 @@ def test_two_schedulers_stepped_in_turn_make_the_picks_each_makes_alone() -> Non
     trials = 4 + 4 * 12
     alone = {s: [p.task for p in faked(FOUR, four_curves(), trials, s, epsilon=0.3)[1]] for s in Strategy}
     seen: dict[Strategy, list[ModelProgress]] = {s: [] for s in Strategy}
-    runs = {s: TaskScheduler(FOUR, [get_board("local")], options(trials, batch=4),
-                             scheduler=SchedulerOptions(strategy=s, epsilon=0.3),
-                             on_progress=seen[s].append) for s in Strategy}  # fmt: skip
+    runs = {
+        s: TaskScheduler(
+            FOUR,
+            [get_board("local")],
+            options(trials, batch=4),
+            scheduler=SchedulerOptions(strategy=s, epsilon=0.3),
+            on_progress=seen[s].append,
+        )
+        for s in Strategy
+    }
     try:
         for run in runs.values():
             for state, curve in zip(run.tasks, four_curves(), strict=True):
@@ -265,8 +296,9 @@ def test_the_epsilon_greedy_picks_are_a_function_of_the_runs_seed() -> None:
     # greedy ones, yet a run repeated with its seed makes the very same picks.
     trials = 4 + 4 * 24
     greedy = [p.task for p in faked(FOUR, four_curves(), trials)[1]]
-    first, again, other = ([p.task for p in faked(FOUR, four_curves(), trials, epsilon=0.5, seed=s)[1]]
-                           for s in (1, 1, 2))  # fmt: skip
+    first, again, other = (
+        [p.task for p in faked(FOUR, four_curves(), trials, epsilon=0.5, seed=s)[1]] for s in (1, 1, 2)
+    )
     assert first == again and first != greedy and first != other
     assert len(first) == len(greedy) == 4 + 24
 
@@ -356,25 +388,33 @@ def tiny_model(path: Path) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    inits = {"w1": rng.standard_normal((32, 32)), "w2": rng.standard_normal((32, 32)),
-             "w3": rng.standard_normal((32, 16))}  # fmt: skip
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
-             helper.make_node("Relu", ["a"], ["ar"], name="r1"),
-             helper.make_node("MatMul", ["ar", "w2"], ["b"], name="mm2"),
-             helper.make_node("Relu", ["b"], ["br"], name="r2"),
-             helper.make_node("MatMul", ["br", "w3"], ["y"], name="mm3")]  # fmt: skip
+    inits = {
+        "w1": rng.standard_normal((32, 32)),
+        "w2": rng.standard_normal((32, 32)),
+        "w3": rng.standard_normal((32, 16)),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+        helper.make_node("Relu", ["a"], ["ar"], name="r1"),
+        helper.make_node("MatMul", ["ar", "w2"], ["b"], name="mm2"),
+        helper.make_node("Relu", ["b"], ["br"], name="r2"),
+        helper.make_node("MatMul", ["br", "w3"], ["y"], name="mm3"),
+    ]
     graph = helper.make_graph(
-        nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
-    )  # fmt: skip
+    )
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
 
 def xtune_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 QUICK_FLAGS = ("--repeat", "2", "--min-repeat-ms", "2", "--batch-size", "2", "--confirm", "0")
@@ -407,8 +447,9 @@ def test_cli_model_and_workload_exclude_each_other(tmp_path: Path) -> None:
 def test_ctrl_c_keeps_the_log_of_a_model_run(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "tiny.onnx")
     log = tmp_path / "log.jsonl"
-    out = interrupt_cli("tune", "--model", str(model), "--trials", "400", "--log", str(log), *QUICK_FLAGS,
-                        log=log)  # fmt: skip
+    out = interrupt_cli(
+        "tune", "--model", str(model), "--trials", "400", "--log", str(log), *QUICK_FLAGS, log=log
+    )
     stdout, stderr = out.stdout, out.stderr
     assert out.returncode == 130, stderr
     assert "Traceback" not in stderr and "estimated end-to-end latency" in stdout

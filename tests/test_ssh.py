@@ -137,13 +137,21 @@ class PrivateSshd:
 
     def boards_toml(self, name: str, target: str, wrapper: str = "", **extra: str) -> str:
         fields = {
-            "host": "127.0.0.1", "port": self.port, "user": os.environ.get("USER") or _user(),
-            "key": str(self.client_key), "target": target, "workdir": str(self.root / f"remote-{name}"),
-            "known_hosts": str(self.known_hosts), "ssh_config": str(self.root / "no-ssh-config"),
-            "wrapper": wrapper, **extra,
-        }  # fmt: skip
-        body = "\n".join(f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {v}"
-                         for k, v in fields.items())  # fmt: skip
+            "host": "127.0.0.1",
+            "port": self.port,
+            "user": os.environ.get("USER") or _user(),
+            "key": str(self.client_key),
+            "target": target,
+            "workdir": str(self.root / f"remote-{name}"),
+            "known_hosts": str(self.known_hosts),
+            "ssh_config": str(self.root / "no-ssh-config"),
+            "wrapper": wrapper,
+            **extra,
+        }
+        body = "\n".join(
+            f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {v}"
+            for k, v in fields.items()
+        )
         return f"[boards.{name}]\n{body}\n\n"
 
 
@@ -225,12 +233,16 @@ def test_deploy_uploads_the_agent_and_records_the_fingerprint(sshd: PrivateSshd,
 
 def test_ssh_config_supplies_hostname_port_user_and_key(sshd: PrivateSshd, tmp_path: Path) -> None:
     config = tmp_path / "ssh_config"
-    config.write_text(f"Host lab-pi\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {_user()}\n"
-                      f"  IdentityFile {sshd.client_key}\n")  # fmt: skip
+    config.write_text(
+        f"Host lab-pi\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {_user()}\n"
+        f"  IdentityFile {sshd.client_key}\n"
+    )
     boards = tmp_path / "boards.toml"
-    boards.write_text(f'[boards.aliased]\nhost = "lab-pi"\ntarget = "x86-avx2"\n'
-                      f'workdir = "{tmp_path}/remote"\nknown_hosts = "{sshd.known_hosts}"\n'
-                      f'ssh_config = "{config}"\n')  # fmt: skip
+    boards.write_text(
+        f'[boards.aliased]\nhost = "lab-pi"\ntarget = "x86-avx2"\n'
+        f'workdir = "{tmp_path}/remote"\nknown_hosts = "{sshd.known_hosts}"\n'
+        f'ssh_config = "{config}"\n'
+    )
     board = get_board("aliased", boards)
     assert isinstance(board, SshBoard)
     assert deploy(board)["arch"] == "x86_64"
@@ -354,8 +366,12 @@ def test_sshd_killed_mid_run_stops_the_measurer_then_a_resumed_run_measures_the_
 
     def measure_and_log(measurer: Measurer, batch: list[int]) -> list[MeasureStatus]:
         results = measurer.measure(batch)
-        log.append([make_record(wl.key, "x86-avx2", native.name, space.config(i), r, FAST, fingerprint)
-                    for i, r in zip(batch, results, strict=True)])  # fmt: skip
+        log.append(
+            [
+                make_record(wl.key, "x86-avx2", native.name, space.config(i), r, FAST, fingerprint)
+                for i, r in zip(batch, results, strict=True)
+            ]
+        )
         return [r.status for r in results]
 
     measurer = Measurer(native, wl, FAST)
@@ -426,9 +442,14 @@ def test_qemu_instruction_counts_are_deterministic_and_grow_with_work() -> None:
 
 def xtune_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`xtune ARGS` as a user runs it: a fresh interpreter, exit status, stdout and stderr."""
-    return subprocess.run([sys.executable, "-m", "xtune.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
-                          check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "xtune.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        check=False,
+    )
 
 
 TINY = "matmul:m=8,n=8,k=8"
@@ -440,8 +461,21 @@ def test_cli_tune_and_bench_on_an_ssh_board_with_a_boards_file(
 ) -> None:
     log = tmp_path / "log.jsonl"
     boards = str(boards_file(sshd))
-    tuned = xtune_cli("tune", "--workload", TINY, "--board", "ssh-native", "--boards", boards,
-                      "--trials", "4", "--log", str(log), "--json", *QUICK)  # fmt: skip
+    tuned = xtune_cli(
+        "tune",
+        "--workload",
+        TINY,
+        "--board",
+        "ssh-native",
+        "--boards",
+        boards,
+        "--trials",
+        "4",
+        "--log",
+        str(log),
+        "--json",
+        *QUICK,
+    )
     assert tuned.returncode == 0, tuned.stderr
     report = json.loads(tuned.stdout)
     assert report["boards"] == ["ssh-native"] and report["counts"]["ok"] == 4 and report["stop"] == "trials"
@@ -475,8 +509,20 @@ def test_tune_and_bench_on_a_deployed_board_that_refuses_us_stop_at_once_with_ex
     boards.write_text(sshd.boards_toml("ssh-native", "x86-avx2", **extra))
     log = tmp_path / "log.jsonl"
     start = time.monotonic()
-    tuned = xtune_cli("tune", "--workload", TINY, "--board", "ssh-native", "--boards", str(boards),
-                      "--trials", "8", "--log", str(log), *QUICK)  # fmt: skip
+    tuned = xtune_cli(
+        "tune",
+        "--workload",
+        TINY,
+        "--board",
+        "ssh-native",
+        "--boards",
+        str(boards),
+        "--trials",
+        "8",
+        "--log",
+        str(log),
+        *QUICK,
+    )
     assert tuned.returncode == 2 and time.monotonic() - start < 60
     line = _one_error_line(tuned)
     assert line.startswith("xtune: error: board ssh-native: ") and expect in line
@@ -495,8 +541,20 @@ def test_tune_model_on_a_deployed_board_that_refuses_us_stops_with_one_line_and_
     boards = tmp_path / "boards.toml"
     boards.write_text(sshd.boards_toml("ssh-native", "x86-avx2", key=str(sshd.root / "other_ed25519")))
     log, model = tmp_path / "log.jsonl", tiny_model(tmp_path / "tiny.onnx")
-    tuned = xtune_cli("tune", "--model", str(model), "--board", "ssh-native", "--boards", str(boards),
-                      "--trials", "8", "--log", str(log), *QUICK)  # fmt: skip
+    tuned = xtune_cli(
+        "tune",
+        "--model",
+        str(model),
+        "--board",
+        "ssh-native",
+        "--boards",
+        str(boards),
+        "--trials",
+        "8",
+        "--log",
+        str(log),
+        *QUICK,
+    )
     assert tuned.returncode == 2, tuned.stderr
     line = _one_error_line(tuned)
     assert line.startswith("xtune: error: board ssh-native: ") and "authentication as" in line
@@ -514,11 +572,34 @@ def test_a_resumed_run_measures_every_board_error_config_first(
     lost = configs(wl.key, "x86-avx2", 5, seed=3)
     fingerprint = tuple(sorted(native.fingerprint().items()))
     log = TuningLog(tmp_path / "log.jsonl")
-    log.append([make_record(wl.key, "x86-avx2", "ssh-native", space.config(i),
-                            MeasureResult(MeasureStatus.BOARD_ERROR, error="board ssh-native: lost"),
-                            FAST, fingerprint) for i in lost])  # fmt: skip
-    tuned = xtune_cli("tune", "--workload", TINY, "--board", "ssh-native", "--boards", str(boards_file(sshd)),
-                      "--trials", str(len(lost)), "--log", str(log.path), *QUICK)  # fmt: skip
+    log.append(
+        [
+            make_record(
+                wl.key,
+                "x86-avx2",
+                "ssh-native",
+                space.config(i),
+                MeasureResult(MeasureStatus.BOARD_ERROR, error="board ssh-native: lost"),
+                FAST,
+                fingerprint,
+            )
+            for i in lost
+        ]
+    )
+    tuned = xtune_cli(
+        "tune",
+        "--workload",
+        TINY,
+        "--board",
+        "ssh-native",
+        "--boards",
+        str(boards_file(sshd)),
+        "--trials",
+        str(len(lost)),
+        "--log",
+        str(log.path),
+        *QUICK,
+    )
     assert tuned.returncode == 0, tuned.stderr
     again = [r.index for r in log.read()[len(lost) :]]
     default = template_for(wl, native.target).default_config().index
@@ -531,14 +612,34 @@ def test_a_resumed_run_measures_every_board_error_config_first(
 _VALID = {"host": '"127.0.0.1"', "target": '"x86-avx2"'}
 # One TOML value of every type, and the edges of the integers.
 _WRONG = {
-    "string": '"22"', "empty string": '""', "float": "22.5", "nan": "nan", "date": "1979-05-27",
-    "datetime": "1979-05-27T07:32:00Z", "time": "07:32:00", "array": '["qemu-aarch64"]',
-    "table": "{ a = 1 }", "bool": "true", "zero": "0", "negative": "-1", "huge int": str(2**70),
+    "string": '"22"',
+    "empty string": '""',
+    "float": "22.5",
+    "nan": "nan",
+    "date": "1979-05-27",
+    "datetime": "1979-05-27T07:32:00Z",
+    "time": "07:32:00",
+    "array": '["qemu-aarch64"]',
+    "table": "{ a = 1 }",
+    "bool": "true",
+    "zero": "0",
+    "negative": "-1",
+    "huge int": str(2**70),
     "port-sized int": "70000",
-}  # fmt: skip
-_KEY_TYPES = {"host": "str", "target": "str", "port": "port", "user": "str", "key": "str", "workdir": "str",
-              "wrapper": "str", "known_hosts": "str", "ssh_config": "str", "use_agent": "bool",
-              "connect_timeout": "seconds"}  # fmt: skip
+}
+_KEY_TYPES = {
+    "host": "str",
+    "target": "str",
+    "port": "port",
+    "user": "str",
+    "key": "str",
+    "workdir": "str",
+    "wrapper": "str",
+    "known_hosts": "str",
+    "ssh_config": "str",
+    "use_agent": "bool",
+    "connect_timeout": "seconds",
+}
 
 
 def _accepted(key: str, value: str) -> bool:
@@ -550,8 +651,12 @@ def _accepted(key: str, value: str) -> bool:
 
 
 def _fuzz_cases() -> list[tuple[str, str, str]]:
-    return [(key, name, value) for key in _KEY_TYPES for name, value in _WRONG.items()
-            if not _accepted(key, value)]  # fmt: skip
+    return [
+        (key, name, value)
+        for key in _KEY_TYPES
+        for name, value in _WRONG.items()
+        if not _accepted(key, value)
+    ]
 
 
 @pytest.mark.parametrize(("key", "what", "value"), _fuzz_cases())

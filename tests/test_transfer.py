@@ -357,12 +357,28 @@ def test_tune_refuses_a_bad_transfer_source_in_one_line(
         "damaged": [bad],
         "other_op": [bad],
     }[case]
-    words = {"old": ("features version", "retrain"), "garbage": ("bad.json", "tuning log"),
-             "missing": ("nothere.json",), "model_and_log": ("not both",), "damaged": ("damaged",),
-             "other_op": ("no booster for operator 'matmul'",)}[case]  # fmt: skip
+    words = {
+        "old": ("features version", "retrain"),
+        "garbage": ("bad.json", "tuning log"),
+        "missing": ("nothere.json",),
+        "model_and_log": ("not both",),
+        "damaged": ("damaged",),
+        "other_op": ("no booster for operator 'matmul'",),
+    }[case]
     log = tmp_path / "log.jsonl"
-    out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "4", "--log", str(log),
-                    "--transfer-from", *map(str, sources))  # fmt: skip
+    out = xtune_cli(
+        "tune",
+        "--workload",
+        TUNED,
+        "--target",
+        "x86-avx2",
+        "--trials",
+        "4",
+        "--log",
+        str(log),
+        "--transfer-from",
+        *map(str, sources),
+    )
     assert_one_line_error(out, *words)
     assert not log.exists()  # refused before anything was measured
 
@@ -378,8 +394,21 @@ def test_a_log_is_not_a_model_nor_a_model_a_log(
 
 @pytest.mark.host_runs("x86-avx2")
 def test_transfer_needs_the_xgb_tuner(model_file: ModelFile, tmp_path: Path, xtune_cli: CliRunner) -> None:
-    out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "4", "--tuner", "ga",
-                    "--log", str(tmp_path / "log.jsonl"), "--transfer-from", str(model_file[0]))  # fmt: skip
+    out = xtune_cli(
+        "tune",
+        "--workload",
+        TUNED,
+        "--target",
+        "x86-avx2",
+        "--trials",
+        "4",
+        "--tuner",
+        "ga",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+        "--transfer-from",
+        str(model_file[0]),
+    )
     assert_one_line_error(out, "xgb")
 
 
@@ -456,8 +485,10 @@ class TrueThroughput:
     def __init__(self) -> None:
         self.arrays = SpaceArrays(SPACE)
         # knob_featurizer's columns: an int option's value, else the option's number (both ascending)
-        self.tables = [np.array([o if isinstance(o, int) else d for d, o in enumerate(k.options)], float)
-                       for k in SPACE.knobs]  # fmt: skip
+        self.tables = [
+            np.array([o if isinstance(o, int) else d for d, o in enumerate(k.options)], float)
+            for k in SPACE.knobs
+        ]
         good = COSTS > 0
         self.throughput = np.where(good, OPTIMUM / np.where(good, COSTS, 1.0), 0.0)
 
@@ -548,8 +579,16 @@ def test_the_first_batch_holds_the_anchor_and_the_estimates_pick_whatever_the_pr
     estimate's top pick in the first batch, once; the model's own picks fill the rest."""
     oracle, anchor = TrueThroughput(), 12345
     hedge = TrueThroughput() if with_hedge else None
-    tuner = make_tuner("xgb", SPACE, 0, knob_featurizer(SPACE), pretrained=Inverted(), hedge=hedge,
-                       anchors=[anchor], estimate=oracle)  # fmt: skip
+    tuner = make_tuner(
+        "xgb",
+        SPACE,
+        0,
+        knob_featurizer(SPACE),
+        pretrained=Inverted(),
+        hedge=hedge,
+        anchors=[anchor],
+        estimate=oracle,
+    )
     assert isinstance(tuner, ModelTuner)
     tuner.n_chains, tuner.n_steps, tuner.epsilon = 128, 40, 0.0
     first = tuner.next_batch(8)
@@ -583,9 +622,26 @@ def test_tune_with_a_trained_model_on_the_local_board(
     model_file: ModelFile, tmp_path: Path, xtune_cli: CliRunner
 ) -> None:
     log = tmp_path / "log.jsonl"
-    out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-avx2", "--trials", "8", "--batch-size", "4",
-                    "--repeat", "2", "--min-repeat-ms", "2", "--transfer-from", str(model_file[0]), "--json",
-                    "--log", str(log))  # fmt: skip
+    out = xtune_cli(
+        "tune",
+        "--workload",
+        TUNED,
+        "--target",
+        "x86-avx2",
+        "--trials",
+        "8",
+        "--batch-size",
+        "4",
+        "--repeat",
+        "2",
+        "--min-repeat-ms",
+        "2",
+        "--transfer-from",
+        str(model_file[0]),
+        "--json",
+        "--log",
+        str(log),
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     transfer = report["transfer"]
@@ -614,17 +670,37 @@ def test_the_shipped_model_is_usable_and_found_for_every_x86_target(workload: st
 
 @pytest.mark.host_runs("x86-sse42")
 def test_tune_with_the_builtin_model(tmp_path: Path, xtune_cli: CliRunner) -> None:
-    out = xtune_cli("tune", "--workload", TUNED, "--target", "x86-sse42", "--trials", "4", "--batch-size",
-                    "4", "--repeat", "2", "--min-repeat-ms", "2", "--transfer-from", "builtin", "--json",
-                    "--log", str(tmp_path / "log.jsonl"))  # fmt: skip
+    out = xtune_cli(
+        "tune",
+        "--workload",
+        TUNED,
+        "--target",
+        "x86-sse42",
+        "--trials",
+        "4",
+        "--batch-size",
+        "4",
+        "--repeat",
+        "2",
+        "--min-repeat-ms",
+        "2",
+        "--transfer-from",
+        "builtin",
+        "--json",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["transfer"]["kind"] == "builtin" and report["trials"] == 4
 
 
 def test_training_groups_failures_by_their_boards_unit_and_skips_correctness_only_boards() -> None:
-    qemu = [old_line(1, "compile_error", [], "s", QEMU_FP), old_line(2, "ok", [5000.0], "insn", QEMU_FP),
-            old_line(3, "ok", [4000.0], "insn", QEMU_FP)]  # fmt: skip
+    qemu = [
+        old_line(1, "compile_error", [], "s", QEMU_FP),
+        old_line(2, "ok", [5000.0], "insn", QEMU_FP),
+        old_line(3, "ok", [4000.0], "insn", QEMU_FP),
+    ]
     wrapper = [old_line(5, "ok", [2.7e-5], "s", WRAPPER_FP), old_line(6, "ok", [9e-4], "s", WRAPPER_FP)]
     data, skipped = collect([record_from_json(line) for line in qemu + wrapper])
     (count,) = data["matmul"].counts

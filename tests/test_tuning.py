@@ -33,8 +33,22 @@ QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
 @pytest.fixture(scope="module")
 def tuned_log(tmp_path_factory: pytest.TempPathFactory, xtune_cli: CliRunner) -> Path:
     path = tmp_path_factory.mktemp("tune") / "log.jsonl"
-    out = xtune_cli("tune", "--workload", WORKLOAD, "--trials", "12", "--batch-size", "4", "--log", str(path),
-                    "--repeat", "2", "--min-repeat-ms", "2", "--json")  # fmt: skip
+    out = xtune_cli(
+        "tune",
+        "--workload",
+        WORKLOAD,
+        "--trials",
+        "12",
+        "--batch-size",
+        "4",
+        "--log",
+        str(path),
+        "--repeat",
+        "2",
+        "--min-repeat-ms",
+        "2",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     path.with_name("report.json").write_text(out.stdout)
@@ -96,8 +110,22 @@ def test_best_and_report_commands(tuned_log: Path, tmp_path: Path, xtune_cli: Cl
 
 def test_ctrl_c_stops_cleanly_with_the_log_intact(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    out = interrupt_cli("tune", "--workload", "matmul:m=96,n=96,k=96", "--trials", "400", "--batch-size", "4",
-                        "--log", str(log), "--repeat", "2", "--min-repeat-ms", "5", log=log)  # fmt: skip
+    out = interrupt_cli(
+        "tune",
+        "--workload",
+        "matmul:m=96,n=96,k=96",
+        "--trials",
+        "400",
+        "--batch-size",
+        "4",
+        "--log",
+        str(log),
+        "--repeat",
+        "2",
+        "--min-repeat-ms",
+        "5",
+        log=log,
+    )
     stdout, stderr = out.stdout, out.stderr
     assert out.returncode == 130, stderr
     assert "Traceback" not in stderr
@@ -130,8 +158,10 @@ def test_two_boards_of_one_target_share_a_run_and_each_record_names_its_board(tm
     records = log.read()
     # Each record carries the name and fingerprint of the board that measured it: per-machine resume and
     # training group by that fingerprint's cpu.
-    assert {(r.board, dict(r.fingerprint)["board"]) for r in records} == {("local", "local"),
-                                                                          ("local-2", "local-2")}  # fmt: skip
+    assert {(r.board, dict(r.fingerprint)["board"]) for r in records} == {
+        ("local", "local"),
+        ("local-2", "local-2"),
+    }
     assert {dict(r.fingerprint)["cpu"] for r in records if r.board == "local-2"} == {"other cpu of local-2"}
     # Resuming on the second machine alone learns from what it measured, not from the first one's timings.
     resumed = run_tuning(parse_workload(WORKLOAD), boards[1:], replace(options, trials=1), log)
@@ -140,10 +170,21 @@ def test_two_boards_of_one_target_share_a_run_and_each_record_names_its_board(tm
 
 def test_tune_refuses_a_correctness_only_board_in_one_line(tmp_path: Path, xtune_cli: CliRunner) -> None:
     boards = tmp_path / "boards.toml"  # qemu behind SSH: never contacted, the refusal comes first
-    boards.write_text('[boards.emu]\nhost = "127.0.0.1"\ntarget = "arm-a72-neon"\n'
-                      'wrapper = "qemu-aarch64 -cpu cortex-a72"\n')  # fmt: skip
-    out = xtune_cli("tune", "--workload", WORKLOAD, "--board", "emu", "--boards", str(boards),
-                "--log", str(tmp_path / "log.jsonl"))  # fmt: skip
+    boards.write_text(
+        '[boards.emu]\nhost = "127.0.0.1"\ntarget = "arm-a72-neon"\n'
+        'wrapper = "qemu-aarch64 -cpu cortex-a72"\n'
+    )
+    out = xtune_cli(
+        "tune",
+        "--workload",
+        WORKLOAD,
+        "--board",
+        "emu",
+        "--boards",
+        str(boards),
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    )
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "correctness only" in out.stderr, out.stderr
     assert not (tmp_path / "log.jsonl").exists()
@@ -167,8 +208,16 @@ def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
     template = template_for(parse_workload(WORKLOAD), get_board("local").target)
     typical = {0: 3.0, 1: 2.0, 2: 2.5, 3: 4.0}
     first = {0: 1.0, 1: 2.0, 2: 2.5, 3: 4.0}
-    records = [make_record(template.workload.key, template.target.name, "local", template.space.config(i),
-                           MeasureResult(MeasureStatus.OK, (c,))) for i, c in first.items()]  # fmt: skip
+    records = [
+        make_record(
+            template.workload.key,
+            template.target.name,
+            "local",
+            template.space.config(i),
+            MeasureResult(MeasureStatus.OK, (c,)),
+        )
+        for i, c in first.items()
+    ]
     rounds: list[list[int]] = []
 
     def measure(batch: list[int]) -> list[MeasureResult]:
@@ -194,8 +243,16 @@ def test_confirm_keeps_its_promise_when_leaders_keep_changing() -> None:
     template = template_for(parse_workload(WORKLOAD), get_board("local").target)
     first = {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}
     typical = {i: 5.0 + i for i in first}
-    records = [make_record(template.workload.key, template.target.name, "local", template.space.config(i),
-                           MeasureResult(MeasureStatus.OK, (c,))) for i, c in first.items()]  # fmt: skip
+    records = [
+        make_record(
+            template.workload.key,
+            template.target.name,
+            "local",
+            template.space.config(i),
+            MeasureResult(MeasureStatus.OK, (c,)),
+        )
+        for i, c in first.items()
+    ]
 
     def measure(batch: list[int]) -> list[MeasureResult]:
         return [MeasureResult(MeasureStatus.OK, (typical[i],)) for i in batch]
@@ -214,8 +271,15 @@ def test_confirm_keeps_its_promise_when_leaders_keep_changing() -> None:
 
 def test_confirm_gives_up_on_a_config_whose_timings_keep_failing() -> None:
     template = template_for(parse_workload(WORKLOAD), get_board("local").target)
-    records = [make_record(template.workload.key, template.target.name, "local", template.space.config(0),
-                           MeasureResult(MeasureStatus.OK, (1.0,)))]  # fmt: skip
+    records = [
+        make_record(
+            template.workload.key,
+            template.target.name,
+            "local",
+            template.space.config(0),
+            MeasureResult(MeasureStatus.OK, (1.0,)),
+        )
+    ]
     tried: list[int] = []
 
     def measure(batch: list[int]) -> list[MeasureResult]:

@@ -200,10 +200,28 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
     key = "conv2d:n=1,c=12,h=13,w=13,k=24,r=3,s=3,stride=1,pad=1,layout=nhwc,algo=winograd,bias=1,relu=1"
     log = str(tmp_path / "tune.jsonl")
     run = subprocess.run(
-        [sys.executable, "-m", "xtune.cli", "tune", "--workload", key, "--trials", "12", "--tuner", "xgb",
-         "--batch-size", "6", "--confirm", "0", "--log", log],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "xtune.cli",
+            "tune",
+            "--workload",
+            key,
+            "--trials",
+            "12",
+            "--tuner",
+            "xgb",
+            "--batch-size",
+            "6",
+            "--confirm",
+            "0",
+            "--log",
+            log,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr
     records = TuningLog(log).read()
     assert len(records) == 12 and all(r.result.ok for r in records)
@@ -237,8 +255,14 @@ def test_the_estimates_pick_gives_the_reference_in_the_interpreter(key: str) -> 
         template = template_for(parse_workload(packed), get_target("x86-sse42"))
         prior = estimate_prior(features_op(template))
         assert prior is not None
-        tuner = make_tuner("xgb", template.space, 0, partial(featurize, template),
-                           anchors=[template.default_config().index], estimate=prior)  # fmt: skip
+        tuner = make_tuner(
+            "xgb",
+            template.space,
+            0,
+            partial(featurize, template),
+            anchors=[template.default_config().index],
+            estimate=prior,
+        )
         _, pick = tuner.next_batch(2)
         config = template.space.config(pick)
         out = np.full(expected.shape, np.nan, dtype=np.float32)

@@ -21,9 +21,12 @@ PathLike = str | os.PathLike[str]
 
 def _kind(mode: int) -> str:
     kinds = (
-        (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-    )  # fmt: skip
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 

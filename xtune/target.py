@@ -98,14 +98,27 @@ def get_target(name: str) -> Target:
 
 # platform.machine() spellings -> the ELF/agent architecture names of Target.arch (macOS and Windows
 # say arm64 and AMD64 for aarch64 and x86_64).
-_MACHINE_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
-                 "riscv64": "riscv64"}  # fmt: skip
+_MACHINE_ARCH = {
+    "x86_64": "x86_64",
+    "AMD64": "x86_64",
+    "aarch64": "aarch64",
+    "arm64": "aarch64",
+    "riscv64": "riscv64",
+}
 # x86 targets from the widest vectors down: the host's target is the first whose features its CPU has.
 _X86_PREFERENCE = ("x86-avx512", "x86-avx2", "x86-sse42")
 # LLVM feature name -> the /proc/cpuinfo flag that says the CPU has it, where the two spellings differ.
-_CPUINFO_FLAG = {"sse4.1": "sse4_1", "sse4.2": "sse4_2", "bmi": "bmi1", "neon": "asimd", "fp-armv8": "fp",
-                 "crc": "crc32", "dotprod": "asimddp", "avx512vnni": "avx512_vnni",
-                 "avxvnni": "avx_vnni"}  # fmt: skip
+_CPUINFO_FLAG = {
+    "sse4.1": "sse4_1",
+    "sse4.2": "sse4_2",
+    "bmi": "bmi1",
+    "neon": "asimd",
+    "fp-armv8": "fp",
+    "crc": "crc32",
+    "dotprod": "asimddp",
+    "avx512vnni": "avx512_vnni",
+    "avxvnni": "avx_vnni",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,8 +207,13 @@ def _cpu_flags(cpuinfo: str) -> frozenset[str]:
 # The /proc/cpuinfo fields that number a core's microarchitecture: x86 family/model (Intel SDM vol. 2A,
 # CPUID leaf 1), Arm MIDR implementer/part (Arm ARM D23.2.122; 0x41/0xd08 is a Cortex-A72), RISC-V
 # marchid (privileged spec 3.1.3).
-_MICROARCH_FIELDS = (("cpu family", "family"), ("model", "model"), ("CPU implementer", "implementer"),
-                     ("CPU part", "part"), ("marchid", "marchid"))  # fmt: skip
+_MICROARCH_FIELDS = (
+    ("cpu family", "family"),
+    ("model", "model"),
+    ("CPU implementer", "implementer"),
+    ("CPU part", "part"),
+    ("marchid", "marchid"),
+)
 
 
 def cpu_identity(cpuinfo: str) -> str:

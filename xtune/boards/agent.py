@@ -269,8 +269,10 @@ def parse_hello(line: bytes) -> AgentHello:
     except (IndexError, KeyError, ValueError):
         raise BoardError(f"malformed agent hello line {line!r}", BoardFault.AGENT_GONE) from None
     if hello.version != PROTOCOL_VERSION:
-        raise BoardError(f"agent speaks protocol {hello.version}, this xtune speaks {PROTOCOL_VERSION} "
-                         "(deploy it again)", BoardFault.AGENT_GONE)  # fmt: skip
+        raise BoardError(
+            f"agent speaks protocol {hello.version}, this xtune speaks {PROTOCOL_VERSION} (deploy it again)",
+            BoardFault.AGENT_GONE,
+        )
     return hello
 
 

@@ -319,8 +319,9 @@ def get_board(
             raise InputError(f"unknown board '{name}' (known: {', '.join(board_names(boards_file))})")
         board = ssh.SshBoard(configs[name], get_target(configs[name].target))
     if target is not None and get_target(target) != board.target:
-        raise InputError(f"board '{name}' runs {board.target.name} code; --target {target} is only for the "
-                         f"local board")  # fmt: skip
+        raise InputError(
+            f"board '{name}' runs {board.target.name} code; --target {target} is only for the local board"
+        )
     return board
 
 

@@ -157,8 +157,10 @@ def load_boards(explicit: str | os.PathLike[str] | None = None) -> dict[str, Ssh
 
 def _board(path: Path, name: str, table: object) -> SshBoardConfig:
     if not _NAME.match(name):
-        raise InputError(f"{path}: board name {name!r} must be letters, digits, '.', '_' or '-' "
-                         "(at most 64, not starting with a punctuation mark)")  # fmt: skip
+        raise InputError(
+            f"{path}: board name {name!r} must be letters, digits, '.', '_' or '-' "
+            "(at most 64, not starting with a punctuation mark)"
+        )
     if is_builtin_name(name):
         raise InputError(f"{path}: board '{name}' clashes with a built-in board (local, qemu-*); rename it")
     if not isinstance(table, dict):

@@ -76,8 +76,9 @@ class _AcceptAndRecord(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
-def connect(config: SshBoardConfig, timeout: float | None = None, accept_new_host_key: bool = False
-            ) -> paramiko.SSHClient:  # fmt: skip
+def connect(
+    config: SshBoardConfig, timeout: float | None = None, accept_new_host_key: bool = False
+) -> paramiko.SSHClient:
     """An authenticated client; host key verified against known_hosts. Errors never carry secrets.
 
     `timeout` (default: the board's connect_timeout) bounds the TCP connect, the SSH banner and key
@@ -94,10 +95,17 @@ def connect(config: SshBoardConfig, timeout: float | None = None, accept_new_hos
     start = time.monotonic()
     try:
         client.connect(
-            end.hostname, end.port, username=end.user, key_filename=keys, sock=sock,
-            timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
-            allow_agent=config.use_agent, look_for_keys=config.use_agent,
-        )  # fmt: skip
+            end.hostname,
+            end.port,
+            username=end.user,
+            key_filename=keys,
+            sock=sock,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            allow_agent=config.use_agent,
+            look_for_keys=config.use_agent,
+        )
         return client
     except (OSError, EOFError, paramiko.SSHException) as err:
         client.close()
@@ -135,31 +143,42 @@ def _caused_by(err: BaseException, kind: type[BaseException]) -> bool:
     return False
 
 
-def _handshake_error(config: SshBoardConfig, err: Exception, where: str, end: Endpoint, known_hosts: Path,
-                     waited: float | None) -> BoardError:  # fmt: skip
+def _handshake_error(
+    config: SshBoardConfig, err: Exception, where: str, end: Endpoint, known_hosts: Path, waited: float | None
+) -> BoardError:
     """The typed BoardError for an SSH handshake that failed after the TCP connect."""
     name = config.name
     if isinstance(err, _UnknownHostKey):
         return BoardError(
             f"board {name}: host key of {end.known_hosts_name} ({err.key.get_name()} {_fp(err.key)}) "
             f"is not in {known_hosts}; if that fingerprint is right, run "
-            f"`xtune deploy --board {name} --accept-new-host-key`", BoardFault.HOST_KEY)  # fmt: skip
+            f"`xtune deploy --board {name} --accept-new-host-key`",
+            BoardFault.HOST_KEY,
+        )
     if isinstance(err, paramiko.BadHostKeyException):
         return BoardError(
             f"board {name}: HOST KEY CHANGED for {end.known_hosts_name}: {known_hosts} has "
             f"{_fp(err.expected_key)}, the server offers {_fp(err.key)}; refusing to connect (someone may be "
             f"intercepting). If the board was reinstalled, remove the old key with "
-            f"`ssh-keygen -R '{end.known_hosts_name}' -f {known_hosts}`", BoardFault.HOST_KEY)  # fmt: skip
+            f"`ssh-keygen -R '{end.known_hosts_name}' -f {known_hosts}`",
+            BoardFault.HOST_KEY,
+        )
     if isinstance(err, paramiko.PasswordRequiredException):
-        return BoardError(f"board {name}: key {config.key} is encrypted; add it to ssh-agent "
-                          f"and set use_agent = true", BoardFault.AUTHENTICATION)  # fmt: skip
+        return BoardError(
+            f"board {name}: key {config.key} is encrypted; add it to ssh-agent and set use_agent = true",
+            BoardFault.AUTHENTICATION,
+        )
     if isinstance(err, paramiko.AuthenticationException):
         keys = ", ".join(end.keys) or ("ssh-agent and default keys" if config.use_agent else "none")
-        return BoardError(f"board {name}: authentication as {where} failed (keys: {keys})",
-                          BoardFault.AUTHENTICATION)  # fmt: skip
+        return BoardError(
+            f"board {name}: authentication as {where} failed (keys: {keys})", BoardFault.AUTHENTICATION
+        )
     if waited is not None:
-        return BoardError(f"board {name}: {where} accepted the connection but gave no SSH handshake "
-                          f"within {waited:g} s", BoardFault.TIMEOUT)  # fmt: skip
+        return BoardError(
+            f"board {name}: {where} accepted the connection but gave no SSH handshake within {waited:g} s",
+            BoardFault.TIMEOUT,
+        )
     why = str(err) or type(err).__name__
-    return BoardError(f"board {name}: connection to {where} lost during the SSH handshake: {why}",
-                      BoardFault.LOST)  # fmt: skip
+    return BoardError(
+        f"board {name}: connection to {where} lost during the SSH handshake: {why}", BoardFault.LOST
+    )

@@ -83,8 +83,11 @@ def load(path: Path, keys: paramiko.HostKeys | None = None) -> paramiko.HostKeys
             continue
         parsed = _parse(line)
         if isinstance(parsed, str):
-            warnings.warn(f"{path}:{number}: skipped a malformed known_hosts line ({parsed})",
-                          KnownHostsWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{path}:{number}: skipped a malformed known_hosts line ({parsed})",
+                KnownHostsWarning,
+                stacklevel=2,
+            )
             continue
         names, key = parsed
         if key is not None:

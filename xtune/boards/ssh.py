@@ -122,8 +122,9 @@ class SshTransport:
 class SshBoard:
     """A board reached over SSH: one connection, one long-lived agent per exec channel."""
 
-    def __init__(self, config: SshBoardConfig, target: Target,
-                 reconnect_delays: Sequence[float] = RECONNECT_DELAYS) -> None:  # fmt: skip
+    def __init__(
+        self, config: SshBoardConfig, target: Target, reconnect_delays: Sequence[float] = RECONNECT_DELAYS
+    ) -> None:
         self.config = config
         self.name = config.name
         self.target = target
@@ -177,8 +178,10 @@ class SshBoard:
                 raise
             # The connection is up but the agent ended before its hello: missing, not executable,
             # wrong arch for the wrapper. Restarting it will not help.
-            raise BoardError(f"{err}; the agent cannot start on the board (run `xtune deploy --board "
-                             f"{self.name}`)", BoardFault.AGENT_GONE) from None  # fmt: skip
+            raise BoardError(
+                f"{err}; the agent cannot start on the board (run `xtune deploy --board {self.name}`)",
+                BoardFault.AGENT_GONE,
+            ) from None
         pipe.pid = session.hello.pid
         return session
 
@@ -195,8 +198,9 @@ class SshBoard:
                 self.close()  # the transport died between the liveness check and the open
                 if attempt == 2:
                     why = str(err) or type(err).__name__
-                    raise BoardError(f"board {self.name}: cannot start the agent: {why}",
-                                     BoardFault.LOST) from None  # fmt: skip
+                    raise BoardError(
+                        f"board {self.name}: cannot start the agent: {why}", BoardFault.LOST
+                    ) from None
         raise AssertionError("unreachable")
 
     def _kill_pid(self, pid: int) -> None:
@@ -251,8 +255,9 @@ def run_command(client: paramiko.SSHClient, cmd: str, timeout: float = 30.0) -> 
         err = stderr.read().decode(errors="replace").strip()
         status = stdout.channel.recv_exit_status()
     except (OSError, EOFError, paramiko.SSHException) as exc:
-        raise BoardError(f"running `{cmd}` on the board failed: {exc or type(exc).__name__}",
-                         BoardFault.LOST) from None  # fmt: skip
+        raise BoardError(
+            f"running `{cmd}` on the board failed: {exc or type(exc).__name__}", BoardFault.LOST
+        ) from None
     if status != 0:
         raise BoardError(f"`{cmd}` on the board exited with {status}: {err[-500:]}", BoardFault.AGENT)
     return out
@@ -299,16 +304,23 @@ def deploy(board: SshBoard, accept_new_host_key: bool = False) -> dict[str, obje
         with client.open_sftp() as sftp, sftp.open(remote, "w") as f:
             f.write(json.dumps(fingerprint, indent=1) + "\n")
     except (OSError, EOFError, paramiko.SSHException) as err:
-        raise BoardError(f"board {board.name}: deploy failed: {err or type(err).__name__}",
-                         BoardFault.LOST) from None  # fmt: skip
+        raise BoardError(
+            f"board {board.name}: deploy failed: {err or type(err).__name__}", BoardFault.LOST
+        ) from None
     finally:
         board.close()
     _write_cache(board.name, fingerprint)
     return {
-        "board": board.name, "target": board.target.name, "agent": board.config.agent_path,
-        "agent_version": agent_version(), "arch": hello.arch, "pid": hello.pid, "exec": hello.exec_method,
-        "fingerprint": fingerprint, "seconds": round(time.perf_counter() - start, 3),
-    }  # fmt: skip
+        "board": board.name,
+        "target": board.target.name,
+        "agent": board.config.agent_path,
+        "agent_version": agent_version(),
+        "arch": hello.arch,
+        "pid": hello.pid,
+        "exec": hello.exec_method,
+        "fingerprint": fingerprint,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
 
 
 def _upload(client: paramiko.SSHClient, local: Path, config: SshBoardConfig) -> None:

@@ -97,8 +97,11 @@ def _run(handler: Handler, args: argparse.Namespace) -> int:
         print(f"xtune: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except MemoryError:
-        print("xtune: error: out of memory (a workload's tensors are bounded, see README.md; "
-              "their sum may still exceed this machine's)", file=sys.stderr)  # fmt: skip
+        print(
+            "xtune: error: out of memory (a workload's tensors are bounded, see README.md; "
+            "their sum may still exceed this machine's)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("xtune: interrupted", file=sys.stderr)

@@ -80,7 +80,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return 0
     fp = result["fingerprint"]
     assert isinstance(fp, dict)
-    print(f"{args.board}: agent {result['agent_version']} at {result['agent']}, hello arch={result['arch']} "
-          f"exec={result['exec']} ({result['seconds']} s)")  # fmt: skip
+    print(
+        f"{args.board}: agent {result['agent_version']} at {result['agent']}, hello arch={result['arch']} "
+        f"exec={result['exec']} ({result['seconds']} s)"
+    )
     print(f"  {fp['uname']}\n  cpu: {fp['cpu']}, {fp['cores']} cores")
     return 0

@@ -87,11 +87,16 @@ def cmd_build(args: argparse.Namespace) -> int:
     for warning in artifact.warnings:
         print(f"xtune: warning: {warning}", file=sys.stderr)
     if args.json:
-        _emit_json({
-            "target": artifact.target.name, "object": args.output, "header": args.header,
-            "archive": args.archive, "kernels": [k.as_dict() for k in artifact.kernels],
-            "warnings": list(artifact.warnings),
-        })  # fmt: skip
+        _emit_json(
+            {
+                "target": artifact.target.name,
+                "object": args.output,
+                "header": args.header,
+                "archive": args.archive,
+                "kernels": [k.as_dict() for k in artifact.kernels],
+                "warnings": list(artifact.warnings),
+            }
+        )
         return 0
     width = max(len("symbol"), *(len(s) for k in artifact.kernels for s in k.symbols))
     print(f"{'symbol':<{width}}  {'source':<7} {'config':>10} {'code':>8} {'stack':>9} {'GFLOP/s':>8}")
@@ -156,9 +161,11 @@ def cmd_model_train(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json({"model": args.output, "seconds": round(seconds, 3), "manifest": m.as_dict()})
         return 0
-    print(f"wrote {args.output}: {', '.join(m.ops)} booster(s) on {m.records_used} records "
-          f"({len(m.groups)} workloads; targets {', '.join(m.targets)}; {m.records_skipped} skipped) "
-          f"in {seconds:.1f} s")  # fmt: skip
+    print(
+        f"wrote {args.output}: {', '.join(m.ops)} booster(s) on {m.records_used} records "
+        f"({len(m.groups)} workloads; targets {', '.join(m.targets)}; {m.records_skipped} skipped) "
+        f"in {seconds:.1f} s"
+    )
     return 0
 
 

@@ -41,15 +41,22 @@ def _bench_model(args: argparse.Namespace) -> int:
 
         check_board(board)  # before building and running anything
     with _warnings_unless_error():
-        report = bench_model(args.model, board, args.log or (), layout=model_layout(args),
-                             refuse_nonfinite=args.refuse_nonfinite)  # fmt: skip
+        report = bench_model(
+            args.model,
+            board,
+            args.log or (),
+            layout=model_layout(args),
+            refuse_nonfinite=args.refuse_nonfinite,
+        )
     profile = _profile(args, board) if args.profile and report.correct else None
     if args.json:
         _emit_json({**report.as_dict(), **({"profile": profile.as_dict()} if profile else {})})
         return 0 if report.correct else 1
     model = one_line(report.model)
-    print(f"{model} on {report.board} ({report.target}, {report.layout}): {report.kernels} kernels "
-          f"({report.defaults} at the default config), workspace {report.workspace_bytes} B")  # fmt: skip
+    print(
+        f"{model} on {report.board} ({report.target}, {report.layout}): {report.kernels} kernels "
+        f"({report.defaults} at the default config), workspace {report.workspace_bytes} B"
+    )
     if not report.correct:
         print(f"  xtune  WRONG against {report.peer}: {report.error}")
         return 1
@@ -82,21 +89,27 @@ def _print_profile(profile: NetProfile) -> None:
     total = sum(s.seconds for s in profile.steps)
     # Each step's median leaves out the runs it was preempted in, the median inference does not: on a
     # busy machine the steps sum to less.
-    print(f"profile: {len(profile.steps)} steps, median of {profile.runs} runs: {profile.seconds * 1e3:.3f} "
-          f"ms per profiled inference, the steps' medians sum to {total * 1e3:.3f} ms "
-          f"(counter {profile.ticks_per_second / 1e6:.0f} MHz)")  # fmt: skip
+    print(
+        f"profile: {len(profile.steps)} steps, median of {profile.runs} runs: {profile.seconds * 1e3:.3f} "
+        f"ms per profiled inference, the steps' medians sum to {total * 1e3:.3f} ms "
+        f"(counter {profile.ticks_per_second / 1e6:.0f} MHz)"
+    )
     print(f"  {'step':>4} {'us':>9} {'share':>6} {'alone us':>9} {'ratio':>6}  kernel")
     for s in profile.steps:
         alone = f"{s.standalone * 1e6:9.1f}" if s.standalone is not None else f"{'-':>9}"
         ratio = f"{s.ratio:6.2f}" if s.ratio is not None else f"{'-':>6}"
-        print(f"  {s.index:>4} {s.seconds * 1e6:9.1f} {100 * s.seconds / total:5.1f}% {alone} {ratio}  "
-              f"{s.label}")  # fmt: skip
+        print(
+            f"  {s.index:>4} {s.seconds * 1e6:9.1f} {100 * s.seconds / total:5.1f}% {alone} {ratio}  "
+            f"{s.label}"
+        )
     tuned = [s for s in profile.steps if s.standalone is not None]
     if tuned:
         inside = sum(s.seconds for s in tuned)
         standalone, rest = profile.estimate, total - inside
-        print(f"  tuned steps: {inside * 1e3:.3f} ms in the network, {standalone * 1e3:.3f} ms alone "
-              f"(x{inside / standalone:.2f}); other steps: {rest * 1e3:.3f} ms")  # fmt: skip
+        print(
+            f"  tuned steps: {inside * 1e3:.3f} ms in the network, {standalone * 1e3:.3f} ms alone "
+            f"(x{inside / standalone:.2f}); other steps: {rest * 1e3:.3f} ms"
+        )
 
 
 def _build_model(args: argparse.Namespace, target: Target) -> int:
@@ -122,18 +135,27 @@ def _build_model(args: argparse.Namespace, target: Target) -> int:
     for warning in artifact.warnings:
         print(f"xtune: warning: {one_line(warning)}", file=sys.stderr)
     if args.json:
-        _emit_json({**artifact.as_dict(), "object": args.output, "header": args.header,
-                    "reference": args.reference, "seconds": round(seconds, 3)})  # fmt: skip
+        _emit_json(
+            {
+                **artifact.as_dict(),
+                "object": args.output,
+                "header": args.header,
+                "reference": args.reference,
+                "seconds": round(seconds, 3),
+            }
+        )
         return 0
     plan = artifact.program.memory
     print(f"{'kernel':<10} {'source':<9} {'config':>10} {'calls':>5} {'stack':>9}  computes")
     for k in artifact.kernels:
         config = f"{k.config_index:>10}" if k.config_index is not None else f"{'-':>10}"
         print(f"{k.symbol:<10} {k.source:<9} {config} {k.calls:>5} {k.stack_bytes:>7} B  {k.what}")
-    print(f"{artifact.entry}: {len(artifact.program.calls)} calls in {artifact.program.layout.value}, "
-          f"workspace {plan.workspace_bytes} bytes (lower bound {plan.lower_bound}, "
-          f"{plan.intermediate_bytes} of intermediates), stack {artifact.stack_bytes} bytes, weights "
-          f"{artifact.weights_bytes} bytes")  # fmt: skip
+    print(
+        f"{artifact.entry}: {len(artifact.program.calls)} calls in {artifact.program.layout.value}, "
+        f"workspace {plan.workspace_bytes} bytes (lower bound {plan.lower_bound}, "
+        f"{plan.intermediate_bytes} of intermediates), stack {artifact.stack_bytes} bytes, weights "
+        f"{artifact.weights_bytes} bytes"
+    )
     wrote = ", ".join(p for p in (args.output, args.header, args.reference) if p)
     print(f"{artifact.target.name}: wrote {one_line(wrote)} in {seconds:.1f} s")
     return 0
@@ -177,9 +199,11 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         )
     calls = sum(t.count for t in taskset.tasks)
     tuned = sum(r is not None for r in bests)
-    print(f"{len(taskset.tasks)} tasks for {calls} kernel calls, {taskset.total_flops / 1e9:.3f} GFLOP per "
-          f"inference, {tuned} with a best on {taskset.target.name} (the network runs in "
-          f"{taskset.layout.value})")  # fmt: skip
+    print(
+        f"{len(taskset.tasks)} tasks for {calls} kernel calls, {taskset.total_flops / 1e9:.3f} GFLOP per "
+        f"inference, {tuned} with a best on {taskset.target.name} (the network runs in "
+        f"{taskset.layout.value})"
+    )
     if taskset.other_nodes:
         shown = one_line(", ".join(f"{o.name} ({o.op})" for o in taskset.other_nodes))
         print(f"{len(taskset.other_nodes)} other nodes (not tuning tasks): {shown}")
@@ -190,18 +214,32 @@ def _tasks_json(taskset: TaskSet, bests: Sequence[Record | None], logs: Sequence
     def best(record: Record | None) -> dict[str, object] | None:
         if record is None:
             return None
-        return {"config": record.index, "cost": record.cost, "cost_unit": record.result.cost_unit.value,
-                "board": record.board}  # fmt: skip
+        return {
+            "config": record.index,
+            "cost": record.cost,
+            "cost_unit": record.result.cost_unit.value,
+            "board": record.board,
+        }
 
     return {
-        "model": taskset.model, "target": taskset.target.name, "layout": taskset.layout.value,
+        "model": taskset.model,
+        "target": taskset.target.name,
+        "layout": taskset.layout.value,
         "total_flops": taskset.total_flops,
         "logs": list(logs),
         "tasks": [
-            {"workload": t.workload.key, "op": t.workload.op, "count": t.count, "nodes": list(t.nodes),
-             "flops": t.flops, "share": taskset.share(t), "fused": [list(op.fused) for op in t.ops],
-             "weights_transposed": list(t.transposed), "best": best(r)}
+            {
+                "workload": t.workload.key,
+                "op": t.workload.op,
+                "count": t.count,
+                "nodes": list(t.nodes),
+                "flops": t.flops,
+                "share": taskset.share(t),
+                "fused": [list(op.fused) for op in t.ops],
+                "weights_transposed": list(t.transposed),
+                "best": best(r),
+            }
             for t, r in zip(taskset.tasks, bests, strict=True)
         ],
         "other_nodes": [{"name": o.name, "op": o.op, "kind": o.kind} for o in taskset.other_nodes],
-    }  # fmt: skip
+    }

@@ -17,9 +17,13 @@ from xtune.version import __version__
 
 
 def _add_layout(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layout", choices=[lay.value for lay in Layout], default=None,
-                   help=f"with a model: the layout the network runs in (default {DEFAULT.value}); its "
-                   "input and output stay in ONNX's NCHW")  # fmt: skip
+    p.add_argument(
+        "--layout",
+        choices=[lay.value for lay in Layout],
+        default=None,
+        help=f"with a model: the layout the network runs in (default {DEFAULT.value}); its "
+        "input and output stay in ONNX's NCHW",
+    )
 
 
 def _add_nonfinite(p: argparse.ArgumentParser) -> None:
@@ -78,8 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_targets)
 
     p = sub.add_parser("boards", help="list boards (SSH ones with their reachability)")
-    p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
-                   "then ~/.config/xtune/boards.toml)")  # fmt: skip
+    p.add_argument(
+        "--boards",
+        type=Path,
+        default=None,
+        help="boards.toml (default: ./boards.toml, then ~/.config/xtune/boards.toml)",
+    )
     p.add_argument(
         "--timeout", type=_float_in(0.001, 3600), default=3.0, help="seconds per SSH reachability check"
     )
@@ -88,32 +96,58 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("deploy", help="build and upload the agent to an SSH board, record its fingerprint")
     p.add_argument("--board", required=True)
-    p.add_argument("--boards", type=Path, default=None, help="boards.toml (default: ./boards.toml, "
-                   "then ~/.config/xtune/boards.toml)")  # fmt: skip
-    p.add_argument("--accept-new-host-key", action="store_true",
-                   help="trust the host key offered if known_hosts has none, and record it")  # fmt: skip
+    p.add_argument(
+        "--boards",
+        type=Path,
+        default=None,
+        help="boards.toml (default: ./boards.toml, then ~/.config/xtune/boards.toml)",
+    )
+    p.add_argument(
+        "--accept-new-host-key",
+        action="store_true",
+        help="trust the host key offered if known_hosts has none, and record it",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_deploy)
 
-    p = sub.add_parser("tune", help="tune a workload, or every task of an ONNX model under one budget, on a "
-                       "board; every measurement goes to the log")  # fmt: skip
+    p = sub.add_parser(
+        "tune",
+        help="tune a workload, or every task of an ONNX model under one budget, on a "
+        "board; every measurement goes to the log",
+    )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--workload")
-    what.add_argument("--model", metavar="MODEL.onnx", help="tune every task of the model (see `xtune "
-                      "tasks`) under the one budget of --trials, with a task scheduler")  # fmt: skip
-    p.add_argument("--strategy", choices=[s.value for s in Strategy], default=scheduler["strategy"].value,
-                   help="--model: which task gets the next batch: the largest expected gain of the model's "
-                   "latency (gradient), or each in turn (default %(default)s)")  # fmt: skip
+    what.add_argument(
+        "--model",
+        metavar="MODEL.onnx",
+        help="tune every task of the model (see `xtune "
+        "tasks`) under the one budget of --trials, with a task scheduler",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=[s.value for s in Strategy],
+        default=scheduler["strategy"].value,
+        help="--model: which task gets the next batch: the largest expected gain of the model's "
+        "latency (gradient), or each in turn (default %(default)s)",
+    )
     p.add_argument("--board", action="append", help="board name; repeat for parallel boards of one target")
     p.add_argument(
         "--boards", type=Path, metavar="FILE", help="boards.toml (default: ./boards.toml, ~/.config/xtune/)"
     )
-    p.add_argument("--target", default=None, help="code to tune on the local board (default: the host's "
-                   "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
-    p.add_argument("--trials", type=_int_in(1, 10**9), default=tune["trials"], metavar="N",
-                   help="new trials to measure in this run (default %(default)s): configs already in the "
-                   "log for this workload, target and cpu are resumed, not measured again, and do not "
-                   "count")  # fmt: skip
+    p.add_argument(
+        "--target",
+        default=None,
+        help="code to tune on the local board (default: the host's target), e.g. x86-sse42 on an AVX2 host",
+    )
+    p.add_argument(
+        "--trials",
+        type=_int_in(1, 10**9),
+        default=tune["trials"],
+        metavar="N",
+        help="new trials to measure in this run (default %(default)s): configs already in the "
+        "log for this workload, target and cpu are resumed, not measured again, and do not "
+        "count",
+    )
     p.add_argument("--tuner", choices=TUNERS, default=tune["tuner"])
     p.add_argument("--log", default="xtune-log.jsonl", help="tuning log (JSON lines), appended and resumed")
     p.add_argument(
@@ -125,15 +159,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=_int_in(0, U32), default=tune["seed"])
     p.add_argument("--batch-size", type=_int_in(1, 4096), default=tune["batch_size"])
-    p.add_argument("--repeat", type=_int_in(1, MAX_REPEAT), default=measure["repeat"],
-                   help="timed repeats per candidate")  # fmt: skip
+    p.add_argument(
+        "--repeat", type=_int_in(1, MAX_REPEAT), default=measure["repeat"], help="timed repeats per candidate"
+    )
     p.add_argument("--min-repeat-ms", type=_float_in(0, U32 / 1000), default=measure["min_repeat_ms"])
-    p.add_argument("--timeout-ms", type=_int_in(1, U32), default=measure["timeout_ms"],
-                   help="deadline per kernel call/repeat")  # fmt: skip
-    p.add_argument("--confirm", type=_int_in(0, 1024), default=tune["confirm"], metavar="K",
-                   help=f"at the end, time the K fastest configs again until each has {CONFIRM_TIMINGS} "
-                   "timings; the best is the lowest median, not the luckiest single timing "
-                   "(default %(default)s; 0 = off)")  # fmt: skip
+    p.add_argument(
+        "--timeout-ms",
+        type=_int_in(1, U32),
+        default=measure["timeout_ms"],
+        help="deadline per kernel call/repeat",
+    )
+    p.add_argument(
+        "--confirm",
+        type=_int_in(0, 1024),
+        default=tune["confirm"],
+        metavar="K",
+        help=f"at the end, time the K fastest configs again until each has {CONFIRM_TIMINGS} "
+        "timings; the best is the lowest median, not the luckiest single timing "
+        "(default %(default)s; 0 = off)",
+    )
     p.add_argument(
         "--transfer-from",
         action="extend",
@@ -158,21 +202,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_report)
 
-    p = sub.add_parser("bench", help="default (or given) config vs numpy and ONNX Runtime, in one run; "
-                       "or a whole network (--model) against ONNX Runtime")  # fmt: skip
+    p = sub.add_parser(
+        "bench",
+        help="default (or given) config vs numpy and ONNX Runtime, in one run; "
+        "or a whole network (--model) against ONNX Runtime",
+    )
     p.add_argument("--workload", default=None, help='e.g. "matmul:m=512,n=512,k=512"')
     p.add_argument("--model", default=None, help="ONNX or TFLite model: build, run, check the whole network")
     p.add_argument("--log", action="append", help="with --model: tuning log(s) to take the best configs from")
     p.add_argument("--board", default="local")
     p.add_argument("--boards", type=Path, metavar="FILE", help="boards.toml for SSH boards")
-    p.add_argument("--config", type=_int_in(0, 2**63 - 1), default=None,
-                   help="config index (default: the template's default)")  # fmt: skip
-    p.add_argument("--target", default=None, help="code to run on the local board (default: the host's "
-                   "target), e.g. x86-sse42 on an AVX2 host")  # fmt: skip
+    p.add_argument(
+        "--config",
+        type=_int_in(0, 2**63 - 1),
+        default=None,
+        help="config index (default: the template's default)",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="code to run on the local board (default: the host's target), e.g. x86-sse42 on an AVX2 host",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--profile", action="store_true",
-                   help="with --model: also each step's time in the network beside its tuned latency "
-                   "alone (wall-time boards on x86-64 and AArch64)")  # fmt: skip
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --model: also each step's time in the network beside its tuned latency "
+        "alone (wall-time boards on x86-64 and AArch64)",
+    )
     _add_nonfinite(p)
     _add_layout(p)
     p.set_defaults(handler=cmd_bench)
@@ -186,11 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header", required=True, help="C header to write, e.g. kernels.h")
     p.add_argument("--archive", default=None, help="also write a static library, e.g. libkernels.a")
     p.add_argument("--prefix", default=None, help="entry point prefix (default: xt; net with --model)")
-    p.add_argument("--reference", default=None, help="with --model: also write a reference file (a random "
-                   "input and ONNX Runtime's output) for a firmware's self-test")  # fmt: skip
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="with --model: also write a reference file (a random "
+        "input and ONNX Runtime's output) for a firmware's self-test",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--profile", action="store_true", help="with --model: add NAME_profile, which also "
-                   "writes a counter reading after every step (x86-64 and AArch64)")  # fmt: skip
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --model: add NAME_profile, which also "
+        "writes a counter reading after every step (x86-64 and AArch64)",
+    )
     _add_nonfinite(p)
     _add_layout(p)
     p.set_defaults(handler=cmd_build)

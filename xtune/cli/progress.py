@@ -47,8 +47,10 @@ class _ProgressBar:
 
 def _print_tuning(report: TuningReport, log: str) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in report.counts if v)
-    print(f"{report.workload} on {'+'.join(report.boards)} ({report.target}): {report.trials} trials"
-          f" ({counts}), {report.resumed} resumed from {log}, stopped: {report.stop.value}")  # fmt: skip
+    print(
+        f"{report.workload} on {'+'.join(report.boards)} ({report.target}): {report.trials} trials"
+        f" ({counts}), {report.resumed} resumed from {log}, stopped: {report.stop.value}"
+    )
     if report.best_index is None:
         print("  no correct config yet")
         return
@@ -92,10 +94,12 @@ class _ModelProgressBar:
     def update(self, progress: ModelProgress) -> None:
         task, unit = self.tasks[progress.task], self.unit  # the boards' unit, never a result's
         model = _cost_text(progress.estimate, unit)
-        self.bar.write(f"[{progress.trials:>5}/{progress.budget}] task {progress.task + 1}/{len(self.tasks)} "
-                       f"{task.workload.key} (x{task.count}): best "
-                       f"{_cost_text(progress.latencies[progress.task], unit)}; model {model}",
-                       file=sys.stderr)  # fmt: skip
+        self.bar.write(
+            f"[{progress.trials:>5}/{progress.budget}] task {progress.task + 1}/{len(self.tasks)} "
+            f"{task.workload.key} (x{task.count}): best "
+            f"{_cost_text(progress.latencies[progress.task], unit)}; model {model}",
+            file=sys.stderr,
+        )
         self.bar.set_postfix({"model": model}, refresh=False)
         self.bar.update(len(progress.batch.batch))
 
@@ -105,18 +109,26 @@ class _ModelProgressBar:
 
 def _print_model_tuning(result: ModelTuningResult, log: str) -> None:
     unit, model = result.cost_unit, one_line(result.model)
-    print(f"{model} on {'+'.join(result.boards)} ({result.target}), {result.strategy.value}: "
-          f"{result.trials} of {result.budget} trials, stopped: {result.stop.value}; log {log}")  # fmt: skip
+    print(
+        f"{model} on {'+'.join(result.boards)} ({result.target}), {result.strategy.value}: "
+        f"{result.trials} of {result.budget} trials, stopped: {result.stop.value}; log {log}"
+    )
     width = max(len("workload"), *(len(t.workload) for t in result.tasks))
-    print(f"{'workload':<{width}} {'nodes':>5} {'trials':>6} {'resumed':>7} {'default':>11} {'best':>11} "
-          f"{'speedup':>7}  stop")  # fmt: skip
+    print(
+        f"{'workload':<{width}} {'nodes':>5} {'trials':>6} {'resumed':>7} {'default':>11} {'best':>11} "
+        f"{'speedup':>7}  stop"
+    )
     for t in result.tasks:
         gain = t.default_cost / t.best_cost if 0 < t.best_cost < float("inf") > t.default_cost else None
-        print(f"{t.workload:<{width}} {t.count:>5} {t.trials:>6} {t.resumed:>7} "
-              f"{_cost_text(t.default_cost, unit):>11} {_cost_text(t.best_cost, unit):>11} "
-              f"{f'{gain:.2f}x' if gain else '-':>7}  {t.stop.value}")  # fmt: skip
+        print(
+            f"{t.workload:<{width}} {t.count:>5} {t.trials:>6} {t.resumed:>7} "
+            f"{_cost_text(t.default_cost, unit):>11} {_cost_text(t.best_cost, unit):>11} "
+            f"{f'{gain:.2f}x' if gain else '-':>7}  {t.stop.value}"
+        )
     line = f"estimated end-to-end latency: {_cost_text(result.estimate, unit)}"
     if 0 < result.estimate < float("inf") > result.default_estimate:
-        line += (f" (default configs: {_cost_text(result.default_estimate, unit)}, "
-                 f"{result.default_estimate / result.estimate:.2f}x)")  # fmt: skip
+        line += (
+            f" (default configs: {_cost_text(result.default_estimate, unit)}, "
+            f"{result.default_estimate / result.estimate:.2f}x)"
+        )
     print(line + " = sum of node count x best latency over the tasks")

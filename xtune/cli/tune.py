@@ -76,12 +76,16 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
     from xtune.tuning.options import TuneOptions
 
     return TuneOptions(
-        tuner=args.tuner, trials=args.trials, batch_size=args.batch_size,
-        early_stopping=args.early_stopping, seed=args.seed,
-        measure=MeasureOptions(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
-                               timeout_ms=args.timeout_ms),
+        tuner=args.tuner,
+        trials=args.trials,
+        batch_size=args.batch_size,
+        early_stopping=args.early_stopping,
+        seed=args.seed,
+        measure=MeasureOptions(
+            repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms
+        ),
         confirm=args.confirm,
-    )  # fmt: skip
+    )
 
 
 def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, layout: Layout) -> int:
@@ -108,9 +112,16 @@ def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, l
             used[op] = source.as_dict()
     bar = _ModelProgressBar(args.trials, taskset.tasks, boards[0].cost_unit)
     try:
-        result = tune_tasks(taskset.tasks, boards, _tune_options(args), log, model=taskset.model,
-                            scheduler=SchedulerOptions(strategy=Strategy(args.strategy)),
-                            pretrained=pretrained, on_progress=bar.update)  # fmt: skip
+        result = tune_tasks(
+            taskset.tasks,
+            boards,
+            _tune_options(args),
+            log,
+            model=taskset.model,
+            scheduler=SchedulerOptions(strategy=Strategy(args.strategy)),
+            pretrained=pretrained,
+            on_progress=bar.update,
+        )
     finally:
         bar.close()
     if args.json:
@@ -150,6 +161,9 @@ def _transfer_source(
         source = load_source(args.transfer_from, board.target, op, cpu=board.fingerprint().get("cpu"))
     pretrained = source.model.cost_model(op)
     m = source.model.manifest
-    print(f"xtune: transfer from {source.kind} {', '.join(source.paths)} ({m.records_used} records of "
-          f"{', '.join(m.targets)}, trained {m.created})", file=sys.stderr)  # fmt: skip
+    print(
+        f"xtune: transfer from {source.kind} {', '.join(source.paths)} ({m.records_used} records of "
+        f"{', '.join(m.targets)}, trained {m.created})",
+        file=sys.stderr,
+    )
     return source, pretrained

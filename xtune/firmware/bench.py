@@ -69,14 +69,24 @@ class NetBenchReport:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "model": self.model, "target": self.target, "board": self.board, "layout": self.layout,
+            "model": self.model,
+            "target": self.target,
+            "board": self.board,
+            "layout": self.layout,
             "correct": self.correct,
-            "error": self.error, "max_abs_error": self.max_abs_error, "cost_unit": self.cost_unit.value,
-            "seconds": self.seconds, "instructions": self.instructions, "cycles": self.cycles,
+            "error": self.error,
+            "max_abs_error": self.max_abs_error,
+            "cost_unit": self.cost_unit.value,
+            "seconds": self.seconds,
+            "instructions": self.instructions,
+            "cycles": self.cycles,
             "ort_seconds": self.ort_seconds,
-            "speedup_vs_ort": self.ratio_vs_ort, "workspace_bytes": self.workspace_bytes,
-            "kernels": self.kernels, "default_configs": self.defaults, "peer": self.peer,
-        }  # fmt: skip
+            "speedup_vs_ort": self.ratio_vs_ort,
+            "workspace_bytes": self.workspace_bytes,
+            "kernels": self.kernels,
+            "default_configs": self.defaults,
+            "peer": self.peer,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,8 +184,9 @@ def random_input(shape: tuple[int, ...], seed: int = SEED) -> np.ndarray:
 def load_network(session: AgentSession, artifact: NetArtifact, x: np.ndarray) -> FlatImage:
     """Link the network's object, load it into `session` and set its entries' buffers: 0 the input `x`,
     1 the output (NaN: an element never written shows), 2 the workspace. Returns the image (its entries)."""
-    image = link_flat(ObjectCode(artifact.target.name, artifact.target.arch, artifact.object,
-                                 artifact.entry_points))  # fmt: skip
+    image = link_flat(
+        ObjectCode(artifact.target.name, artifact.target.arch, artifact.object, artifact.entry_points)
+    )
     session.load_image(image.code)
     session.set_buffer(0, np.ascontiguousarray(x, dtype=np.float32).tobytes())
     session.set_buffer(1, np.full(artifact.program.output_shape, np.nan, np.float32).tobytes())
@@ -198,8 +209,9 @@ def run_network(
         if isinstance(session, InsnCountingSession) and session.last_cost is not None:
             cost = session.last_cost  # the check-only call is one inference (deterministic)
         if repeat and board.cost_unit is CostUnit.SECONDS:
-            timed = session.run(RunRequest(entry, (0, 1, 2), number=1, repeat=repeat, warmup=1,
-                                           timeout_ms=TIMEOUT_MS))  # fmt: skip
+            timed = session.run(
+                RunRequest(entry, (0, 1, 2), number=1, repeat=repeat, warmup=1, timeout_ms=TIMEOUT_MS)
+            )
             check_finished(timed, board)
             cost = statistics.median(timed.seconds)
     return got, cost
@@ -237,13 +249,20 @@ def bench_model(
     mismatch = check_output(got, ref, RTOL)
     error = max_abs_error(got, ref)  # over the finite positions: the others matched, or mismatch says
     return NetBenchReport(
-        model=artifact.model, target=board.target.name, board=board.name, layout=where.value,
+        model=artifact.model,
+        target=board.target.name,
+        board=board.name,
+        layout=where.value,
         correct=not mismatch,
-        error=mismatch, max_abs_error=error, cost_unit=board.cost_unit,
+        error=mismatch,
+        max_abs_error=error,
+        cost_unit=board.cost_unit,
         seconds=cost if wall and not mismatch else None,
         instructions=cost if board.cost_unit is CostUnit.INSTRUCTIONS and not mismatch else None,
         cycles=cost if board.cost_unit is CostUnit.CYCLES and not mismatch else None,
         ort_seconds=statistics.median(ort_times) if ort_times else None,
-        workspace_bytes=artifact.workspace_bytes, kernels=len(artifact.kernels),
-        defaults=sum(k.source == "default" for k in artifact.kernels), peer=peer.name,
-    )  # fmt: skip
+        workspace_bytes=artifact.workspace_bytes,
+        kernels=len(artifact.kernels),
+        defaults=sum(k.source == "default" for k in artifact.kernels),
+        peer=peer.name,
+    )

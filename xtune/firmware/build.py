@@ -77,9 +77,14 @@ class NetKernel:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "symbol": self.symbol, "what": self.what, "calls": self.calls, "source": self.source,
-            "config": self.config_index, "reason": self.reason, "stack_bytes": self.stack_bytes,
-        }  # fmt: skip
+            "symbol": self.symbol,
+            "what": self.what,
+            "calls": self.calls,
+            "source": self.source,
+            "config": self.config_index,
+            "reason": self.reason,
+            "stack_bytes": self.stack_bytes,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,15 +128,22 @@ class NetArtifact:
     def as_dict(self) -> dict[str, Any]:
         plan = self.program.memory
         return {
-            "target": self.target.name, "model": self.model, "entry": self.entry,
+            "target": self.target.name,
+            "model": self.model,
+            "entry": self.entry,
             "layout": self.program.layout.value,
-            "input_shape": list(self.program.input_shape), "output_shape": list(self.program.output_shape),
-            "calls": len(self.program.calls), "kernels": [k.as_dict() for k in self.kernels],
-            "workspace_bytes": plan.workspace_bytes, "workspace_lower_bound": plan.lower_bound,
-            "intermediate_bytes": plan.intermediate_bytes, "weights_bytes": self.weights_bytes,
-            "stack_bytes": self.stack_bytes, "build_id": f"{self.build_id:#010x}",
+            "input_shape": list(self.program.input_shape),
+            "output_shape": list(self.program.output_shape),
+            "calls": len(self.program.calls),
+            "kernels": [k.as_dict() for k in self.kernels],
+            "workspace_bytes": plan.workspace_bytes,
+            "workspace_lower_bound": plan.lower_bound,
+            "intermediate_bytes": plan.intermediate_bytes,
+            "weights_bytes": self.weights_bytes,
+            "stack_bytes": self.stack_bytes,
+            "build_id": f"{self.build_id:#010x}",
             "warnings": list(self.warnings),
-        }  # fmt: skip
+        }
 
 
 # The small queries beside the entry: name -> (C return type, LLVM type, what the value is).
@@ -214,10 +226,19 @@ def build_model(
         obj = patch_weights(obj, blob)
     check_object(obj, tgt)
     artifact = NetArtifact(
-        target=tgt, model=prog.model, prefix=prefix, object=obj.data, header="", kernels=tuple(rows),
-        program=prog, weights_bytes=len(blob), stack_bytes=stack, build_id=build_id, warnings=tuple(notes),
+        target=tgt,
+        model=prog.model,
+        prefix=prefix,
+        object=obj.data,
+        header="",
+        kernels=tuple(rows),
+        program=prog,
+        weights_bytes=len(blob),
+        stack_bytes=stack,
+        build_id=build_id,
+        warnings=tuple(notes),
         profiled=profile,
-    )  # fmt: skip
+    )
     return _with_header(artifact)
 
 
@@ -280,16 +301,31 @@ def _kernels(
             kernel = kernel_for(wl, template, choice, name)
             prepack[key] = _reads(template, choice.config)
             built.append((wl.key, choice.source, choice.reason))
-            row = NetKernel(symbol=name, what=wl.key, calls=0, source=choice.source,
-                            config_index=choice.config.index, reason=choice.reason,
-                            stack_bytes=kernel.stack_bytes)  # fmt: skip
+            row = NetKernel(
+                symbol=name,
+                what=wl.key,
+                calls=0,
+                source=choice.source,
+                config_index=choice.config.index,
+                reason=choice.reason,
+                stack_bytes=kernel.stack_bytes,
+            )
         else:
             kernel = call.kernel.kernel_nest(name, target.fp32_lanes)
-            row = NetKernel(symbol=name, what=key, calls=0, source="generated", config_index=None, reason="",
-                            stack_bytes=kernel.stack_bytes)  # fmt: skip
+            row = NetKernel(
+                symbol=name,
+                what=key,
+                calls=0,
+                source="generated",
+                config_index=None,
+                reason="",
+                stack_bytes=kernel.stack_bytes,
+            )
         if len(kernel.params) != len(call.args):
-            raise InputError(f"{prog.model}: node '{call.nodes[0]}': the kernel takes {len(kernel.params)} "
-                             f"pointers, the node has {len(call.args)} tensors")  # fmt: skip
+            raise InputError(
+                f"{prog.model}: node '{call.nodes[0]}': the kernel takes {len(kernel.params)} "
+                f"pointers, the node has {len(call.args)} tensors"
+            )
         if kernel.stack_bytes > MAX_STACK_BYTES:
             raise InputError(
                 f"{prog.model}: node '{call.nodes[0]}' needs {kernel.stack_bytes} bytes of stack"

@@ -57,11 +57,17 @@ class KernelEntry:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "symbol": self.symbol, "workload": self.workload, "config": self.config_index,
-            "knobs": dict(self.knobs), "source": self.source, "reason": self.reason,
-            "code_bytes": self.code_bytes, "stack_bytes": self.stack_bytes, "gflops": self.gflops,
+            "symbol": self.symbol,
+            "workload": self.workload,
+            "config": self.config_index,
+            "knobs": dict(self.knobs),
+            "source": self.source,
+            "reason": self.reason,
+            "code_bytes": self.code_bytes,
+            "stack_bytes": self.stack_bytes,
+            "gflops": self.gflops,
             **({"pack": self.pack.as_dict()} if self.pack else {}),
-        }  # fmt: skip
+        }
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -104,8 +110,9 @@ class Artifact:
         """Write the files, each atomically, after checking every path (`check_outputs`) first."""
         check_outputs(object_path, header_path, archive_path)
         files: list[tuple[PathLike, bytes | str, str]] = [
-            (object_path, self.object, "object"), (header_path, self.header, "header")
-        ]  # fmt: skip
+            (object_path, self.object, "object"),
+            (header_path, self.header, "header"),
+        ]
         if archive_path is not None:
             name = Path(object_path).name
             # The SysV/GNU member name ends with '/' in a 16-byte field: longer names would need a
@@ -178,10 +185,20 @@ def build(
     )
     sizes = dict(check_object(obj, tgt).functions)
     entries = tuple(
-        KernelEntry(name, w.key, c.config.index, c.config.values, c.source, c.reason, sizes[name],
-                    k.stack_bytes, c.gflops, pack_entry(packs.get(name), sizes))
+        KernelEntry(
+            name,
+            w.key,
+            c.config.index,
+            c.config.values,
+            c.source,
+            c.reason,
+            sizes[name],
+            k.stack_bytes,
+            c.gflops,
+            pack_entry(packs.get(name), sizes),
+        )
         for name, w, c, k in zip(names, wls, choices, kernels, strict=True)
-    )  # fmt: skip
+    )
     notes += fallback_notes([(e.workload, e.source, e.reason) for e in entries])
     return Artifact(tgt, obj.data, render_header(tgt, wls, entries, prefix), entries, tuple(notes))
 

@@ -118,8 +118,9 @@ def _validate(tensors: list[TensorLife]) -> dict[str, TensorLife]:
         if by_name[source].produced >= t.produced and t.alias_of is None:
             raise InputError(f"memory plan: '{t.name}' runs in place of '{source}', produced no earlier")
         if t.alias_of is not None and t.nbytes != by_name[source].nbytes:
-            raise InputError(f"memory plan: alias '{t.name}' has {t.nbytes} bytes, '{source}' has "
-                             f"{by_name[source].nbytes}")  # fmt: skip
+            raise InputError(
+                f"memory plan: alias '{t.name}' has {t.nbytes} bytes, '{source}' has {by_name[source].nbytes}"
+            )
     return by_name
 
 
@@ -233,8 +234,14 @@ def lifetimes(steps: Sequence[Step], nbytes: Mapping[str, int], external: frozen
                 x for x in step.inputs if x not in external and last[x] == i and nbytes[x] == nbytes[out]
             ]
             in_place = dying[0] if dying else None
-        life = TensorLife(name=out, nbytes=nbytes[out], produced=i, last_read=last.get(out, i),
-                          alias_of=alias, in_place_of=in_place)  # fmt: skip
+        life = TensorLife(
+            name=out,
+            nbytes=nbytes[out],
+            produced=i,
+            last_read=last.get(out, i),
+            alias_of=alias,
+            in_place_of=in_place,
+        )
         lives.append(life)
     return lives
 

@@ -52,8 +52,14 @@ class StepTime:
         return self.seconds / self.standalone if self.standalone else None
 
     def as_dict(self) -> dict[str, object]:
-        return {"index": self.index, "step": self.label, "what": self.what, "seconds": self.seconds,
-                "standalone_seconds": self.standalone, "ratio": self.ratio}  # fmt: skip
+        return {
+            "index": self.index,
+            "step": self.label,
+            "what": self.what,
+            "seconds": self.seconds,
+            "standalone_seconds": self.standalone,
+            "ratio": self.ratio,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,9 +78,16 @@ class NetProfile:
         return sum(s.standalone for s in self.steps if s.standalone is not None)
 
     def as_dict(self) -> dict[str, object]:
-        return {"model": self.model, "target": self.target, "board": self.board, "runs": self.runs,
-                "seconds": self.seconds, "ticks_per_second": self.ticks_per_second,
-                "standalone_sum": self.estimate, "steps": [s.as_dict() for s in self.steps]}  # fmt: skip
+        return {
+            "model": self.model,
+            "target": self.target,
+            "board": self.board,
+            "runs": self.runs,
+            "seconds": self.seconds,
+            "ticks_per_second": self.ticks_per_second,
+            "standalone_sum": self.estimate,
+            "steps": [s.as_dict() for s in self.steps],
+        }
 
 
 def check_board(board: Board) -> None:
@@ -107,12 +120,24 @@ def profile_model(
     best = _standalone(artifact, logs)
     keys = [kernel_key(call.kernel) for call in artifact.program.calls]
     steps = tuple(
-        StepTime(index=i, label=step_label(call), what=key, seconds=float(np.median(ticks[:, i])) / rate,
-                 standalone=best.get(key))
+        StepTime(
+            index=i,
+            label=step_label(call),
+            what=key,
+            seconds=float(np.median(ticks[:, i])) / rate,
+            standalone=best.get(key),
+        )
         for i, (call, key) in enumerate(zip(artifact.program.calls, keys, strict=True))
-    )  # fmt: skip
-    return NetProfile(model=artifact.model, target=board.target.name, board=board.name, steps=steps,
-                      seconds=float(np.median(spans)) / rate, ticks_per_second=rate, runs=runs)  # fmt: skip
+    )
+    return NetProfile(
+        model=artifact.model,
+        target=board.target.name,
+        board=board.name,
+        steps=steps,
+        seconds=float(np.median(spans)) / rate,
+        ticks_per_second=rate,
+        runs=runs,
+    )
 
 
 def _stamps(board: Board, artifact: NetArtifact, runs: int) -> tuple[np.ndarray, list[float]]:
@@ -125,8 +150,9 @@ def _stamps(board: Board, artifact: NetArtifact, runs: int) -> tuple[np.ndarray,
         entry = image.entry(artifact.profile_entry)
         session.set_buffer(3, bytes(8 * count))
         for i in range(runs + 1):  # the first run warms up: first touch of the workspace, caches
-            reply = session.run(RunRequest(entry, (0, 1, 2, 3), number=1, repeat=1, warmup=WARMUP,
-                                           timeout_ms=TIMEOUT_MS))  # fmt: skip
+            reply = session.run(
+                RunRequest(entry, (0, 1, 2, 3), number=1, repeat=1, warmup=WARMUP, timeout_ms=TIMEOUT_MS)
+            )
             check_finished(reply, board, "the profiled network")
             if not reply.seconds:
                 raise BoardError(f"{board.name}: the profiled network returned no timing", transient=False)
@@ -136,8 +162,11 @@ def _stamps(board: Board, artifact: NetArtifact, runs: int) -> tuple[np.ndarray,
                 seconds.append(reply.seconds[0])
     ticks = np.array(rows)
     if np.any(ticks < 0):
-        raise BoardError(f"{board.name}: the counter went backwards between steps (it migrated between cores "
-                         "whose counters differ?); pin the agent to one core", transient=False)  # fmt: skip
+        raise BoardError(
+            f"{board.name}: the counter went backwards between steps (it migrated between cores "
+            "whose counters differ?); pin the agent to one core",
+            transient=False,
+        )
     return ticks, seconds
 
 

@@ -101,10 +101,18 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
     (x,), (y,) = graph.inputs, graph.outputs
     read = dict.fromkeys(t for node in graph.nodes for t in node.inputs)
     return Program(
-        model=graph.name, layout=where, input=x, output=y, input_shape=graph.shape(x),
-        output_shape=graph.shape(y), calls=calls, places=places, weights=tuple(weights.items()), memory=plan,
+        model=graph.name,
+        layout=where,
+        input=x,
+        output=y,
+        input_shape=graph.shape(x),
+        output_shape=graph.shape(y),
+        calls=calls,
+        places=places,
+        weights=tuple(weights.items()),
+        memory=plan,
         nonfinite=tuple(nonfinite((t, graph.constants[t]) for t in read if t in graph.constants)),
-    )  # fmt: skip
+    )
 
 
 def unsupported(source: Source | Graph, layout: str | Layout = DEFAULT) -> tuple[Unsupported, ...]:
@@ -213,15 +221,19 @@ def _place(
         src, view = step.args[0], step.args[-1]
         if step.kernel is None and places.get(view) == (Space.OUTPUT, 0):
             if src in places:
-                raise InputError(f"{graph.name}: the output '{y}' is a view of '{src}', which the network "
-                                 "does not compute (nothing to run)")  # fmt: skip
+                raise InputError(
+                    f"{graph.name}: the output '{y}' is a view of '{src}', which the network "
+                    "does not compute (nothing to run)"
+                )
             places[src] = (Space.OUTPUT, 0)
     for step in steps:  # views of the input or of a constant are that tensor
         if step.kernel is None and step.args[0] in places:
             places.setdefault(step.args[1], places[step.args[0]])
         if step.kernel is None and step.args[0] in graph.constants and step.args[0] not in places:
-            raise InputError(f"{graph.name}: node '{step.nodes[0]}' reshapes a constant; xtune runs "
-                             "reshapes of activations")  # fmt: skip
+            raise InputError(
+                f"{graph.name}: node '{step.nodes[0]}' reshapes a constant; xtune runs "
+                "reshapes of activations"
+            )
     plan_steps = [Step(inputs=s.args[:-1], output=s.args[-1], sharing=s.sharing) for s in steps]
     nbytes = {t: 4 * math.prod(s) for t, s in graph.shapes.items()} | sizes
     plan = plan_memory(lifetimes(plan_steps, nbytes, frozenset(places)))

@@ -77,8 +77,9 @@ def _layout(graph: Graph, step: OpStep, network: Layout, have: dict[str, set[Lay
     return layout_for(step.runs_in, network)
 
 
-def _in_layout(graph: Graph, kernel: Workload | GeneratedOp | None, args: tuple[str, ...], layout: Layout
-               ) -> Workload | GeneratedOp | None:  # fmt: skip
+def _in_layout(
+    graph: Graph, kernel: Workload | GeneratedOp | None, args: tuple[str, ...], layout: Layout
+) -> Workload | GeneratedOp | None:
     """`kernel` (built for ONNX's order) computing the same in `layout`."""
     if layout is Layout.NCHW or kernel is None or isinstance(kernel, Workload):
         return kernel

@@ -72,10 +72,14 @@ def load_graph(source: Source) -> Graph:
         nodes.append(node)
     shapes, types = _value_infos(g, constants)
     graph = Graph(
-        name=where, opset=opset, nodes=tuple(nodes),
+        name=where,
+        opset=opset,
+        nodes=tuple(nodes),
         inputs=tuple(i.name for i in g.input if i.name not in constants),
-        outputs=tuple(o.name for o in g.output), constants=constants, shapes=shapes,
-    )  # fmt: skip
+        outputs=tuple(o.name for o in g.output),
+        constants=constants,
+        shapes=shapes,
+    )
     _check_tensors(graph, types, where)
     check_weights(g.node, shapes, where)
     return graph

@@ -124,10 +124,14 @@ def extract_tasks(
     for op in ops:
         calls.setdefault(op.workload.key, []).append(op)
     tasks = tuple(
-        Task(workload=group[0].workload, nodes=tuple(o.anchor for o in group),
-             flops=float(group[0].workload.flops()), ops=tuple(group))
+        Task(
+            workload=group[0].workload,
+            nodes=tuple(o.anchor for o in group),
+            flops=float(group[0].workload.flops()),
+            ops=tuple(group),
+        )
         for group in calls.values()
-    )  # fmt: skip
+    )
     unsupported = by_op(failures)
     if unsupported and not partial:
         raise refusal(graph.name, unsupported)
@@ -265,10 +269,17 @@ def _fuse_chain(
     except InputError as err:  # a size outside the workload's bounds: say which node has it
         raise InputError(f"{graph.name}: {a.node.label}: {err}") from None
     op = FusedOp(
-        anchor=a.node.name, fused=tuple(graph.nodes[j].name for j in used), workload=workload,
-        input=a.node.inputs[0], weights_input=a.node.inputs[1], residual=residual, output=out,
-        weights=weights, bias=bias, transposed=a.transposed,
-    )  # fmt: skip
+        anchor=a.node.name,
+        fused=tuple(graph.nodes[j].name for j in used),
+        workload=workload,
+        input=a.node.inputs[0],
+        weights_input=a.node.inputs[1],
+        residual=residual,
+        output=out,
+        weights=weights,
+        bias=bias,
+        transposed=a.transposed,
+    )
     return op, used
 
 

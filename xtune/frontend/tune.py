@@ -56,5 +56,12 @@ def tune_model(
     if tuning_log is not None:  # never the model itself, never a FIFO: before anything is read
         tuning_log.check_appendable([(model if isinstance(model, str | os.PathLike) else None, "model")])
     taskset = extract_tasks(model, boards[0].target, where)
-    return tune_tasks(taskset.tasks, boards, options, tuning_log, model=taskset.model,
-                      scheduler=SchedulerOptions(strategy=chosen), on_progress=on_progress)  # fmt: skip
+    return tune_tasks(
+        taskset.tasks,
+        boards,
+        options,
+        tuning_log,
+        model=taskset.model,
+        scheduler=SchedulerOptions(strategy=chosen),
+        on_progress=on_progress,
+    )

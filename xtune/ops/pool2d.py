@@ -80,8 +80,17 @@ class Pool2d:
     layout: Layout = Layout.NCHW
 
     def __post_init__(self) -> None:
-        positive("pool", n=self.n, c=self.c, h=self.h, w=self.w, kh=self.kernel[0], kw=self.kernel[1],
-                  stride_h=self.stride[0], stride_w=self.stride[1])  # fmt: skip
+        positive(
+            "pool",
+            n=self.n,
+            c=self.c,
+            h=self.h,
+            w=self.w,
+            kh=self.kernel[0],
+            kw=self.kernel[1],
+            stride_h=self.stride[0],
+            stride_w=self.stride[1],
+        )
         if (
             min(self.pads) < 0
             or self.pads[0] >= self.kernel[0]
@@ -150,14 +159,18 @@ class Pool2d:
         size = self.n * self.c
         return b.kernel(name, params([("x", size * self.h * self.w)], size * oh * ow))
 
-    def _row(self, b: NestBuilder, in_row: Affine, out_row: Affine, rows: _Segment, cols: _Segment,
-             lanes: int) -> None:  # fmt: skip
+    def _row(
+        self, b: NestBuilder, in_row: Affine, out_row: Affine, rows: _Segment, cols: _Segment, lanes: int
+    ) -> None:
         """The outputs `cols` of one output row: vectors of outputs where columns are contiguous."""
         sw = self.stride[1]
 
         def window(ox: Affine, width: int, count: int) -> None:
-            taps = [Load("x", in_row + ky * self.w + ox * sw + kx, width, count)
-                    for ky in range(rows.lo, rows.hi) for kx in range(cols.lo, cols.hi)]  # fmt: skip
+            taps = [
+                Load("x", in_row + ky * self.w + ox * sw + kx, width, count)
+                for ky in range(rows.lo, rows.hi)
+                for kx in range(cols.lo, cols.hi)
+            ]
             b.store("out", out_row + ox, self._reduce(taps, width), width, count)
 
         if sw == 1 and lanes > 1:
@@ -189,11 +202,19 @@ class Pool2d:
                     at = img * (self.h * row) + (oy * sh + (-pt)) * row + (ox * sw + (-pl)) * c
                     out = img * (oh * ow * c) + (oy * ow + ox) * c
 
-                    def window(ch: Affine, count: int, at: Affine = at, out: Affine = out,
-                               rows: _Segment = rows, cols: _Segment = cols) -> None:  # fmt: skip
-                        taps = [Load("x", at + ch + ky * row + kx * c, lanes, count)
-                                for ky in range(rows.lo, rows.hi)
-                                for kx in range(cols.lo, cols.hi)]  # fmt: skip
+                    def window(
+                        ch: Affine,
+                        count: int,
+                        at: Affine = at,
+                        out: Affine = out,
+                        rows: _Segment = rows,
+                        cols: _Segment = cols,
+                    ) -> None:
+                        taps = [
+                            Load("x", at + ch + ky * row + kx * c, lanes, count)
+                            for ky in range(rows.lo, rows.hi)
+                            for kx in range(cols.lo, cols.hi)
+                        ]
                         b.store("out", out + ch, self._reduce(taps, lanes), lanes, count)
 
                     b.split(c, lanes, window, "c")
@@ -242,8 +263,11 @@ class GlobalAveragePool:
         acc = b.register("acc", lanes)
         with b.loop(self.n * self.c, "p") as p:
             b.assign(acc, Const(0.0, lanes))
-            b.split(plane, lanes, lambda i, n: b.assign(acc, Binary(BinaryOp.ADD, acc,
-                                                        Load("x", p * plane + i, lanes, n))))  # fmt: skip
+            b.split(
+                plane,
+                lanes,
+                lambda i, n: b.assign(acc, Binary(BinaryOp.ADD, acc, Load("x", p * plane + i, lanes, n))),
+            )
             total = hsum_or_max(b, acc, lanes, BinaryOp.ADD)
             b.store("out", p, Binary(BinaryOp.MUL, total, Const(1.0 / plane)))
         size = self.n * self.c
@@ -292,8 +316,16 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
     kind = PoolKind.MAX if node.op == "MaxPool" else PoolKind.AVERAGE
     n, c, h, w = shape
     try:
-        return Pool2d(kind=kind, n=n, c=c, h=h, w=w, kernel=(kernel[0], kernel[1]),
-                      stride=(stride[0], stride[1]), pads=(pads[0], pads[1], pads[2], pads[3]))  # fmt: skip
+        return Pool2d(
+            kind=kind,
+            n=n,
+            c=c,
+            h=h,
+            w=w,
+            kernel=(kernel[0], kernel[1]),
+            stride=(stride[0], stride[1]),
+            pads=(pads[0], pads[1], pads[2], pads[3]),
+        )
     except InputError as err:  # pads as large as the window, a window larger than the padded input
         raise refuse(graph, node, str(err)) from None
 

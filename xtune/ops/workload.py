@@ -118,8 +118,11 @@ def _parse_value(op: Operator, key: str, text: str) -> ParamValue:
     if not (digits.isascii() and digits.isdigit()):
         raise InputError(f"{op.name}: '{key}' must be an integer (ASCII digits 0-9), got {text!r}")
     if len(digits.lstrip("0")) > len(str(MAX_VALUE)) or int(digits) > MAX_VALUE:  # no int() of 10^6 digits
-        bound = f"less than the smallest value xtune takes (-{MAX_VALUE})" if text.startswith("-") else (
-            f"more than the largest value xtune takes ({MAX_VALUE})")  # fmt: skip
+        bound = (
+            f"less than the smallest value xtune takes (-{MAX_VALUE})"
+            if text.startswith("-")
+            else (f"more than the largest value xtune takes ({MAX_VALUE})")
+        )
         raise InputError(f"{op.name}: '{key}' is {text[:24]}{'...' if len(text) > 24 else ''}, {bound}")
     return int(text)
 

@@ -76,8 +76,10 @@ class ConfigSpace:
     @cached_property
     def strides(self) -> np.ndarray:
         """The index step of one option of each knob: the product of the radices before it."""
-        return np.array([math.prod(len(k.options) for k in self.knobs[:i]) for i in range(len(self.knobs))],
-                        dtype=self._dtype)  # fmt: skip
+        return np.array(
+            [math.prod(len(k.options) for k in self.knobs[:i]) for i in range(len(self.knobs))],
+            dtype=self._dtype,
+        )
 
     @cached_property
     def _dtype(self) -> type:

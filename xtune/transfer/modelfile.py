@@ -64,8 +64,10 @@ class Manifest:
         return sum(n for _, n in self.skipped)
 
     def version_mismatch(self) -> str:
-        return (f"trained with features version {self.features_version}, this xtune computes "
-                f"{FEATURES_VERSION}: retrain it with `xtune model train`")  # fmt: skip
+        return (
+            f"trained with features version {self.features_version}, this xtune computes "
+            f"{FEATURES_VERSION}: retrain it with `xtune model train`"
+        )
 
     def unusable_reason(self) -> str | None:
         """Why this xtune cannot tune with the model (its features mean other things), or None."""
@@ -88,33 +90,52 @@ class Manifest:
             row = {k: v for k, v in asdict(g).items() if k != "op"}
             workloads[g.op].append({**row, "cost_unit": g.cost_unit.value})
         return {
-            "format": self.format, "features_version": self.features_version, "objective": self.objective,
+            "format": self.format,
+            "features_version": self.features_version,
+            "objective": self.objective,
             "feature_names": {op: list(names) for op, names in self.feature_names},
-            "targets": list(self.targets), "workloads": workloads,
-            "records_used": self.records_used, "records_skipped": self.records_skipped,
-            "skipped": dict(self.skipped), "xtune_version": self.xtune_version, "created": self.created,
-            "sources": list(self.sources), "base_columns": dict(self.base_columns),
-        }  # fmt: skip
+            "targets": list(self.targets),
+            "workloads": workloads,
+            "records_used": self.records_used,
+            "records_skipped": self.records_skipped,
+            "skipped": dict(self.skipped),
+            "xtune_version": self.xtune_version,
+            "created": self.created,
+            "sources": list(self.sources),
+            "base_columns": dict(self.base_columns),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         groups = tuple(
-            GroupCount(op=op, workload=str(g["workload"]), target=str(g["target"]),
-                       cost_unit=CostUnit(g["cost_unit"]), records=int(g["records"]),
-                       configs=int(g["configs"]), cpu=str(g.get("cpu", "")))
-            for op, rows in d["workloads"].items() for g in rows
-        )  # fmt: skip
+            GroupCount(
+                op=op,
+                workload=str(g["workload"]),
+                target=str(g["target"]),
+                cost_unit=CostUnit(g["cost_unit"]),
+                records=int(g["records"]),
+                configs=int(g["configs"]),
+                cpu=str(g.get("cpu", "")),
+            )
+            for op, rows in d["workloads"].items()
+            for g in rows
+        )
         return cls(
-            format=int(d["format"]), features_version=int(d["features_version"]),
+            format=int(d["format"]),
+            features_version=int(d["features_version"]),
             objective=objective(d["objective"]),
-            feature_names=tuple((str(op), tuple(map(str, names)))
-                                for op, names in d["feature_names"].items()),
-            targets=tuple(map(str, d["targets"])), groups=groups, records_used=int(d["records_used"]),
+            feature_names=tuple(
+                (str(op), tuple(map(str, names))) for op, names in d["feature_names"].items()
+            ),
+            targets=tuple(map(str, d["targets"])),
+            groups=groups,
+            records_used=int(d["records_used"]),
             skipped=tuple((str(k), int(v)) for k, v in d.get("skipped", {}).items()),
-            xtune_version=str(d["xtune_version"]), created=str(d["created"]),
+            xtune_version=str(d["xtune_version"]),
+            created=str(d["created"]),
             sources=tuple(map(str, d["sources"])),
             base_columns=tuple((str(op), str(col)) for op, col in d.get("base_columns", {}).items()),
-        )  # fmt: skip
+        )
 
     def summary(self) -> dict[str, Any]:
         """The short form a tuning report carries."""
@@ -142,11 +163,15 @@ class PretrainedModel:
         boosters = dict(self.boosters)
         if op not in boosters:
             have = ", ".join(self.manifest.ops) or "none"
-            raise InputError(f"the pretrained model has no booster for operator '{op}' (it has: {have}); "
-                             f"train one on {op} logs with `xtune model train`")  # fmt: skip
+            raise InputError(
+                f"the pretrained model has no booster for operator '{op}' (it has: {have}); "
+                f"train one on {op} logs with `xtune model train`"
+            )
         if dict(self.manifest.feature_names).get(op) != feature_names(op):
-            raise InputError(f"the pretrained {op} booster was trained on other feature columns than this "
-                             "xtune computes: retrain with `xtune model train`")  # fmt: skip
+            raise InputError(
+                f"the pretrained {op} booster was trained on other feature columns than this "
+                "xtune computes: retrain with `xtune model train`"
+            )
         base_column = dict(self.manifest.base_columns).get(op)
         base = EstimatePrior(feature_names(op).index(base_column)) if base_column else None
         try:
@@ -184,14 +209,17 @@ def read_model(path: str | os.PathLike[str], check_features: bool = True) -> Pre
     if not Path(path).is_file():
         raise InputError(f"no model file {path}")
     if not is_model_file(path):
-        raise InputError(f"{path} is not an xtune model file (expected the JSON that `xtune model train` "
-                         "writes)")  # fmt: skip
+        raise InputError(
+            f"{path} is not an xtune model file (expected the JSON that `xtune model train` writes)"
+        )
     try:
         data = json.loads(Path(path).read_bytes())
         # The format first: another format's manifest may not parse as this one's.
         if data["manifest"].get("format") != MODEL_FORMAT:
-            raise InputError(f"{path} is model format {data['manifest'].get('format')!r}; this xtune reads "
-                             f"format {MODEL_FORMAT}")  # fmt: skip
+            raise InputError(
+                f"{path} is model format {data['manifest'].get('format')!r}; this xtune reads "
+                f"format {MODEL_FORMAT}"
+            )
         manifest = Manifest.from_dict(data["manifest"])
         boosters = tuple(
             (str(op), base64.b64decode(raw, validate=True)) for op, raw in data["boosters"].items()
@@ -225,8 +253,10 @@ def format_manifest(manifest: Manifest, path: str = "") -> str:
         f"{'op':<10} {'workload':<56} {'target':<12} {'unit':<5} {'records':>8} {'configs':>8}  cpu",
     ]
     for g in manifest.groups:
-        lines.append(f"{g.op:<10} {g.workload:<56} {g.target:<12} {g.cost_unit.value:<5} {g.records:>8} "
-                     f"{g.configs:>8}  {g.cpu or '-'}")  # fmt: skip
+        lines.append(
+            f"{g.op:<10} {g.workload:<56} {g.target:<12} {g.cost_unit.value:<5} {g.records:>8} "
+            f"{g.configs:>8}  {g.cpu or '-'}"
+        )
     return "\n".join(lines)
 
 

@@ -165,10 +165,15 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
         features = np.asarray(featurize(g.template, indices), dtype=np.float32)
         parts.setdefault(op, []).append((features, costs, np.full(len(indices), number), count))
     data = {
-        op: OpData(op, np.concatenate([p[0] for p in ps]), np.concatenate([p[1] for p in ps]),
-                   np.concatenate([p[2] for p in ps]), tuple(p[3] for p in ps))
+        op: OpData(
+            op,
+            np.concatenate([p[0] for p in ps]),
+            np.concatenate([p[1] for p in ps]),
+            np.concatenate([p[2] for p in ps]),
+            tuple(p[3] for p in ps),
+        )
         for op, ps in sorted(parts.items())
-    }  # fmt: skip
+    }
     return data, skipped
 
 
@@ -186,35 +191,53 @@ def train(
         raise InputError(f"no log records in {', '.join(sources) or 'the logs'} (are they tuning logs?)")
     data, skipped = collect(records)
     if skipped["stale_config"] or skipped["unknown_workload_or_target"]:
-        warnings.warn(f"left out {skipped['stale_config']} record(s) whose config no longer matches its "
-                      f"template and {skipped['unknown_workload_or_target']} of unknown workloads or targets",
-                      TransferWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"left out {skipped['stale_config']} record(s) whose config no longer matches its "
+            f"template and {skipped['unknown_workload_or_target']} of unknown workloads or targets",
+            TransferWarning,
+            stacklevel=2,
+        )
     skipped.update(left_out or Counter())
     if not data:
         why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items()))
-        raise InputError(f"no usable records to train on in {', '.join(sources) or 'the logs'} "
-                         f"({skipped.total()} left out: {why})")  # fmt: skip
+        raise InputError(
+            f"no usable records to train on in {', '.join(sources) or 'the logs'} "
+            f"({skipped.total()} left out: {why})"
+        )
     nthread = options.nthread or os.cpu_count() or 1
     boosters, bases = [], []
     for op, d in data.items():
         prior = estimate_prior(op) if options.on_estimate else None
-        model = XGBoostCostModel(seed=options.seed, objective=options.objective, n_trees=options.n_trees,
-                                 max_depth=options.max_depth, learning_rate=options.learning_rate,
-                                 max_rows=len(d.costs), nthread=nthread, base=prior,
-                                 base_halflife=math.inf)  # fmt: skip
+        model = XGBoostCostModel(
+            seed=options.seed,
+            objective=options.objective,
+            n_trees=options.n_trees,
+            max_depth=options.max_depth,
+            learning_rate=options.learning_rate,
+            max_rows=len(d.costs),
+            nthread=nthread,
+            base=prior,
+            base_halflife=math.inf,
+        )
         model.fit(d.features, d.costs, groups=d.groups)
         boosters.append((op, model.to_bytes()))
         if prior is not None:
             bases.append((op, ESTIMATE_COLUMN))
     counts = tuple(c for d in data.values() for c in d.counts)
     manifest = Manifest(
-        format=MODEL_FORMAT, features_version=FEATURES_VERSION, objective=options.objective,
+        format=MODEL_FORMAT,
+        features_version=FEATURES_VERSION,
+        objective=options.objective,
         feature_names=tuple((op, feature_names(op)) for op in data),
-        targets=tuple(sorted({c.target for c in counts})), groups=counts,
-        records_used=sum(c.records for c in counts), skipped=tuple(sorted(skipped.items())),
-        xtune_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        sources=tuple(Path(s).name for s in sources), base_columns=tuple(bases),
-    )  # fmt: skip
+        targets=tuple(sorted({c.target for c in counts})),
+        groups=counts,
+        records_used=sum(c.records for c in counts),
+        skipped=tuple(sorted(skipped.items())),
+        xtune_version=__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        sources=tuple(Path(s).name for s in sources),
+        base_columns=tuple(bases),
+    )
     return PretrainedModel(manifest, tuple(boosters))
 
 
@@ -264,9 +287,11 @@ def builtin_model_path(
             ranked.append((stale + 1, other_cpu, path))
     if ranked:
         return min(ranked)[2]
-    raise InputError(f"no built-in {op} model for target {target.name} (nor for another {target.arch} "
-                     "target) ships with this xtune: train one with `xtune model train LOG ... -o MODEL` "
-                     "and pass --transfer-from MODEL")  # fmt: skip
+    raise InputError(
+        f"no built-in {op} model for target {target.name} (nor for another {target.arch} "
+        "target) ships with this xtune: train one with `xtune model train LOG ... -o MODEL` "
+        "and pass --transfer-from MODEL"
+    )
 
 
 def cpu_distance(cpu: str | None, trained_on: set[str]) -> int:
@@ -312,10 +337,13 @@ def load_source(
     `target`: what it learned of other hardware can mislead (docs/transfer.md)."""
     source = _load_source(list(sources), target, op, options, cpu)
     if not source.saw(target):
-        warnings.warn(f"the pretrained model saw no {target.name} logs (only "
-                      f"{', '.join(source.model.manifest.targets)}); what it learned of other hardware can "
-                      "rank worse than no model, so the analytic estimate shares its first batches",
-                      TransferWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"the pretrained model saw no {target.name} logs (only "
+            f"{', '.join(source.model.manifest.targets)}); what it learned of other hardware can "
+            "rank worse than no model, so the analytic estimate shares its first batches",
+            TransferWarning,
+            stacklevel=2,
+        )
     return source
 
 

@@ -112,11 +112,17 @@ def gains(states: Sequence[TaskState], options: SchedulerOptions) -> list[float]
             key = similarity_key(s.task)
             peers[key] = max(peers.get(key, 0.0), s.task.flops / s.latency)
     return [
-        expected_gain(count=s.task.count, history=s.history, flops=s.task.flops,
-                      peer_throughput=peers.get(similarity_key(s.task), 0.0) if s.grouped else 0.0,
-                      options=options) if s.running else 0.0
+        expected_gain(
+            count=s.task.count,
+            history=s.history,
+            flops=s.task.flops,
+            peer_throughput=peers.get(similarity_key(s.task), 0.0) if s.grouped else 0.0,
+            options=options,
+        )
+        if s.running
+        else 0.0
         for s in states
-    ]  # fmt: skip
+    ]
 
 
 def choose_gradient(states: Sequence[TaskState], options: SchedulerOptions, rng: random.Random) -> int | None:

@@ -54,20 +54,26 @@ class BenchReport:
         figure = self.cost if self.correct and self.cost_unit is not CostUnit.NONE else None
         ratio, gf = self.ratio, self.gflops
         return {
-            "workload": self.workload, "target": self.target, "board": self.board,
-            "config_index": self.config_index, "config": dict(self.config),
+            "workload": self.workload,
+            "target": self.target,
+            "board": self.board,
+            "config_index": self.config_index,
+            "config": dict(self.config),
             "config_source": self.config_source,
-            "status": self.status.value, "correct": self.correct, "error": self.error,
+            "status": self.status.value,
+            "correct": self.correct,
+            "error": self.error,
             "cost_unit": self.cost_unit.value,
             "seconds": figure if self.cost_unit is CostUnit.SECONDS else None,
             "instructions": figure if self.cost_unit is CostUnit.INSTRUCTIONS else None,
             "cycles": figure if self.cost_unit is CostUnit.CYCLES else None,
-            "gflops": round(gf, 3) if gf is not None else None, "numpy_gflops": round(self.numpy_gflops, 3),
+            "gflops": round(gf, 3) if gf is not None else None,
+            "numpy_gflops": round(self.numpy_gflops, 3),
             "ratio_vs_numpy": round(ratio, 4) if ratio is not None else None,
             "percent_of_peak": round(100 * gf / self.peak_gflops, 2) if gf is not None else None,
             "ort_gflops": round(self.ort_gflops, 3) if self.ort_gflops else None,
             "ratio_vs_ort": round(self.ratio_vs_ort, 4) if self.ratio_vs_ort is not None else None,
-        }  # fmt: skip
+        }
 
 
 def bench(
@@ -101,11 +107,21 @@ def bench(
     # ONNX Runtime runs on this host: a peer of a wall time measured here, not of a count or a remote board.
     ort = ort_gflops(workload) if result.cost_unit is CostUnit.SECONDS else None
     return BenchReport(
-        workload=workload.key, target=board.target.name, board=board.name, config_index=config_index,
-        config=config.values, config_source=config_source, status=result.status, error=result.error,
-        cost_unit=result.cost_unit, cost=result.cost, gflops=gflops(flops, result.cost, result.cost_unit),
-        numpy_gflops=flops / np_seconds / 1e9, peak_gflops=board.target.peak_gflops, ort_gflops=ort,
-    )  # fmt: skip
+        workload=workload.key,
+        target=board.target.name,
+        board=board.name,
+        config_index=config_index,
+        config=config.values,
+        config_source=config_source,
+        status=result.status,
+        error=result.error,
+        cost_unit=result.cost_unit,
+        cost=result.cost,
+        gflops=gflops(flops, result.cost, result.cost_unit),
+        numpy_gflops=flops / np_seconds / 1e9,
+        peak_gflops=board.target.peak_gflops,
+        ort_gflops=ort,
+    )
 
 
 def retime_gflops(workload: Workload, board: Board, indices: Sequence[int], rounds: int) -> list[list[float]]:
@@ -118,8 +134,10 @@ def retime_gflops(workload: Workload, board: Board, indices: Sequence[int], roun
     flops = workload.flops()
     try:
         built = list(pool.build_all(workload, board.target, list(indices)))
-        rows = [[gflops(flops, r.cost, r.cost_unit) or 0.0 for r in map(measurer.run, built)]
-                for _ in range(rounds)]  # fmt: skip
+        rows = [
+            [gflops(flops, r.cost, r.cost_unit) or 0.0 for r in map(measurer.run, built)]
+            for _ in range(rounds)
+        ]
     finally:
         measurer.close()
         pool.close()

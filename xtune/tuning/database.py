@@ -198,8 +198,10 @@ class TuningLog:
         which is none of `inputs` (the model tuned, the logs a cost model is trained on)."""
         check_paths([(self.path, "log")], inputs, append=True)  # before it is opened: a FIFO would block
         if self.compressed or _starts_with(self.path, GZIP_MAGIC):
-            raise InputError(f"{self.path} is a compressed log: xtune reads it but appends only to plain "
-                             "JSON-lines logs (give --log a name without .gz)")  # fmt: skip
+            raise InputError(
+                f"{self.path} is a compressed log: xtune reads it but appends only to plain "
+                "JSON-lines logs (give --log a name without .gz)"
+            )
 
     def append(self, records: Sequence[Record]) -> None:
         """Write `records` as complete lines and make them durable before returning."""
@@ -338,8 +340,12 @@ def read_usable(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Record], 
                 records.append(record)
         if skipped:
             lines = ", ".join(str(n) for n, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
-            warnings.warn(f"{path}: skipped {len(skipped)} record(s) this xtune cannot use (line {lines}); "
-                          f"line {skipped[0][0]}: {skipped[0][1]}", LogWarning, stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"{path}: skipped {len(skipped)} record(s) this xtune cannot use (line {lines}); "
+                f"line {skipped[0][0]}: {skipped[0][1]}",
+                LogWarning,
+                stacklevel=3,
+            )
     return records, left_out
 
 
@@ -395,9 +401,14 @@ def of_machine(
     """The records of `workload` on `target` (and `board`, if given). With `cpu`, records measured on
     another cpu do not count (a shared log or corpus holds several machines' "local" boards, and one
     machine's costs say little about another's); records without a fingerprint are taken as this cpu's."""
-    return [r for r in records
-            if r.workload == workload and r.target == target and (board is None or r.board == board)
-            and (cpu is None or cpu_of(r) in (None, cpu))]  # fmt: skip
+    return [
+        r
+        for r in records
+        if r.workload == workload
+        and r.target == target
+        and (board is None or r.board == board)
+        and (cpu is None or cpu_of(r) in (None, cpu))
+    ]
 
 
 def measured(

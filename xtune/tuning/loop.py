@@ -127,16 +127,31 @@ class TuneLoop:
         self.tuner_seconds += time.perf_counter() - t0
         self.state.record(batch, results)
         state = self.state
-        progress = TuneProgress(tuple(batch), tuple(results), self.trials, budget, state.best_index,
-                                state.best_cost, state.since_improvement)  # fmt: skip
+        progress = TuneProgress(
+            tuple(batch),
+            tuple(results),
+            self.trials,
+            budget,
+            state.best_index,
+            state.best_cost,
+            state.since_improvement,
+        )
         for callback in self.callbacks:
             callback(progress)
         return progress
 
     def summary(self, stop: StopReason, seconds: float) -> TuneSummary:
         state = self.state
-        return TuneSummary(state.best_index, state.best_cost, len(state.curve), tuple(state.curve),
-                           tuple(state.counts.items()), stop, seconds, self.tuner_seconds)  # fmt: skip
+        return TuneSummary(
+            state.best_index,
+            state.best_cost,
+            len(state.curve),
+            tuple(state.curve),
+            tuple(state.counts.items()),
+            stop,
+            seconds,
+            self.tuner_seconds,
+        )
 
 
 def tune(

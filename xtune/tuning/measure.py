@@ -382,14 +382,22 @@ class Measurer:
             # (docs/emulated-costs.md), so no timed run follows.
             cost = session.last_cost if isinstance(session, InsnCountingSession) else None
             if cost is None:
-                raise BoardError(f"board {self.board.name} reported no {self.board.cost_unit.value} count "
-                                 "for the run", BoardFault.AGENT)  # fmt: skip
+                raise BoardError(
+                    f"board {self.board.name} reported no {self.board.cost_unit.value} count for the run",
+                    BoardFault.AGENT,
+                )
             return MeasureResult(MeasureStatus.OK, (cost,))
         flush = 2 * self.board.target.l2_bytes if opts.flush_cache else 0
         timed = RunRequest(
-            built.entry_offset, args, opts.number, opts.repeat, opts.min_repeat_ms, opts.warmup,
-            opts.timeout_ms, flush,
-        )  # fmt: skip
+            built.entry_offset,
+            args,
+            opts.number,
+            opts.repeat,
+            opts.min_repeat_ms,
+            opts.warmup,
+            opts.timeout_ms,
+            flush,
+        )
         reply = session.run(timed)
         if reply.status is not RunStatus.OK:
             return _failed(reply)

@@ -42,13 +42,23 @@ class SummaryRow:
     def as_dict(self) -> dict[str, object]:
         b = self.best
         return {
-            "workload": self.workload, "target": self.target, "trials": self.trials,
-            "failed": self.failed, "counts": dict(self.counts),
-            "best": None if b is None or self.cost_unit is None else {
-                "index": b.index, "knobs": dict(b.knobs), "cost": b.cost, "cost_unit": self.cost_unit.value,
-                "gflops": self.best_gflops, "board": b.board, "time": b.time,
+            "workload": self.workload,
+            "target": self.target,
+            "trials": self.trials,
+            "failed": self.failed,
+            "counts": dict(self.counts),
+            "best": None
+            if b is None or self.cost_unit is None
+            else {
+                "index": b.index,
+                "knobs": dict(b.knobs),
+                "cost": b.cost,
+                "cost_unit": self.cost_unit.value,
+                "gflops": self.best_gflops,
+                "board": b.board,
+                "time": b.time,
             },
-        }  # fmt: skip
+        }
 
 
 def _groups(records: Iterable[Record]) -> dict[tuple[str, str], list[Record]]:
@@ -73,8 +83,15 @@ def summarize(
         configs = {(r.index, r.knobs) for r in group}
         failed = len(configs - {(r.index, r.knobs) for r in group if r.result.ok})
         counts_sorted = tuple(sorted(counts.items()))
-        row = SummaryRow(workload=wl, target=tg, trials=len(configs), failed=failed, counts=counts_sorted,
-                         best=top, cost_unit=unit)  # fmt: skip
+        row = SummaryRow(
+            workload=wl,
+            target=tg,
+            trials=len(configs),
+            failed=failed,
+            counts=counts_sorted,
+            best=top,
+            cost_unit=unit,
+        )
         rows.append(row)
     return rows
 

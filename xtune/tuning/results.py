@@ -73,14 +73,22 @@ class ModelTuningResult:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "model": self.model, "target": self.target, "boards": list(self.boards),
-            "strategy": self.strategy.value, "budget": self.budget, "trials": self.trials,
-            "confirm_timings": self.confirm_timings, "cost_unit": self.cost_unit.value,
-            "estimate": _finite(self.estimate), "default_estimate": _finite(self.default_estimate),
+            "model": self.model,
+            "target": self.target,
+            "boards": list(self.boards),
+            "strategy": self.strategy.value,
+            "budget": self.budget,
+            "trials": self.trials,
+            "confirm_timings": self.confirm_timings,
+            "cost_unit": self.cost_unit.value,
+            "estimate": _finite(self.estimate),
+            "default_estimate": _finite(self.default_estimate),
             "tasks": [t.as_dict() for t in self.tasks],
-            "curve": [[n, _finite(e)] for n, e in self.curve], "stop": self.stop.value,
-            "seconds": round(self.seconds, 3), "error": self.error,
-        }  # fmt: skip
+            "curve": [[n, _finite(e)] for n, e in self.curve],
+            "stop": self.stop.value,
+            "seconds": round(self.seconds, 3),
+            "error": self.error,
+        }
 
 
 def _finite(x: float) -> float | None:

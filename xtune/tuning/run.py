@@ -103,9 +103,15 @@ def run_tuning(
     then confirm the leaders; every finished batch is appended to `log`, each record with the name and
     fingerprint of the board that measured it. A board that fails for good stops the run (stop
     BOARD_FAILED, `error` says why). `pretrained` and `hedge_with_estimate`: see TuningSession."""
-    session = TuningSession(workload, boards, options, log, pretrained=pretrained,
-                            hedge_with_estimate=hedge_with_estimate,
-                            callbacks=[on_progress] if on_progress else [])  # fmt: skip
+    session = TuningSession(
+        workload,
+        boards,
+        options,
+        log,
+        pretrained=pretrained,
+        hedge_with_estimate=hedge_with_estimate,
+        callbacks=[on_progress] if on_progress else [],
+    )
     stop, start = StopReason.INTERRUPTED, time.perf_counter()
     try:
         summary = session.run(options.trials, options.batch_size, options.early_stopping)
@@ -154,16 +160,27 @@ def _report(
         best_cost, best_index, best_timings = top[0].cost, top[0].index, top[0].timings
     flops = workload.flops()
     return TuningReport(
-        workload=wl, target=target, boards=tuple(b.name for b in boards), options=options,
-        trials=summary.trials, resumed=resumed, counts=tuple((s.value, n) for s, n in summary.counts),
+        workload=wl,
+        target=target,
+        boards=tuple(b.name for b in boards),
+        options=options,
+        trials=summary.trials,
+        resumed=resumed,
+        counts=tuple((s.value, n) for s, n in summary.counts),
         best_index=best_index,
         best_knobs=template.space.config(best_index).values if best_index is not None else (),
-        best_cost=best_cost, best_timings=best_timings,
+        best_cost=best_cost,
+        best_timings=best_timings,
         confirmation=_confirmation(unit, best_timings, options, stop) if top else None,
-        confirm_timings=confirm_timings, cost_unit=unit, best_gflops=gflops(flops, best_cost, unit),
-        numpy_gflops=numpy_gflops, seconds=summary.seconds, tuner_seconds=summary.tuner_seconds,
-        curve_gflops=tuple(gflops(flops, c, unit) or 0.0 for c in summary.curve), stop=stop,
-    )  # fmt: skip
+        confirm_timings=confirm_timings,
+        cost_unit=unit,
+        best_gflops=gflops(flops, best_cost, unit),
+        numpy_gflops=numpy_gflops,
+        seconds=summary.seconds,
+        tuner_seconds=summary.tuner_seconds,
+        curve_gflops=tuple(gflops(flops, c, unit) or 0.0 for c in summary.curve),
+        stop=stop,
+    )
 
 
 def _confirmation(unit: CostUnit, timings: int, options: TuneOptions, stop: StopReason) -> Confirmation:

@@ -103,8 +103,16 @@ class TaskScheduler:
             for task in tasks:
                 op = features_op(template_for(task.workload, boards[0].target))  # matmul for a pointwise conv
                 model, hedge = (pretrained or {}).get(op, (None, False))
-                session = TuningSession(task.workload, boards, options, log, pretrained=model,
-                                        hedge_with_estimate=hedge, pool=self.pool, logged=logged)  # fmt: skip
+                session = TuningSession(
+                    task.workload,
+                    boards,
+                    options,
+                    log,
+                    pretrained=model,
+                    hedge_with_estimate=hedge,
+                    pool=self.pool,
+                    logged=logged,
+                )
                 self.tasks.append(_Task(task, session))
         except BaseException:
             self.close()
@@ -153,8 +161,10 @@ class TaskScheduler:
         that a host's load weighs on both strategies alike (benchmarks/bench_scheduler.py)."""
         fresh = [s for s in self.tasks if not math.isfinite(s.latency)]
         if budget < len(fresh):
-            raise InputError(f"--trials {budget} is fewer than the {len(fresh)} tasks not measured yet: each "
-                             "needs at least one trial (its default config)")  # fmt: skip
+            raise InputError(
+                f"--trials {budget} is fewer than the {len(fresh)} tasks not measured yet: each "
+                "needs at least one trial (its default config)"
+            )
         size = batch_size(self.options.batch_size, budget, len(self.tasks))
         first = self._first_round(budget)
         for state in self.tasks:
@@ -239,10 +249,16 @@ class TaskScheduler:
         self._point()
         if self.on_progress is not None:
             latencies = tuple(s.latency for s in self.tasks)
-            self.on_progress(ModelProgress(
-                task=self.tasks.index(state), batch=progress, trials=self.trials, budget=budget,
-                latencies=latencies, estimate=end_to_end([s.task.count for s in self.tasks], latencies),
-            ))  # fmt: skip
+            self.on_progress(
+                ModelProgress(
+                    task=self.tasks.index(state),
+                    batch=progress,
+                    trials=self.trials,
+                    budget=budget,
+                    latencies=latencies,
+                    estimate=end_to_end([s.task.count for s in self.tasks], latencies),
+                )
+            )
 
     def _point(self) -> None:
         value = self.estimate()
@@ -258,13 +274,22 @@ class TaskScheduler:
         counts = [t.count for t in results]
         board = self.boards[0]
         return ModelTuningResult(
-            model=model, target=board.target.name, boards=tuple(b.name for b in self.boards),
-            strategy=self.scheduler.strategy, budget=budget, trials=sum(t.trials for t in results),
-            confirm_timings=self.confirm_timings, cost_unit=board.cost_unit,
+            model=model,
+            target=board.target.name,
+            boards=tuple(b.name for b in self.boards),
+            strategy=self.scheduler.strategy,
+            budget=budget,
+            trials=sum(t.trials for t in results),
+            confirm_timings=self.confirm_timings,
+            cost_unit=board.cost_unit,
             estimate=end_to_end(counts, [t.best_cost for t in results]),
             default_estimate=end_to_end(counts, [t.default_cost for t in results]),
-            tasks=results, curve=tuple(self.curve), stop=stop, seconds=seconds, error=self.error,
-        )  # fmt: skip
+            tasks=results,
+            curve=tuple(self.curve),
+            stop=stop,
+            seconds=seconds,
+            error=self.error,
+        )
 
 
 def _task_result(state: _Task) -> TaskResult:
@@ -272,11 +297,19 @@ def _task_result(state: _Task) -> TaskResult:
     best_index = top.index if top else None
     default = session.template.default_config().index
     return TaskResult(
-        workload=session.workload.key, nodes=state.task.nodes, flops=state.task.flops,
-        trials=session.trials, resumed=session.resumed, batches=state.batches, best_index=best_index,
-        best_knobs=top.record.knobs if top else (), best_cost=top.cost if top else math.inf,
-        best_timings=top.timings if top else 0, default_cost=_config_cost(session, default), stop=state.stop,
-    )  # fmt: skip
+        workload=session.workload.key,
+        nodes=state.task.nodes,
+        flops=state.task.flops,
+        trials=session.trials,
+        resumed=session.resumed,
+        batches=state.batches,
+        best_index=best_index,
+        best_knobs=top.record.knobs if top else (),
+        best_cost=top.cost if top else math.inf,
+        best_timings=top.timings if top else 0,
+        default_cost=_config_cost(session, default),
+        stop=state.stop,
+    )
 
 
 def _config_cost(session: TuningSession, index: int) -> float:
@@ -299,8 +332,9 @@ def tune_tasks(
 ) -> ModelTuningResult:
     """Tune every task under one budget of `options.trials` trials (see TaskScheduler)."""
     start = time.perf_counter()
-    run = TaskScheduler(tasks, boards, options, log, scheduler=scheduler, pretrained=pretrained,
-                        on_progress=on_progress)  # fmt: skip
+    run = TaskScheduler(
+        tasks, boards, options, log, scheduler=scheduler, pretrained=pretrained, on_progress=on_progress
+    )
     try:
         stop = run.run(options.trials)
     finally:

@@ -100,9 +100,11 @@ def check_boards(boards: Sequence[Board]) -> None:
         raise InputError("all --board flags of one run must be boards of the same target")
     for b in boards:
         if b.cost_unit is CostUnit.NONE:
-            raise InputError(f"board '{b.name}' checks correctness only (emulated wall time ranks nothing, "
-                             f"docs/boards.md): tune on a timing or instruction-counting board; "
-                             f"`xtune bench --board {b.name}` checks a config on it")  # fmt: skip
+            raise InputError(
+                f"board '{b.name}' checks correctness only (emulated wall time ranks nothing, "
+                f"docs/boards.md): tune on a timing or instruction-counting board; "
+                f"`xtune bench --board {b.name}` checks a config on it"
+            )
     if len({b.cost_unit for b in boards}) > 1:
         raise InputError("boards of one run must measure one unit (wall time, instructions or cycles)")
 
@@ -155,9 +157,16 @@ class TuningSession:
         hedge = estimate if hedge_with_estimate and pretrained is not None else None
         # The default (and the estimate's pick) join the model tuner's first batch whatever the prior, even
         # when the run does not measure the default first: a warm start never starts below them.
-        tuner = make_tuner(options.tuner, template.space, options.seed, lambda idx: featurize(template, idx),
-                           pretrained=pretrained, hedge=hedge, anchors=[template.default_config().index],
-                           estimate=estimate if options.analytic_prior else None)  # fmt: skip
+        tuner = make_tuner(
+            options.tuner,
+            template.space,
+            options.seed,
+            lambda idx: featurize(template, idx),
+            pretrained=pretrained,
+            hedge=hedge,
+            anchors=[template.default_config().index],
+            estimate=estimate if options.analytic_prior else None,
+        )
         if history:
             tuner.load_history(list(history), [r.result for r in history.values()])
         if options.start_from_default:
@@ -168,15 +177,27 @@ class TuningSession:
         self._own_pool = pool is None
         self.pool = pool or CompilePool()
         self.measure = _BoardsMeasurer(boards, workload, options.measure, self.pool)
-        self.loop = TuneLoop(tuner, self.measure, [lambda p: self._keep(p.batch, p.results), *callbacks,
-                                                   lambda p: self._stop_if_failed()])  # fmt: skip
+        self.loop = TuneLoop(
+            tuner,
+            self.measure,
+            [lambda p: self._keep(p.batch, p.results), *callbacks, lambda p: self._stop_if_failed()],
+        )
 
     def _keep(self, batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
         boards, space, wl = self.boards, self.template.space, self.workload.key
         dealt = self.measure.dealt(len(batch))
-        records = [make_record(wl, self.target.name, boards[b].name, space.config(i), r, self.options.measure,
-                               self.fingerprints[b])
-                   for i, r, b in zip(batch, results, dealt, strict=True)]  # fmt: skip
+        records = [
+            make_record(
+                wl,
+                self.target.name,
+                boards[b].name,
+                space.config(i),
+                r,
+                self.options.measure,
+                self.fingerprints[b],
+            )
+            for i, r, b in zip(batch, results, dealt, strict=True)
+        ]
         self.this_run.extend(records)
         if self.log is not None:
             self.log.append(records)

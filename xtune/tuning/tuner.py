@@ -233,8 +233,9 @@ class ModelTuner(Tuner):
         def score(indices: np.ndarray) -> np.ndarray:
             return np.asarray(scorer.predict(self.featurize(indices.tolist())), dtype=np.float64)
 
-        candidates, scores, self._chain_ends = anneal(self.arrays, score, self._starts(), self.n_steps,
-                                                      self.rng)  # fmt: skip
+        candidates, scores, self._chain_ends = anneal(
+            self.arrays, score, self._starts(), self.n_steps, self.rng
+        )
         return top_unvisited(candidates, scores, n, self.visited)
 
     def _fit(self) -> None:
@@ -257,8 +258,10 @@ class ModelTuner(Tuner):
         History)."""
         if self.hedge is None or self.pretrained is None or not isinstance(self.model, XGBoostCostModel):
             return
-        best = [min((self.costs[i] for i in picks if i in self.costs), default=math.inf)
-                for picks in self._prior_picks]  # fmt: skip
+        best = [
+            min((self.costs[i] for i in picks if i in self.costs), default=math.inf)
+            for picks in self._prior_picks
+        ]
         self.model.base = self.hedge if best[1] < best[0] else self.pretrained
 
     def _anchor_picks(self, n: int) -> list[int]:
@@ -351,7 +354,13 @@ def make_tuner(
     if name == "xgb":
         model = model or XGBoostCostModel(seed=seed, base=pretrained)
         return ModelTuner(
-            space, featurize or knob_featurizer(space), model, seed, pretrained=pretrained, hedge=hedge,
-            anchors=anchors, estimate=estimate,
-        )  # fmt: skip
+            space,
+            featurize or knob_featurizer(space),
+            model,
+            seed,
+            pretrained=pretrained,
+            hedge=hedge,
+            anchors=anchors,
+            estimate=estimate,
+        )
     raise InputError(f"unknown tuner '{name}' (known: {', '.join(TUNERS)})")

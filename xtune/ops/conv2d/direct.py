@@ -100,12 +100,20 @@ def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
     packed = bool(workload["prepacked"])
     if sh.nhwc:
         m, n, k = sh.n * sh.h * sh.w, sh.k, sh.c
-        operands = Operands(a="input", b="weights", c="output", params=params,
-                            prepacked="B" if packed else "")  # fmt: skip
+        operands = Operands(
+            a="input", b="weights", c="output", params=params, prepacked="B" if packed else ""
+        )
     else:
         m, n, k = sh.k, sh.h * sh.w, sh.c
-        operands = Operands(a="weights", b="input", c="output", params=params, bias_rows=True, batch=sh.n,
-                            prepacked="A" if packed else "")  # fmt: skip
+        operands = Operands(
+            a="weights",
+            b="input",
+            c="output",
+            params=params,
+            bias_rows=True,
+            batch=sh.n,
+            prepacked="A" if packed else "",
+        )
     # the same fused epilogue
     epilogue = ",".join(f"{key}={workload.value(key)}" for key in (*EPILOGUE, *ACTIVATION))
     rest = f"m={m},n={n},k={k},{epilogue}"
@@ -154,10 +162,19 @@ class Conv2dTemplate:
         kb = stack_clamped(sh, nr, cb, kb)
         owb = int(whole_tiles(config.int("tile_ow"), sh.ow, p))
         return ConvSchedule(
-            p, nv, lanes, cb, kb, ohb, owb, str(config["order"]),
-            str(config["reduction"]), config["pack_layout"] == "hwc", bool(config["unroll_kw"]),
+            p,
+            nv,
+            lanes,
+            cb,
+            kb,
+            ohb,
+            owb,
+            str(config["order"]),
+            str(config["reduction"]),
+            config["pack_layout"] == "hwc",
+            bool(config["unroll_kw"]),
             config.int("unroll"),
-        )  # fmt: skip
+        )
 
     def default_config(self) -> Config:
         if self.as_matmul is not None:
@@ -177,11 +194,17 @@ class Conv2dTemplate:
         # unroll_kw: a 7-wide window unrolled doubles code and compile time for no gain
         # (docs/benchmarks.md, History).
         values: dict[str, KnobValue] = {
-            "tile": tile, "tile_ic": max(ints["tile_ic"]), "tile_oc": max(ints["tile_oc"]),
-            "tile_oh": min(ints["tile_oh"]), "tile_ow": max(ints["tile_ow"]), "order": "pk",
-            "reduction": self.default_reduction(), "pack_layout": "hwc", "unroll_kw": int(sh.s <= 3),
+            "tile": tile,
+            "tile_ic": max(ints["tile_ic"]),
+            "tile_oc": max(ints["tile_oc"]),
+            "tile_oh": min(ints["tile_oh"]),
+            "tile_ow": max(ints["tile_ow"]),
+            "order": "pk",
+            "reduction": self.default_reduction(),
+            "pack_layout": "hwc",
+            "unroll_kw": int(sh.s <= 3),
             "unroll": 1,
-        }  # fmt: skip
+        }
         return self.space.config(self.space.index_of(values))
 
     def default_reduction(self) -> str:
@@ -260,8 +283,14 @@ class Conv2dTemplate:
         k, c = np.arange(sh.k, dtype=ints)[:, None], np.arange(sh.c, dtype=ints)[None, :]
         i, j = np.arange(sh.r, dtype=ints)[:, None], np.arange(sh.s, dtype=ints)[None, :]
         kk, cc = k % kb, c % cb
-        per_kc = (base.get("k0", 0) * (k - kk) + kk % s.nr + idx.get("st", 0) * (kk // s.nr)
-                  + base.get("c0", 0) * (c - cc) + idx.get("c", 0) * cc + strip.const)  # fmt: skip
+        per_kc = (
+            base.get("k0", 0) * (k - kk)
+            + kk % s.nr
+            + idx.get("st", 0) * (kk // s.nr)
+            + base.get("c0", 0) * (c - cc)
+            + idx.get("c", 0) * cc
+            + strip.const
+        )
         per_ij = idx.get("i", 0) * i + idx.get("j", 0) * j
         # Scatter in the source's own order: the weights are read contiguously, only the writes jump.
         if sh.nhwc:

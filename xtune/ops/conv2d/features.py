@@ -25,13 +25,39 @@ from xtune.ops.template import ScheduleTemplate
 from xtune.target import Target
 
 CONV2D_FEATURES = (
-    "log2_c", "log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation", "lanes_log2", "nhwc",
-    "acc_regs_frac", "regs_used_frac", "fma_per_load", "p", "nv",
-    "k_waste", "ow_waste", "pad_waste",
-    "input_block_l2", "input_rows_l1", "weight_strip_l1", "weight_block_l2",
-    "c_blocks_log2", "k_blocks_log2", "unroll_kw", "unroll_log2", "unrolled_fmas_log2",
-    "order_pk", "reduction_rsc", "pack_hwc", "scalar_pack", "nchw_scatter_per_fma", "pack_per_fma",
-)  # fmt: skip
+    "log2_c",
+    "log2_k",
+    "log2_oh",
+    "log2_ow",
+    "log2_rs",
+    "stride",
+    "dilation",
+    "lanes_log2",
+    "nhwc",
+    "acc_regs_frac",
+    "regs_used_frac",
+    "fma_per_load",
+    "p",
+    "nv",
+    "k_waste",
+    "ow_waste",
+    "pad_waste",
+    "input_block_l2",
+    "input_rows_l1",
+    "weight_strip_l1",
+    "weight_block_l2",
+    "c_blocks_log2",
+    "k_blocks_log2",
+    "unroll_kw",
+    "unroll_log2",
+    "unrolled_fmas_log2",
+    "order_pk",
+    "reduction_rsc",
+    "pack_hwc",
+    "scalar_pack",
+    "nchw_scatter_per_fma",
+    "pack_per_fma",
+)
 
 
 def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
@@ -50,27 +76,69 @@ def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     fmas = float(sh.k * sh.oh * sh.ow * sh.c * sh.r * sh.s)
     one = np.ones_like(p)
     cols = [
-        one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow),
-        one * np.log2(sh.r * sh.s), one * sh.stride, one * sh.dilation, one * np.log2(lanes), one * sh.nhwc,
-        p * nv / regs, tiles.tile_registers(p, nv) / regs, tiles.fmas_per_load(p, nv), p, nv,
-        np.ceil(sh.k / nr) * nr / sh.k - 1, np.ceil(sh.ow / p) * p / sh.ow - 1,
+        one * np.log2(sh.c),
+        one * np.log2(sh.k),
+        one * np.log2(sh.oh),
+        one * np.log2(sh.ow),
+        one * np.log2(sh.r * sh.s),
+        one * sh.stride,
+        one * sh.dilation,
+        one * np.log2(lanes),
+        one * sh.nhwc,
+        p * nv / regs,
+        tiles.tile_registers(p, nv) / regs,
+        tiles.fmas_per_load(p, nv),
+        p,
+        nv,
+        np.ceil(sh.k / nr) * nr / sh.k - 1,
+        np.ceil(sh.ow / p) * p / sh.ow - 1,
         one * (hp * wp / (sh.h * sh.w) - 1),
-        log2(4 * cb * hp * wp / l2), log2(4 * rows * wp * cb / l1), log2(4 * cb * sh.r * sh.s * nr / l1),
+        log2(4 * cb * hp * wp / l2),
+        log2(4 * rows * wp * cb / l1),
+        log2(4 * cb * sh.r * sh.s * nr / l1),
         log2(4 * cb * sh.r * sh.s * kb / l2),
-        log2(np.ceil(sh.c / cb)), log2(np.ceil(sh.k / kb)), unroll_kw, log2(unroll),
+        log2(np.ceil(sh.c / cb)),
+        log2(np.ceil(sh.k / kb)),
+        unroll_kw,
+        log2(unroll),
         log2(p * nv * unroll * np.where(unroll_kw > 0, sh.s, 1)),
-        flag("order", "pk"), flag("reduction", "rsc"), hwc, (hwc != sh.nhwc).astype(np.float64),
-        one * (0.0 if sh.nhwc else 1.0 / (sh.c * sh.r * sh.s)), one * sh.c * hp * wp / fmas,
-    ]  # fmt: skip
+        flag("order", "pk"),
+        flag("reduction", "rsc"),
+        hwc,
+        (hwc != sh.nhwc).astype(np.float64),
+        one * (0.0 if sh.nhwc else 1.0 / (sh.c * sh.r * sh.s)),
+        one * sh.c * hp * wp / fmas,
+    ]
     return np.stack(cols, axis=1)
 
 
 WINOGRAD_FEATURES = (
-    "log2_c", "log2_k", "log2_tiles", "lanes_log2", "acc_regs_frac", "regs_used_frac", "fma_per_load",
-    "mr", "nv", "block_tiles_log2", "group_waste", "k_waste", "v_block_l2", "m_block_l2", "u_strip_l1",
-    "c_blocks_log2", "k_blocks_log2", "unroll_log2", "order_kt", "weight_transform_per_fma",
-    "input_transforms_per_fma", "nhwc", "est_gemm_eff", "est_transforms_per_gemm", "est_eff",
-)  # fmt: skip
+    "log2_c",
+    "log2_k",
+    "log2_tiles",
+    "lanes_log2",
+    "acc_regs_frac",
+    "regs_used_frac",
+    "fma_per_load",
+    "mr",
+    "nv",
+    "block_tiles_log2",
+    "group_waste",
+    "k_waste",
+    "v_block_l2",
+    "m_block_l2",
+    "u_strip_l1",
+    "c_blocks_log2",
+    "k_blocks_log2",
+    "unroll_log2",
+    "order_kt",
+    "weight_transform_per_fma",
+    "input_transforms_per_fma",
+    "nhwc",
+    "est_gemm_eff",
+    "est_transforms_per_gemm",
+    "est_eff",
+)
 
 
 def winograd_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
@@ -86,19 +154,39 @@ def winograd_features(template: ScheduleTemplate, indices: Indices) -> np.ndarra
     cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
     one = np.ones_like(mr)
     cols = [
-        one * np.log2(sh.c), one * np.log2(sh.k), one * np.log2(th * tw), one * np.log2(lanes),
-        mr * nv / regs, tiles.tile_registers(mr, nv) / regs, tiles.fmas_per_load(mr, nv), mr, nv,
-        log2(nt), np.ceil(nt / mr) * mr / nt - 1, np.ceil(sh.k / nr) * nr / sh.k - 1,
-        log2(4 * e * nt * sh.c / l2), log2(4 * e * nt * kb / l2), log2(4 * cb * nr / l1),
-        log2(np.ceil(sh.c / cb)), log2(np.ceil(sh.k / kb)), log2(cfg.ints("unroll")),
+        one * np.log2(sh.c),
+        one * np.log2(sh.k),
+        one * np.log2(th * tw),
+        one * np.log2(lanes),
+        mr * nv / regs,
+        tiles.tile_registers(mr, nv) / regs,
+        tiles.fmas_per_load(mr, nv),
+        mr,
+        nv,
+        log2(nt),
+        np.ceil(nt / mr) * mr / nt - 1,
+        np.ceil(sh.k / nr) * nr / sh.k - 1,
+        log2(4 * e * nt * sh.c / l2),
+        log2(4 * e * nt * kb / l2),
+        log2(4 * cb * nr / l1),
+        log2(np.ceil(sh.c / cb)),
+        log2(np.ceil(sh.k / kb)),
+        log2(cfg.ints("unroll")),
         cfg.flag("order", "kt"),
         # Per call, unless prepacked=1: U of every output-channel block (once per tile, not per FMA); the
         # input is transformed again for every output-channel block.
-        one * (0.0 if template.workload["prepacked"] else 1.0 / (th * tw)), np.ceil(sh.k / kb) / sh.k,
+        one * (0.0 if template.workload["prepacked"] else 1.0 / (th * tw)),
+        np.ceil(sh.k / kb) / sh.k,
         one * sh.nhwc,
-        *winograd_estimate(t, (float(th * tw * sh.n), float(sh.c), float(sh.k)), (mr, nv), (nt, cb, kb),
-                           cfg.ints("unroll"), e),
-    ]  # fmt: skip
+        *winograd_estimate(
+            t,
+            (float(th * tw * sh.n), float(sh.c), float(sh.k)),
+            (mr, nv),
+            (nt, cb, kb),
+            cfg.ints("unroll"),
+            e,
+        ),
+    ]
     return np.stack(cols, axis=1)
 
 

@@ -93,9 +93,16 @@ class WinogradTemplate:
         while ty * tx > 1 and 4 * stack_floats(sh, lanes, ty * tx, kb, self.prepacked) > STACK_BUDGET:
             ty, tx = (ty // 2, tx) if ty > 1 else (ty, tx // 2)
         return WinogradSchedule(
-            mr, nv, lanes, ty, tx, min(config.int("tile_ic"), sh.c), kb, str(config["order"]),
+            mr,
+            nv,
+            lanes,
+            ty,
+            tx,
+            min(config.int("tile_ic"), sh.c),
+            kb,
+            str(config["order"]),
             config.int("unroll"),
-        )  # fmt: skip
+        )
 
     def default_config(self) -> Config:
         sh, t = self.shape, self.target
@@ -116,9 +123,14 @@ class WinogradTemplate:
         fits = [o for o in knobs["tile_ic"] if 4 * o * nr <= t.l1d_bytes // 2]
         cb = max(fits, default=min(knobs["tile_ic"]))
         values: dict[str, KnobValue] = {
-            "tile": tile, "tile_ty": ty, "tile_tx": tx, "tile_ic": cb, "tile_oc": max(knobs["tile_oc"]),
-            "order": "tk", "unroll": 2,
-        }  # fmt: skip
+            "tile": tile,
+            "tile_ty": ty,
+            "tile_tx": tx,
+            "tile_ic": cb,
+            "tile_oc": max(knobs["tile_oc"]),
+            "order": "tk",
+            "unroll": 2,
+        }
         return self.space.config(self.space.index_of(values))
 
     def default_blocks(self, ty_options: list[int], tx_options: list[int]) -> tuple[int, int]:

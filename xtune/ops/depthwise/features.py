@@ -25,10 +25,28 @@ from xtune.ops.template import ScheduleTemplate
 from xtune.target import Target
 
 DEPTHWISE_FEATURES = (
-    "log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation", "multiplier", "lanes_log2",
-    "acc_regs_frac", "fma_per_load", "p", "nv", "ow_waste", "oh_waste", "pad_waste",
-    "plane_l1", "plane_l2", "block_cols_frac", "order_yx", "unroll_kh", "unrolled_fmas_log2",
-)  # fmt: skip
+    "log2_k",
+    "log2_oh",
+    "log2_ow",
+    "log2_rs",
+    "stride",
+    "dilation",
+    "multiplier",
+    "lanes_log2",
+    "acc_regs_frac",
+    "fma_per_load",
+    "p",
+    "nv",
+    "ow_waste",
+    "oh_waste",
+    "pad_waste",
+    "plane_l1",
+    "plane_l2",
+    "block_cols_frac",
+    "order_yx",
+    "unroll_kh",
+    "unrolled_fmas_log2",
+)
 
 
 def depthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
@@ -42,24 +60,60 @@ def depthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndarr
     plane = 4.0 * sh.padded[0] * sh.stride * depthwise.phase_width(sh, t.fp32_lanes)
     one = np.ones_like(p)
     cols = [
-        one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow), one * np.log2(sh.r * sh.s),
-        one * sh.stride, one * sh.dilation, one * sh.multiplier, one * np.log2(lanes),
-        p * nv / regs, depthwise.fmas_per_load(sh, p, nv), p, nv,
-        np.ceil(sh.ow / width) * width / sh.ow - 1, np.ceil(sh.oh / p) * p / sh.oh - 1,
+        one * np.log2(sh.k),
+        one * np.log2(sh.oh),
+        one * np.log2(sh.ow),
+        one * np.log2(sh.r * sh.s),
+        one * sh.stride,
+        one * sh.dilation,
+        one * sh.multiplier,
+        one * np.log2(lanes),
+        p * nv / regs,
+        depthwise.fmas_per_load(sh, p, nv),
+        p,
+        nv,
+        np.ceil(sh.ow / width) * width / sh.ow - 1,
+        np.ceil(sh.oh / p) * p / sh.oh - 1,
         one * (sh.padded[0] * sh.padded[1] / (sh.h * sh.w) - 1),
-        one * np.log2(plane / l1), one * np.log2(plane / l2), owb / sh.ow,
-        cfg.flag("order", "yx"), unroll_kh,
+        one * np.log2(plane / l1),
+        one * np.log2(plane / l2),
+        owb / sh.ow,
+        cfg.flag("order", "yx"),
+        unroll_kh,
         log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)),
-    ]  # fmt: skip
+    ]
     return np.stack(cols, axis=1)
 
 
 DEPTHWISE_NHWC_FEATURES = (
-    "log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation", "multiplier", "lanes_log2",
-    "acc_regs_frac", "regs_used_frac", "fma_per_load", "p", "nv", "k_waste", "ow_waste", "border_frac",
-    "rows_l1", "row_block_l2", "weights_l1", "k_blocks_log2", "oh_blocks_log2", "unroll_kh",
-    "unrolled_fmas_log2", "expand_per_fma", "est_compute_eff", "est_memory_per_compute", "est_eff",
-)  # fmt: skip
+    "log2_k",
+    "log2_oh",
+    "log2_ow",
+    "log2_rs",
+    "stride",
+    "dilation",
+    "multiplier",
+    "lanes_log2",
+    "acc_regs_frac",
+    "regs_used_frac",
+    "fma_per_load",
+    "p",
+    "nv",
+    "k_waste",
+    "ow_waste",
+    "border_frac",
+    "rows_l1",
+    "row_block_l2",
+    "weights_l1",
+    "k_blocks_log2",
+    "oh_blocks_log2",
+    "unroll_kh",
+    "unrolled_fmas_log2",
+    "expand_per_fma",
+    "est_compute_eff",
+    "est_memory_per_compute",
+    "est_eff",
+)
 
 
 def depthwise_nhwc_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
@@ -81,16 +135,32 @@ def depthwise_nhwc_features(template: ScheduleTemplate, indices: Indices) -> np.
     expand = (sh.multiplier > 1) * sh.r * sh.w / (sh.ow * sh.r * sh.s)  # copies per FMA, per output row
     one = np.ones_like(p)
     cols = [
-        one * np.log2(sh.k), one * np.log2(sh.oh), one * np.log2(sh.ow), one * np.log2(sh.r * sh.s),
-        one * sh.stride, one * sh.dilation, one * sh.multiplier, one * np.log2(lanes),
-        p * nv / regs, depthwise_nhwc.tile_registers(sh, p, nv) / regs,
-        depthwise_nhwc.fmas_per_load(sh, p, nv), p, nv,
-        np.ceil(sh.k / nr) * nr / sh.k - 1, np.ceil(inner / p) * p / inner - 1, one * border,
-        log2(rows / l1), log2(rows * block_rows / ((sh.r - 1) * sh.dilation + 1) / l2),
-        log2(4 * sh.r * sh.s * kb / l1), log2(np.ceil(sh.k / kb)), log2(np.ceil(max(1, yhi - ylo) / ohb)),
-        unroll_kh, log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)), one * expand,
+        one * np.log2(sh.k),
+        one * np.log2(sh.oh),
+        one * np.log2(sh.ow),
+        one * np.log2(sh.r * sh.s),
+        one * sh.stride,
+        one * sh.dilation,
+        one * sh.multiplier,
+        one * np.log2(lanes),
+        p * nv / regs,
+        depthwise_nhwc.tile_registers(sh, p, nv) / regs,
+        depthwise_nhwc.fmas_per_load(sh, p, nv),
+        p,
+        nv,
+        np.ceil(sh.k / nr) * nr / sh.k - 1,
+        np.ceil(inner / p) * p / inner - 1,
+        one * border,
+        log2(rows / l1),
+        log2(rows * block_rows / ((sh.r - 1) * sh.dilation + 1) / l2),
+        log2(4 * sh.r * sh.s * kb / l1),
+        log2(np.ceil(sh.k / kb)),
+        log2(np.ceil(max(1, yhi - ylo) / ohb)),
+        unroll_kh,
+        log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)),
+        one * expand,
         *depthwise_nhwc_estimate(t, sh, (p, nv), (kb, ohb), unroll_kh),
-    ]  # fmt: skip
+    ]
     return np.stack(cols, axis=1)
 
 
@@ -141,9 +211,10 @@ def depthwise_nhwc_estimate(
     # The pixel tiles of a row: whole tiles and the tail of the interior, and the border pixels in tiles
     # of at most p (their taps on the padding are left out: counted whole here).
     columns = [
-        (p, np.floor(inner / p)), (inner - np.floor(inner / p) * p, np.ones_like(p)),
+        (p, np.floor(inner / p)),
+        (inner - np.floor(inner / p) * p, np.ones_like(p)),
         *((np.minimum(p, float(e)), np.ceil(e / p)) for e in (xlo, sh.ow - xhi) if e > 0),
-    ]  # fmt: skip
+    ]
     # The channel strips of a row: k // kb blocks of kb channels and the rest, each in strips of nv.
     blocks_whole = np.floor(sh.k / kb)
     rest = sh.k - blocks_whole * kb
@@ -152,8 +223,9 @@ def depthwise_nhwc_estimate(
         whole, tail = _strips(kcur, nv, lanes)
         strips += [(nv, count * whole), (tail, count)]
     serial = 1.0 - unroll_kh
-    row = sum(cn * sc * _nhwc_tile_cycles(sh, px, v, fma_rate, serial) for px, cn in columns
-              for v, sc in strips)  # fmt: skip
+    row = sum(
+        cn * sc * _nhwc_tile_cycles(sh, px, v, fma_rate, serial) for px, cn in columns for v, sc in strips
+    )
     rows = float(sh.n * sh.oh)
     # A multiplier above 1 copies each output row's input rows, a float at a time, repeated m times.
     expand = (sh.multiplier > 1) * rows * sh.r * sh.w * sh.k / STORES_PER_CYCLE

@@ -137,8 +137,9 @@ class DepthwiseTemplate:
         values = {
             "tile": max(roomy_tiles(knobs["tile"], self.target, _tile_registers), key=score),
             "tile_ow": max(knobs["tile_ow"]),
-            "order": "yx", "unroll_kh": 1,
-        }  # fmt: skip
+            "order": "yx",
+            "unroll_kh": 1,
+        }
         return self.space.config(self.space.index_of(values))
 
     def kernel(self, config: Config, name: str) -> Kernel:

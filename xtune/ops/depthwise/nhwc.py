@@ -162,9 +162,11 @@ class DepthwiseNhwcTemplate:
         narrow = [o for o in roomy if fits and parse_tile(o)[1] * t.fp32_lanes <= max(fits)]
         tile = max(narrow or roomy, key=score)
         values: dict[str, KnobValue] = {
-            "tile": tile, "tile_k": max(fits) if fits else min(ks),
-            "tile_oh": max(int(o) for o in knobs["tile_oh"]), "unroll_kh": 1,
-        }  # fmt: skip
+            "tile": tile,
+            "tile_k": max(fits) if fits else min(ks),
+            "tile_oh": max(int(o) for o in knobs["tile_oh"]),
+            "unroll_kh": 1,
+        }
         return self.space.config(self.space.index_of(values))
 
     def kernel(self, config: Config, name: str) -> Kernel:
@@ -309,9 +311,11 @@ class _NhwcEmitter:
             """One kernel row: its s*V weight vectors loaded once, then input column by input column, each
             column's V vectors loaded once and multiplied into every (pixel, kw) that reads it."""
             pairs = [
-                (p, kw) for p, (x, border) in enumerate(xs) for kw in range(sh.s)
+                (p, kw)
+                for p, (x, border) in enumerate(xs)
+                for kw in range(sh.s)
                 if not border or self.kw_valid(x.const, kw)
-            ]  # fmt: skip
+            ]
             for kw in sorted({kw for _, kw in pairs}):
                 for v in range(nvec):
                     at = (kh * sh.s + kw) * sh.k + ch + v * lanes

@@ -23,15 +23,42 @@ from xtune.ops.template import ScheduleTemplate
 from xtune.target import Target
 
 MATMUL_FEATURES = (
-    "log2_m", "log2_n", "log2_k", "lanes_log2",
-    "acc_regs_frac", "regs_used_frac", "fma_per_load", "mr", "nv",
-    "b_strip_l1", "a_panel_l1", "a_block_l2", "b_panel_l2", "c_block_l2",
-    "m_waste", "n_waste", "k_blocks_log2", "unroll_k_log2", "unrolled_fmas_log2",
-    "pack_a", "pack_b", "inner_nm", "b_stride_log2", "a_stride_log2", "b_repacks_log2", "a_repacks_log2",
+    "log2_m",
+    "log2_n",
+    "log2_k",
+    "lanes_log2",
+    "acc_regs_frac",
+    "regs_used_frac",
+    "fma_per_load",
+    "mr",
+    "nv",
+    "b_strip_l1",
+    "a_panel_l1",
+    "a_block_l2",
+    "b_panel_l2",
+    "c_block_l2",
+    "m_waste",
+    "n_waste",
+    "k_blocks_log2",
+    "unroll_k_log2",
+    "unrolled_fmas_log2",
+    "pack_a",
+    "pack_b",
+    "inner_nm",
+    "b_stride_log2",
+    "a_stride_log2",
+    "b_repacks_log2",
+    "a_repacks_log2",
     *(f"order_{o}" for o in ORDERS),
-    "est_micro_eff", "est_call_overhead", "est_pack_a", "est_pack_b", "est_b_level", "est_a_level",
-    "est_mem_stall", "est_eff",
-)  # fmt: skip
+    "est_micro_eff",
+    "est_call_overhead",
+    "est_pack_a",
+    "est_pack_b",
+    "est_b_level",
+    "est_a_level",
+    "est_mem_stall",
+    "est_eff",
+)
 
 
 def matmul_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
@@ -54,20 +81,43 @@ def matmul_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     m_out = np.array([matmul.repacked_per_block(o, "B") for o in order], dtype=np.float64)
     n_out = np.array([matmul.repacked_per_block(o, "A") for o in order], dtype=np.float64)
     cols = [
-        np.full_like(mr, np.log2(m)), np.full_like(mr, np.log2(n)), np.full_like(mr, np.log2(k)),
+        np.full_like(mr, np.log2(m)),
+        np.full_like(mr, np.log2(n)),
+        np.full_like(mr, np.log2(k)),
         np.full_like(mr, np.log2(lanes)),
-        mr * nv / regs, tiles.tile_registers(mr, nv) / regs, tiles.fmas_per_load(mr, nv), mr, nv,
-        log2(4 * kc * nr / l1), log2(4 * kc * mr / l1), log2(4 * mc * kc / l2), log2(4 * kc * nc / l2),
+        mr * nv / regs,
+        tiles.tile_registers(mr, nv) / regs,
+        tiles.fmas_per_load(mr, nv),
+        mr,
+        nv,
+        log2(4 * kc * nr / l1),
+        log2(4 * kc * mr / l1),
+        log2(4 * mc * kc / l2),
+        log2(4 * kc * nc / l2),
         log2(4 * mc * nc / l2),
-        np.ceil(m / mr) * mr / m - 1, np.ceil(n / nr) * nr / n - 1, log2(np.ceil(k / kc)), log2(unroll),
+        np.ceil(m / mr) * mr / m - 1,
+        np.ceil(n / nr) * nr / n - 1,
+        log2(np.ceil(k / kc)),
+        log2(unroll),
         log2(unroll * mr * nv),
-        pack_a, pack_b, cfg.flag("inner", "nm"),
-        np.where(pack_b > 0, 0.0, np.log2(n)), np.where(pack_a > 0, 0.0, np.log2(k)),
-        copy_b * m_out * log2(np.ceil(m / mc)), copy_a * n_out * log2(np.ceil(n / nc)),
+        pack_a,
+        pack_b,
+        cfg.flag("inner", "nm"),
+        np.where(pack_b > 0, 0.0, np.log2(n)),
+        np.where(pack_a > 0, 0.0, np.log2(k)),
+        copy_b * m_out * log2(np.ceil(m / mc)),
+        copy_a * n_out * log2(np.ceil(n / nc)),
         *((order == o).astype(np.float64) for o in ORDERS),
-        *_matmul_estimate(t, (m, n, k), (mr, nv, mc, nc, kc, unroll), (pack_a, pack_b, copy_a, copy_b),
-                          order, (m_out, n_out), cfg.flag("inner", "nm")),
-    ]  # fmt: skip
+        *_matmul_estimate(
+            t,
+            (m, n, k),
+            (mr, nv, mc, nc, kc, unroll),
+            (pack_a, pack_b, copy_a, copy_b),
+            order,
+            (m_out, n_out),
+            cfg.flag("inner", "nm"),
+        ),
+    ]
     return np.stack(cols, axis=1)
 
 
@@ -125,8 +175,16 @@ def _matmul_estimate(
     )
     stall = np.maximum(memory - step, 0.0) / step
     total = micro * (1.0 + stall) + overhead + pack_a_cycles + pack_b_cycles
-    return [ideal / micro, overhead / ideal, pack_a_cycles / ideal, pack_b_cycles / ideal,
-            b_level.astype(np.float64), a_level.astype(np.float64), stall, ideal / total]  # fmt: skip
+    return [
+        ideal / micro,
+        overhead / ideal,
+        pack_a_cycles / ideal,
+        pack_b_cycles / ideal,
+        b_level.astype(np.float64),
+        a_level.astype(np.float64),
+        stall,
+        ideal / total,
+    ]
 
 
 def _stream_levels(

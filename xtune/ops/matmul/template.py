@@ -195,12 +195,22 @@ class MatmulTemplate:
             self.workload, lanes, (mr, nv), (config.int("mc"), config.int("nc"), config.int("kc"))
         )
         return MatmulSchedule(
-            mr, nv, lanes, int(mc), int(nc), int(kc), str(config["order"]),
-            str(config["inner"]), bool(config["pack_a"]), bool(config["pack_b"]), config.int("unroll_k"),
-            self.operands.prepacked, self.target.weight_prefetch_bytes,
+            mr,
+            nv,
+            lanes,
+            int(mc),
+            int(nc),
+            int(kc),
+            str(config["order"]),
+            str(config["inner"]),
+            bool(config["pack_a"]),
+            bool(config["pack_b"]),
+            config.int("unroll_k"),
+            self.operands.prepacked,
+            self.target.weight_prefetch_bytes,
             # A tile whose A vectors would not fit beside its accumulators broadcasts A one step at a time.
             self.target.lane_fma and tile_registers(mr, nv, True) <= register_budget(self.target),
-        )  # fmt: skip
+        )
 
     def default_config(self) -> Config:
         t = self.target
@@ -219,9 +229,16 @@ class MatmulTemplate:
         mc = _largest(knobs["mc"], lambda v: 4 * v * kc <= t.l2_bytes // 2)
         nc = _largest(knobs["nc"], lambda v: 4 * v * kc <= t.l2_bytes)
         values: dict[str, KnobValue] = {
-            "tile": f"{mr}x{nv}", "mc": mc, "nc": nc, "kc": kc, "order": "nkm", "inner": "nm",
-            "pack_a": 0, "pack_b": 1, "unroll_k": 4,
-        }  # fmt: skip
+            "tile": f"{mr}x{nv}",
+            "mc": mc,
+            "nc": nc,
+            "kc": kc,
+            "order": "nkm",
+            "inner": "nm",
+            "pack_a": 0,
+            "pack_b": 1,
+            "unroll_k": 4,
+        }
         return self.space.config(self.space.index_of(values))
 
     def kernel(self, config: Config, name: str) -> Kernel:
