@@ -27,7 +27,7 @@ from arm_cycles import cycles_between, records
 
 from xtune.boards.board import build_insn_plugin
 from xtune.errors import InputError, XtuneError
-from xtune.ops.workload import RTOL, check_output
+from xtune.ops.workload import RTOL, compare_output
 from xtune.target import Target
 from xtune.tuning.peers import ort_session
 
@@ -273,7 +273,7 @@ def check_peer(run: PeerRun, model: Path) -> str:
     if len(expected) != len(run.outputs):
         return f"{len(run.outputs)} outputs on {run.core}, {len(expected)} on the host"
     for i, (got, ref) in enumerate(zip(run.outputs, expected, strict=True)):
-        why = check_output(got.astype(np.float64), ref.astype(np.float64), RTOL)
+        why = compare_output(got.astype(np.float64), ref.astype(np.float64), RTOL)
         if why:
             return f"output {i}: {why}"
     return ""

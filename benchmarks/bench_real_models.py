@@ -31,7 +31,7 @@ from xtune.firmware.build import build_model
 from xtune.frontend.load import load_model
 from xtune.frontend.refusal import refusal
 from xtune.frontend.tasks import extract_tasks
-from xtune.ops.workload import RTOL, check_output
+from xtune.ops.workload import RTOL, compare_output
 from xtune.tuning.database import read_logs
 from xtune.tuning.peers import ort_network
 
@@ -57,7 +57,7 @@ def bench_one(path: Path, args: argparse.Namespace) -> tuple[dict[str, object], 
     x = random_input(artifact.program.input_shape)
     got, seconds = run_network(board, artifact, x, args.repeat)
     ref, ort_times = ort_network(load_model(source).SerializeToString(), x, args.repeat)
-    mismatch, ort_s = check_output(got, ref, RTOL), statistics.median(ort_times)
+    mismatch, ort_s = compare_output(got, ref, RTOL), statistics.median(ort_times)
     row = {
         "model": name,
         "import_s": imported,

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from xtune.boards.board import get_board
 from xtune.firmware.bench import random_input, run_network
 from xtune.firmware.build import NetArtifact, build_model
-from xtune.ops.workload import RTOL, check_output
+from xtune.ops.workload import RTOL, compare_output
 from xtune.tuning.peers import ort_network
 
 LAYOUTS = ("nchw", "nhwc")
@@ -55,7 +55,7 @@ def check(model: onnx.ModelProto, layout: str, board: str = "local") -> NetArtif
     x = random_input(artifact.program.input_shape) * np.float32(3)  # both signs, past the knees
     got, _ = run_network(b, artifact, x)
     want, _ = ort_network(model.SerializeToString(), x)
-    assert check_output(got, want, RTOL) == "", (got.reshape(-1)[:8], want.reshape(-1)[:8])
+    assert compare_output(got, want, RTOL) == "", (got.reshape(-1)[:8], want.reshape(-1)[:8])
     return artifact
 
 

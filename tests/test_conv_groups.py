@@ -17,7 +17,7 @@ from xtune.firmware.bench import bench_model
 from xtune.frontend.tasks import extract_tasks
 from xtune.ops.conv2d.direct import Conv2dTemplate
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.workload import RTOL, check_output, random_inputs
+from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.target import get_target
 from xtune.tuning.peers import onnx_model, ort_available, ort_session
 
@@ -66,7 +66,7 @@ def test_references_match_onnx_runtime(key: str) -> None:
     inputs = random_inputs(wl)
     feed = {session.get_inputs()[0].name: inputs[0]}
     got = session.run(None, feed)[0]
-    assert check_output(got, wl.reference(inputs).astype(np.float32), RTOL) == ""
+    assert compare_output(got, wl.reference(inputs).astype(np.float32), RTOL) == ""
 
 
 @pytest.mark.parametrize("key", SHAPES)

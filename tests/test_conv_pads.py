@@ -16,7 +16,7 @@ from xtune.errors import InputError
 from xtune.firmware.bench import bench_model
 from xtune.ops.conv import conv_shape
 from xtune.ops.registry import parse_workload
-from xtune.ops.workload import RTOL, check_output, random_inputs
+from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.tuning.peers import onnx_model, ort_available, ort_session
 
 # TensorFlow "same" at stride 2 (the odd pixel at the bottom and right), every side its own, a window
@@ -90,7 +90,7 @@ def test_references_match_onnx_runtime(key: str) -> None:
     session = ort_session(onnx_model(wl).SerializeToString())
     x = random_inputs(wl)[0]
     got = session.run(None, {session.get_inputs()[0].name: x})[0]
-    assert check_output(got, wl.reference(random_inputs(wl)).astype(np.float32), RTOL) == ""
+    assert compare_output(got, wl.reference(random_inputs(wl)).astype(np.float32), RTOL) == ""
 
 
 @pytest.mark.parametrize("key", SHAPES)

@@ -18,7 +18,7 @@ from xtune.errors import InputError
 from xtune.ops.conv import conv_shape
 from xtune.ops.depthwise.nhwc import DepthwiseNhwcTemplate, interiors, reuses_rows, tile_registers
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.workload import check_output, random_inputs
+from xtune.ops.workload import compare_output, random_inputs
 from xtune.schedule.loopnest import Load, walk
 from xtune.target import get_target
 from xtune.tuning.database import TuningLog, best, read_logs
@@ -215,7 +215,7 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
     inputs = random_inputs(wl, seed=5)
     out = np.full(next(t for t in wl.tensors() if t.is_output).shape, np.nan, np.float32)
     run_kernel(template.kernel(template.space.config(record.index), "k"), [*inputs, out])
-    assert check_output(out, wl.reference(inputs), 1e-4) == ""
+    assert compare_output(out, wl.reference(inputs), 1e-4) == ""
 
 
 @pytest.mark.parametrize("board", ["local", *QEMU_BOARDS])

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import run_cli
 from xtune.errors import InputError
-from xtune.ops.workload import check_output, max_abs_error
+from xtune.ops.workload import compare_output, max_abs_error
 from xtune.tuning.peers import ort_network
 
 X_SHAPE = [1, 3, 8, 8]
@@ -447,18 +447,18 @@ def test_batchnorm_with_zero_and_nan_variance_matches_onnx_runtime_without_numpy
 
 def test_the_output_check_compares_non_finite_values_by_position_and_value() -> None:
     ref = np.array([1.0, np.inf, -np.inf, np.nan, 2.0], np.float32)
-    assert check_output(ref.copy(), ref, 1e-4) == ""
+    assert compare_output(ref.copy(), ref, 1e-4) == ""
     assert max_abs_error(ref, ref) == 0.0
     for i, value in ((1, -np.inf), (1, np.nan), (2, 5.0), (3, np.inf), (3, 0.0)):
         got = ref.copy()
         got[i] = value
-        assert "non-finite output(s) differ" in check_output(got, ref, 1e-4), (i, value)
+        assert "non-finite output(s) differ" in compare_output(got, ref, 1e-4), (i, value)
     got = ref.copy()
     got[0] = np.nan  # where the reference is finite: a never-written element, as in every kernel check
-    assert "not finite (NaN where the reference is finite" in check_output(got, ref, 1e-4)
+    assert "not finite (NaN where the reference is finite" in compare_output(got, ref, 1e-4)
     got = ref.copy()
     got[4] = 2.5
-    assert "max abs error 0.5" in check_output(got, ref, 1e-4) and max_abs_error(got, ref) == 0.5
+    assert "max abs error 0.5" in compare_output(got, ref, 1e-4) and max_abs_error(got, ref) == 0.5
 
 
 def test_a_model_onnx_runtime_refuses_is_one_line() -> None:

@@ -30,7 +30,7 @@ from xtune.firmware.build import NetArtifact, build_model
 from xtune.ops.layout import Layout, workload_layout
 from xtune.ops.registry import family
 from xtune.ops.transpose import Transpose
-from xtune.ops.workload import RTOL, Workload, check_output
+from xtune.ops.workload import RTOL, Workload, compare_output
 from xtune.target import get_target
 from xtune.tuning.measure import MeasureStatus
 from xtune.tuning.peers import ort_network
@@ -59,7 +59,7 @@ def check_network(board_name: str, name: str, layout: str) -> None:
     x = random_input(artifact.program.input_shape)
     got, _ = run_network(board, artifact, x)
     ref, _ = ort_network(model(name).SerializeToString(), x)
-    assert check_output(got, ref, RTOL) == "", (board_name, name, layout)
+    assert compare_output(got, ref, RTOL) == "", (board_name, name, layout)
     assert np.argmax(got) == np.argmax(ref)
 
 
@@ -146,7 +146,7 @@ def test_a_logged_config_is_built_and_still_right(tmp_path: Path) -> None:
     x = random_input(tuned.program.input_shape)
     got, _ = run_network(board, tuned, x)
     ref, _ = ort_network(model("resnet_small").SerializeToString(), x)
-    assert check_output(got, ref, RTOL) == ""
+    assert compare_output(got, ref, RTOL) == ""
     # The log was tuned in NHWC: built in NCHW, that task has no best and takes its template's default.
     nchw = xtune.build_model(model("resnet_small"), "x86-avx2", logs=[log], layout="nchw")
     assert task.what not in {k.what for k in nchw.kernels}
@@ -366,7 +366,7 @@ def check_operators(board_name: str, layout: str) -> None:
     x = random_input(artifact.program.input_shape)
     got, _ = run_network(board, artifact, x)
     ref, _ = ort_network(m.SerializeToString(), x)
-    assert check_output(got, ref, RTOL) == ""
+    assert compare_output(got, ref, RTOL) == ""
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -450,7 +450,7 @@ def check_conversions(board_name: str) -> None:
         x = random_input(artifact.program.input_shape)
         got, _ = run_network(board, artifact, x)
         ref, _ = ort_network(m.SerializeToString(), x)
-        assert check_output(got, ref, RTOL) == "", (board_name, name)
+        assert compare_output(got, ref, RTOL) == "", (board_name, name)
 
 
 def test_conversions_inside_a_network_match_onnx_runtime_on_the_host() -> None:

@@ -27,7 +27,7 @@ from xtune.errors import InputError
 from xtune.firmware.bench import random_input, run_network
 from xtune.firmware.build import NetArtifact, build_model, step_label
 from xtune.firmware.profile import profile_model
-from xtune.ops.workload import RTOL, check_output
+from xtune.ops.workload import RTOL, compare_output
 from xtune.tuning.measure import MeasureStatus
 from xtune.tuning.peers import ort_network
 
@@ -72,7 +72,7 @@ def test_the_profile_entry_reads_the_counter_on_each_architecture(qemu_board: st
     artifact = xtune.build_model(model(), board.target.name, profile=True)  # the library's entry
     out, stamps = run_profile(qemu_board, artifact)
     ref, _ = ort_network(model().SerializeToString(), random_input(artifact.program.input_shape))
-    assert check_output(out, ref, RTOL) == ""
+    assert compare_output(out, ref, RTOL) == ""
     ticks = np.diff(stamps.astype(np.int64))
     assert np.all(ticks >= 0) and stamps[-1] > stamps[0]  # a coarse timer may not tick within a step
 

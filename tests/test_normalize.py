@@ -21,7 +21,7 @@ from xtune.firmware.bench import bench_model, random_input
 from xtune.frontend.load import load_graph
 from xtune.frontend.normalize import normalize
 from xtune.frontend.tasks import extract_tasks
-from xtune.ops.workload import RTOL, check_output
+from xtune.ops.workload import RTOL, compare_output
 from xtune.tuning.peers import ort_network
 
 pytest.importorskip("onnxruntime")
@@ -46,7 +46,7 @@ def normalized_like_ort(model: onnx.ModelProto, exact: bool = False) -> onnx.Mod
     want, got = ort(model, x), ort(out, x)
     if exact:
         np.testing.assert_array_equal(got, want)
-    assert check_output(got, want, RTOL) == ""
+    assert compare_output(got, want, RTOL) == ""
     return out
 
 

@@ -17,7 +17,7 @@ from xtune.codegen.lower import lower
 from xtune.errors import InputError
 from xtune.ops.conv2d.winograd import WinogradTemplate
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.workload import RTOL, check_output, random_inputs
+from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.target import get_target
 
 # Tails on every axis (channels no multiple of any vector width, several channel blocks in random configs),
@@ -79,7 +79,7 @@ def check_packs(board: str, key: str) -> None:
         assert packed.tobytes() == want.tobytes(), (key, index, np.flatnonzero(packed != want)[:8])
         args = [*inputs[:slot], packed, *inputs[slot + 1 :], np.full(expected.shape, np.nan, np.float32)]
         out = run_entry(board, image, f"kernel{n}", args)[-1]
-        assert check_output(out, expected, RTOL) == "", (key, index)
+        assert compare_output(out, expected, RTOL) == "", (key, index)
 
 
 def test_the_pack_function_takes_the_workloads_weights_and_writes_the_packed_size() -> None:

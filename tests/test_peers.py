@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from xtune.ops.registry import parse_workload
-from xtune.ops.workload import RTOL, check_output, random_inputs
+from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.tuning.peers import onnx_model, ort_seconds
 
 onnx = pytest.importorskip("onnx")
@@ -40,7 +40,7 @@ def ort_output(key: str) -> tuple[np.ndarray, np.ndarray]:
 def test_the_onnx_model_computes_what_numpy_computes(key: str) -> None:
     got, expected = ort_output(key)
     assert got.shape == expected.shape
-    assert check_output(got, expected, RTOL) == ""
+    assert compare_output(got, expected, RTOL) == ""
     if "relu=1" in key or "relu6=1" in key:
         assert got.min() == 0.0 and expected.min() == 0.0  # the epilogue clamps, on both sides
     if "relu6=1" in key:  # ReLU6 is Clip(0, 6)

@@ -382,7 +382,7 @@ def test_a_network_whose_logged_configs_read_weight_panels_matches_onnx_runtime(
     from tests.test_artifact import _write_log
     from xtune.firmware.bench import random_input, run_network
     from xtune.firmware.build import build_model
-    from xtune.ops.workload import RTOL, check_output
+    from xtune.ops.workload import RTOL, compare_output
     from xtune.tuning.peers import ort_network
 
     onnx_model = networks.NETWORKS["mobilenet_v2_small"]()
@@ -407,7 +407,7 @@ def test_a_network_whose_logged_configs_read_weight_panels_matches_onnx_runtime(
     x = random_input(artifact.program.input_shape)
     got, _ = run_network(get_board("local", target="x86-avx2"), artifact, x)
     ref, _ = ort_network(onnx_model.SerializeToString(), x)
-    assert check_output(got, ref, RTOL) == ""
+    assert compare_output(got, ref, RTOL) == ""
 
 
 # --- prefetch of prepacked weights -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from xtune.firmware.bench import bench_model, random_input
 from xtune.firmware.program import unsupported
 from xtune.frontend.normalize import normalize
 from xtune.frontend.tasks import extract_tasks
-from xtune.ops.workload import RTOL, check_output
+from xtune.ops.workload import RTOL, compare_output
 from xtune.tuning.peers import ort_network
 
 pytest.importorskip("onnxruntime")
@@ -73,7 +73,7 @@ def test_normalization_keeps_the_output_of_every_zoo_graph(name: str) -> None:
     x = random_input(input_shape(model))
     want, _ = ort_network(model.SerializeToString(), x)
     got, _ = ort_network(out.SerializeToString(), x)
-    assert check_output(got, want, RTOL) == "", name
+    assert compare_output(got, want, RTOL) == "", name
 
 
 @pytest.mark.parametrize("name", list(NOT_YET))
@@ -116,7 +116,7 @@ def test_exporter_style_networks_normalize_exactly_and_name_what_is_missing(name
     x = random_input(input_shape(model))
     want, _ = ort_network(model.SerializeToString(), x)
     got, _ = ort_network(normalize(model, name).SerializeToString(), x)
-    assert check_output(got, want, RTOL) == "", name
+    assert compare_output(got, want, RTOL) == "", name
     partial = extract_tasks(model, "x86-avx2", partial=True)
     assert {u.op for u in partial.unsupported} == missing
 

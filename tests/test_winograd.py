@@ -25,7 +25,7 @@ from xtune.firmware.kernels import MAX_STACK_BYTES
 from xtune.ops.conv2d import winograd_eligible
 from xtune.ops.conv2d.winograd import WinogradTemplate
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.workload import RTOL, check_output, random_inputs
+from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.target import get_target
 from xtune.tuning.database import TuningLog
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
@@ -126,7 +126,7 @@ def test_plain_and_prepacked_weights_give_the_reference_in_the_interpreter(key: 
             config = template.space.config(index)
             out = np.full(expected.shape, np.nan, dtype=np.float32)
             run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
-            assert check_output(out, expected, RTOL) == "", (config, packed)
+            assert compare_output(out, expected, RTOL) == "", (config, packed)
 
 
 # --- boards --------------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def test_a_wrong_u_is_a_wrong_answer() -> None:
     for weights, right in ((u, True), (np.resize(inputs[1].ravel(), u.size), False)):
         args = [inputs[0], weights, *inputs[2:], np.full(expected.shape, np.nan, np.float32)]
         out = run_entry("local", image, "k", args)[-1]
-        assert (check_output(out, expected, RTOL) == "") is right
+        assert (compare_output(out, expected, RTOL) == "") is right
 
 
 # --- features and tuning -------------------------------------------------------------------------------
@@ -267,4 +267,4 @@ def test_the_estimates_pick_gives_the_reference_in_the_interpreter(key: str) -> 
         config = template.space.config(pick)
         out = np.full(expected.shape, np.nan, dtype=np.float32)
         run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
-        assert check_output(out, expected, RTOL) == "", (config, packed)
+        assert compare_output(out, expected, RTOL) == "", (config, packed)

@@ -3,7 +3,7 @@ board's target, run through the agent on a seeded random input, checked against 
 the same input, and timed (`bench_model`, `xtune bench --model`): wall time on the local board, beside ONNX
 Runtime's on one thread in the same run; the instruction count of one inference on QEMU boards.
 
-Correctness uses the rule every kernel check uses (xtune.ops.workload.check_output): max |got - ref| <=
+Correctness uses the rule every kernel check uses (xtune.ops.workload.compare_output): max |got - ref| <=
 RTOL * max(1, max |ref|), RTOL = 1e-4. Over a whole network the error of float32 accumulation in another
 order grows with depth, but stays far below that: 2e-7 to 1.2e-6 of the output's largest magnitude on the
 small and full ResNet-18 and MobileNetV2 (measured on x86-avx512), while a wrong weight, layout or
@@ -34,7 +34,7 @@ from xtune.firmware.build import NetArtifact, build_model, nonfinite_notes
 from xtune.frontend.formats import is_tflite_file
 from xtune.frontend.load import Source, load_model
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
-from xtune.ops.workload import RTOL, check_output, max_abs_error
+from xtune.ops.workload import RTOL, compare_output, max_abs_error
 from xtune.target import Target
 from xtune.tuning.peers import litert_available, litert_network, ort_available, ort_network
 
@@ -234,7 +234,7 @@ def bench_model(
 ) -> NetBenchReport:
     """Build `model` for the board's target in `layout`, run it on `board`, check it against its peer
     (ONNX Runtime, or LiteRT for a TFLite model; non-finite outputs by position and value:
-    xtune.ops.workload.check_output), time both. A constant holding NaN or infinity is a warning, or with
+    xtune.ops.workload.compare_output), time both. A constant holding NaN or infinity is a warning, or with
     `refuse_nonfinite` an InputError."""
     where = parse_layout(layout)
     peer = network_peer(model)
@@ -246,7 +246,7 @@ def bench_model(
     # First: a model its peer refuses is refused before the board runs it.
     ref, ort_times = peer.run(x, repeat if wall else 0)
     got, cost = run_network(board, artifact, x, repeat)
-    mismatch = check_output(got, ref, RTOL)
+    mismatch = compare_output(got, ref, RTOL)
     error = max_abs_error(got, ref)  # over the finite positions: the others matched, or mismatch says
     return NetBenchReport(
         model=artifact.model,

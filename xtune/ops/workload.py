@@ -186,11 +186,11 @@ def random_inputs(wl: Workload, seed: int = 0) -> list[np.ndarray]:
     return [rng.uniform(-1, 1, t.shape).astype(np.float32) for t in wl.tensors() if not t.is_output]
 
 
-# check_output's default tolerance: max|got - ref| <= RTOL * max(1, max|ref|) (docs/design.md, Measurement)
+# compare_output's default tolerance: max|got - ref| <= RTOL * max(1, max|ref|) (docs/design.md, Measurement)
 RTOL = 1e-4
 
 
-def check_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
+def compare_output(got: np.ndarray, expected: np.ndarray, rtol: float) -> str:
     """'' if `got` matches the reference, else why not. Non-finite values match by position and value
     (an inf of the same sign, a NaN where the reference has NaN: IEEE 754 arithmetic on non-finite weights
     gives them); any other non-finite difference is wrong, and a NaN where the reference is finite always

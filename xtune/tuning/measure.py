@@ -26,7 +26,7 @@ from xtune.codegen.lower import lower
 from xtune.errors import BoardError, BoardFault, LinkError, XtuneError
 from xtune.ops.registry import template_for
 from xtune.ops.template import ScheduleTemplate
-from xtune.ops.workload import RTOL, Workload, check_output, random_inputs
+from xtune.ops.workload import RTOL, Workload, compare_output, random_inputs
 from xtune.target import Target
 
 
@@ -369,7 +369,7 @@ class Measurer:
         if reply.status is not RunStatus.OK:
             return _failed(reply)
         got = np.frombuffer(session.read_buffer(self.out_slot), dtype=self.out_dtype).reshape(self.out_shape)
-        mismatch = check_output(got, self.expected, opts.rtol)
+        mismatch = compare_output(got, self.expected, opts.rtol)
         if mismatch:
             return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
         if self.board.cost_unit is CostUnit.NONE:

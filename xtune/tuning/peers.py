@@ -19,7 +19,7 @@ from xtune.errors import InputError, XtuneError
 from xtune.ops.activation import onnx_nodes as activation_nodes
 from xtune.ops.epilogue import activation
 from xtune.ops.registry import family
-from xtune.ops.workload import RTOL, Workload, check_output, random_inputs
+from xtune.ops.workload import RTOL, Workload, compare_output, random_inputs
 
 if TYPE_CHECKING:
     import onnx
@@ -101,7 +101,7 @@ def ort_seconds(workload: Workload, repeat: int = 5, min_repeat_s: float = 0.05)
     inputs = random_inputs(workload)
     feed = {_INPUT: inputs[0]}
     got = session.run(None, feed)[0]
-    mismatch = check_output(got, workload.reference(inputs).astype(np.float32), RTOL)
+    mismatch = compare_output(got, workload.reference(inputs).astype(np.float32), RTOL)
     if mismatch:
         raise XtuneError(f"ONNX Runtime's output for {workload.key} differs from numpy's: {mismatch}")
     return _seconds_per_call(lambda: session.run(None, feed), repeat, min_repeat_s)
