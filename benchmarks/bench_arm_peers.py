@@ -28,7 +28,7 @@ from arm_peers import CORES, check_peer, run_peer
 from xtune.boards.board import QemuBoard
 from xtune.boards.cost import CostUnit
 from xtune.errors import XtuneError
-from xtune.firmware.bench import bench_model
+from xtune.firmware.network_bench import bench_model
 from xtune.target import Target, load_targets
 
 # tests/networks.py builds the networks (as benchmarks/make_networks.py does); the repository root holds

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from xtune.boards.board import get_board
 from xtune.ops.registry import parse_workload
-from xtune.tuning.bench import retime_gflops
 from xtune.tuning.database import TuningLog, best
+from xtune.tuning.kernel_bench import retime_gflops
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.run import run_tuning
 

@@ -35,8 +35,8 @@ from xtune.boards.board import Board, get_board
 from xtune.ops.conv2d import winograd_eligible
 from xtune.ops.registry import parse_workload
 from xtune.ops.workload import Workload
-from xtune.tuning.bench import retime_gflops
 from xtune.tuning.database import TuningLog
+from xtune.tuning.kernel_bench import retime_gflops
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.peers import ort_gflops
 from xtune.tuning.run import local_numpy_gflops, run_tuning

@@ -36,8 +36,8 @@ from xtune.frontend.tasks import extract_tasks
 from xtune.ops.registry import parse_workload
 from xtune.ops.workload import Workload
 from xtune.target import Target
-from xtune.tuning.bench import retime_gflops
 from xtune.tuning.database import TuningLog
+from xtune.tuning.kernel_bench import retime_gflops
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.peers import onnx_model, ort_gflops
 from xtune.tuning.run import local_numpy_gflops, run_tuning

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/exported.p
 from tests.exported import LIGHT, randomized
 from xtune.boards.board import get_board
 from xtune.errors import InputError
-from xtune.firmware.bench import random_input, run_network
 from xtune.firmware.build import build_model
+from xtune.firmware.network_bench import random_input, run_network
 from xtune.frontend.load import load_model
 from xtune.frontend.refusal import refusal
 from xtune.frontend.tasks import extract_tasks

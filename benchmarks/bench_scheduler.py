@@ -32,7 +32,7 @@ from xtune.tuning.allocation import SchedulerOptions, Strategy
 from xtune.tuning.database import TuningLog
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.results import ModelTuningResult
-from xtune.tuning.scheduler import TaskScheduler
+from xtune.tuning.task_scheduler import TaskScheduler
 
 
 def trials_to(result: ModelTuningResult, goal: float) -> int | None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from xtune.boards.board import get_board
 from xtune.errors import XtuneError
-from xtune.firmware.bench import bench_model
+from xtune.firmware.network_bench import bench_model
 from xtune.frontend.tflite import load_tflite
 from xtune.frontend.tflite_file import read_tflite
 from xtune.tuning.peers import litert_network, ort_network

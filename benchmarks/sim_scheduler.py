@@ -243,7 +243,7 @@ def main_record(args: argparse.Namespace) -> None:
     from xtune.frontend.tasks import extract_tasks
     from xtune.tuning.database import TuningLog
     from xtune.tuning.options import TuneOptions
-    from xtune.tuning.scheduler import TaskScheduler, tune_tasks
+    from xtune.tuning.task_scheduler import TaskScheduler, tune_tasks
 
     board = get_board("local")
     tasks = extract_tasks(networks.NETWORKS[args.model](), board.target).tasks

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.test_conv import check, configs
 from xtune.boards.board import get_board
 from xtune.errors import InputError
-from xtune.firmware.bench import bench_model
+from xtune.firmware.network_bench import bench_model
 from xtune.frontend.tasks import extract_tasks
 from xtune.ops.conv2d.direct import Conv2dTemplate
 from xtune.ops.registry import parse_workload, template_for

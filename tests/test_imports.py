@@ -119,11 +119,11 @@ def test_the_checks_see_type_checking_and_function_level_imports(tmp_path: Path)
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from xtune.cli import main\n"
         "def f() -> None:\n    import xtune.firmware.build\n"
-        "    from xtune.tuning import scheduler\n"
+        "    from xtune.tuning import task_scheduler\n"
         "    from . import cli\n",
         encoding="utf-8",
     )
-    known = {"xtune.cli", "xtune.firmware.build", "xtune.tuning", "xtune.tuning.scheduler"}
+    known = {"xtune.cli", "xtune.firmware.build", "xtune.tuning", "xtune.tuning.task_scheduler"}
     assert imports(source, known, here="xtune.probe") == known - {"xtune.tuning"}
 
 

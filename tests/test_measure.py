@@ -22,7 +22,7 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config
 from xtune.target import get_target
-from xtune.tuning.bench import bench
+from xtune.tuning.kernel_bench import bench
 from xtune.tuning.measure import (
     BuiltImage,
     Candidate,

@@ -25,8 +25,8 @@ from xtune.boards.board import get_board
 from xtune.cli import main
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import inspect_object, link_flat
-from xtune.firmware.bench import REFERENCE_MAGIC, random_input, run_network
 from xtune.firmware.build import NetArtifact, build_model
+from xtune.firmware.network_bench import REFERENCE_MAGIC, random_input, run_network
 from xtune.ops.layout import Layout, workload_layout
 from xtune.ops.registry import family
 from xtune.ops.transpose import Transpose
@@ -498,7 +498,7 @@ def test_weights_packed_at_build_time_are_what_the_kernel_reads(text: str, copy:
 
 
 def test_bench_model_counts_the_instructions_of_one_inference_under_qemu(qemu_board: str) -> None:
-    from xtune.firmware.bench import bench_model
+    from xtune.firmware.network_bench import bench_model
 
     report = bench_model(model("resnet_small"), get_board(qemu_board))
     assert report.correct and report.error == "" and report.max_abs_error < 1e-4

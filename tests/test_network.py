@@ -523,7 +523,7 @@ def test_tasks_carry_the_layout_the_network_runs_in(
         extract_tasks(path, TARGET, "nhcw")
     with pytest.raises(InputError, match="unknown layout 'NHWC'"):  # before any board is opened
         xtune.tune_model(path, board="no-such-board", trials=1, log=tmp_path / "t.jsonl", layout="NHWC")
-    from xtune.firmware.bench import bench_model
+    from xtune.firmware.network_bench import bench_model
 
     with pytest.raises(InputError, match="unknown layout 'hw'"):
         bench_model(path, get_board("local"), layout="hw")

@@ -17,7 +17,7 @@ from tests import exported
 from xtune.boards.board import get_board
 from xtune.cli import main
 from xtune.errors import InputError
-from xtune.firmware.bench import bench_model, random_input
+from xtune.firmware.network_bench import bench_model, random_input
 from xtune.frontend.load import load_graph
 from xtune.frontend.normalize import normalize
 from xtune.frontend.tasks import extract_tasks

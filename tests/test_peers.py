@@ -80,7 +80,7 @@ def test_without_onnxruntime_the_peer_is_a_clear_error(monkeypatch: pytest.Monke
 
 def test_bench_reports_onnx_runtime_beside_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     from xtune.boards.board import get_board
-    from xtune.tuning import bench as bench_module
+    from xtune.tuning import kernel_bench as bench_module
 
     wl, board = parse_workload("conv2d:n=1,c=8,h=10,w=10,k=8,r=3,s=3,pad=1"), get_board("local")
     report = bench_module.bench(wl, board)

@@ -380,8 +380,8 @@ def test_a_network_whose_logged_configs_read_weight_panels_matches_onnx_runtime(
     A panels; the classifier: B strips of another width; 3x3: another blocking): the network build lays the
     weights out with the same hook the Measurer used, and the network still matches ONNX Runtime."""
     from tests.test_artifact import _write_log
-    from xtune.firmware.bench import random_input, run_network
     from xtune.firmware.build import build_model
+    from xtune.firmware.network_bench import random_input, run_network
     from xtune.ops.workload import RTOL, compare_output
     from xtune.tuning.peers import ort_network
 

@@ -14,7 +14,7 @@ import pytest
 from tests import exported
 from xtune.boards.board import get_board
 from xtune.errors import InputError
-from xtune.firmware.bench import bench_model, random_input
+from xtune.firmware.network_bench import bench_model, random_input
 from xtune.firmware.program import unsupported
 from xtune.frontend.normalize import normalize
 from xtune.frontend.tasks import extract_tasks

@@ -27,7 +27,7 @@ from xtune.tuning.database import Record, TuningLog, best, read_logs
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.tuning.options import TuneOptions
-from xtune.tuning.scheduler import (
+from xtune.tuning.task_scheduler import (
     ModelProgress,
     ModelStop,
     ModelTuningResult,

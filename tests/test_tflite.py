@@ -20,8 +20,8 @@ from tests.tflite_nets import SAME, VALID, Net
 from tests.tflite_run import feeds, litert, ort, quantized, random_feed
 from xtune.boards.board import get_board
 from xtune.errors import InputError
-from xtune.firmware.bench import bench_model, run_network
 from xtune.firmware.build import build_model
+from xtune.firmware.network_bench import bench_model, run_network
 from xtune.frontend.load import load_graph
 from xtune.frontend.tflite import tflite_to_onnx
 from xtune.frontend.tflite_file import read_tflite

@@ -18,8 +18,8 @@ from xtune.errors import InputError
 from xtune.ops.registry import parse_workload, template_for
 from xtune.target import get_target
 from xtune.transfer.modelfile import Manifest
-from xtune.tuning.bench import BenchReport
 from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
+from xtune.tuning.kernel_bench import BenchReport
 from xtune.tuning.loop import TuneProgress
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.tuning.options import TuneOptions

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from tests.tflite_nets import Net, Ranges
-from xtune.firmware.bench import random_input
+from xtune.firmware.network_bench import random_input
 from xtune.frontend.tflite_file import read_tflite
 
 

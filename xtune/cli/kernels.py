@@ -16,7 +16,7 @@ from xtune.files import check_paths
 def cmd_bench(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
     from xtune.ops.registry import parse_workload
-    from xtune.tuning.bench import bench
+    from xtune.tuning.kernel_bench import bench
 
     if args.model is not None:
         return _bench_model(args)

@@ -31,7 +31,7 @@ def model_layout(args: argparse.Namespace) -> Layout:
 
 def _bench_model(args: argparse.Namespace) -> int:
     from xtune.boards.board import get_board
-    from xtune.firmware.bench import bench_model
+    from xtune.firmware.network_bench import bench_model
 
     if args.workload is not None or args.config is not None:
         raise InputError("--model benches a whole network: --workload and --config are for one kernel")
@@ -113,7 +113,7 @@ def _print_profile(profile: NetProfile) -> None:
 
 
 def _build_model(args: argparse.Namespace, target: Target) -> int:
-    from xtune.firmware.bench import build_model_files
+    from xtune.firmware.network_bench import build_model_files
 
     if args.workload or args.archive:
         raise InputError("--model builds one network object: --workload and --archive are for kernels")

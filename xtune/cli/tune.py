@@ -89,13 +89,13 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
 
 
 def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, layout: Layout) -> int:
-    """`xtune tune --model`: every task of the model under one budget (xtune.tuning.scheduler)."""
+    """`xtune tune --model`: every task of the model under one budget (xtune.tuning.task_scheduler)."""
     from xtune.frontend.tasks import extract_tasks
     from xtune.ops.registry import template_for
     from xtune.tuning.allocation import SchedulerOptions, Strategy
     from xtune.tuning.features import features_op
     from xtune.tuning.results import ModelStop
-    from xtune.tuning.scheduler import tune_tasks
+    from xtune.tuning.task_scheduler import tune_tasks
 
     taskset = extract_tasks(args.model, boards[0].target, layout)
     pretrained: dict[str, tuple[CostModel, bool]] = {}

@@ -1,5 +1,5 @@
 """A network's tuning: an ONNX model (path or ModelProto), boards and one trial budget in; its tasks
-(xtune/frontend/tasks.py) tuned by the task scheduler (xtune/tuning/scheduler.py) and the result out,
+(xtune/frontend/tasks.py) tuned by the task scheduler (xtune/tuning/task_scheduler.py) and the result out,
 what `xtune tune --model` and `xtune.tune_model` run."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from xtune.tuning.allocation import SchedulerOptions, Strategy
 from xtune.tuning.database import TuningLog
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.results import ModelProgress, ModelTuningResult
-from xtune.tuning.scheduler import tune_tasks
 from xtune.tuning.session import check_boards
+from xtune.tuning.task_scheduler import tune_tasks
 
 
 def tune_model(

@@ -1,6 +1,6 @@
 """The task scheduler's policy: which task the next batch goes to, from each task's history alone.
 
-No board, log or tuner here: the scheduler (xtune/tuning/scheduler.py) keeps the state and measures,
+No board, log or tuner here: the scheduler (xtune/tuning/task_scheduler.py) keeps the state and measures,
 this module decides, and a replay of recorded tuning curves (benchmarks/sim_scheduler.py) runs the very
 same decisions without measuring anything.
 

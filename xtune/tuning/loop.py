@@ -90,7 +90,7 @@ class _Loop:
 class TuneLoop:
     """A tuning loop advanced one batch at a time: `step` proposes, measures, learns and reports one batch.
 
-    `tune` runs one to the end; a task scheduler (xtune.tuning.scheduler) keeps one per task and steps
+    `tune` runs one to the end; a task scheduler (xtune.tuning.task_scheduler) keeps one per task and steps
     whichever task it chooses, so every task's tuner keeps learning across its batches."""
 
     def __init__(

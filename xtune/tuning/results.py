@@ -1,6 +1,6 @@
 """What a model's tuning run reports: how each task and the run stopped, each task's result, the run's
 result (its curve of the end-to-end estimate included), and the progress handed out after each batch
-(xtune/tuning/scheduler.py makes them; the CLI prints them)."""
+(xtune/tuning/task_scheduler.py makes them; the CLI prints them)."""
 
 from __future__ import annotations
 

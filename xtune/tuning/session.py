@@ -1,6 +1,6 @@
 """A tuning session: one workload on boards, set up once (template, tuner resumed from the log, measurer)
 and measured one batch at a time, every batch appended to the log. `run_tuning` runs one session to the
-end; the task scheduler of a network (xtune.tuning.scheduler) keeps one per task and steps the task it
+end; the task scheduler of a network (xtune.tuning.task_scheduler) keeps one per task and steps the task it
 chooses."""
 
 from __future__ import annotations

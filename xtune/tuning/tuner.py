@@ -77,7 +77,7 @@ class Tuner(ABC):
     def first_picks(self) -> int:
         """How many configs the next batch holds before the tuner's own choice: those proposed first
         (`propose_first`, e.g. the template's default) and not measured yet. A task scheduler's first
-        round measures just these on every task (xtune.tuning.scheduler)."""
+        round measures just these on every task (xtune.tuning.task_scheduler)."""
         return len({i for i in self._first if i not in self.visited})
 
     @abstractmethod
