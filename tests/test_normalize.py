@@ -341,3 +341,30 @@ def test_malformed_truncated_or_non_onnx_files_are_one_line_exit_2(
     assert main(["tasks", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("xtune: error:"), err
+
+
+def test_a_constant_node_the_evaluator_refuses_is_left_for_the_refusal(
+    tmp_path: Path, capsys: Capture
+) -> None:
+    """A Gather of constants with an index out of range: onnx's evaluator raises inside folding; the node
+    stays, and the user sees xtune's one refusal line, not the evaluator's traceback."""
+    nodes = [
+        helper.make_node("Gather", ["table", "index"], ["picked"], name="gather"),
+        helper.make_node("Add", ["x", "picked"], ["y"], name="add"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.ones(4, np.float32), "table"),
+        numpy_helper.from_array(np.array([9], np.int64), "index"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bad_gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        inits,
+    )
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["tasks", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("xtune: error:") and "Traceback" not in err, err

@@ -114,7 +114,11 @@ def fold_constants(net: EditGraph, shapes: Shapes) -> None:
         if feeds is None:
             kept.append(node)
             continue
-        values = _evaluate(node, feeds, net.opset)
+        try:
+            values = _evaluate(node, feeds, net.opset)
+        except Exception:  # the evaluator lacks the op at this opset, or refuses its inputs: not folded,
+            kept.append(node)  # so the node reaches the families, which run it or name it in the refusal
+            continue
         for name, value in zip(node.output, values, strict=False):
             if name:
                 net.consts[name] = np.asarray(value)
