@@ -8,6 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
+from xtune.errors import InputError
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, ConfigSpace
@@ -59,3 +60,19 @@ class ScheduleTemplate(Protocol):
         emitted from the nest code the kernel reads the packed weights by, so a firmware packs them on
         its board (`xtune build --workload ...,prepacked=1`)."""
         ...
+
+
+class ReadsWeightsAsGiven:
+    """The weight side of a template whose kernel reads its inputs as they are (depthwise: r*s weights per
+    channel, too few to pack): `kernel_inputs`, `packed_layout` and `pack_kernel` of ScheduleTemplate."""
+
+    workload: Workload
+
+    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return list(inputs)
+
+    def packed_layout(self, config: Config) -> Hashable:
+        return None
+
+    def pack_kernel(self, config: Config, name: str) -> Kernel:
+        raise InputError(f"{self.workload.key}: depthwise weights are read as they are, never packed")

@@ -12,13 +12,12 @@ store.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from xtune.errors import InputError
 from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.template import ReadsWeightsAsGiven
 from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, roomy_tiles, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
@@ -101,7 +100,7 @@ def column_block(sh: ConvShape, width: Scalars, tile_ow: Scalars) -> np.ndarray:
     return whole_tiles(tile_ow, sh.ow, width)
 
 
-class DepthwiseTemplate:
+class DepthwiseTemplate(ReadsWeightsAsGiven):
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
         self.target = target
@@ -144,16 +143,6 @@ class DepthwiseTemplate:
 
     def kernel(self, config: Config, name: str) -> Kernel:
         return _DepthwiseEmitter(self.workload, self.schedule(config)).kernel(name)
-
-    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """As they are: depthwise weights are tiny (r*s per channel), never prepacked."""
-        return list(inputs)
-
-    def packed_layout(self, config: Config) -> Hashable:
-        return None  # its inputs are read as they are
-
-    def pack_kernel(self, config: Config, name: str) -> Kernel:
-        raise InputError(f"{self.workload.key}: depthwise weights are read as they are, never packed")
 
 
 class _DepthwiseEmitter:

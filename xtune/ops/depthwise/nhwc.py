@@ -20,13 +20,12 @@ accumulators, ReLU/ReLU6 clamp them before the store (ops/matmul/template.py `Ep
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from xtune.errors import InputError
 from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.template import ReadsWeightsAsGiven
 from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, roomy_tiles, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Affine, Buffer, BufferKind, Kernel, Load, LoopKind, MulAdd, NestBuilder
@@ -116,7 +115,7 @@ def reuses_rows(sh: ConvShape, kb: Scalars, target: Target) -> np.ndarray:
     return np.asarray(rows_bytes(sh, kb)) <= target.l1d_bytes / 2
 
 
-class DepthwiseNhwcTemplate:
+class DepthwiseNhwcTemplate(ReadsWeightsAsGiven):
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
         self.target = target
@@ -171,16 +170,6 @@ class DepthwiseNhwcTemplate:
 
     def kernel(self, config: Config, name: str) -> Kernel:
         return _NhwcEmitter(self.workload, self.schedule(config)).kernel(name)
-
-    def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """As they are: the (r, s, c*m) weights are already the channel vectors the kernel loads."""
-        return list(inputs)
-
-    def packed_layout(self, config: Config) -> Hashable:
-        return None  # its inputs are read as they are
-
-    def pack_kernel(self, config: Config, name: str) -> Kernel:
-        raise InputError(f"{self.workload.key}: depthwise weights are read as they are, never packed")
 
 
 @dataclass(frozen=True)
