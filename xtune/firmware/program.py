@@ -71,6 +71,12 @@ class Program:
     weights: tuple[tuple[str, np.ndarray], ...]  # constant arrays by tensor name, in first-use order
     memory: MemoryPlan
     nonfinite: tuple[tuple[str, int], ...] = ()  # the model's constants holding NaN or inf, and how many
+    input_type: str = "float32"  # element types of the entry's input and output (numpy names)
+    output_type: str = "float32"
+    # The (scale, zero point) of the input and output: an int8 one's own, or a float one's where the
+    # network quantizes it right away (input) or dequantized it last (output); None elsewhere.
+    input_quant: tuple[float, int] | None = None
+    output_quant: tuple[float, int] | None = None
 
 
 def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
@@ -112,7 +118,34 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
         weights=tuple(weights.items()),
         memory=plan,
         nonfinite=tuple(nonfinite((t, graph.constants[t]) for t in read if t in graph.constants)),
+        input_type=graph.dtype(x),
+        output_type=graph.dtype(y),
+        input_quant=quantization(graph, x),
+        output_quant=quantization(graph, y),
     )
+
+
+# Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes.
+_READ_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 1, "QLinearConv": 1}
+_WRITE_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 6, "QLinearConv": 6}
+
+
+def quantization(graph: Graph, tensor: str) -> tuple[float, int] | None:
+    """The scale and zero point of `tensor` (per tensor): those of the node that writes it, or of its
+    first reader; None if neither is a quantizing node."""
+    writer = graph.producers().get(tensor)
+    candidates = [(graph.nodes[writer], _WRITE_QUANT)] if writer is not None else []
+    candidates += [(graph.nodes[i], _READ_QUANT) for i in graph.consumers().get(tensor, [])[:1]]
+    for node, where in candidates:
+        at = where.get(node.op)
+        if at is None or (where is _READ_QUANT and node.inputs[0] != tensor) or len(node.inputs) <= at:
+            continue
+        scale = graph.constant(node.inputs[at])
+        zero_name = node.inputs[at + 1] if len(node.inputs) > at + 1 else ""
+        zero = graph.constant(zero_name) if zero_name else np.zeros(1, np.uint8)
+        if scale is not None and zero is not None and scale.size == 1 and zero.size == 1:
+            return float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0])
+    return None
 
 
 def unsupported(source: Source | Graph, layout: str | Layout = DEFAULT) -> tuple[Unsupported, ...]:

@@ -1,7 +1,8 @@
 """The quantize family of a network's generated operators: ONNX's QuantizeLinear (float32 in, int8 or uint8
 out) and DequantizeLinear (8-bit in, float32 out) between a quantized model's integer kernels and its float
 parts (its input and output, a float head or Softmax), per tensor, as one `Quantize` kernel in any layout
-(elementwise: the same whatever the order).
+(elementwise: the same whatever the order): the network's, so that a conversion between layouts happens on
+the float32 side (xtune/firmware/relayout.py converts float32 tensors only).
 
 The arithmetic is ONNX Runtime's (onnxruntime/core/mlas/lib/quantize.cpp, MlasQuantizeLinear): x / scale
 in float32 (a division, not a product by the reciprocal), clamped to [lo - zero, hi - zero], rounded to
@@ -141,5 +142,4 @@ FAMILY = NodeFamily(
     onnx_ops=("QuantizeLinear", "DequantizeLinear"),
     layouts=frozenset(Layout),
     from_node=from_node,
-    follows_input=True,
 )
