@@ -51,7 +51,7 @@ def _mlp(softmax: bool) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-class _Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-defined,misc]
+class _Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-defined]
     def __init__(self) -> None:
         rng = np.random.default_rng(2)
         self.batches = iter([{"x": rng.uniform(-1, 1, (4, 16)).astype(np.float32)} for _ in range(4)])
