@@ -254,3 +254,19 @@ def test_a_quantized_conv_is_a_qlinearconv_refused_in_one_line_until_an_int8_con
     x = network_input(artifact)
     got, _ = run_network(get_board("local"), artifact, x)
     assert np.array_equal(got, _ort(path, x))
+
+
+def test_a_float_operator_reading_an_int8_tensor_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "int8_relu",
+        [helper.make_tensor_value_info("x", TensorProto.INT8, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.INT8, [4, 16])],
+    )
+    path = _save(
+        tmp_path / "relu.onnx", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    )
+    with pytest.raises(InputError) as err:
+        build_model(path, HOST)
+    assert "\n" not in str(err.value)
+    assert "node 'relu' (Relu): tensor 'x' is int8; xtune has no int8 kernel of Relu" in str(err.value)

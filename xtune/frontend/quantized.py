@@ -19,10 +19,11 @@ QDQSelectorActionTransformer: QLinearConv, QLinearMatMul, com.microsoft.QGemm); 
 
 A bias given as float (or as int32 of another scale) is requantized to int32 of scale sx * sw, rounded
 half to even. What does not fit the pattern (weights with a zero point other than 0, an output read by
-more than the QuantizeLinear, an attribute xtune's int8 kernels do not take) stays as it is and runs in
-float32: DequantizeLinear of a constant is folded into a float32 constant here (ONNX Runtime's
-arithmetic: (q - zero_point) * scale), and the QuantizeLinear/DequantizeLinear between activations run
-as the generated operators of xtune/ops/quantize.py. docs/int8.md is the user's view.
+more than the QuantizeLinear, an attribute xtune's int8 kernels do not take, a MatMul input of rank
+other than 2) stays as it is and runs in float32: DequantizeLinear of a constant is folded into a
+float32 constant here (ONNX Runtime's arithmetic: (q - zero_point) * scale), and the
+QuantizeLinear/DequantizeLinear between activations run as the generated operators of
+xtune/ops/quantize.py. docs/int8.md is the user's view.
 """
 
 from __future__ import annotations
@@ -237,25 +238,39 @@ def _int32_bias(
     return quantized.astype(np.int32)
 
 
-def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]) -> None:
-    """DequantizeLinear -> op [-> Relu/Clip] -> QuantizeLinear at `index`, as one QOperator node."""
-    graph = edit.graph
-    node = graph.nodes[index]
+def _pattern(
+    graph: Graph, node: Node, writers: dict[str, int], readers: dict[str, list[int]]
+) -> tuple[Node, Node, Node | None, Node] | None:
+    """The DequantizeLinear of `node`'s input and weights, the Relu or Clip after it (or None) and the
+    QuantizeLinear of its output, if `node` stands in the QDQ pattern xtune's int8 kernels take."""
     if node.op == "Gemm" and (
         node.int_attr("transA", 0) != 0
         or node.float_attr("alpha", 1.0) != 1.0
         or node.float_attr("beta", 1.0) != 1.0
     ):
-        return
+        return None
     dx, dw = (_dequantized(graph, writers, t) for t in node.inputs[:2])
     if dx is None or dw is None or graph.constant(dx.inputs[0]) is not None:
-        return
-    x = _scalar_q(graph, dx)
-    weights = _weights(graph, dw, node)
+        return None
+    if node.op != "Conv" and len(graph.shapes.get(dx.inputs[0], ())) != 2:
+        return None  # the int8 matmul takes rank 2: a batched MatMul runs in float32
     after = _only_reader(graph, readers, node.outputs[0])
     act = after if after is not None and after.op in ("Relu", "Clip") else None
     q = _only_reader(graph, readers, act.outputs[0]) if act is not None else after
-    if x is None or weights is None or q is None or q.op != "QuantizeLinear":
+    return (dx, dw, act, q) if q is not None and q.op == "QuantizeLinear" else None
+
+
+def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]) -> None:
+    """DequantizeLinear -> op [-> Relu/Clip] -> QuantizeLinear at `index`, as one QOperator node."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    matched = _pattern(graph, node, writers, readers)
+    if matched is None:
+        return
+    dx, dw, act, q = matched
+    x = _scalar_q(graph, dx)
+    weights = _weights(graph, dw, node)
+    if x is None or weights is None:
         return
     y = _scalar_q(graph, q)
     if y is None or y[2] != x[2]:
