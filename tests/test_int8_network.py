@@ -19,7 +19,7 @@ import xtune
 from xtune.boards.board import get_board
 from xtune.errors import InputError
 from xtune.firmware.build import build_model
-from xtune.firmware.network_bench import bench_model, network_input, run_network
+from xtune.firmware.network_bench import bench_model, network_input, reference_file, run_network
 from xtune.frontend.load import load_graph
 from xtune.tuning.peers import ort_network
 
@@ -60,9 +60,9 @@ class _Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-define
         return next(self.batches, None)
 
 
-def _quantized(tmp: Path, form: str, per_channel: bool, softmax: bool = False) -> Path:
-    """The MLP quantized by ONNX Runtime (int8 activations and weights)."""
-    source, out = tmp / f"float_{softmax}.onnx", tmp / f"{form}_{per_channel}_{softmax}.onnx"
+def _quantized(tmp: Path, form: str, per_channel: bool, softmax: bool = False, uint8: bool = False) -> Path:
+    """The MLP quantized by ONNX Runtime (int8 weights, int8 or uint8 activations)."""
+    source, out = tmp / f"float_{softmax}.onnx", tmp / f"{form}_{per_channel}_{softmax}_{uint8}.onnx"
     onnx.save(_mlp(softmax), source)
     logging.getLogger().setLevel(logging.ERROR)  # quantize_static's advice to pre-process the model
     ort_quant.quantize_static(
@@ -71,7 +71,7 @@ def _quantized(tmp: Path, form: str, per_channel: bool, softmax: bool = False) -
         _Calibration(),
         quant_format=ort_quant.QuantFormat.QDQ if form == "qdq" else ort_quant.QuantFormat.QOperator,
         per_channel=per_channel,
-        activation_type=ort_quant.QuantType.QInt8,
+        activation_type=ort_quant.QuantType.QUInt8 if uint8 else ort_quant.QuantType.QInt8,
         weight_type=ort_quant.QuantType.QInt8,
         # The mixed model: its matmuls only, so its Relu and Softmax stay float between int8 tensors.
         op_types_to_quantize=["Gemm", "MatMul"] if softmax else None,
@@ -87,6 +87,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qdq_per_channel": _quantized(tmp, "qdq", True),
         "qoperator": _quantized(tmp, "qoperator", False),
         "qoperator_per_channel": _quantized(tmp, "qoperator", True),
+        "qdq_uint8": _quantized(tmp, "qdq", True, uint8=True),
         "mixed": _quantized(tmp, "qdq", False, softmax=True),
         "float": _save(tmp / "float.onnx", _mlp(False)),
     }
@@ -101,15 +102,18 @@ def _ort(path: Path, x: np.ndarray) -> np.ndarray:
     return ort_network(path.read_bytes(), x)[0]
 
 
-@pytest.mark.parametrize("name", ["qdq", "qdq_per_channel", "qoperator", "qoperator_per_channel"])
+@pytest.mark.parametrize(
+    "name", ["qdq", "qdq_per_channel", "qoperator", "qoperator_per_channel", "qdq_uint8"]
+)
 def test_quantized_mlps_are_int8_tasks_and_equal_onnx_runtime_on_the_host(
     models: dict[str, Path], name: str
 ) -> None:
     tasks = xtune.tasks(models[name], HOST)
-    per_channel = int(name.endswith("per_channel"))
+    keys = ",a=u8" if name.endswith("uint8") else ""
+    keys += ",perchannel=1" if name.endswith(("per_channel", "uint8")) else ""
     assert [t.workload.key for t in tasks.tasks] == [
-        "qmatmul:m=4,n=32,k=16" + (",perchannel=1" if per_channel else ""),
-        "qmatmul:m=4,n=10,k=32" + (",perchannel=1" if per_channel else ""),
+        f"qmatmul:m=4,n=32,k=16{keys}",
+        f"qmatmul:m=4,n=10,k=32{keys}",
     ]
     assert [(o.op, o.kind) for o in tasks.other_nodes] == [
         ("QuantizeLinear", "quantize"),
@@ -168,6 +172,57 @@ def test_a_mixed_graph_runs_its_int8_matmuls_then_a_float_softmax(models: dict[s
     assert report.peer == "ONNX Runtime" and report.ort_seconds is not None
 
 
+def _fused_activation(path: Path, act: str, zero: int) -> Path:
+    """x -> Q -> DQ -> MatMul(per-column int8 weights) -> Relu or Clip(0, 6) -> Q(zero) -> DQ: the
+    activation becomes the int8 kernel's output clamp (out_lo/out_hi where it narrows the range)."""
+    rng = np.random.default_rng(5)
+    inits: dict[str, np.ndarray] = {
+        "s": np.array(0.02, np.float32),
+        "z": np.array(3, np.int8),
+        "w": rng.integers(-127, 128, (64, 48)).astype(np.int8),
+        "ws": rng.uniform(0.001, 0.01, 48).astype(np.float32),
+        "wz": np.zeros(48, np.int8),
+        "ys": np.array(0.05, np.float32),
+        "yz": np.array(zero, np.int8),
+        "lo": np.array(0.0, np.float32),
+        "hi": np.array(6.0, np.float32),
+    }
+    activation = (
+        helper.make_node("Relu", ["m"], ["a"], name="act")
+        if act == "relu"
+        else helper.make_node("Clip", ["m", "lo", "hi"], ["a"], name="act")
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+            helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+            helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], name="dqw", axis=1),
+            helper.make_node("MatMul", ["xd", "wd"], ["m"], name="mm"),
+            activation,
+            helper.make_node("QuantizeLinear", ["a", "ys", "yz"], ["aq"], name="qa"),
+            helper.make_node("DequantizeLinear", ["aq", "ys", "yz"], ["y"], name="dqa"),
+        ],
+        "act",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 48])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return _save(path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize(("act", "zero", "clamp"), [("relu", 10, (10, 127)), ("clip", -128, (-128, -8))])
+def test_a_relu_or_clip_before_quantize_linear_is_the_int8_kernels_clamp(
+    tmp_path: Path, act: str, zero: int, clamp: tuple[int, int]
+) -> None:
+    path = _fused_activation(tmp_path / f"{act}.onnx", act, zero)
+    (mm,) = [n for n in load_graph(path).nodes if n.op == "QLinearMatMul"]
+    assert (mm.attrs["out_lo"], mm.attrs["out_hi"]) == clamp  # Clip: -128 + round(6 / 0.05) = -8
+    artifact = build_model(path, HOST)
+    x = 3 * network_input(artifact)
+    got, _ = run_network(get_board("local"), artifact, x)
+    assert np.array_equal(got, _ort(path, x))
+
+
 def test_quantize_linear_rounds_half_to_even_and_saturates_as_onnx_runtime(tmp_path: Path) -> None:
     """x -> QuantizeLinear(scale 0.5, zero 3) -> DequantizeLinear: ties both ways and both saturations."""
     graph = helper.make_graph(
@@ -208,6 +263,10 @@ def test_matmul_integer_takes_an_int8_input_and_writes_int32_sums(tmp_path: Path
     got, _ = run_network(get_board("local"), artifact, x)
     ref = (x.astype(np.int32) + 5) @ b.astype(np.int32)
     assert got.dtype == np.int32 and np.array_equal(got, ref)
+    with pytest.raises(
+        InputError, match="a reference file holds float32 arrays; this network's input is int8"
+    ):
+        reference_file(artifact, path)
 
 
 def _qdq_conv(path: Path) -> Path:

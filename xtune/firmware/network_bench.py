@@ -136,6 +136,12 @@ def reference_file(artifact: NetArtifact, model: Source) -> bytes:
     seeded random input and the peer's output for it (`network_peer`). Little-endian: 8 bytes "XTNETREF",
     u32 version 1, u32 the build id (the header's), u64 input floats, u64 output floats, then both arrays
     as float32."""
+    prog = artifact.program
+    if prog.input_type != "float32" or prog.output_type != "float32":
+        raise InputError(
+            f"{prog.model}: a reference file holds float32 arrays; this network's input is "
+            f"{prog.input_type} and its output {prog.output_type}"
+        )
     x = network_input(artifact)
     ref, _ = network_peer(model).run(x, 0)
     head = REFERENCE_MAGIC + struct.pack("<IIQQ", 1, artifact.build_id, x.size, ref.size)

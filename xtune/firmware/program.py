@@ -26,6 +26,7 @@ from xtune.errors import InputError, UnsupportedNode
 from xtune.firmware.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
 from xtune.firmware.relayout import OpStep, relayout
 from xtune.frontend.load import Source, load_graph
+from xtune.frontend.quantized import quantization
 from xtune.frontend.refusal import Unsupported, by_op, refusal
 from xtune.frontend.tasks import FusedOp, fuse
 from xtune.frontend.validate import nonfinite
@@ -123,29 +124,6 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
         input_quant=quantization(graph, x),
         output_quant=quantization(graph, y),
     )
-
-
-# Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes.
-_READ_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 1, "QLinearConv": 1}
-_WRITE_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 6, "QLinearConv": 6}
-
-
-def quantization(graph: Graph, tensor: str) -> tuple[float, int] | None:
-    """The scale and zero point of `tensor` (per tensor): those of the node that writes it, or of its
-    first reader; None if neither is a quantizing node."""
-    writer = graph.producers().get(tensor)
-    candidates = [(graph.nodes[writer], _WRITE_QUANT)] if writer is not None else []
-    candidates += [(graph.nodes[i], _READ_QUANT) for i in graph.consumers().get(tensor, [])[:1]]
-    for node, where in candidates:
-        at = where.get(node.op)
-        if at is None or (where is _READ_QUANT and node.inputs[0] != tensor) or len(node.inputs) <= at:
-            continue
-        scale = graph.constant(node.inputs[at])
-        zero_name = node.inputs[at + 1] if len(node.inputs) > at + 1 else ""
-        zero = graph.constant(zero_name) if zero_name else np.zeros(1, np.uint8)
-        if scale is not None and zero is not None and scale.size == 1 and zero.size == 1:
-            return float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0])
-    return None
 
 
 def unsupported(source: Source | Graph, layout: str | Layout = DEFAULT) -> tuple[Unsupported, ...]:

@@ -1,5 +1,7 @@
 """Quantized graphs: an imported `Graph` holding ONNX's QDQ form in, the same network with each quantized
-Conv, MatMul and Gemm as one QOperator node out (`qoperators`), which the int8 families map.
+Conv, MatMul and Gemm as one QOperator node out (`qoperators`), which the int8 families map; and the
+scale and zero point of a tensor (`quantization`), which a network's header states for its input and
+output.
 
 ONNX Runtime's `quantize_static` (QDQ format) writes a quantized layer as
 `DequantizeLinear(x_q) -> {Conv, MatMul, Gemm} -> QuantizeLinear`, its constant int8 weights behind their
@@ -364,3 +366,26 @@ def _fold_constant_dequantize(edit: _Rewrite) -> None:
             np.float32
         )
         edit.nodes[i] = None
+
+
+# Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes.
+_READ_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 1, "QLinearConv": 1}
+_WRITE_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 6, "QLinearConv": 6}
+
+
+def quantization(graph: Graph, tensor: str) -> tuple[float, int] | None:
+    """The scale and zero point of `tensor` (per tensor): those of the node that writes it, or of its
+    first reader; None if neither is a quantizing node."""
+    writer = graph.producers().get(tensor)
+    candidates = [(graph.nodes[writer], _WRITE_QUANT)] if writer is not None else []
+    candidates += [(graph.nodes[i], _READ_QUANT) for i in graph.consumers().get(tensor, [])[:1]]
+    for node, where in candidates:
+        at = where.get(node.op)
+        if at is None or (where is _READ_QUANT and node.inputs[0] != tensor) or len(node.inputs) <= at:
+            continue
+        scale = graph.constant(node.inputs[at])
+        zero_name = node.inputs[at + 1] if len(node.inputs) > at + 1 else ""
+        zero = graph.constant(zero_name) if zero_name else np.zeros(1, np.uint8)
+        if scale is not None and zero is not None and scale.size == 1 and zero.size == 1:
+            return float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0])
+    return None
