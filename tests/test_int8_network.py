@@ -27,6 +27,25 @@ ort_quant = pytest.importorskip("onnxruntime.quantization")
 HOST = "x86-avx2"  # every x86 host of the project runs AVX2 code
 
 
+def _two_branches() -> onnx.ModelProto:
+    """x[64, 16] -> MatMul, MatMul -> Add -> Relu: quantized as QOperator, a com.microsoft.QLinearAdd."""
+    rng = np.random.default_rng(6)
+    w1, w2 = (rng.normal(0, 0.3, (16, 32)).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["a"], name="m1"),
+            helper.make_node("MatMul", ["x", "w2"], ["b"], name="m2"),
+            helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+            helper.make_node("Relu", ["s"], ["y"], name="relu"),
+        ],
+        "branches",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 32])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def _mlp(softmax: bool) -> onnx.ModelProto:
     """x[4, 16] -> Gemm(transB=1, bias) -> Relu -> MatMul [-> Softmax]: PyTorch's Linear layers."""
     rng = np.random.default_rng(1)
@@ -52,23 +71,31 @@ def _mlp(softmax: bool) -> onnx.ModelProto:
 
 
 class _Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-defined]
-    def __init__(self) -> None:
+    def __init__(self, rows: int) -> None:
         rng = np.random.default_rng(2)
-        self.batches = iter([{"x": rng.uniform(-1, 1, (4, 16)).astype(np.float32)} for _ in range(4)])
+        self.batches = iter([{"x": rng.uniform(-1, 1, (rows, 16)).astype(np.float32)} for _ in range(4)])
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self.batches, None)
 
 
-def _quantized(tmp: Path, form: str, per_channel: bool, softmax: bool = False, uint8: bool = False) -> Path:
-    """The MLP quantized by ONNX Runtime (int8 weights, int8 or uint8 activations)."""
-    source, out = tmp / f"float_{softmax}.onnx", tmp / f"{form}_{per_channel}_{softmax}_{uint8}.onnx"
-    onnx.save(_mlp(softmax), source)
+def _quantized(
+    tmp: Path,
+    form: str,
+    per_channel: bool,
+    softmax: bool = False,
+    uint8: bool = False,
+    branches: bool = False,
+) -> Path:
+    """The MLP (or `_two_branches`) quantized by ONNX Runtime (int8 weights, int8 or uint8 activations)."""
+    tag = f"{softmax}_{uint8}_{branches}"
+    source, out = tmp / f"float_{tag}.onnx", tmp / f"{form}_{per_channel}_{tag}.onnx"
+    onnx.save(_two_branches() if branches else _mlp(softmax), source)
     logging.getLogger().setLevel(logging.ERROR)  # quantize_static's advice to pre-process the model
     ort_quant.quantize_static(
         str(source),
         str(out),
-        _Calibration(),
+        _Calibration(64 if branches else 4),
         quant_format=ort_quant.QuantFormat.QDQ if form == "qdq" else ort_quant.QuantFormat.QOperator,
         per_channel=per_channel,
         activation_type=ort_quant.QuantType.QUInt8 if uint8 else ort_quant.QuantType.QInt8,
@@ -89,6 +116,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qoperator_per_channel": _quantized(tmp, "qoperator", True),
         "qdq_uint8": _quantized(tmp, "qdq", True, uint8=True),
         "mixed": _quantized(tmp, "qdq", False, softmax=True),
+        "branches": _quantized(tmp, "qoperator", False, branches=True),
         "float": _save(tmp / "float.onnx", _mlp(False)),
     }
 
@@ -221,6 +249,55 @@ def test_a_relu_or_clip_before_quantize_linear_is_the_int8_kernels_clamp(
     x = 3 * network_input(artifact)
     got, _ = run_network(get_board("local"), artifact, x)
     assert np.array_equal(got, _ort(path, x))
+
+
+def test_qoperator_add_pooling_and_sigmoid_run_in_their_float_form(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """com.microsoft QLinearAdd (ORT's QOperator residual), QLinearGlobalAveragePool and QLinearSigmoid:
+    DequantizeLinear, the float operator, QuantizeLinear (xtune/frontend/qfloat.py)."""
+    assert "com.microsoft.QLinearAdd" in {
+        f"{n.domain}.{n.op_type}" for n in onnx.load(models["branches"]).graph.node
+    }
+    assert [o.op for o in xtune.tasks(models["branches"], HOST).other_nodes] == [
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DequantizeLinear",
+        "Add",
+        "QuantizeLinear",
+        "DequantizeLinear",
+    ]
+    scales: dict[str, np.ndarray] = {
+        "s": np.array(0.01, np.float32),
+        "z": np.array(-3, np.int8),
+        "ys": np.array(0.004, np.float32),
+        "yz": np.array(5, np.int8),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+            helper.make_node(
+                "QLinearGlobalAveragePool",
+                ["xq", "s", "z", "ys", "yz"],
+                ["pq"],
+                name="gap",
+                domain="com.microsoft",
+            ),
+            helper.make_node(
+                "QLinearSigmoid", ["pq", "ys", "yz", "s", "z"], ["sq"], name="sig", domain="com.microsoft"
+            ),
+            helper.make_node("DequantizeLinear", ["sq", "s", "z"], ["y"], name="dq"),
+        ],
+        "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 1, 1])],
+        [numpy_helper.from_array(v, k) for k, v in scales.items()],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    pool = _save(tmp_path / "pool.onnx", helper.make_model(graph, opset_imports=opsets))
+    for path in (models["branches"], pool):
+        report = bench_model(path, get_board("local"), repeat=1)
+        assert report.correct, (path.name, report.error)
 
 
 def test_quantize_linear_rounds_half_to_even_and_saturates_as_onnx_runtime(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ from xtune.frontend.external import load_external_data
 from xtune.frontend.formats import is_tflite_file
 from xtune.frontend.normalize import normalize
 from xtune.frontend.protos import default_opset, skeleton
-from xtune.frontend.quantized import contrib_shapes, qoperators
+from xtune.frontend.qfloat import contrib_shapes
+from xtune.frontend.quantized import qoperators
 from xtune.frontend.refusal import by_op, refusal
 from xtune.frontend.validate import check, check_weights, validate
 from xtune.graph import AttrValue, Graph, Node

@@ -30,15 +30,14 @@ xtune/ops/quantize.py. docs/int8.md is the user's view.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-import onnx
 
+from xtune.frontend.qfloat import FLOAT_FORMS, float_forms
 from xtune.graph import AttrValue, Graph, Node
 
-_QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm"))
+_QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm", *FLOAT_FORMS))
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
@@ -67,6 +66,7 @@ def qoperators(graph: Graph) -> Graph:
     (the graph itself when it holds no QuantizeLinear, DequantizeLinear or QGemm)."""
     if not any(n.op in _QOPS for n in graph.nodes):
         return graph
+    graph = _with_float_forms(graph)
     edit = _Rewrite(
         graph=graph,
         nodes=list(graph.nodes),
@@ -87,48 +87,25 @@ def qoperators(graph: Graph) -> Graph:
     return replace(graph, nodes=nodes, constants=edit.constants, shapes=shapes, dtypes=edit.dtypes)
 
 
-def contrib_shapes(
-    model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto]
-) -> onnx.ModelProto:
-    """`model` with the output types and shapes of its com.microsoft.QGemm nodes declared (onnx's shape
-    inference does not know com.microsoft's operators, and stops at them), each from its inputs' shapes
-    as `infer` finds them: Y is (M, N) of y_zero_point's type (ORT's contrib operator docs)."""
-    qgemms = [n for n in model.graph.node if n.domain == "com.microsoft" and n.op_type == "QGemm"]
-    if not qgemms:
-        return model
-    model = _copy(model)
-    for _ in qgemms:  # one more known per round at least, in a chain of them
-        known = {i.name: i for i in (*infer(model).graph.value_info, *model.graph.input)}
-        consts = {i.name: i for i in model.graph.initializer}
-        added = False
-        for node in qgemms:
-            if node.output[0] in known or not all(t in known or t in consts for t in node.input[:4:3]):
-                continue
-            a, b = (_dims(t, known, consts) for t in node.input[:4:3])
-            attrs = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
-            m = a[1] if attrs.get("transA", 0) else a[0]
-            n = b[0] if attrs.get("transB", 0) else b[1]
-            zero = consts.get(node.input[8]) if len(node.input) > 8 else None
-            elem = zero.data_type if zero is not None else onnx.TensorProto.FLOAT
-            model.graph.value_info.append(onnx.helper.make_tensor_value_info(node.output[0], elem, [m, n]))
-            added = True
-        if not added:
-            break
-    return model
+def _with_float_forms(graph: Graph) -> Graph:
+    """`graph` with ORT's QOperator element-wise nodes in their float form (xtune/frontend/qfloat.py)."""
+    constants, taken = dict(graph.constants), set(graph.shapes) | set(graph.constants)
 
+    def fresh(name: str, value: np.ndarray | None) -> str:
+        unique, i = name, 0
+        while unique in taken:
+            i += 1
+            unique = f"{name}.{i}"
+        taken.add(unique)
+        if value is not None:
+            constants[unique] = value
+        return unique
 
-def _dims(
-    tensor: str, known: dict[str, onnx.ValueInfoProto], consts: dict[str, onnx.TensorProto]
-) -> list[int]:
-    if tensor in consts:
-        return list(consts[tensor].dims)
-    return [d.dim_value for d in known[tensor].type.tensor_type.shape.dim]
-
-
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
+    nodes, shapes = float_forms(graph, fresh)
+    if len(nodes) == len(graph.nodes):
+        return graph
+    all_shapes = {**graph.shapes, **shapes, **{n: v.shape for n, v in constants.items()}}
+    return replace(graph, nodes=tuple(nodes), constants=constants, shapes=all_shapes)
 
 
 def _dequantized(graph: Graph, writers: dict[str, int], tensor: str) -> Node | None:
