@@ -200,7 +200,7 @@ def test_a_mixed_graph_runs_its_int8_matmuls_then_a_float_softmax(models: dict[s
     assert report.peer == "ONNX Runtime" and report.ort_seconds is not None
 
 
-def _fused_activation(path: Path, act: str, zero: int) -> Path:
+def _fused_activation(path: Path, act: str, zero: int, weight_zero: int = 0) -> Path:
     """x -> Q -> DQ -> MatMul(per-column int8 weights) -> Relu or Clip(0, 6) -> Q(zero) -> DQ: the
     activation becomes the int8 kernel's output clamp (out_lo/out_hi where it narrows the range)."""
     rng = np.random.default_rng(5)
@@ -209,7 +209,7 @@ def _fused_activation(path: Path, act: str, zero: int) -> Path:
         "z": np.array(3, np.int8),
         "w": rng.integers(-127, 128, (64, 48)).astype(np.int8),
         "ws": rng.uniform(0.001, 0.01, 48).astype(np.float32),
-        "wz": np.zeros(48, np.int8),
+        "wz": np.full(48, weight_zero, np.int8),
         "ys": np.array(0.05, np.float32),
         "yz": np.array(zero, np.int8),
         "lo": np.array(0.0, np.float32),
@@ -249,6 +249,23 @@ def test_a_relu_or_clip_before_quantize_linear_is_the_int8_kernels_clamp(
     x = 3 * network_input(artifact)
     got, _ = run_network(get_board("local"), artifact, x)
     assert np.array_equal(got, _ort(path, x))
+
+
+def test_asymmetric_weights_leave_the_layer_in_float_and_it_still_matches(tmp_path: Path) -> None:
+    """A weight zero point of 2: not the int8 kernels' (symmetric weights), so the layer stays QDQ and runs
+    in float32, its weights dequantized at import as ONNX Runtime computes them."""
+    path = _fused_activation(tmp_path / "asym.onnx", "relu", 10, weight_zero=2)
+    ops = [n.op for n in load_graph(path).nodes]
+    assert ops == [
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "MatMul",
+        "Relu",
+        "QuantizeLinear",
+        "DequantizeLinear",
+    ]
+    report = bench_model(path, get_board("local"), repeat=1)
+    assert report.correct, report.error
 
 
 def test_qoperator_add_pooling_and_sigmoid_run_in_their_float_form(
