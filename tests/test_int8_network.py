@@ -46,26 +46,34 @@ def _two_branches() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _mlp(softmax: bool) -> onnx.ModelProto:
-    """x[4, 16] -> Gemm(transB=1, bias) -> Relu -> MatMul [-> Softmax]: PyTorch's Linear layers."""
+def _mlp(tail: str = "") -> onnx.ModelProto:
+    """x[4, 16] -> Gemm(transB=1, bias) -> Relu -> MatMul: PyTorch's Linear layers; with `tail`
+    "softmax" a Softmax after, "reshape" a Reshape to (8, 16) before the MatMul (then 16 x 10)."""
     rng = np.random.default_rng(1)
     w1 = rng.normal(0, 0.3, (32, 16)).astype(np.float32)
     b1 = rng.normal(0, 0.1, 32).astype(np.float32)
-    w2 = rng.normal(0, 0.3, (32, 10)).astype(np.float32)
-    last = "logits" if softmax else "y"
+    rows, k = (8, 16) if tail == "reshape" else (4, 32)
+    w2 = rng.normal(0, 0.3, (k, 10)).astype(np.float32)
+    inits: dict[str, np.ndarray] = {"w1": w1, "b1": b1, "w2": w2, "shape": np.array([rows, k], np.int64)}
     nodes = [
         helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
         helper.make_node("Relu", ["h"], ["r"], name="relu1"),
-        helper.make_node("MatMul", ["r", "w2"], [last], name="fc2"),
+        helper.make_node("Reshape", ["r", "shape"], ["rs"], name="reshape"),
+        helper.make_node("MatMul", ["rs", "w2"], ["logits"], name="fc2"),
+        helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1),
     ]
-    if softmax:
-        nodes.append(helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1))
+    if tail != "reshape":
+        nodes[3] = helper.make_node("MatMul", ["r", "w2"], ["logits"], name="fc2")
+        del nodes[2]
+    if tail != "softmax":
+        nodes[-2].output[0] = "y"
+        del nodes[-1]
     graph = helper.make_graph(
         nodes,
         "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 10])],
-        [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 10])],
+        [numpy_helper.from_array(a, n) for n, a in inits.items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -80,17 +88,12 @@ class _Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-define
 
 
 def _quantized(
-    tmp: Path,
-    form: str,
-    per_channel: bool,
-    softmax: bool = False,
-    uint8: bool = False,
-    branches: bool = False,
+    tmp: Path, form: str, per_channel: bool, tail: str = "", uint8: bool = False, branches: bool = False
 ) -> Path:
     """The MLP (or `_two_branches`) quantized by ONNX Runtime (int8 weights, int8 or uint8 activations)."""
-    tag = f"{softmax}_{uint8}_{branches}"
+    tag = f"{tail}_{uint8}_{branches}"
     source, out = tmp / f"float_{tag}.onnx", tmp / f"{form}_{per_channel}_{tag}.onnx"
-    onnx.save(_two_branches() if branches else _mlp(softmax), source)
+    onnx.save(_two_branches() if branches else _mlp(tail), source)
     logging.getLogger().setLevel(logging.ERROR)  # quantize_static's advice to pre-process the model
     ort_quant.quantize_static(
         str(source),
@@ -101,7 +104,7 @@ def _quantized(
         activation_type=ort_quant.QuantType.QUInt8 if uint8 else ort_quant.QuantType.QInt8,
         weight_type=ort_quant.QuantType.QInt8,
         # The mixed model: its matmuls only, so its Relu and Softmax stay float between int8 tensors.
-        op_types_to_quantize=["Gemm", "MatMul"] if softmax else None,
+        op_types_to_quantize=["Gemm", "MatMul"] if tail == "softmax" else None,
     )
     return out
 
@@ -115,9 +118,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qoperator": _quantized(tmp, "qoperator", False),
         "qoperator_per_channel": _quantized(tmp, "qoperator", True),
         "qdq_uint8": _quantized(tmp, "qdq", True, uint8=True),
-        "mixed": _quantized(tmp, "qdq", False, softmax=True),
+        "mixed": _quantized(tmp, "qdq", False, tail="softmax"),
+        "reshape": _quantized(tmp, "qdq", False, tail="reshape"),
         "branches": _quantized(tmp, "qoperator", False, branches=True),
-        "float": _save(tmp / "float.onnx", _mlp(False)),
+        "float": _save(tmp / "float.onnx", _mlp()),
     }
 
 
@@ -249,6 +253,21 @@ def test_a_relu_or_clip_before_quantize_linear_is_the_int8_kernels_clamp(
     x = 3 * network_input(artifact)
     got, _ = run_network(get_board("local"), artifact, x)
     assert np.array_equal(got, _ort(path, x))
+
+
+def test_a_reshape_between_int8_layers_is_a_view_of_the_int8_bytes(models: dict[str, Path]) -> None:
+    """quantize_static wraps the Reshape in DequantizeLinear/QuantizeLinear of one scale: dropped."""
+    assert [n.op for n in load_graph(models["reshape"]).nodes] == [
+        "QuantizeLinear",
+        "QLinearMatMul",
+        "Reshape",
+        "QLinearMatMul",
+        "DequantizeLinear",
+    ]
+    artifact = build_model(models["reshape"], HOST)
+    x = network_input(artifact)
+    got, _ = run_network(get_board("local"), artifact, x)
+    assert np.array_equal(got, _ort(models["reshape"], x))
 
 
 def test_asymmetric_weights_leave_the_layer_in_float_and_it_still_matches(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ QDQSelectorActionTransformer: QLinearConv, QLinearMatMul, com.microsoft.QGemm); 
   attributes `out_lo` and `out_hi` (quantized values, the output type's range when absent: also xtune's
   own convention), each bound zy + round(bound / sy) as QuantizeLinear would round it.
 
-A bias given as float (or as int32 of another scale) is requantized to int32 of scale sx * sw, rounded
+A view (Reshape, Flatten, ...) between a DequantizeLinear and a QuantizeLinear of one scale and zero point
+becomes the view of the 8-bit tensor. A bias given as float (or as int32 of another scale) is requantized to int32 of scale sx * sw, rounded
 half to even. What does not fit the pattern (weights with a zero point other than 0, an output read by
 more than the QuantizeLinear, an attribute xtune's int8 kernels do not take, a MatMul input of rank
 other than 2) stays as it is and runs in float32: DequantizeLinear of a constant is folded into a
@@ -36,6 +37,7 @@ import numpy as np
 
 from xtune.frontend.qfloat import FLOAT_FORMS, float_forms
 from xtune.graph import AttrValue, Graph, Node
+from xtune.ops.reshape import VIEWS
 
 _QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm", *FLOAT_FORMS))
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -80,6 +82,8 @@ def qoperators(graph: Graph) -> Graph:
             _fuse_qdq(edit, i, writers, readers)
         elif node.op == "com.microsoft.QGemm":
             _from_qgemm(edit, i)
+        elif node.op in VIEWS:
+            _view_of_integers(edit, i, writers, readers)
     _drop_unread(edit)
     _fold_constant_dequantize(edit)
     nodes = tuple(n for n in edit.nodes if n is not None)
@@ -281,6 +285,24 @@ def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict
     for done in (act, q):
         if done is not None:
             edit.nodes[writers[done.outputs[0]]] = None
+
+
+def _view_of_integers(
+    edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
+) -> None:
+    """DequantizeLinear -> view (Reshape, Flatten, ...) -> QuantizeLinear of the same scale and zero point
+    (ORT's quantizer wraps a view so): the view of the 8-bit tensor itself. The pair is the identity on
+    the integers ((q - z) * s / s rounds back to q - z), so dropping it changes no value."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    dq = _dequantized(graph, writers, node.inputs[0])
+    q = _only_reader(graph, readers, node.outputs[0])
+    if dq is None or q is None or q.op != "QuantizeLinear" or graph.constant(dq.inputs[0]) is not None:
+        return
+    if _scalar_q(graph, dq) is None or _scalar_q(graph, dq) != _scalar_q(graph, q):
+        return
+    edit.nodes[index] = replace(node, inputs=(dq.inputs[0], *node.inputs[1:]), outputs=q.outputs)
+    edit.nodes[writers[q.outputs[0]]] = None
 
 
 def _zero_name(edit: _Rewrite, node: Node, kind: str) -> str:
