@@ -20,13 +20,13 @@ QDQSelectorActionTransformer: QLinearConv, QLinearMatMul, com.microsoft.QGemm); 
   own convention), each bound zy + round(bound / sy) as QuantizeLinear would round it.
 
 A view (Reshape, Flatten, ...) between a DequantizeLinear and a QuantizeLinear of one scale and zero point
-becomes the view of the 8-bit tensor. A bias given as float (or as int32 of another scale) is requantized to int32 of scale sx * sw, rounded
-half to even. What does not fit the pattern (weights with a zero point other than 0, an output read by
-more than the QuantizeLinear, an attribute xtune's int8 kernels do not take, a MatMul input of rank
-other than 2) stays as it is and runs in float32: DequantizeLinear of a constant is folded into a
-float32 constant here (ONNX Runtime's arithmetic: (q - zero_point) * scale), and the
-QuantizeLinear/DequantizeLinear between activations run as the generated operators of
-xtune/ops/quantize.py. docs/int8.md is the user's view.
+becomes the view of the 8-bit tensor. A bias given as float (or as int32 of another scale) is requantized to
+int32 of scale sx * sw, rounded half to even. What does not fit the pattern (weights with a zero point other
+than 0, an output read by more than the QuantizeLinear, an attribute xtune's int8 kernels do not take, a
+MatMul input of rank other than 2) stays as it is and runs in float32: DequantizeLinear of a constant is
+folded into a float32 constant here (ONNX Runtime's arithmetic: (q - zero_point) * scale), and the
+QuantizeLinear/DequantizeLinear between activations run as the generated operators of xtune/ops/quantize.py.
+docs/int8.md is the user's view.
 """
 
 from __future__ import annotations
