@@ -186,6 +186,8 @@ def test_the_int8_build_holds_int8_weights_an_int8_workspace_and_says_the_quanti
     assert f"#define NET_INPUT_SCALE {prog.input_quant[0]!r}f" in int8.header
     assert f"#define NET_OUTPUT_ZERO_POINT {prog.output_quant[1]}" in int8.header
     assert "input quantization: quantized inside to 8-bit q" in int8.header
+    shown = int8.as_dict()
+    assert shown["input_type"] == "float32" and shown["output_quantization"] == prog.output_quant
 
 
 def test_a_mixed_graph_runs_its_int8_matmuls_then_a_float_softmax(models: dict[str, Path]) -> None:

@@ -135,6 +135,10 @@ class NetArtifact:
             "layout": self.program.layout.value,
             "input_shape": list(self.program.input_shape),
             "output_shape": list(self.program.output_shape),
+            "input_type": self.program.input_type,
+            "output_type": self.program.output_type,
+            "input_quantization": self.program.input_quant,  # (scale, zero point) or None
+            "output_quantization": self.program.output_quant,
             "calls": len(self.program.calls),
             "kernels": [k.as_dict() for k in self.kernels],
             "workspace_bytes": plan.workspace_bytes,
