@@ -37,7 +37,7 @@ def not_run(graph: Graph, node: Node) -> UnsupportedNode:
 
 
 # Generated operators that read and write integer tensors: the quantize family converts float32 to and
-# from them, views and the layout's Transpose move their bytes; every other generated kernel is float32.
+# from them, views are their bytes; every other generated kernel is float32.
 _INTEGER_KINDS = frozenset(("quantize", "reshape"))
 
 
@@ -48,7 +48,7 @@ def integer_tensor(graph: Graph, node: Node, kind: str) -> UnsupportedNode | Non
         return None
     for tensor in (*node.inputs, *node.outputs):
         if tensor and tensor not in graph.constants and graph.dtype(tensor) != "float32":
-            kind = graph.dtype(tensor)
-            why = f"tensor '{tensor}' is {kind}; xtune has no {kind} kernel of {node.op}"
+            dtype = graph.dtype(tensor)
+            why = f"tensor '{tensor}' is {dtype}; xtune has no {dtype} kernel of {node.op}"
             return UnsupportedNode(graph.name, node.name, node.op, why, "")
     return None

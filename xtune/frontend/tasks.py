@@ -6,8 +6,9 @@ BatchNormalization and Mul or Div by a per-channel constant, folded into the wei
 or Gemm/MatMul over the last axis), and an Add of a per-channel constant (a bias), in any number and
 order; an Add of a tensor shaped like the output, available before the kernel runs (the residual of
 ResNet and MobileNetV2 blocks); then Relu, or Clip(0, 6) as ReLU6 (Clip(0, ∞) as ReLU), which ends the
-chain. Calls with the same workload are one `Task`, tuned once. The other nodes xtune runs
-(xtune/frontend/support.py) are listed as other nodes; every node it cannot run is named in one refusal
+chain. A quantized model's int8 calls (QLinearMatMul, MatMulInteger: docs/int8.md) fuse nothing: their
+bias and clamp are in the node already. Calls with the same workload are one `Task`, tuned once. The
+other nodes xtune runs (xtune/frontend/support.py) are listed as other nodes; every node it cannot run is named in one refusal
 (xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for a partial answer.
 """
 
