@@ -9,7 +9,8 @@ ResNet and MobileNetV2 blocks); then Relu, or Clip(0, 6) as ReLU6 (Clip(0, ∞) 
 chain. A quantized model's int8 calls (QLinearMatMul, MatMulInteger: docs/int8.md) fuse nothing: their
 bias and clamp are in the node already. Calls with the same workload are one `Task`, tuned once. The
 other nodes xtune runs (xtune/frontend/support.py) are listed as other nodes; every node it cannot run
-is named in one refusal (xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for a partial answer.
+is named in one refusal (xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for
+a partial answer.
 """
 
 from __future__ import annotations
