@@ -10,7 +10,19 @@ from functools import cache
 
 from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import Graph, Node
-from xtune.ops import activation, arith, concat, elementwise, lrn, pool2d, reduce, reshape, softmax, transpose
+from xtune.ops import (
+    activation,
+    arith,
+    concat,
+    elementwise,
+    lrn,
+    pool2d,
+    reduce,
+    reshape,
+    resize,
+    softmax,
+    transpose,
+)
 from xtune.ops.activation import Activation
 from xtune.ops.anchor import Anchor
 from xtune.ops.arith import Arith
@@ -26,6 +38,7 @@ from xtune.ops.opkit import NodeFamily
 from xtune.ops.permute import Permute
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d
 from xtune.ops.qmatmul.operator import QMatmul
+from xtune.ops.resize import Resize
 from xtune.ops.softmax import Softmax
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.transpose import Transpose
@@ -48,6 +61,7 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     arith.FAMILY,
     reduce.FAMILY,
     lrn.FAMILY,
+    resize.FAMILY,
 )
 GeneratedOp = (
     Pool2d
@@ -60,6 +74,7 @@ GeneratedOp = (
     | Arith
     | Lrn
     | Permute
+    | Resize
 )
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 
