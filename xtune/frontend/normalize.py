@@ -1,6 +1,7 @@
 """Graph normalization: an onnx.ModelProto as an exporter wrote it in, the same network out in the forms
 the importer reads (opset 11 or newer, constants folded, no Identity or inference Dropout, arithmetic by
-constants as Add and Mul, BatchNormalization's trailing per-channel scale and shift folded into it).
+constants as Add and Mul, GELU as one node (xtune/frontend/gelu.py), BatchNormalization's trailing
+per-channel scale and shift folded into it).
 
 Each pass keeps the network's output: it is compared with ONNX Runtime on the original model pass by pass
 (tests/test_normalize.py) and on the model zoo's graphs (tests/test_real_models.py). What the passes do
@@ -17,6 +18,7 @@ from onnx import version_converter
 from onnx.reference import ReferenceEvaluator
 
 from xtune.errors import InputError
+from xtune.frontend.gelu import declare, fuse_gelu
 from xtune.frontend.protos import (
     DEFAULT_DOMAINS,
     SMALL_CONSTANT,
@@ -46,9 +48,12 @@ def normalize(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     net, shapes = EditGraph.of(model, MIN_OPSET), static_shapes(model)
     fold_constants(net, shapes)
     canonical_arithmetic(net)
+    gelus = fuse_gelu(net, shapes)
     remove_identities(net)
     merge_scale_into_batchnorm(net, shapes)
-    return net.model(model)
+    normalized = net.model(model)
+    declare(normalized, gelus)
+    return normalized
 
 
 # Opsets 7-10 upgraded by onnx's version converter; newer than the installed onnx, or unused domains, refused
