@@ -136,6 +136,9 @@ def test_taps_repeat_in_one_period() -> None:
     assert [(t.lo, t.hi, t.t) for t in linear[:3]] == [(0, 1, 0.0), (0, 1, 0.25), (0, 1, 0.75)]
     assert linear[-1] == Tap(3, 3, 0.0)
     assert [(r.start, r.period, r.count) for r in runs(linear) or ()] == [(0, 1, 1), (1, 2, 3), (7, 1, 1)]
+    # 40 -> 60: the weights repeat every 3 outputs (2 input rows) in float64, where float32 would not
+    third = runs(axis_taps("linear", "half_pixel", "round_prefer_floor", 40, 60, 1.5)) or ()
+    assert sum(r.period for r in third) <= 6 and max(r.count for r in third) >= 19
 
 
 def test_a_resize_without_a_short_period_is_refused() -> None:

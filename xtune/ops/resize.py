@@ -3,12 +3,13 @@ sizes, opsets 11 to 19; older Resize and Upsample nodes are upgraded to it by no
 xtune/frontend/normalize.py) of a 4-D tensor over its two spatial axes in, one `Resize` kernel out, in
 NCHW or NHWC.
 
-Semantics as the ONNX operator definition (https://onnx.ai/onnx/operators/onnx__Resize.html), with
-coordinates computed in float32 as ONNX Runtime's CPU kernel computes them: mode nearest (nearest_mode
-round_prefer_floor, round_prefer_ceil, floor, ceil) or linear (bilinear over H and W, the source
-coordinate clamped to the image), coordinate_transformation_mode half_pixel, pytorch_half_pixel,
-align_corners or asymmetric. Refused in one line each: cubic, tf_crop_and_resize, half_pixel_symmetric,
-antialias=1, exclude_outside=1, keep_aspect_ratio_policy other than stretch, a scale other than 1 on N or C.
+Semantics as the ONNX operator definition (https://onnx.ai/onnx/operators/onnx__Resize.html), nearest's
+coordinates computed in float32 as ONNX Runtime's CPU kernel computes them, linear's exactly: mode
+nearest (nearest_mode round_prefer_floor, round_prefer_ceil, floor, ceil) or linear (bilinear over H and
+W, the source coordinate clamped to the image), coordinate_transformation_mode half_pixel,
+pytorch_half_pixel, align_corners or asymmetric. Refused in one line each: cubic, tf_crop_and_resize,
+half_pixel_symmetric, antialias=1, exclude_outside=1, keep_aspect_ratio_policy other than stretch, a
+scale other than 1 on N or C.
 
 Each output row and column reads input rows and columns known at build time (`Tap`). The kernel is
 unrolled over one period of that pattern: along an axis, outputs split into runs in which the taps of
@@ -36,6 +37,7 @@ NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 MAX_PERIOD = 64  # the longest repeating pattern of taps looked for along an axis
 MAX_BODIES = 4096  # unrolled (row, column) bodies a kernel may have: a bound on its code size
+_SAME_WEIGHT = 1e-9  # float64 rounding of coordinates below 2^20; float32 keeps 6e-8 of a weight
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,9 @@ class Tap:
     hi: int
     t: float
 
-    def moved(self, by: int) -> Tap:
-        return Tap(self.lo + by, self.hi + by, self.t)
+    def repeats(self, first: Tap, by: int) -> bool:
+        """Whether this tap is `first` moved by `by` rows (the weight equal up to float64 rounding)."""
+        return (self.lo, self.hi) == (first.lo + by, first.hi + by) and abs(self.t - first.t) <= _SAME_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -61,27 +64,30 @@ class Run:
     taps: tuple[Tap, ...]
 
 
-def source_coordinate(transform: str, out: int, scale: float, size: int, length: int) -> np.float32:
+def source_coordinate(transform: str, out: int, scale: float, size: int, length: int, exact: bool) -> float:
     """Where output `out` of `length` falls in an input axis of `size` (ONNX Resize, the
-    coordinate_transformation_mode formulas), in float32 arithmetic as ONNX Runtime's kernel."""
-    f, x = np.float32, np.float32(out)
+    coordinate_transformation_mode formulas): in float32 arithmetic as ONNX Runtime's kernel computes it
+    (nearest: rounding it picks the tap), or `exact`, in float64 (linear: the weights then repeat with
+    the period of the ratio, where float32's rounding would differ from one period to the next)."""
+    f = float if exact else np.float32
+    x = f(out)
     if transform == "asymmetric":
-        return f(x / f(scale))
+        return float(f(x / f(scale)))
     if transform == "align_corners":
-        return f(0) if length == 1 else f(x * f(size - 1) / f(length - 1))
+        return 0.0 if length == 1 else float(f(x * f(size - 1) / f(length - 1)))
     if transform == "pytorch_half_pixel" and length == 1:
-        return f(0)
-    return f((x + f(0.5)) / f(scale) - f(0.5))
+        return 0.0
+    return float(f((x + f(0.5)) / f(scale) - f(0.5)))
 
 
-def _nearest(x: np.float32, mode: str) -> int:
+def _nearest(x: float, mode: str) -> int:
     if mode == "floor":
         return math.floor(x)
     if mode == "ceil":
         return math.ceil(x)
     if x == math.floor(x) + 0.5:  # a tie
         return math.floor(x) if mode == "round_prefer_floor" else math.ceil(x)
-    return round(float(x))
+    return round(x)
 
 
 def axis_taps(
@@ -91,15 +97,15 @@ def axis_taps(
     two neighbours of the coordinate clamped to [0, size - 1], both clamped to the axis."""
     taps = []
     for out in range(length):
-        x = source_coordinate(transform, out, scale, size, length)
+        x = source_coordinate(transform, out, scale, size, length, exact=mode == "linear")
         if mode == "nearest":
             i = min(max(_nearest(x, nearest), 0), size - 1)
             taps.append(Tap(i, i, 0.0))
             continue
-        x = np.float32(min(max(float(x), 0.0), size - 1))
+        x = min(max(x, 0.0), size - 1)
         lo = min(int(x), size - 1)
         hi = min(lo + 1, size - 1)
-        taps.append(Tap(lo, hi, float(np.float32(x - np.float32(lo))) if hi != lo else 0.0))
+        taps.append(Tap(lo, hi, x - lo if hi != lo else 0.0))
     return tuple(taps)
 
 
@@ -108,7 +114,7 @@ def _repeats(taps: tuple[Tap, ...], start: int, period: int) -> tuple[int, int]:
     step = taps[start + period].lo - taps[start].lo if start + period < len(taps) else 0
     count = 1
     while start + (count + 1) * period <= len(taps) and all(
-        taps[start + count * period + j] == taps[start + j].moved(count * step) for j in range(period)
+        taps[start + count * period + j].repeats(taps[start + j], count * step) for j in range(period)
     ):
         count += 1
     return count, step
