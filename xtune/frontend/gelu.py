@@ -42,18 +42,34 @@ def fuse_gelu(net: EditGraph, shapes: Shapes) -> list[onnx.ValueInfoProto]:
     """Every GELU of `net` as one node; the value infos of their outputs, which onnx's shape inference
     cannot give a contrib operator (`declare` puts them in the model)."""
     declared = []
+    maps = _maps(net)
     for core in [n for n in net.nodes if n.op_type in _CORE and n.domain in DEFAULT_DOMAINS]:
         if not any(n is core for n in net.nodes):  # part of a GELU already replaced
             continue
-        found = _find(net, core)
+        found = _find(net, core, *maps)
         if found is None or found[1] not in shapes:
             continue
         x, y, piece, tanh = found
-        at = max(net.nodes.index(n) for n in piece)
+        at = max(i for i, n in enumerate(net.nodes) if any(n is p for p in piece))
         net.nodes[at] = _gelu_node(net, x, y, tanh)
         net.nodes = [n for n in net.nodes if not any(n is p for p in piece)]
         declared.append(onnx.helper.make_tensor_value_info(y, onnx.TensorProto.FLOAT, list(shapes[y])))
+        maps = _maps(net)
     return declared
+
+
+_Producers = dict[str, onnx.NodeProto]
+_Readers = dict[str, list[onnx.NodeProto]]
+
+
+def _maps(net: EditGraph) -> tuple[_Producers, _Readers]:
+    """Each tensor's producer and readers."""
+    producers = {t: n for n in net.nodes for t in n.output}
+    readers: _Readers = {}
+    for n in net.nodes:
+        for t in dict.fromkeys(n.input):
+            readers.setdefault(t, []).append(n)
+    return producers, readers
 
 
 def _gelu_node(net: EditGraph, x: str, y: str, tanh: bool) -> onnx.NodeProto:
@@ -63,13 +79,10 @@ def _gelu_node(net: EditGraph, x: str, y: str, tanh: bool) -> onnx.NodeProto:
     return onnx.helper.make_node("FastGelu" if tanh else "Gelu", [x], [y], name=name, domain=CONTRIB)
 
 
-def _find(net: EditGraph, core: onnx.NodeProto) -> tuple[str, str, list[onnx.NodeProto], bool] | None:
+def _find(
+    net: EditGraph, core: onnx.NodeProto, producers: _Producers, readers: _Readers
+) -> tuple[str, str, list[onnx.NodeProto], bool] | None:
     """(x, y, the piece's nodes, whether it is the tanh form) of the GELU around `core`, or None."""
-    producers = {t: n for n in net.nodes for t in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in net.nodes:
-        for t in dict.fromkeys(n.input):
-            readers.setdefault(t, []).append(n)
     for y in reversed(list(_chain(core, readers, net))):
         for x in _sources(core.input[0], producers, net):
             piece = _piece(y, x, producers, net)
@@ -91,7 +104,7 @@ def _find(net: EditGraph, core: onnx.NodeProto) -> tuple[str, str, list[onnx.Nod
     return None
 
 
-def _chain(core: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]], net: EditGraph) -> Iterator[str]:
+def _chain(core: onnx.NodeProto, readers: _Readers, net: EditGraph) -> Iterator[str]:
     """The tensors after `core` along its arithmetic, each the only reader's output: where y may be."""
     t = core.output[0]
     for _ in range(4):
@@ -102,7 +115,7 @@ def _chain(core: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]], net: 
         yield t
 
 
-def _sources(t: str, producers: dict[str, onnx.NodeProto], net: EditGraph) -> Iterator[str]:
+def _sources(t: str, producers: _Producers, net: EditGraph) -> Iterator[str]:
     """The tensors the arithmetic before `t` reads, nearest first: where x may be."""
     seen, frontier = set(), [t]
     for _ in range(5):
@@ -118,9 +131,7 @@ def _sources(t: str, producers: dict[str, onnx.NodeProto], net: EditGraph) -> It
         frontier = following
 
 
-def _piece(
-    y: str, x: str, producers: dict[str, onnx.NodeProto], net: EditGraph
-) -> list[onnx.NodeProto] | None:
+def _piece(y: str, x: str, producers: _Producers, net: EditGraph) -> list[onnx.NodeProto] | None:
     """The nodes computing `y` from `x` and scalar constants alone, or None."""
     piece: list[onnx.NodeProto] = []
 
