@@ -37,10 +37,10 @@ import numpy as np
 
 from xtune.frontend.qfloat import FLOAT_FORMS, float_forms
 from xtune.graph import AttrValue, Graph, Node
+from xtune.ops.quantize import RANGES
 from xtune.ops.reshape import VIEWS
 
 _QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm", *FLOAT_FORMS))
-RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
 @dataclass

@@ -43,7 +43,7 @@ from xtune.schedule.loopnest import (
 
 QType = Literal["int8", "uint8"]
 _DTYPES = {"int8": DType.I8, "uint8": DType.U8}
-RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+RANGES = {"int8": (-128, 127), "uint8": (0, 255)}  # by element type (qmatmul/reference.py: by `a` word)
 
 
 @dataclass(frozen=True, kw_only=True)
