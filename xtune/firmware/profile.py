@@ -26,7 +26,8 @@ from xtune.firmware.network_bench import TIMEOUT_MS, check_finished, load_networ
 from xtune.frontend.load import Source
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
 from xtune.ops.workload import Workload
-from xtune.tuning.database import build_choice, read_logs
+from xtune.tuning.database import read_logs
+from xtune.tuning.ranking import build_choice
 
 PathLike = str | os.PathLike[str]
 RUNS = 31  # profiled calls; a step's time is its median over them

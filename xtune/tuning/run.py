@@ -15,10 +15,11 @@ from xtune.boards.cost import COUNTED_UNITS, CostUnit, gflops
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, leaders
+from xtune.tuning.database import Record, TuningLog
 from xtune.tuning.loop import StopReason, StopTuning, TuneProgress, TuneSummary
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.peers import numpy_seconds
+from xtune.tuning.ranking import leaders
 from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession
 
 
