@@ -21,7 +21,8 @@ from xtune.boards.agent import RunRequest
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
-from xtune.firmware.build import NetArtifact, build_model, check_profile, kernel_key, step_label
+from xtune.firmware.build import build_model
+from xtune.firmware.entry import NetArtifact, check_profile, kernel_key, step_label
 from xtune.firmware.network_bench import TIMEOUT_MS, check_finished, load_network, random_input
 from xtune.frontend.load import Source
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
