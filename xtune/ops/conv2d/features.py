@@ -10,7 +10,7 @@ from xtune.ops import tiles
 from xtune.ops.conv import conv_shape
 from xtune.ops.conv2d import direct as conv2d
 from xtune.ops.conv2d import direct_nest as conv2d_nest
-from xtune.ops.conv2d import winograd_nest
+from xtune.ops.conv2d import winograd_nest, winograd_weights
 from xtune.ops.estimate import (
     L2_BW,
     L3_BW,
@@ -149,7 +149,7 @@ def winograd_features(template: ScheduleTemplate, indices: Indices) -> np.ndarra
     lanes, regs, l1, l2 = target_sizes(t)
     nr = nv * lanes
     th, tw = winograd_nest.tiles(sh)
-    e = winograd_nest.E  # floats per transformed tile
+    e = winograd_weights.E  # floats per transformed tile
     nt = np.minimum(cfg.ints("tile_ty"), th) * np.minimum(cfg.ints("tile_tx"), tw)
     cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
     one = np.ones_like(mr)
