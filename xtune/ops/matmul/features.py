@@ -16,7 +16,16 @@ from xtune.ops.estimate import (
     level,
     tile_cycles,
 )
-from xtune.ops.featurize import Configs, FeatureSet, Indices, log2, target_sizes
+from xtune.ops.featurize import (
+    Configs,
+    FeatureSet,
+    Indices,
+    log2,
+    target_sizes,
+    tile_columns,
+    tile_features,
+    waste,
+)
 from xtune.ops.matmul import nest
 from xtune.ops.matmul import template as matmul
 from xtune.ops.matmul.template import ORDERS
@@ -28,11 +37,7 @@ MATMUL_FEATURES = (
     "log2_n",
     "log2_k",
     "lanes_log2",
-    "acc_regs_frac",
-    "regs_used_frac",
-    "fma_per_load",
-    "mr",
-    "nv",
+    *tile_features("mr"),
     "b_strip_l1",
     "a_panel_l1",
     "a_block_l2",
@@ -86,18 +91,14 @@ def matmul_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
         np.full_like(mr, np.log2(n)),
         np.full_like(mr, np.log2(k)),
         np.full_like(mr, np.log2(lanes)),
-        mr * nv / regs,
-        tiles.tile_registers(mr, nv) / regs,
-        tiles.fmas_per_load(mr, nv),
-        mr,
-        nv,
+        *tile_columns(mr, nv, regs, tiles.tile_registers(mr, nv), tiles.fmas_per_load(mr, nv)),
         log2(4 * kc * nr / l1),
         log2(4 * kc * mr / l1),
         log2(4 * mc * kc / l2),
         log2(4 * kc * nc / l2),
         log2(4 * mc * nc / l2),
-        np.ceil(m / mr) * mr / m - 1,
-        np.ceil(n / nr) * nr / n - 1,
+        waste(m, mr),
+        waste(n, nr),
         log2(np.ceil(k / kc)),
         log2(unroll),
         log2(unroll * mr * nv),
