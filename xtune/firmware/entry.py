@@ -1,5 +1,7 @@
-"""A network's program and kernels in: the object's external symbols (`{prefix}_run`, its profile twin, the
-size queries) as LLVM IR, the C header that declares them, and `NetArtifact`, what a build returns, out."""
+"""A network's `Program` and kernels in; its entry points as LLVM IR, its C header and `NetArtifact` out.
+
+The object's external symbols are `{prefix}_run`, in a profile build `{prefix}_profile`, and the size
+queries; the header declares them; `NetArtifact` is what `build_model` (firmware/build.py) returns."""
 
 from __future__ import annotations
 

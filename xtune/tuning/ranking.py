@@ -1,5 +1,7 @@
-"""Ranking the log's records: `Record`s of a workload on a target in, the configs to resume, the ranking
-unit, and the best configs (`best`, `leaders`: each config's median timing) out."""
+"""Ranking a log's records: `Record`s in; the configs to resume, the ranking unit and the best configs out.
+
+The best of a workload on a target is each config's median timing (`best`, `leaders`), never a config
+that once gave a wrong answer or crashed; `build_choice` is the record `xtune build` compiles."""
 
 from __future__ import annotations
 

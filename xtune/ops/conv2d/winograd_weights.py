@@ -1,6 +1,7 @@
-"""The Winograd F(2x2, 3x3) weight transform: a resolved schedule (`WinogradSchedule`, which the template
-resolves and the nest reads) and the conv's shape in, U = G g G^T as loop-nest code and where U[e][strip][c]
-lives out (ops/conv2d/winograd_nest.py emits the rest of the kernel around it)."""
+"""Winograd's weight transform: a `WinogradSchedule` and conv shape in, U = G g G^T as nest code out.
+
+F(2x2, 3x3): the schedule is a config the template (winograd.py) resolves; `WeightTransform` writes U
+and says where U[e][strip][c] lives; ops/conv2d/winograd_nest.py emits the rest of the kernel around it."""
 
 from __future__ import annotations
 

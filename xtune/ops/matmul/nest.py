@@ -1,6 +1,8 @@
-"""The matmul loop nest: a config resolved against the shape (`MatmulSchedule`) and where the operands live
-(`Operands`) in, the blocked, packed, register-tiled product's nest out, and the nest that writes a
-prepacked operand's panels (ops/matmul/template.py has the space, default config and packed weights)."""
+"""The matmul nest: a resolved `MatmulSchedule` and its `Operands` in, the blocked, packed nest out.
+
+`MatmulSchedule` is a config resolved against the shape, `Operands` where the product's operands live;
+the emitter writes the register-tiled product and the nest that writes a prepacked operand's panels
+(ops/matmul/template.py has the space, default config and packed weights)."""
 
 from __future__ import annotations
 
