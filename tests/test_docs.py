@@ -1,5 +1,6 @@
 """docs/design.md's module list against the package: every module under xtune/ named there once, with one
-line, no line naming a module that is gone, and the stages in the order of tests/test_imports.py."""
+line, no line naming a module that is gone, and the stages in the order of tests/test_imports.py; and no
+module path cited anywhere on the page that does not exist."""
 
 from __future__ import annotations
 
@@ -54,3 +55,12 @@ def test_the_reader_sees_a_missing_or_stale_line() -> None:
     stale = text.replace(SECTION + "\n", SECTION + "\n\n- `xtune/gone.py` — nothing → nothing\n", 1)
     assert "xtune/gone.py" in listed(stale)
     assert Path(PACKAGE / first.removeprefix("xtune/")).exists()
+
+
+def test_every_module_path_the_page_cites_exists() -> None:
+    """Prose elsewhere on the page ("`firmware/build.py` writes one LLVM module") names modules too."""
+    text = DESIGN.read_text(encoding="utf-8")
+    stages = "|".join(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    cited = set(re.findall(r"\bxtune/[\w/]+\.py\b", text))
+    cited |= {f"xtune/{p}" for p in re.findall(rf"(?<![\w/])((?:{stages})/[\w/]+\.py)\b", text)}
+    assert sorted(p for p in cited if not (PACKAGE.parent / p).exists()) == []
