@@ -24,7 +24,18 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, differs, physical
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_operand, params, positive, vector_map
+from xtune.ops.opkit import (
+    Consts,
+    GeneratedOp,
+    Mapped,
+    NodeFamily,
+    Shape,
+    constant_operand,
+    params,
+    positive_dims,
+    refusing,
+    vector_map,
+)
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -65,7 +76,7 @@ _NUMPY = {ArithOp.ADD: np.add, ArithOp.SUB: np.subtract, ArithOp.MUL: np.multipl
 
 
 @dataclass(frozen=True, kw_only=True)
-class Arith:
+class Arith(GeneratedOp):
     """`op` of operands of `shapes` (each as long as `out`, size-1 axes broadcast) into `out`."""
 
     op: ArithOp
@@ -73,7 +84,7 @@ class Arith:
     out: Shape
 
     def __post_init__(self) -> None:
-        positive("arith", **{f"dim{i}": d for i, d in enumerate(self.out)})
+        positive_dims("arith", self.out)
         for shape in self.shapes:
             if len(shape) != len(self.out) or any(
                 d not in (1, o) for d, o in zip(shape, self.out, strict=True)
@@ -204,10 +215,8 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     for t in inputs:
         constant_operand(graph, node, t, consts)
     shapes = tuple(_aligned(graph.shape(t), len(out)) for t in inputs)
-    try:
+    with refusing(graph, node):
         kernel = Arith(op=_ONNX[node.op], shapes=shapes, out=out)
-    except InputError as err:
-        raise refuse(graph, node, str(err)) from None
     # An operand of fewer than 4 axes that broadcasts as a 4-D one whose NHWC bytes would differ: the
     # layout pass converts only 4-D tensors, so the node runs in NCHW.
     short = [len(graph.shape(t)) < 4 and differs(s) for t, s in zip(inputs, shapes, strict=True)]
