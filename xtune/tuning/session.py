@@ -164,7 +164,7 @@ class TuningSession:
             lambda idx: featurize(template, idx),
             pretrained=pretrained,
             hedge=hedge,
-            anchors=[template.default_config().index],
+            seeds=[template.default_config().index],
             estimate=estimate if options.analytic_prior else None,
         )
         if history:

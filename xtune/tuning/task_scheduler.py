@@ -1,12 +1,12 @@
 """The task scheduler: a network's tasks, boards and one trial budget in; every task tuned (one
 `TuningSession` each, every batch appended to the log) and the model's estimated end-to-end latency out.
 
-A first round measures every task's anchors only (Tuner.first_picks: its default config and the analytic
+A first round measures every task's seed configs only (Tuner.first_picks: its default config and the analytic
 estimate's top pick, a trial or two), so that nearly all of the budget is the strategy's to allocate.
 Then each batch goes where the policy of xtune/tuning/allocation.py says (Ansor's gradient, or
 round-robin: after the same first round, the rest split evenly, Ansor's baseline). A task stops when its
 space is exhausted, when it went `early_stopping` trials without improvement, or when neither its
-anchors nor one batch after them found a correct config. A board that fails for good stops the whole
+seeds nor one batch after them found a correct config. A board that fails for good stops the whole
 run, as it stops `xtune tune --workload` (docs/boards.md, "Faults"). The design is in docs/design.md,
 "The task scheduler".
 """
@@ -171,12 +171,12 @@ class TaskScheduler:
             if math.isfinite(state.latency):  # resumed: it skips the first round
                 state.history = _resumed_history(state.session, size)
         self._point()
-        # The first round: every task's anchors only (its default config and the analytic estimate's top
+        # The first round: every task's seed configs only (its default config and the analytic estimate's top
         # pick), a few trials each; the budget is left to the strategy (docs/networks.md).
         for state, n in zip(fresh, first, strict=True):
             self._step(state, n, budget)
             yield self.trials
-        for state in fresh:  # a task whose anchors all failed gets one whole batch before it is dropped
+        for state in fresh:  # a task whose seed configs all failed gets one whole batch before it is dropped
             failed = not math.isfinite(state.latency) and state.stop is TaskStop.RUNNING
             if failed and self.trials < budget:
                 self._step(state, min(size, budget - self.trials), budget)
@@ -192,7 +192,7 @@ class TaskScheduler:
             yield self.trials
 
     def _first_round(self, budget: float) -> list[int]:
-        """Each fresh task's trials in the first round: its anchors (Tuner.first_picks; at least one, the
+        """Each fresh task's trials in the first round: its seed configs (Tuner.first_picks; at least one, the
         default), or just one each when the budget cannot hold them all."""
         picks = [max(1, s.session.first_picks()) for s in self.tasks if not math.isfinite(s.latency)]
         return picks if sum(picks) <= budget else [1] * len(picks)
