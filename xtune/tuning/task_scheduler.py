@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from xtune.boards.board import Board
 from xtune.errors import InputError
+from xtune.files import PathLike
 from xtune.ops.registry import template_for
 from xtune.tuning.allocation import (
     RoundRobin,
@@ -39,7 +40,7 @@ from xtune.tuning.loop import StopTuning
 from xtune.tuning.measure import CompilePool, MeasureStatus
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.results import ModelProgress, ModelStop, ModelTuningResult, TaskResult, TaskStop
-from xtune.tuning.session import TuningSession, check_boards
+from xtune.tuning.session import TuningSession, check_run
 
 DEFAULT_SCHEDULER = SchedulerOptions()  # Ansor's gradient with its constants
 
@@ -79,7 +80,9 @@ def _resumed_history(session: TuningSession, batch: int) -> list[float]:
 
 class TaskScheduler:
     """Tunes `tasks` on `boards` under one budget; see the module docstring. `pretrained` maps an operator
-    to its transfer model and whether the analytic estimate hedges it (TuningSession)."""
+    to its transfer model and whether the analytic estimate hedges it (TuningSession); or `transfer` gives
+    that map once the run is checked (so that a refused run trains no model). The run is checked once,
+    first (session.check_run; `reads`: the files `log` must not be)."""
 
     def __init__(
         self,
@@ -91,10 +94,14 @@ class TaskScheduler:
         scheduler: SchedulerOptions = DEFAULT_SCHEDULER,
         pretrained: Mapping[str, tuple[CostModel, bool]] | None = None,
         on_progress: Callable[[ModelProgress], None] | None = None,
+        reads: Sequence[tuple[PathLike | None, str]] = (),
+        transfer: Callable[[], Mapping[str, tuple[CostModel, bool]]] | None = None,
     ) -> None:
         if not tasks:
             raise InputError("the model has no tuning task (no Conv, Gemm or MatMul node)")
-        check_boards(boards)
+        check_run(boards, options, log, reads=reads, pretrained=bool(pretrained) or transfer is not None)
+        if transfer is not None:
+            pretrained = transfer()
         self.boards, self.options, self.scheduler, self.on_progress = boards, options, scheduler, on_progress
         self.pool = CompilePool()
         self.tasks: list[_Task] = []
@@ -329,11 +336,21 @@ def tune_tasks(
     scheduler: SchedulerOptions = DEFAULT_SCHEDULER,
     pretrained: Mapping[str, tuple[CostModel, bool]] | None = None,
     on_progress: Callable[[ModelProgress], None] | None = None,
+    reads: Sequence[tuple[PathLike | None, str]] = (),
+    transfer: Callable[[], Mapping[str, tuple[CostModel, bool]]] | None = None,
 ) -> ModelTuningResult:
     """Tune every task under one budget of `options.trials` trials (see TaskScheduler)."""
     start = time.perf_counter()
     run = TaskScheduler(
-        tasks, boards, options, log, scheduler=scheduler, pretrained=pretrained, on_progress=on_progress
+        tasks,
+        boards,
+        options,
+        log,
+        scheduler=scheduler,
+        pretrained=pretrained,
+        on_progress=on_progress,
+        reads=reads,
+        transfer=transfer,
     )
     try:
         stop = run.run(options.trials)
