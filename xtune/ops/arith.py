@@ -22,6 +22,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
+from xtune.ops.affine import batchnorm
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, differs, physical
 from xtune.ops.opkit import (
@@ -182,20 +183,17 @@ def _aligned(shape: Shape, rank: int) -> Shape:
 
 
 def _batchnorm(graph: Graph, node: Node, consts: Consts, out: Shape) -> Mapped:
-    """x * s + t per channel (axis 1), s = scale / sqrt(var + eps), t = bias - mean * s (ONNX operator
-    spec, BatchNormalization, inference mode), computed in float64 at build time."""
-    params_ = [graph.constant(t) for t in node.inputs[1:5]]
-    if len(params_) != 4 or any(p is None for p in params_) or any(node.outputs[1:]):
+    """x * scale + shift per channel (axis 1), the inference form (xtune/ops/affine.py) computed at build
+    time."""
+    form = batchnorm(graph, node)
+    if form is None:
         raise refuse(
             graph,
             node,
             "a BatchNormalization whose scale, bias, mean and variance are not all "
             "constants (or with training outputs) is not supported",
         )
-    gamma, beta, mean, var = (np.asarray(p, np.float64).reshape(-1) for p in params_)
-    eps = float(node.attr("epsilon", 1e-5))  # type: ignore[arg-type]
-    scale = gamma / np.sqrt(var + eps)
-    shift = beta - mean * scale
+    scale, shift = form.scale, form.shift
     channels = out[1] if len(out) > 1 else 1
     if scale.size != channels:
         raise refuse(graph, node, f"{scale.size} normalization parameters for {channels} channels")
