@@ -11,7 +11,20 @@ from functools import cache
 
 from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import Graph, Node
-from xtune.ops import activation, arith, concat, elementwise, lrn, pool2d, reduce, reshape, softmax, transpose
+from xtune.ops import (
+    activation,
+    arith,
+    bmm,
+    concat,
+    elementwise,
+    lrn,
+    pool2d,
+    reduce,
+    reshape,
+    resize,
+    softmax,
+    transpose,
+)
 from xtune.ops.anchor import Anchor
 from xtune.ops.conv2d import Conv2d
 from xtune.ops.depthwise import Depthwise
@@ -40,6 +53,8 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     arith.FAMILY,
     reduce.FAMILY,
     lrn.FAMILY,
+    resize.FAMILY,
+    bmm.FAMILY,
 )
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 
@@ -68,11 +83,15 @@ def features_of(template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplat
     return OPERATORS[template.workload.op].features(template)
 
 
-def anchor_of(graph: Graph, node: Node) -> Anchor:
-    """The kernel call of a node whose op type is in ANCHOR_OPS, from the first family that claims it."""
+def anchor_of(graph: Graph, node: Node) -> Anchor | None:
+    """The kernel call of a node whose op type is in ANCHOR_OPS, from the first family that claims it;
+    None when none does and a generated operator family builds its op type (a MatMul whose B has
+    batch axes)."""
     for f in FAMILIES:
         if node.op in f.onnx_ops and (anchor := f.anchor(graph, node)) is not None:
             return anchor
+    if node_family(node.op) is not None:
+        return None
     raise UnsupportedNode(graph.name, node.name, node.op, "no operator family runs it")
 
 
