@@ -105,7 +105,7 @@ class ChannelsOp(GeneratedOp):
 
 class PointwiseOp(GeneratedOp):
     """An operator computing each element of `shape` from the same element of its inputs (each of
-    `shape`): the same whatever the layout, and runnable in place."""
+    `shape`): the same whatever the layout; `map_nest` builds its kernel where it runs in place."""
 
     shape: Shape
 

@@ -19,6 +19,7 @@ from xtune.ops import (
     elementwise,
     lrn,
     pool2d,
+    quantize,
     reduce,
     reshape,
     resize,
@@ -53,6 +54,7 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     arith.FAMILY,
     reduce.FAMILY,
     lrn.FAMILY,
+    quantize.FAMILY,
     resize.FAMILY,
     bmm.FAMILY,
 )
