@@ -20,8 +20,8 @@ from xtune.ops.bmm import BatchedMatmul
 from xtune.ops.concat import Concat
 from xtune.ops.elementwise import Elementwise, ElementwiseOp, relu
 from xtune.ops.layout import Layout
+from xtune.ops.opkit import GeneratedOp as Operator
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d, PoolKind
-from xtune.ops.registry import GeneratedOp as Operator
 from xtune.ops.reshape import Reshape
 from xtune.ops.resize import Resize, axis_taps
 from xtune.ops.softmax import Softmax

@@ -19,7 +19,7 @@ from xtune.files import PathLike, write_all_atomic
 from xtune.firmware.header import c_comment
 from xtune.firmware.kernels import C_TYPES, check_outputs, header_close, header_open
 from xtune.firmware.program import Call, Program, Space
-from xtune.ops.registry import GeneratedOp
+from xtune.ops.opkit import GeneratedOp
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.target import Target
