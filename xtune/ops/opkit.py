@@ -52,7 +52,9 @@ Consts = dict[str, np.ndarray]  # the network's constant operands a mapping read
 class Mapped:
     """What a node maps to: the generated kernel (None: a view, the same bytes, no code), the tensors it
     reads in its parameter order, whether its output may share an input's bytes (`in_place`) or is that
-    input (`alias`), and the next node folded into it (Add then Relu: one Add+ReLU), if any."""
+    input (`alias`), and the next node folded into it (Add then Relu: one Add+ReLU), if any. A node of
+    several outputs (Split) is one call per output: `output` names the one this call writes (empty: the
+    node's first, or its folded node's), `more` the calls that write the others."""
 
     kernel: object | None
     inputs: tuple[str, ...]
@@ -60,6 +62,8 @@ class Mapped:
     alias: bool = False
     fused: Node | None = None
     layouts: frozenset[Layout] | None = None  # this node's, where it differs from its family's
+    output: str = ""
+    more: tuple[Mapped, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

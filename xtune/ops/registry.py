@@ -10,7 +10,21 @@ from functools import cache
 
 from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import Graph, Node
-from xtune.ops import activation, arith, concat, elementwise, lrn, pool2d, reduce, reshape, softmax, transpose
+from xtune.ops import (
+    activation,
+    arith,
+    concat,
+    elementwise,
+    lrn,
+    pad,
+    pool2d,
+    reduce,
+    reshape,
+    slice,
+    softmax,
+    split,
+    transpose,
+)
 from xtune.ops.activation import Activation
 from xtune.ops.anchor import Anchor
 from xtune.ops.arith import Arith
@@ -23,9 +37,11 @@ from xtune.ops.featurize import FeatureSet
 from xtune.ops.lrn import Lrn
 from xtune.ops.matmul import Matmul
 from xtune.ops.opkit import NodeFamily
+from xtune.ops.pad import Pad
 from xtune.ops.permute import Permute
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d
 from xtune.ops.qmatmul.operator import QMatmul
+from xtune.ops.slice import Slice
 from xtune.ops.softmax import Softmax
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.transpose import Transpose
@@ -48,6 +64,9 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     arith.FAMILY,
     reduce.FAMILY,
     lrn.FAMILY,
+    pad.FAMILY,
+    slice.FAMILY,
+    split.FAMILY,
 )
 GeneratedOp = (
     Pool2d
@@ -60,6 +79,8 @@ GeneratedOp = (
     | Arith
     | Lrn
     | Permute
+    | Pad
+    | Slice
 )
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 
