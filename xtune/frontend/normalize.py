@@ -1,6 +1,7 @@
 """Graph normalization: an onnx.ModelProto as an exporter wrote it in, the same network out in the forms
 the importer reads (opset 11 or newer, constants folded, no Identity or inference Dropout, arithmetic by
-constants as Add and Mul, BatchNormalization's trailing per-channel scale and shift folded into it).
+constants as Add and Mul, BatchNormalization's trailing per-channel scale and shift folded into it, a
+zero Pad before a Conv folded into its pads: xtune/frontend/padfold.py).
 
 Each pass keeps the network's output: it is compared with ONNX Runtime on the original model pass by pass
 (tests/test_normalize.py) and on the model zoo's graphs (tests/test_real_models.py). What the passes do
@@ -17,6 +18,7 @@ from onnx import version_converter
 from onnx.reference import ReferenceEvaluator
 
 from xtune.errors import InputError
+from xtune.frontend.padfold import fold_pads
 from xtune.frontend.protos import (
     DEFAULT_DOMAINS,
     SMALL_CONSTANT,
@@ -48,6 +50,7 @@ def normalize(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     canonical_arithmetic(net)
     remove_identities(net)
     merge_scale_into_batchnorm(net, shapes)
+    fold_pads(net)
     return net.model(model)
 
 
