@@ -124,3 +124,14 @@ def constant_operand(graph: Graph, node: Node, tensor: str, consts: Consts) -> N
     if value.dtype != np.float32:
         raise refuse(graph, node, f"constant '{tensor}' is {value.dtype}, xtune runs float32 only")
     consts[tensor] = value
+
+
+def constant_ints(graph: Graph, node: Node, index: int, what: str) -> tuple[int, ...] | None:
+    """Input `index` of `node`, a constant, as integers (Pad's pads, Slice's starts, a Reduce's axes, ...);
+    None where it is omitted; a refusal naming `what` where it is not a constant."""
+    if len(node.inputs) <= index or not node.inputs[index]:
+        return None
+    value = graph.constant(node.inputs[index])
+    if value is None:
+        raise refuse(graph, node, f"the {what} are not a constant")
+    return tuple(int(v) for v in value.reshape(-1))

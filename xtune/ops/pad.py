@@ -19,7 +19,7 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, positive
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_ints, positive
 from xtune.ops.regions import Axis, Piece, region_nest
 from xtune.schedule.loopnest import Kernel
 
@@ -101,22 +101,15 @@ class Pad:
         return region_nest(name, self.shape, axes, self.constant, lanes)
 
 
-def _ints(graph: Graph, node: Node, index: int, what: str) -> tuple[int, ...] | None:
-    """A constant integer input's values; None where the input is omitted."""
-    if len(node.inputs) <= index or not node.inputs[index]:
-        return None
-    value = graph.constant(node.inputs[index])
-    if value is None:
-        raise refuse(graph, node, f"the {what} are not a constant")
-    return tuple(int(v) for v in value.reshape(-1))
-
-
 def _pads(graph: Graph, node: Node, rank: int) -> tuple[Shape, Shape, float]:
     """(before, after, constant value) per axis, from the attributes (opset 2) or the inputs (opset 11)."""
     if "pads" in node.attrs:
         pads, value, axes = node.ints("pads", ()), float(node.attr("value", 0.0)), tuple(range(rank))  # type: ignore[arg-type]
     else:
-        pads, axes = _ints(graph, node, 1, "pads") or (), _ints(graph, node, 3, "axes") or tuple(range(rank))
+        pads, axes = (
+            constant_ints(graph, node, 1, "pads") or (),
+            constant_ints(graph, node, 3, "axes") or tuple(range(rank)),
+        )
         value = 0.0
         if len(node.inputs) > 2 and node.inputs[2]:
             given = graph.constant(node.inputs[2])

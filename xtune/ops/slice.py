@@ -13,7 +13,7 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, positive
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_ints, positive
 from xtune.ops.regions import Piece, region_nest
 from xtune.schedule.loopnest import Kernel
 
@@ -82,12 +82,7 @@ def _given(graph: Graph, node: Node, index: int, key: str) -> tuple[int, ...] | 
     """Input `index` (opset 10 on) or attribute `key` (before) as integers; None where neither is given."""
     if "starts" in node.attrs:
         return node.ints(key, ()) if key in node.attrs else None
-    if len(node.inputs) <= index or not node.inputs[index]:
-        return None
-    value = graph.constant(node.inputs[index])
-    if value is None:
-        raise refuse(graph, node, f"the {key} are not a constant")
-    return tuple(int(v) for v in value.reshape(-1))
+    return constant_ints(graph, node, index, key)
 
 
 def _picked(dim: int, start: int, end: int, step: int) -> range:

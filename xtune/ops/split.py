@@ -8,17 +8,14 @@ from __future__ import annotations
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, constant_ints
 from xtune.ops.slice import along
 
 
 def _sizes(graph: Graph, node: Node, dim: int) -> tuple[int, ...]:
     """Each output's extent along the axis (ONNX operator spec, Split)."""
-    if len(node.inputs) > 1 and node.inputs[1]:
-        given = graph.constant(node.inputs[1])
-        if given is None:
-            raise refuse(graph, node, "the split sizes are not a constant")
-        return tuple(int(v) for v in given.reshape(-1))
+    if (given := constant_ints(graph, node, 1, "split sizes")) is not None:
+        return given
     if "split" in node.attrs:
         return node.ints("split", ())
     count = int(node.attr("num_outputs", len(node.outputs)))  # type: ignore[arg-type]
