@@ -13,8 +13,10 @@ import pytest
 from onnx import helper
 
 from tests.opnets import LAYOUTS, check, kinds, net
+from xtune.firmware.build import NetArtifact
 from xtune.firmware.program import unsupported
 from xtune.frontend.load import load_graph
+from xtune.ops.transpose import Transpose
 
 pytest.importorskip("onnxruntime")
 node = helper.make_node
@@ -30,6 +32,12 @@ def model(made: Nodes, channels: int, opset: int = 17, shape: tuple[int, ...] = 
     w = np.random.default_rng(3).standard_normal((4, channels, 1, 1)).astype(np.float32)
     tail = node("Conv", ["t", "tail.w"], ["y"], name="tail")
     return net([*nodes, tail], shape, {**inits, "tail.w": w}, opset=opset)
+
+
+def conversions(artifact: NetArtifact) -> int:
+    """The layout conversions the build made: in NHWC, 2 (the input's and the output's) where the operator
+    between the convolutions runs in NHWC too."""
+    return sum(isinstance(c.kernel, Transpose) for c in artifact.program.calls)
 
 
 def inputs(names: list[str]) -> list[str]:
@@ -77,6 +85,7 @@ def test_pad_matches_onnx_runtime(
     )  # a padded batch axis: the tail conv runs two images
     artifact = check(model(pad(pads, mode, value, axes), channels, opset=18), layout)
     assert "pad" in kinds(artifact) and artifact.program.output_shape[0] == batch
+    assert conversions(artifact) == (2 if layout == "nhwc" else 0)
 
 
 def test_pad_of_opset_2_attributes_is_upgraded_and_runs() -> None:
@@ -124,7 +133,7 @@ def test_slice_matches_onnx_runtime(
     channels: int,
 ) -> None:
     artifact = check(model(slice_(starts, ends, axes, steps), channels), layout)
-    assert "slice" in kinds(artifact)
+    assert "slice" in kinds(artifact) and conversions(artifact) == (2 if layout == "nhwc" else 0)
 
 
 def test_slice_of_opset_1_attributes_is_upgraded_and_runs() -> None:
@@ -202,11 +211,12 @@ def test_the_three_under_qemu_aarch64() -> None:
 def test_a_zero_pad_folds_into_the_conv_or_counting_average_pool_after_it() -> None:
     """tf2onnx's "same" padding with stride 2: an explicit asymmetric Pad, then a Conv with pads of its own
     or none. It folds into the Conv, and into an AveragePool that counts the padding; before a MaxPool
-    (which pads with -inf) it stays, and runs as the pad family's kernel."""
+    (which pads with -inf), or where a pooling window would be no larger than its pads, it stays, and
+    runs as the pad family's kernel."""
     rng = np.random.default_rng(5)
     pads = {
         f"p{k}": np.array(p, np.int64)
-        for k, p in enumerate([[0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 0, 0, 1, 1]])
+        for k, p in enumerate([[0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 0, 0, 1, 1], [0, 0, 2, 0, 0, 0, 0, 0]])
     }
     made: Nodes = (
         [
@@ -215,14 +225,16 @@ def test_a_zero_pad_folds_into_the_conv_or_counting_average_pool_after_it() -> N
             node("Pad", ["c", "p1", "zero"], ["pc"], name="pad_avg"),
             node("AveragePool", ["pc"], ["v"], name="avg", kernel_shape=[2, 2], count_include_pad=1),
             node("Pad", ["v", "p1"], ["pv"], name="pad_max"),
-            node("MaxPool", ["pv"], ["t"], name="max", kernel_shape=[2, 2]),
+            node("MaxPool", ["pv"], ["m"], name="max", kernel_shape=[2, 2]),
+            node("Pad", ["m", "p2"], ["pm"], name="pad_wide"),  # 2 rows: as large as the window
+            node("AveragePool", ["pm"], ["t"], name="wide", kernel_shape=[2, 2], count_include_pad=1),
         ],
         {**pads, "w": rng.standard_normal((6, 5, 3, 3)).astype(np.float32), "zero": np.zeros((), np.float32)},
     )
     onnx_model = model(made, 6)
     graph = load_graph(onnx_model)
     ops = {n.name: n for n in graph.nodes}
-    assert "pad_conv" not in ops and "pad_avg" not in ops and "pad_max" in ops
+    assert "pad_conv" not in ops and "pad_avg" not in ops and "pad_max" in ops and "pad_wide" in ops
     assert ops["strided"].inputs[0] == "a" and ops["strided"].ints("pads", ()) == (1, 0, 1, 2)
     assert ops["avg"].ints("pads", ()) == (1, 1, 1, 1)
     for layout in LAYOUTS:

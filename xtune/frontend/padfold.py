@@ -34,9 +34,10 @@ def fold_pads(net: EditGraph) -> None:
             continue  # the padded tensor is also its weights or bias: not the same network folded
         given = _attr(conv, "pads")
         own = list(onnx.helper.get_attribute_value(given)) if given is not None else [0] * len(spatial)
-        if len(own) != len(spatial):
+        pads = [a + b for a, b in zip(own, spatial, strict=True)]
+        if len(own) != len(spatial) or not _fits(conv, pads):
             continue
-        _set_attr(conv, "pads", [a + b for a, b in zip(own, spatial, strict=True)])
+        _set_attr(conv, "pads", pads)
         _set_attr(conv, "auto_pad", None)  # NOTSET or VALID: the explicit pads say it all now
         conv.input[0] = pad.input[0]
         folded.append(id(pad))
@@ -76,6 +77,15 @@ def _takes(node: onnx.NodeProto) -> bool:
         counts = _attr(node, "count_include_pad")
         return counts is not None and onnx.helper.get_attribute_value(counts) == 1
     return True
+
+
+def _fits(node: onnx.NodeProto, pads: list[int]) -> bool:
+    """Whether a pooling window stays larger than its pads on every side (ONNX Runtime refuses a pad as
+    large as the window: such a window could hold padding alone)."""
+    if node.op_type != "AveragePool" or (kernel := _attr(node, "kernel_shape")) is None:
+        return node.op_type != "AveragePool"
+    window = list(onnx.helper.get_attribute_value(kernel))
+    return len(window) * 2 == len(pads) and all(p < window[k % len(window)] for k, p in enumerate(pads))
 
 
 def _attr(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
