@@ -1,6 +1,6 @@
-"""The pad family of a network's generated operators: ONNX's Pad (opset 2's attributes, or from opset 11
-the pads, constant value and, from opset 18, axes as constant inputs) of an activation in, one `Pad`
-kernel (xtune/ops/regions.py) out, in NCHW or NHWC (the pads then follow their axes).
+"""The pad family of a network's generated operators: ONNX's Pad (from opset 11 the pads, constant value
+and, from opset 18, axes as constant inputs; opset 2's attributes the importer upgrades) of an activation
+in, one `Pad` kernel (xtune/ops/regions.py) out, in NCHW or NHWC (the pads then follow their axes).
 
 Modes (ONNX operator spec, Pad): "constant" with any value on any axis, a negative pad cropping its side;
 "edge" (the border repeats the outermost element) and "reflect" (mirrored, the outermost element not
@@ -102,20 +102,16 @@ class Pad:
 
 
 def _pads(graph: Graph, node: Node, rank: int) -> tuple[Shape, Shape, float]:
-    """(before, after, constant value) per axis, from the attributes (opset 2) or the inputs (opset 11)."""
-    if "pads" in node.attrs:
-        pads, value, axes = node.ints("pads", ()), float(node.attr("value", 0.0)), tuple(range(rank))  # type: ignore[arg-type]
-    else:
-        pads, axes = (
-            constant_ints(graph, node, 1, "pads") or (),
-            constant_ints(graph, node, 3, "axes") or tuple(range(rank)),
-        )
-        value = 0.0
-        if len(node.inputs) > 2 and node.inputs[2]:
-            given = graph.constant(node.inputs[2])
-            if given is None or given.size != 1:
-                raise refuse(graph, node, "the constant value is not a constant scalar")
-            value = float(given.reshape(-1)[0])
+    """(before, after, constant value) per axis, from the inputs (opset 11 on; the importer has upgraded
+    opset 2's attributes to them with onnx's version converter, xtune/frontend/normalize.py)."""
+    pads = constant_ints(graph, node, 1, "pads") or ()
+    axes = constant_ints(graph, node, 3, "axes") or tuple(range(rank))
+    value = 0.0
+    if len(node.inputs) > 2 and node.inputs[2]:
+        given = graph.constant(node.inputs[2])
+        if given is None or given.size != 1:
+            raise refuse(graph, node, "the constant value is not a constant scalar")
+        value = float(given.reshape(-1)[0])
     axes = tuple(a + rank if a < 0 else a for a in axes)
     if len(pads) != 2 * len(axes) or any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
         raise refuse(graph, node, f"pads {list(pads)} do not match axes {list(axes)} of a {rank}-D input")

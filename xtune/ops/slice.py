@@ -1,5 +1,5 @@
-"""The slice family of a network's generated operators: ONNX's Slice of an activation (opset 1's starts,
-ends and axes attributes, or from opset 10 constant starts, ends, axes and steps inputs; negative indices
+"""The slice family of a network's generated operators: ONNX's Slice of an activation (from opset 10
+constant starts, ends, axes and steps inputs; opset 1's attributes the importer upgrades; negative indices
 count from the end, indices past the ends are clamped, steps may be above 1 or negative) in, one `Slice`
 kernel (xtune/ops/regions.py) out, in NCHW or NHWC (the slice then follows its axes)."""
 
@@ -78,13 +78,6 @@ def along(shape: Shape, axis: int, start: int, size: int) -> Slice:
     return Slice(shape=shape, starts=tuple(starts), steps=(1,) * len(shape), sizes=tuple(sizes))
 
 
-def _given(graph: Graph, node: Node, index: int, key: str) -> tuple[int, ...] | None:
-    """Input `index` (opset 10 on) or attribute `key` (before) as integers; None where neither is given."""
-    if "starts" in node.attrs:
-        return node.ints(key, ()) if key in node.attrs else None
-    return constant_ints(graph, node, index, key)
-
-
 def _picked(dim: int, start: int, end: int, step: int) -> range:
     """The indices a Slice reads along an axis of `dim`: negative starts and ends count from the end, then
     both are clamped to [0, dim] (step > 0) or to [0, dim - 1] and [-1, dim - 1] (step < 0): ONNX operator
@@ -101,9 +94,9 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
         raise refuse(graph, node, f"input '{x}' is a constant; xtune slices activations")
     shape = graph.shape(x)
     rank = len(shape)
-    starts, ends = _given(graph, node, 1, "starts") or (), _given(graph, node, 2, "ends") or ()
-    axes = _given(graph, node, 3, "axes") or tuple(range(len(starts)))
-    steps = _given(graph, node, 4, "steps") or (1,) * len(starts)
+    starts, ends = constant_ints(graph, node, 1, "starts") or (), constant_ints(graph, node, 2, "ends") or ()
+    axes = constant_ints(graph, node, 3, "axes") or tuple(range(len(starts)))
+    steps = constant_ints(graph, node, 4, "steps") or (1,) * len(starts)
     axes = tuple(a + rank if a < 0 else a for a in axes)
     if not len(starts) == len(ends) == len(axes) == len(steps) or not all(0 <= a < rank for a in axes):
         raise refuse(graph, node, f"starts, ends, axes and steps do not match a {rank}-D input")
