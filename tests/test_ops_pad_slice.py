@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from tests.opnets import LAYOUTS, check, kinds, net
+from tests.opnets import LAYOUTS, SHAPES, check, kinds, net
 from xtune.firmware.build import NetArtifact
 from xtune.firmware.program import unsupported
 from xtune.frontend.load import load_graph
@@ -178,6 +178,21 @@ def test_split_matches_onnx_runtime(
     artifact = check(model(split(axis, parts, sizes, how), channels, opset), layout)
     calls = [c for c in artifact.program.calls if c.nodes == ("split",)]
     assert len(calls) == parts  # one call per output, the unread one included
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_odd_shapes(layout: str, shape: tuple[int, ...]) -> None:
+    """1x1 spatial, 3 channels and two images, 16 channels: a Pad of channels and pixels, a reversed
+    every-other-channel Slice, a Split of the channels into halves (the first the larger)."""
+    c = shape[1]
+    made = [
+        (pad([0, 1, 1, 0, 0, 0, 1, 2], "constant", 0.5), c + 1),
+        (slice_([-1], [-BIG], [1], [-2]), len(range(c - 1, -1, -2))),
+        (split(1, 2, None, "count"), c),
+    ]
+    for nodes, channels in made:
+        check(model(nodes, channels, opset=18, shape=shape), layout)
 
 
 def test_refusals_name_each_pad_with_its_reason() -> None:
