@@ -254,3 +254,23 @@ def test_a_zero_pad_folds_into_the_conv_or_counting_average_pool_after_it() -> N
     assert ops["avg"].ints("pads", ()) == (1, 1, 1, 1)
     for layout in LAYOUTS:
         assert "pad" in kinds(check(onnx_model, layout))
+
+
+@pytest.mark.parametrize(
+    ("pads", "value", "mode", "why"),
+    [
+        ([0, 0, 1, 1, 0, 0, 1, 1], 1.0, "constant", "a border of 1 is no convolution's padding"),
+        ([0, 1, 0, 0, 0, 0, 0, 0], 0.0, "constant", "a channel is no spatial axis"),
+        ([0, 0, 1, 1, 0, 0, 1, 1], 0.0, "reflect", "a reflected border is no padding of zeros"),
+        ([0, 0, -1, 0, 0, 0, 0, 0], 0.0, "constant", "a crop"),
+    ],
+)
+def test_a_pad_that_is_no_conv_padding_stays(pads: list[int], value: float, mode: str, why: str) -> None:
+    """Only a zero constant Pad of the spatial axes folds; these stay (and run: ONNX Runtime agrees)."""
+    channels = SHAPE[1] + pads[1] + pads[5]
+    nodes, inits = pad(pads, mode, value, out="p")
+    w = np.random.default_rng(2).standard_normal((5, channels, 3, 3)).astype(np.float32)
+    conv = node("Conv", ["p", "w"], ["t"], name="padded", pads=[1, 1, 1, 1])
+    onnx_model = model(([*nodes, conv], {**inits, "w": w}), 5, opset=18)
+    assert "pad" in {n.name for n in load_graph(onnx_model).nodes}, why
+    check(onnx_model, "nhwc")
