@@ -19,6 +19,7 @@ from xtune.ops import (
     lrn,
     pad,
     pool2d,
+    quantize,
     reduce,
     reshape,
     resize,
@@ -44,6 +45,7 @@ from xtune.ops.pad import Pad
 from xtune.ops.permute import Permute
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d
 from xtune.ops.qmatmul.operator import QMatmul
+from xtune.ops.quantize import Quantize
 from xtune.ops.resize import Resize
 from xtune.ops.slice import Slice
 from xtune.ops.softmax import Softmax
@@ -71,6 +73,7 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     pad.FAMILY,
     slice.FAMILY,
     split.FAMILY,
+    quantize.FAMILY,
     resize.FAMILY,
     bmm.FAMILY,
 )
@@ -87,6 +90,7 @@ GeneratedOp = (
     | Permute
     | Pad
     | Slice
+    | Quantize
     | Resize
     | BatchedMatmul
 )
