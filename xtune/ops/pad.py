@@ -19,7 +19,17 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_ints, positive
+from xtune.ops.opkit import (
+    Consts,
+    GeneratedOp,
+    Mapped,
+    NodeFamily,
+    Shape,
+    constant_ints,
+    positive,
+    positive_dims,
+    refusing,
+)
 from xtune.ops.regions import Axis, Piece, region_nest
 from xtune.schedule.loopnest import Kernel
 
@@ -31,7 +41,7 @@ class PadMode(Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Pad:
+class Pad(GeneratedOp):
     """x of `shape` with before[k] and after[k] positions added (removed, if negative) on axis k."""
 
     shape: Shape
@@ -41,7 +51,7 @@ class Pad:
     constant: float = 0.0  # the constant mode's border value
 
     def __post_init__(self) -> None:
-        positive("pad", **{f"dim{i}": d for i, d in enumerate(self.shape)})
+        positive_dims("pad", self.shape)
         positive("pad", **{f"output dim{i}": d for i, d in enumerate(self.output_shape)})
         if self.mode is not PadMode.CONSTANT and min(*self.before, *self.after) < 0:
             raise InputError(f"pad: negative pads in {self.mode.value} mode (xtune crops in constant mode)")
@@ -56,11 +66,6 @@ class Pad:
             return self
         shape, before, after = (physical(v, layout) for v in (self.shape, self.before, self.after))
         return Pad(shape=shape, before=before, after=after, mode=self.mode, constant=self.constant)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "pad"
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
@@ -130,10 +135,8 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
         raise refuse(graph, node, f"mode '{mode}' is not supported (xtune pads constant, edge and reflect)")
     shape = graph.shape(x)
     before, after, value = _pads(graph, node, len(shape))
-    try:
+    with refusing(graph, node):
         kernel = Pad(shape=shape, before=before, after=after, mode=PadMode(mode), constant=value)
-    except InputError as err:
-        raise refuse(graph, node, str(err)) from None
     return Mapped(kernel=kernel, inputs=(x,))
 
 

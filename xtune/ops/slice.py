@@ -13,13 +13,23 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_ints, positive
+from xtune.ops.opkit import (
+    Consts,
+    GeneratedOp,
+    Mapped,
+    NodeFamily,
+    Shape,
+    constant_ints,
+    positive,
+    positive_dims,
+    refusing,
+)
 from xtune.ops.regions import Piece, region_nest
 from xtune.schedule.loopnest import Kernel
 
 
 @dataclass(frozen=True, kw_only=True)
-class Slice:
+class Slice(GeneratedOp):
     """y of shape `sizes` from x of `shape`: y[i] = x[starts + steps * i] on every axis."""
 
     shape: Shape
@@ -28,7 +38,7 @@ class Slice:
     sizes: Shape
 
     def __post_init__(self) -> None:
-        positive("slice", **{f"dim{i}": d for i, d in enumerate(self.shape)})
+        positive_dims("slice", self.shape)
         positive("slice", **{f"output dim{i}": d for i, d in enumerate(self.sizes)})
         for d, start, step, size in zip(self.shape, self.starts, self.steps, self.sizes, strict=True):
             if not (0 <= start < d and 0 <= start + step * (size - 1) < d):
@@ -42,11 +52,6 @@ class Slice:
             physical(v, layout) for v in (self.shape, self.starts, self.steps, self.sizes)
         )
         return Slice(shape=shape, starts=starts, steps=steps, sizes=sizes)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "slice"
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
@@ -106,10 +111,8 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     for a, b, e, s in zip(axes, starts, ends, steps, strict=True):
         picked = _picked(shape[a], b, e, s)
         first[a], step[a], size[a] = (picked.start if picked else 0), picked.step, len(picked)
-    try:
+    with refusing(graph, node):
         kernel = Slice(shape=shape, starts=tuple(first), steps=tuple(step), sizes=tuple(size))
-    except InputError as err:
-        raise refuse(graph, node, str(err)) from None
     return Mapped(kernel=kernel, inputs=(x,))
 
 
