@@ -140,7 +140,9 @@ class PointwiseOp(GeneratedOp):
 class Mapped:
     """What a node maps to: the generated kernel (None: a view, the same bytes, no code), the tensors it
     reads in its parameter order, whether its output may share an input's bytes (`in_place`) or is that
-    input (`alias`), and the next node folded into it (Add then Relu: one Add+ReLU), if any."""
+    input (`alias`), and the next node folded into it (Add then Relu: one Add+ReLU), if any. A node of
+    several outputs (Split) is one call per output: `output` names the one this call writes (empty: the
+    node's first, or its folded node's), `more` the calls that write the others."""
 
     kernel: GeneratedOp | None
     inputs: tuple[str, ...]
@@ -148,6 +150,8 @@ class Mapped:
     alias: bool = False
     fused: Node | None = None
     layouts: frozenset[Layout] | None = None  # this node's, where it differs from its family's
+    output: str = ""
+    more: tuple[Mapped, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,3 +225,14 @@ def constant_operand(graph: Graph, node: Node, tensor: str, consts: Consts) -> N
     if value.dtype != np.float32:
         raise refuse(graph, node, f"constant '{tensor}' is {value.dtype}, xtune runs float32 only")
     consts[tensor] = value
+
+
+def constant_ints(graph: Graph, node: Node, index: int, what: str) -> tuple[int, ...] | None:
+    """Input `index` of `node`, a constant, as integers (Pad's pads, Slice's starts, a Reduce's axes, ...);
+    None where it is omitted; a refusal naming `what` where it is not a constant."""
+    if len(node.inputs) <= index or not node.inputs[index]:
+        return None
+    value = graph.constant(node.inputs[index])
+    if value is None:
+        raise refuse(graph, node, f"the {what} are not a constant")
+    return tuple(int(v) for v in value.reshape(-1))
