@@ -47,10 +47,9 @@ from xtune.schedule.loopnest import (
 Shape = tuple[int, ...]
 UNROLL = 4  # vectors per iteration of an elementwise loop: enough independent work to hide latency
 # Why a node has no generated operator, in the words of every family's refusal.
-UNSUPPORTED = (
-    "xtune cannot run this operator in a whole-network build (it runs Conv, Gemm, MatMul, pooling, Add, "
-    "Relu, Clip, Softmax, Concat and reshapes)"
-)
+# The operators a build runs are the registry's families (xtune/ops/registry.py), listed for users in
+# docs/networks.md; the message points there rather than keeping a second list that goes stale.
+UNSUPPORTED = "xtune cannot run this operator in a whole-network build (docs/networks.md lists those it runs)"
 Consts = dict[str, np.ndarray]  # the network's constant operands a mapping reads, by tensor name
 
 
