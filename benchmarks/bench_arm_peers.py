@@ -3,11 +3,13 @@
 build of the same network, per emulated core, all counted by xtune's TCG plugin under qemu-aarch64
 (docs/arm-peers.md). Prints a markdown table.
 
-Usage: python3 benchmarks/bench_arm_peers.py [--only NAME ...] [--cores CORE ...] [--tiny DIR] [--log LOG ...]
-                                             [--cycles]
+Usage: python3 benchmarks/bench_arm_peers.py [--only NAME ...] [--cores CORE ...] [--tiny DIR] [--real]
+                                             [--log LOG ...] [--cycles]
 
 ResNet-18 and MobileNetV2 are written as benchmarks/make_networks.py writes them (random weights);
-the MLPerf Tiny float models are read from --tiny DIR (docs/benchmarks.md says where to get them). Needs
+the MLPerf Tiny float models are read from --tiny DIR (docs/benchmarks.md says where to get them); the
+real-models set (the ONNX Model Zoo's light graphs in the onnx package, with seeded random weights and
+their logits as output, as tests/test_real_models.py runs them) with --real or --only NAME. Needs
 the arm64 Python of scripts/arm_peers.sh. Every peer's outputs are checked against the same runtime on
 this host; xtune's against ONNX Runtime (xtune bench --model). Where xtune cannot load a model, or has no
 target for a core, the row says so.
@@ -35,11 +37,13 @@ from xtune.target import Target, load_targets
 # the `tests` package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.exported import light_models, zoo_logits
 from tests.networks import NETWORKS
 
 ONNX_NETWORKS = ("resnet18", "mobilenet_v2")
 # MLPerf Tiny's float reference models (mlcommons/tiny, benchmark/training/*/trained_models/).
 TINY_FLOAT = ("ad01_fp32", "kws_ref_model_float32", "pretrainedResnet", "vww_96_float")
+REAL_MODELS = tuple(light_models())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,8 +149,9 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def models(only: list[str] | None, tiny: Path | None, folder: Path) -> list[Path]:
-    """The ONNX networks written into `folder`, then the Tiny float models found in `tiny`."""
+def models(only: list[str] | None, tiny: Path | None, real: bool, folder: Path) -> list[Path]:
+    """The ONNX networks written into `folder`, then the Tiny float models found in `tiny`, then the
+    real-models set (all of it with `real`, else those named in `only`) written into `folder`."""
     wanted = set(only) if only else None
     found = []
     for name in ONNX_NETWORKS:
@@ -161,6 +166,11 @@ def models(only: list[str] | None, tiny: Path | None, folder: Path) -> list[Path
                 found.append(path)
             else:
                 print(f"{path}: not found (docs/benchmarks.md says where to get it)", file=sys.stderr)
+    for name in REAL_MODELS:
+        if real or (wanted is not None and name in wanted):
+            path = folder / f"{name}.onnx"
+            onnx.save_model(zoo_logits(name), path)
+            found.append(path)
     return found
 
 
@@ -169,13 +179,14 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=[*ONNX_NETWORKS, *TINY_FLOAT],
+        choices=[*ONNX_NETWORKS, *TINY_FLOAT, *REAL_MODELS],
         help="measure only this network (repeatable)",
     )
     parser.add_argument(
         "--cores", nargs="+", choices=list(CORES), default=list(CORES), help="emulated cores (default: all)"
     )
     parser.add_argument("--tiny", type=Path, help="folder holding the MLPerf Tiny .tflite files")
+    parser.add_argument("--real", action="store_true", help="also the real-models set (hours per core)")
     parser.add_argument("--log", type=Path, action="append", default=[], help="xtune tuning log(s)")
     parser.add_argument("--cycles", action="store_true", help="also llvm-mca's cycle estimates (slower)")
     args = parser.parse_args()
@@ -183,7 +194,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="xtune-bench-arm-") as folder:
         rows = [
             row
-            for model in models(args.only, args.tiny, Path(folder))
+            for model in models(args.only, args.tiny, args.real, Path(folder))
             for row in measure(model, args.cores, args.log, args.cycles)
         ]
     print(table(rows))

@@ -1,9 +1,9 @@
 """Networks as exporters write them, for the importer's and the operators' tests: the model zoo's graphs
-the onnx package ships (`light_models`, `randomized`), and small networks written with onnx.helper for
-the patterns those do not cover — a DS-CNN keyword spotter (TensorFlow's asymmetric "same" padding, a
-10x4 kernel), a squeeze-and-excite block (HardSwish, HardSigmoid, a [n,c,1,1] x [n,c,h,w] Mul), a
-ReduceMean head (opset 13's axes attribute, opset 18's axes input), and a net of every quirk the
-normalization pass removes (`quirks`)."""
+the onnx package ships (`light_models`, `randomized`, `zoo_logits`), and small networks written with
+onnx.helper for the patterns those do not cover — a DS-CNN keyword spotter (TensorFlow's asymmetric
+"same" padding, a 10x4 kernel), a squeeze-and-excite block (HardSwish, HardSigmoid, a [n,c,1,1] x
+[n,c,h,w] Mul), a ReduceMean head (opset 13's axes attribute, opset 18's axes input), and a net of every
+quirk the normalization pass removes (`quirks`)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,17 @@ def randomized(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(kept)
     return out
+
+
+def zoo_logits(name: str, seed: int = 0) -> onnx.ModelProto:
+    """The light zoo graph `name` with seeded random weights (`randomized`), its output the logits: the
+    Softmax dropped, since random weights saturate it to one-hot."""
+    model = randomized(onnx.load(str(light_models()[name])), seed)
+    last = model.graph.node[-1]
+    if last.op_type == "Softmax":
+        model.graph.output[0].name = last.input[0]
+        del model.graph.node[-1]
+    return model
 
 
 def _model(

@@ -45,13 +45,8 @@ BUILDS = [name for name, ops in NOT_YET.items() if not ops and name != "vgg19"]
 @cache
 def zoo(name: str) -> onnx.ModelProto:
     """The graph with seeded random weights (with every weight 0.02 a wrong channel order goes unseen),
-    its output the logits: the Softmax dropped, since random weights saturate it to one-hot."""
-    model = exported.randomized(onnx.load(str(LIGHT[name])))
-    last = model.graph.node[-1]
-    if last.op_type == "Softmax":
-        model.graph.output[0].name = last.input[0]
-        del model.graph.node[-1]
-    return model
+    its output the logits."""
+    return exported.zoo_logits(name)
 
 
 def input_shape(model: onnx.ModelProto) -> tuple[int, ...]:
