@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
-from xtune.boards.cycles import BlockRun, cycle_model, parse_block_line, total_cycles
+from xtune.boards.cycles import BlockRun, CycleModel, cycle_model, parse_block_line, total_cycles
 from xtune.errors import XtuneError
 from xtune.target import Target
 
@@ -73,10 +74,17 @@ def extra_runs(fewer: Sequence[BlockRun], more: Sequence[BlockRun]) -> list[Bloc
     return extra
 
 
+@cache
+def peer_model(target: Target) -> CycleModel:
+    """`target`'s model (checked, as a board's), costing as nothing what it has no scheduling data for:
+    the runtimes' LSE atomics on the A76 (their lock and allocation paths), which LLVM's model lacks."""
+    return CycleModel(target, cycle_model(target).tools, skip_unscheduled=True)
+
+
 def cycles(runs: Sequence[BlockRun], maps: str, target: Target) -> float:
     """llvm-mca's cycles for `runs` under `target`'s scheduling model, their bytes read from the mapped
     files. XtuneError (InputError when the model cannot be had) if a block lies in no mapped file."""
-    model = cycle_model(target)
+    model = peer_model(target)
     by_mapping: dict[Mapping, list[BlockRun]] = defaultdict(list)
     mappings = executable_mappings(maps)
     for run in runs:

@@ -234,6 +234,24 @@ def test_a_block_llvm_mca_refuses_is_a_board_error_naming_it() -> None:
     assert "unsupported instruction" in message and "\n" not in message
 
 
+@pytest.mark.skipif(not HAVE_MCA, reason="needs llvm-mca-NN (scripts/setup.sh)")
+def test_a_library_block_decodes_with_every_extension_of_the_core() -> None:
+    # casa x0, x1, [x2] then ret: an LSE atomic, which the Cortex-A76 has (Armv8.2-A) though xtune's
+    # arm-a76-dotprod features do not name it, and LLVM's A76 model has no scheduling data for. A board
+    # refuses it; the model for a library's code (the ARM peers) costs it as nothing, and the ret alone.
+    a76 = get_target("arm-a76-dotprod")
+    assert "lse" not in a76.features
+    tools = find_llvm_tools() or pytest.fail()
+    image = bytes([0x41, 0x7C, 0xE0, 0xC8, 0xC0, 0x03, 0x5F, 0xD6])
+    runs = [BlockRun(vaddr=0x5500000000, size=8, insns=2, execs=1, repeats=0)]
+    with pytest.raises(BoardError, match=r"casa\tx0, x1, \[x2\]"):
+        CycleModel(a76, tools).costs(image, runs[0].vaddr, runs)
+    (cost,) = CycleModel(a76, tools, skip_unscheduled=True).costs(image, runs[0].vaddr, runs)
+    ret = bytes([0xC0, 0x03, 0x5F, 0xD6])
+    (alone,) = CycleModel(a76, tools).costs(ret, 0x5500000000, [replace(runs[0], size=4, insns=1)])
+    assert cost == alone
+
+
 @pytest.mark.board
 @pytest.mark.skipif(not HAVE_MCA or shutil.which("qemu-aarch64") is None, reason="needs llvm-mca-NN and qemu")
 def test_tune_best_and_build_speak_cycles(tmp_path: Path, xtune_cli: CliRunner) -> None:

@@ -171,8 +171,12 @@ def block_cycles(single: Sequence[float], steady: Sequence[float], iterations: i
 class CycleModel:
     """llvm-mca under one target's scheduling model, with each block's cycles cached by its bytes."""
 
-    def __init__(self, target: Target, tools: LlvmTools) -> None:
+    def __init__(self, target: Target, tools: LlvmTools, *, skip_unscheduled: bool = False) -> None:
+        """`skip_unscheduled`: instructions the scheduling model has no data for cost nothing instead of
+        refusing the block. Never for a board (a kernel's cost must be whole); for code that is not
+        xtune's, such as a runtime's LSE atomics in its lock paths, which LLVM's A76 model lacks."""
         self.target, self.tools = target, tools
+        self.skip_unscheduled = skip_unscheduled
         self.comment = "//" if target.arch == "aarch64" else "#"
         self._cache: dict[tuple[bytes, tuple[str, ...]], BlockCycles] = {}
         self._asm: dict[bytes, tuple[str, ...]] = {}  # a block's bytes -> its instruction lines
@@ -183,7 +187,8 @@ class CycleModel:
 
     def _mca_args(self) -> list[str]:
         triple, cpu = self.target.triple, self.target.mca_cpu
-        return [self.tools.mca, f"-mtriple={triple}", f"-mcpu={cpu}", f"-mattr={self.target.features}"]
+        argv = [self.tools.mca, f"-mtriple={triple}", f"-mcpu={cpu}", f"-mattr={self.target.features}"]
+        return [*argv, "-skip-unsupported-instructions=lack-sched"] if self.skip_unscheduled else argv
 
     def _tool(self, argv: list[str], text: str) -> subprocess.CompletedProcess[str]:
         try:
@@ -253,8 +258,10 @@ class CycleModel:
 
     def _decode(self, codes: Sequence[bytes], counts: Sequence[int]) -> list[tuple[str, ...]]:
         text = "\n".join(" ".join(f"0x{b:02x}" for b in code) for code in codes) + "\n"
+        # The core's own extensions too (-mcpu), not only the ones xtune compiles for: code that is not
+        # xtune's (a library under the same plugin) may use what the core has, e.g. the A76's LSE atomics.
         argv = [self.tools.mc, "--disassemble", "--show-encoding", f"-triple={self.target.triple}"]
-        out = self._tool([*argv, f"-mattr={self.target.features}"], text)
+        out = self._tool([*argv, f"-mcpu={self.target.mca_cpu}", f"-mattr={self.target.features}"], text)
         try:
             return split_disassembly(out.stdout, counts)
         except ValueError as err:
