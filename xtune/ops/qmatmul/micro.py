@@ -18,10 +18,13 @@ import numpy as np
 
 from xtune.ops.qmatmul.epilogue import Requantizer
 from xtune.ops.tiles import parse_tile
+from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
+    Buffer,
+    BufferKind,
     Const,
     Dot,
     DotInsn,
@@ -31,7 +34,11 @@ from xtune.schedule.loopnest import (
     PairSum,
     Value,
 )
+from xtune.schedule.space import Knob, KnobKind
 from xtune.target import Target
+
+LMUL_OPTIONS = (1, 2, 4)
+ACT_DTYPE = {"u8": DType.U8, "s8": DType.I8}  # the loop-nest type of each activation word
 
 # A row's 4-byte group of the dot's left operand: (row within the tile, group, valid bytes: 4 or fewer).
 GroupOf = Callable[[int, Affine | int, int], Value]
@@ -119,13 +126,21 @@ class TileShape:
 
 
 class DotTile:
-    """One register tile: `rows` rows against the weight columns col0..col0+ncols (col0 a multiple of nr)."""
+    """One register tile: `rows` rows against the weight columns col0..col0+ncols (col0 a multiple of nr)
+    of the packed buffer `weights`."""
 
     def __init__(
-        self, b: NestBuilder, plan: DotPlan, shape: TileShape, rows: int, col0: Affine, ncols: int
+        self,
+        b: NestBuilder,
+        plan: DotPlan,
+        shape: TileShape,
+        rows: int,
+        col0: Affine,
+        ncols: int,
+        weights: str = "B",
     ) -> None:
         self.b, self.plan, self.shape = b, plan, shape
-        self.rows, self.col0, self.ncols = rows, col0, ncols
+        self.rows, self.col0, self.ncols, self.weights = rows, col0, ncols, weights
         self.nvec = -(-ncols // shape.lanes)
         width = shape.lanes * plan.acc_width
         self.acc = [
@@ -142,7 +157,7 @@ class DotTile:
         """acc[part][r][c] += dot(row r's group, strip vector c of weight group g)."""
         lanes, b = self.shape.lanes, self.b
         base = self.strip + Affine.of(g) * (self.shape.nr * 4)
-        vectors = [Load("B", base + c * lanes * 4, 4 * lanes) for c in range(self.nvec)]
+        vectors = [Load(self.weights, base + c * lanes * 4, 4 * lanes) for c in range(self.nvec)]
         for r in range(self.rows):
             a = group(r)
             for c in range(self.nvec):
@@ -187,6 +202,27 @@ class DotTile:
             count = min(self.ncols - c * lanes, lanes) % lanes
             value = requant.apply(Binary(BinaryOp.ADD, total, Load("bias", col, lanes, count)), col, count)
             self.b.store(out, row_at(r) + col, value, lanes, count)
+
+
+def kernel_params(wl: Workload, packed: str, size: int) -> tuple[Buffer, ...]:
+    """An int8 kernel's parameters in the workload's tensor order, the weights `packed` sized as `size`
+    packed bytes."""
+    dtypes = {"float32": DType.F32, "int8": DType.I8, "uint8": DType.U8, "int32": DType.I32}
+    return tuple(
+        Buffer(
+            t.name,
+            size if t.name == packed else t.size,
+            BufferKind.OUTPUT if t.is_output else BufferKind.INPUT,
+            dtypes[t.dtype],
+        )
+        for t in wl.tensors()
+    )
+
+
+def lmul_knobs(target: Target) -> list[Knob]:
+    """RVV: vectors of lmul registers (LMUL, the RVV spec's register grouping), so a tile's vectors are
+    lmul times longer and the register file holds 32 / lmul of them; no knob elsewhere."""
+    return [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)] if "+v" in target.features.split(",") else []
 
 
 def register_tiles(plan: DotPlan, target: Target) -> tuple[str, ...]:

@@ -19,10 +19,13 @@ import numpy as np
 
 from xtune.ops.qmatmul.epilogue import Requantizer
 from xtune.ops.qmatmul.micro import (
+    ACT_DTYPE,
     DotPlan,
     DotTile,
     TileShape,
     fit_registers,
+    kernel_params,
+    lmul_knobs,
     pack_weights,
     register_tiles,
     tile_default,
@@ -51,8 +54,6 @@ MC_OPTIONS = (4, 8, 16, 32, 64, 128, 256, 512)
 NC_OPTIONS = (16, 32, 64, 128, 256, 512, 1024)
 UNROLL_OPTIONS = (1, 2, 4, 8)
 KSPLIT_OPTIONS = (1, 2)
-LMUL_OPTIONS = (1, 2, 4)
-_ACT = {"u8": DType.U8, "s8": DType.I8}
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class QMatmulSchedule:
 class QMatmulTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload, self.target = workload, target
-        self.act = _ACT[str(workload.value("a"))]
+        self.act = ACT_DTYPE[str(workload.value("a"))]
         self.plan = DotPlan.of(target, self.act)
         self.lanes = target.fp32_lanes  # 32-bit lanes of a vector register
         m, n = workload["m"], workload["n"]
@@ -88,13 +89,7 @@ class QMatmulTemplate:
                 Knob("inner", KnobKind.CHOICE, ("nm", "mn")),
                 Knob("unroll", KnobKind.UNROLL, UNROLL_OPTIONS),
                 Knob("ksplit", KnobKind.CHOICE, KSPLIT_OPTIONS),
-                # RVV: vectors of lmul registers (LMUL, the RVV spec's register grouping), so a tile's
-                # vectors are lmul times longer and the register file holds 32 / lmul of them.
-                *(
-                    [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)]
-                    if "+v" in target.features.split(",")
-                    else []
-                ),
+                *lmul_knobs(target),
             )
         )
 
@@ -142,16 +137,7 @@ class QMatmulTemplate:
     def params(self, s: QMatmulSchedule) -> tuple[Buffer, ...]:
         """The kernel's parameters in the workload's tensor order; B sized as its packed strips."""
         wl = self.workload
-        m, n, k = wl["m"], wl["n"], wl["k"]
-        packed_b = -(-n // s.nr) * s.nr * -(-k // 4) * 4
-        dtypes = {"float32": DType.F32, "int8": DType.I8, "uint8": DType.U8, "int32": DType.I32}
-        out = []
-        for t in wl.tensors():
-            size = packed_b if t.name == "B" else t.size
-            kind = BufferKind.OUTPUT if t.is_output else BufferKind.INPUT
-            out.append(Buffer(t.name, size, kind, dtypes[t.dtype]))
-        assert len(out) and out[0].name == "A" and m * k == out[0].size
-        return tuple(out)
+        return kernel_params(wl, "B", -(-wl["n"] // s.nr) * s.nr * -(-wl["k"] // 4) * 4)
 
     def kernel(self, config: Config, name: str) -> Kernel:
         s = self.schedule(config)

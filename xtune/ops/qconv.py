@@ -1,0 +1,279 @@
+"""What the int8 convolutions (qconv2d, qdepthwise) share: a workload in, its NHWC geometry, exact integer
+reference, random inputs and the padded image its kernels read out; and an ONNX QLinearConv node in, its
+kernel call (`QAnchor`) and the workload's constant inputs out.
+
+Padding is the activation's zero point (ONNX's QLinearConv and ConvInteger, TFLite's int8 Conv: an
+out-of-image tap contributes (za - za) * w = 0). The kernels copy the input once per call into a padded
+image (`PaddedImage`): za (as the dot sees it) around the image and in the channels past c up to a
+multiple of 4, the image flipped to the dot's signedness where it differs (xtune/ops/qmatmul/micro.py,
+`DotPlan`); a 1x1-like workload with nothing to pad or flip reads its input in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import Anchor, refuse
+from xtune.ops.conv import (
+    SIDE_DEFAULTS,
+    SIDES,
+    ConvShape,
+    canonical_pads,
+    conv_geometry,
+    pad_sides,
+    validate_window,
+    windows,
+)
+from xtune.ops.qmatmul import reference as qref
+from xtune.ops.qmatmul.operator import QMATMUL_MAX_K, QUANT_DEFAULTS, QUANT_KEYS, requant_of, validate_quant
+from xtune.ops.workload import ParamValue, Workload
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Buffer,
+    BufferKind,
+    Cast,
+    Const,
+    DType,
+    Load,
+    NestBuilder,
+    Value,
+)
+
+# The keys of both families after their sizes: the window, then the quantization (qmatmul's).
+WINDOW_KEYS = ("stride", "pad", *SIDES, "dilation")
+WINDOW_DEFAULTS: dict[str, ParamValue] = {"stride": 1, "pad": 0, **SIDE_DEFAULTS, "dilation": 1}
+OPTIONAL = frozenset((*SIDES, "dilation", *QUANT_KEYS))
+
+
+class QConvKeys:
+    """The workload grammar both families share; `sizes` names the family's own size keys."""
+
+    name: ClassVar[str]
+    sizes: ClassVar[tuple[str, ...]]
+    defaults: ClassVar[dict[str, ParamValue]] = {**WINDOW_DEFAULTS, **QUANT_DEFAULTS}
+    optional: ClassVar[frozenset[str]] = OPTIONAL
+
+    def validate(self, params: dict[str, ParamValue]) -> None:
+        validate_window(self.name, params, self.sizes)
+        validate_quant(self.name, params)
+        taps = int(params["r"]) * int(params["s"]) * (int(params["c"]) if "k" in params else 1)
+        if taps > QMATMUL_MAX_K:
+            raise InputError(
+                f"{self.name}: r*s*c is {taps}, more than the {QMATMUL_MAX_K} products an int32 "
+                "accumulator of 8-bit values holds"
+            )
+
+    def canonical(self, params: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        return canonical_pads(params)
+
+
+def qconv_shape(wl: Workload) -> ConvShape:
+    """The NHWC geometry of a qconv2d (k output channels) or qdepthwise (k = c) workload."""
+    sides = pad_sides(wl)
+    return ConvShape(
+        n=wl["n"],
+        c=wl["c"],
+        h=wl["h"],
+        w=wl["w"],
+        k=wl["k"] if "k" in wl.operator.keys else wl["c"],
+        r=wl["r"],
+        s=wl["s"],
+        stride=wl["stride"],
+        pad=wl["pad"],
+        dilation=wl["dilation"],
+        nhwc=True,
+        sides=None if len(set(sides)) == 1 else sides,
+    )
+
+
+def taps(sh: ConvShape, x: np.ndarray, zero: int) -> np.ndarray:
+    """The input padded with `zero`, as (n, oh, ow, r, s, c): every output pixel's window, in int64."""
+    pads = ((0, 0), (sh.top, sh.bottom), (sh.left, sh.right), (0, 0))
+    padded = np.pad(x.astype(np.int64), pads, constant_values=zero)
+    flat = replace(sh, pad=0, sides=None, h=padded.shape[1], w=padded.shape[2])
+    return windows(padded, flat, (1, 2)).transpose(0, 4, 5, 1, 2, 3)  # from (n, r, s, c, oh, ow)
+
+
+def reference(wl: Workload, inputs: list[np.ndarray], depthwise: bool) -> np.ndarray:
+    """The exact output: int32 sums of (x - za) * w over each window (wrapping as the kernels add) plus
+    the bias, requantized as qmatmul's (ONNX Runtime's or TFLite's, xtune/ops/qmatmul/reference.py)."""
+    sh = qconv_shape(wl)
+    x, w, bias, *scales, qparams = inputs
+    za = int(qparams[0])
+    win = taps(sh, x, za) - za
+    if depthwise:  # (n, oh, ow, r, s, c) * (r, s, c), summed over r and s
+        acc = np.einsum("nyxijc,ijc->nyxc", win, w.astype(np.int64))
+    else:
+        acc = win.reshape(sh.n, sh.oh, sh.ow, -1) @ w.astype(np.int64).reshape(-1, sh.k)
+    return qref.output(qref.wrap32(acc + bias), scales, qparams, str(wl.value("a")), requant_of(wl))
+
+
+def sample(wl: Workload, rng: np.random.Generator, weights: tuple[int, ...]) -> list[np.ndarray]:
+    """Random inputs of a realistic layer (qmatmul's `sample_inputs` over the window's products), the
+    activations drawn over the whole input."""
+    sh = qconv_shape(wl)
+    a = str(wl.value("a"))
+    products = int(np.prod(weights)) // sh.k if len(weights) == 4 else sh.r * sh.s
+    channels = sh.k if wl["perchannel"] else 1
+    _, b, *rest = qref.sample_inputs((1, sh.k, products), a, requant_of(wl), channels, rng)
+    lo, hi = qref.RANGES[a]
+    x = rng.integers(lo, hi + 1, (sh.n, sh.h, sh.w, sh.c)).astype(qref.NUMPY_TYPES[a])
+    return [x, b.reshape(weights), *rest]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaddedImage:
+    """The image a kernel's windows read: the input itself, or (`copied`) a stack copy of n x (h + pads) x
+    (w + pads) x `depth` bytes of type `dtype`, za around the image and past c (module docstring)."""
+
+    sh: ConvShape
+    act: DType  # the input's type
+    dtype: DType  # the type the kernel reads (the input's, or its flip)
+    depth: int  # channels per pixel of the copy: c, or c rounded up to a multiple of 4
+    vector: int  # bytes per copy store
+
+    @property
+    def copied(self) -> bool:
+        sh = self.sh
+        return self.act is not self.dtype or self.depth != sh.c or sh.padded != (sh.h, sh.w)
+
+    @property
+    def name(self) -> str:
+        return "image" if self.copied else "input"
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        rows, cols = self.sh.padded
+        size = self.sh.n * rows * cols * self.depth
+        return (Buffer("image", size, BufferKind.LOCAL, self.dtype),) if self.copied else ()
+
+    def at(self, image: Affine, row: Affine, col: Affine) -> Affine:
+        """The first byte of pixel (row, col) of the padded image `image`."""
+        rows, cols = self.sh.padded if self.copied else (self.sh.h, self.sh.w)
+        return ((image * rows + row) * cols + col) * self.depth
+
+    def emit(self, b: NestBuilder) -> None:
+        """The copy: every byte za', then each input pixel's c bytes (flipped) at its padded place."""
+        if not self.copied:
+            return
+        sh, v = self.sh, self.vector
+        za: Value = Load("qparams", Affine())
+        if self.act is not self.dtype:  # xor 0x80 moves za by 128 in the flipped type, as `DotPlan` says
+            za = Binary(BinaryOp.XOR, za, Const(128, 1, DType.I32))
+        fill = Broadcast(Cast(za, self.dtype), v)
+        rows, cols = sh.padded
+        b.split(
+            sh.n * rows * cols * self.depth, v, lambda i, size: b.store("image", i, fill, v, size % v), "zf"
+        )
+        with b.loop(sh.n, "zn") as image, b.loop(sh.h, "zy") as y, b.loop(sh.w, "zx") as x:
+
+            def chunk(j: Affine, size: int) -> None:
+                value: Value = Load("input", ((image * sh.h + y) * sh.w + x) * sh.c + j, v, size % v)
+                if self.act is not self.dtype:
+                    value = Cast(Binary(BinaryOp.XOR, value, Const(-128, v, DType.I8)), self.dtype)
+                b.store("image", self.at(image, y + sh.top, x + sh.left) + j, value, v, size % v)
+
+            b.split(sh.c, v, chunk, "zc")
+
+
+# --- ONNX: QLinearConv ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class QAnchor(Anchor):
+    """A QLinearConv as an int8 kernel call: besides the sizes, its quantization keys (`quant`: a,
+    perchannel; requant is ONNX Runtime's) and the workload's constant inputs after the activation
+    (`constants`: weights in the workload's layout, int32 bias, scale, qparams) for the network build."""
+
+    quant: tuple[tuple[str, ParamValue], ...] = ()
+    constants: tuple[np.ndarray, ...] = ()
+
+    def task(self) -> str:
+        return self.key(self.quant, {})
+
+
+def read_qlinearconv(graph: Graph, node: Node, depthwise: bool) -> QAnchor | None:
+    """The kernel call of a QLinearConv (inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point,
+    y_scale, y_zero_point, B) with constant weights, scales and zero points: qdepthwise's if `depthwise`
+    (group = channels, one filter per channel), qconv2d's for group 1, None for the other family's node;
+    a refusal naming what xtune cannot run (asymmetric or uint8 weights, other groups)."""
+    consts = [graph.constant(t) if t else None for t in node.inputs]
+    names = ("x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point")
+    for i, what in enumerate(names[1:], 1):
+        if consts[i] is None:
+            raise refuse(
+                graph, node, f"{what} '{node.inputs[i]}' is not a constant (xtune tunes constant weights)"
+            )
+    x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = (np.asarray(c) for c in consts[1:8])
+    x_shape = graph.shape(node.inputs[0])
+    if len(x_shape) != 4 or w.ndim != 4:
+        raise refuse(
+            graph, node, f"only 2-D convolutions (4-D NCHW input) are supported, the input is {x_shape}"
+        )
+    n, c, h, wd = x_shape
+    k = w.shape[0]
+    group = int(node.attr("group", 1))  # type: ignore[arg-type]
+    one_per_channel = group == c > 1 and w.shape[1] == 1 and k == c
+    if group != 1 and not one_per_channel:
+        raise refuse(graph, node, f"group {group} with {k} filters: only group 1 or one filter per channel")
+    if one_per_channel != depthwise:
+        return None  # the other family's
+    if w.dtype != np.int8 or np.any(w_zp != 0):
+        raise refuse(
+            graph, node, "weights must be int8 with zero point 0 (symmetric), as quantize_static writes"
+        )
+    if x_zp.dtype != y_zp.dtype or x_zp.dtype not in (np.uint8, np.int8):
+        raise refuse(
+            graph, node, f"input and output types differ or are not 8-bit ({x_zp.dtype}, {y_zp.dtype})"
+        )
+    stride, pads, dilation = conv_geometry(graph, node, (h, wd), (w.shape[2], w.shape[3]))
+    a = "u8" if x_zp.dtype == np.uint8 else "s8"
+    per_channel = int(w_scale.size > 1)
+    scale = (
+        np.float32(x_scale.reshape(-1)[0])
+        * w_scale.astype(np.float32).reshape(-1)
+        / np.float32(y_scale.reshape(-1)[0])
+    )
+    lo, hi = qref.RANGES[a]
+    qparams = np.array([int(x_zp.reshape(-1)[0]), int(y_zp.reshape(-1)[0]), lo, hi], np.int32)
+    bias = (
+        np.asarray(consts[8], np.int32)
+        if len(consts) > 8 and consts[8] is not None
+        else np.zeros(k, np.int32)
+    )
+    hwio = w.transpose(2, 3, 1, 0)  # OIHW -> (r, s, c, k); depthwise (c, 1, r, s) -> (r, s, c)
+    weights = hwio[:, :, 0, :] if depthwise else hwio
+    sides = tuple((key, v) for key, v in zip(SIDES[1:], pads[1:], strict=True) if v != pads[0])
+    extent = () if depthwise else (("k", k),)
+    sizes = (("n", n), ("c", c), ("h", h), ("w", wd), *extent, ("r", w.shape[2]), ("s", w.shape[3]))
+    window = (("stride", stride), ("pad", pads[0]), *sides, ("dilation", dilation))
+    return QAnchor(
+        node=node,
+        op="qdepthwise" if depthwise else "qconv2d",
+        sizes=(*sizes, *window),
+        out_shape=graph.shape(node.outputs[0]),
+        channel_axis=1,
+        weights=w,
+        bias=bias,
+        quant=(("a", a), ("perchannel", per_channel)),
+        constants=(np.ascontiguousarray(weights), bias, scale.astype(np.float32), qparams),
+    )
+
+
+def task_key(anchor: Anchor, switches: dict[str, ParamValue]) -> str:
+    """A QLinearConv's workload key. A fused activation of a quantized network is its output range (the
+    qparams clamp), never a switch: a float epilogue switch on an int8 call is a caller's mistake."""
+    if not isinstance(anchor, QAnchor):
+        raise InputError(f"{anchor.op}: only a QLinearConv node (a QAnchor) maps to it")
+    extra = {k: v for k, v in switches.items() if k != "bias" and v not in (0, "none")}
+    if extra:
+        raise InputError(f"{anchor.op}: an int8 kernel's activation is its qparams clamp, not {extra}")
+    return anchor.task()

@@ -1,0 +1,95 @@
+"""The qconv2d family: int8 direct 2-D convolution in NHWC, an implicit GEMM through qmatmul's register
+tile (template.py), int32 accumulation and qmatmul's requantizing epilogue. Its workload keys,
+validation, tensors, exact integer reference (xtune/ops/qconv.py), flops, features (features.py), and
+the ONNX QLinearConv nodes of group 1 it runs.
+
+For a network build (the int8 network's normalization turns QDQ patterns into QLinearConv nodes and
+calls this family through the registry): `anchor(graph, node)` of a QLinearConv with constant weights,
+scales and zero points is an `xtune.ops.qconv.QAnchor` whose `task()` (or `task_key(anchor, {}, NHWC)`)
+is the workload key and whose `constants` are the workload's inputs after `input`, in order: weights
+(r, s, c, k) int8, bias (k,) int32, scale float32 (ONNX Runtime's x_scale * w_scale / y_scale, per
+tensor or per output channel), qparams [x_zero_point, y_zero_point, lo, hi] int32 (a fused ReLU narrows
+[lo, hi]). `task_weights` turns ONNX's OIHW weights into (r, s, c, k).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from xtune.errors import InputError
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import Anchor
+from xtune.ops.featurize import FeatureSet
+from xtune.ops.layout import Layout
+from xtune.ops.qconv import WINDOW_KEYS, QConvKeys, qconv_shape, read_qlinearconv, reference, sample, task_key
+from xtune.ops.qconv2d.features import FEATURES
+from xtune.ops.qconv2d.template import QConv2dTemplate
+from xtune.ops.qmatmul.operator import QTYPES, QUANT_KEYS, QUANT_WORDS, output_dtype, quant_tensors
+from xtune.ops.template import ScheduleTemplate
+from xtune.ops.workload import Inits, ParamValue, TensorSpec, Workload
+from xtune.target import Target
+
+if TYPE_CHECKING:
+    import onnx
+
+
+class QConv2d(QConvKeys):
+    """Quantized output[n, y, x, k] = requantize(sum_{i,j,c} (input[n, y*stride + i*dil - top,
+    x*stride + j*dil - left, c] - za) * weights[i, j, c, k] + bias[k]), the input padded with za: NHWC
+    input (n, h, w, c) of type `a`, int8 HWIO weights (r, s, c, k) (symmetric: zero point 0), int32
+    bias, the scales of `requant` (qmatmul's: onnx, tflite, none) per tensor or output channel, qparams
+    [za, zy, lo, hi]; output (n, oh, ow, k) of type `a` (int32 with requant=none: ONNX's ConvInteger)."""
+
+    name: ClassVar[str] = "qconv2d"
+    sizes: ClassVar[tuple[str, ...]] = ("n", "c", "h", "w", "k", "r", "s")
+    keys: ClassVar[tuple[str, ...]] = (*sizes, *WINDOW_KEYS, *QUANT_KEYS)
+    words: ClassVar[dict[str, tuple[str, ...]]] = QUANT_WORDS
+
+    def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
+        sh = qconv_shape(wl)
+        return (
+            TensorSpec("input", (sh.n, sh.h, sh.w, sh.c), dtype=QTYPES[str(wl.value("a"))]),
+            TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), dtype="int8", axes="HWIO"),
+            TensorSpec("bias", (sh.k,), dtype="int32"),
+            *quant_tensors(wl, sh.k),
+            TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True, dtype=output_dtype(wl)),
+        )
+
+    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+        return reference(wl, inputs, depthwise=False)
+
+    def sample(self, wl: Workload, rng: np.random.Generator) -> list[np.ndarray]:
+        sh = qconv_shape(wl)
+        return sample(wl, rng, (sh.r, sh.s, sh.c, sh.k))
+
+    def flops(self, wl: Workload) -> int:
+        sh = qconv_shape(wl)
+        return 2 * sh.n * sh.oh * sh.ow * sh.k * sh.r * sh.s * sh.c
+
+    onnx_ops: ClassVar[tuple[str, ...]] = ("QLinearConv",)
+    layouts: ClassVar[frozenset[Layout]] = frozenset((Layout.NHWC,))
+    feature_sets: ClassVar[tuple[FeatureSet, ...]] = (FEATURES,)
+
+    def template(self, wl: Workload, target: Target) -> ScheduleTemplate:
+        return QConv2dTemplate(wl, target)
+
+    def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
+        return FEATURES, template
+
+    def anchor(self, graph: Graph, node: Node) -> Anchor | None:
+        return read_qlinearconv(graph, node, depthwise=False)
+
+    def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
+        """Always NHWC (the key has no layout): the int8 network runs in NHWC."""
+        return task_key(anchor, switches)
+
+    def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
+        """ONNX's OIHW int8 weights as the workload's (r, s, c, k)."""
+        return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))
+
+    def onnx_nodes(self, wl: Workload, x: str, out: str, inits: Inits) -> list[onnx.NodeProto]:
+        raise InputError(
+            f"{self.name}: no ONNX model is written for it (benchmarks/bench_int8.py runs its peer)"
+        )
