@@ -11,6 +11,7 @@ multiple of 4, the image flipped to the dot's signedness where it differs (xtune
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -182,6 +183,19 @@ class PaddedImage:
                 b.store("image", self.at(image, y + sh.top, x + sh.left) + j, value, v, size % v)
 
             b.split(sh.c, v, chunk, "zc")
+
+
+def each_tap(
+    b: NestBuilder, sh: ConvShape, unrolled: bool, tap: Callable[[Affine, Affine | int], None]
+) -> None:
+    """tap(i, j) for every filter tap (i, j): i a loop, j a loop or (`unrolled`) each column in turn."""
+    with b.loop(sh.r, "ti") as i:
+        if unrolled:
+            for col in range(sh.s):
+                tap(i, col)
+        else:
+            with b.loop(sh.s, "tj") as j:
+                tap(i, j)
 
 
 # --- ONNX: QLinearConv ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.ops.qconv import PaddedImage, qconv_shape
+from xtune.ops.qconv import PaddedImage, each_tap, qconv_shape
 from xtune.ops.qmatmul.epilogue import Requantizer
 from xtune.ops.qmatmul.micro import (
     ACT_DTYPE,
@@ -213,11 +213,5 @@ class _Emitter:
 
             tile.reduce(per_tap, first, group)
 
-        with b.loop(sh.r, "ti") as i:
-            if s.taps == "unroll":
-                for j in range(sh.s):
-                    tap(i, j)
-            else:
-                with b.loop(sh.s, "tj") as j:
-                    tap(i, j)
+        each_tap(b, sh, s.taps == "unroll", tap)
         tile.store(self.requant, "output", lambda r: ((image * sh.oh + y) * sh.ow + x0 + r) * sh.k)
