@@ -1,0 +1,329 @@
+"""int8 convolutions (qconv2d, qdepthwise): the integer reference against a direct loop and ONNX Runtime's
+QLinearConv (mapped through the families' QLinearConv anchors); the templates' nests per dot route in the
+interpreter; the kernels on the local board (VNNI and vpmaddwd routes), qemu-aarch64 (A72 smull+sadalp,
+A76 sdot) and qemu-riscv64-v equal it exactly; the instruction each route promises is in the object."""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.nest_interp import run_kernel
+from xtune.boards.board import get_board
+from xtune.codegen.compile import compile_object
+from xtune.codegen.lower import lower
+from xtune.errors import InputError, UnsupportedNode
+from xtune.graph import Graph, Node
+from xtune.ops.layout import Layout
+from xtune.ops.qconv import QAnchor
+from xtune.ops.qmatmul import reference as ref
+from xtune.ops.registry import anchor_of, family, parse_workload, template_for
+from xtune.ops.workload import Workload, random_inputs
+from xtune.target import get_target, host_cannot_run
+from xtune.tuning.features import featurize
+from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
+
+FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
+# c not a multiple of 4, strides 1 and 2, asymmetric pads, 1x1, dilation, both activation types, per
+# tensor and per channel, both requantizations.
+CONV = (
+    "qconv2d:n=1,c=5,h=7,w=6,k=9,r=3,s=3,pad=1",
+    "qconv2d:n=2,c=8,h=7,w=8,k=20,r=3,s=3,stride=2,pad=0,pad_bottom=1,pad_right=1,a=u8,requant=tflite,perchannel=1",
+    "qconv2d:n=1,c=16,h=4,w=5,k=24,r=1,s=1,a=u8,perchannel=1",
+    "qconv2d:n=1,c=3,h=8,w=8,k=6,r=3,s=3,pad=2,dilation=2,requant=none",
+)
+DEPTHWISE = (
+    "qdepthwise:n=1,c=5,h=6,w=7,r=3,s=3,pad=1",
+    "qdepthwise:n=2,c=40,h=7,w=6,r=3,s=3,stride=2,pad=1,pad_bottom=0,a=u8,requant=tflite,perchannel=1",
+    "qdepthwise:n=1,c=16,h=9,w=5,r=5,s=5,pad=2,a=u8,perchannel=1",
+)
+
+
+# --- the reference -------------------------------------------------------------------------------------
+
+
+def direct(wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+    """The convolution tap by tap, skipping taps outside the image (TFLite's reference kernels' way of
+    padding with the zero point), requantized by qmatmul's reference."""
+    x, w, bias, *scales, qparams = inputs
+    za = int(qparams[0])
+    depthwise = wl.op == "qdepthwise"
+    h, wd = x.shape[1:3]
+    stride, dil, top, left = wl["stride"], wl["dilation"], wl["pad"], wl["pad"]
+    top = wl["pad_top"] if wl["pad_top"] >= 0 else top
+    left = wl["pad_left"] if wl["pad_left"] >= 0 else left
+    out_shape = wl.tensors()[-1].shape
+    acc = np.zeros(out_shape, np.int64)
+    for b, oy, ox in np.ndindex(*out_shape[:3]):
+        for i, j in np.ndindex(w.shape[0], w.shape[1]):
+            y, xx = oy * stride + i * dil - top, ox * stride + j * dil - left
+            if 0 <= y < h and 0 <= xx < wd:
+                pixel = x[b, y, xx].astype(np.int64) - za
+                acc[b, oy, ox] += pixel * w[i, j] if depthwise else pixel @ w[i, j].astype(np.int64)
+    return ref.output(ref.wrap32(acc + bias), scales, qparams, str(wl.value("a")), str(wl.value("requant")))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", [*CONV, *DEPTHWISE])
+def test_the_reference_equals_a_direct_loop(key: str) -> None:
+    wl = parse_workload(key)
+    inputs = random_inputs(wl, seed=2)
+    got = wl.reference(inputs)
+    assert got.shape == wl.tensors()[-1].shape and np.array_equal(got, direct(wl, inputs))
+    if wl.value("requant") != "none":
+        lo, hi = ref.RANGES[str(wl.value("a"))]
+        assert ((got == lo) | (got == hi)).any() and ((got > lo) & (got < hi)).any()
+
+
+def test_workload_keys_and_their_refusals() -> None:
+    wl = parse_workload("qconv2d:n=1,c=3,h=4,w=4,k=8,r=3,s=3,pad=1,pad_top=1,a=u8,requant=tflite")
+    assert wl.key == "qconv2d:n=1,c=3,h=4,w=4,k=8,r=3,s=3,stride=1,pad=1,a=u8,requant=tflite"
+    assert [(t.name, t.dtype, t.shape) for t in wl.tensors()] == [
+        ("input", "uint8", (1, 4, 4, 3)),
+        ("weights", "int8", (3, 3, 3, 8)),
+        ("bias", "int32", (8,)),
+        ("multiplier", "int32", (1,)),
+        ("shift", "int32", (1,)),
+        ("qparams", "int32", (4,)),
+        ("output", "uint8", (1, 4, 4, 8)),
+    ]
+    assert parse_workload("qdepthwise:n=1,c=3,h=4,w=4,r=3,s=3,stride=2").tensors()[1].shape == (3, 3, 3)
+    for bad, why in (
+        ("qconv2d:n=1,c=3,h=4,w=4,k=8,r=5,s=5", "kernel spans 5"),
+        ("qconv2d:n=1,c=8192,h=4,w=4,k=8,r=3,s=3,pad=1", "int32"),
+        ("qdepthwise:n=1,c=3,h=4,w=4,r=3,s=3,requant=none,perchannel=1", "no 'perchannel'"),
+        ("qdepthwise:n=1,c=3,h=4,w=4,r=3,s=3,a=u16", "'a' must be one of"),
+    ):
+        with pytest.raises(InputError, match=why):
+            parse_workload(bad)
+
+
+# --- ONNX: QLinearConv, mapped by the families and run by ONNX Runtime ---------------------------------
+
+
+def qlinearconv(
+    shape: tuple[int, int, int, int], k: int, rs: int, attrs: dict[str, object], a: str, per_channel: bool
+) -> tuple[Graph, dict[str, np.ndarray], np.ndarray]:
+    """A one-node QLinearConv network: the Graph the families read, its constants, and an input."""
+    rng = np.random.default_rng(sum(shape) + k + rs)
+    n, c, h, w = shape
+    group = int(attrs.get("group", 1))  # type: ignore[call-overload]
+    lo, hi = ref.RANGES[a]
+    act = ref.NUMPY_TYPES[a]
+    channels = k if per_channel else 1
+    consts: dict[str, np.ndarray] = {
+        "x_scale": np.array(0.02, np.float32),
+        "x_zp": np.array(rng.integers(lo, hi + 1), act),
+        "w": rng.integers(-128, 128, (k, c // group, rs, rs)).astype(np.int8),
+        "w_scale": rng.uniform(0.002, 0.01, channels).astype(np.float32).reshape(() if channels == 1 else -1),
+        "w_zp": np.zeros(() if channels == 1 else channels, np.int8),
+        "y_scale": np.array(0.05 * np.sqrt(c // group * rs * rs), np.float32),
+        "y_zp": np.array(rng.integers(lo + 40, hi - 39), act),
+        "B": rng.integers(-3000, 3000, k).astype(np.int32),
+    }
+    node = Node(name="conv", op="QLinearConv", inputs=(*(("x",)), *list(consts)), outputs=("y",), attrs=attrs)
+    x = rng.integers(lo, hi + 1, shape).astype(act)
+    from xtune.ops.conv import conv_geometry
+
+    probe = Graph(name="t", opset=13, nodes=(node,), inputs=("x",), outputs=("y",), constants={}, shapes={})
+    stride, pads, dil = conv_geometry(probe, node, (h, w), (rs, rs))
+    oh = (h + pads[0] + pads[2] - dil * (rs - 1) - 1) // stride + 1
+    ow = (w + pads[1] + pads[3] - dil * (rs - 1) - 1) // stride + 1
+    graph = Graph(
+        name="qlinearconv",
+        opset=13,
+        nodes=(node,),
+        inputs=("x",),
+        outputs=("y",),
+        constants=consts,
+        shapes={"x": shape, "y": (n, k, oh, ow), **{name: v.shape for name, v in consts.items()}},
+    )
+    return graph, consts, x
+
+
+def ort_qlinearconv(graph: Graph, consts: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from xtune.tuning.peers import ort_session
+
+    node = graph.nodes[0]
+    elem = TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT8
+    proto = helper.make_node("QLinearConv", list(node.inputs), ["y"], **node.attrs)
+    model = helper.make_model(
+        helper.make_graph(
+            [proto],
+            "qlinearconv",
+            [helper.make_tensor_value_info("x", elem, list(x.shape))],
+            [helper.make_tensor_value_info("y", elem, list(graph.shape("y")))],
+            [numpy_helper.from_array(v, name) for name, v in consts.items()],
+        ),
+        opset_imports=[helper.make_opsetid("", 13)],
+    )
+    return np.asarray(ort_session(model.SerializeToString()).run(None, {"x": x})[0])
+
+
+# (input NCHW, filters, kernel size, attributes, activation, per channel): group 1 -> qconv2d,
+# group = channels -> qdepthwise.
+ORT_CASES = (
+    ((1, 5, 9, 8), 12, 3, {"pads": (1, 1, 1, 1)}, "u8", False),
+    ((1, 8, 9, 10), 16, 3, {"strides": (2, 2), "pads": (0, 1, 1, 0)}, "s8", True),
+    ((2, 16, 5, 6), 24, 1, {}, "u8", True),
+    ((1, 6, 8, 8), 10, 3, {"pads": (1, 1, 1, 1), "auto_pad": "NOTSET"}, "s8", False),
+    ((1, 12, 8, 9), 12, 3, {"group": 12, "pads": (1, 1, 1, 1)}, "u8", True),
+    ((1, 8, 9, 9), 8, 3, {"group": 8, "strides": (2, 2), "pads": (1, 0, 0, 1)}, "s8", False),
+)
+
+
+@pytest.mark.parametrize("case", ORT_CASES, ids=lambda case: f"{case[0]}-{case[1]}-{case[3]}-{case[4]}")
+def test_qlinearconv_maps_to_a_workload_whose_reference_equals_onnxruntime(case: tuple) -> None:  # type: ignore[type-arg]
+    graph, consts, x = qlinearconv(*case)
+    anchor = anchor_of(graph, graph.nodes[0])
+    assert isinstance(anchor, QAnchor)
+    depthwise = "group" in case[3]
+    assert anchor.op == ("qdepthwise" if depthwise else "qconv2d")
+    fam = family(anchor.op)
+    wl = parse_workload(fam.task_key(anchor, {"bias": 1}, Layout.NHWC))
+    assert np.array_equal(fam.task_weights(wl, consts["w"]), anchor.constants[0])
+    got = wl.reference([np.ascontiguousarray(x.transpose(0, 2, 3, 1)), *anchor.constants])
+    expected = ort_qlinearconv(graph, consts, x).transpose(0, 2, 3, 1)
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+def test_qlinearconv_refusals() -> None:
+    graph, consts, _ = qlinearconv((1, 4, 6, 6), 8, 3, {}, "u8", False)
+    asym = Graph(
+        name=graph.name,
+        opset=13,
+        nodes=graph.nodes,
+        inputs=graph.inputs,
+        outputs=graph.outputs,
+        constants={**consts, "w_zp": np.array(3, np.int8)},
+        shapes=graph.shapes,
+    )
+    with pytest.raises(UnsupportedNode, match="zero point 0"):
+        anchor_of(asym, asym.nodes[0])
+    anchor = anchor_of(graph, graph.nodes[0])
+    with pytest.raises(InputError, match="qparams clamp"):
+        family("qconv2d").task_key(anchor, {"bias": 1, "relu": 1}, Layout.NHWC)
+    grouped, _, _ = qlinearconv((1, 4, 6, 6), 8, 3, {"group": 2}, "u8", False)
+    with pytest.raises(UnsupportedNode, match="group 2"):
+        anchor_of(grouped, grouped.nodes[0])
+
+
+# --- the nests, per dot route ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target", ["x86-avx512-vnni", "x86-avx512", "arm-a76-dotprod", "arm-a72-neon", "riscv64-gcv"]
+)
+@pytest.mark.parametrize("key", [CONV[0], CONV[1], DEPTHWISE[1]])
+def test_the_nests_equal_the_reference_in_the_interpreter(key: str, target: str) -> None:
+    """The padded image (zero point, flip, channel rounding), the packed taps, the tails and the epilogue,
+    per route, default and random configs, without LLVM."""
+    wl = parse_workload(key)
+    template = template_for(wl, get_target(target))
+    inputs = random_inputs(wl, seed=1)
+    expected = wl.reference(inputs)
+    rng = random.Random(key + target)
+    for config in [template.default_config(), template.space.config(rng.randrange(template.space.size))]:
+        out = np.zeros(expected.shape, expected.dtype)
+        run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
+        assert np.array_equal(out, expected), (target, config.values)
+
+
+@pytest.mark.parametrize("key", [CONV[1], DEPTHWISE[0]])
+def test_features_describe_every_config(key: str) -> None:
+    template = template_for(parse_workload(key), get_target("riscv64-gcv"))
+    rows = featurize(template, range(0, template.space.size, 5))
+    assert rows.shape[0] == len(range(0, template.space.size, 5)) and np.isfinite(rows).all()
+
+
+# --- the kernels ---------------------------------------------------------------------------------------
+
+
+def measure_some(board: str, key: str, pool: CompilePool, target: str | None = None, extra: int = 2) -> None:
+    """The default config and `extra` random ones: every one must equal the reference exactly."""
+    measurer = Measurer(get_board(board, target=target), parse_workload(key), FAST, pool)
+    space = measurer.template.space
+    rng = random.Random(key)
+    indices = [measurer.template.default_config().index] + [rng.randrange(space.size) for _ in range(extra)]
+    try:
+        results = measurer.measure(indices)
+    finally:
+        measurer.close()
+    for index, result in zip(indices, results, strict=True):
+        assert result.status is MeasureStatus.OK, (board, key, space.config(index).values, result.error)
+
+
+@pytest.mark.parametrize("target", ["x86-avx512-vnni", "x86-avx2"])
+@pytest.mark.parametrize("key", [CONV[0], CONV[1], CONV[3], DEPTHWISE[1], DEPTHWISE[2]])
+def test_kernels_are_exact_on_the_local_board(key: str, target: str, compile_pool: CompilePool) -> None:
+    why = host_cannot_run(get_target(target))
+    if why is not None:
+        pytest.skip(why)
+    measure_some("local", key, compile_pool, target)
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("board", ["qemu-aarch64", "qemu-aarch64-dotprod", "qemu-riscv64-v"])
+@pytest.mark.parametrize("key", [CONV[1], DEPTHWISE[1]])
+def test_kernels_are_exact_under_qemu(board: str, key: str, compile_pool: CompilePool) -> None:
+    if shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip("needs qemu-user")
+    measure_some(board, key, compile_pool, extra=1)
+
+
+def test_a_missing_zero_point_correction_is_a_wrong_answer(
+    compile_pool: CompilePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is exact and the bias slot's za' terms matter: the plain bias fails."""
+    wl = parse_workload(CONV[0])
+    template = type(template_for(wl, get_target("x86-avx512")))
+    packed = template.kernel_inputs
+    monkeypatch.setattr(
+        template,
+        "kernel_inputs",
+        lambda self, config, inputs: [*packed(self, config, inputs)[:2], *inputs[2:]],
+    )
+    measurer = Measurer(get_board("local"), wl, FAST, compile_pool)
+    try:
+        (result,) = measurer.measure([measurer.template.default_config().index])
+    finally:
+        measurer.close()
+    assert result.status is MeasureStatus.WRONG_ANSWER and "differ from the reference" in result.error
+
+
+OBJDUMP = {
+    "x86_64": "objdump",
+    "aarch64": "aarch64-linux-gnu-objdump",
+    "riscv64": "riscv64-linux-gnu-objdump",
+}
+# What each route must assemble to: the dot of qconv2d, the widening multiplies of qdepthwise.
+INSTRUCTIONS = {
+    ("qconv2d", "x86-avx512-vnni"): r"vpdpbusd\s+%zmm",
+    ("qconv2d", "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s",
+    ("qconv2d", "arm-a72-neon"): r"\bsadalp\s+v\d+\.4s, v\d+\.8h",
+    ("qdepthwise", "arm-a72-neon"): r"\b(smull|smlal|mul)\s+v\d+\.8h",
+    ("qdepthwise", "x86-avx512-vnni"): r"vpmullw",
+}
+
+
+@pytest.mark.parametrize(("op", "target"), list(INSTRUCTIONS))
+def test_each_route_assembles_its_instruction(op: str, target: str, tmp_path: Path) -> None:
+    t = get_target(target)
+    tool = shutil.which(OBJDUMP[t.arch])
+    if tool is None:
+        pytest.skip(f"needs {OBJDUMP[t.arch]}")
+    key = {"qconv2d": CONV[0], "qdepthwise": "qdepthwise:n=1,c=32,h=8,w=8,r=3,s=3,pad=1"}[op]
+    template = template_for(parse_workload(key), t)
+    obj = compile_object(lower([template.kernel(template.default_config(), "xt_kernel")]), t, ("xt_kernel",))
+    path = tmp_path / "kernel.o"
+    path.write_bytes(obj.data)
+    text = subprocess.run([tool, "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    assert re.search(INSTRUCTIONS[op, target], text), f"{op} on {target}: no {INSTRUCTIONS[op, target]}"
