@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object
 from xtune.codegen.lower import lower
 from xtune.errors import InputError, UnsupportedNode
-from xtune.graph import Graph, Node
+from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.layout import Layout
 from xtune.ops.qconv import QAnchor
 from xtune.ops.qmatmul import reference as ref
@@ -107,12 +108,12 @@ def test_workload_keys_and_their_refusals() -> None:
 
 
 def qlinearconv(
-    shape: tuple[int, int, int, int], k: int, rs: int, attrs: dict[str, object], a: str, per_channel: bool
+    shape: tuple[int, int, int, int], k: int, rs: int, attrs: dict[str, AttrValue], a: str, per_channel: bool
 ) -> tuple[Graph, dict[str, np.ndarray], np.ndarray]:
     """A one-node QLinearConv network: the Graph the families read, its constants, and an input."""
     rng = np.random.default_rng(sum(shape) + k + rs)
     n, c, h, w = shape
-    group = int(attrs.get("group", 1))  # type: ignore[call-overload]
+    group = int(attrs.get("group", 1))  # type: ignore[arg-type]
     lo, hi = ref.RANGES[a]
     act = ref.NUMPY_TYPES[a]
     channels = k if per_channel else 1
@@ -154,7 +155,8 @@ def ort_qlinearconv(graph: Graph, consts: dict[str, np.ndarray], x: np.ndarray) 
 
     node = graph.nodes[0]
     elem = TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT8
-    proto = helper.make_node("QLinearConv", list(node.inputs), ["y"], **node.attrs)
+    attrs: dict[str, Any] = dict(node.attrs)
+    proto = helper.make_node("QLinearConv", list(node.inputs), ["y"], **attrs)
     model = helper.make_model(
         helper.make_graph(
             [proto],
@@ -170,7 +172,8 @@ def ort_qlinearconv(graph: Graph, consts: dict[str, np.ndarray], x: np.ndarray) 
 
 # (input NCHW, filters, kernel size, attributes, activation, per channel): group 1 -> qconv2d,
 # group = channels -> qdepthwise.
-ORT_CASES = (
+Case = tuple[tuple[int, int, int, int], int, int, dict[str, AttrValue], str, bool]
+ORT_CASES: tuple[Case, ...] = (
     ((1, 5, 9, 8), 12, 3, {"pads": (1, 1, 1, 1)}, "u8", False),
     ((1, 8, 9, 10), 16, 3, {"strides": (2, 2), "pads": (0, 1, 1, 0)}, "s8", True),
     ((2, 16, 5, 6), 24, 1, {}, "u8", True),
@@ -181,7 +184,7 @@ ORT_CASES = (
 
 
 @pytest.mark.parametrize("case", ORT_CASES, ids=lambda case: f"{case[0]}-{case[1]}-{case[3]}-{case[4]}")
-def test_qlinearconv_maps_to_a_workload_whose_reference_equals_onnxruntime(case: tuple) -> None:  # type: ignore[type-arg]
+def test_qlinearconv_maps_to_a_workload_whose_reference_equals_onnxruntime(case: Case) -> None:
     graph, consts, x = qlinearconv(*case)
     anchor = anchor_of(graph, graph.nodes[0])
     assert isinstance(anchor, QAnchor)
