@@ -156,6 +156,13 @@ class PaddedImage:
         size = self.sh.n * rows * cols * self.depth
         return (Buffer("image", size, BufferKind.LOCAL, self.dtype),) if self.copied else ()
 
+    @property
+    def pixel_vector(self) -> int:
+        """Bytes per store of a pixel's copy: the widest power of two up to `vector` that divides c (a
+        partial vector is stored lane by lane), else the widest up to c, with one partial tail."""
+        sizes = [self.vector >> i for i in range(self.vector.bit_length()) if self.vector >> i <= self.sh.c]
+        return next((v for v in sizes if self.sh.c % v == 0 and v >= 4), sizes[0] if sizes else self.sh.c)
+
     def at(self, image: Affine, row: Affine, col: Affine) -> Affine:
         """The first byte of pixel (row, col) of the padded image `image`."""
         rows, cols = self.sh.padded if self.copied else (self.sh.h, self.sh.w)
@@ -177,12 +184,13 @@ class PaddedImage:
         with b.loop(sh.n, "zn") as image, b.loop(sh.h, "zy") as y, b.loop(sh.w, "zx") as x:
 
             def chunk(j: Affine, size: int) -> None:
-                value: Value = Load("input", ((image * sh.h + y) * sh.w + x) * sh.c + j, v, size % v)
+                p = self.pixel_vector
+                value: Value = Load("input", ((image * sh.h + y) * sh.w + x) * sh.c + j, p, size % p)
                 if self.act is not self.dtype:
-                    value = Cast(Binary(BinaryOp.XOR, value, Const(-128, v, DType.I8)), self.dtype)
-                b.store("image", self.at(image, y + sh.top, x + sh.left) + j, value, v, size % v)
+                    value = Cast(Binary(BinaryOp.XOR, value, Const(-128, p, DType.I8)), self.dtype)
+                b.store("image", self.at(image, y + sh.top, x + sh.left) + j, value, p, size % p)
 
-            b.split(sh.c, v, chunk, "zc")
+            b.split(sh.c, self.pixel_vector, chunk, "zc")
 
 
 def each_tap(

@@ -69,9 +69,10 @@ class QDepthwiseTemplate:
         return QDepthwiseSchedule(mr, nv * self.lanes, str(config["order"]), str(config["taps"]))
 
     def default_config(self) -> Config:
-        # Channel vectors enough for the layer's channels (at most 4), then the most pixels that fit.
         tiles = [parse_tile(t) for t in self.tiles()]
-        nv = min(-(-self.sh.c // self.lanes), max(v for _, v in tiles))
+        vectors = -(-self.sh.c // self.lanes)
+        # The widest channel tile that covers the channels in equal tiles, then the most pixels.
+        nv = max(v for _, v in tiles if vectors % v == 0 or v == vectors)
         mr = max(m for m, v in tiles if v == nv)
         values: dict[str, KnobValue] = {
             "tile": f"{mr}x{nv}",
@@ -111,11 +112,13 @@ class QDepthwiseTemplate:
         channels: tuple[Affine, int],
     ) -> None:
         """Pixels x0.. of output row y, channels ch0..ch0+count: every tap's widening multiply-adds."""
-        sh, width = self.sh, s.width
+        sh = self.sh
         n, y, x0, rows = pixels
         ch0, count = channels
+        # A tail tile of whole vectors is a narrower tile, not a masked one (masked lanes go one by one).
+        width = -(-count // self.lanes) * self.lanes
         valid = count % width
-        acc = [b.register(f"acc_{r}", width, DType.I32) for r in range(rows)]
+        acc = [b.register(f"acc_{r}_{width}", width, DType.I32) for r in range(rows)]
         for reg in acc:
             b.assign(reg, Const(0, width, DType.I32))
 
