@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,8 @@ import numpy as np
 import pytest
 
 from tests.nest_interp import run_kernel
+from tests.test_qmatmul import FAST, disassemble, measure_some
 from xtune.boards.board import get_board
-from xtune.codegen.compile import compile_object
-from xtune.codegen.lower import lower
 from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.layout import Layout
@@ -28,9 +26,8 @@ from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
 from xtune.target import get_target, host_cannot_run
 from xtune.tuning.features import featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
+from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
 
-FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
 # c not a multiple of 4, strides 1 and 2, asymmetric pads, 1x1, dilation, both activation types, per
 # tensor and per channel, both requantizations.
 CONV = (
@@ -250,20 +247,6 @@ def test_features_describe_every_config(key: str) -> None:
 # --- the kernels ---------------------------------------------------------------------------------------
 
 
-def measure_some(board: str, key: str, pool: CompilePool, target: str | None = None, extra: int = 2) -> None:
-    """The default config and `extra` random ones: every one must equal the reference exactly."""
-    measurer = Measurer(get_board(board, target=target), parse_workload(key), FAST, pool)
-    space = measurer.template.space
-    rng = random.Random(key)
-    indices = [measurer.template.default_config().index] + [rng.randrange(space.size) for _ in range(extra)]
-    try:
-        results = measurer.measure(indices)
-    finally:
-        measurer.close()
-    for index, result in zip(indices, results, strict=True):
-        assert result.status is MeasureStatus.OK, (board, key, space.config(index).values, result.error)
-
-
 @pytest.mark.parametrize("target", ["x86-avx512-vnni", "x86-avx2"])
 @pytest.mark.parametrize("key", [CONV[0], CONV[1], CONV[3], DEPTHWISE[1], DEPTHWISE[2]])
 def test_kernels_are_exact_on_the_local_board(key: str, target: str, compile_pool: CompilePool) -> None:
@@ -302,11 +285,6 @@ def test_a_missing_zero_point_correction_is_a_wrong_answer(
     assert result.status is MeasureStatus.WRONG_ANSWER and "differ from the reference" in result.error
 
 
-OBJDUMP = {
-    "x86_64": "objdump",
-    "aarch64": "aarch64-linux-gnu-objdump",
-    "riscv64": "riscv64-linux-gnu-objdump",
-}
 # What each route must assemble to: the dot of qconv2d, the widening multiplies of qdepthwise.
 INSTRUCTIONS = {
     ("qconv2d", "x86-avx512-vnni"): r"vpdpbusd\s+%zmm",
@@ -319,14 +297,6 @@ INSTRUCTIONS = {
 
 @pytest.mark.parametrize(("op", "target"), list(INSTRUCTIONS))
 def test_each_route_assembles_its_instruction(op: str, target: str, tmp_path: Path) -> None:
-    t = get_target(target)
-    tool = shutil.which(OBJDUMP[t.arch])
-    if tool is None:
-        pytest.skip(f"needs {OBJDUMP[t.arch]}")
     key = {"qconv2d": CONV[0], "qdepthwise": "qdepthwise:n=1,c=32,h=8,w=8,r=3,s=3,pad=1"}[op]
-    template = template_for(parse_workload(key), t)
-    obj = compile_object(lower([template.kernel(template.default_config(), "xt_kernel")]), t, ("xt_kernel",))
-    path = tmp_path / "kernel.o"
-    path.write_bytes(obj.data)
-    text = subprocess.run([tool, "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    text = disassemble(key, target, tmp_path)
     assert re.search(INSTRUCTIONS[op, target], text), f"{op} on {target}: no {INSTRUCTIONS[op, target]}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -30,9 +30,17 @@ from xtune.ops.conv import (
     validate_window,
     windows,
 )
+from xtune.ops.layout import Layout
 from xtune.ops.qmatmul import reference as qref
-from xtune.ops.qmatmul.operator import QMATMUL_MAX_K, QUANT_DEFAULTS, QUANT_KEYS, requant_of, validate_quant
-from xtune.ops.workload import ParamValue, Workload
+from xtune.ops.qmatmul.operator import (
+    QMATMUL_MAX_K,
+    QUANT_DEFAULTS,
+    QUANT_KEYS,
+    QUANT_WORDS,
+    requant_of,
+    validate_quant,
+)
+from xtune.ops.workload import Inits, ParamValue, Workload
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -48,24 +56,33 @@ from xtune.schedule.loopnest import (
     Value,
 )
 
+if TYPE_CHECKING:
+    import onnx
+
 # The keys of both families after their sizes: the window, then the quantization (qmatmul's).
 WINDOW_KEYS = ("stride", "pad", *SIDES, "dilation")
 WINDOW_DEFAULTS: dict[str, ParamValue] = {"stride": 1, "pad": 0, **SIDE_DEFAULTS, "dilation": 1}
 OPTIONAL = frozenset((*SIDES, "dilation", *QUANT_KEYS))
 
 
-class QConvKeys:
-    """The workload grammar both families share; `sizes` names the family's own size keys."""
+class QConvOperator:
+    """What both int8 convolution families share: the workload grammar after their own `sizes` (the
+    window, the quantization), validation, the exact reference, and the QLinearConv mapping (`depthwise`
+    picks which nodes are the family's)."""
 
     name: ClassVar[str]
     sizes: ClassVar[tuple[str, ...]]
+    depthwise: ClassVar[bool]
     defaults: ClassVar[dict[str, ParamValue]] = {**WINDOW_DEFAULTS, **QUANT_DEFAULTS}
     optional: ClassVar[frozenset[str]] = OPTIONAL
+    words: ClassVar[dict[str, tuple[str, ...]]] = QUANT_WORDS
+    onnx_ops: ClassVar[tuple[str, ...]] = ("QLinearConv",)
+    layouts: ClassVar[frozenset[Layout]] = frozenset((Layout.NHWC,))
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         validate_window(self.name, params, self.sizes)
         validate_quant(self.name, params)
-        taps = int(params["r"]) * int(params["s"]) * (int(params["c"]) if "k" in params else 1)
+        taps = int(params["r"]) * int(params["s"]) * (1 if self.depthwise else int(params["c"]))
         if taps > QMATMUL_MAX_K:
             raise InputError(
                 f"{self.name}: r*s*c is {taps}, more than the {QMATMUL_MAX_K} products an int32 "
@@ -74,6 +91,19 @@ class QConvKeys:
 
     def canonical(self, params: dict[str, ParamValue]) -> dict[str, ParamValue]:
         return canonical_pads(params)
+
+    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+        return reference(wl, inputs, self.depthwise)
+
+    def anchor(self, graph: Graph, node: Node) -> Anchor | None:
+        return read_qlinearconv(graph, node, self.depthwise)
+
+    def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
+        """Always NHWC (the key has no layout): the int8 network runs in NHWC (`task_key` below)."""
+        return task_key(anchor, switches)
+
+    def onnx_nodes(self, wl: Workload, x: str, out: str, inits: Inits) -> list[onnx.NodeProto]:
+        raise InputError(f"{self.name}: no ONNX model is written for it (bench_int8.py writes its own)")
 
 
 def qconv_shape(wl: Workload) -> ConvShape:

@@ -14,28 +14,21 @@ tensor or per output channel), qparams [x_zero_point, y_zero_point, lo, hi] int3
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from xtune.errors import InputError
-from xtune.graph import Graph, Node
-from xtune.ops.anchor import Anchor
 from xtune.ops.featurize import FeatureSet
-from xtune.ops.layout import Layout
-from xtune.ops.qconv import WINDOW_KEYS, QConvKeys, qconv_shape, read_qlinearconv, reference, sample, task_key
+from xtune.ops.qconv import WINDOW_KEYS, QConvOperator, qconv_shape, sample
 from xtune.ops.qconv2d.features import FEATURES
 from xtune.ops.qconv2d.template import QConv2dTemplate
-from xtune.ops.qmatmul.operator import QTYPES, QUANT_KEYS, QUANT_WORDS, output_dtype, quant_tensors
+from xtune.ops.qmatmul.operator import QTYPES, QUANT_KEYS, output_dtype, quant_tensors
 from xtune.ops.template import ScheduleTemplate
-from xtune.ops.workload import Inits, ParamValue, TensorSpec, Workload
+from xtune.ops.workload import TensorSpec, Workload
 from xtune.target import Target
 
-if TYPE_CHECKING:
-    import onnx
 
-
-class QConv2d(QConvKeys):
+class QConv2d(QConvOperator):
     """Quantized output[n, y, x, k] = requantize(sum_{i,j,c} (input[n, y*stride + i*dil - top,
     x*stride + j*dil - left, c] - za) * weights[i, j, c, k] + bias[k]), the input padded with za: NHWC
     input (n, h, w, c) of type `a`, int8 HWIO weights (r, s, c, k) (symmetric: zero point 0), int32
@@ -45,7 +38,7 @@ class QConv2d(QConvKeys):
     name: ClassVar[str] = "qconv2d"
     sizes: ClassVar[tuple[str, ...]] = ("n", "c", "h", "w", "k", "r", "s")
     keys: ClassVar[tuple[str, ...]] = (*sizes, *WINDOW_KEYS, *QUANT_KEYS)
-    words: ClassVar[dict[str, tuple[str, ...]]] = QUANT_WORDS
+    depthwise: ClassVar[bool] = False
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = qconv_shape(wl)
@@ -57,9 +50,6 @@ class QConv2d(QConvKeys):
             TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True, dtype=output_dtype(wl)),
         )
 
-    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return reference(wl, inputs, depthwise=False)
-
     def sample(self, wl: Workload, rng: np.random.Generator) -> list[np.ndarray]:
         sh = qconv_shape(wl)
         return sample(wl, rng, (sh.r, sh.s, sh.c, sh.k))
@@ -68,8 +58,6 @@ class QConv2d(QConvKeys):
         sh = qconv_shape(wl)
         return 2 * sh.n * sh.oh * sh.ow * sh.k * sh.r * sh.s * sh.c
 
-    onnx_ops: ClassVar[tuple[str, ...]] = ("QLinearConv",)
-    layouts: ClassVar[frozenset[Layout]] = frozenset((Layout.NHWC,))
     feature_sets: ClassVar[tuple[FeatureSet, ...]] = (FEATURES,)
 
     def template(self, wl: Workload, target: Target) -> ScheduleTemplate:
@@ -78,18 +66,6 @@ class QConv2d(QConvKeys):
     def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
         return FEATURES, template
 
-    def anchor(self, graph: Graph, node: Node) -> Anchor | None:
-        return read_qlinearconv(graph, node, depthwise=False)
-
-    def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
-        """Always NHWC (the key has no layout): the int8 network runs in NHWC."""
-        return task_key(anchor, switches)
-
     def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
         """ONNX's OIHW int8 weights as the workload's (r, s, c, k)."""
         return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))
-
-    def onnx_nodes(self, wl: Workload, x: str, out: str, inits: Inits) -> list[onnx.NodeProto]:
-        raise InputError(
-            f"{self.name}: no ONNX model is written for it (benchmarks/bench_int8.py runs its peer)"
-        )

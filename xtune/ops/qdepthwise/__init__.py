@@ -13,28 +13,21 @@ into (r, s, c), TFLite's depthwise filter (1, r, s, c) reshaped.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from xtune.errors import InputError
-from xtune.graph import Graph, Node
-from xtune.ops.anchor import Anchor
 from xtune.ops.featurize import FeatureSet
-from xtune.ops.layout import Layout
-from xtune.ops.qconv import WINDOW_KEYS, QConvKeys, qconv_shape, read_qlinearconv, reference, sample, task_key
+from xtune.ops.qconv import WINDOW_KEYS, QConvOperator, qconv_shape, sample
 from xtune.ops.qdepthwise.features import FEATURES
 from xtune.ops.qdepthwise.template import QDepthwiseTemplate
-from xtune.ops.qmatmul.operator import QTYPES, QUANT_KEYS, QUANT_WORDS, output_dtype, quant_tensors
+from xtune.ops.qmatmul.operator import QTYPES, QUANT_KEYS, output_dtype, quant_tensors
 from xtune.ops.template import ScheduleTemplate
-from xtune.ops.workload import Inits, ParamValue, TensorSpec, Workload
+from xtune.ops.workload import TensorSpec, Workload
 from xtune.target import Target
 
-if TYPE_CHECKING:
-    import onnx
 
-
-class QDepthwise(QConvKeys):
+class QDepthwise(QConvOperator):
     """Quantized output[n, y, x, c] = requantize(sum_{i,j} (input[n, y*stride + i*dil - top,
     x*stride + j*dil - left, c] - za) * weights[i, j, c] + bias[c]), the input padded with za: NHWC input
     (n, h, w, c) of type `a`, int8 weights (r, s, c) (symmetric), int32 bias (c,), the scales of
@@ -43,7 +36,7 @@ class QDepthwise(QConvKeys):
     name: ClassVar[str] = "qdepthwise"
     sizes: ClassVar[tuple[str, ...]] = ("n", "c", "h", "w", "r", "s")
     keys: ClassVar[tuple[str, ...]] = (*sizes, *WINDOW_KEYS, *QUANT_KEYS)
-    words: ClassVar[dict[str, tuple[str, ...]]] = QUANT_WORDS
+    depthwise: ClassVar[bool] = True
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = qconv_shape(wl)
@@ -55,9 +48,6 @@ class QDepthwise(QConvKeys):
             TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.c), is_output=True, dtype=output_dtype(wl)),
         )
 
-    def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return reference(wl, inputs, depthwise=True)
-
     def sample(self, wl: Workload, rng: np.random.Generator) -> list[np.ndarray]:
         sh = qconv_shape(wl)
         return sample(wl, rng, (sh.r, sh.s, sh.c))
@@ -66,8 +56,6 @@ class QDepthwise(QConvKeys):
         sh = qconv_shape(wl)
         return 2 * sh.n * sh.oh * sh.ow * sh.c * sh.r * sh.s
 
-    onnx_ops: ClassVar[tuple[str, ...]] = ("QLinearConv",)
-    layouts: ClassVar[frozenset[Layout]] = frozenset((Layout.NHWC,))
     feature_sets: ClassVar[tuple[FeatureSet, ...]] = (FEATURES,)
 
     def template(self, wl: Workload, target: Target) -> ScheduleTemplate:
@@ -76,18 +64,6 @@ class QDepthwise(QConvKeys):
     def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
         return FEATURES, template
 
-    def anchor(self, graph: Graph, node: Node) -> Anchor | None:
-        return read_qlinearconv(graph, node, depthwise=True)
-
-    def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
-        """Always NHWC (the key has no layout): the int8 network runs in NHWC."""
-        return task_key(anchor, switches)
-
     def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
         """ONNX's (c, 1, r, s) int8 weights as the workload's (r, s, c)."""
         return np.ascontiguousarray(weights[:, 0].transpose(1, 2, 0))
-
-    def onnx_nodes(self, wl: Workload, x: str, out: str, inits: Inits) -> list[onnx.NodeProto]:
-        raise InputError(
-            f"{self.name}: no ONNX model is written for it (benchmarks/bench_int8.py has its peer)"
-        )
