@@ -3,7 +3,7 @@ qmatmul's requantizing epilogue out. Each output channel reduces over its own r*
 no 4-byte dot: channels are the vector lanes (NHWC), bytes of the image and the weights widened to i16,
 multiplied in i16 (exact: |u8 * s8| <= 255 * 128 = 32640 and |s8 * s8| <= 2^14 fit), the products
 widened into i32 accumulators (on AArch64 sxtl/uxtl + mul + saddw, on x86 pmovsx/zx + pmullw + pmovsxwd
-+ paddd, on RVV vwmul-style widening by LLVM's legalization).
++ paddd, on RVV vwmul.vv + vwadd.wv).
 
 The input is read from its padded image (xtune/ops/qconv.py, `PaddedImage`: za around it, never
 flipped), and the bias slot carries bias - za * (each channel's weight sum), so the kernel adds plain
