@@ -21,6 +21,7 @@ from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.layout import Layout
 from xtune.ops.qconv import QAnchor
+from xtune.ops.qconv2d.template import QConv2dTemplate
 from xtune.ops.qmatmul import reference as ref
 from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
@@ -29,12 +30,13 @@ from xtune.tuning.features import featurize
 from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
 
 # c not a multiple of 4, strides 1 and 2, asymmetric pads, 1x1, dilation, both activation types, per
-# tensor and per channel, both requantizations.
+# tensor and per channel, both requantizations; the last two fold their s taps into the channels.
 CONV = (
     "qconv2d:n=1,c=5,h=7,w=6,k=9,r=3,s=3,pad=1",
     "qconv2d:n=2,c=8,h=7,w=8,k=20,r=3,s=3,stride=2,pad=0,pad_bottom=1,pad_right=1,a=u8,requant=tflite,perchannel=1",
     "qconv2d:n=1,c=16,h=4,w=5,k=24,r=1,s=1,a=u8,perchannel=1",
-    "qconv2d:n=1,c=3,h=8,w=8,k=6,r=3,s=3,pad=2,dilation=2,requant=none",
+    "qconv2d:n=1,c=2,h=8,w=8,k=6,r=3,s=3,pad=2,dilation=2,requant=none",
+    "qconv2d:n=2,c=1,h=13,w=10,k=9,r=5,s=4,stride=2,pad=2,pad_left=1,pad_bottom=3,a=u8,perchannel=1",
 )
 DEPTHWISE = (
     "qdepthwise:n=1,c=5,h=6,w=7,r=3,s=3,pad=1",
@@ -76,6 +78,16 @@ def test_the_reference_equals_a_direct_loop(key: str) -> None:
     if wl.value("requant") != "none":
         lo, hi = ref.RANGES[str(wl.value("a"))]
         assert ((got == lo) | (got == hi)).any() and ((got > lo) & (got < hi)).any()
+
+
+def test_few_channels_fold_the_filter_row_into_the_dot_groups() -> None:
+    """A 1-channel 10x4 stem reads r groups of 4 taps, not r*s groups of one byte and three of za'."""
+    stem = QConv2dTemplate(parse_workload(CONV[4]), get_target("arm-a76-dotprod"))
+    assert stem.folded and stem.groups == 5
+    rgb = QConv2dTemplate(
+        parse_workload("qconv2d:n=1,c=3,h=8,w=8,k=8,r=3,s=3"), get_target("arm-a76-dotprod")
+    )
+    assert not rgb.folded and rgb.groups == 9  # 3 x 3 taps of 4 bytes either way: nothing to gain
 
 
 def test_workload_keys_and_their_refusals() -> None:
@@ -222,7 +234,7 @@ def test_qlinearconv_refusals() -> None:
 @pytest.mark.parametrize(
     "target", ["x86-avx512-vnni", "x86-avx512", "arm-a76-dotprod", "arm-a72-neon", "riscv64-gcv"]
 )
-@pytest.mark.parametrize("key", [CONV[0], CONV[1], DEPTHWISE[1]])
+@pytest.mark.parametrize("key", [CONV[0], CONV[1], CONV[4], DEPTHWISE[1]])
 def test_the_nests_equal_the_reference_in_the_interpreter(key: str, target: str) -> None:
     """The padded image (zero point, flip, channel rounding), the packed taps, the tails and the epilogue,
     per route, default and random configs, without LLVM."""
@@ -248,7 +260,7 @@ def test_features_describe_every_config(key: str) -> None:
 
 
 @pytest.mark.parametrize("target", ["x86-avx512-vnni", "x86-avx2"])
-@pytest.mark.parametrize("key", [CONV[0], CONV[1], CONV[3], DEPTHWISE[1], DEPTHWISE[2]])
+@pytest.mark.parametrize("key", [CONV[0], CONV[1], CONV[3], CONV[4], DEPTHWISE[1], DEPTHWISE[2]])
 def test_kernels_are_exact_on_the_local_board(key: str, target: str, compile_pool: CompilePool) -> None:
     why = host_cannot_run(get_target(target))
     if why is not None:
@@ -258,7 +270,7 @@ def test_kernels_are_exact_on_the_local_board(key: str, target: str, compile_poo
 
 @pytest.mark.board
 @pytest.mark.parametrize("board", ["qemu-aarch64", "qemu-aarch64-dotprod", "qemu-riscv64-v"])
-@pytest.mark.parametrize("key", [CONV[1], DEPTHWISE[1]])
+@pytest.mark.parametrize("key", [CONV[1], CONV[4], DEPTHWISE[1]])
 def test_kernels_are_exact_under_qemu(board: str, key: str, compile_pool: CompilePool) -> None:
     if shutil.which(get_board(board).target.qemu_binary) is None:
         pytest.skip("needs qemu-user")

@@ -168,13 +168,17 @@ class PaddedImage:
     sh: ConvShape
     act: DType  # the input's type
     dtype: DType  # the type the kernel reads (the input's, or its flip)
-    depth: int  # channels per pixel of the copy: c, or c rounded up to a multiple of 4
+    depth: int  # bytes per pixel of the copy: c (or s*c when `folded`), rounded up to a multiple of 4
     vector: int  # bytes per copy store
+    # Each pixel holds the c bytes of the s pixels its filter row reads from it (dilation apart): the
+    # window's s taps become one tap of s*c channels, so few channels (a 1-channel stem) fill whole dot
+    # groups instead of one byte of each.
+    folded: bool = False
 
     @property
     def copied(self) -> bool:
         sh = self.sh
-        return self.act is not self.dtype or self.depth != sh.c or sh.padded != (sh.h, sh.w)
+        return self.folded or self.act is not self.dtype or self.depth != sh.c or sh.padded != (sh.h, sh.w)
 
     @property
     def name(self) -> str:
@@ -211,28 +215,39 @@ class PaddedImage:
         b.split(
             sh.n * rows * cols * self.depth, v, lambda i, size: b.store("image", i, fill, v, size % v), "zf"
         )
-        with b.loop(sh.n, "zn") as image, b.loop(sh.h, "zy") as y, b.loop(sh.w, "zx") as x:
+        for tap in range(sh.s if self.folded else 1):
+            # Input column x lands at padded column x + left - tap*dilation of the tap's slot: the columns
+            # from `first` on, where that is not left of the image.
+            first = max(0, tap * sh.dilation - sh.left) if self.folded else 0
+            with b.loop(sh.n, "zn") as image, b.loop(sh.h, "zy") as y, b.loop(sh.w - first, "zx") as x:
+                source = ((image * sh.h + y) * sh.w + x + first) * sh.c
+                place = self.at(image, y + sh.top, x + (first + sh.left - tap * sh.dilation)) + tap * sh.c
+                self.copy_pixel(b, source, place)
 
-            def chunk(j: Affine, size: int) -> None:
-                p = self.pixel_vector
-                value: Value = Load("input", ((image * sh.h + y) * sh.w + x) * sh.c + j, p, size % p)
-                if self.act is not self.dtype:
-                    value = Cast(Binary(BinaryOp.XOR, value, Const(-128, p, DType.I8)), self.dtype)
-                b.store("image", self.at(image, y + sh.top, x + sh.left) + j, value, p, size % p)
+    def copy_pixel(self, b: NestBuilder, source: Affine, place: Affine) -> None:
+        """An input pixel's c bytes (flipped to the image's type) from input[source] to image[place]."""
 
-            b.split(sh.c, self.pixel_vector, chunk, "zc")
+        def chunk(j: Affine, size: int) -> None:
+            p = self.pixel_vector
+            value: Value = Load("input", source + j, p, size % p)
+            if self.act is not self.dtype:
+                value = Cast(Binary(BinaryOp.XOR, value, Const(-128, p, DType.I8)), self.dtype)
+            b.store("image", place + j, value, p, size % p)
+
+        b.split(self.sh.c, self.pixel_vector, chunk, "zc")
 
 
 def each_tap(
-    b: NestBuilder, sh: ConvShape, unrolled: bool, tap: Callable[[Affine, Affine | int], None]
+    b: NestBuilder, taps: tuple[int, int], unrolled: bool, tap: Callable[[Affine, Affine | int], None]
 ) -> None:
-    """tap(i, j) for every filter tap (i, j): i a loop, j a loop or (`unrolled`) each column in turn."""
-    with b.loop(sh.r, "ti") as i:
+    """tap(i, j) for every tap (i, j) of `taps` (rows, columns): i a loop, j a loop or (`unrolled`) each
+    column in turn."""
+    with b.loop(taps[0], "ti") as i:
         if unrolled:
-            for col in range(sh.s):
+            for col in range(taps[1]):
                 tap(i, col)
         else:
-            with b.loop(sh.s, "tj") as j:
+            with b.loop(taps[1], "tj") as j:
                 tap(i, j)
 
 

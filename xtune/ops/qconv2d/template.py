@@ -4,7 +4,8 @@ the reduction over (r, s, channel group) in 4-byte dot groups, the requantizing 
 
 The input is read from its padded image (xtune/ops/qconv.py, `PaddedImage`): channels rounded up to a
 multiple of 4 (za' in the extra bytes, zero weights against them), so every dot group is 4 bytes of
-one tap. The weights (r, s, c, k) are passed prepacked as qmatmul's B of k = r*s*c4 rows (zero rows for
+one tap; with few channels (c*s bytes in fewer groups than s rounded taps) each image pixel holds its
+filter row's s pixels (`folded`), and the window is r taps of s*c channels. The weights (r, s, c, k) are passed prepacked as qmatmul's B of k = r*s*c4 rows (zero rows for
 the extra channels), and the bias slot carries bias - za' * (the sum of each filter's weights): the
 padding's za' and the flipped activations then add exactly sum (x - za) * w.
 Knobs: the register tile (mr pixels x nv vectors of output channels), `nc` (a block of output
@@ -68,7 +69,12 @@ class QConv2dTemplate:
         self.act = ACT_DTYPE[str(workload.value("a"))]
         self.plan = DotPlan.of(target, self.act)
         self.lanes = target.fp32_lanes
-        self.depth = -(-self.sh.c // 4) * 4  # channels per pixel of the image: whole dot groups
+        sh = self.sh
+        # The s taps folded into a pixel's channels where that takes fewer dot groups (`PaddedImage`).
+        self.folded = sh.s > 1 and -(-sh.s * sh.c // 4) < sh.s * -(-sh.c // 4)
+        self.columns = 1 if self.folded else sh.s  # tap columns the kernel loops over
+        # Bytes per pixel of the image: its channels (s*c when folded) in whole dot groups.
+        self.depth = -(-(sh.c * (sh.s if self.folded else 1)) // 4) * 4
         self.space = ConfigSpace(
             (
                 Knob("tile", KnobKind.CHOICE, register_tiles(self.plan, target)),
@@ -84,11 +90,18 @@ class QConv2dTemplate:
 
     @property
     def groups(self) -> int:
-        """4-byte groups per filter: r * s * depth / 4."""
-        return self.sh.r * self.sh.s * self.depth // 4
+        """4-byte groups per filter: r * columns * depth / 4."""
+        return self.sh.r * self.columns * self.depth // 4
 
     def image(self, lanes: int) -> PaddedImage:
-        return PaddedImage(sh=self.sh, act=self.act, dtype=self.plan.act, depth=self.depth, vector=4 * lanes)
+        return PaddedImage(
+            sh=self.sh,
+            act=self.act,
+            dtype=self.plan.act,
+            depth=self.depth,
+            vector=4 * lanes,
+            folded=self.folded,
+        )
 
     def schedule(self, config: Config) -> QConvSchedule:
         mr, nv = parse_tile(str(config["tile"]))
@@ -138,8 +151,11 @@ class QConv2dTemplate:
         s, out, sh = self.schedule(config), list(inputs), self.sh
         w = np.asarray(out[1], np.int8)
         za = self.plan.zero_point(self.act, int(out[-1][0]))  # qparams = [za, zy, lo, hi], the last input
-        rows = np.zeros((sh.r, sh.s, self.depth, sh.k), np.int8)
-        rows[:, :, : sh.c] = w
+        rows = np.zeros((sh.r, self.columns, self.depth, sh.k), np.int8)
+        if self.folded:  # (r, s, c, k) -> (r, 1, s*c, k): the image's tap-major channels
+            rows[:, 0, : sh.s * sh.c] = w.reshape(sh.r, sh.s * sh.c, sh.k)
+        else:
+            rows[:, :, : sh.c] = w
         out[1] = pack_weights(rows.reshape(-1, sh.k), s.nr)
         out[2] = wrap32(out[2].astype(np.int64) - za * w.astype(np.int64).reshape(-1, sh.k).sum(axis=0))
         return out
@@ -204,7 +220,7 @@ class _Emitter:
         name = self.image.name
 
         def tap(i: Affine, j: Affine | int) -> None:
-            first = (i * sh.s + j) * per_tap
+            first = (i * self.t.columns + j) * per_tap
             row = y * sh.stride + i * sh.dilation
 
             def group(r: int, g: Affine | int, count: int) -> Load:
@@ -213,5 +229,5 @@ class _Emitter:
 
             tile.reduce(per_tap, first, group)
 
-        each_tap(b, sh, s.taps == "unroll", tap)
+        each_tap(b, (sh.r, self.t.columns), s.taps == "unroll", tap)
         tile.store(self.requant, "output", lambda r: ((image * sh.oh + y) * sh.ow + x0 + r) * sh.k)

@@ -131,7 +131,7 @@ class QDepthwiseTemplate:
                 product = Cast(Binary(BinaryOp.MUL, x, w), DType.I32)
                 b.assign(acc[r], Binary(BinaryOp.ADD, acc[r], product))
 
-        each_tap(b, sh, s.taps == "unroll", tap)
+        each_tap(b, (sh.r, sh.s), s.taps == "unroll", tap)
         requant = Requantizer.of(self.workload, width)
         for r in range(rows):
             total = Binary(BinaryOp.ADD, acc[r], Load("bias", ch0, width, valid))
