@@ -34,7 +34,7 @@ from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
 CONV = (
     "qconv2d:n=1,c=5,h=7,w=6,k=9,r=3,s=3,pad=1",
     "qconv2d:n=2,c=8,h=7,w=8,k=20,r=3,s=3,stride=2,pad=0,pad_bottom=1,pad_right=1,a=u8,requant=tflite,perchannel=1",
-    "qconv2d:n=1,c=16,h=4,w=5,k=24,r=1,s=1,a=u8,perchannel=1",
+    "qconv2d:n=1,c=16,h=4,w=5,k=24,r=1,s=1,a=u8,perchannel=1",  # read in place where u8 needs no flip
     "qconv2d:n=1,c=2,h=8,w=8,k=6,r=3,s=3,pad=2,dilation=2,requant=none",
     "qconv2d:n=2,c=1,h=13,w=10,k=9,r=5,s=4,stride=2,pad=2,pad_left=1,pad_bottom=3,a=u8,perchannel=1",
 )
@@ -42,6 +42,7 @@ DEPTHWISE = (
     "qdepthwise:n=1,c=5,h=6,w=7,r=3,s=3,pad=1",
     "qdepthwise:n=2,c=40,h=7,w=6,r=3,s=3,stride=2,pad=1,pad_bottom=0,a=u8,requant=tflite,perchannel=1",
     "qdepthwise:n=1,c=16,h=9,w=5,r=5,s=5,pad=2,a=u8,perchannel=1",
+    "qdepthwise:n=1,c=24,h=7,w=6,r=3,s=3,stride=2",  # nothing to pad: the input read in place
 )
 
 
@@ -88,6 +89,13 @@ def test_few_channels_fold_the_filter_row_into_the_dot_groups() -> None:
         parse_workload("qconv2d:n=1,c=3,h=8,w=8,k=8,r=3,s=3"), get_target("arm-a76-dotprod")
     )
     assert not rgb.folded and rgb.groups == 9  # 3 x 3 taps of 4 bytes either way: nothing to gain
+
+
+def test_the_image_is_copied_only_to_pad_round_or_flip() -> None:
+    vnni, a72 = get_target("x86-avx512-vnni"), get_target("arm-a72-neon")
+    assert not QConv2dTemplate(parse_workload(CONV[2]), vnni).image(16).copied  # u8 as vpdpbusd takes it
+    assert QConv2dTemplate(parse_workload(CONV[2]), a72).image(4).copied  # u8 flipped to s8 for smull
+    assert QConv2dTemplate(parse_workload(CONV[0]), vnni).image(16).copied  # padded, c=5 rounded to 8
 
 
 def test_workload_keys_and_their_refusals() -> None:
@@ -260,7 +268,7 @@ def test_features_describe_every_config(key: str) -> None:
 
 
 @pytest.mark.parametrize("target", ["x86-avx512-vnni", "x86-avx2"])
-@pytest.mark.parametrize("key", [CONV[0], CONV[1], CONV[3], CONV[4], DEPTHWISE[1], DEPTHWISE[2]])
+@pytest.mark.parametrize("key", [*CONV, DEPTHWISE[1], DEPTHWISE[2], DEPTHWISE[3]])
 def test_kernels_are_exact_on_the_local_board(key: str, target: str, compile_pool: CompilePool) -> None:
     why = host_cannot_run(get_target(target))
     if why is not None:
