@@ -32,8 +32,7 @@ def qdepthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndar
     mr, nv = configs.tiles()
     width = nv * template.lanes
     ones = np.ones(len(mr))
-    rows, cols = sh.padded
-    cols_ = [
+    cols = [
         ones * np.log2(sh.n * sh.oh * sh.ow),
         ones * np.log2(sh.c),
         ones * np.log2(sh.r * sh.s),
@@ -46,10 +45,9 @@ def qdepthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndar
         configs.flag("taps", "unroll"),
         np.ceil(sh.ow / mr) * mr / sh.ow - 1,
         np.ceil(sh.c / width) * width / sh.c - 1,
-        ones * (sh.r * cols * sh.c / t.l1d_bytes),
+        ones * (sh.r * sh.padded[1] * sh.c / t.l1d_bytes),  # the image rows one output row reads
     ]
-    assert rows > 0
-    return np.stack(cols_, axis=1)
+    return np.stack(cols, axis=1)
 
 
 FEATURES = FeatureSet(name="qdepthwise", columns=QDEPTHWISE_FEATURES, compute=qdepthwise_features)
