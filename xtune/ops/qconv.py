@@ -23,6 +23,7 @@ from xtune.ops.anchor import Anchor, refuse
 from xtune.ops.conv import (
     SIDE_DEFAULTS,
     SIDES,
+    ConvNode,
     ConvShape,
     canonical_pads,
     conv_geometry,
@@ -272,27 +273,81 @@ def read_qlinearconv(graph: Graph, node: Node, depthwise: bool) -> QAnchor | Non
     y_scale, y_zero_point, B) with constant weights, scales and zero points: qdepthwise's if `depthwise`
     (group = channels, one filter per channel), qconv2d's for group 1, None for the other family's node;
     a refusal naming what xtune cannot run (asymmetric or uint8 weights, other groups)."""
-    consts = [graph.constant(t) if t else None for t in node.inputs]
-    names = ("x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point")
-    for i, what in enumerate(names[1:], 1):
-        if consts[i] is None:
-            raise refuse(
-                graph, node, f"{what} '{node.inputs[i]}' is not a constant (xtune tunes constant weights)"
-            )
-    x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = (np.asarray(c) for c in consts[1:8])
+    consts = _constants(graph, node)
+    w = consts["w"]
     x_shape = graph.shape(node.inputs[0])
     if len(x_shape) != 4 or w.ndim != 4:
         raise refuse(
             graph, node, f"only 2-D convolutions (4-D NCHW input) are supported, the input is {x_shape}"
         )
-    n, c, h, wd = x_shape
-    k = w.shape[0]
+    c, k = x_shape[1], w.shape[0]
     group = int(node.attr("group", 1))  # type: ignore[arg-type]
     one_per_channel = group == c > 1 and w.shape[1] == 1 and k == c
     if group != 1 and not one_per_channel:
         raise refuse(graph, node, f"group {group} with {k} filters: only group 1 or one filter per channel")
     if one_per_channel != depthwise:
         return None  # the other family's
+    conv = ConvNode(
+        input=(x_shape[0], c, x_shape[2], x_shape[3]),
+        weights=w,
+        geometry=conv_geometry(graph, node, (x_shape[2], x_shape[3]), (w.shape[2], w.shape[3])),
+        group=group,
+        bias=consts["B"] if "B" in consts else np.zeros(k, np.int32),
+        out=graph.shape(node.outputs[0]),
+    )
+    a, scale, qparams = _quantization(graph, node, consts)
+    hwio = w.transpose(2, 3, 1, 0)  # OIHW -> (r, s, c, k); depthwise (c, 1, r, s) -> (r, s, c)
+    sizes = conv.sizes(() if depthwise else (("k", k),))
+    assert conv.bias is not None
+    return QAnchor(
+        node=node,
+        op="qdepthwise" if depthwise else "qconv2d",
+        sizes=(*sizes, ("dilation", conv.geometry[2])),
+        out_shape=conv.out,
+        channel_axis=1,
+        weights=w,
+        bias=conv.bias,
+        quant=(("a", a), ("perchannel", int(scale.size > 1))),
+        constants=(np.ascontiguousarray(hwio[:, :, 0] if depthwise else hwio), conv.bias, scale, qparams),
+    )
+
+
+_QLINEARCONV_INPUTS = (
+    "x",
+    "x_scale",
+    "x_zero_point",
+    "w",
+    "w_scale",
+    "w_zero_point",
+    "y_scale",
+    "y_zero_point",
+    "B",
+)
+
+
+def _constants(graph: Graph, node: Node) -> dict[str, np.ndarray]:
+    """The QLinearConv's constant inputs by name (B, the int32 bias, only if given), or the refusal of
+    one that is not constant."""
+    out = {}
+    for name, tensor in zip(_QLINEARCONV_INPUTS[1:], node.inputs[1:], strict=False):
+        value = graph.constant(tensor) if tensor else None
+        if value is None and name != "B":
+            raise refuse(graph, node, f"{name} '{tensor}' is not a constant (xtune tunes constant weights)")
+        if value is not None:
+            out[name] = np.asarray(value)
+    if "B" in out:
+        out["B"] = out["B"].astype(np.int32)
+    return out
+
+
+def _quantization(
+    graph: Graph, node: Node, consts: dict[str, np.ndarray]
+) -> tuple[str, np.ndarray, np.ndarray]:
+    """(a, scale, qparams) of the workload: the activation word, ONNX Runtime's requantization scale
+    x_scale * w_scale / y_scale in float32 (onnxruntime's QLinearConv computes it so), and [x_zero_point,
+    y_zero_point, lo, hi] with the output type's whole range; or a refusal of weights or types xtune's
+    kernels do not take."""
+    w, w_zp, x_zp, y_zp = consts["w"], consts["w_zero_point"], consts["x_zero_point"], consts["y_zero_point"]
     if w.dtype != np.int8 or np.any(w_zp != 0):
         raise refuse(
             graph, node, "weights must be int8 with zero point 0 (symmetric), as quantize_static writes"
@@ -301,38 +356,15 @@ def read_qlinearconv(graph: Graph, node: Node, depthwise: bool) -> QAnchor | Non
         raise refuse(
             graph, node, f"input and output types differ or are not 8-bit ({x_zp.dtype}, {y_zp.dtype})"
         )
-    stride, pads, dilation = conv_geometry(graph, node, (h, wd), (w.shape[2], w.shape[3]))
+    w_scale = consts["w_scale"].astype(np.float32).reshape(-1)
+    if w_scale.size not in (1, w.shape[0]):
+        raise refuse(graph, node, f"w_scale has {w_scale.size} values for {w.shape[0]} filters")
+    x_scale, y_scale = (np.float32(consts[name].reshape(-1)[0]) for name in ("x_scale", "y_scale"))
+    scale = (x_scale * w_scale / y_scale).astype(np.float32)
     a = "u8" if x_zp.dtype == np.uint8 else "s8"
-    per_channel = int(w_scale.size > 1)
-    scale = (
-        np.float32(x_scale.reshape(-1)[0])
-        * w_scale.astype(np.float32).reshape(-1)
-        / np.float32(y_scale.reshape(-1)[0])
-    )
     lo, hi = qref.RANGES[a]
     qparams = np.array([int(x_zp.reshape(-1)[0]), int(y_zp.reshape(-1)[0]), lo, hi], np.int32)
-    bias = (
-        np.asarray(consts[8], np.int32)
-        if len(consts) > 8 and consts[8] is not None
-        else np.zeros(k, np.int32)
-    )
-    hwio = w.transpose(2, 3, 1, 0)  # OIHW -> (r, s, c, k); depthwise (c, 1, r, s) -> (r, s, c)
-    weights = hwio[:, :, 0, :] if depthwise else hwio
-    sides = tuple((key, v) for key, v in zip(SIDES[1:], pads[1:], strict=True) if v != pads[0])
-    extent = () if depthwise else (("k", k),)
-    sizes = (("n", n), ("c", c), ("h", h), ("w", wd), *extent, ("r", w.shape[2]), ("s", w.shape[3]))
-    window = (("stride", stride), ("pad", pads[0]), *sides, ("dilation", dilation))
-    return QAnchor(
-        node=node,
-        op="qdepthwise" if depthwise else "qconv2d",
-        sizes=(*sizes, *window),
-        out_shape=graph.shape(node.outputs[0]),
-        channel_axis=1,
-        weights=w,
-        bias=bias,
-        quant=(("a", a), ("perchannel", per_channel)),
-        constants=(np.ascontiguousarray(weights), bias, scale.astype(np.float32), qparams),
-    )
+    return a, scale, qparams
 
 
 def task_key(anchor: Anchor, switches: dict[str, ParamValue]) -> str:

@@ -5,9 +5,10 @@ the reduction over (r, s, channel group) in 4-byte dot groups, the requantizing 
 The input is read from its padded image (xtune/ops/qconv.py, `PaddedImage`): channels rounded up to a
 multiple of 4 (za' in the extra bytes, zero weights against them), so every dot group is 4 bytes of
 one tap; with few channels (c*s bytes in fewer groups than s rounded taps) each image pixel holds its
-filter row's s pixels (`folded`), and the window is r taps of s*c channels. The weights (r, s, c, k) are passed prepacked as qmatmul's B of k = r*s*c4 rows (zero rows for
-the extra channels), and the bias slot carries bias - za' * (the sum of each filter's weights): the
-padding's za' and the flipped activations then add exactly sum (x - za) * w.
+filter row's s pixels (`folded`), and the window is r taps of s*c channels. The weights (r, s, c, k)
+are passed prepacked as qmatmul's B of one row per image byte of a window (zero rows for the extra
+channels), and the bias slot carries bias - za' * (the sum of each filter's weights): the padding's za'
+and the flipped activations then add exactly sum (x - za) * w.
 Knobs: the register tile (mr pixels x nv vectors of output channels), `nc` (a block of output
 channels), `order` (channel blocks outside the output rows, or inside), `inner` (a weight strip against
 every pixel tile of a row, or the other way), `unroll` and `ksplit` of the channel-group loop, `taps`
