@@ -305,18 +305,24 @@ def test_a_missing_zero_point_correction_is_a_wrong_answer(
     assert result.status is MeasureStatus.WRONG_ANSWER and "differ from the reference" in result.error
 
 
-# What each route must assemble to: the dot of qconv2d, the widening multiplies of qdepthwise.
+# What each route must assemble to: the dot of qconv2d, the widening multiplies of qdepthwise (s8 and u8
+# activations: their products take different instructions).
+S8_DW, U8_DW = "qdepthwise:n=1,c=32,h=8,w=8,r=3,s=3,pad=1", "qdepthwise:n=1,c=32,h=8,w=8,r=3,s=3,pad=1,a=u8"
 INSTRUCTIONS = {
-    ("qconv2d", "x86-avx512-vnni"): r"vpdpbusd\s+%zmm",
-    ("qconv2d", "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s",
-    ("qconv2d", "arm-a72-neon"): r"\bsadalp\s+v\d+\.4s, v\d+\.8h",
-    ("qdepthwise", "arm-a72-neon"): r"\b(smull|smlal|mul)\s+v\d+\.8h",
-    ("qdepthwise", "x86-avx512-vnni"): r"vpmullw",
+    (CONV[0], "x86-avx512-vnni"): r"vpdpbusd\s+%zmm",
+    (CONV[0], "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s",
+    (CONV[0], "arm-a72-neon"): r"\bsadalp\s+v\d+\.4s, v\d+\.8h",
+    (S8_DW, "arm-a72-neon"): r"\bsmull\s+v\d+\.8h",
+    (U8_DW, "arm-a72-neon"): r"\bsmlal\s+v\d+\.4s",
+    (S8_DW, "x86-avx512-vnni"): r"vpmullw",
+    (U8_DW, "x86-avx512-vnni"): r"vpdpwssd",
+    (U8_DW, "x86-avx2"): r"vpmaddwd",
+    (S8_DW, "riscv64-gcv"): r"\bvwmacc\.vv",
+    (U8_DW, "riscv64-gcv"): r"\bvwmaccsu\.vv",
 }
 
 
-@pytest.mark.parametrize(("op", "target"), list(INSTRUCTIONS))
-def test_each_route_assembles_its_instruction(op: str, target: str, tmp_path: Path) -> None:
-    key = {"qconv2d": CONV[0], "qdepthwise": "qdepthwise:n=1,c=32,h=8,w=8,r=3,s=3,pad=1"}[op]
+@pytest.mark.parametrize(("key", "target"), list(INSTRUCTIONS))
+def test_each_route_assembles_its_instruction(key: str, target: str, tmp_path: Path) -> None:
     text = disassemble(key, target, tmp_path)
-    assert re.search(INSTRUCTIONS[op, target], text), f"{op} on {target}: no {INSTRUCTIONS[op, target]}"
+    assert re.search(INSTRUCTIONS[key, target], text), f"{key} on {target}: no {INSTRUCTIONS[key, target]}"

@@ -20,6 +20,7 @@ QDEPTHWISE_FEATURES = (
     "regs_used_frac",
     "order_cp",
     "taps_unrolled",
+    "product_i32",
     "x_waste",
     "c_waste",
     "image_l1",
@@ -43,6 +44,7 @@ def qdepthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndar
         (mr * nv + 4 * nv) / t.vector_registers,
         configs.flag("order", "cp"),
         configs.flag("taps", "unroll"),
+        configs.flag("product", "i32"),
         np.ceil(sh.ow / mr) * mr / sh.ow - 1,
         np.ceil(sh.c / width) * width / sh.c - 1,
         ones * (sh.r * sh.padded[1] * sh.c / t.l1d_bytes),  # the image rows one output row reads

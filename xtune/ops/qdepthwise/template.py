@@ -1,15 +1,17 @@
 """The int8 depthwise template: a qdepthwise workload + target in, a nest of widening multiply-adds with
 qmatmul's requantizing epilogue out. Each output channel reduces over its own r*s taps only, so there is
-no 4-byte dot: channels are the vector lanes (NHWC), bytes of the image and the weights widened to i16,
-multiplied in i16 (exact: |u8 * s8| <= 255 * 128 = 32640 and |s8 * s8| <= 2^14 fit), the products
-widened into i32 accumulators (on AArch64 sxtl/uxtl + mul + saddw, on x86 pmovsx/zx + pmullw + pmovsxwd
-+ paddd, on RVV vwmul.vv + vwadd.wv).
+no 4-byte dot: channels are the vector lanes (NHWC), bytes of the image and the weights widened and
+multiplied into i32 accumulators. Written as an i32 multiply of extended bytes, LLVM knows each product
+fits i16 (|u8 * s8| <= 255 * 128 = 32640, |s8 * s8| <= 2^14) and selects the widening forms: on x86
+pmovzx/sxbd + vpmaddwd (vpdpwssd with AVX512-VNNI), on AArch64 smull + saddw (s8) or smlal (u8), on RVV
+vwmacc.vv / vwmaccsu.vv; exact on every one (an i16 product multiply written as such kept an extra
+widening step on x86 and RVV).
 
 The input is read from its padded image (xtune/ops/qconv.py, `PaddedImage`: za around it, never
 flipped), and the bias slot carries bias - za * (each channel's weight sum), so the kernel adds plain
 x * w and the sum equals sum (x - za) * w exactly. Knobs: the register tile (mr output pixels x nv
-vectors of channels), `order` (channel vectors outside the pixel tiles of a row, or inside) and `taps`
-(the s loop kept or unrolled).
+vectors of channels), `order` (channel vectors outside the pixel tiles of a row, or inside), `taps`
+(the s loop kept or unrolled) and `product` (the i32 multiply above, or one in i16 extended after).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class QDepthwiseSchedule:
     width: int  # channels per tile: nv vectors of the target's i32 lanes
     order: str  # "cp": channel vectors outside the pixel tiles of a row; "pc": inside
     taps: str  # "loop" or "unroll": the s loop of each filter row
+    product: str  # "i32": bytes extended to i32 and multiplied; "i16": multiplied in i16, then extended
 
 
 class QDepthwiseTemplate:
@@ -50,6 +53,7 @@ class QDepthwiseTemplate:
                 Knob("tile", KnobKind.CHOICE, self.tiles()),
                 Knob("order", KnobKind.CHOICE, ("cp", "pc")),
                 Knob("taps", KnobKind.CHOICE, ("loop", "unroll")),
+                Knob("product", KnobKind.CHOICE, ("i32", "i16")),
             )
         )
 
@@ -66,7 +70,9 @@ class QDepthwiseTemplate:
 
     def schedule(self, config: Config) -> QDepthwiseSchedule:
         mr, nv = parse_tile(str(config["tile"]))
-        return QDepthwiseSchedule(mr, nv * self.lanes, str(config["order"]), str(config["taps"]))
+        return QDepthwiseSchedule(
+            mr, nv * self.lanes, str(config["order"]), str(config["taps"]), str(config["product"])
+        )
 
     def default_config(self) -> Config:
         tiles = [parse_tile(t) for t in self.tiles()]
@@ -78,6 +84,8 @@ class QDepthwiseTemplate:
             "tile": f"{mr}x{nv}",
             "order": "cp",
             "taps": "unroll" if self.sh.s <= 3 else "loop",
+            # x86 makes vpmaddwd of u8 * s8 extended to i32, but vpmulld of s8 * s8: vpmullw is cheaper.
+            "product": "i16" if self.target.arch == "x86_64" and self.act is DType.I8 else "i32",
         }
         return self.space.config(self.space.index_of(values))
 
@@ -128,7 +136,11 @@ class QDepthwiseTemplate:
                 col = (x0 + r) * sh.stride + Affine.of(j) * sh.dilation
                 at = image.at(n, y * sh.stride + i * sh.dilation, col) + ch0
                 x = Cast(Load(image.name, at, width, valid), DType.I16)
-                product = Cast(Binary(BinaryOp.MUL, x, w), DType.I32)
+                product = (
+                    Binary(BinaryOp.MUL, Cast(x, DType.I32), Cast(w, DType.I32))
+                    if s.product == "i32"
+                    else Cast(Binary(BinaryOp.MUL, x, w), DType.I32)
+                )
                 b.assign(acc[r], Binary(BinaryOp.ADD, acc[r], product))
 
         each_tap(b, (sh.r, sh.s), s.taps == "unroll", tap)
