@@ -6,7 +6,8 @@ Padding is the activation's zero point (ONNX's QLinearConv and ConvInteger, TFLi
 out-of-image tap contributes (za - za) * w = 0). The kernels copy the input once per call into a padded
 image (`PaddedImage`): za (as the dot sees it) around the image and in the channels past c up to a
 multiple of 4, the image flipped to the dot's signedness where it differs (xtune/ops/qmatmul/micro.py,
-`DotPlan`); a 1x1-like workload with nothing to pad or flip reads its input in place.
+`DotPlan`), each pixel holding its filter row's s pixels where c is too small to fill dot groups
+(`folded`); a 1x1-like workload with nothing to pad, round or flip reads its input in place.
 """
 
 from __future__ import annotations
