@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import CliRunner
 from tests.nest_interp import run_kernel
 from tests.test_qmatmul import FAST, disassemble, measure_some
 from xtune.boards.board import get_board
@@ -303,6 +304,11 @@ def test_a_missing_zero_point_correction_is_a_wrong_answer(
     finally:
         measurer.close()
     assert result.status is MeasureStatus.WRONG_ANSWER and "differ from the reference" in result.error
+
+
+def test_bench_of_an_int8_convolution_has_no_float_peer(xtune_cli: CliRunner) -> None:
+    out = xtune_cli("bench", "--workload", DEPTHWISE[0])
+    assert out.returncode == 0 and "correct" in out.stdout and "Traceback" not in out.stderr
 
 
 # What each route must assemble to: the dot of qconv2d, the widening multiplies of qdepthwise (s8 and u8
