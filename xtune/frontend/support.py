@@ -18,11 +18,12 @@ from xtune.ops.registry import ANCHOR_OPS, node_family
 OtherKind = str  # the generated operator family that runs a node (NodeFamily.kind)
 
 
-def runs(op: str) -> str | None:
+def runs(op: str, generated: bool = False) -> str | None:
     """How xtune runs op type `op` (an ONNX op_type; another domain's as "domain.op"): "task" for a
-    tunable family's op (a kernel call), else the kind of the generated operator family that builds it;
-    None if no family does."""
-    if op in ANCHOR_OPS:
+    tunable family's op (a kernel call), else (or for a node of it that no tunable family claims,
+    `generated`: a MatMul whose B has batch axes) the kind of the generated operator family that builds
+    it; None if no family does."""
+    if op in ANCHOR_OPS and not generated:
         return "task"
     fam = node_family(op)
     return fam.kind if fam is not None else None

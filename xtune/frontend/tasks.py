@@ -179,6 +179,7 @@ def fuse(
     ops: list[FusedOp] = []
     claimed: set[int] = set()
     failed: dict[int, UnsupportedNode] = {}
+    generated: set[int] = set()  # nodes of a task's op type that a generated operator runs
     for i, node in enumerate(graph.nodes):
         if runs(node.op) == "task":
             try:
@@ -187,12 +188,15 @@ def fuse(
                 failed[i] = failure
                 claimed.update(_scales_after(graph, i, readers))
                 continue
+            if anchor is None:
+                generated.add(i)
+                continue
             op, used = _fuse_chain(graph, i, anchor, readers, writers, layout)
             ops.append(op)
             claimed.update(used)
     others = []
     for i, node in enumerate(graph.nodes):
-        kind = runs(node.op)
+        kind = runs(node.op, generated=i in generated)
         if i in claimed or kind == "task":
             continue
         if kind is None:
