@@ -230,6 +230,7 @@ def test_qlinearconv_refusals() -> None:
     with pytest.raises(UnsupportedNode, match="zero point 0"):
         anchor_of(asym, asym.nodes[0])
     anchor = anchor_of(graph, graph.nodes[0])
+    assert anchor is not None
     with pytest.raises(InputError, match="qparams clamp"):
         family("qconv2d").task_key(anchor, {"bias": 1, "relu": 1}, Layout.NHWC)
     grouped, _, _ = qlinearconv((1, 4, 6, 6), 8, 3, {"group": 2}, "u8", False)
