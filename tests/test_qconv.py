@@ -21,7 +21,6 @@ from xtune.boards.board import get_board
 from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.layout import Layout
-from xtune.ops.qconv import QAnchor
 from xtune.ops.qconv2d.template import QConv2dTemplate
 from xtune.ops.qmatmul import reference as ref
 from xtune.ops.registry import anchor_of, family, parse_workload, template_for
@@ -161,6 +160,7 @@ def qlinearconv(
         outputs=("y",),
         constants=consts,
         shapes={"x": shape, "y": (n, k, oh, ow), **{name: v.shape for name, v in consts.items()}},
+        dtypes={"x": str(x.dtype), "y": str(x.dtype)},
     )
     return graph, consts, x
 
@@ -205,13 +205,19 @@ ORT_CASES: tuple[Case, ...] = (
 def test_qlinearconv_maps_to_a_workload_whose_reference_equals_onnxruntime(case: Case) -> None:
     graph, consts, x = qlinearconv(*case)
     anchor = anchor_of(graph, graph.nodes[0])
-    assert isinstance(anchor, QAnchor)
+    assert anchor is not None and anchor.quant is not None
+    assert anchor.weights is not None and anchor.bias is not None
     depthwise = "group" in case[3]
     assert anchor.op == ("qdepthwise" if depthwise else "qconv2d")
     fam = family(anchor.op)
     wl = parse_workload(fam.task_key(anchor, {"bias": 1}, Layout.NHWC))
-    assert np.array_equal(fam.task_weights(wl, consts["w"]), anchor.constants[0])
-    got = wl.reference([np.ascontiguousarray(x.transpose(0, 2, 3, 1)), *anchor.constants])
+    constants = [
+        fam.task_weights(wl, anchor.weights),
+        anchor.bias,
+        anchor.quant["scale"],
+        anchor.quant["qparams"],
+    ]
+    got = wl.reference([np.ascontiguousarray(x.transpose(0, 2, 3, 1)), *constants])
     expected = ort_qlinearconv(graph, consts, x).transpose(0, 2, 3, 1)
     assert got.dtype == expected.dtype and np.array_equal(got, expected)
 
@@ -226,13 +232,18 @@ def test_qlinearconv_refusals() -> None:
         outputs=graph.outputs,
         constants={**consts, "w_zp": np.array(3, np.int8)},
         shapes=graph.shapes,
+        dtypes=graph.dtypes,
     )
-    with pytest.raises(UnsupportedNode, match="zero point 0"):
+    with pytest.raises(UnsupportedNode, match="asymmetric"):
         anchor_of(asym, asym.nodes[0])
     anchor = anchor_of(graph, graph.nodes[0])
     assert anchor is not None
     with pytest.raises(InputError, match="qparams clamp"):
         family("qconv2d").task_key(anchor, {"bias": 1, "relu": 1}, Layout.NHWC)
+    relu, _, _ = qlinearconv((1, 4, 6, 6), 8, 3, {"out_lo": 100}, "u8", False)
+    clamped = anchor_of(relu, relu.nodes[0])
+    assert clamped is not None and clamped.quant is not None
+    assert list(clamped.quant["qparams"][2:]) == [100, 255]  # a fused ReLU's clamp (docs/int8.md)
     grouped, _, _ = qlinearconv((1, 4, 6, 6), 8, 3, {"group": 2}, "u8", False)
     with pytest.raises(UnsupportedNode, match="group 2"):
         anchor_of(grouped, grouped.nodes[0])

@@ -35,3 +35,21 @@ def not_run(graph: Graph, node: Node) -> UnsupportedNode:
     return UnsupportedNode(
         graph.name, node.name, node.op, "not an operator xtune runs", hint(op, domain, graph.opset)
     )
+
+
+# Generated operators that read and write integer tensors: the quantize family converts float32 to and
+# from them, views are their bytes; every other generated kernel is float32.
+_INTEGER_KINDS = frozenset(("quantize", "reshape"))
+
+
+def integer_tensor(graph: Graph, node: Node, kind: str) -> UnsupportedNode | None:
+    """The refusal of a generated operator that would read or write an integer tensor as float32 (a
+    quantized model's op with no int8 kernel), naming the first such tensor; None if there is none."""
+    if kind in _INTEGER_KINDS:
+        return None
+    for tensor in (*node.inputs, *node.outputs):
+        if tensor and tensor not in graph.constants and graph.dtype(tensor) != "float32":
+            dtype = graph.dtype(tensor)
+            why = f"tensor '{tensor}' is {dtype}; xtune has no {dtype} kernel of {node.op}"
+            return UnsupportedNode(graph.name, node.name, node.op, why, "")
+    return None

@@ -1,6 +1,6 @@
 """What the int8 convolutions (qconv2d, qdepthwise) share: a workload in, its NHWC geometry, exact integer
 reference, random inputs and the padded image its kernels read out; and an ONNX QLinearConv node in, its
-kernel call (`QAnchor`) and the workload's constant inputs out.
+kernel call (an `Anchor` with its int8 constants in `quant`) out.
 
 Padding is the activation's zero point (ONNX's QLinearConv and ConvInteger, TFLite's int8 Conv: an
 out-of-image tap contributes (za - za) * w = 0). The kernels copy the input once per call into a padded
@@ -33,6 +33,7 @@ from xtune.ops.conv import (
     windows,
 )
 from xtune.ops.layout import Layout
+from xtune.ops.qlinear import WORDS, int32_bias, requantization, symmetric, zero_point
 from xtune.ops.qmatmul import reference as qref
 from xtune.ops.qmatmul.operator import (
     QMATMUL_MAX_K,
@@ -256,124 +257,63 @@ def each_tap(
 # --- ONNX: QLinearConv ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
-class QAnchor(Anchor):
-    """A QLinearConv as an int8 kernel call: besides the sizes, its quantization keys (`quant`: a,
-    perchannel; requant is ONNX Runtime's) and the workload's constant inputs after the activation
-    (`constants`: weights in the workload's layout, int32 bias, scale, qparams) for the network build."""
-
-    quant: tuple[tuple[str, ParamValue], ...] = ()
-    constants: tuple[np.ndarray, ...] = ()
-
-    def task(self) -> str:
-        return self.key(self.quant, {})
-
-
-def read_qlinearconv(graph: Graph, node: Node, depthwise: bool) -> QAnchor | None:
+def read_qlinearconv(graph: Graph, node: Node, depthwise: bool) -> Anchor | None:
     """The kernel call of a QLinearConv (inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point,
-    y_scale, y_zero_point, B) with constant weights, scales and zero points: qdepthwise's if `depthwise`
-    (group = channels, one filter per channel), qconv2d's for group 1, None for the other family's node;
-    a refusal naming what xtune cannot run (asymmetric or uint8 weights, other groups)."""
-    consts = _constants(graph, node)
-    w = consts["w"]
-    x_shape = graph.shape(node.inputs[0])
-    if len(x_shape) != 4 or w.ndim != 4:
-        raise refuse(
-            graph, node, f"only 2-D convolutions (4-D NCHW input) are supported, the input is {x_shape}"
-        )
-    c, k = x_shape[1], w.shape[0]
+    y_scale, y_zero_point[, B]; xtune's `out_lo`/`out_hi` clamp: docs/int8.md) with constant int8 OIHW
+    weights: qdepthwise's if `depthwise` (group = channels, one filter per channel), qconv2d's for group 1,
+    None for the other family's node; a refusal naming what the kernels do not take (asymmetric or uint8
+    weights, other groups, scales not per tensor or output channel). `quant` holds the workload's
+    "scale" and "qparams" as ONNX Runtime computes them (xtune/ops/qlinear.py) and "input", an empty
+    array of the activation's type; `bias` the int32 bias (zeros if absent)."""
+    x, w = node.inputs[0], node.inputs[3]
+    word = WORDS.get(graph.dtype(x))
+    weights = graph.constant(w)
+    if word is None:
+        raise refuse(graph, node, f"input '{x}' is {graph.dtype(x)}, not int8 or uint8")
+    shape = graph.shape(x)
+    if weights is None or weights.dtype != np.int8 or weights.ndim != 4 or len(shape) != 4:
+        raise refuse(graph, node, f"weights '{w}' are not constant int8 OIHW of a 2-D convolution")
+    c, k = shape[1], weights.shape[0]
     group = int(node.attr("group", 1))  # type: ignore[arg-type]
-    one_per_channel = group == c > 1 and w.shape[1] == 1 and k == c
+    one_per_channel = group == c > 1 and weights.shape[1] == 1 and k == c
     if group != 1 and not one_per_channel:
         raise refuse(graph, node, f"group {group} with {k} filters: only group 1 or one filter per channel")
     if one_per_channel != depthwise:
         return None  # the other family's
+    za, zw, zy = (zero_point(graph, node, t) for t in (node.inputs[2], node.inputs[5], node.inputs[7]))
+    symmetric(graph, node, zw, k)
+    rs = (weights.shape[2], weights.shape[3])
     conv = ConvNode(
-        input=(x_shape[0], c, x_shape[2], x_shape[3]),
-        weights=w,
-        geometry=conv_geometry(graph, node, (x_shape[2], x_shape[3]), (w.shape[2], w.shape[3])),
+        input=(shape[0], c, shape[2], shape[3]),
+        weights=weights,
+        geometry=conv_geometry(graph, node, (shape[2], shape[3]), rs),
         group=group,
-        bias=consts["B"] if "B" in consts else np.zeros(k, np.int32),
+        bias=int32_bias(graph, node, k),
         out=graph.shape(node.outputs[0]),
     )
-    a, scale, qparams = _quantization(graph, node, consts)
-    hwio = w.transpose(2, 3, 1, 0)  # OIHW -> (r, s, c, k); depthwise (c, 1, r, s) -> (r, s, c)
-    sizes = conv.sizes(() if depthwise else (("k", k),))
-    assert conv.bias is not None
-    return QAnchor(
+    quant = {"input": np.zeros(0, np.dtype(graph.dtype(x)))} | requantization(graph, node, word, k, za, zy)
+    return Anchor(
         node=node,
         op="qdepthwise" if depthwise else "qconv2d",
-        sizes=(*sizes, ("dilation", conv.geometry[2])),
+        sizes=(*conv.sizes(() if depthwise else (("k", k),)), ("dilation", conv.geometry[2])),
         out_shape=conv.out,
         channel_axis=1,
-        weights=w,
+        weights=weights,
         bias=conv.bias,
-        quant=(("a", a), ("perchannel", int(scale.size > 1))),
-        constants=(np.ascontiguousarray(hwio[:, :, 0] if depthwise else hwio), conv.bias, scale, qparams),
+        quant=quant,
     )
-
-
-_QLINEARCONV_INPUTS = (
-    "x",
-    "x_scale",
-    "x_zero_point",
-    "w",
-    "w_scale",
-    "w_zero_point",
-    "y_scale",
-    "y_zero_point",
-    "B",
-)
-
-
-def _constants(graph: Graph, node: Node) -> dict[str, np.ndarray]:
-    """The QLinearConv's constant inputs by name (B, the int32 bias, only if given), or the refusal of
-    one that is not constant."""
-    out = {}
-    for name, tensor in zip(_QLINEARCONV_INPUTS[1:], node.inputs[1:], strict=False):
-        value = graph.constant(tensor) if tensor else None
-        if value is None and name != "B":
-            raise refuse(graph, node, f"{name} '{tensor}' is not a constant (xtune tunes constant weights)")
-        if value is not None:
-            out[name] = np.asarray(value)
-    if "B" in out:
-        out["B"] = out["B"].astype(np.int32)
-    return out
-
-
-def _quantization(
-    graph: Graph, node: Node, consts: dict[str, np.ndarray]
-) -> tuple[str, np.ndarray, np.ndarray]:
-    """(a, scale, qparams) of the workload: the activation word, ONNX Runtime's requantization scale
-    x_scale * w_scale / y_scale in float32 (onnxruntime's QLinearConv computes it so), and [x_zero_point,
-    y_zero_point, lo, hi] with the output type's whole range; or a refusal of weights or types xtune's
-    kernels do not take."""
-    w, w_zp, x_zp, y_zp = consts["w"], consts["w_zero_point"], consts["x_zero_point"], consts["y_zero_point"]
-    if w.dtype != np.int8 or np.any(w_zp != 0):
-        raise refuse(
-            graph, node, "weights must be int8 with zero point 0 (symmetric), as quantize_static writes"
-        )
-    if x_zp.dtype != y_zp.dtype or x_zp.dtype not in (np.uint8, np.int8):
-        raise refuse(
-            graph, node, f"input and output types differ or are not 8-bit ({x_zp.dtype}, {y_zp.dtype})"
-        )
-    w_scale = consts["w_scale"].astype(np.float32).reshape(-1)
-    if w_scale.size not in (1, w.shape[0]):
-        raise refuse(graph, node, f"w_scale has {w_scale.size} values for {w.shape[0]} filters")
-    x_scale, y_scale = (np.float32(consts[name].reshape(-1)[0]) for name in ("x_scale", "y_scale"))
-    scale = (x_scale * w_scale / y_scale).astype(np.float32)
-    a = "u8" if x_zp.dtype == np.uint8 else "s8"
-    lo, hi = qref.RANGES[a]
-    qparams = np.array([int(x_zp.reshape(-1)[0]), int(y_zp.reshape(-1)[0]), lo, hi], np.int32)
-    return a, scale, qparams
 
 
 def task_key(anchor: Anchor, switches: dict[str, ParamValue]) -> str:
-    """A QLinearConv's workload key. A fused activation of a quantized network is its output range (the
+    """A QLinearConv's workload key: the activation type of quant's "input", ONNX Runtime's requantization,
+    per channel where the scale is. A fused activation of a quantized network is its output range (the
     qparams clamp), never a switch: a float epilogue switch on an int8 call is a caller's mistake."""
-    if not isinstance(anchor, QAnchor):
-        raise InputError(f"{anchor.op}: only a QLinearConv node (a QAnchor) maps to it")
     extra = {k: v for k, v in switches.items() if k != "bias" and v not in (0, "none")}
     if extra:
         raise InputError(f"{anchor.op}: an int8 kernel's activation is its qparams clamp, not {extra}")
-    return anchor.task()
+    quant = anchor.quant
+    if quant is None or "input" not in quant:
+        raise InputError(f"{anchor.op}: only a QLinearConv node maps to it")
+    act = "u8" if quant["input"].dtype == np.uint8 else "s8"
+    perchannel = int(quant["scale"].size > 1)
+    return anchor.key((("a", act), ("requant", "onnx"), ("perchannel", perchannel)), {})

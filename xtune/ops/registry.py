@@ -18,6 +18,7 @@ from xtune.ops import (
     elementwise,
     lrn,
     pool2d,
+    quantize,
     reduce,
     reshape,
     resize,
@@ -42,6 +43,7 @@ from xtune.ops.pool2d import GlobalAveragePool, Pool2d
 from xtune.ops.qconv2d import QConv2d
 from xtune.ops.qdepthwise import QDepthwise
 from xtune.ops.qmatmul.operator import QMatmul
+from xtune.ops.quantize import Quantize
 from xtune.ops.resize import Resize
 from xtune.ops.softmax import Softmax
 from xtune.ops.template import ScheduleTemplate
@@ -65,6 +67,7 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     arith.FAMILY,
     reduce.FAMILY,
     lrn.FAMILY,
+    quantize.FAMILY,
     resize.FAMILY,
     bmm.FAMILY,
 )
@@ -79,6 +82,7 @@ GeneratedOp = (
     | Arith
     | Lrn
     | Permute
+    | Quantize
     | Resize
     | BatchedMatmul
 )

@@ -3,13 +3,12 @@ tile (template.py), int32 accumulation and qmatmul's requantizing epilogue. Its 
 validation, tensors, exact integer reference (xtune/ops/qconv.py), flops, features (features.py), and
 the ONNX QLinearConv nodes of group 1 it runs.
 
-For a network build (the int8 network's normalization turns QDQ patterns into QLinearConv nodes and
-calls this family through the registry): `anchor(graph, node)` of a QLinearConv with constant weights,
-scales and zero points is an `xtune.ops.qconv.QAnchor` whose `task()` (or `task_key(anchor, {}, NHWC)`)
-is the workload key and whose `constants` are the workload's inputs after `input`, in order: weights
-(r, s, c, k) int8, bias (k,) int32, scale float32 (ONNX Runtime's x_scale * w_scale / y_scale, per
-tensor or per output channel), qparams [x_zero_point, y_zero_point, lo, hi] int32 (a fused ReLU narrows
-[lo, hi]). `task_weights` turns ONNX's OIHW weights into (r, s, c, k).
+For a network build (xtune/frontend/quantized.py turns QDQ patterns into QLinearConv nodes): `anchor`
+of a QLinearConv with constant int8 weights is an `Anchor` whose `task_key` is the workload key and whose
+constants are the workload's inputs after `input`: `task_weights(wl, anchor.weights)` (ONNX's OIHW as
+(r, s, c, k)), `anchor.bias` (int32, k), then `anchor.quant`'s "scale" (float32, ONNX Runtime's x_scale *
+w_scale / y_scale, per tensor or output channel) and "qparams" ([x_zero_point, y_zero_point, lo, hi],
+the clamp narrowed by `out_lo`/`out_hi`: docs/int8.md). TFLite's OHWI filters are transpose(1, 2, 3, 0).
 """
 
 from __future__ import annotations

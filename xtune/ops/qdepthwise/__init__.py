@@ -3,12 +3,10 @@ widening multiply-adds into int32 (template.py) and qmatmul's requantizing epilo
 validation, tensors, exact integer reference (xtune/ops/qconv.py), flops, features (features.py), and
 the ONNX QLinearConv nodes whose group is their channel count.
 
-For a network build: `anchor(graph, node)` of such a QLinearConv (constant weights, scales and zero
-points) is an `xtune.ops.qconv.QAnchor` whose `task()` (or `task_key(anchor, {}, NHWC)`) is the workload
-key and whose `constants` are the workload's inputs after `input`, in order: weights (r, s, c) int8,
-bias (c,) int32, scale float32 (ONNX Runtime's x_scale * w_scale / y_scale, per tensor or channel),
-qparams [x_zero_point, y_zero_point, lo, hi] int32. `task_weights` turns ONNX's (c, 1, r, s) weights
-into (r, s, c), TFLite's depthwise filter (1, r, s, c) reshaped.
+For a network build: `anchor` of such a QLinearConv is an `Anchor` whose `task_key` is the workload key
+and whose constants are the workload's inputs after `input`: `task_weights(wl, anchor.weights)` (ONNX's
+(c, 1, r, s) as (r, s, c); TFLite's depthwise filter (1, r, s, c) reshaped), `anchor.bias` (int32, c),
+then `anchor.quant`'s "scale" and "qparams" as qconv2d's (xtune/ops/qconv2d/__init__.py).
 """
 
 from __future__ import annotations
