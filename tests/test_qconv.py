@@ -344,3 +344,84 @@ INSTRUCTIONS = {
 def test_each_route_assembles_its_instruction(key: str, target: str, tmp_path: Path) -> None:
     text = disassemble(key, target, tmp_path)
     assert re.search(INSTRUCTIONS[key, target], text), f"{key} on {target}: no {INSTRUCTIONS[key, target]}"
+
+
+# --- a whole quantized network -------------------------------------------------------------------------
+
+
+def _conv_net(path: Path) -> Path:
+    """x[1,3,12,12] -> Conv 3x3 (3 -> 8, bias) -> Relu -> depthwise 3x3 stride 2 -> Relu -> Conv 1x1
+    (8 -> 16): a float model that `quantize_static` quantizes (QDQ, per channel, int8 activations)."""
+    onnx = pytest.importorskip("onnx")
+    ort_quant = pytest.importorskip("onnxruntime.quantization")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    inits = {
+        "w1": rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32),
+        "b1": rng.normal(0, 0.1, 8).astype(np.float32),
+        "w2": rng.normal(0, 0.4, (8, 1, 3, 3)).astype(np.float32),
+        "b2": rng.normal(0, 0.1, 8).astype(np.float32),
+        "w3": rng.normal(0, 0.4, (16, 8, 1, 1)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node(
+            "Conv", ["r1", "w2", "b2"], ["c2"], name="dw", group=8, strides=[2, 2], pads=[1] * 4
+        ),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3"], ["y"], name="pw"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    source = path.with_name("float.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+
+    class Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-defined]
+        def __init__(self) -> None:
+            self.batches = iter(
+                [{"x": rng.uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
+            )
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    ort_quant.quantize_static(
+        str(source),
+        str(path),
+        Calibration(),
+        quant_format=ort_quant.QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=ort_quant.QuantType.QInt8,
+        weight_type=ort_quant.QuantType.QInt8,
+    )
+    return path
+
+
+@pytest.mark.parametrize("board", ["local", "qemu-aarch64-dotprod"])
+def test_a_quantized_conv_net_builds_to_int8_conv_tasks_that_equal_onnxruntime(
+    board: str, tmp_path: Path
+) -> None:
+    import xtune
+    from xtune.firmware.build import build_model
+    from xtune.firmware.network_bench import network_input, run_network
+    from xtune.tuning.peers import ort_network
+
+    b = get_board(board, target="x86-avx512-vnni" if board == "local" else None)
+    if board == "local" and host_cannot_run(b.target) is not None:
+        b = get_board("local")
+    if b.target.qemu_binary and shutil.which(b.target.qemu_binary) is None:
+        pytest.skip(f"needs {b.target.qemu_binary}")
+    path = _conv_net(tmp_path / "qconvnet.onnx")
+    keys = [t.workload.key for t in xtune.tasks(path, b.target).tasks]
+    assert [k.split(":")[0] for k in keys] == ["qconv2d", "qdepthwise", "qconv2d"], keys
+    artifact = build_model(path, b.target)
+    x = network_input(artifact)
+    got, _ = run_network(b, artifact, x)
+    assert np.array_equal(got, ort_network(path.read_bytes(), x)[0])
