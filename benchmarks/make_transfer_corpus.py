@@ -1,4 +1,4 @@
-"""Measure the transfer-learning corpus on this machine and train the shipped models (issue 7).
+"""Measure the transfer-learning corpus on this machine and train the shipped models.
 
 Usage: python benchmarks/make_transfer_corpus.py [--targets x86-avx2,x86-sse42] [--ops matmul,conv2d]
                                               [--only-train]
@@ -61,7 +61,7 @@ TRAIN_SHAPES = (
     (192, 64, 512),
     (64, 96, 1024),
 )
-# Convolution layers of small image models (session 8): 1x1, 3x3 and 5x5, stride 1 and 2, 3 to 128 input
+# Convolution layers of small image models: 1x1, 3x3 and 5x5, stride 1 and 2, 3 to 128 input
 # channels, 7x7 to 64x64 images; none is a held-out layer of benchmarks/transfer_eval.py --op conv2d. Fewer
 # configs per layer than matmul (32 random + 96 xgb): conv2d has no analytic estimate to start from, and
 # the corpus is meant to show what a few hours of a team's tuning on another board give.
@@ -92,7 +92,8 @@ def train_models(logs: list[Path]) -> None:
     """One model per machine (cpu) in the corpus, trained on all its targets' logs: `--transfer-from
     builtin` picks the one of the board's cpu, else any of the target's."""
     from xtune.transfer.pretrained import train
-    from xtune.tuning.database import cpu_of, read_logs
+    from xtune.tuning.database import read_logs
+    from xtune.tuning.ranking import cpu_of
 
     records = read_logs(logs)
     for cpu in sorted({cpu_of(r) or "" for r in records}):
@@ -132,7 +133,8 @@ def measure(log: Path, target: str, workload: str, n_random: int, n_xgb: int) ->
 
 def measured_shapes(log: Path, cpu: str) -> set[str]:
     """Workloads the log already holds for this machine's cpu (the corpus keeps several machines')."""
-    from xtune.tuning.database import cpu_of, read_logs
+    from xtune.tuning.database import read_logs
+    from xtune.tuning.ranking import cpu_of
 
     return {r.workload for r in read_logs([log]) if cpu_of(r) == cpu} if log.exists() else set()
 

@@ -23,10 +23,11 @@ from xtune.errors import BoardError, BoardFault, InputError
 from xtune.frontend.tasks import Task
 from xtune.ops.registry import parse_workload, template_for
 from xtune.tuning.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
-from xtune.tuning.database import Record, TuningLog, best, read_logs
+from xtune.tuning.database import Record, TuningLog, read_logs
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import best
 from xtune.tuning.task_scheduler import (
     ModelProgress,
     ModelStop,
@@ -78,7 +79,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ModelTuni
     return log, run(SMALL, log, 12, tuner="xgb")
 
 
-def test_the_budget_is_spent_and_the_first_round_measures_only_every_tasks_anchors(
+def test_the_budget_is_spent_and_the_first_round_measures_only_every_tasks_seeds(
     first_run: tuple[Path, ModelTuningResult],
 ) -> None:
     log, result = first_run
@@ -92,16 +93,16 @@ def test_the_budget_is_spent_and_the_first_round_measures_only_every_tasks_ancho
     for i, t in enumerate(SMALL):
         template = template_for(t.workload, target)
         prior = estimate_prior(features_op(template))
-        anchors = records[at : at + 1 + (prior is not None)]
-        assert [r.workload for r in anchors] == [t.workload.key] * len(anchors)
-        assert anchors[0].index == template.default_config().index
-        assert result.tasks[i].default_cost == anchors[0].cost
+        seeds = records[at : at + 1 + (prior is not None)]
+        assert [r.workload for r in seeds] == [t.workload.key] * len(seeds)
+        assert seeds[0].index == template.default_config().index
+        assert result.tasks[i].default_cost == seeds[0].cost
         if prior is not None:  # the pick scores at least as well as the best of 200 random configs
             rng = np.random.default_rng(0)
             drawn = rng.integers(template.space.size, size=200).tolist()
-            score = prior.predict(featurize(template, [anchors[1].index]))[0]
+            score = prior.predict(featurize(template, [seeds[1].index]))[0]
             assert score >= prior.predict(featurize(template, drawn)).max()
-        at += len(anchors)
+        at += len(seeds)
     assert at == 5 == result.curve[0][0]  # the curve starts once the first round gave every task a latency
     assert len({(r.workload, r.index) for r in records}) == 12  # no config measured twice
 
@@ -228,7 +229,8 @@ def test_the_gradient_gives_each_batch_to_the_task_of_the_largest_expected_gain(
     run, seen, stop = faked(FOUR, four_curves(), 4 + 4 * 24)
     assert stop is ModelStop.TRIALS and run.trials == 100
     assert [p.task for p in seen[:4]] == [0, 1, 2, 3]  # the first round: one batch each, in task order
-    assert all(len(p.batch.batch) == 1 for p in seen[:4])  # the default alone (the random tuner's anchor)
+    # the default alone (the random tuner's only seed config)
+    assert all(len(p.batch.batch) == 1 for p in seen[:4])
     histories: list[list[float]] = [[p.latencies[p.task]] for p in seen[:4]]
     for p in seen[4:]:
         gains = [
@@ -278,7 +280,7 @@ def test_two_schedulers_stepped_in_turn_make_the_picks_each_makes_alone() -> Non
         for run in runs.values():
             run.close()
     assert {s: [p.task for p in progress] for s, progress in seen.items()} == alone
-    for s in Strategy:  # one yield per batch: 4 first-round anchors, then 12 batches of 4
+    for s in Strategy:  # one yield per batch: 4 first-round seed configs, then 12 batches of 4
         assert spent[s] == [1, 2, 3, 4, *range(8, trials + 1, 4)]
 
 
@@ -303,7 +305,7 @@ def test_the_epsilon_greedy_picks_are_a_function_of_the_runs_seed() -> None:
     assert len(first) == len(greedy) == 4 + 24
 
 
-def test_a_task_whose_anchors_fail_gets_one_whole_batch_before_it_is_dropped() -> None:
+def test_a_task_whose_seeds_fail_gets_one_whole_batch_before_it_is_dropped() -> None:
     tasks = FOUR[:3]
     curves = [Curve(math.inf, 2e-3, 1e-3), Curve(math.inf), Curve(1e-3)]
     run, _, stop = faked(tasks, curves, 3 + 4 * 6)

@@ -38,6 +38,7 @@ from xtune.tuning.measure import (
     MeasureStatus,
     build_image,
 )
+from xtune.tuning.ranking import measured
 
 from .test_measure import HANG, SEGFAULT, configs, image_of
 from .test_scheduler import tiny_model
@@ -387,7 +388,7 @@ def test_sshd_killed_mid_run_stops_the_measurer_then_a_resumed_run_measures_the_
     sshd.start()
     resumed = Measurer(native, wl, FAST)  # a resumed run: what is left is what failed on the board
     try:
-        todo = [i for i in indices if i not in log.measured(wl.key, "x86-avx2")]
+        todo = [i for i in indices if i not in measured(log.read(), wl.key, "x86-avx2")]
         assert measure_and_log(resumed, todo) == [MeasureStatus.OK] * len(todo)
     finally:
         resumed.close()
@@ -397,7 +398,7 @@ def test_sshd_killed_mid_run_stops_the_measurer_then_a_resumed_run_measures_the_
     assert stopped_after < 10  # one retry of the candidate, 0.3 s of reconnect backoff: no minutes
     assert during == [MeasureStatus.BOARD_ERROR] * 2
     assert todo == indices[2:]
-    assert set(log.measured(wl.key, "x86-avx2")) == set(indices)
+    assert set(measured(log.read(), wl.key, "x86-avx2")) == set(indices)
     assert all(dict(r.fingerprint)["agent"] for r in log.read())
 
 
@@ -479,7 +480,7 @@ def test_cli_tune_and_bench_on_an_ssh_board_with_a_boards_file(
     assert tuned.returncode == 0, tuned.stderr
     report = json.loads(tuned.stdout)
     assert report["boards"] == ["ssh-native"] and report["counts"]["ok"] == 4 and report["stop"] == "trials"
-    assert len(TuningLog(log).measured(parse_workload(TINY).key, "x86-avx2")) == 4
+    assert len(measured(TuningLog(log).read(), parse_workload(TINY).key, "x86-avx2")) == 4
     bench = xtune_cli("bench", "--workload", TINY, "--board", "ssh-native", "--boards", boards, "--json")
     assert bench.returncode == 0, bench.stderr
     assert json.loads(bench.stdout)["correct"] is True
@@ -604,7 +605,7 @@ def test_a_resumed_run_measures_every_board_error_config_first(
     again = [r.index for r in log.read()[len(lost) :]]
     default = template_for(wl, native.target).default_config().index
     assert set(again) - {default} == set(lost) - {default} and len(again) == len(lost)
-    assert set(log.measured(wl.key, "x86-avx2")) >= set(lost)
+    assert set(measured(log.read(), wl.key, "x86-avx2")) >= set(lost)
 
 
 # ---- boards.toml as a schema ---------------------------------------------------------------------------
@@ -696,12 +697,23 @@ def test_every_wrong_type_in_boards_toml_is_one_line_and_exit_2(
     ],
 )
 def test_boards_toml_mistakes_from_the_issue_name_the_board_and_key(
-    tmp_path: Path, text: str, expect: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expect: str
 ) -> None:
+    """In-process, as the type fuzz above: the command line's own exit path (a fresh interpreter, its
+    status) is the same for every mistake and is run once, in the test below."""
     (tmp_path / "boards.toml").write_text(text)
+    assert main(["boards", "--boards", str(tmp_path / "boards.toml")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "Traceback" not in out.err
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xtune: error:") and expect in lines[0], out.err
+
+
+def test_a_boards_toml_mistake_is_one_line_and_exit_2_from_a_fresh_interpreter(tmp_path: Path) -> None:
+    (tmp_path / "boards.toml").write_text('[boards.pi]\nhost = "h"\ntarget = "x86-avx2"\nport = 70000\n')
     out = xtune_cli("boards", "--boards", str(tmp_path / "boards.toml"))
     assert out.returncode == 2 and out.stdout == ""
-    assert expect in _one_error_line(out) and len(out.stderr.strip().splitlines()) == 1
+    assert "board 'pi': port must be" in _one_error_line(out) and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_valid_boards_toml_values_are_kept(tmp_path: Path) -> None:

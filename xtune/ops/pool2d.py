@@ -1,7 +1,8 @@
 """The pooling family of a network's generated operators: ONNX's MaxPool and AveragePool (`Pool2d`) and
 GlobalAveragePool, in NCHW or NHWC (the layout pass's, xtune/firmware/relayout.py). Semantics as ONNX defines
 them: `pads` as (top, left, bottom, right) (or auto_pad: conv.same_pads), ceil_mode=0 and, for AveragePool,
-the default count_include_pad=0 (padding is neither a maximum candidate nor counted in the mean). Pooling
+count_include_pad=0 (padding is neither a maximum candidate nor counted in the mean) or 1 (the mean of the
+whole window, padding counted as zeros: what a zero Pad folded into it is). Pooling
 with unit column stride runs whole output rows as vectors; with column stride 2 the window's input columns
 are not contiguous and each output is computed as a scalar (such pools are one layer of a network); in NHWC,
 pooling runs along channels, any stride. Pooling windows that overlap the padding are specialised at build
@@ -20,7 +21,18 @@ from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.conv import same_pads
 from xtune.ops.layout import Layout, physical, to_layout
-from xtune.ops.opkit import UNSUPPORTED, Consts, Mapped, NodeFamily, Shape, hsum_or_max, params, positive
+from xtune.ops.opkit import (
+    UNSUPPORTED,
+    ChannelsOp,
+    Consts,
+    Mapped,
+    NodeFamily,
+    Shape,
+    hsum_or_max,
+    params,
+    positive,
+    refusing,
+)
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -66,7 +78,7 @@ def _segments(out: int, size: int, k: int, stride: int, pad: int) -> list[_Segme
 
 
 @dataclass(frozen=True, kw_only=True)
-class Pool2d:
+class Pool2d(ChannelsOp):
     """MaxPool / AveragePool over (n, c, h, w), or (n, h, w, c) in NHWC; pads (top, left, bottom, right)."""
 
     kind: PoolKind
@@ -78,6 +90,7 @@ class Pool2d:
     stride: tuple[int, int] = (1, 1)
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     layout: Layout = Layout.NCHW
+    count_pad: bool = False  # an average divides by the whole window (ONNX's count_include_pad=1)
 
     def __post_init__(self) -> None:
         positive(
@@ -101,19 +114,6 @@ class Pool2d:
         oh, ow = self._nchw_output[2:]
         if oh < 1 or ow < 1:
             raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Pool2d:
-        """The same computation in `layout`: the same window over the layout's axes."""
-        return replace(self, layout=layout)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "pool2d"
-
-    @property
-    def input_shapes(self) -> tuple[Shape, ...]:
-        return (physical((self.n, self.c, self.h, self.w), self.layout),)
 
     @property
     def output_shape(self) -> Shape:
@@ -140,7 +140,9 @@ class Pool2d:
                 if self.kind is PoolKind.MAX:
                     out[:, :, i, j] = win.max(axis=(2, 3))
                 else:
-                    taps = valid[i * sh : i * sh + kh, j * sw : j * sw + kw].sum()
+                    taps = (
+                        kh * kw if self.count_pad else valid[i * sh : i * sh + kh, j * sw : j * sw + kw].sum()
+                    )
                     out[:, :, i, j] = win.sum(axis=(2, 3)) / taps
         return out.astype(np.float32)
 
@@ -180,14 +182,15 @@ class Pool2d:
                 window(x + cols.start, 1, 1)
 
     def _reduce(self, taps: Sequence[Value], width: int) -> Value:
-        """A window's taps reduced: their max, or their mean (the taps inside the image: ONNX's
-        count_include_pad=0, the only form the importer takes)."""
+        """A window's taps reduced: their max, or their mean (over the taps inside the image, ONNX's
+        count_include_pad=0; over the whole window with `count_pad`)."""
         op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
         acc: Value = taps[0]
         for tap in taps[1:]:
             acc = Binary(op, acc, tap)
         if self.kind is PoolKind.AVERAGE:
-            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / len(taps), width))
+            count = self.kernel[0] * self.kernel[1] if self.count_pad else len(taps)
+            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / count, width))
         return acc
 
     def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
@@ -223,7 +226,7 @@ class Pool2d:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GlobalAveragePool:
+class GlobalAveragePool(ChannelsOp):
     """The mean of each channel of (n, c, h, w), or of (n, h, w, c) in NHWC: (n, c, 1, 1) either way."""
 
     n: int
@@ -234,19 +237,6 @@ class GlobalAveragePool:
 
     def __post_init__(self) -> None:
         positive("global average pool", n=self.n, c=self.c, h=self.h, w=self.w)
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> GlobalAveragePool:
-        """The same computation in `layout`: the same mean over the layout's axes."""
-        return replace(self, layout=layout)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "globalaveragepool"
-
-    @property
-    def input_shapes(self) -> tuple[Shape, ...]:
-        return (physical((self.n, self.c, self.h, self.w), self.layout),)
 
     @property
     def output_shape(self) -> Shape:
@@ -301,7 +291,6 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
         (any(d != 1 for d in node.ints("dilations", (1, 1))), "dilations"),
         (auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"), f"auto_pad {auto_pad}"),
         (int(node.attr("storage_order", 0)) != 0, "storage_order=1"),  # type: ignore[arg-type]
-        (int(node.attr("count_include_pad", 0)) != 0, "count_include_pad=1"),  # type: ignore[arg-type]
     )
     for bad, what in refusals:
         if bad:
@@ -314,8 +303,9 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
     if len(kernel) != 2 or len(stride) != 2 or len(pads) != 4:
         raise refuse(graph, node, "kernel_shape, strides and pads must describe a 2-D window")
     kind = PoolKind.MAX if node.op == "MaxPool" else PoolKind.AVERAGE
+    counts_pad = int(node.attr("count_include_pad", 0)) != 0  # type: ignore[arg-type]
     n, c, h, w = shape
-    try:
+    with refusing(graph, node):  # pads as large as the window, a window larger than the padded input
         return Pool2d(
             kind=kind,
             n=n,
@@ -325,9 +315,8 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
             kernel=(kernel[0], kernel[1]),
             stride=(stride[0], stride[1]),
             pads=(pads[0], pads[1], pads[2], pads[3]),
+            count_pad=kind is PoolKind.AVERAGE and counts_pad,
         )
-    except InputError as err:  # pads as large as the window, a window larger than the padded input
-        raise refuse(graph, node, str(err)) from None
 
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:

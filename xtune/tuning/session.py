@@ -12,26 +12,17 @@ from concurrent.futures import ThreadPoolExecutor
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
+from xtune.files import PathLike
 from xtune.ops.registry import template_for
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import (
-    Leader,
-    Record,
-    TuningLog,
-    config_of,
-    cpu_of,
-    leaders,
-    make_record,
-    measured,
-    of_machine,
-    unmeasured,
-)
+from xtune.tuning.database import Record, TuningLog, config_of, make_record
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import Leader, cpu_of, leaders, measured, of_machine, unmeasured
 from xtune.tuning.tuner import make_tuner
 
 CONFIRM_TIMINGS = 3
@@ -109,8 +100,31 @@ def check_boards(boards: Sequence[Board]) -> None:
         raise InputError("boards of one run must measure one unit (wall time, instructions or cycles)")
 
 
+def check_run(
+    boards: Sequence[Board],
+    options: TuneOptions,
+    log: TuningLog | None,
+    *,
+    reads: Sequence[tuple[PathLike | None, str]] = (),
+    pretrained: bool = False,
+) -> None:
+    """InputError unless a tuning run can start: the boards can share it (`check_boards`), a pretrained
+    model has the xgb tuner to steer, and `log` can take records and is none of the files the run reads
+    (`reads`: the model, the logs a transfer model was trained on). The run's entry point calls it once,
+    before the log is read (a FIFO would block): `run_tuning` and `TaskScheduler`; a `TuningSession`
+    takes what they checked."""
+    check_boards(boards)
+    if pretrained and options.tuner != "xgb":
+        raise InputError(
+            f"a pretrained model (--transfer-from) needs the xgb tuner (--tuner {options.tuner} has no "
+            "cost model)"
+        )
+    if log is not None:
+        log.check_appendable(reads)
+
+
 class TuningSession:
-    """Tunes `workload` on `boards` (all of one target, see `check_boards`), one batch per `step`; every
+    """Tunes `workload` on `boards` (a run `check_run` accepted), one batch per `step`; every
     batch goes to `log`, each record with the name and fingerprint of the board that measured it. A board
     that fails for good ends the step (and `run`, `confirm`) that saw it with StopTuning(BOARD_FAILED),
     after its batch is logged; `failure` says why.
@@ -134,14 +148,9 @@ class TuningSession:
         pool: CompilePool | None = None,
         logged: Sequence[Record] | None = None,
     ) -> None:
-        check_boards(boards)
-        if pretrained is not None and options.tuner != "xgb":
-            raise InputError(f"a pretrained model (--transfer-from) needs the xgb tuner, not {options.tuner}")
         self.workload, self.boards, self.options, self.log = workload, tuple(boards), options, log
         self.target, self.cost_unit = boards[0].target, boards[0].cost_unit
         self.template = template = template_for(workload, self.target)
-        if log is not None:
-            log.check_appendable()
         self.fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
         cpus = {cpu for fp in self.fingerprints if (cpu := dict(fp).get("cpu"))}
         # `logged`: the log's records, read once by a caller that opens many sessions on it (the scheduler).
@@ -164,7 +173,7 @@ class TuningSession:
             lambda idx: featurize(template, idx),
             pretrained=pretrained,
             hedge=hedge,
-            anchors=[template.default_config().index],
+            seeds=[template.default_config().index],
             estimate=estimate if options.analytic_prior else None,
         )
         if history:
@@ -250,7 +259,7 @@ class TuningSession:
 
     def leader(self) -> Leader | None:
         """The best config so far (over the log's history and this session) with its count of timings:
-        the one `xtune build` would ship (database.leaders)."""
+        the one `xtune build` would ship (ranking.leaders)."""
         top = leaders(self.records(), self.workload.key, self.target.name, 1, self.cost_unit)
         return top[0] if top else None
 
