@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, shape_inference
 
 from xtune.errors import InputError
+from xtune.frontend.quantized import REQUANT_PROP
 from xtune.frontend.tflite_emit import TO_NCHW, TO_NHWC, Emitter, nchw
 from xtune.frontend.tflite_file import TflModel, read_tflite
 from xtune.frontend.tflite_ops import CONVERTERS
@@ -111,6 +112,8 @@ def tflite_to_onnx(data: bytes, where: str = "model.tflite") -> onnx.ModelProto:
     graph = helper.make_graph(nodes, Path(where).stem or "tflite", inputs, outputs, em.initializers)
     result = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="xtune")
     result.ir_version = IR_VERSION
+    # Its quantized layers are TFLite's: the rewrite of their QDQ form gives them TFLite's requantization.
+    helper.set_model_props(result, {REQUANT_PROP: "tflite"})
     _check(em, result)
     return result
 
@@ -128,6 +131,8 @@ def _input(em: Emitter, index: int) -> onnx.ValueInfoProto:
     name = em.fresh(t.name)
     value = name
     if t.quant is not None:
+        if len(t.shape) != 4:  # a 4-D one's integers would be in ONNX's order (Emitter.integers)
+            em.integers[index] = name
         value = em.dequantize_input(name, t)
     elif t.dtype != np.float32:
         raise em.fail(f"input '{t.label}' is {t.dtype} without quantization parameters")

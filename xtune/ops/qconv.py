@@ -33,7 +33,7 @@ from xtune.ops.conv import (
     windows,
 )
 from xtune.ops.layout import Layout
-from xtune.ops.qlinear import WORDS, int32_bias, requantization, symmetric, zero_point
+from xtune.ops.qlinear import WORDS, int32_bias, requant_key, requantization, symmetric, zero_point
 from xtune.ops.qmatmul import reference as qref
 from xtune.ops.qmatmul.operator import (
     QMATMUL_MAX_K,
@@ -305,9 +305,10 @@ def read_qlinearconv(graph: Graph, node: Node, depthwise: bool) -> Anchor | None
 
 
 def task_key(anchor: Anchor, switches: dict[str, ParamValue]) -> str:
-    """A QLinearConv's workload key: the activation type of quant's "input", ONNX Runtime's requantization,
-    per channel where the scale is. A fused activation of a quantized network is its output range (the
-    qparams clamp), never a switch: a float epilogue switch on an int8 call is a caller's mistake."""
+    """A QLinearConv's workload key: the activation type of quant's "input", ONNX Runtime's or TFLite's
+    requantization (`requant_key`), per channel where the scale is. A fused activation of a quantized
+    network is its output range (the qparams clamp), never a switch: a float epilogue switch on an int8
+    call is a caller's mistake."""
     extra = {k: v for k, v in switches.items() if k != "bias" and v not in (0, "none")}
     if extra:
         raise InputError(f"{anchor.op}: an int8 kernel's activation is its qparams clamp, not {extra}")
@@ -315,5 +316,4 @@ def task_key(anchor: Anchor, switches: dict[str, ParamValue]) -> str:
     if quant is None or "input" not in quant:
         raise InputError(f"{anchor.op}: only a QLinearConv node maps to it")
     act = "u8" if quant["input"].dtype == np.uint8 else "s8"
-    perchannel = int(quant["scale"].size > 1)
-    return anchor.key((("a", act), ("requant", "onnx"), ("perchannel", perchannel)), {})
+    return anchor.key((("a", act), *requant_key(quant)), {})

@@ -13,6 +13,7 @@ from xtune.ops.anchor import Anchor
 from xtune.ops.epilogue import require_positive
 from xtune.ops.featurize import FeatureSet
 from xtune.ops.layout import Layout
+from xtune.ops.qlinear import requant_key
 from xtune.ops.qmatmul import reference as qref
 from xtune.ops.qmatmul.features import FEATURES
 from xtune.ops.qmatmul.onnx import qmatmul_anchor
@@ -125,14 +126,12 @@ class QMatmul:
         return qmatmul_anchor(graph, node)
 
     def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
-        """The workload of a call: its requantization is ONNX Runtime's (MatMulInteger: none), per column
-        where the weights' scale is; the epilogue switches of float kernels do not apply (the bias is
+        """The workload of a call: its requantization ONNX Runtime's or TFLite's (MatMulInteger: none), per
+        column where the weights' scale is; the epilogue switches of float kernels do not apply (the bias is
         always there, the clamp is in qparams)."""
         quant = anchor.quant or {}
         act = "u8" if quant["A"].dtype == np.uint8 else "s8"  # A's element type, as an empty array
-        requant = "onnx" if "scale" in quant else "none"
-        perchannel = int(requant == "onnx" and quant["scale"].size > 1)
-        return anchor.key((("a", act), ("requant", requant), ("perchannel", perchannel)), {})
+        return anchor.key((("a", act), *requant_key(quant)), {})
 
     def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
         return weights
