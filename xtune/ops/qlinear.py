@@ -3,8 +3,8 @@ or QLinearConv (inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sca
 the output clamp in xtune's attributes `out_lo`/`out_hi`: docs/int8.md) in, the kernel's constant inputs
 as ONNX Runtime computes them out: the float32 scale a_scale * b_scale / y_scale and qparams = [za, zy,
 lo, hi] (the qmatmul family's `requant=onnx` tensors, xtune/ops/qmatmul/operator.py) — or, for a node of
-a TFLite model (xtune's attribute `requant="tflite"`, set by the import: docs/int8.md), TFLite's quantized
-multiplier and shift (`requant=tflite`)."""
+a TFLite model's convolution (xtune's attribute `requant="tflite"`, set by the import: docs/int8.md),
+TFLite's quantized multiplier and shift (`requant=tflite`)."""
 
 from __future__ import annotations
 
@@ -37,25 +37,22 @@ def requantization(
     lo = max(lo, node.int_attr("out_lo", lo))
     hi = min(hi, node.int_attr("out_hi", hi))
     qparams = np.array([za.reshape(-1)[0], zy.reshape(-1)[0], lo, hi], np.int32)
-    if node.attr("requant", "onnx") == "tflite":
-        return tflite_multipliers(node.op, sa, sb, sy) | {"qparams": qparams}
+    if node.attr("requant", "onnx") == "tflite" and node.op == "QLinearConv":
+        return tflite_multipliers(sa, sb, sy) | {"qparams": qparams}
+    # A TFLite FULLY_CONNECTED takes the float32 epilogue as well: LiteRT's FULLY_CONNECTED kernels
+    # (reference, optimized and XNNPACK alike) round the product once, not gemmlowp's twice, which the
+    # float32 product rounded half to even equals but within 2^-17 of a tie (docs/int8.md, "Exactness").
     # ONNX Runtime's QLinearMatMul and QLinearConv: scale[j] = a_scale * b_scale[j] / y_scale in float32.
     scale = (np.float32(sa.reshape(-1)[0]) * sb.reshape(-1)) / np.float32(sy.reshape(-1)[0])
     return {"scale": scale.astype(np.float32), "qparams": qparams}
 
 
-def tflite_multipliers(op: str, sa: np.ndarray, sb: np.ndarray, sy: np.ndarray) -> dict[str, np.ndarray]:
-    """TFLite's int32 multiplier and shift per output channel (or per tensor), from the real scale
-    a_scale * b_scale[j] / y_scale as its kernels compute it before QuantizeMultiplier
-    (tensorflow/lite/kernels/kernel_util.cc): PopulateConvolutionQuantizationParams (CONV_2D,
-    DEPTHWISE_CONV_2D, a per-channel FULLY_CONNECTED) multiplies in double; GetQuantizedConvolutionMultipler
-    (a per-tensor FULLY_CONNECTED) multiplies a_scale * b_scale in float32 first, then divides in double."""
+def tflite_multipliers(sa: np.ndarray, sb: np.ndarray, sy: np.ndarray) -> dict[str, np.ndarray]:
+    """TFLite's int32 multiplier and shift per output channel (or per tensor) of a CONV_2D or
+    DEPTHWISE_CONV_2D: QuantizeMultiplier of a_scale * b_scale[j] / y_scale, multiplied and divided in
+    double as PopulateConvolutionQuantizationParams does (tensorflow/lite/kernels/kernel_util.cc)."""
     a, y = float(sa.reshape(-1)[0]), float(sy.reshape(-1)[0])
-    if op == "QLinearMatMul" and sb.size == 1:
-        reals = [float(np.float32(a) * np.float32(sb.reshape(-1)[0])) / y]
-    else:
-        reals = [a * float(b) / y for b in sb.reshape(-1)]
-    pairs = [quantize_multiplier(r) for r in reals]
+    pairs = [quantize_multiplier(a * float(b) / y) for b in sb.reshape(-1)]
     return {
         "multiplier": np.array([q for q, _ in pairs], np.int32),
         "shift": np.array([s for _, s in pairs], np.int32),
