@@ -15,10 +15,10 @@ import pytest
 
 import xtune
 from tests.tflite_nets import SAME, VALID, Net
-from tests.tflite_run import feeds, litert, quantized
+from tests.tflite_run import feeds, litert, litert_ranges, quantized
 from xtune.boards.board import get_board
 from xtune.firmware.build import build_model
-from xtune.firmware.network_bench import run_network
+from xtune.firmware.network_bench import random_input, run_network
 from xtune.frontend.load import load_graph
 from xtune.frontend.quantized import REQUANT_PROP
 from xtune.frontend.tflite import tflite_to_onnx
@@ -29,13 +29,16 @@ pytest.importorskip("ai_edge_litert")
 HOST = "x86-avx2"
 
 
-def _layers(net: Net) -> list[int]:
-    x = net.quantize(net.input((1, 12, 12, 3)))
+def _layers(net: Net, int8_io: bool = False) -> list[int]:
+    """The layers; with `int8_io` the model's input and output are int8 themselves (as MLPerf Tiny's
+    are: no QUANTIZE, no DEQUANTIZE)."""
+    x = net.input((1, 12, 12, 3)) if int8_io else net.quantize(net.input((1, 12, 12, 3)))
     y = net.conv(x, 16, 3, 3, stride=2, padding=SAME, act="RELU6")
     y = net.depthwise(y, 3, 3, padding=SAME, act="RELU")
     y = net.conv(y, 24, 1, 1, padding=VALID, act="RELU")
     y = net.conv(y, 32, 6, 6, padding=VALID)  # (1, 1, 1, 32): FULLY_CONNECTED flattens it, no RESHAPE
-    return [net.dequantize(net.fc(y, 40))]
+    y = net.fc(y, 40)
+    return [y if int8_io else net.dequantize(y)]
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +115,31 @@ def test_the_int8_network_equals_litert_under_qemu_aarch64(model: tuple[bytes, P
         pytest.skip(f"needs {board.target.qemu_binary}")
     off, total = _steps("qemu-aarch64", *model, seeds=2)
     assert off <= 0.001 * total, (off, total)
+
+
+def test_an_int8_nhwc_input_and_output_need_no_int8_layout_conversion(tmp_path: Path) -> None:
+    """The model's int8 NHWC input is dequantized where it is (a DequantizeLinear runs in its input's
+    layout), so the NHWC network converts no int8 tensor; its int8 output equals LiteRT's."""
+    calibration = Net()
+    data = calibration.tflite(_layers(calibration, int8_io=True))
+    net = Net(litert_ranges(data, feeds(data, seed=7)))
+    data = net.tflite(_layers(net, int8_io=True))
+    path = tmp_path / "int8_io.tflite"
+    path.write_bytes(data)
+    artifact = build_model(path, HOST)
+    assert artifact.program.input_type == "int8" and artifact.program.output_type == "int8"
+    details = _io_quantization(data)
+    assert artifact.program.input_quant == details[0] and artifact.program.output_quant == details[1]
+    for seed in range(3):
+        x = random_input((1, 12, 12, 3), seed, "int8")
+        got, _ = run_network(get_board("local"), artifact, x)
+        np.testing.assert_array_equal(got, litert(data, [x], reference=True)[0])
+
+
+def _io_quantization(data: bytes) -> list[tuple[float, int]]:
+    """(scale, zero point) of the model's input and output, as LiteRT reads them."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=data)
+    found = [*interpreter.get_input_details(), *interpreter.get_output_details()]
+    return [(float(np.float32(d["quantization"][0])), int(d["quantization"][1])) for d in found]

@@ -405,7 +405,10 @@ def quantization(graph: Graph, tensor: str) -> tuple[float, int] | None:
     first reader; None if neither is a quantizing node."""
     writer = graph.producers().get(tensor)
     candidates = [(graph.nodes[writer], _WRITE_QUANT)] if writer is not None else []
-    candidates += [(graph.nodes[i], _READ_QUANT) for i in graph.consumers().get(tensor, [])[:1]]
+    readers = [graph.nodes[i] for i in graph.consumers().get(tensor, [])[:1]]
+    if readers and readers[0].op in (*VIEWS, "Transpose") and graph.dtype(tensor) != "float32":
+        return quantization(graph, readers[0].outputs[0])  # its bytes moved (a TFLite int8 input's)
+    candidates += [(node, _READ_QUANT) for node in readers]
     for node, where in candidates:
         at = where.get(node.op)
         if at is None or (where is _READ_QUANT and node.inputs[0] != tensor) or len(node.inputs) <= at:

@@ -130,14 +130,15 @@ def _input(em: Emitter, index: int) -> onnx.ValueInfoProto:
         raise em.fail(f"input '{t.label}' is a constant")
     name = em.fresh(t.name)
     value = name
-    if t.quant is not None:
-        if len(t.shape) != 4:  # a 4-D one's integers would be in ONNX's order (Emitter.integers)
-            em.integers[index] = name
-        value = em.dequantize_input(name, t)
-    elif t.dtype != np.float32:
+    if t.quant is None and t.dtype != np.float32:
         raise em.fail(f"input '{t.label}' is {t.dtype} without quantization parameters")
-    if len(t.shape) == 4:
+    if len(t.shape) == 4:  # a quantized one's integers reordered (a renaming in an NHWC network)
         value = em.reorder(value, t.shape, TO_NCHW)
+    if t.quant is not None:
+        # The integers, then their float value: the first layer then stands in the QDQ pattern that
+        # makes an int8 kernel of it (xtune/frontend/quantized.py).
+        em.integers[index] = value
+        value = em.dequantize_input(value, t)
     em.values[index] = value
     return _declared(em, index, name)
 
