@@ -11,7 +11,7 @@ import warnings
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -336,8 +336,10 @@ def read_usable(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Record], 
             if why:
                 skipped.append((number, why))
                 left_out["unknown_workload_or_target" if template is why else "stale_config"] += 1
-            else:
-                records.append(record)
+            else:  # in its template's words: a record logged before its space grew (a sum) gains the tag
+                assert not isinstance(template, str)
+                knobs = template.space.config(record.index).values
+                records.append(record if knobs == record.knobs else replace(record, knobs=knobs))
         if skipped:
             lines = ", ".join(str(n) for n, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
             warnings.warn(
@@ -382,7 +384,7 @@ def _mismatch(template: ScheduleTemplate, record: Record) -> str:
         return f"the record is of {record.workload} on {record.target}"
     if not 0 <= record.index < space.size:
         return f"config index {record.index} is outside the space of {space.size} configs"
-    if space.config(record.index).values != record.knobs:
+    if not space.matches(record.index, record.knobs):
         return f"config {record.index}'s knobs no longer match the template"
     return ""
 

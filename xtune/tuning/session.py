@@ -13,7 +13,7 @@ from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
 from xtune.ops.registry import template_for
-from xtune.ops.template import ScheduleTemplate
+from xtune.ops.template import ScheduleTemplate, seed_configs
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import (
@@ -164,7 +164,7 @@ class TuningSession:
             lambda idx: featurize(template, idx),
             pretrained=pretrained,
             hedge=hedge,
-            anchors=[template.default_config().index],
+            anchors=seed_configs(template),
             estimate=estimate if options.analytic_prior else None,
         )
         if history:
