@@ -26,8 +26,9 @@ from xtune.ops.template import SumTemplate, seed_configs
 from xtune.ops.workload import RTOL, compare_output
 from xtune.schedule.space import ConfigSpace, Knob, KnobKind, sum_space
 from xtune.target import get_target
+from xtune.transfer.pretrained import builtin_model_path, read_model, train
 from xtune.tuning.database import TuningLog, build_choice, make_record, read_logs
-from xtune.tuning.features import estimate_prior, features_op, featurize
+from xtune.tuning.features import EstimatePrior, PartsModel, estimate_prior, features_op, featurize
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.peers import ort_network
 from xtune.tuning.search import SpaceArrays
@@ -279,3 +280,34 @@ def test_a_networks_3x3_task_explores_both_and_its_build_follows_the_winner(
     _fastest(log, task, target.name, winograd_seed)
     row = next(k for k in _check_against_ort(model, log).kernels if k.what == task)
     assert row.config_index == winograd_seed
+
+
+# ---- transfer: the parts' boosters, never a sum's own ----------------------------------------------------
+
+
+def test_logs_of_the_sum_train_the_parts_boosters_which_score_the_sum() -> None:
+    template = sum_of(KEY)
+    n = template.parts[0][1].space.size
+    rng = np.random.default_rng(5)
+    indices = [*rng.integers(0, n, 40).tolist(), *(n + rng.integers(0, 500, 40)).tolist()]
+    records = [
+        make_record(
+            template.workload.key,
+            TARGET.name,
+            "local",
+            template.space.config(i),
+            MeasureResult(MeasureStatus.OK, (float(1e-6 * (1 + i % 7)),), ""),  # made-up costs: labels
+        )
+        for i in indices
+    ]
+    model = train(records)
+    assert model.manifest.ops == ("conv2d", "winograd")
+    scorer = model.cost_model("conv2d_auto")
+    assert isinstance(scorer, PartsModel)
+    x = featurize(template, indices)
+    (direct_model, a, b), (wino_model, c, d) = scorer.parts
+    np.testing.assert_array_equal(scorer.predict(x)[:40], direct_model.predict(x[:40, a:b]))
+    np.testing.assert_array_equal(scorer.predict(x)[40:], wino_model.predict(x[40:, c:d]))
+    # The shipped models hold no Winograd booster: its analytic estimate stands in for one.
+    shipped = read_model(builtin_model_path(TARGET, "conv2d_auto")).cost_model("conv2d_auto")
+    assert isinstance(shipped, PartsModel) and isinstance(shipped.parts[1][0], EstimatePrior)

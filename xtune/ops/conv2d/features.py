@@ -279,7 +279,7 @@ def winograd_gain(template: ScheduleTemplate) -> float:
 
 
 AUTO_FEATURES = (
-    "winograd",
+    "algo",  # the part: 0 direct, 1 Winograd
     *(f"direct.{c}" for c in CONV2D_FEATURES),
     *(f"winograd.{c}" for c in WINOGRAD_FEATURES),
     "est_eff",
@@ -287,7 +287,7 @@ AUTO_FEATURES = (
 
 
 def auto_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
-    """A config of the sum of both algorithms: 1 for Winograd, the direct block (0 for a Winograd
+    """A config of the sum of both algorithms: its part (1 for Winograd), the direct block (0 for a Winograd
     config), the Winograd block (0 for a direct one), and the estimate in the direct's units (each
     algorithm's estimate; Winograd's times its multiply gain): the analytic prior ranks both at once."""
     assert isinstance(template, SumTemplate)
@@ -307,4 +307,10 @@ def auto_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     return out
 
 
-AUTO = FeatureSet(name="conv2d_auto", columns=AUTO_FEATURES, compute=auto_features)
+_ND = len(CONV2D_FEATURES)
+AUTO = FeatureSet(
+    name="conv2d_auto",
+    columns=AUTO_FEATURES,
+    compute=auto_features,
+    parts=((DIRECT.name, 1, 1 + _ND), (WINOGRAD.name, 1 + _ND, 1 + _ND + len(WINOGRAD_FEATURES))),
+)
