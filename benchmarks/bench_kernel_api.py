@@ -7,14 +7,15 @@ ResNet-18 and MobileNetV2 (bench_layers.py's tables), each tuned through the ker
   (`xtune build --workload ...,prepacked=1`, docs/firmware.md) and read as they are by every call.
   Depthwise layers have no packed form (their weights are read as they are): both columns are one run.
 
-With --winograd packed (the default) or both, the 3x3 stride-1 layers of those forms are tuned as
-algo=winograd, the algorithm a firmware would pick for them. ONNX Runtime (one thread, every graph
+With --winograd auto (the default), the 3x3 stride-1 layers are tuned without `algo=`: direct and
+Winograd in one space, the tuner's choice (docs/design.md, Convolutions); none forces algo=direct on
+them, packed (the prepacked form) or both forces algo=winograd. ONNX Runtime (one thread, every graph
 optimization, its own prepacked weights) runs each layer as written in the same run, before and after
 xtune's re-timing (the better figure counts). Prints each layer's GFLOP/s and ratios, then the
 flops-weighted ratio per network (total time of its layers, each weighted by how often it runs).
 
 Usage: python benchmarks/bench_kernel_api.py [--nets resnet18 mobilenetv2] [--trials 64] [--rounds 3]
-       [--seed 1] [--only SUBSTRING ...] [--winograd none|packed|both]
+       [--seed 1] [--only SUBSTRING ...] [--winograd auto|none|packed|both]
 The full run tunes 74 layer forms (32 conv2d layers twice, 10 depthwise once): about 2 hours on an idle
 x86 host (a form takes 1 to 2 minutes). ORT needs the `bench` extra. The machine should be otherwise
 idle: every figure is a timing.
@@ -61,6 +62,8 @@ def form(layer: Layer, name: str, winograd: str) -> Workload:
     extra = ",prepacked=1" if name == "prepacked" else ""
     if winograd in (name.replace("prepacked", "packed"), "both") and winograd_eligible(written):
         extra += ",algo=winograd"
+    elif winograd == "none" and winograd_eligible(written):
+        extra += ",algo=direct"
     return parse_workload(layer.workload + extra)
 
 
@@ -93,7 +96,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="re-timing rounds of each shipped config")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", action="append", help="layers whose name contains this")
-    parser.add_argument("--winograd", choices=("none", "packed", "both"), default="packed")
+    parser.add_argument("--winograd", choices=("auto", "none", "packed", "both"), default="auto")
     args = parser.parse_args()
     board = get_board("local")
     print(
