@@ -18,6 +18,7 @@ from xtune.boards.board import get_board
 from xtune.cli import main
 from xtune.firmware.build import NetArtifact
 from xtune.firmware.network_bench import random_input, run_network
+from xtune.frontend.tasks import extract_tasks
 from xtune.ops.conv2d.direct import Conv2dTemplate
 from xtune.ops.conv2d.features import CONV2D_FEATURES, WINOGRAD_FEATURES, conv2d_features, winograd_features
 from xtune.ops.conv2d.winograd import WinogradTemplate
@@ -121,24 +122,17 @@ def _main(argv: list[str], capsys: Capture) -> dict[str, object]:
     return dict(json.loads(capsys.readouterr().out))
 
 
+def _tune(what: list[str], trials: int, log: Path, capsys: Capture) -> dict[str, object]:
+    """`xtune tune` of `what` on the host, `trials` in one batch, no confirmation timings."""
+    budget = ["--trials", str(trials), "--batch-size", str(trials), "--confirm", "0"]
+    return _main(["tune", *what, *budget, "--log", str(log)], capsys)
+
+
 def test_a_tiny_budget_measures_both_algorithms_and_best_names_the_winner(
     tmp_path: Path, capsys: Capture
 ) -> None:
     log = tmp_path / "log.jsonl"
-    tune = [
-        "tune",
-        "--workload",
-        KEY,
-        "--trials",
-        "4",
-        "--batch-size",
-        "4",
-        "--confirm",
-        "0",
-        "--log",
-        str(log),
-    ]
-    _main(tune, capsys)
+    _tune(["--workload", KEY], 4, log, capsys)
     records = TuningLog(log).read()
     assert {dict(r.knobs)["algo"] for r in records} == {"direct", "winograd"}
     target = records[0].target
@@ -163,18 +157,8 @@ def test_the_artifact_of_a_winograd_winner_names_it_and_packs_for_it(tmp_path: P
     winograd_seed = seed_configs(sum_of(key))[1]
     log, header = tmp_path / "log.jsonl", tmp_path / "k.h"
     _fastest(log, key, TARGET.name, winograd_seed)
-    build = [
-        "build",
-        "--workload",
-        key,
-        "--target",
-        TARGET.name,
-        "--log",
-        str(log),
-        "-o",
-        str(tmp_path / "k.o"),
-    ]
-    _main([*build, "--header", str(header)], capsys)
+    build = ["build", "--workload", key, "--target", TARGET.name, "--log", str(log)]
+    _main([*build, "-o", str(tmp_path / "k.o"), "--header", str(header)], capsys)
     text = header.read_text()
     assert f"config {winograd_seed} " in text and "algo=winograd tile=" in text
     assert "_pack(const float *weights, float *packed);" in text
@@ -195,20 +179,7 @@ def test_a_log_of_the_direct_template_resumes(tmp_path: Path, capsys: Capture) -
     TuningLog(log).append(
         [make_record(wl.key, target.name, "local", direct.space.config(i), ok) for i in old]
     )
-    tune = [
-        "tune",
-        "--workload",
-        KEY,
-        "--trials",
-        "2",
-        "--batch-size",
-        "2",
-        "--confirm",
-        "0",
-        "--log",
-        str(log),
-    ]
-    report = _main(tune, capsys)
+    report = _tune(["--workload", KEY], 2, log, capsys)
     assert report["resumed"] == len(old)
     new = [r.index for r in TuningLog(log).read()[len(old) :]]
     assert len(new) == 2 and not set(new) & set(old)
@@ -258,19 +229,11 @@ def test_a_networks_3x3_task_explores_both_and_its_build_follows_the_winner(
     pytest.importorskip("onnxruntime")
     model, path, log = _network(), tmp_path / "net.onnx", tmp_path / "net.jsonl"
     onnx.save(model, path)
-    _main(["tune", "--model", str(path), "--trials", "6", "--confirm", "0", "--log", str(log)], capsys)
-    target = get_board("local").target
-    sums = {
-        r.workload
-        for r in TuningLog(log).read()
-        if isinstance(template_for(parse_workload(r.workload), target), SumTemplate)
-    }
-    assert len(sums) == 1
-    (task,) = sums
-    assert {dict(r.knobs)["algo"] for r in TuningLog(log).read() if r.workload == task} == {
-        "direct",
-        "winograd",
-    }
+    _tune(["--model", str(path)], 6, log, capsys)
+    target, records = get_board("local").target, TuningLog(log).read()
+    (task,) = {r.workload for r in records if "stride=1" in r.workload}
+    assert isinstance(template_for(parse_workload(task), target), SumTemplate)
+    assert {dict(r.knobs)["algo"] for r in records if r.workload == task} == {"direct", "winograd"}
     winner = build_choice(read_logs([log]), task, target.name)
     assert winner is not None
     row = next(k for k in _check_against_ort(model, log).kernels if k.what == task)
@@ -280,6 +243,25 @@ def test_a_networks_3x3_task_explores_both_and_its_build_follows_the_winner(
     _fastest(log, task, target.name, winograd_seed)
     row = next(k for k in _check_against_ort(model, log).kernels if k.what == task)
     assert row.config_index == winograd_seed
+
+
+def test_a_log_keyed_algo_winograd_builds_and_resumes_the_sum(tmp_path: Path, capsys: Capture) -> None:
+    """A network's 3x3 tasks were keyed algo=winograd before the algorithm was the tuner's: such a log's
+    records are the sum's Winograd configs, which the network's build takes and a tuning run resumes."""
+    pytest.importorskip("onnxruntime")
+    model, target, log = _network(), get_board("local").target, tmp_path / "old.jsonl"
+    (task,) = (t.workload.key for t in extract_tasks(model, target).tasks if "stride=1" in t.workload.key)
+    forced = parse_workload(task + ",algo=winograd")
+    winograd = template_for(forced, target)
+    own = winograd.default_config().index + 1
+    _fastest(log, forced.key, target.name, own)
+    summed = template_for(parse_workload(task), target)
+    assert isinstance(summed, SumTemplate)
+    offset = summed.parts[0][1].space.size
+    row = next(k for k in _check_against_ort(model, log).kernels if k.what == task)
+    assert (row.source, row.config_index) == ("log", offset + own)
+    report = _tune(["--workload", task], 1, log, capsys)
+    assert report["resumed"] == 1
 
 
 # ---- transfer: the parts' boosters, never a sum's own ----------------------------------------------------

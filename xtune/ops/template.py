@@ -72,6 +72,9 @@ class ReadsWeightsAsGiven:
         raise InputError(f"{self.workload.key}: depthwise weights are read as they are, never packed")
 
 
+SUM_TAG = "algo"  # a sum's tag knob, and the workload key that forces one of its parts (algo=winograd)
+
+
 class SumTemplate:
     """Templates of one workload as one space, the sum of theirs (SumSpace, its tag knob `algo`): each
     config is one part's, built, packed and fed by that part's template. The default is part 0's (so a
@@ -81,7 +84,7 @@ class SumTemplate:
         self.workload = workload
         self.target = target
         self.parts = tuple(parts)
-        self.sum: SumSpace = sum_space("algo", [(name, t.space) for name, t in self.parts])
+        self.sum: SumSpace = sum_space(SUM_TAG, [(name, t.space) for name, t in self.parts])
         self.space: ConfigSpace = self.sum
 
     def part(self, config: Config) -> tuple[str, ScheduleTemplate, Config]:

@@ -27,6 +27,7 @@ from xtune.tuning.database import (
     measured,
     of_machine,
     unmeasured,
+    with_sum_copies,
 )
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
@@ -85,7 +86,7 @@ def past_records(
     without a fingerprint count as any cpu's), whose knobs still mean the same config."""
     return [
         r
-        for r in of_machine(logged, template.workload.key, template.target.name)
+        for r in of_machine(with_sum_copies(list(logged)), template.workload.key, template.target.name)
         if (cpus is None or cpu_of(r) in (None, *cpus)) and config_of(template, r) is not None
     ]
 
