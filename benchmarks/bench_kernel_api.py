@@ -34,7 +34,8 @@ from bench_layers import MOBILENETV2, RESNET18, Layer  # benchmarks/ is the scri
 
 from xtune.boards.board import Board, get_board
 from xtune.ops.conv2d import winograd_eligible
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import SUM_TAG
 from xtune.ops.workload import Workload
 from xtune.tuning.database import TuningLog
 from xtune.tuning.kernel_bench import retime_gflops
@@ -65,6 +66,14 @@ def form(layer: Layer, name: str, winograd: str) -> Workload:
     elif winograd == "none" and winograd_eligible(written):
         extra += ",algo=direct"
     return parse_workload(layer.workload + extra)
+
+
+def algorithm(wl: Workload, board: Board, index: int | None) -> str:
+    """ " (algo=NAME)" of a config of a conv2d whose algorithm was the tuner's to choose, else ""."""
+    if index is None:
+        return ""
+    algo = dict(template_for(wl, board.target).space.config(index).values).get(SUM_TAG)
+    return f" ({SUM_TAG}={algo})" if algo else ""
 
 
 def tuned_gflops(wl: Workload, board: Board, trials: int, seed: int, rounds: int) -> tuple[int | None, float]:
@@ -121,7 +130,7 @@ def main() -> None:
                     gflops[name], keys[name] = gflops[done], keys[done]
                     continue
                 index, gflops[name] = tuned_gflops(wl, board, args.trials, args.seed, args.rounds)
-                keys[name] = f"{wl.key} #{index}"
+                keys[name] = f"{wl.key} #{index}{algorithm(wl, board, index)}"
             ort = max(ort, ort_gflops(written) or math.nan)  # a quiet spell must not flatter xtune
             row = Row(layer=layer, ort=ort, gflops=gflops, keys=keys)
             rows.setdefault(net, []).append(row)
