@@ -382,9 +382,11 @@ def test_refusals_of_matmul_and_weights() -> None:
     gemm = helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="g")
     full_c = make([gemm], {"x": [3, 4]}, ["y"], {"w": f32(4, 5), "c": f32(3, 5)})
     assert "node 'g' (Gemm): C 'c' is not a constant per-column bias" in refusal(full_c)
-    bmm = helper.make_node("MatMul", ["a", "b"], ["y"], name="bmm")
-    batched = make([bmm], {"a": [2, 3, 4], "b": [2, 4, 5]}, ["y"])
-    assert "node 'bmm' (MatMul): MatMul of shapes (2, 3, 4) @ (2, 4, 5) is not supported" in refusal(batched)
+    vec = helper.make_node("MatMul", ["a", "b"], ["y"], name="vec")
+    vector = make([vec], {"a": [4], "b": [4, 5]}, ["y"])
+    assert "node 'vec' (MatMul): MatMul of shapes (4,) @ (4, 5) is not supported (a 1-D operand)" in refusal(
+        vector
+    )
 
 
 def test_unreadable_files_are_input_errors(tmp_path: Path) -> None:

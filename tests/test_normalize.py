@@ -259,7 +259,7 @@ def unsupported_model() -> onnx.ModelProto:
         node("LRN", ["n1"], ["n2"], name="lrn2", size=3, bias=0.0),
         node("Pad", ["n2", "pads"], ["t"], name="pad"),
         node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[1, 1], ceil_mode=1),
-        node("Gelu", ["p"], ["y"], name="gelu", domain="com.microsoft"),
+        node("QuickGelu", ["p"], ["y"], name="gelu", domain="com.microsoft"),
     ]
     inits: dict[str, np.ndarray] = {
         "w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
@@ -303,7 +303,9 @@ def test_one_refusal_names_every_unsupported_node_by_op_type(tmp_path: Path, cap
             "Pad ×1 (node 'pad'): not an operator xtune runs" in err
             and "MaxPool ×1 (node 'pool'): ceil_mode=1" in err
         )
-        assert "com.microsoft.Gelu ×1 (node 'gelu'): not an operator xtune runs (an operator of the " in err
+        assert (
+            "com.microsoft.QuickGelu ×1 (node 'gelu'): not an operator xtune runs (an operator of the " in err
+        )
         assert "BatchNormalization" not in err  # it would fold into the conv
     assert main(["tasks", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -312,7 +314,7 @@ def test_one_refusal_names_every_unsupported_node_by_op_type(tmp_path: Path, cap
         ("LRN", 2, ["lrn1", "lrn2"]),
         ("Pad", 1, ["pad"]),
         ("MaxPool", 1, ["pool"]),
-        ("com.microsoft.Gelu", 1, ["gelu"]),
+        ("com.microsoft.QuickGelu", 1, ["gelu"]),
     ]
     assert "export with standard ONNX operators only" in report["unsupported"][4]["hint"]
     assert report["tasks"] == []

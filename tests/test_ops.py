@@ -16,12 +16,14 @@ from xtune.codegen.compile import compile_object
 from xtune.codegen.link import FlatImage, link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
+from xtune.ops.bmm import BatchedMatmul
 from xtune.ops.concat import Concat
 from xtune.ops.elementwise import Elementwise, ElementwiseOp, relu
 from xtune.ops.layout import Layout
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d, PoolKind
 from xtune.ops.registry import GeneratedOp as Operator
 from xtune.ops.reshape import Reshape
+from xtune.ops.resize import Resize, axis_taps
 from xtune.ops.softmax import Softmax
 from xtune.ops.transpose import Transpose
 from xtune.schedule.loopnest import (
@@ -76,6 +78,18 @@ CASES: dict[str, Operator] = {
     # fewer channels than lanes (an image's 3, the network's input): interleaving shuffles, and a tail
     "to-nhwc-rgb": Transpose(n=2, c=3, h=7, w=11, to=NHWC),
     "to-nhwc-2ch": Transpose(n=1, c=2, h=5, w=13, to=NHWC),
+    # batch axes broadcast both ways; n = 19 (full vectors and a partial one)
+    "batched-matmul": BatchedMatmul(a=(2, 1, 3, 5), b=(3, 5, 19)),
+    # bilinear x2 half-pixel rows, nearest x1.5 columns; channels as vectors with a tail
+    "resize-nhwc": Resize(
+        n=1,
+        c=11,
+        h=4,
+        w=6,
+        rows=axis_taps("linear", "half_pixel", "round_prefer_floor", 4, 8, 2.0),
+        cols=axis_taps("nearest", "asymmetric", "floor", 6, 9, 1.5),
+        layout=NHWC,
+    ),
 }
 BOARD_CASES = (
     "maxpool3s2p1",

@@ -186,4 +186,4 @@ def test_the_activation_keys_keep_old_workloads_and_exclude_relu() -> None:
     with pytest.raises(InputError, match="'act' excludes 'relu' and 'relu6'"):
         parse_workload("conv2d:n=1,c=3,h=4,w=4,k=2,r=1,s=1,relu=1,act=tanh")
     with pytest.raises(InputError, match="'act' must be one of"):
-        parse_workload("depthwise:n=1,c=3,h=4,w=4,r=3,s=3,act=gelu")
+        parse_workload("depthwise:n=1,c=3,h=4,w=4,r=3,s=3,act=softplus")

@@ -25,6 +25,16 @@ class Node:
     def attr(self, key: str, default: AttrValue) -> AttrValue:
         return self.attrs.get(key, default)
 
+    def int_attr(self, key: str, default: int) -> int:
+        value = self.attrs.get(key, default)
+        assert isinstance(value, int), (self.name, key, value)
+        return value
+
+    def float_attr(self, key: str, default: float) -> float:
+        value = self.attrs.get(key, default)
+        assert isinstance(value, int | float), (self.name, key, value)
+        return float(value)
+
     def ints(self, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
         value = self.attrs.get(key, default)
         assert isinstance(value, tuple), (self.name, key, value)
@@ -47,9 +57,17 @@ class Graph:
     outputs: tuple[str, ...]
     constants: Mapping[str, np.ndarray] = field(compare=False)  # initializers and Constant nodes' values
     shapes: Mapping[str, tuple[int, ...]] = field(compare=False)  # every tensor's shape
+    # Element types (numpy names) of the activations that are not float32: a quantized model's int8,
+    # uint8 and int32 tensors. Constants carry their own.
+    dtypes: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def shape(self, tensor: str) -> tuple[int, ...]:
         return self.shapes[tensor]
+
+    def dtype(self, tensor: str) -> str:
+        """The element type of `tensor` as numpy names it ("float32", "int8", ...)."""
+        value = self.constants.get(tensor)
+        return str(value.dtype) if value is not None else self.dtypes.get(tensor, "float32")
 
     def constant(self, tensor: str) -> np.ndarray | None:
         return self.constants.get(tensor)

@@ -56,8 +56,11 @@ def _aligned(n: int) -> int:
 
 
 def pack_weights(arrays: Sequence[tuple[str, np.ndarray]]) -> tuple[WeightsLayout, bytes]:
-    """One little-endian float32 blob holding every array (C order) at an aligned offset, and its layout."""
+    """One little-endian blob holding every array (C order) at an aligned offset, and its layout: float
+    arrays as float32, the integer arrays of int8 kernels (int8 weights, int32 bias and qparams) in
+    their own type."""
     rows: list[tuple[str, int, int]] = []
+    arrays = [(name, _stored(array)) for name, array in arrays]
     end = 0
     names: set[str] = set()
     for name, array in arrays:
@@ -65,13 +68,19 @@ def pack_weights(arrays: Sequence[tuple[str, np.ndarray]]) -> tuple[WeightsLayou
             raise InputError(f"weights: array '{name}' appears twice")
         names.add(name)
         offset = _aligned(end)
-        rows.append((name, offset, 4 * array.size))
-        end = offset + 4 * array.size
+        rows.append((name, offset, array.nbytes))
+        end = offset + array.nbytes
     layout = WeightsLayout(arrays=tuple(rows), nbytes=_aligned(end))
     blob = bytearray(layout.nbytes)
     for (_, array), (_, offset, size) in zip(arrays, rows, strict=True):
-        blob[offset : offset + size] = np.ascontiguousarray(array, dtype="<f4").tobytes()
+        blob[offset : offset + size] = array.tobytes()
     return layout, bytes(blob)
+
+
+def _stored(array: np.ndarray) -> np.ndarray:
+    """The array as the object stores it: little-endian, integers in their type, anything else float32."""
+    kind = array.dtype.newbyteorder("<") if np.issubdtype(array.dtype, np.integer) else np.dtype("<f4")
+    return np.ascontiguousarray(array, dtype=kind)
 
 
 def weights_global(nbytes: int) -> str:

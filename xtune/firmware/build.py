@@ -35,6 +35,7 @@ from xtune.errors import InputError
 from xtune.files import write_all_atomic
 from xtune.firmware.header import c_comment
 from xtune.firmware.kernels import (
+    C_TYPES,
     MAX_STACK_BYTES,
     check_outputs,
     choose,
@@ -134,6 +135,10 @@ class NetArtifact:
             "layout": self.program.layout.value,
             "input_shape": list(self.program.input_shape),
             "output_shape": list(self.program.output_shape),
+            "input_type": self.program.input_type,
+            "output_type": self.program.output_type,
+            "input_quantization": self.program.input_quant,  # (scale, zero point) or None
+            "output_quantization": self.program.output_quant,
             "calls": len(self.program.calls),
             "kernels": [k.as_dict() for k in self.kernels],
             "workspace_bytes": plan.workspace_bytes,
@@ -149,8 +154,8 @@ class NetArtifact:
 # The small queries beside the entry: name -> (C return type, LLVM type, what the value is).
 _QUERIES = {
     "workspace_bytes": ("uint64_t", "i64", "bytes of workspace the entry needs"),
-    "input_size": ("uint64_t", "i64", "floats of the input"),
-    "output_size": ("uint64_t", "i64", "floats of the output"),
+    "input_size": ("uint64_t", "i64", "elements of the input"),
+    "output_size": ("uint64_t", "i64", "elements of the output"),
     "build_id": ("uint32_t", "i32", "the build's id: equal to the header's"),
 }
 
@@ -454,11 +459,13 @@ def _with_header(a: NetArtifact) -> NetArtifact:
     tasks = sum(k.calls for k in a.kernels if k.source != "generated")
     lines = header_open(a.target, guard, includes=("stdint.h",))
     model = c_comment(os.path.basename(a.model))
+    in_c, out_c = C_TYPES[prog.input_type], C_TYPES[prog.output_type]
     lines += [
         f"/* {a.entry}: the whole network {model}, {len(prog.calls)} kernel calls "
         f"({tasks} tuned tasks, {len(prog.calls) - tasks} generated operators).",
-        f" *   input:  float{dims}, '{c_comment(prog.input)}', row-major (NCHW), read only",
-        f" *   output: float{out_dims}, '{c_comment(prog.output)}', row-major, overwritten",
+        f" *   input:  {in_c}{dims}, '{c_comment(prog.input)}', row-major (NCHW), read only",
+        f" *   output: {out_c}{out_dims}, '{c_comment(prog.output)}', row-major, overwritten",
+        *_quant_lines(prog),
         f" *   (the network runs in {prog.layout.value.upper()} inside; input and output are as the model "
         "declares them)",
         f" *   workspace: {plan.workspace_bytes} bytes of the caller's memory, 64-byte aligned for speed",
@@ -479,7 +486,8 @@ def _with_header(a: NetArtifact) -> NetArtifact:
         f"#define {up}_STACK_BYTES {a.stack_bytes}u",
         f"#define {up}_WEIGHTS_BYTES {a.weights_bytes}u",
         f"#define {up}_BUILD_ID {a.build_id:#010x}u",
-        f"int {a.entry}(const float *input, float *output, void *workspace);",
+        *_quant_defines(prog, up),
+        f"int {a.entry}(const {in_c} *input, {out_c} *output, void *workspace);",
         "",
     ]
     for name, (cty, _, what) in _QUERIES.items():
@@ -495,6 +503,31 @@ def _with_header(a: NetArtifact) -> NetArtifact:
         )
     lines += [" */", ""]
     return replace(a, header="\n".join(lines + header_close(guard)))
+
+
+def _quant_lines(prog: Program) -> list[str]:
+    """The header's words on a quantized network's input and output: real = scale * (q - zero_point)."""
+    lines = []
+    for what, kind, quant in (
+        ("input", prog.input_type, prog.input_quant),
+        ("output", prog.output_type, prog.output_quant),
+    ):
+        if quant is None:
+            continue
+        how = "its values are" if kind != "float32" else "quantized inside to" if what == "input" else "from"
+        lines.append(f" *   {what} quantization: {how} 8-bit q, real = {quant[0]!r} * (q - {quant[1]})")
+    return lines
+
+
+def _quant_defines(prog: Program, up: str) -> list[str]:
+    lines = []
+    for what, quant in (("INPUT", prog.input_quant), ("OUTPUT", prog.output_quant)):
+        if quant is not None:
+            lines += [
+                f"#define {up}_{what}_SCALE {quant[0]!r}f",
+                f"#define {up}_{what}_ZERO_POINT {quant[1]}",
+            ]
+    return lines
 
 
 def _profile_header(a: NetArtifact) -> list[str]:

@@ -136,7 +136,13 @@ def reference_file(artifact: NetArtifact, model: Source) -> bytes:
     seeded random input and the peer's output for it (`network_peer`). Little-endian: 8 bytes "XTNETREF",
     u32 version 1, u32 the build id (the header's), u64 input floats, u64 output floats, then both arrays
     as float32."""
-    x = random_input(artifact.program.input_shape)
+    prog = artifact.program
+    if prog.input_type != "float32" or prog.output_type != "float32":
+        raise InputError(
+            f"{prog.model}: a reference file holds float32 arrays; this network's input is "
+            f"{prog.input_type} and its output {prog.output_type}"
+        )
+    x = network_input(artifact)
     ref, _ = network_peer(model).run(x, 0)
     head = REFERENCE_MAGIC + struct.pack("<IIQQ", 1, artifact.build_id, x.size, ref.size)
     return head + x.astype("<f4").tobytes() + ref.astype("<f4").tobytes()
@@ -176,9 +182,42 @@ def build_model_files(
     return artifact
 
 
-def random_input(shape: tuple[int, ...], seed: int = SEED) -> np.ndarray:
-    """The input every network check feeds: uniform in [-1, 1), float32."""
-    return np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+def random_input(shape: tuple[int, ...], seed: int = SEED, dtype: str = "float32") -> np.ndarray:
+    """The input every network check feeds: uniform in [-1, 1), float32; an 8-bit input uniform over its
+    type's values."""
+    rng = np.random.default_rng(seed)
+    if dtype != "float32":
+        info = np.iinfo(np.dtype(dtype))
+        return rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+    return rng.uniform(-1, 1, shape).astype(np.float32)
+
+
+def network_input(artifact: NetArtifact) -> np.ndarray:
+    """The seeded random input of the artifact's network, in its entry's input type."""
+    return random_input(artifact.program.input_shape, dtype=artifact.program.input_type)
+
+
+# A quantized network's output may differ from ONNX Runtime's by one quantization step on this share of
+# its values at most (docs/int8.md, "Exactness"); every other value must be equal.
+ONE_STEP_SHARE = 0.001
+
+
+def compare_network(artifact: NetArtifact, got: np.ndarray, ref: np.ndarray) -> str:
+    """Why `got` is not the network's output `ref` ("" when it is): a quantized output (int8, or the
+    dequantization of an int8 tensor) by the rule of ONE_STEP_SHARE, any other by compare_output's."""
+    quant = artifact.program.output_quant
+    if quant is None or got.shape != ref.shape:
+        return compare_output(got, ref, RTOL)
+    step = quant[0] if artifact.program.output_type == "float32" else 1.0  # a dequantized output's, or 1
+    steps = np.abs(got.astype(np.float64) - ref.astype(np.float64)) / step
+    off = int(np.count_nonzero(got != ref))
+    allowed = int(ONE_STEP_SHARE * got.size)
+    if off == 0 or (float(steps.max()) <= 1 + 1e-6 and off <= allowed):
+        return ""
+    return (
+        f"{off} of {got.size} quantized outputs differ (at most {allowed} may, by one step), "
+        f"the largest by {float(steps.max()):.3g} steps of {step!r}"
+    )
 
 
 def load_network(session: AgentSession, artifact: NetArtifact, x: np.ndarray) -> FlatImage:
@@ -188,8 +227,11 @@ def load_network(session: AgentSession, artifact: NetArtifact, x: np.ndarray) ->
         ObjectCode(artifact.target.name, artifact.target.arch, artifact.object, artifact.entry_points)
     )
     session.load_image(image.code)
-    session.set_buffer(0, np.ascontiguousarray(x, dtype=np.float32).tobytes())
-    session.set_buffer(1, np.full(artifact.program.output_shape, np.nan, np.float32).tobytes())
+    prog = artifact.program
+    session.set_buffer(0, np.ascontiguousarray(x, dtype=prog.input_type).tobytes())
+    # NaN (a float output) or a byte pattern (an integer one): an element never written shows.
+    unwritten = np.nan if prog.output_type == "float32" else 0x5A
+    session.set_buffer(1, np.full(prog.output_shape, unwritten, prog.output_type).tobytes())
     session.set_buffer(2, bytes(max(64, artifact.workspace_bytes)))
     return image
 
@@ -204,7 +246,8 @@ def run_network(
         entry = load_network(session, artifact, x).entry(artifact.entry)
         reply = session.run(RunRequest.check(entry, (0, 1, 2), timeout_ms=TIMEOUT_MS))
         check_finished(reply, board)
-        got = np.frombuffer(session.read_buffer(1), np.float32).reshape(artifact.program.output_shape).copy()
+        out = np.frombuffer(session.read_buffer(1), artifact.program.output_type)
+        got = out.reshape(artifact.program.output_shape).copy()
         cost = float("nan")
         if isinstance(session, InsnCountingSession) and session.last_cost is not None:
             cost = session.last_cost  # the check-only call is one inference (deterministic)
@@ -241,13 +284,15 @@ def bench_model(
     artifact = build_model(model, board.target, logs, layout=where, refuse_nonfinite=refuse_nonfinite)
     for note in nonfinite_notes(artifact.program, refuse_nonfinite):
         warnings.warn(note, XtuneWarning, stacklevel=2)
-    x = random_input(artifact.program.input_shape)
+    x = network_input(artifact)
     wall = board.cost_unit is CostUnit.SECONDS
     # First: a model its peer refuses is refused before the board runs it.
     ref, ort_times = peer.run(x, repeat if wall else 0)
     got, cost = run_network(board, artifact, x, repeat)
-    mismatch = compare_output(got, ref, RTOL)
-    error = max_abs_error(got, ref)  # over the finite positions: the others matched, or mismatch says
+    mismatch = compare_network(artifact, got, ref)
+    error = max_abs_error(
+        got.astype(np.float64), ref.astype(np.float64)
+    )  # over the finite positions: the others matched, or mismatch says
     return NetBenchReport(
         model=artifact.model,
         target=board.target.name,

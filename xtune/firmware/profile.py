@@ -22,7 +22,7 @@ from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
 from xtune.firmware.build import NetArtifact, build_model, check_profile, kernel_key, step_label
-from xtune.firmware.network_bench import TIMEOUT_MS, check_finished, load_network, random_input
+from xtune.firmware.network_bench import TIMEOUT_MS, check_finished, load_network, network_input
 from xtune.frontend.load import Source
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
 from xtune.ops.workload import Workload
@@ -146,7 +146,7 @@ def _stamps(board: Board, artifact: NetArtifact, runs: int) -> tuple[np.ndarray,
     rows: list[np.ndarray] = []
     seconds: list[float] = []
     with board.open() as session:
-        image = load_network(session, artifact, random_input(artifact.program.input_shape))
+        image = load_network(session, artifact, network_input(artifact))
         entry = image.entry(artifact.profile_entry)
         session.set_buffer(3, bytes(8 * count))
         for i in range(runs + 1):  # the first run warms up: first touch of the workspace, caches

@@ -26,6 +26,7 @@ from xtune.errors import InputError, UnsupportedNode
 from xtune.firmware.memory import MemoryPlan, Sharing, Step, lifetimes, plan_memory
 from xtune.firmware.relayout import OpStep, relayout
 from xtune.frontend.load import Source, load_graph
+from xtune.frontend.quantized import quantization
 from xtune.frontend.refusal import Unsupported, by_op, refusal
 from xtune.frontend.tasks import FusedOp, fuse
 from xtune.frontend.validate import nonfinite
@@ -71,6 +72,12 @@ class Program:
     weights: tuple[tuple[str, np.ndarray], ...]  # constant arrays by tensor name, in first-use order
     memory: MemoryPlan
     nonfinite: tuple[tuple[str, int], ...] = ()  # the model's constants holding NaN or inf, and how many
+    input_type: str = "float32"  # element types of the entry's input and output (numpy names)
+    output_type: str = "float32"
+    # The (scale, zero point) of the input and output: an int8 one's own, or a float one's where the
+    # network quantizes it right away (input) or dequantized it last (output); None elsewhere.
+    input_quant: tuple[float, int] | None = None
+    output_quant: tuple[float, int] | None = None
 
 
 def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
@@ -112,6 +119,10 @@ def program(source: Source, layout: str | Layout = DEFAULT) -> Program:
         weights=tuple(weights.items()),
         memory=plan,
         nonfinite=tuple(nonfinite((t, graph.constants[t]) for t in read if t in graph.constants)),
+        input_type=graph.dtype(x),
+        output_type=graph.dtype(y),
+        input_quant=quantization(graph, x),
+        output_quant=quantization(graph, y),
     )
 
 
@@ -162,6 +173,8 @@ def _calls(graph: Graph, ops: list[FusedOp], others: set[str]) -> tuple[list[OpS
 
 def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> OpStep:
     wl = op.workload
+    if op.quant is not None:
+        return _int8_step(op, weights)
     if op.weights is not None:
         weights[f"{op.anchor}.weights"] = family(wl.op).task_weights(wl, op.weights)  # the workload's layout
         w = f"{op.anchor}.weights"
@@ -175,6 +188,24 @@ def _task_step(op: FusedOp, weights: dict[str, np.ndarray]) -> OpStep:
     if wl["residual"]:
         assert op.residual is not None
         args.append(op.residual)
+    return OpStep((op.anchor, *op.fused), wl, (*args, op.output), Sharing.NONE)
+
+
+def _int8_step(op: FusedOp, weights: dict[str, np.ndarray]) -> OpStep:
+    """An int8 kernel's call: the activation, the int8 weights, then its other constant inputs (int32
+    bias, scales, qparams) in the order of its workload's tensors, then the output."""
+    assert op.weights is not None and op.quant is not None
+    wl, prefix = op.workload, op.anchor
+    weights[f"{prefix}.weights"] = family(wl.op).task_weights(wl, op.weights)
+    args = [op.input, f"{prefix}.weights"]
+    constants = {"bias": op.bias, **op.quant}
+    for spec in wl.tensors()[2:]:
+        if spec.is_output:
+            continue
+        value = constants[spec.name]
+        assert value is not None, (op.anchor, spec.name)
+        weights[f"{prefix}.{spec.name}"] = value
+        args.append(f"{prefix}.{spec.name}")
     return OpStep((op.anchor, *op.fused), wl, (*args, op.output), Sharing.NONE)
 
 
@@ -235,7 +266,8 @@ def _place(
                 "reshapes of activations"
             )
     plan_steps = [Step(inputs=s.args[:-1], output=s.args[-1], sharing=s.sharing) for s in steps]
-    nbytes = {t: 4 * math.prod(s) for t, s in graph.shapes.items()} | sizes
+    # Bytes by element type: an int8 activation takes a quarter of a float32 one.
+    nbytes = {t: np.dtype(graph.dtype(t)).itemsize * math.prod(s) for t, s in graph.shapes.items()} | sizes
     plan = plan_memory(lifetimes(plan_steps, nbytes, frozenset(places)))
     for name, offset in plan.offsets:
         places[name] = (Space.WORKSPACE, offset)

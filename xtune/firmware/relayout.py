@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from xtune.errors import InputError
 from xtune.firmware.memory import Sharing
 from xtune.graph import Graph
 from xtune.ops.layout import Layout, differs, layout_for, to_layout, workload_layout
@@ -116,7 +117,7 @@ class _Pass:
     def name(self, tensor: str, layout: Layout) -> str:
         name = physical_name(self.graph, tensor, layout)
         name = self.same.get(name, name)
-        self.sizes[name] = 4 * math.prod(self.graph.shape(tensor))
+        self.sizes[name] = np.dtype(self.graph.dtype(tensor)).itemsize * math.prod(self.graph.shape(tensor))
         return name
 
     def relabel(self, step: OpStep) -> bool:
@@ -155,6 +156,12 @@ class _Pass:
         if have is None:  # nothing computes it: placement says so, naming the node
             return tensor
         if layout not in have:
+            if self.graph.dtype(tensor) != "float32":  # the layout's Transpose moves float32 elements
+                raise InputError(
+                    f"{self.graph.name}: node '{node}' reads the {self.graph.dtype(tensor)} tensor "
+                    f"'{tensor}' in {layout.value.upper()}; xtune converts float32 tensors between layouts "
+                    "only"
+                )
             (source,) = have
             n, c, h, w = self.graph.shape(tensor)
             convert = Transpose(n=n, c=c, h=h, w=w, to=layout)

@@ -1,12 +1,14 @@
-"""ONNX import: a model file (or ModelProto) in, a small typed `Graph` (xtune/graph.py) out — nodes with
-their op, inputs, outputs and attributes, the constants as numpy arrays, and every tensor's static shape.
+"""ONNX import: a model file (or ModelProto) in, a small typed `Graph` (xtune/graph.py) out — nodes with their
+op, inputs, outputs and attributes, the constants as numpy arrays, and every tensor's static shape.
 
-The model is normalized first (xtune/frontend/normalize.py: opsets 7-10 upgraded, constants folded,
-Identity and inference Dropout removed, ...). Only what xtune cannot represent is refused here, in one
-line naming every node concerned: tensors of dynamic shape, activations that are not float32, subgraphs,
-opsets outside 7..current. Which ops a network may hold is the business of the passes that read the
-graph (`xtune.frontend.tasks`, and the whole-network build that emits it), not of the import.
-"""
+The model
+is normalized first (xtune/frontend/normalize.py: opsets 7-10 upgraded, constants folded, Identity and
+inference Dropout removed, ...), and a quantized model's QDQ patterns become QOperator nodes
+(xtune/frontend/quantized.py). Only what xtune cannot represent is refused here, in one line naming every node
+concerned: tensors of dynamic shape, activations that are neither float32 nor 8-bit integers (nor
+MatMulInteger's int32 sums), subgraphs, opsets outside 7..current. Which ops a network may hold is the
+business of the passes that read the graph (`xtune.frontend.tasks`, and the whole-network build that emits
+it), not of the import."""
 
 from __future__ import annotations
 
@@ -23,11 +25,17 @@ from xtune.frontend.external import load_external_data
 from xtune.frontend.formats import is_tflite_file
 from xtune.frontend.normalize import normalize
 from xtune.frontend.protos import default_opset, skeleton
+from xtune.frontend.qfloat import contrib_shapes
+from xtune.frontend.quantized import qoperators
 from xtune.frontend.refusal import by_op, refusal
 from xtune.frontend.validate import check, check_weights, validate
 from xtune.graph import AttrValue, Graph, Node
 
 Source = str | os.PathLike[str] | onnx.ModelProto
+# Integer activations a quantized model has: 8-bit values, and the int32 sums of MatMulInteger. Which
+# operator may read them is the business of the operator families (a float one refuses them).
+_QUANTIZED = frozenset((onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT32))
+_INTEGER_SUMS = frozenset(("MatMulInteger",))
 
 
 def load_model(source: Source) -> onnx.ModelProto:
@@ -56,7 +64,8 @@ def load_graph(source: Source) -> Graph:
     model = normalize(validate(loaded, where), where)  # nodes in topological order from here on
     opset = default_opset(model) or 0
     try:
-        inferred = shape_inference.infer_shapes(skeleton(model), strict_mode=True)
+        bare = contrib_shapes(skeleton(model), shape_inference.infer_shapes)
+        inferred = shape_inference.infer_shapes(bare, strict_mode=True)
     except Exception as err:  # onnx's InferenceError, ValidationError: a broken or inconsistent model
         first = " ".join(str(err).split())[:300] or type(err).__name__
         raise InputError(f"{where}: shape inference failed: {first}") from None
@@ -71,6 +80,7 @@ def load_graph(source: Source) -> Graph:
             continue
         nodes.append(node)
     shapes, types = _value_infos(g, constants)
+    dtypes = {t: str(onnx.helper.tensor_dtype_to_np_dtype(e)) for t, e in types.items() if e in _QUANTIZED}
     graph = Graph(
         name=where,
         opset=opset,
@@ -79,7 +89,9 @@ def load_graph(source: Source) -> Graph:
         outputs=tuple(o.name for o in g.output),
         constants=constants,
         shapes=shapes,
+        dtypes=dtypes,
     )
+    graph = qoperators(graph)  # a quantized model's QDQ patterns as QOperator nodes
     _check_tensors(graph, types, where)
     check_weights(g.node, shapes, where)
     return graph
@@ -136,16 +148,19 @@ def _check_tensors(graph: Graph, types: Mapping[str, int], where: str) -> None:
     """Every activation a node reads or writes: float32, of a known static shape; one refusal names every
     node that has another."""
     failures = []
+    sums = {t for node in graph.nodes if node.op in _INTEGER_SUMS for t in node.outputs}
     for node in graph.nodes:
         for tensor in (*node.inputs, *node.outputs):
-            if problem := _tensor_problem(graph, types, tensor):
+            if problem := _tensor_problem(graph, types, tensor, sums):
                 failures.append(UnsupportedNode(where, node.name, node.op, *problem))
                 break
     if failures:
         raise refusal(where, by_op(failures))
 
 
-def _tensor_problem(graph: Graph, types: Mapping[str, int], tensor: str) -> tuple[str, str] | None:
+def _tensor_problem(
+    graph: Graph, types: Mapping[str, int], tensor: str, sums: set[str]
+) -> tuple[str, str] | None:
     """Why xtune cannot take `tensor`, and what would help; None if it can."""
     if not tensor or tensor in graph.constants:
         return None
@@ -162,7 +177,12 @@ def _tensor_problem(graph: Graph, types: Mapping[str, int], tensor: str) -> tupl
             "xtune runs tensors of at least one element",
         )
     elem = types.get(tensor, onnx.TensorProto.FLOAT)
+    kind = graph.dtypes.get(tensor, "")  # a rewrite's output (quantized.py) has no ONNX type
+    if kind in ("int8", "uint8") or (kind == "int32" and tensor in sums):
+        return None
     if elem != onnx.TensorProto.FLOAT:
-        kind = onnx.helper.tensor_dtype_to_np_dtype(elem)
-        return f"tensor '{tensor}' is {kind}, xtune runs float32 only", ""
+        return (
+            f"tensor '{tensor}' is {onnx.helper.tensor_dtype_to_np_dtype(elem)}, xtune runs float32 only",
+            "",
+        )
     return None

@@ -1,6 +1,7 @@
 """Graph normalization: an onnx.ModelProto as an exporter wrote it in, the same network out in the forms
 the importer reads (opset 11 or newer, constants folded, no Identity or inference Dropout, arithmetic by
-constants as Add and Mul, BatchNormalization's trailing per-channel scale and shift folded into it).
+constants as Add and Mul, GELU as one node (xtune/frontend/gelu.py), BatchNormalization's trailing
+per-channel scale and shift folded into it).
 
 Each pass keeps the network's output: it is compared with ONNX Runtime on the original model pass by pass
 (tests/test_normalize.py) and on the model zoo's graphs (tests/test_real_models.py). What the passes do
@@ -17,6 +18,7 @@ from onnx import version_converter
 from onnx.reference import ReferenceEvaluator
 
 from xtune.errors import InputError
+from xtune.frontend.gelu import declare, fuse_gelu
 from xtune.frontend.protos import (
     DEFAULT_DOMAINS,
     SMALL_CONSTANT,
@@ -46,9 +48,12 @@ def normalize(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     net, shapes = EditGraph.of(model, MIN_OPSET), static_shapes(model)
     fold_constants(net, shapes)
     canonical_arithmetic(net)
+    gelus = fuse_gelu(net, shapes)
     remove_identities(net)
     merge_scale_into_batchnorm(net, shapes)
-    return net.model(model)
+    normalized = net.model(model)
+    declare(normalized, gelus)
+    return normalized
 
 
 # Opsets 7-10 upgraded by onnx's version converter; newer than the installed onnx, or unused domains, refused
@@ -92,6 +97,7 @@ def upgrade_opset(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
             first = first or (" ".join(str(err).split())[:200] or type(err).__name__)
     else:
         raise InputError(f"{where}: onnx's version converter cannot upgrade opset {version}: {first}")
+    _keep_opset10_resize(converted)
     declared = {i.name for i in model.graph.input}
     large = [i for i in model.graph.initializer if int(np.prod(i.dims)) > SMALL_CONSTANT]
     moved = {i.name for i in large} - declared
@@ -100,6 +106,29 @@ def upgrade_opset(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     converted.graph.input.extend(inputs)
     converted.graph.initializer.extend(large)
     return converted
+
+
+# Upsample (opsets 7 and 9) and Resize (opset 10) sample at x_out / scale (ONNX Changelog, Resize-11:
+# "coordinate_transformation_mode" added, asymmetric being the old behaviour), nearest rounding down when
+# upsampling and up when downsampling (ONNX Runtime's upsample kernel, its "simple" nearest mode). The
+# version converter turns them into Resize-11 without that attribute, whose default is half_pixel: a
+# different bilinear result. The attributes are set here so the upgraded node means what the old did.
+def _keep_opset10_resize(model: onnx.ModelProto) -> None:
+    consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            consts[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
+    for node in model.graph.node:
+        if node.op_type != "Resize" or node.domain not in DEFAULT_DOMAINS:
+            continue
+        scales = consts.get(node.input[2]) if len(node.input) > 2 else None
+        down = scales is not None and bool(np.all(scales <= 1)) and bool(np.any(scales < 1))
+        node.attribute.extend(
+            [
+                onnx.helper.make_attribute("coordinate_transformation_mode", "asymmetric"),
+                onnx.helper.make_attribute("nearest_mode", "ceil" if down else "floor"),
+            ]
+        )
 
 
 # Constant folding: every node whose inputs are all constants (Shape and Size: whose input's shape is

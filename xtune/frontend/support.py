@@ -18,11 +18,12 @@ from xtune.ops.registry import ANCHOR_OPS, node_family
 OtherKind = str  # the generated operator family that runs a node (NodeFamily.kind)
 
 
-def runs(op: str) -> str | None:
+def runs(op: str, generated: bool = False) -> str | None:
     """How xtune runs op type `op` (an ONNX op_type; another domain's as "domain.op"): "task" for a
-    tunable family's op (a kernel call), else the kind of the generated operator family that builds it;
-    None if no family does."""
-    if op in ANCHOR_OPS:
+    tunable family's op (a kernel call), else (or for a node of it that no tunable family claims,
+    `generated`: a MatMul whose B has batch axes) the kind of the generated operator family that builds
+    it; None if no family does."""
+    if op in ANCHOR_OPS and not generated:
         return "task"
     fam = node_family(op)
     return fam.kind if fam is not None else None
@@ -34,3 +35,21 @@ def not_run(graph: Graph, node: Node) -> UnsupportedNode:
     return UnsupportedNode(
         graph.name, node.name, node.op, "not an operator xtune runs", hint(op, domain, graph.opset)
     )
+
+
+# Generated operators that read and write integer tensors: the quantize family converts float32 to and
+# from them, views are their bytes; every other generated kernel is float32.
+_INTEGER_KINDS = frozenset(("quantize", "reshape"))
+
+
+def integer_tensor(graph: Graph, node: Node, kind: str) -> UnsupportedNode | None:
+    """The refusal of a generated operator that would read or write an integer tensor as float32 (a
+    quantized model's op with no int8 kernel), naming the first such tensor; None if there is none."""
+    if kind in _INTEGER_KINDS:
+        return None
+    for tensor in (*node.inputs, *node.outputs):
+        if tensor and tensor not in graph.constants and graph.dtype(tensor) != "float32":
+            dtype = graph.dtype(tensor)
+            why = f"tensor '{tensor}' is {dtype}; xtune has no {dtype} kernel of {node.op}"
+            return UnsupportedNode(graph.name, node.name, node.op, why, "")
+    return None

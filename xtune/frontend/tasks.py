@@ -6,14 +6,16 @@ BatchNormalization and Mul or Div by a per-channel constant, folded into the wei
 or Gemm/MatMul over the last axis), and an Add of a per-channel constant (a bias), in any number and
 order; an Add of a tensor shaped like the output, available before the kernel runs (the residual of
 ResNet and MobileNetV2 blocks); then Relu, or Clip(0, 6) as ReLU6 (Clip(0, ∞) as ReLU), which ends the
-chain. Calls with the same workload are one `Task`, tuned once. The other nodes xtune runs
-(xtune/frontend/support.py) are listed as other nodes; every node it cannot run is named in one refusal
-(xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for a partial answer.
+chain. A quantized model's int8 calls (QLinearMatMul, MatMulInteger: docs/int8.md) fuse nothing: their
+bias and clamp are in the node already. Calls with the same workload are one `Task`, tuned once. The
+other nodes xtune runs (xtune/frontend/support.py) are listed as other nodes; every node it cannot run
+is named in one refusal (xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for
+a partial answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -22,7 +24,7 @@ import numpy as np
 from xtune.errors import InputError, UnsupportedNode
 from xtune.frontend.load import Source, load_graph
 from xtune.frontend.refusal import Unsupported, by_op, refusal
-from xtune.frontend.support import not_run, runs
+from xtune.frontend.support import integer_tensor, not_run, runs
 from xtune.graph import Graph, Node
 from xtune.ops.activation import ActivationKind, epilogue_form, silu_mul
 from xtune.ops.anchor import Anchor
@@ -58,6 +60,7 @@ class FusedOp:
     weights: np.ndarray | None = field(default=None, compare=False, repr=False)
     bias: np.ndarray | None = field(default=None, compare=False, repr=False)
     transposed: bool = False
+    quant: Mapping[str, np.ndarray] | None = field(default=None, compare=False, repr=False)  # Anchor.quant
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,6 +182,7 @@ def fuse(
     ops: list[FusedOp] = []
     claimed: set[int] = set()
     failed: dict[int, UnsupportedNode] = {}
+    generated: set[int] = set()  # nodes of a task's op type that a generated operator runs
     for i, node in enumerate(graph.nodes):
         if runs(node.op) == "task":
             try:
@@ -187,16 +191,22 @@ def fuse(
                 failed[i] = failure
                 claimed.update(_scales_after(graph, i, readers))
                 continue
+            if anchor is None:
+                generated.add(i)
+                continue
             op, used = _fuse_chain(graph, i, anchor, readers, writers, layout)
             ops.append(op)
             claimed.update(used)
     others = []
     for i, node in enumerate(graph.nodes):
-        kind = runs(node.op)
+        kind = runs(node.op, generated=i in generated)
         if i in claimed or kind == "task":
             continue
         if kind is None:
             failed[i] = not_run(graph, node)
+            continue
+        if refused := integer_tensor(graph, node, kind):
+            failed[i] = refused
             continue
         others.append(OtherNode(name=node.name, op=node.op, kind=kind))
     return ops, others, [failed[i] for i in sorted(failed)]
@@ -228,6 +238,8 @@ def _fuse_chain(
     out, stage, used = a.node.outputs[0], 0, []
     flags: dict[str, ParamValue] = {"residual": 0, "relu": 0, "relu6": 0}
     weights, bias, residual = a.weights, a.bias, None
+    if a.quant is not None:  # an int8 kernel: its epilogue (bias, clamp) is in the node already
+        stage = _CLAMP
     while stage < _CLAMP and out not in graph.outputs and len(readers.get(out, [])) in (1, 2):
         if len(readers[out]) == 2:  # x * Sigmoid(x): SiLU, the one activation that reads x twice
             mul = silu_mul(graph, out, [graph.nodes[j] for j in readers[out]])
@@ -279,6 +291,7 @@ def _fuse_chain(
         weights=weights,
         bias=bias,
         transposed=a.transposed,
+        quant=a.quant,
     )
     return op, used
 

@@ -1,7 +1,9 @@
 """The activation family of a network's generated operators: ONNX's Sigmoid, HardSigmoid, HardSwish, Tanh,
-LeakyRelu, Elu and Erf (a node, its attributes and shape in) as one `Activation` kernel (a vector map over
-the tensor, in place, in its input's layout) out; a Sigmoid whose only reader is Mul(x, Sigmoid(x)) is one
-SiLU kernel (x / (1 + e^-x)). GELU's Erf form runs as its nodes: Div, Erf, Add, Mul (xtune/ops/arith.py).
+LeakyRelu, Elu, Erf and Gelu (a node, its attributes and shape in) as one `Activation` kernel (a vector
+map over the tensor, in place, in its input's layout) out; a Sigmoid whose only reader is Mul(x,
+Sigmoid(x)) is one SiLU kernel (x / (1 + e^-x)). GELU as exporters write it (Erf or Tanh between Mul, Div
+and Add) is one Gelu node after normalization (xtune/frontend/gelu.py): x/2 (1 + Erf(x / sqrt 2)), or
+its tanh form as x / (1 + e^-2u).
 
 The transcendental ones are built from the loop-nest IR's `Exp` (docs/design.md, "The loop-nest IR":
 relative error below 8e-8): Sigmoid(x) = 1 / (1 + e^-x), which is 0 where e^-x overflows to +inf;
@@ -23,6 +25,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
+from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive, vector_map
 from xtune.schedule.loopnest import (
@@ -51,6 +54,8 @@ class ActivationKind(Enum):
     ELU = "elu"
     ERF = "erf"
     SILU = "silu"  # x * Sigmoid(x): a Sigmoid whose only reader multiplies it by its own input
+    GELU = "gelu"  # x * Phi(x), through Erf
+    GELU_TANH = "gelu_tanh"  # its tanh approximation
 
 
 _ONNX = {
@@ -61,7 +66,16 @@ _ONNX = {
     "LeakyRelu": ActivationKind.LEAKY_RELU,
     "Elu": ActivationKind.ELU,
     "Erf": ActivationKind.ERF,
+    # GELU as normalization writes it (xtune/frontend/gelu.py): ONNX's Gelu (opset 20; approximate="tanh"
+    # is GELU_TANH, `_kind`), or ONNX Runtime's contrib Gelu and FastGelu below opset 20.
+    "Gelu": ActivationKind.GELU,
+    "com.microsoft.Gelu": ActivationKind.GELU,
+    "com.microsoft.FastGelu": ActivationKind.GELU_TANH,
 }
+# GELU's tanh form: 0.5 x (1 + tanh(u)) = x / (1 + e^-2u), u = sqrt(2/pi) (x + 0.044715 x^3) (Hendrycks
+# and Gimpel, arXiv:1606.08415): 2u = x (_GELU_T0 + _GELU_T1 x^2). No cancellation, exact limits.
+_GELU_T0 = 2 * math.sqrt(2 / math.pi)
+_GELU_T1 = _GELU_T0 * 0.044715
 # Erf(x) = x P(x^2) / Q(x^2) on [-4, 4], +-1 beyond (in float32 Erf(4) rounds to 1 within 2e-8): the
 # rational approximation of Eigen's generic_fast_erf_float (Eigen, SpecialFunctionsImpl.h), lowest degree
 # first, without exp. Abramowitz-Stegun 7.1.26 needs an exp and has an absolute error of 1.5e-7, a large
@@ -136,6 +150,10 @@ class Activation:
             out = v / (1 + np.exp(-v))
         elif k is ActivationKind.ERF:
             out = np.vectorize(math.erf)(v) if v.size else v
+        elif k is ActivationKind.GELU:
+            out = 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2))) if v.size else v
+        elif k is ActivationKind.GELU_TANH:
+            out = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
         elif k is ActivationKind.TANH:
             out = np.tanh(v)
         elif k is ActivationKind.ELU:
@@ -161,6 +179,12 @@ class Activation:
             return op(BinaryOp.DIV, numerator, op(BinaryOp.ADD, c(1.0), Exp(op(BinaryOp.SUB, c(0.0), x))))
         if k is ActivationKind.ERF:
             return _erf(x, lanes)
+        if k is ActivationKind.GELU:  # x/2 (1 + erf(x / sqrt 2))
+            half = op(BinaryOp.MUL, x, c(0.5))
+            return MulAdd(half, _erf(op(BinaryOp.MUL, x, c(math.sqrt(0.5))), lanes), half)
+        if k is ActivationKind.GELU_TANH:
+            two_u = op(BinaryOp.MUL, x, MulAdd(op(BinaryOp.MUL, x, x), c(_GELU_T1), c(_GELU_T0)))
+            return op(BinaryOp.DIV, x, op(BinaryOp.ADD, c(1.0), Exp(op(BinaryOp.SUB, c(0.0), two_u))))
         if k is ActivationKind.TANH:
             e2x = Exp(op(BinaryOp.MUL, x, c(2.0)))
             return op(BinaryOp.SUB, c(1.0), op(BinaryOp.DIV, c(2.0), op(BinaryOp.ADD, c(1.0), e2x)))
@@ -223,10 +247,17 @@ def epilogue_form(graph: Graph, node: Node, x: str) -> tuple[ActivationKind, int
     """`node` as the activation a conv's or matmul's epilogue applies to its output `x`: its kind and its
     alpha and beta rounded to millionths (so HardSigmoid's 1/6 is 0.166667: the output moves by at most
     5e-7 |x| + 5e-7, far inside the 1e-4 a network is checked to); None if it is no activation."""
-    if node.op not in _ONNX or node.inputs[0] != x:
+    if node.op not in _ONNX or node.inputs[0] != x or any(node.inputs[1:]):
         return None
     alpha, beta = _parameters(node)
-    return _ONNX[node.op], round(alpha * MICRO), round(beta * MICRO)
+    return _kind(node), round(alpha * MICRO), round(beta * MICRO)
+
+
+def _kind(node: Node) -> ActivationKind:
+    """The activation of a node of an op type in _ONNX: ONNX's Gelu by its `approximate`."""
+    if node.op == "Gelu" and node.attr("approximate", "none") == "tanh":
+        return ActivationKind.GELU_TANH
+    return _ONNX[node.op]
 
 
 def silu_mul(graph: Graph, x: str, readers: list[Node]) -> Node | None:
@@ -248,6 +279,8 @@ def onnx_nodes(act: Activation, x: str, out: str) -> list[onnx.NodeProto]:
             helper.make_node("Sigmoid", [x], [f"{out}.sigmoid"]),
             helper.make_node("Mul", [x, f"{out}.sigmoid"], [out]),
         ]
+    if act.kind in (ActivationKind.GELU, ActivationKind.GELU_TANH):
+        return _gelu_nodes(act.kind is ActivationKind.GELU_TANH, x, out)
     op = next(op for op, kind in _ONNX.items() if kind is act.kind)
     node = helper.make_node(op, [x], [out])
     if op in ("HardSigmoid", "LeakyRelu", "Elu"):
@@ -257,12 +290,43 @@ def onnx_nodes(act: Activation, x: str, out: str) -> list[onnx.NodeProto]:
     return [node]
 
 
+def _gelu_nodes(tanh: bool, x: str, out: str) -> list[onnx.NodeProto]:
+    """GELU as its opset-17 nodes: x/2 (1 + Erf(x / sqrt 2)), or x/2 (1 + Tanh(sqrt(2/pi) (x + 0.044715
+    x^3))), each constant a Constant node."""
+    from onnx import helper
+
+    nodes: list[onnx.NodeProto] = []
+
+    def node(op: str, *args: str | float) -> str:
+        names = []
+        for a in args:
+            if isinstance(a, float):
+                names.append(f"{out}.c{len(nodes)}")
+                nodes.append(helper.make_node("Constant", [], [names[-1]], value_float=a))
+            else:
+                names.append(a)
+        nodes.append(helper.make_node(op, names, [f"{out}.t{len(nodes)}"]))
+        return nodes[-1].output[0]
+
+    if tanh:
+        cube = node("Mul", node("Mul", x, x), x)
+        inner = node("Add", x, node("Mul", cube, 0.044715))
+        core = node("Tanh", node("Mul", inner, math.sqrt(2 / math.pi)))
+    else:
+        core = node("Erf", node("Mul", x, math.sqrt(0.5)))
+    node("Mul", node("Mul", x, 0.5), node("Add", core, 1.0))
+    nodes[-1].output[0] = out
+    return nodes
+
+
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     if node.op == "Sigmoid" and (mul := _silu(graph, node, nxt)) is not None:
         kernel = Activation(kind=ActivationKind.SILU, shape=graph.shape(mul.outputs[0]))
         return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True, fused=mul)
     alpha, beta = _parameters(node)
-    kernel = Activation(kind=_ONNX[node.op], shape=graph.shape(node.outputs[0]), alpha=alpha, beta=beta)
+    if any(node.inputs[1:]):  # FastGelu's bias
+        raise refuse(graph, node, "an input added before the activation (a bias) is not supported")
+    kernel = Activation(kind=_kind(node), shape=graph.shape(node.outputs[0]), alpha=alpha, beta=beta)
     return Mapped(kernel=kernel, inputs=(node.inputs[0],), in_place=True)
 
 

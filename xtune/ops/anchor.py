@@ -5,6 +5,7 @@ becomes, and the refusals of weights xtune cannot take."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,10 @@ class Anchor:
     weights: np.ndarray | None = field(default=None, compare=False, repr=False)
     bias: np.ndarray | None = field(default=None, compare=False, repr=False)
     transposed: bool = False
+    # An int8 kernel's other constant inputs by its workload's tensor names (a qmatmul's "scale" and
+    # "qparams"; "A": an empty array of the activation's element type); None for a float kernel. Its
+    # int32 bias is `bias`.
+    quant: Mapping[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
     @property
     def channels(self) -> int:

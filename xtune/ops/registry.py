@@ -10,10 +10,25 @@ from functools import cache
 
 from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import Graph, Node
-from xtune.ops import activation, arith, concat, elementwise, lrn, pool2d, reduce, reshape, softmax, transpose
+from xtune.ops import (
+    activation,
+    arith,
+    bmm,
+    concat,
+    elementwise,
+    lrn,
+    pool2d,
+    quantize,
+    reduce,
+    reshape,
+    resize,
+    softmax,
+    transpose,
+)
 from xtune.ops.activation import Activation
 from xtune.ops.anchor import Anchor
 from xtune.ops.arith import Arith
+from xtune.ops.bmm import BatchedMatmul
 from xtune.ops.concat import Concat
 from xtune.ops.conv2d import Conv2d
 from xtune.ops.depthwise import Depthwise
@@ -26,6 +41,8 @@ from xtune.ops.opkit import NodeFamily
 from xtune.ops.permute import Permute
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d
 from xtune.ops.qmatmul.operator import QMatmul
+from xtune.ops.quantize import Quantize
+from xtune.ops.resize import Resize
 from xtune.ops.softmax import Softmax
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.transpose import Transpose
@@ -48,6 +65,9 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     arith.FAMILY,
     reduce.FAMILY,
     lrn.FAMILY,
+    quantize.FAMILY,
+    resize.FAMILY,
+    bmm.FAMILY,
 )
 GeneratedOp = (
     Pool2d
@@ -60,6 +80,9 @@ GeneratedOp = (
     | Arith
     | Lrn
     | Permute
+    | Quantize
+    | Resize
+    | BatchedMatmul
 )
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 
@@ -88,11 +111,15 @@ def features_of(template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplat
     return OPERATORS[template.workload.op].features(template)
 
 
-def anchor_of(graph: Graph, node: Node) -> Anchor:
-    """The kernel call of a node whose op type is in ANCHOR_OPS, from the first family that claims it."""
+def anchor_of(graph: Graph, node: Node) -> Anchor | None:
+    """The kernel call of a node whose op type is in ANCHOR_OPS, from the first family that claims it;
+    None when none does and a generated operator family builds its op type (a MatMul whose B has
+    batch axes)."""
     for f in FAMILIES:
         if node.op in f.onnx_ops and (anchor := f.anchor(graph, node)) is not None:
             return anchor
+    if node_family(node.op) is not None:
+        return None
     raise UnsupportedNode(graph.name, node.name, node.op, "no operator family runs it")
 
 

@@ -1,7 +1,8 @@
 """The matmul family: C[m,n] = A[m,k] @ B[k,n] with the fused epilogue. Its workload keys, validation,
 tensors, numpy reference and flops; the ONNX Gemm and MatMul nodes it runs (B as (k, n): a constant B
 stored transposed, PyTorch's Linear, is transposed here, alpha folded into it, beta * C into the bias;
-MatMul's constant (k, n) weights with the leading axes of A flattened into m, or two 2-D activations);
+MatMul by one (k, n) matrix, constant weights or an activation, the leading axes of A flattened into m;
+a MatMul whose B has batch axes is the batched matmul generated operator's, xtune/ops/bmm.py);
 its template (template.py) and features (features.py). A network runs it in NCHW: it reads the last
 axis of ONNX's order."""
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import Anchor, float_constant, refuse
+from xtune.ops.bmm import batched
 from xtune.ops.epilogue import (
     ACTIVATION,
     ACTIVATION_WORDS,
@@ -76,7 +78,7 @@ class Matmul:
     def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
         return FEATURES, template
 
-    def anchor(self, graph: Graph, node: Node) -> Anchor:
+    def anchor(self, graph: Graph, node: Node) -> Anchor | None:
         return gemm_anchor(graph, node) if node.op == "Gemm" else matmul_anchor(graph, node)
 
     def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
@@ -136,22 +138,20 @@ def gemm_anchor(graph: Graph, node: Node) -> Anchor:
     return replace(anchor, bias=bias)
 
 
-def matmul_anchor(graph: Graph, node: Node) -> Anchor:
+def matmul_anchor(graph: Graph, node: Node) -> Anchor | None:
+    """A MatMul by one (k, n) matrix B, constant (weights) or an activation, the leading axes of A
+    flattened into m (B is shared: they are rows of one matrix product); None where B has batch axes
+    (the batched matmul generated operator's, xtune/ops/bmm.py)."""
     a, b = graph.shape(node.inputs[0]), graph.shape(node.inputs[1])
     out = graph.shape(node.outputs[0])
+    if batched(a, b):
+        return None
+    if len(a) < 2 or len(b) != 2:
+        raise refuse(graph, node, f"MatMul of shapes {a} @ {b} is not supported (a 1-D operand)")
     weights = graph.constant(node.inputs[1])
-    if weights is not None and len(a) >= 2 and len(b) == 2:
+    if weights is not None:
         weights = float_constant(graph, node, node.inputs[1], "weight")
-        m = int(np.prod(a[:-1]))  # B is shared: the leading axes of A are rows of one matmul
-    elif weights is None and len(a) == 2 and len(b) == 2:
-        m = a[0]
-    else:
-        raise refuse(
-            graph,
-            node,
-            f"MatMul of shapes {a} @ {b} is not supported (constant 2-D weights, or two 2-D activations)",
-        )
-    sizes = (("m", m), ("n", b[1]), ("k", a[-1]))
+    sizes = (("m", int(np.prod(a[:-1]))), ("n", b[1]), ("k", a[-1]))
     return Anchor(
         node=node,
         op="matmul",

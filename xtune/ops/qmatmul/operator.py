@@ -15,6 +15,7 @@ from xtune.ops.featurize import FeatureSet
 from xtune.ops.layout import Layout
 from xtune.ops.qmatmul import reference as qref
 from xtune.ops.qmatmul.features import FEATURES
+from xtune.ops.qmatmul.onnx import qmatmul_anchor
 from xtune.ops.qmatmul.template import QMatmulTemplate
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import DTypeName, Inits, ParamValue, TensorSpec, Workload
@@ -85,9 +86,10 @@ class QMatmul:
     def flops(self, wl: Workload) -> int:
         return 2 * wl["m"] * wl["n"] * wl["k"]  # integer multiply-adds, counted as two operations
 
-    # The family's other half: its template and features; no ONNX node maps to it yet (so no task of a
-    # network, and no ONNX model for the ONNX Runtime peer: benchmarks/bench_int8.py runs its peer).
-    onnx_ops: ClassVar[tuple[str, ...]] = ()
+    # The family's other half: its template and features, and the ONNX nodes it runs
+    # (xtune/ops/qmatmul/onnx.py); no ONNX model is written of a workload: benchmarks/bench_int8.py runs
+    # its peer.
+    onnx_ops: ClassVar[tuple[str, ...]] = ("QLinearMatMul", "MatMulInteger")
     layouts: ClassVar[frozenset[Layout]] = frozenset((Layout.NCHW,))
     feature_sets: ClassVar[tuple[FeatureSet, ...]] = (FEATURES,)
 
@@ -98,10 +100,17 @@ class QMatmul:
         return FEATURES, template
 
     def anchor(self, graph: Graph, node: Node) -> Anchor | None:
-        return None
+        return qmatmul_anchor(graph, node)
 
     def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
-        raise InputError("qmatmul: no ONNX node maps to it yet")
+        """The workload of a call: its requantization is ONNX Runtime's (MatMulInteger: none), per column
+        where the weights' scale is; the epilogue switches of float kernels do not apply (the bias is
+        always there, the clamp is in qparams)."""
+        quant = anchor.quant or {}
+        act = "u8" if quant["A"].dtype == np.uint8 else "s8"  # A's element type, as an empty array
+        requant = "onnx" if "scale" in quant else "none"
+        perchannel = int(requant == "onnx" and quant["scale"].size > 1)
+        return anchor.key((("a", act), ("requant", requant), ("perchannel", perchannel)), {})
 
     def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
         return weights

@@ -1,0 +1,114 @@
+"""A quantized MLP whole: ONNX Runtime's quantize_static (QDQ, per channel, calibration on random inputs) of
+a float MLP, tuned (--trials over all its int8 tasks, on the local board), built and run against ONNX
+Runtime's int8 in the same run (one thread), beside xtune's float32 build of the same MLP tuned with the
+same budget; the firmware sizes (weights bytes, workspace) of both builds.
+
+Usage: python benchmarks/bench_int8_network.py [--batch 64] [--width 512] [--layers 3] [--trials 64]
+       [--repeat 20] [--target x86-avx512-vnni]
+The machine should be otherwise idle: every time is a timing. Needs the `bench` extra (onnxruntime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from xtune.boards.board import get_board
+from xtune.firmware.build import build_model
+from xtune.firmware.network_bench import bench_model
+from xtune.frontend.tune import tune_model
+
+
+def float_mlp(batch: int, width: int, layers: int) -> onnx.ModelProto:
+    """`layers` Gemm(transB=1, bias) + Relu of `width` features, then a 10-way Gemm."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers + 1):
+        n = 10 if i == layers else width
+        inits += [
+            numpy_helper.from_array(rng.normal(0, width**-0.5, (n, width)).astype(np.float32), f"w{i}"),
+            numpy_helper.from_array(rng.normal(0, 0.1, n).astype(np.float32), f"b{i}"),
+        ]
+        out = "y" if i == layers else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [out], name=f"fc{i}", transB=1))
+        if i < layers:
+            nodes.append(helper.make_node("Relu", [out], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def quantize(source: Path, out: Path, batch: int, width: int) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(1)
+            self.data = iter([{"x": rng.uniform(-1, 1, (batch, width)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.data, None)
+
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(
+        str(source),
+        str(out),
+        Calibration(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--target", default=None, help="the local board's target (default: the host's)")
+    args = parser.parse_args()
+    board = get_board("local", target=args.target)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32, int8 = Path(tmp) / "mlp.onnx", Path(tmp) / "mlp_int8.onnx"
+        onnx.save(float_mlp(args.batch, args.width, args.layers), fp32)
+        quantize(fp32, int8, args.batch, args.width)
+        rows = []
+        for name, path in (("int8", int8), ("float32", fp32)):
+            log = Path(tmp) / f"{name}.jsonl"
+            tune_model(path, board=board, trials=args.trials, log=log)
+            report = bench_model(path, board, logs=[log], repeat=args.repeat)
+            built = build_model(path, board.target, logs=[log])
+            rows.append((name, report, built.weights_bytes, built.workspace_bytes))
+        shape = f"{args.batch}x{args.width}, {args.layers}+1 layers"
+        print(f"MLP {shape}, {args.trials} trials, {board.target.name}")
+        heads = ("build", "correct", "xtune ms", "ORT ms", "vs ORT", "weights B", "workspace B")
+        print("{:8} {:7} {:>9} {:>8} {:>7} {:>10} {:>11}".format(*heads))
+        for name, r, weights, workspace in rows:
+            ms = r.seconds * 1e3 if r.seconds else float("nan")
+            ort = r.ort_seconds * 1e3 if r.ort_seconds else float("nan")
+            ratio = ort / ms
+            print(
+                f"{name:8} {r.correct!s:7} {ms:9.4f} {ort:8.4f} {ratio:6.2f}x {weights:10d} {workspace:11d}"
+            )
+        (_, q, qw, _), (_, f, fw, _) = rows
+        if q.seconds and f.seconds:
+            print(f"int8 vs xtune float32: {f.seconds / q.seconds:.2f}x speed, {qw / fw:.2f}x weights")
+
+
+if __name__ == "__main__":
+    main()

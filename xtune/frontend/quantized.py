@@ -1,0 +1,390 @@
+"""Quantized graphs: an imported `Graph` holding ONNX's QDQ form in, the same network with each quantized
+Conv, MatMul and Gemm as one QOperator node out (`qoperators`), which the int8 families map; and the
+scale and zero point of a tensor (`quantization`), which a network's header states for its input and
+output.
+
+ONNX Runtime's `quantize_static` (QDQ format) writes a quantized layer as
+`DequantizeLinear(x_q) -> {Conv, MatMul, Gemm} -> QuantizeLinear`, its constant int8 weights behind their
+own DequantizeLinear (per tensor, or per output channel with `axis`), the bias as int32 behind a
+DequantizeLinear of scale x_scale * w_scale, and the ReLU it could not remove between the op and the
+QuantizeLinear. ONNX Runtime's graph optimizer runs that pattern as one integer kernel (its
+QDQSelectorActionTransformer: QLinearConv, QLinearMatMul, com.microsoft.QGemm); so does xtune:
+
+- Conv becomes `QLinearConv(x_q, sx, zx, w_q, sw, zw, sy, zy, bias)` as ONNX defines it;
+- MatMul and Gemm become `QLinearMatMul(x_q, sx, zx, w_q, sw, zw, sy, zy[, bias])`: a Gemm's transposed
+  weights (transB=1) are transposed to (k, n) and its int32 bias is a ninth input, which ONNX's
+  QLinearMatMul does not have: xtune's own convention, the same slot as QLinearConv's bias. ORT's
+  QOperator form of a Gemm, com.microsoft.QGemm (alpha 1, a scale for its output), becomes the same node;
+- a fused Relu or Clip between the op and its QuantizeLinear becomes the output clamp, the node's
+  attributes `out_lo` and `out_hi` (quantized values, the output type's range when absent: also xtune's
+  own convention), each bound zy + round(bound / sy) as QuantizeLinear would round it.
+
+A view (Reshape, Flatten, ...) between a DequantizeLinear and a QuantizeLinear of one scale and zero point
+becomes the view of the 8-bit tensor. A bias given as float (or as int32 of another scale) is requantized to
+int32 of scale sx * sw, rounded half to even. What does not fit the pattern (weights with a zero point other
+than 0, an output read by more than the QuantizeLinear, an attribute xtune's int8 kernels do not take, a
+MatMul input of rank other than 2) stays as it is and runs in float32: DequantizeLinear of a constant is
+folded into a float32 constant here (ONNX Runtime's arithmetic: (q - zero_point) * scale), and the
+QuantizeLinear/DequantizeLinear between activations run as the generated operators of xtune/ops/quantize.py.
+docs/int8.md is the user's view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from xtune.frontend.qfloat import FLOAT_FORMS, float_forms
+from xtune.graph import AttrValue, Graph, Node
+from xtune.ops.quantize import RANGES
+from xtune.ops.reshape import VIEWS
+
+_QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm", *FLOAT_FORMS))
+
+
+@dataclass
+class _Rewrite:
+    """The graph being rewritten: its nodes by index (None: removed) and its new constants."""
+
+    graph: Graph
+    nodes: list[Node | None]
+    constants: dict[str, np.ndarray]
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str]
+
+    def constant(self, name: str, value: np.ndarray) -> str:
+        """`value` as a new constant named after `name` (made unique)."""
+        unique, i = name, 0
+        while unique in self.constants or unique in self.graph.shapes:
+            i += 1
+            unique = f"{name}.{i}"
+        self.constants[unique] = value
+        return unique
+
+
+def qoperators(graph: Graph) -> Graph:
+    """`graph` with its quantized patterns as QOperator nodes and its constant DequantizeLinear folded
+    (the graph itself when it holds no QuantizeLinear, DequantizeLinear or QGemm)."""
+    if not any(n.op in _QOPS for n in graph.nodes):
+        return graph
+    graph = _with_float_forms(graph)
+    edit = _Rewrite(
+        graph=graph,
+        nodes=list(graph.nodes),
+        constants=dict(graph.constants),
+        shapes=dict(graph.shapes),
+        dtypes=dict(graph.dtypes),
+    )
+    writers, readers = graph.producers(), graph.consumers()
+    for i, node in enumerate(graph.nodes):
+        if node.op in ("Conv", "MatMul", "Gemm"):
+            _fuse_qdq(edit, i, writers, readers)
+        elif node.op == "com.microsoft.QGemm":
+            _from_qgemm(edit, i)
+        elif node.op in VIEWS:
+            _view_of_integers(edit, i, writers, readers)
+    _drop_unread(edit)
+    _fold_constant_dequantize(edit)
+    nodes = tuple(n for n in edit.nodes if n is not None)
+    shapes = edit.shapes | {name: value.shape for name, value in edit.constants.items()}
+    return replace(graph, nodes=nodes, constants=edit.constants, shapes=shapes, dtypes=edit.dtypes)
+
+
+def _with_float_forms(graph: Graph) -> Graph:
+    """`graph` with ORT's QOperator element-wise nodes in their float form (xtune/frontend/qfloat.py)."""
+    constants, taken = dict(graph.constants), set(graph.shapes) | set(graph.constants)
+
+    def fresh(name: str, value: np.ndarray | None) -> str:
+        unique, i = name, 0
+        while unique in taken:
+            i += 1
+            unique = f"{name}.{i}"
+        taken.add(unique)
+        if value is not None:
+            constants[unique] = value
+        return unique
+
+    nodes, shapes = float_forms(graph, fresh)
+    if len(nodes) == len(graph.nodes):
+        return graph
+    all_shapes = {**graph.shapes, **shapes, **{n: v.shape for n, v in constants.items()}}
+    return replace(graph, nodes=tuple(nodes), constants=constants, shapes=all_shapes)
+
+
+def _dequantized(graph: Graph, writers: dict[str, int], tensor: str) -> Node | None:
+    """The DequantizeLinear that writes `tensor`, if one does, with constant scale and zero point."""
+    at = writers.get(tensor)
+    node = graph.nodes[at] if at is not None else None
+    if node is None or node.op != "DequantizeLinear":
+        return None
+    return node if all(graph.constant(t) is not None for t in node.inputs[1:] if t) else None
+
+
+def _zero_point(graph: Graph, node: Node, scale_size: int) -> np.ndarray:
+    """A QuantizeLinear/DequantizeLinear's zero point (absent: uint8 0, ONNX's default)."""
+    name = node.inputs[2] if len(node.inputs) > 2 else ""
+    value = graph.constant(name) if name else None
+    return value if value is not None else np.zeros(max(scale_size, 1), np.uint8)
+
+
+def _scalar_q(graph: Graph, node: Node) -> tuple[float, int, str] | None:
+    """(scale, zero point, element type) of a per-tensor QuantizeLinear/DequantizeLinear."""
+    scale = graph.constant(node.inputs[1])
+    if scale is None or scale.size != 1 or scale.dtype != np.float32:
+        return None
+    zero = _zero_point(graph, node, 1)
+    if zero.size != 1 or str(zero.dtype) not in RANGES:
+        return None
+    return float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0]), str(zero.dtype)
+
+
+def _only_reader(graph: Graph, readers: dict[str, list[int]], tensor: str) -> Node | None:
+    read = readers.get(tensor, [])
+    if tensor in graph.outputs or len(read) != 1:
+        return None
+    return graph.nodes[read[0]]
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """The int8 weights of a matched op in the layout its QOperator node takes, and their scale."""
+
+    values: np.ndarray
+    scale: np.ndarray  # float32, one per tensor or per output channel
+    zero: np.ndarray
+
+
+def _weights(graph: Graph, dq: Node, node: Node) -> _Weights | None:
+    """The constant int8 weights behind `dq` for `node`, per tensor or per output channel, with zero
+    points of 0 (xtune's int8 kernels take symmetric weights); None otherwise."""
+    values, scale = graph.constant(dq.inputs[0]), graph.constant(dq.inputs[1])
+    if values is None or scale is None or values.dtype != np.int8 or scale.dtype != np.float32:
+        return None
+    zero = _zero_point(graph, dq, scale.size)
+    if np.any(zero != 0):
+        return None
+    transposed = node.op == "Gemm" and node.int_attr("transB", 0) == 1
+    channel_axis = 0 if node.op == "Conv" or transposed else values.ndim - 1
+    axis = dq.int_attr("axis", 1) % values.ndim
+    if scale.size != 1 and (axis != channel_axis or scale.size != values.shape[axis]):
+        return None
+    if node.op != "Conv" and values.ndim != 2:
+        return None
+    out = values.T.copy() if transposed else values
+    return _Weights(values=out, scale=scale.reshape(-1), zero=np.zeros(scale.size, np.int8))
+
+
+def _clamp(graph: Graph, node: Node, scale: float, zero: int, kind: str) -> tuple[int, int] | None:
+    """The output clamp of a Relu or Clip fused before QuantizeLinear, in quantized values."""
+    lo, hi = RANGES[kind]
+    if node.op == "Relu":
+        return max(lo, zero), hi
+    bounds = []
+    for name in (*node.inputs[1:3], "", "")[:2]:
+        value = graph.constant(name) if name else None
+        if name and (value is None or value.size != 1):
+            return None
+        bounds.append(None if value is None else float(value.reshape(-1)[0]))
+    if bounds[0] is not None:
+        lo = max(lo, zero + int(np.rint(np.float32(bounds[0]) / np.float32(scale))))
+    if bounds[1] is not None:
+        hi = min(hi, zero + int(np.rint(np.float32(bounds[1]) / np.float32(scale))))
+    return (lo, hi) if lo <= hi else None
+
+
+def _int32_bias(
+    graph: Graph, bias: str, writers: dict[str, int], accumulator_scale: np.ndarray
+) -> np.ndarray | None:
+    """The int32 bias of scale sx * sw: a DequantizeLinear'd int32 constant of that scale as it is, any
+    other constant bias requantized (round half to even)."""
+    dq = _dequantized(graph, writers, bias)
+    if dq is not None:
+        values, scale = graph.constant(dq.inputs[0]), graph.constant(dq.inputs[1])
+        zero = _zero_point(graph, dq, 1)
+        assert values is not None and scale is not None
+        if (
+            values.dtype == np.int32
+            and not np.any(zero)
+            and np.array_equal(np.broadcast_to(scale.reshape(-1), accumulator_scale.shape), accumulator_scale)
+        ):
+            return values.reshape(-1)
+        real = (values.astype(np.float64) - zero.astype(np.float64)) * scale.astype(np.float64)
+    else:
+        const = graph.constant(bias)
+        if const is None or not np.issubdtype(const.dtype, np.floating):
+            return None
+        real = const.astype(np.float64)
+    quantized = np.rint(real.reshape(-1) / accumulator_scale.astype(np.float64))
+    if np.any(np.abs(quantized) >= 2**31):
+        return None
+    return quantized.astype(np.int32)
+
+
+def _pattern(
+    graph: Graph, node: Node, writers: dict[str, int], readers: dict[str, list[int]]
+) -> tuple[Node, Node, Node | None, Node] | None:
+    """The DequantizeLinear of `node`'s input and weights, the Relu or Clip after it (or None) and the
+    QuantizeLinear of its output, if `node` stands in the QDQ pattern xtune's int8 kernels take."""
+    if node.op == "Gemm" and (
+        node.int_attr("transA", 0) != 0
+        or node.float_attr("alpha", 1.0) != 1.0
+        or node.float_attr("beta", 1.0) != 1.0
+    ):
+        return None
+    dx, dw = (_dequantized(graph, writers, t) for t in node.inputs[:2])
+    if dx is None or dw is None or graph.constant(dx.inputs[0]) is not None:
+        return None
+    if node.op != "Conv" and len(graph.shapes.get(dx.inputs[0], ())) != 2:
+        return None  # the int8 matmul takes rank 2: a batched MatMul runs in float32
+    after = _only_reader(graph, readers, node.outputs[0])
+    act = after if after is not None and after.op in ("Relu", "Clip") else None
+    q = _only_reader(graph, readers, act.outputs[0]) if act is not None else after
+    return (dx, dw, act, q) if q is not None and q.op == "QuantizeLinear" else None
+
+
+def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]) -> None:
+    """DequantizeLinear -> op [-> Relu/Clip] -> QuantizeLinear at `index`, as one QOperator node."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    matched = _pattern(graph, node, writers, readers)
+    if matched is None:
+        return
+    dx, dw, act, q = matched
+    x = _scalar_q(graph, dx)
+    weights = _weights(graph, dw, node)
+    if x is None or weights is None:
+        return
+    y = _scalar_q(graph, q)
+    if y is None or y[2] != x[2]:
+        return
+    clamp = _clamp(graph, act, y[0], y[1], y[2]) if act is not None else RANGES[y[2]]
+    accumulator_scale = np.float32(x[0]) * weights.scale.astype(np.float32)
+    bias = node.inputs[2] if len(node.inputs) > 2 else ""
+    int32 = _int32_bias(graph, bias, writers, accumulator_scale) if bias else None
+    if clamp is None or (bias and int32 is None):
+        return
+    name = node.name
+    inputs = [
+        dx.inputs[0],
+        dx.inputs[1],
+        _zero_name(edit, dx, x[2]),
+        edit.constant(f"{name}.weights_q", weights.values),
+        edit.constant(f"{name}.weights_scale", weights.scale),
+        edit.constant(f"{name}.weights_zero", weights.zero),
+        q.inputs[1],
+        _zero_name(edit, q, y[2]),
+    ]
+    if int32 is not None:
+        inputs.append(edit.constant(f"{name}.bias_q", int32))
+    attrs: dict[str, AttrValue] = {k: v for k, v in node.attrs.items() if node.op == "Conv"}
+    if clamp != RANGES[y[2]]:
+        attrs |= {"out_lo": clamp[0], "out_hi": clamp[1]}
+    op = "QLinearConv" if node.op == "Conv" else "QLinearMatMul"
+    edit.nodes[index] = Node(name=name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
+    for done in (act, q):
+        if done is not None:
+            edit.nodes[writers[done.outputs[0]]] = None
+
+
+def _view_of_integers(
+    edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
+) -> None:
+    """DequantizeLinear -> view (Reshape, Flatten, ...) -> QuantizeLinear of the same scale and zero point
+    (ORT's quantizer wraps a view so): the view of the 8-bit tensor itself. The pair is the identity on
+    the integers ((q - z) * s / s rounds back to q - z), so dropping it changes no value."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    dq = _dequantized(graph, writers, node.inputs[0])
+    q = _only_reader(graph, readers, node.outputs[0])
+    if dq is None or q is None or q.op != "QuantizeLinear" or graph.constant(dq.inputs[0]) is not None:
+        return
+    if _scalar_q(graph, dq) is None or _scalar_q(graph, dq) != _scalar_q(graph, q):
+        return
+    edit.nodes[index] = replace(node, inputs=(dq.inputs[0], *node.inputs[1:]), outputs=q.outputs)
+    edit.nodes[writers[q.outputs[0]]] = None
+
+
+def _zero_name(edit: _Rewrite, node: Node, kind: str) -> str:
+    """A QuantizeLinear/DequantizeLinear's zero-point tensor, made explicit where ONNX's default (0) was
+    meant: a QOperator node's inputs have fixed positions."""
+    if len(node.inputs) > 2 and node.inputs[2]:
+        return node.inputs[2]
+    return edit.constant(f"{node.name}.zero_point", np.zeros((), np.dtype(kind)))
+
+
+def _from_qgemm(edit: _Rewrite, index: int) -> None:
+    """com.microsoft.QGemm (alpha 1, transA 0, an output scale) as QLinearMatMul with its bias."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    if (
+        node.int_attr("transA", 0) != 0
+        or node.float_attr("alpha", 1.0) != 1.0
+        or len(node.inputs) < 9
+        or not node.inputs[7]
+    ):
+        return
+    a, sa, za, b, sb, zb, c, sy, zy = node.inputs[:9]
+    weights, zero = graph.constant(b), graph.constant(zy)
+    if weights is None or weights.ndim != 2 or zero is None or len(graph.shapes.get(a, ())) != 2:
+        return
+    if node.int_attr("transB", 0):
+        weights = weights.T.copy()
+        b = edit.constant(f"{node.name}.weights_q", weights)
+    # onnx's shape inference does not know com.microsoft's operators: the output is (m, n), zy's type.
+    edit.shapes[node.outputs[0]] = (graph.shape(a)[0], weights.shape[1])
+    edit.dtypes[node.outputs[0]] = str(zero.dtype)
+    inputs = (a, sa, za, b, sb, zb, sy, zy, *((c,) if c else ()))
+    edit.nodes[index] = Node(name=node.name, op="QLinearMatMul", inputs=inputs, outputs=node.outputs)
+
+
+def _drop_unread(edit: _Rewrite) -> None:
+    """DequantizeLinear nodes nobody reads any more (the ones the rewrites replaced)."""
+    read = {t for n in edit.nodes if n is not None for t in n.inputs} | set(edit.graph.outputs)
+    for i, node in enumerate(edit.nodes):
+        if node is not None and node.op == "DequantizeLinear" and node.outputs[0] not in read:
+            edit.nodes[i] = None
+
+
+def _fold_constant_dequantize(edit: _Rewrite) -> None:
+    """DequantizeLinear of a constant as the float32 constant ONNX Runtime computes: (q - zero) * scale,
+    the difference in int32, the product in float32, per tensor or along `axis`."""
+    for i, node in enumerate(edit.nodes):
+        if node is None or node.op != "DequantizeLinear" or node.outputs[0] in edit.graph.outputs:
+            continue
+        values, scale = (edit.constants.get(t) for t in node.inputs[:2])
+        if values is None or scale is None:
+            continue
+        zero = _zero_point(edit.graph, node, scale.size)
+        if values.ndim and scale.size > 1:
+            shape = [1] * values.ndim
+            shape[node.int_attr("axis", 1) % values.ndim] = scale.size
+            scale, zero = scale.reshape(shape), zero.reshape(shape)
+        diff = values.astype(np.int32) - zero.astype(np.int32)
+        edit.constants[node.outputs[0]] = (diff.astype(np.float32) * scale.astype(np.float32)).astype(
+            np.float32
+        )
+        edit.nodes[i] = None
+
+
+# Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes.
+_READ_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 1, "QLinearConv": 1}
+_WRITE_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 6, "QLinearConv": 6}
+
+
+def quantization(graph: Graph, tensor: str) -> tuple[float, int] | None:
+    """The scale and zero point of `tensor` (per tensor): those of the node that writes it, or of its
+    first reader; None if neither is a quantizing node."""
+    writer = graph.producers().get(tensor)
+    candidates = [(graph.nodes[writer], _WRITE_QUANT)] if writer is not None else []
+    candidates += [(graph.nodes[i], _READ_QUANT) for i in graph.consumers().get(tensor, [])[:1]]
+    for node, where in candidates:
+        at = where.get(node.op)
+        if at is None or (where is _READ_QUANT and node.inputs[0] != tensor) or len(node.inputs) <= at:
+            continue
+        scale = graph.constant(node.inputs[at])
+        zero_name = node.inputs[at + 1] if len(node.inputs) > at + 1 else ""
+        zero = graph.constant(zero_name) if zero_name else np.zeros(1, np.uint8)
+        if scale is not None and zero is not None and scale.size == 1 and zero.size == 1:
+            return float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0])
+    return None

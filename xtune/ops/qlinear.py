@@ -1,0 +1,78 @@
+"""The requantization of ONNX's QLinear nodes, shared by the int8 families' ONNX mappings: a QLinearMatMul
+or QLinearConv (inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point[, bias];
+the output clamp in xtune's attributes `out_lo`/`out_hi`: docs/int8.md) in, the kernel's constant inputs
+as ONNX Runtime computes them out: the float32 scale a_scale * b_scale / y_scale and qparams = [za, zy,
+lo, hi] (the qmatmul family's `requant=onnx` tensors, xtune/ops/qmatmul/operator.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xtune.graph import Graph, Node
+from xtune.ops.anchor import refuse
+from xtune.ops.qmatmul.reference import RANGES
+
+WORDS = {"int8": "s8", "uint8": "u8"}  # an 8-bit activation's element type -> the workloads' `a` word
+
+
+def requantization(
+    graph: Graph, node: Node, word: str, channels: int, za: np.ndarray, zy: np.ndarray
+) -> dict[str, np.ndarray]:
+    """A QLinearMatMul's or QLinearConv's float32 scale (per tensor, or per output channel where the
+    weights' scale is) and qparams, as ONNX Runtime computes them; `word` is the activation's type ("s8",
+    "u8"), `channels` the output channels, `za` and `zy` the zero points (`zero_point`)."""
+    if graph.dtype(node.outputs[0]) != graph.dtype(node.inputs[0]):
+        raise refuse(graph, node, "the output's type differs from the input's")
+    sa, sb, sy = (float_scale(graph, node, t) for t in (node.inputs[1], node.inputs[4], node.inputs[6]))
+    if sa.size != 1 or sy.size != 1 or sb.size not in (1, channels) or za.size != 1 or zy.size != 1:
+        raise refuse(
+            graph, node, "scales and zero points must be per tensor (the weights': or per output channel)"
+        )
+    # ONNX Runtime's QLinearMatMul and QLinearConv: scale[j] = a_scale * b_scale[j] / y_scale in float32.
+    scale = (np.float32(sa.reshape(-1)[0]) * sb.reshape(-1)) / np.float32(sy.reshape(-1)[0])
+    lo, hi = RANGES[word]
+    lo = max(lo, node.int_attr("out_lo", lo))
+    hi = min(hi, node.int_attr("out_hi", hi))
+    qparams = np.array([za.reshape(-1)[0], zy.reshape(-1)[0], lo, hi], np.int32)
+    return {"scale": scale.astype(np.float32), "qparams": qparams}
+
+
+def zero_point(graph: Graph, node: Node, tensor: str) -> np.ndarray:
+    """A zero point: a constant 8-bit integer (absent: 0)."""
+    if not tensor:
+        return np.zeros(1, np.int32)
+    value = graph.constant(tensor)
+    if value is None or value.dtype not in (np.int8, np.uint8):
+        raise refuse(graph, node, f"zero point '{tensor}' is not a constant 8-bit integer")
+    return value.astype(np.int32)
+
+
+def float_scale(graph: Graph, node: Node, tensor: str) -> np.ndarray:
+    """A scale: a constant of finite float32 values."""
+    value = graph.constant(tensor)
+    if (
+        value is None
+        or value.dtype != np.float32
+        or not np.all(np.isfinite(value))
+        or math.prod(value.shape) == 0
+    ):
+        raise refuse(graph, node, f"scale '{tensor}' is not a constant finite float32")
+    return value.astype(np.float32)
+
+
+def symmetric(graph: Graph, node: Node, zw: np.ndarray, channels: int) -> None:
+    """Refuses weights whose zero point is not 0 (per tensor or per output channel): xtune's int8 kernels
+    multiply the weights as they are."""
+    if zw.size not in (1, channels) or np.any(zw != 0):
+        raise refuse(graph, node, "weights with a zero point other than 0 (asymmetric) are not supported")
+
+
+def int32_bias(graph: Graph, node: Node, channels: int) -> np.ndarray:
+    """The node's ninth input, its int32 bias of one value per output channel (absent: zeros)."""
+    name = node.inputs[8] if len(node.inputs) > 8 else ""
+    bias = graph.constant(name) if name else None
+    if name and (bias is None or bias.dtype != np.int32 or bias.size != channels):
+        raise refuse(graph, node, f"bias '{name}' is not {channels} constant int32 values")
+    return np.zeros(channels, np.int32) if bias is None else bias.reshape(-1)
