@@ -164,9 +164,19 @@ def test_the_artifact_of_a_winograd_winner_names_it_and_packs_for_it(tmp_path: P
     assert "_pack(const float *weights, float *packed);" in text
 
 
+SUM_PACKED = KEY + ",bias=1,prepacked=1"
+
+
 def test_the_sums_pack_functions_follow_each_algorithm_on_the_host() -> None:
-    key = KEY + ",bias=1,prepacked=1"
-    check_packs("local", key, seed_configs(template_for(parse_workload(key), get_board("local").target)))
+    """Each algorithm's default: its pack function writes what its kernel reads, which computes the
+    reference (the sum dispatches every call to the config's part)."""
+    target = get_board("local").target
+    check_packs("local", SUM_PACKED, seed_configs(template_for(parse_workload(SUM_PACKED), target)))
+
+
+def test_the_sums_pack_functions_follow_each_algorithm_under_qemu(qemu_board: str) -> None:
+    target = get_board(qemu_board).target
+    check_packs(qemu_board, SUM_PACKED, seed_configs(template_for(parse_workload(SUM_PACKED), target)))
 
 
 def test_a_log_of_the_direct_template_resumes(tmp_path: Path, capsys: Capture) -> None:
