@@ -1,7 +1,7 @@
 """Benchmark: wall time of `xtune build` (CLI start-up included) of 10 matmul kernels of assorted shapes.
 
 Usage: python benchmarks/bench_build.py [--target x86-avx2] [--repeat 3]; prints the best and median seconds.
-The issue's target is under 3 s on the development machine (recorded in docs/benchmarks.md)."""
+The target is under 3 s on the development machine (recorded in docs/benchmarks.md)."""
 
 from __future__ import annotations
 

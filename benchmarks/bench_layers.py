@@ -1,4 +1,4 @@
-"""Convolution layers against ONNX Runtime and numpy (issue 18): each layer tuned with 64 (and optionally
+"""Convolution layers against ONNX Runtime and numpy: each layer tuned with 64 (and optionally
 more) xgb trials on the local board, and numpy's im2col + GEMM and ONNX Runtime (one thread each) timed
 in the same run; GFLOP/s, ratios, share of the measured FMA peak (benchmarks/fma_peak.py), the gap between
 the 64-trial best and the longer run's, and the flops-weighted totals.
@@ -12,8 +12,8 @@ F(2x2, 3x3). --plain tunes the layer as written (NCHW, direct, weights packed at
 run the layer as written, NCHW: ONNX Runtime's own layout (it converts to its blocked NCHWc inside),
 never behind Transposes.
 --long N: what the 64-trial run ships (its leaders confirmed, as `xtune tune` ends), what the same run
-continued to N trials ships, and the 64 trials' fastest single timing (unconfirmed: what this column was
-before session 13) are timed again in `--rounds` interleaved rounds (bench.retime_gflops), so the gap
+continued to N trials ships, and the 64 trials' fastest single timing (unconfirmed: the figure a
+timing's luck can inflate) are timed again in `--rounds` interleaved rounds (bench.retime_gflops), so the gap
 is not one lucky timing; their config indices follow the table. --insn-trials N: also tune
 each layer N trials on qemu-aarch64 by instruction count and print the best count against the FMA lower
 bound (flops / 2 / lanes: one vector FMA per `lanes` multiply-adds, nothing else).
@@ -68,7 +68,7 @@ def dw(c: int, hw: int, stride: int) -> str:
     return f"depthwise:n=1,c={c},h={hw},w={hw},r=3,s=3,stride={stride},pad=1"
 
 
-# The table of issue 18.
+# The default table (`--layers issue`): the layers the project's speed goal names (docs/benchmarks.md).
 ISSUE = (
     Layer(name="3x3 64->64 56 s1", workload=conv(64, 56, 64, 3, 1, 1)),
     Layer(name="7x7 3->64 224 s2", workload=conv(3, 224, 64, 7, 2, 3)),
@@ -153,8 +153,8 @@ def tune_layer(
 
     Both runs end as `xtune tune` does: their leaders timed again (TuneOptions.confirm), the best the
     lowest median (database.best). The long run resumes the short run's log, as a user tuning further
-    would: its first `trials` trials are the short run's. The unconfirmed pick is what this benchmark
-    compared before session 13 (the best of a 512-trial run's first 64 timings)."""
+    would: its first `trials` trials are the short run's. The unconfirmed pick is the best of the
+    short run's single timings, shown beside the confirmed ones to measure what confirming takes away."""
     with tempfile.TemporaryDirectory() as tmp:
         log = TuningLog(Path(tmp) / "log.jsonl")
         options = TuneOptions(tuner="xgb", trials=trials, batch_size=16, seed=seed)

@@ -1,4 +1,4 @@
-"""Time `xtune model train` on a 100,000-record log (issue 7: must take under 60 s here).
+"""Time `xtune model train` on a 100,000-record log (the goal: under 60 s here).
 
 Usage: python benchmarks/bench_model_train.py [--records 100000] [--keep DIR]
 

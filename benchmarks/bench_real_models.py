@@ -6,8 +6,8 @@ Usage: python benchmarks/bench_real_models.py [DIR] [--models resnet50,squeezene
        [--layout nhwc] [--log L.jsonl] [--random-weights] [--json OUT]
 DIR holds .onnx files; the default is the light copies of the ONNX Model Zoo graphs inside the onnx
 package (every weight a ConstantOfShape of 0.02: `--random-weights` gives them seeded random weights, as
-tests/test_real_models.py does, so that the match with ONNX Runtime means something). The goals (issue
-"Real models", docs/benchmarks.md): import + extraction of ResNet-50 or DenseNet-121 under 3 s, a build
+tests/test_real_models.py does, so that the match with ONNX Runtime means something). The goals
+(docs/benchmarks.md): import + extraction of ResNet-50 or DenseNet-121 under 3 s, a build
 under 10 s, every network matching, none slower than ONNX Runtime untuned."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The task scheduler's benchmark (issue 19): gradient allocation against round-robin on one budget.
+"""The task scheduler's benchmark: gradient allocation against round-robin on one budget.
 
 Usage: python benchmarks/bench_scheduler.py [--model mobilenet_v2] [--trials 1500] [--seed 0]
        [--out curves.json] [--plot curves.png];  python benchmarks/bench_scheduler.py --replot curves.json

@@ -2,7 +2,7 @@
 
 Starts its own private sshd (the test fixture's PrivateSshd), deploys the agent natively and under
 qemu-aarch64 behind SSH, and times check-only RUN requests of an empty kernel (one fork-per-run each,
-as every measurement does). Issue #4 targets: median <= 2 ms native, <= 5 ms under qemu.
+as every measurement does). The targets: median <= 2 ms native, <= 5 ms under qemu.
 
     python benchmarks/bench_ssh.py [--requests 200] [--json]
 """

@@ -1,7 +1,7 @@
 """Benchmark: packing, compiling, patching and flat-linking an object with a large weights section.
 
 Usage: python benchmarks/bench_weights.py [--mb 50] [--target x86-avx2] [--repeat 3]; prints the best time of
-each phase. Issue 20's budget for a whole ResNet-18 build (47 MB of weights) is 10 s (docs/firmware.md)."""
+each phase. The budget for a whole ResNet-18 build (47 MB of weights) is 10 s (docs/firmware.md)."""
 
 from __future__ import annotations
 

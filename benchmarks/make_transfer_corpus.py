@@ -1,4 +1,4 @@
-"""Measure the transfer-learning corpus on this machine and train the shipped models (issue 7).
+"""Measure the transfer-learning corpus on this machine and train the shipped models.
 
 Usage: python benchmarks/make_transfer_corpus.py [--targets x86-avx2,x86-sse42] [--ops matmul,conv2d]
                                               [--only-train]
@@ -61,7 +61,7 @@ TRAIN_SHAPES = (
     (192, 64, 512),
     (64, 96, 1024),
 )
-# Convolution layers of small image models (session 8): 1x1, 3x3 and 5x5, stride 1 and 2, 3 to 128 input
+# Convolution layers of small image models: 1x1, 3x3 and 5x5, stride 1 and 2, 3 to 128 input
 # channels, 7x7 to 64x64 images; none is a held-out layer of benchmarks/transfer_eval.py --op conv2d. Fewer
 # configs per layer than matmul (32 random + 96 xgb): conv2d has no analytic estimate to start from, and
 # the corpus is meant to show what a few hours of a team's tuning on another board give.

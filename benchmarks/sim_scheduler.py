@@ -4,7 +4,7 @@ Usage: python benchmarks/sim_scheduler.py record --seed S [--batches 8] --log rr
        python benchmarks/sim_scheduler.py replay rr_0.jsonl [rr_1.jsonl ...] [--runs 200] [--trials 1500]
 
 `record` tunes every task of the model round-robin, `--batches` batches of 16 each after the first round
-(the anchors), and keeps the log: each task's best latency after k of its trials, for every k up to
+(the seed configs), and keeps the log: each task's best latency after k of its trials, for every k up to
 that. A task's search depends on its own measurements alone (one tuner per task), so how many trials a
 task is given decides where it is on its recorded curve, whatever the other tasks did: `replay` runs the
 policy of xtune/tuning/allocation.py (the very function the scheduler calls) on those curves with no
@@ -54,7 +54,7 @@ BATCH = 16
 class Curve:
     """One task's recorded search: the cost of each config in the order measured (+inf: not correct)."""
 
-    anchors: int  # the first round's trials
+    seeds: int  # the first round's trials: the task's seed configs
     costs: tuple[float, ...]
     exhausted: bool  # the search ended before the recording did (its space ran out)
 
@@ -63,23 +63,23 @@ class Curve:
 
 
 def curves_of(log: Path, keys: Sequence[str]) -> list[Curve]:
-    """Each task's curve in a `record` log (round-robin: the first round's anchors task by task, then
+    """Each task's curve in a `record` log (round-robin: the first round's seeds task by task, then
     batches in turn; the log may be cut short). The first round ends at the first record of a task seen
     before that is not of the task before it."""
     records = read_logs([log])
     costs: dict[str, list[float]] = {k: [] for k in keys}
-    anchors: dict[str, int] = {}
+    seeds: dict[str, int] = {}
     previous = ""
     for r in records:
-        if not anchors and r.workload in costs and costs[r.workload] and r.workload != previous:
-            anchors = {k: len(v) for k, v in costs.items()}
+        if not seeds and r.workload in costs and costs[r.workload] and r.workload != previous:
+            seeds = {k: len(v) for k, v in costs.items()}
         costs.setdefault(r.workload, []).append(r.cost)
         previous = r.workload
     # Round-robin gives batches in task order: a task with fewer trials than one after it ran out of
     # configs (a log cut short leaves the later tasks one batch behind, not the earlier ones).
-    lengths = [len(costs[k]) - anchors[k] for k in keys]
+    lengths = [len(costs[k]) - seeds[k] for k in keys]
     return [
-        Curve(anchors=anchors[k], costs=tuple(costs[k]), exhausted=lengths[i] < max(lengths[i:]))
+        Curve(seeds=seeds[k], costs=tuple(costs[k]), exhausted=lengths[i] < max(lengths[i:]))
         for i, k in enumerate(keys)
     ]
 
@@ -114,12 +114,12 @@ Chooser = Callable[[list[Replayed], int], int | None]
 def replay(
     tasks: Sequence[TaskLike], curves: Sequence[Curve], budget: int, choose: Chooser, regroup: float | None
 ) -> tuple[list[tuple[int, float]], list[int]]:
-    """One run: the first round (every task's anchors), then batches of min(16, budget // tasks) to the
+    """One run: the first round (every task's seeds), then batches of min(16, budget // tasks) to the
     task `choose` names, `regroup` the beta of Ansor's group check (None: none). Returns the curve
     (trials spent, estimate) and every task's trials."""
     states = [Replayed(task=t, curve=c) for t, c in zip(tasks, curves, strict=True)]
     for s in states:
-        s.trials = s.curve.anchors
+        s.trials = s.curve.seeds
         s.history.append(s.latency)
     spent, size = sum(s.trials for s in states), batch_size(BATCH, budget, len(states))
     counts = [t.count for t in tasks]
@@ -159,11 +159,11 @@ def oracle(states: list[Replayed], _spent: int) -> int | None:
 def fewest_trials(tasks: Sequence[TaskLike], curves: Sequence[Curve], budget: int, goal: float) -> int | None:
     """The fewest trials in which any allocation of whole batches (knowing every curve in advance)
     brings the estimate to `goal`: a dynamic programme over tasks and batches, the first round included."""
-    first, size = sum(c.anchors for c in curves), batch_size(BATCH, budget, len(tasks))
+    first, size = sum(c.seeds for c in curves), batch_size(BATCH, budget, len(tasks))
     batches = (budget - first) // size
     best = [0.0] + [math.inf] * batches  # the lowest estimate of the tasks so far, for b batches among them
     for task, curve in zip(tasks, curves, strict=True):
-        costs = [task.count * curve.best(curve.anchors + size * k) for k in range(batches + 1)]
+        costs = [task.count * curve.best(curve.seeds + size * k) for k in range(batches + 1)]
         best = [min(best[b - k] + costs[k] for k in range(b + 1)) for b in range(batches + 1)]
     return next((first + size * b for b in range(batches + 1) if best[b] <= goal), None)
 

@@ -1,4 +1,4 @@
-"""How many trials transfer learning saves (issue 7), measured on this machine's local board.
+"""How many trials transfer learning saves, measured on this machine's local board.
 
 Usage: python benchmarks/transfer_eval.py [--seeds 3] [--cap 128] [--long 384] [--plot docs/transfer_eval.png]
        python benchmarks/transfer_eval.py --leave-one-out [--seeds 2] [--cap 32]
@@ -26,11 +26,11 @@ each one on x86-avx2:
             has no shipped model, i.e. a team's logs from another generation of similar hardware;
      the models are boosted from the analytic estimate (TrainOptions.on_estimate), as `xtune model train`
      trains them;
-  3. each run's count is the trials it took to reach 90% of the best-known GFLOP/s (the issue's bar), and
+  3. each run's count is the trials it took to reach 90% of the best-known GFLOP/s (the goal's bar), and
      95% of it (`--bars`): where the cold start's first pick is already within 10% of the best, as on a
      Zen 5, the 90% count is 1 for every start and says nothing about the prior.
 The table gives the count per seed and the median; the last rows give the median over held-out shapes
-and the warm/cold ratios the issue asks for (<= 1/4 across shapes, <= 1/2 across hardware), against
+and the warm/cold ratios the goal asks for (<= 1/4 across shapes, <= 1/2 across hardware), against
 both cold starts; the other machines' ratio has no goal of its own. All runs measure for real; nothing is
 cached between them.
 
@@ -76,9 +76,9 @@ from xtune.tuning.run import run_tuning
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "xtune" / "data" / "corpus"
-# The first four were picked by hand (sessions 3-5); the other four are the next draws of the rule that
+# The first four were picked by hand; the other four are the next draws of the rule that
 # drew the corpus's random shapes (benchmarks/make_transfer_corpus.py), so that the set is not a choice.
-# The medians over held-out shapes are the issue's figures; with four shapes one lucky shape moved them.
+# The medians over held-out shapes are the figures reported; with four shapes one lucky shape moved them.
 HELD_OUT = {
     "matmul": tuple(
         "matmul:m={},n={},k={}".format(*shape)
@@ -93,7 +93,7 @@ HELD_OUT = {
             (1024, 256, 1024),
         )
     ),
-    # Picked by hand (session 8) beside the corpus's CONV_TRAIN_LAYERS: the same kinds of layer, other sizes.
+    # Picked by hand beside the corpus's CONV_TRAIN_LAYERS: the same kinds of layer, other sizes.
     "conv2d": (
         "conv2d:n=1,c=48,h=28,w=28,k=48,r=3,s=3,stride=1,pad=1",
         "conv2d:n=1,c=128,h=14,w=14,k=64,r=1,s=1,stride=1,pad=0",
@@ -197,7 +197,7 @@ def cell(counts: list[int | None], cap: int) -> str:
 class ShapeRuns:
     """One evaluated workload: its bars and every run's best-so-far GFLOP/s curve."""
 
-    best_known: float  # the highest single measurement of the reference (the issue's bar)
+    best_known: float  # the highest single measurement of the reference (the goal's bar)
     remeasured: float  # the highest median of the reference's top configs timed again
     spread: float  # median over those configs of (fastest - slowest) / fastest, in GFLOP/s
     curves: dict[str, list[tuple[float, ...]]]  # mode -> one curve per seed
@@ -228,7 +228,7 @@ def evaluate(workload: Workload, models: dict[str, CostModel | None], args: argp
         reference = run_tuning(workload, [board], options, log=log)
         records = read_logs([log.path])
     remeasured, spread = remeasure(workload, board, records, args.top, args.rounds)
-    best_known = max(reference.curve_gflops, default=0.0)  # the fastest single timing: the issue's bar
+    best_known = max(reference.curve_gflops, default=0.0)  # the fastest single timing: the goal's bar
     curves: dict[str, list[tuple[float, ...]]] = {mode: [] for mode in modes}
     for seed in range(args.seeds):
         for mode in modes:
@@ -400,8 +400,8 @@ def load(path: Path, args: argparse.Namespace) -> tuple[str, tuple[str, ...], st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # The issue asks for 3 seeds; sessions 4-5 ran 5 on four shapes. More held-out shapes narrow the
-    # median over shapes more than more seeds per shape do, for the same time (about 40 min here).
+    # 3 seeds per shape: more held-out shapes narrow the median over shapes more than more seeds per
+    # shape do, for the same time (about 40 min here).
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--cap", type=int, default=128, help="trials per cold/warm run")
     parser.add_argument("--long", type=int, default=384, help="trials of the best-known run")
@@ -423,7 +423,7 @@ def main() -> None:
         "--bars",
         type=lambda text: tuple(float(f) for f in text.split(",")),
         default=(0.9, 0.95),
-        help="fractions of the best to count trials to (0.9: the issue)",
+        help="fractions of the best to count trials to (0.9: the goal)",
     )
     parser.add_argument("--save", type=Path, help="also write every run's curve and the bests as JSON")
     parser.add_argument("--load", type=Path, help="print the tables of a --save file; measure nothing")

@@ -125,7 +125,7 @@ def test_an_overflowing_or_lenient_workload_builds_nothing(
     )
     assert refused(status, err, *words), err
     assert not obj.exists() and not hdr.exists()
-    if "100000" in workload:  # used to die allocating 74.5 GiB
+    if "100000" in workload:  # refused before anything allocates its 74.5 GiB
         status, _, err = run_main(["bench", "--workload", workload], capsys)
         assert refused(status, err, "tensor 'A'"), err
 

@@ -232,7 +232,7 @@ def test_the_estimates_pick_is_a_correct_kernel_on_every_board(board: str) -> No
         assert prior is not None
         default = template.default_config().index
         tuner = make_tuner(
-            "xgb", template.space, 0, partial(featurize, template), anchors=[default], estimate=prior
+            "xgb", template.space, 0, partial(featurize, template), seeds=[default], estimate=prior
         )
         assert tuner.first_picks() == 2
         head = tuner.next_batch(2)

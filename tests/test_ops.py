@@ -20,9 +20,8 @@ from xtune.ops.bmm import BatchedMatmul
 from xtune.ops.concat import Concat
 from xtune.ops.elementwise import Elementwise, ElementwiseOp, relu
 from xtune.ops.layout import Layout
+from xtune.ops.opkit import GeneratedOp as Operator
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d, PoolKind
-from xtune.ops.registry import GeneratedOp as Operator
-from xtune.ops.reshape import Reshape
 from xtune.ops.resize import Resize, axis_taps
 from xtune.ops.softmax import Softmax
 from xtune.ops.transpose import Transpose
@@ -230,12 +229,6 @@ def test_log_accuracy_under_qemu(qemu_board: str) -> None:
     check_log(qemu_board)
 
 
-def test_reshape_is_an_alias() -> None:
-    op = Reshape(input_shape=(1, 512, 1, 1), shape=(1, 512))
-    x = np.arange(512, dtype=np.float32).reshape(op.input_shapes[0])
-    assert op.alias and op.reference(x).shape == op.output_shape and np.shares_memory(op.reference(x), x)
-
-
 def test_nhwc_operators_compute_the_nchw_ones_transposed() -> None:
     """An NHWC pool is the NCHW pool of the transposed input, transposed: not just its own reference."""
     rng = np.random.default_rng(2)
@@ -267,7 +260,6 @@ def test_pool_output_shapes_follow_onnx() -> None:
         (lambda: Pool2d(kind=AVG, n=1, c=1, h=2, w=5, kernel=(3, 3)), "does not fit"),
         (lambda: Pool2d(kind=AVG, n=1, c=0, h=5, w=5, kernel=(3, 3)), "'c' must be a positive"),
         (lambda: Elementwise(op=ElementwiseOp.CLIP, shape=(4,), lo=1.0, hi=0.0), "above max"),
-        (lambda: Reshape(input_shape=(2, 3), shape=(5,)), "element count"),
         (lambda: Concat(n=1, channels=(2, 0), h=1, w=1), "'channels1' must be a positive"),
     ],
 )

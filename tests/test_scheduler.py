@@ -79,7 +79,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ModelTuni
     return log, run(SMALL, log, 12, tuner="xgb")
 
 
-def test_the_budget_is_spent_and_the_first_round_measures_only_every_tasks_anchors(
+def test_the_budget_is_spent_and_the_first_round_measures_only_every_tasks_seeds(
     first_run: tuple[Path, ModelTuningResult],
 ) -> None:
     log, result = first_run
@@ -231,7 +231,8 @@ def test_the_gradient_gives_each_batch_to_the_task_of_the_largest_expected_gain(
     run, seen, stop = faked(FOUR, four_curves(), 4 + 4 * 24)
     assert stop is ModelStop.TRIALS and run.trials == 100
     assert [p.task for p in seen[:4]] == [0, 1, 2, 3]  # the first round: one batch each, in task order
-    assert all(len(p.batch.batch) == 1 for p in seen[:4])  # the default alone (the random tuner's anchor)
+    # the default alone (the random tuner's only seed config)
+    assert all(len(p.batch.batch) == 1 for p in seen[:4])
     histories: list[list[float]] = [[p.latencies[p.task]] for p in seen[:4]]
     for p in seen[4:]:
         gains = [
@@ -281,7 +282,7 @@ def test_two_schedulers_stepped_in_turn_make_the_picks_each_makes_alone() -> Non
         for run in runs.values():
             run.close()
     assert {s: [p.task for p in progress] for s, progress in seen.items()} == alone
-    for s in Strategy:  # one yield per batch: 4 first-round anchors, then 12 batches of 4
+    for s in Strategy:  # one yield per batch: 4 first-round seed configs, then 12 batches of 4
         assert spent[s] == [1, 2, 3, 4, *range(8, trials + 1, 4)]
 
 
@@ -306,7 +307,7 @@ def test_the_epsilon_greedy_picks_are_a_function_of_the_runs_seed() -> None:
     assert len(first) == len(greedy) == 4 + 24
 
 
-def test_a_task_whose_anchors_fail_gets_one_whole_batch_before_it_is_dropped() -> None:
+def test_a_task_whose_seeds_fail_gets_one_whole_batch_before_it_is_dropped() -> None:
     tasks = FOUR[:3]
     curves = [Curve(math.inf, 2e-3, 1e-3), Curve(math.inf), Curve(1e-3)]
     run, _, stop = faked(tasks, curves, 3 + 4 * 6)

@@ -574,10 +574,10 @@ def test_a_hedged_first_batch_alternates_the_hedge_and_the_model_the_hedge_first
 
 
 @pytest.mark.parametrize("with_hedge", [False, True])
-def test_the_first_batch_holds_the_anchor_and_the_estimates_pick_whatever_the_prior(with_hedge: bool) -> None:
-    """A model that ranks the best configs last still leaves the anchor (the template's default) and the
+def test_the_first_batch_holds_the_seed_and_the_estimates_pick_whatever_the_prior(with_hedge: bool) -> None:
+    """A model that ranks the best configs last still leaves the seed config (the template's default) and the
     estimate's top pick in the first batch, once; the model's own picks fill the rest."""
-    oracle, anchor = TrueThroughput(), 12345
+    oracle, default = TrueThroughput(), 12345
     hedge = TrueThroughput() if with_hedge else None
     tuner = make_tuner(
         "xgb",
@@ -586,16 +586,16 @@ def test_the_first_batch_holds_the_anchor_and_the_estimates_pick_whatever_the_pr
         knob_featurizer(SPACE),
         pretrained=Inverted(),
         hedge=hedge,
-        anchors=[anchor],
+        seeds=[default],
         estimate=oracle,
     )
     assert isinstance(tuner, ModelTuner)
     tuner.n_chains, tuner.n_steps, tuner.epsilon = 128, 40, 0.0
     first = tuner.next_batch(8)
-    assert first[0] == anchor and len(set(first)) == 8
+    assert first[0] == default and len(set(first)) == 8
     assert oracle.throughput[first[1]] >= 0.95  # the estimate's pick, ahead of the inverted model's
     tuner.update(first, fake_measurer(COSTS)(first))
-    assert anchor not in tuner.next_batch(8)
+    assert default not in tuner.next_batch(8)
 
 
 @pytest.mark.parametrize("wrong", ["pretrained", "hedge"])

@@ -315,8 +315,8 @@ def test_wide_records_take_keywords_only(record: type) -> None:
 
 
 def test_the_xgb_first_batch_holds_the_default_even_when_not_measured_first() -> None:
-    """start_from_default=False (search-efficiency benchmarks) no longer leaves the default out of the xgb
-    tuner's first batch: it is an anchor of the model tuner itself."""
+    """start_from_default=False (search-efficiency benchmarks) still leaves the default in the xgb tuner's
+    first batch: it is a seed config of the model tuner itself."""
     workload = parse_workload("conv2d:n=1,c=5,h=9,w=11,k=13,r=3,s=3,stride=2,pad=1")
     board = get_board("local")
     default = template_for(workload, board.target).default_config().index

@@ -260,7 +260,7 @@ def test_the_estimates_pick_gives_the_reference_in_the_interpreter(key: str) -> 
             template.space,
             0,
             partial(featurize, template),
-            anchors=[template.default_config().index],
+            seeds=[template.default_config().index],
             estimate=prior,
         )
         _, pick = tuner.next_batch(2)

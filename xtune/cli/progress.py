@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from xtune.cli.common import one_line
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from xtune.boards.cost import CostUnit
     from xtune.frontend.tasks import Task
     from xtune.tuning.loop import TuneProgress
@@ -17,13 +19,32 @@ if TYPE_CHECKING:
     from xtune.tuning.run import TuningReport
 
 
-class _ProgressBar:
-    """tqdm on stderr: trials done, best GFLOP/s (or instructions), % of numpy, failures, ETA."""
+class _Bar:
+    """tqdm on stderr over `total` trials, drawn from the first finished batch on: a run the library
+    refuses (its checks come first) prints its one error line and no bar."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._bar: tqdm | None = None
+
+    @property
+    def bar(self) -> tqdm:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
+        return self._bar
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class _ProgressBar(_Bar):
+    """Trials done, best GFLOP/s (or instructions), % of numpy, failures, ETA."""
 
     def __init__(self, total: int, flops: int, numpy_gflops: float | None, unit: CostUnit):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
+        super().__init__(total)
         self.flops, self.numpy_gflops, self.failed, self.unit = flops, numpy_gflops, 0, unit
 
     def update(self, progress: TuneProgress) -> None:
@@ -40,9 +61,6 @@ class _ProgressBar:
             post["best"] = f"{progress.best_cost:.0f} {self.unit.value}"
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(len(progress.batch))
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def _print_tuning(report: TuningReport, log: str) -> None:
@@ -82,13 +100,11 @@ def _cost_text(cost: float, unit: CostUnit) -> str:
     return f"{cost * 1e3:.4g} ms" if cost >= 1e-4 else f"{cost * 1e6:.4g} us"
 
 
-class _ModelProgressBar:
-    """tqdm on stderr over the model's budget; a line per batch: the task, its best, the model estimate."""
+class _ModelProgressBar(_Bar):
+    """Over the model's budget; a line per batch: the task, its best, the model estimate."""
 
     def __init__(self, total: int, tasks: Sequence[Task], unit: CostUnit):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
+        super().__init__(total)
         self.tasks, self.unit = tasks, unit
 
     def update(self, progress: ModelProgress) -> None:
@@ -102,9 +118,6 @@ class _ModelProgressBar:
         )
         self.bar.set_postfix({"model": model}, refresh=False)
         self.bar.update(len(progress.batch.batch))
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def _print_model_tuning(result: ModelTuningResult, log: str) -> None:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from xtune.cli.common import _emit_json, _warnings_unless_error
 from xtune.cli.networks import model_layout
 from xtune.cli.progress import _ModelProgressBar, _print_model_tuning, _print_tuning, _ProgressBar
-from xtune.errors import InputError
 
 if TYPE_CHECKING:
     from xtune.boards.board import Board
@@ -27,41 +26,42 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from xtune.tuning.features import features_op
     from xtune.tuning.loop import StopReason
     from xtune.tuning.run import local_numpy_gflops, run_tuning
-    from xtune.tuning.session import check_boards
 
     layout = model_layout(args)
     workload = parse_workload(args.workload) if args.workload is not None else None
     boards = [get_board(name, args.boards, target=args.target) for name in (args.board or ["local"])]
     log = TuningLog(args.log)
-    # run_tuning and the scheduler check both too, but only after training --transfer-from logs; the log
-    # is checked here against every file the run reads (a folder, device, read-only file, the model)
-    check_boards(boards)
-    sources = [s for s in args.transfer_from or () if s != "builtin"]
-    log.check_appendable([(args.model, "model"), *((s, "--transfer-from source") for s in sources)])
     if workload is None:
         return _tune_model(args, boards, log, layout)
     # A pointwise conv2d is tuned as the matmul it lowers to: that operator's model scores its configs.
     op = features_op(template_for(workload, boards[0].target))
-    transfer, pretrained = _transfer_source(args, boards[0], op)
-    options = _tune_options(args)
+    used: dict[str, object] = {}
+
+    def transfer() -> tuple[CostModel | None, bool]:
+        """The --transfer-from model, loaded (or trained) once the run is checked."""
+        source, model = _transfer_source(args, boards[0], op)
+        if source is None:
+            return None, False
+        used.update(source.as_dict())
+        return model, not source.saw(boards[0].target)
+
     numpy_gflops = local_numpy_gflops(workload, boards)
     bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops, boards[0].cost_unit)
     try:
         report = run_tuning(
             workload,
             boards,
-            options,
+            _tune_options(args),
             log,
             bar.update,
             numpy_gflops,
-            pretrained,
-            hedge_with_estimate=transfer is not None and not transfer.saw(boards[0].target),
+            reads=_reads(args),
+            transfer=transfer if args.transfer_from else None,
         )
     finally:
         bar.close()
     if args.json:
-        used = transfer.as_dict() if transfer else None
-        _emit_json({**report.as_dict(), "log": str(args.log), "transfer": used})
+        _emit_json({**report.as_dict(), "log": str(args.log), "transfer": used or None})
     else:
         _print_tuning(report, args.log)
     return _exit_status(
@@ -69,6 +69,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         board_failed=report.stop is StopReason.BOARD_FAILED,
         error=report.error,
     )
+
+
+def _reads(args: argparse.Namespace) -> list[tuple[str | None, str]]:
+    """The files the run reads, which the log must not be: the model, the --transfer-from sources."""
+    sources = [s for s in args.transfer_from or () if s != "builtin"]
+    return [(args.model, "model"), *((s, "--transfer-from source") for s in sources)]
 
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:
@@ -92,24 +98,30 @@ def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, l
     """`xtune tune --model`: every task of the model under one budget (xtune.tuning.task_scheduler)."""
     from xtune.frontend.tasks import extract_tasks
     from xtune.ops.registry import template_for
-    from xtune.tuning.allocation import SchedulerOptions, Strategy
+    from xtune.tuning.allocation import SchedulerOptions, parse_strategy
     from xtune.tuning.features import features_op
     from xtune.tuning.results import ModelStop
     from xtune.tuning.task_scheduler import tune_tasks
 
     taskset = extract_tasks(args.model, boards[0].target, layout)
-    pretrained: dict[str, tuple[CostModel, bool]] = {}
     used: dict[str, object] = {}
-    source: TransferSource | None = None
-    ops = {features_op(template_for(t.workload, boards[0].target)) for t in taskset.tasks}  # as the scheduler
-    for op in sorted(ops):
-        if source is None or source.kind == "builtin":  # the built-in model is chosen per operator
-            source, model = _transfer_source(args, boards[0], op)
-        else:  # one model file, or logs trained on once, has a booster per operator
-            model = source.model.cost_model(op)
-        if source is not None and model is not None:
-            pretrained[op] = (model, not source.saw(boards[0].target))
-            used[op] = source.as_dict()
+
+    def transfer() -> dict[str, tuple[CostModel, bool]]:
+        """Each operator's --transfer-from model (and whether the estimate hedges it), loaded (or trained)
+        once the run is checked."""
+        pretrained: dict[str, tuple[CostModel, bool]] = {}
+        source: TransferSource | None = None
+        ops = {features_op(template_for(t.workload, boards[0].target)) for t in taskset.tasks}  # as the run
+        for op in sorted(ops):
+            if source is None or source.kind == "builtin":  # the built-in model is chosen per operator
+                source, model = _transfer_source(args, boards[0], op)
+            else:  # one model file, or logs trained on once, has a booster per operator
+                model = source.model.cost_model(op)
+            if source is not None and model is not None:
+                pretrained[op] = (model, not source.saw(boards[0].target))
+                used[op] = source.as_dict()
+        return pretrained
+
     bar = _ModelProgressBar(args.trials, taskset.tasks, boards[0].cost_unit)
     try:
         result = tune_tasks(
@@ -118,9 +130,10 @@ def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, l
             _tune_options(args),
             log,
             model=taskset.model,
-            scheduler=SchedulerOptions(strategy=Strategy(args.strategy)),
-            pretrained=pretrained,
+            scheduler=SchedulerOptions(strategy=parse_strategy(args.strategy)),
             on_progress=bar.update,
+            reads=_reads(args),
+            transfer=transfer if args.transfer_from else None,
         )
     finally:
         bar.close()
@@ -155,8 +168,6 @@ def _transfer_source(
         return None, None
     from xtune.transfer.pretrained import load_source
 
-    if args.tuner != "xgb":
-        raise InputError(f"--transfer-from needs the xgb tuner (--tuner {args.tuner} has no cost model)")
     with _warnings_unless_error():
         source = load_source(args.transfer_from, board.target, op, cpu=board.fingerprint().get("cpu"))
     pretrained = source.model.cost_model(op)

@@ -49,7 +49,8 @@ from xtune.firmware.kernels import (
 from xtune.firmware.program import Call, Program, Space, program
 from xtune.frontend.load import Source
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
-from xtune.ops.registry import GeneratedOp, template_for
+from xtune.ops.opkit import GeneratedOp
+from xtune.ops.registry import template_for
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel

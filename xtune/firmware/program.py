@@ -32,8 +32,8 @@ from xtune.frontend.tasks import FusedOp, fuse
 from xtune.frontend.validate import nonfinite
 from xtune.graph import Graph, Node
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
-from xtune.ops.opkit import UNSUPPORTED
-from xtune.ops.registry import GeneratedOp, family, node_family
+from xtune.ops.opkit import UNSUPPORTED, GeneratedOp
+from xtune.ops.registry import family, node_family
 from xtune.ops.workload import Workload
 
 
@@ -226,7 +226,6 @@ def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], later: Node
     layouts = mapped.layouts or fam.layouts
     if mapped.kernel is None:
         return OpStep(nodes, None, (*mapped.inputs, out), Sharing.ALIAS, layouts, fam.follows_input)
-    assert isinstance(mapped.kernel, GeneratedOp)
     kernel = mapped.kernel
     sizes = (weights[t].size if t in weights else math.prod(graph.shape(t)) for t in mapped.inputs)
     if tuple(math.prod(s) for s in kernel.input_shapes) != tuple(sizes):

@@ -23,7 +23,7 @@ from xtune.errors import InputError
 from xtune.firmware.memory import Sharing
 from xtune.graph import Graph
 from xtune.ops.layout import Layout, differs, layout_for, to_layout, workload_layout
-from xtune.ops.registry import GeneratedOp
+from xtune.ops.opkit import GeneratedOp
 from xtune.ops.transpose import Transpose
 from xtune.ops.workload import Workload
 

@@ -1,23 +1,21 @@
 """Task extraction: an ONNX model and a target in, the unique tuning tasks of the network out.
 
 Every Conv, Gemm and MatMul is a kernel call (`FusedOp`) with what follows it fused into its epilogue
-while the chain allows it (each step's tensor read by that one next node only):
-BatchNormalization and Mul or Div by a per-channel constant, folded into the weights and bias (Conv,
-or Gemm/MatMul over the last axis), and an Add of a per-channel constant (a bias), in any number and
-order; an Add of a tensor shaped like the output, available before the kernel runs (the residual of
-ResNet and MobileNetV2 blocks); then Relu, or Clip(0, 6) as ReLU6 (Clip(0, ∞) as ReLU), which ends the
-chain. A quantized model's int8 calls (QLinearMatMul, MatMulInteger: docs/int8.md) fuse nothing: their
-bias and clamp are in the node already. Calls with the same workload are one `Task`, tuned once. The
-other nodes xtune runs (xtune/frontend/support.py) are listed as other nodes; every node it cannot run
-is named in one refusal (xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for
-a partial answer.
+while the chain allows it (each step's tensor read by that one next node only), in this order: affine
+steps folded into the weights and bias, in any number and order (BatchNormalization, Mul, Div or Add by
+a per-channel constant: xtune/ops/affine.py); an Add of a tensor shaped like the output, available
+before the kernel runs (the residual of ResNet and MobileNetV2 blocks); then an activation (Relu, ReLU6,
+sigmoid, SiLU ...: xtune/ops/epilogue.py, `activation_switches`), which ends the chain. A quantized
+model's int8 calls (QLinearMatMul, MatMulInteger: docs/int8.md) fuse nothing: their bias and clamp are in
+the node already. Calls with the same workload are one `Task`, tuned once. The other nodes xtune runs
+(xtune/frontend/support.py) are listed as other nodes; every node it cannot run is named in one refusal
+(xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for a partial answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import numpy as np
 
@@ -25,9 +23,10 @@ from xtune.errors import InputError, UnsupportedNode
 from xtune.frontend.load import Source, load_graph
 from xtune.frontend.refusal import Unsupported, by_op, refusal
 from xtune.frontend.support import integer_tensor, not_run, runs
-from xtune.graph import Graph, Node
-from xtune.ops.activation import ActivationKind, epilogue_form, silu_mul
+from xtune.graph import Graph
+from xtune.ops.affine import fold_affine, is_affine_step, may_fold
 from xtune.ops.anchor import Anchor
+from xtune.ops.epilogue import activation_switches, residual_operand, silu_switches
 from xtune.ops.layout import DEFAULT, Layout, layout_for, parse_layout
 from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.template import MAX_STACK_BYTES
@@ -35,9 +34,8 @@ from xtune.ops.workload import ParamValue, Workload
 from xtune.target import Target, get_target, host_target
 from xtune.tuning.database import Record, build_choice
 
-# Epilogue stages in the order they apply; a chain only moves forward (operators.EPILOGUE). The affine
-# stage takes any number of per-channel scales (BatchNormalization, Mul, Div) and shifts (Add): each
-# folds into the weights and bias.
+# Epilogue stages in the order they apply; a chain only moves forward (ops/epilogue.py, EPILOGUE). The
+# affine stage takes any number of per-channel scales and shifts: each folds into the weights and bias.
 _AFFINE, _RESIDUAL, _CLAMP = 1, 2, 3
 
 
@@ -213,17 +211,15 @@ def fuse(
 
 
 def _scales_after(graph: Graph, index: int, readers: dict[str, list[int]]) -> list[int]:
-    """The BatchNormalization and constant Mul, Div and Add nodes that would fold into the anchor at
-    `index` if xtune ran it: a refusal names the anchor, not them as well."""
+    """The affine steps that would fold into the anchor at `index` if xtune ran it (ops/affine.py,
+    `may_fold`): a refusal names the anchor, not them as well."""
     out, chain = graph.nodes[index].outputs[0], []
     while out not in graph.outputs and len(readers.get(out, [])) == 1:
         j = readers[out][0]
-        nxt = graph.nodes[j]
-        constant = all(t == out or graph.constant(t) is not None for t in nxt.inputs if t)
-        if nxt.op not in ("BatchNormalization", "Mul", "Div", "Add") or not constant:
+        if not may_fold(graph, graph.nodes[j], out):
             break
         chain.append(j)
-        out = nxt.outputs[0]
+        out = graph.nodes[j].outputs[0]
     return chain
 
 
@@ -241,34 +237,26 @@ def _fuse_chain(
     if a.quant is not None:  # an int8 kernel: its epilogue (bias, clamp) is in the node already
         stage = _CLAMP
     while stage < _CLAMP and out not in graph.outputs and len(readers.get(out, [])) in (1, 2):
-        if len(readers[out]) == 2:  # x * Sigmoid(x): SiLU, the one activation that reads x twice
-            mul = silu_mul(graph, out, [graph.nodes[j] for j in readers[out]])
-            if mul is None or any(len(readers.get(t, [])) != 1 for t in mul.inputs[:2] if t != out):
+        if len(readers[out]) == 2:  # an activation that reads x twice
+            silu = silu_switches(graph, out, [graph.nodes[j] for j in readers[out]])
+            if silu is None or any(len(readers.get(t, [])) != 1 for t in silu[0].inputs[:2] if t != out):
                 break  # the Sigmoid's output read by the Mul alone
-            flags["act"], stage = ActivationKind.SILU.value, _CLAMP
+            flags.update(silu[1])
             used += sorted(readers[out])
-            out = mul.outputs[0]
+            out = silu[0].outputs[0]
             break
         j = readers[out][0]
-        nxt = graph.nodes[j]
-        other = next((t for t in nxt.inputs[:2] if t != out), "") if nxt.op in ("Add", "Mul", "Div") else ""
-        if nxt.op in ("BatchNormalization", "Mul", "Div") and stage <= _AFFINE and weights is not None:
-            folded = _fold_scale(graph, nxt, a, weights, bias, other)
+        nxt, other = graph.nodes[j], residual_operand(graph.nodes[j], out)
+        if stage <= _AFFINE and is_affine_step(graph, nxt, out, weights is not None):
+            folded = fold_affine(graph, nxt, out, a, weights, bias)
             if folded is None:
                 break
             weights, bias, stage = *folded, _AFFINE
-        elif nxt.op == "Add" and stage <= _AFFINE and graph.constant(other) is not None:
-            vector = a.channel_vector(graph, graph.constants[other])
-            if vector is None:
-                break
-            bias, stage = vector if bias is None else bias + vector, _AFFINE
-        elif nxt.op == "Add" and stage < _RESIDUAL and _available(graph, other, out, index, writers):
+        elif stage < _RESIDUAL and _available(graph, other, out, index, writers):
             residual, flags["residual"], stage = other, 1, _RESIDUAL
-        elif nxt.op in ("Relu", "Clip") and (clamp := _clamp(graph, nxt)):
-            flags[clamp], stage = 1, _CLAMP
-        elif (act := epilogue_form(graph, nxt, out)) is not None:
-            kind, flags["alpha"], flags["beta"] = act
-            flags["act"], stage = kind.value, _CLAMP
+        elif (act := activation_switches(graph, nxt, out)) is not None:
+            flags.update(act)
+            stage = _CLAMP
         else:
             break
         used.append(j)
@@ -296,67 +284,9 @@ def _fuse_chain(
     return op, used
 
 
-def _fold_scale(
-    graph: Graph, node: Node, a: Anchor, weights: np.ndarray, bias: np.ndarray | None, other: str
-) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """A per-channel scale after the anchor folded into its weights and bias: BatchNormalization, or a Mul
-    or Div (the anchor's output first) by a constant that varies along the output channels only; None
-    where it does not fold. (conv(x, w) + b) * s = conv(x, w * s) + b * s, one output channel at a time."""
-    if node.op == "BatchNormalization":
-        return _fold_batchnorm(graph, node, a, weights, bias) if a.channel_axis == 1 else None
-    const = graph.constant(other)
-    if const is None or (node.op == "Div" and node.inputs[1] != other):
-        return None
-    vector = a.channel_vector(graph, const)
-    if vector is None:
-        return None
-    scale = 1 / vector.astype(np.float64) if node.op == "Div" else vector.astype(np.float64)
-    folded = a.scale_channels(weights.astype(np.float64), scale).astype(np.float32)
-    return folded, None if bias is None else (bias * scale).astype(np.float32)
-
-
-def _fold_batchnorm(
-    graph: Graph, bn: Node, a: Anchor, weights: np.ndarray, bias: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """BatchNormalization (inference form) folded into the anchor: w' = w * g/sqrt(v+eps) per output
-    channel, b' = (b - mean) * g/sqrt(v+eps) + beta (ONNX operator spec, BatchNormalization)."""
-    params = [graph.constant(t) for t in bn.inputs[1:5]]
-    if (len(bn.outputs) > 1 and any(bn.outputs[1:])) or any(p is None for p in params):
-        return None  # training mode, or statistics that are not constants
-    gamma, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params)
-    eps = float(bn.attr("epsilon", 1e-5))  # type: ignore[arg-type]
-    if gamma.size != a.channels:
-        return None
-    # A zero (with epsilon 0), negative or NaN variance gives a non-finite scale, folded as it is: ONNX
-    # Runtime folds BatchNormalization into a Conv the same way (its ConvBNFusion), so the NaN and inf
-    # outputs land where its do, and numpy's "invalid value" warnings would only repeat that.
-    with np.errstate(all="ignore"):
-        scale = gamma / np.sqrt(var + eps)
-        folded = a.scale_channels(weights, scale).astype(np.float32)
-        start = np.zeros(a.channels) if bias is None else bias.astype(np.float64)
-        return folded, ((start - mean) * scale + beta).astype(np.float32)
-
-
 def _available(graph: Graph, other: str, out: str, anchor: int, writers: dict[str, int]) -> bool:
     """`other` can be the residual of the kernel that writes `out`: same shape, and already computed
     when the anchor runs (a graph input, or written by an earlier node), so the call needs no reorder."""
     if not other or graph.shapes.get(other) != graph.shapes.get(out):
         return False
     return other in graph.inputs or writers.get(other, anchor) < anchor
-
-
-def _clamp(graph: Graph, node: Node) -> Literal["relu", "relu6", ""]:
-    """Relu, Clip(0, 6) -> relu6 (MobileNetV2's ReLU6), Clip(0, none) -> relu; other clips don't fuse."""
-    if node.op == "Relu":
-        return "relu"
-    lo_name, hi_name = (*node.inputs[1:3], "", "")[:2]
-    if _scalar(graph, lo_name) != 0.0:
-        return ""
-    if not hi_name:  # an omitted max is +inf (ONNX Clip, opset 11+)
-        return "relu"
-    return "relu6" if _scalar(graph, hi_name) == 6.0 else ""
-
-
-def _scalar(graph: Graph, tensor: str) -> float | None:
-    value = graph.constant(tensor) if tensor else None
-    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None

@@ -14,11 +14,10 @@ from xtune.errors import InputError
 from xtune.frontend.load import Source
 from xtune.frontend.tasks import extract_tasks
 from xtune.ops.layout import parse_layout
-from xtune.tuning.allocation import SchedulerOptions, Strategy
+from xtune.tuning.allocation import SchedulerOptions, Strategy, parse_strategy
 from xtune.tuning.database import TuningLog
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.results import ModelProgress, ModelTuningResult
-from xtune.tuning.session import check_boards
 from xtune.tuning.task_scheduler import tune_tasks
 
 
@@ -37,24 +36,20 @@ def tune_model(
 ) -> ModelTuningResult:
     """Tune every task of an ONNX model (path or ModelProto) on `board` (a name, a Board, or several of
     one target) under one budget of `trials` (default: options.trials), the network run in `layout`
-    (xtune/ops/layout.py), appending to `log` and resuming from it: what `xtune tune --model` does."""
+    (xtune/ops/layout.py), appending to `log` and resuming from it: what `xtune tune --model` does. The
+    run is checked once, by the task scheduler (xtune.tuning.session.check_run), before the log is read."""
     where = parse_layout(layout)  # before any board is opened
-    items = [board] if isinstance(board, str) or not isinstance(board, Sequence) else list(board)
-    path = Path(boards_file) if boards_file is not None else None
-    boards = [get_board(b, path, target=target) if isinstance(b, str) else b for b in items]
-    check_boards(boards)
+    chosen = parse_strategy(strategy)
     options = options or TuneOptions()
     options = replace(options, trials=trials) if trials is not None else options
     if options.trials < 1:
         raise InputError("trials must be at least 1")
-    try:
-        chosen = Strategy(strategy)
-    except ValueError:
-        known = ", ".join(s.value for s in Strategy)
-        raise InputError(f"unknown strategy '{strategy}' (known: {known})") from None
+    items = [board] if isinstance(board, str) or not isinstance(board, Sequence) else list(board)
+    path = Path(boards_file) if boards_file is not None else None
+    boards = [get_board(b, path, target=target) if isinstance(b, str) else b for b in items]
+    if not boards:
+        raise InputError("no board to tune on")
     tuning_log = log if isinstance(log, TuningLog) or log is None else TuningLog(log)
-    if tuning_log is not None:  # never the model itself, never a FIFO: before anything is read
-        tuning_log.check_appendable([(model if isinstance(model, str | os.PathLike) else None, "model")])
     taskset = extract_tasks(model, boards[0].target, where)
     return tune_tasks(
         taskset.tasks,
@@ -64,4 +59,5 @@ def tune_model(
         model=taskset.model,
         scheduler=SchedulerOptions(strategy=chosen),
         on_progress=on_progress,
+        reads=[(model if isinstance(model, str | os.PathLike) else None, "model")],
     )

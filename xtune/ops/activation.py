@@ -27,19 +27,8 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive, vector_map
-from xtune.schedule.loopnest import (
-    Affine,
-    Binary,
-    BinaryOp,
-    Const,
-    Exp,
-    Kernel,
-    Load,
-    MulAdd,
-    NestBuilder,
-    Value,
-)
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, PointwiseOp, Shape, positive_dims
+from xtune.schedule.loopnest import Binary, BinaryOp, Const, Exp, Kernel, MulAdd, Value
 
 if TYPE_CHECKING:
     import onnx
@@ -106,7 +95,7 @@ _DEFAULTS = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class Activation:
+class Activation(PointwiseOp):
     """One activation applied to every element of `shape`, with its `alpha` and `beta` where it has them."""
 
     kind: ActivationKind
@@ -115,30 +104,14 @@ class Activation:
     beta: float = 0.0
 
     def __post_init__(self) -> None:
-        positive("activation", **{f"dim{i}": d for i, d in enumerate(self.shape)})
+        positive_dims("activation", self.shape)
         if not (math.isfinite(self.alpha) and math.isfinite(self.beta)):
             raise InputError(f"{self.kind.value}: alpha {self.alpha} and beta {self.beta} must be finite")
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Activation:
-        """The same computation in `layout`: elementwise, the same whatever the order."""
-        return self
 
     @property
     def label(self) -> str:
         """How a profile names its steps."""
         return self.kind.value
-
-    @property
-    def input_shapes(self) -> tuple[Shape, ...]:
-        return (self.shape,)
-
-    @property
-    def output_shape(self) -> Shape:
-        return self.shape
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         """The ONNX definitions in float64."""
@@ -199,14 +172,7 @@ class Activation:
         return op(BinaryOp.MUL, x, hard) if k is ActivationKind.HARD_SWISH else hard
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
-        b = NestBuilder()
-
-        def emit(i: Affine, width: int, count: int) -> None:
-            b.store("out", i, self.expr(Load("x", i, width, count), width), width, count)
-
-        vector_map(b, self.size, lanes, emit)
-        # In place (the memory plan's in_place_of): every element is loaded before it is stored.
-        return b.kernel(name, params([("x", self.size)], self.size), noalias=False)
+        return self.map_nest(name, lanes, "x", lambda xs, width: self.expr(xs[0], width))
 
 
 def _erf(x: Value, lanes: int) -> Value:

@@ -22,9 +22,21 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
+from xtune.ops.affine import batchnorm
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, differs, physical
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_operand, params, positive, vector_map
+from xtune.ops.opkit import (
+    Consts,
+    GeneratedOp,
+    Mapped,
+    NodeFamily,
+    Shape,
+    constant_operand,
+    params,
+    positive_dims,
+    refusing,
+    vector_map,
+)
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -65,7 +77,7 @@ _NUMPY = {ArithOp.ADD: np.add, ArithOp.SUB: np.subtract, ArithOp.MUL: np.multipl
 
 
 @dataclass(frozen=True, kw_only=True)
-class Arith:
+class Arith(GeneratedOp):
     """`op` of operands of `shapes` (each as long as `out`, size-1 axes broadcast) into `out`."""
 
     op: ArithOp
@@ -73,7 +85,7 @@ class Arith:
     out: Shape
 
     def __post_init__(self) -> None:
-        positive("arith", **{f"dim{i}": d for i, d in enumerate(self.out)})
+        positive_dims("arith", self.out)
         for shape in self.shapes:
             if len(shape) != len(self.out) or any(
                 d not in (1, o) for d, o in zip(shape, self.out, strict=True)
@@ -171,20 +183,17 @@ def _aligned(shape: Shape, rank: int) -> Shape:
 
 
 def _batchnorm(graph: Graph, node: Node, consts: Consts, out: Shape) -> Mapped:
-    """x * s + t per channel (axis 1), s = scale / sqrt(var + eps), t = bias - mean * s (ONNX operator
-    spec, BatchNormalization, inference mode), computed in float64 at build time."""
-    params_ = [graph.constant(t) for t in node.inputs[1:5]]
-    if len(params_) != 4 or any(p is None for p in params_) or any(node.outputs[1:]):
+    """x * scale + shift per channel (axis 1), the inference form (xtune/ops/affine.py) computed at build
+    time."""
+    form = batchnorm(graph, node)
+    if form is None:
         raise refuse(
             graph,
             node,
             "a BatchNormalization whose scale, bias, mean and variance are not all "
             "constants (or with training outputs) is not supported",
         )
-    gamma, beta, mean, var = (np.asarray(p, np.float64).reshape(-1) for p in params_)
-    eps = float(node.attr("epsilon", 1e-5))  # type: ignore[arg-type]
-    scale = gamma / np.sqrt(var + eps)
-    shift = beta - mean * scale
+    scale, shift = form.scale, form.shift
     channels = out[1] if len(out) > 1 else 1
     if scale.size != channels:
         raise refuse(graph, node, f"{scale.size} normalization parameters for {channels} channels")
@@ -204,10 +213,8 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     for t in inputs:
         constant_operand(graph, node, t, consts)
     shapes = tuple(_aligned(graph.shape(t), len(out)) for t in inputs)
-    try:
+    with refusing(graph, node):
         kernel = Arith(op=_ONNX[node.op], shapes=shapes, out=out)
-    except InputError as err:
-        raise refuse(graph, node, str(err)) from None
     # An operand of fewer than 4 axes that broadcasts as a 4-D one whose NHWC bytes would differ: the
     # layout pass converts only 4-D tensors, so the node runs in NCHW.
     short = [len(graph.shape(t)) < 4 and differs(s) for t, s in zip(inputs, shapes, strict=True)]

@@ -21,7 +21,17 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_operand, params, positive
+from xtune.ops.opkit import (
+    Consts,
+    GeneratedOp,
+    Mapped,
+    NodeFamily,
+    Shape,
+    constant_operand,
+    params,
+    positive,
+    refusing,
+)
 from xtune.schedule.loopnest import Affine, Broadcast, Const, Kernel, Load, MulAdd, NestBuilder
 
 _TILE = 4  # accumulator vectors per row tile: independent FMA chains to hide their latency
@@ -32,7 +42,7 @@ def _strides(shape: Shape) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchedMatmul:
+class BatchedMatmul(GeneratedOp):
     """a (..., m, k) @ b (..., k, n), batch axes broadcast, float32, in ONNX's order."""
 
     a: Shape
@@ -49,10 +59,6 @@ class BatchedMatmul:
             raise InputError(
                 f"batched matmul: batch axes {self.a[:-2]} and {self.b[:-2]} do not broadcast"
             ) from None
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> BatchedMatmul:
-        """Only ONNX's order: the family runs in NCHW, the layout pass converts around it."""
-        return self
 
     @property
     def label(self) -> str:
@@ -126,10 +132,8 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
         raise refuse(graph, node, f"MatMul of shapes {shape_a} @ {shape_b} is not supported (1-D operands)")
     for t in (a, b):
         constant_operand(graph, node, t, consts)
-    try:
+    with refusing(graph, node):
         return Mapped(kernel=BatchedMatmul(a=shape_a, b=shape_b), inputs=(a, b))
-    except InputError as err:
-        raise refuse(graph, node, str(err)) from None
 
 
 FAMILY = NodeFamily(

@@ -12,7 +12,7 @@ import numpy as np
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive, vector_map
+from xtune.ops.opkit import Consts, GeneratedOp, Mapped, NodeFamily, Shape, params, positive, vector_map
 from xtune.schedule.loopnest import (
     Affine,
     Kernel,
@@ -22,7 +22,7 @@ from xtune.schedule.loopnest import (
 
 
 @dataclass(frozen=True, kw_only=True)
-class Concat:
+class Concat(GeneratedOp):
     """Concat along channels of NCHW inputs (n, c_i, h, w)."""
 
     n: int
@@ -40,11 +40,6 @@ class Concat:
             return self
         n, _, h, w = out_shape  # the output in ONNX's order
         return Concat(n=n * h * w, channels=self.channels, h=1, w=1)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "concat"
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:

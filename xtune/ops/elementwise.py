@@ -16,17 +16,8 @@ from xtune.graph import Graph, Node
 from xtune.ops import arith
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, constant_operand, params, positive, vector_map
-from xtune.schedule.loopnest import (
-    Affine,
-    Binary,
-    BinaryOp,
-    Const,
-    Kernel,
-    Load,
-    NestBuilder,
-    Value,
-)
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, PointwiseOp, Shape, constant_operand, positive_dims
+from xtune.schedule.loopnest import Binary, BinaryOp, Const, Kernel, Value
 
 
 class ElementwiseOp(Enum):
@@ -36,7 +27,7 @@ class ElementwiseOp(Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Elementwise:
+class Elementwise(PointwiseOp):
     """Add (two inputs of `shape`), Add followed by ReLU, or Clip(lo, hi) (one input)."""
 
     op: ElementwiseOp
@@ -45,17 +36,9 @@ class Elementwise:
     hi: float = math.inf
 
     def __post_init__(self) -> None:
-        positive("elementwise", **{f"dim{i}": d for i, d in enumerate(self.shape)})
+        positive_dims("elementwise", self.shape)
         if not self.lo <= self.hi:
             raise InputError(f"clip: min {self.lo} is above max {self.hi}")
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Elementwise:
-        """The same computation in `layout`: elementwise, the same whatever the order."""
-        return self
 
     @property
     def label(self) -> str:
@@ -66,10 +49,6 @@ class Elementwise:
     def input_shapes(self) -> tuple[Shape, ...]:
         return (self.shape,) * (1 if self.op is ElementwiseOp.CLIP else 2)
 
-    @property
-    def output_shape(self) -> Shape:
-        return self.shape
-
     def reference(self, *xs: np.ndarray) -> np.ndarray:
         if self.op is ElementwiseOp.CLIP:
             return np.clip(xs[0], np.float32(self.lo), np.float32(self.hi))
@@ -77,27 +56,18 @@ class Elementwise:
         return np.maximum(out, np.float32(0)) if self.op is ElementwiseOp.ADD_RELU else out
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
-        b = NestBuilder()
-
-        def emit(i: Affine, width: int, count: int) -> None:
-            value: Value
+        def value(xs: list[Value], width: int) -> Value:
             if self.op is ElementwiseOp.CLIP:
-                value = Load("a", i, width, count)
+                out = xs[0]
                 if self.lo > -math.inf:
-                    value = Binary(BinaryOp.MAX, value, Const(self.lo, width))
+                    out = Binary(BinaryOp.MAX, out, Const(self.lo, width))
                 if self.hi < math.inf:
-                    value = Binary(BinaryOp.MIN, value, Const(self.hi, width))
-            else:
-                value = Binary(BinaryOp.ADD, Load("a", i, width, count), Load("b", i, width, count))
-                if self.op is ElementwiseOp.ADD_RELU:
-                    value = Binary(BinaryOp.MAX, value, Const(0.0, width))
-            b.store("out", i, value, width, count)
+                    out = Binary(BinaryOp.MIN, out, Const(self.hi, width))
+                return out
+            out = Binary(BinaryOp.ADD, xs[0], xs[1])
+            return Binary(BinaryOp.MAX, out, Const(0.0, width)) if self.op is ElementwiseOp.ADD_RELU else out
 
-        vector_map(b, self.size, lanes, emit)
-        names = "a" if self.op is ElementwiseOp.CLIP else "ab"
-        # In place (the memory plan's in_place_of): `out` may be `a` or `b`. Every element is loaded before
-        # the same element is stored, so this is correct as long as LLVM is not told the pointers differ.
-        return b.kernel(name, params([(n, self.size) for n in names], self.size), noalias=False)
+        return self.map_nest(name, lanes, "a" if self.op is ElementwiseOp.CLIP else "ab", value)
 
 
 def relu(shape: Shape) -> Elementwise:

@@ -1,13 +1,15 @@
-"""The fused epilogue every tunable operator takes (bias, residual, ReLU/ReLU6) and the prepacked switch:
-their workload keys, their extra tensors, their numpy side, and the checks of a family's integer and
-switch keys."""
+"""The fused epilogue every tunable operator takes (bias, residual, ReLU/ReLU6 or an activation) and the
+prepacked switch: their workload keys, their extra tensors, their numpy side, the checks of a family's
+integer and switch keys, and which graph IR node after a kernel call becomes which switch (the residual
+Add: `residual_operand`; the activation: `activation_switches`, `silu_switches`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.ops.activation import MICRO, Activation, ActivationKind
+from xtune.graph import Graph, Node
+from xtune.ops.activation import MICRO, Activation, ActivationKind, epilogue_form, silu_mul
 from xtune.ops.workload import ParamValue, TensorSpec, Workload
 
 # The fused epilogue switches every operator takes, in the order they apply: out = conv/matmul
@@ -62,6 +64,50 @@ def activation(wl: Workload) -> Activation | None:
     return Activation(
         kind=ActivationKind(kind), shape=(1,), alpha=wl["alpha"] / MICRO, beta=wl["beta"] / MICRO
     )
+
+
+def residual_operand(node: Node, out: str) -> str:
+    """The tensor an Add adds to the kernel's output `out`, which may be its `residual`; "" if `node`
+    is no Add (or adds `out` to itself)."""
+    return next((t for t in node.inputs[:2] if t != out), "") if node.op == "Add" else ""
+
+
+def activation_switches(graph: Graph, node: Node, x: str) -> dict[str, ParamValue] | None:
+    """`node`, reading the kernel's output `x`, as the epilogue's last step: relu for Relu and Clip(0, none)
+    (an omitted max is +inf, ONNX Clip from opset 11), relu6 for Clip(0, 6) (MobileNetV2's ReLU6), act
+    with its alpha and beta for an activation (xtune/ops/activation.py, `epilogue_form`); None if it is
+    none of these (other clips do not fuse)."""
+    if node.op in ("Relu", "Clip"):
+        clamp = _clamp(graph, node)
+        return {clamp: 1} if clamp else None
+    act = epilogue_form(graph, node, x)
+    if act is None:
+        return None
+    kind, alpha, beta = act
+    return {"act": kind.value, "alpha": alpha, "beta": beta}
+
+
+def silu_switches(graph: Graph, x: str, readers: list[Node]) -> tuple[Node, dict[str, ParamValue]] | None:
+    """x * Sigmoid(x), the one activation that reads the kernel's output `x` twice, when `readers` (of x)
+    are that Sigmoid and that Mul: the Mul and the epilogue's switch; else None."""
+    mul = silu_mul(graph, x, readers)
+    return None if mul is None else (mul, {"act": ActivationKind.SILU.value})
+
+
+def _clamp(graph: Graph, node: Node) -> str:
+    if node.op == "Relu":
+        return "relu"
+    lo_name, hi_name = (*node.inputs[1:3], "", "")[:2]
+    if _scalar(graph, lo_name) != 0.0:
+        return ""
+    if not hi_name:
+        return "relu"
+    return "relu6" if _scalar(graph, hi_name) == 6.0 else ""
+
+
+def _scalar(graph: Graph, tensor: str) -> float | None:
+    value = graph.constant(tensor) if tensor else None
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
 def require_positive(op: str, params: dict[str, ParamValue], keys: tuple[str, ...]) -> None:

@@ -11,7 +11,7 @@ per pixel."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive
+from xtune.ops.opkit import ChannelsOp, Consts, Mapped, NodeFamily, Shape, params, positive, refusing
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -37,7 +37,7 @@ from xtune.schedule.loopnest import (
 
 
 @dataclass(frozen=True, kw_only=True)
-class Lrn:
+class Lrn(ChannelsOp):
     """LRN over the channels of (n, c, h, w), or of (n, h, w, c) in NHWC."""
 
     n: int
@@ -54,19 +54,6 @@ class Lrn:
         positive("lrn", n=self.n, c=self.c, h=self.h, w=self.w, size=self.size)
         if not self.bias > 0:
             raise InputError(f"lrn: bias {self.bias} must be positive (xtune raises it to -beta through log)")
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Lrn:
-        """The same computation in `layout`: the same window over the layout's channel axis."""
-        return replace(self, layout=layout)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "lrn"
-
-    @property
-    def input_shapes(self) -> tuple[Shape, ...]:
-        return (physical((self.n, self.c, self.h, self.w), self.layout),)
 
     @property
     def output_shape(self) -> Shape:
@@ -151,10 +138,8 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     size, alpha, beta, bias = (
         _number(node, k, d) for k, d in (("size", 0), ("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0))
     )
-    try:
+    with refusing(graph, node):
         kernel = Lrn(n=n, c=c, h=h, w=w, size=int(size), alpha=alpha, beta=beta, bias=bias)
-    except InputError as err:
-        raise refuse(graph, node, str(err)) from None
     return Mapped(kernel=kernel, inputs=(x,))
 
 

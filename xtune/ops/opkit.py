@@ -1,7 +1,8 @@
 """The pieces every generated operator of a network (the families elementwise.py, pool2d.py, softmax.py,
-concat.py, reshape.py, transpose.py in xtune/ops/) is built from: what an ONNX node maps to (`Mapped`,
-`NodeFamily`), size checks, the kernel's pointer parameters, vector loops over contiguous memory,
-horizontal reductions.
+concat.py, reshape.py, transpose.py ... in xtune/ops/) is built from: the kernel class they all are
+(`GeneratedOp`, with `ChannelsOp` for those over the channels of one (n, c, h, w) tensor and `PointwiseOp`
+for those that map every element of one shape), what an ONNX node maps to (`Mapped`, `NodeFamily`), size
+checks, the kernel's pointer parameters, vector loops over contiguous memory, horizontal reductions.
 
 A generated operator takes shapes in and gives the output shape, a numpy reference and a loop-nest
 `Kernel` (lowered by xtune.codegen.lower like any template's) out. Float32; 4-D tensors in NCHW, or NHWC
@@ -16,21 +17,26 @@ lanes x lanes shuffles."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import Field, dataclass, replace
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
-from xtune.ops.layout import Layout
+from xtune.ops.layout import Layout, physical
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
     Buffer,
     BufferKind,
+    Kernel,
     Load,
     LoopKind,
     NestBuilder,
@@ -48,13 +54,95 @@ UNSUPPORTED = (
 Consts = dict[str, np.ndarray]  # the network's constant operands a mapping reads, by tensor name
 
 
+class GeneratedOp(ABC):
+    """A generated operator's kernel (a frozen dataclass of its sizes): the shapes it reads and writes
+    (in its layout's order), its numpy `reference`, its loop nest, and how a profile names it (`label`:
+    the class name in lower case unless the operator says more). `in_layout` is the same computation in
+    another layout; here the kernel itself, right for an operator whose work does not depend on the
+    order (elementwise), runs in NCHW only (its family's layouts) or is the conversion itself."""
+
+    # What dataclasses.fields and replace read: every generated operator is a frozen dataclass.
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    reference: Callable[..., np.ndarray]  # the inputs (as many as `input_shapes`) in, the output out
+
+    @property
+    @abstractmethod
+    def input_shapes(self) -> tuple[Shape, ...]: ...
+
+    @property
+    @abstractmethod
+    def output_shape(self) -> Shape: ...
+
+    @abstractmethod
+    def kernel_nest(self, name: str, lanes: int) -> Kernel: ...
+
+    @property
+    def label(self) -> str:
+        """How a profile names its steps."""
+        return type(self).__name__.lower()
+
+    def in_layout(self, layout: Layout, out_shape: Shape) -> GeneratedOp:
+        return self
+
+
+class ChannelsOp(GeneratedOp):
+    """An operator over one (n, c, h, w) tensor, or (n, h, w, c) in NHWC (its `layout` field): in another
+    layout the same window over that layout's axes."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    layout: Layout
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return (physical((self.n, self.c, self.h, self.w), self.layout),)
+
+    def in_layout(self, layout: Layout, out_shape: Shape) -> Self:
+        return replace(self, layout=layout)
+
+
+class PointwiseOp(GeneratedOp):
+    """An operator computing each element of `shape` from the same element of its inputs (each of
+    `shape`): the same whatever the layout; `map_nest` builds its kernel where it runs in place."""
+
+    shape: Shape
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return (self.shape,)
+
+    @property
+    def output_shape(self) -> Shape:
+        return self.shape
+
+    def map_nest(
+        self, name: str, lanes: int, names: str, value: Callable[[list[Value], int], Value]
+    ) -> Kernel:
+        """The kernel storing value(the inputs' vectors, width) at every element, inputs `names`. Every
+        element is loaded before the same element is stored, so the output may be any one input (in
+        place, the memory plan's in_place_of) as long as LLVM is not told the pointers differ."""
+        b = NestBuilder()
+
+        def emit(i: Affine, width: int, count: int) -> None:
+            b.store("out", i, value([Load(n, i, width, count) for n in names], width), width, count)
+
+        vector_map(b, self.size, lanes, emit)
+        return b.kernel(name, params([(n, self.size) for n in names], self.size), noalias=False)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Mapped:
     """What a node maps to: the generated kernel (None: a view, the same bytes, no code), the tensors it
     reads in its parameter order, whether its output may share an input's bytes (`in_place`) or is that
     input (`alias`), and the next node folded into it (Add then Relu: one Add+ReLU), if any."""
 
-    kernel: object | None
+    kernel: GeneratedOp | None
     inputs: tuple[str, ...]
     in_place: bool = False
     alias: bool = False
@@ -81,6 +169,19 @@ def positive(op: str, **sizes: int) -> None:
     for name, value in sizes.items():
         if value < 1:
             raise InputError(f"{op}: '{name}' must be a positive integer, got {value}")
+
+
+def positive_dims(op: str, shape: Shape) -> None:
+    positive(op, **{f"dim{i}": d for i, d in enumerate(shape)})
+
+
+@contextmanager
+def refusing(graph: Graph, node: Node) -> Iterator[None]:
+    """A kernel's own size checks (InputError) as the refusal of the node it was built for."""
+    try:
+        yield
+    except InputError as err:
+        raise refuse(graph, node, str(err)) from None
 
 
 def params(inputs: list[tuple[str, int]], output: int) -> tuple[Buffer, ...]:

@@ -17,32 +17,21 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
-from xtune.ops.anchor import refuse
-from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, Shape, params, positive, vector_map
+from xtune.ops.opkit import Consts, GeneratedOp, Mapped, Shape, params, positive_dims, refusing, vector_map
 from xtune.schedule.loopnest import Affine, Kernel, Load, NestBuilder
 
 
 @dataclass(frozen=True, kw_only=True)
-class Permute:
+class Permute(GeneratedOp):
     """x of `shape` with its axes permuted: output axis i is input axis perm[i] (numpy's transpose)."""
 
     shape: Shape
     perm: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        positive("transpose", **{f"dim{i}": d for i, d in enumerate(self.shape)})
+        positive_dims("transpose", self.shape)
         if sorted(self.perm) != list(range(len(self.shape))):
             raise InputError(f"transpose: perm {list(self.perm)} is no permutation of {len(self.shape)} axes")
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Permute:
-        """The same computation in `layout`: it runs in NCHW only (its family's layouts)."""
-        return self
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "permute"
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
@@ -95,8 +84,6 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     x = node.inputs[0]
     shape = graph.shape(x)
     perm = node.ints("perm", tuple(reversed(range(len(shape)))))  # ONNX: no perm reverses the axes
-    try:
+    with refusing(graph, node):
         kernel = Permute(shape=shape, perm=tuple(a + len(shape) if a < 0 else a for a in perm))
-    except InputError as err:
-        raise refuse(graph, node, str(err)) from None
     return Mapped(kernel=kernel, inputs=(x,))

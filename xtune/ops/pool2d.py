@@ -20,7 +20,18 @@ from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.conv import same_pads
 from xtune.ops.layout import Layout, physical, to_layout
-from xtune.ops.opkit import UNSUPPORTED, Consts, Mapped, NodeFamily, Shape, hsum_or_max, params, positive
+from xtune.ops.opkit import (
+    UNSUPPORTED,
+    ChannelsOp,
+    Consts,
+    Mapped,
+    NodeFamily,
+    Shape,
+    hsum_or_max,
+    params,
+    positive,
+    refusing,
+)
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -66,7 +77,7 @@ def _segments(out: int, size: int, k: int, stride: int, pad: int) -> list[_Segme
 
 
 @dataclass(frozen=True, kw_only=True)
-class Pool2d:
+class Pool2d(ChannelsOp):
     """MaxPool / AveragePool over (n, c, h, w), or (n, h, w, c) in NHWC; pads (top, left, bottom, right)."""
 
     kind: PoolKind
@@ -101,19 +112,6 @@ class Pool2d:
         oh, ow = self._nchw_output[2:]
         if oh < 1 or ow < 1:
             raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Pool2d:
-        """The same computation in `layout`: the same window over the layout's axes."""
-        return replace(self, layout=layout)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "pool2d"
-
-    @property
-    def input_shapes(self) -> tuple[Shape, ...]:
-        return (physical((self.n, self.c, self.h, self.w), self.layout),)
 
     @property
     def output_shape(self) -> Shape:
@@ -223,7 +221,7 @@ class Pool2d:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GlobalAveragePool:
+class GlobalAveragePool(ChannelsOp):
     """The mean of each channel of (n, c, h, w), or of (n, h, w, c) in NHWC: (n, c, 1, 1) either way."""
 
     n: int
@@ -234,19 +232,6 @@ class GlobalAveragePool:
 
     def __post_init__(self) -> None:
         positive("global average pool", n=self.n, c=self.c, h=self.h, w=self.w)
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> GlobalAveragePool:
-        """The same computation in `layout`: the same mean over the layout's axes."""
-        return replace(self, layout=layout)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "globalaveragepool"
-
-    @property
-    def input_shapes(self) -> tuple[Shape, ...]:
-        return (physical((self.n, self.c, self.h, self.w), self.layout),)
 
     @property
     def output_shape(self) -> Shape:
@@ -315,7 +300,7 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
         raise refuse(graph, node, "kernel_shape, strides and pads must describe a 2-D window")
     kind = PoolKind.MAX if node.op == "MaxPool" else PoolKind.AVERAGE
     n, c, h, w = shape
-    try:
+    with refusing(graph, node):  # pads as large as the window, a window larger than the padded input
         return Pool2d(
             kind=kind,
             n=n,
@@ -326,8 +311,6 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
             stride=(stride[0], stride[1]),
             pads=(pads[0], pads[1], pads[2], pads[3]),
         )
-    except InputError as err:  # pads as large as the window, a window larger than the padded input
-        raise refuse(graph, node, str(err)) from None
 
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:

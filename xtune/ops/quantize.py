@@ -14,7 +14,6 @@ input, which the reference (`reference`) computes in numpy with the same operati
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,7 +22,7 @@ import numpy as np
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, positive, vector_map
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, PointwiseOp, Shape, positive_dims, vector_map
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -47,7 +46,7 @@ RANGES = {"int8": (-128, 127), "uint8": (0, 255)}  # by element type (qmatmul/re
 
 
 @dataclass(frozen=True, kw_only=True)
-class Quantize:
+class Quantize(PointwiseOp):
     """QuantizeLinear (`dequantize` False: float32 -> `qtype`) or DequantizeLinear (`qtype` -> float32)
     of a tensor of `shape`, with one scale and zero point."""
 
@@ -58,26 +57,11 @@ class Quantize:
     qtype: QType
 
     def __post_init__(self) -> None:
-        positive("quantize", **{f"dim{i}": d for i, d in enumerate(self.shape)})
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Quantize:
-        return self
+        positive_dims("quantize", self.shape)
 
     @property
     def label(self) -> str:
         return "dequantize" if self.dequantize else "quantize"
-
-    @property
-    def input_shapes(self) -> tuple[Shape, ...]:
-        return (self.shape,)
-
-    @property
-    def output_shape(self) -> Shape:
-        return self.shape
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         scale = np.float32(self.scale)

@@ -1,8 +1,9 @@
 """The operator families by name: text such as "matmul:m=512,n=512,k=512" in, its family's canonical
 `Workload` out (`parse_workload`); a workload's template (`template_for`), the feature set that describes
 a template's configs (`features_of`, `FEATURE_SETS`), and the family that runs an ONNX node (`anchor_of`).
-A network's other nodes map to the generated operators of NODE_FAMILIES (`node_family`). Adding an
-operator is one family module and one entry in FAMILIES (tunable) or NODE_FAMILIES (generated)."""
+A network's other nodes map to the generated operators of NODE_FAMILIES (`node_family`), whose kernels
+are all `xtune.ops.opkit.GeneratedOp`s. Adding an operator is one family module and one entry in FAMILIES
+(tunable) or NODE_FAMILIES (generated)."""
 
 from __future__ import annotations
 
@@ -25,27 +26,15 @@ from xtune.ops import (
     softmax,
     transpose,
 )
-from xtune.ops.activation import Activation
 from xtune.ops.anchor import Anchor
-from xtune.ops.arith import Arith
-from xtune.ops.bmm import BatchedMatmul
-from xtune.ops.concat import Concat
 from xtune.ops.conv2d import Conv2d
 from xtune.ops.depthwise import Depthwise
-from xtune.ops.elementwise import Elementwise
 from xtune.ops.family import Family
 from xtune.ops.featurize import FeatureSet
-from xtune.ops.lrn import Lrn
 from xtune.ops.matmul import Matmul
 from xtune.ops.opkit import NodeFamily
-from xtune.ops.permute import Permute
-from xtune.ops.pool2d import GlobalAveragePool, Pool2d
 from xtune.ops.qmatmul.operator import QMatmul
-from xtune.ops.quantize import Quantize
-from xtune.ops.resize import Resize
-from xtune.ops.softmax import Softmax
 from xtune.ops.template import ScheduleTemplate
-from xtune.ops.transpose import Transpose
 from xtune.ops.workload import Workload, make_workload
 from xtune.target import Target
 
@@ -68,21 +57,6 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     quantize.FAMILY,
     resize.FAMILY,
     bmm.FAMILY,
-)
-GeneratedOp = (
-    Pool2d
-    | GlobalAveragePool
-    | Elementwise
-    | Softmax
-    | Concat
-    | Transpose
-    | Activation
-    | Arith
-    | Lrn
-    | Permute
-    | Quantize
-    | Resize
-    | BatchedMatmul
 )
 _BUILT = {op: f for f in NODE_FAMILIES for op in f.onnx_ops}
 

@@ -21,7 +21,7 @@ contiguous)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical, to_layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive
+from xtune.ops.opkit import ChannelsOp, Consts, Mapped, NodeFamily, Shape, params, positive, refusing
 from xtune.schedule.loopnest import Affine, Binary, BinaryOp, Const, Kernel, Load, MulAdd, NestBuilder, Value
 
 MODES = ("nearest", "linear")
@@ -140,7 +140,7 @@ def runs(taps: tuple[Tap, ...], limit: int = MAX_BODIES) -> tuple[Run, ...] | No
 
 
 @dataclass(frozen=True, kw_only=True)
-class Resize:
+class Resize(ChannelsOp):
     """(n, c, h, w) resized to (n, c, len(rows), len(cols)) through the taps of each output row and
     column; in NHWC, (n, h, w, c) to (n, oh, ow, c)."""
 
@@ -167,19 +167,6 @@ class Resize:
     @staticmethod
     def _bodies(row_runs: tuple[Run, ...], col_runs: tuple[Run, ...]) -> int:
         return sum(r.period for r in row_runs) * sum(c.period for c in col_runs)
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Resize:
-        """The same computation in `layout`: the same taps over the layout's spatial axes."""
-        return replace(self, layout=layout)
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "resize"
-
-    @property
-    def input_shapes(self) -> tuple[Shape, ...]:
-        return (physical((self.n, self.c, self.h, self.w), self.layout),)
 
     @property
     def output_shape(self) -> Shape:
@@ -334,10 +321,8 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     nearest = _attr(node, "nearest_mode", "round_prefer_floor")
     rows = axis_taps(mode, transform, nearest, h, out_shape[2], float(scales[2]))
     cols = axis_taps(mode, transform, nearest, w, out_shape[3], float(scales[3]))
-    try:
+    with refusing(graph, node):
         return Mapped(kernel=Resize(n=n, c=c, h=h, w=w, rows=rows, cols=cols), inputs=(x,))
-    except InputError as err:
-        raise refuse(graph, node, str(err)) from None
 
 
 FAMILY = NodeFamily(kind="resize", onnx_ops=("Resize",), layouts=frozenset(Layout), from_node=from_node)

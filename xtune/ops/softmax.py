@@ -12,7 +12,17 @@ import numpy as np
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, hsum_or_max, params, positive, vector_map
+from xtune.ops.opkit import (
+    Consts,
+    GeneratedOp,
+    Mapped,
+    NodeFamily,
+    Shape,
+    hsum_or_max,
+    params,
+    positive,
+    vector_map,
+)
 from xtune.schedule.loopnest import (
     Binary,
     BinaryOp,
@@ -28,7 +38,7 @@ from xtune.schedule.loopnest import (
 
 
 @dataclass(frozen=True, kw_only=True)
-class Softmax:
+class Softmax(GeneratedOp):
     """Softmax over the last axis of (rows, length): exp(x - max) / sum, per row."""
 
     rows: int
@@ -36,15 +46,6 @@ class Softmax:
 
     def __post_init__(self) -> None:
         positive("softmax", rows=self.rows, length=self.length)
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Softmax:
-        """The same computation in `layout`: it runs in NCHW only (its family's layouts)."""
-        return self
-
-    @property
-    def label(self) -> str:
-        """How a profile names its steps."""
-        return "softmax"
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:

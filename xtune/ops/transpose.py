@@ -11,7 +11,7 @@ import numpy as np
 from xtune.graph import Graph, Node
 from xtune.ops import permute
 from xtune.ops.layout import Layout, physical
-from xtune.ops.opkit import Consts, Mapped, NodeFamily, Shape, params, positive
+from xtune.ops.opkit import Consts, GeneratedOp, Mapped, NodeFamily, Shape, params, positive
 from xtune.schedule.loopnest import (
     Affine,
     Kernel,
@@ -22,7 +22,7 @@ from xtune.schedule.loopnest import (
 
 
 @dataclass(frozen=True, kw_only=True)
-class Transpose:
+class Transpose(GeneratedOp):
     """A 4-D activation converted between layouts: (n, c, h, w) to (n, h, w, c) (`to` NHWC), or back. The
     layout pass (xtune/firmware/relayout.py) inserts it."""
 
@@ -34,10 +34,6 @@ class Transpose:
 
     def __post_init__(self) -> None:
         positive("transpose", n=self.n, c=self.c, h=self.h, w=self.w)
-
-    def in_layout(self, layout: Layout, out_shape: Shape) -> Transpose:
-        """The same computation in `layout`: it is what converts between them."""
-        return self
 
     @property
     def label(self) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from xtune.errors import InputError
 from xtune.ops.workload import Workload
 
 
@@ -45,6 +46,15 @@ class TaskLike(Protocol):
 class Strategy(Enum):
     GRADIENT = "gradient"  # Ansor's gradient allocation (module docstring)
     ROUND_ROBIN = "round-robin"  # one batch per task in turn: the budget split evenly
+
+
+def parse_strategy(strategy: Strategy | str) -> Strategy:
+    """`strategy` by name ("gradient", "round-robin"), or InputError naming the known ones."""
+    try:
+        return Strategy(strategy)
+    except ValueError:
+        known = ", ".join(s.value for s in Strategy)
+        raise InputError(f"unknown strategy '{strategy}' (known: {known})") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ import numpy as np
 
 from xtune.boards.board import Board, LocalBoard
 from xtune.boards.cost import COUNTED_UNITS, CostUnit, gflops
+from xtune.files import PathLike
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
@@ -19,7 +20,7 @@ from xtune.tuning.database import Record, TuningLog, leaders
 from xtune.tuning.loop import StopReason, StopTuning, TuneProgress, TuneSummary
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.peers import numpy_seconds
-from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession
+from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession, check_run
 
 
 class Confirmation(Enum):
@@ -98,11 +99,18 @@ def run_tuning(
     numpy_gflops: float | None = None,
     pretrained: CostModel | None = None,
     hedge_with_estimate: bool = False,
+    reads: Sequence[tuple[PathLike | None, str]] = (),
+    transfer: Callable[[], tuple[CostModel | None, bool]] | None = None,
 ) -> TuningReport:
-    """Tune `workload` on `boards` (all of one target, see session.check_boards) for `options.trials`,
-    then confirm the leaders; every finished batch is appended to `log`, each record with the name and
-    fingerprint of the board that measured it. A board that fails for good stops the run (stop
-    BOARD_FAILED, `error` says why). `pretrained` and `hedge_with_estimate`: see TuningSession."""
+    """Tune `workload` on `boards` (all of one target) for `options.trials`, then confirm the leaders;
+    every finished batch is appended to `log`, each record with the name and fingerprint of the board
+    that measured it. The run is checked first (session.check_run; `reads`: the files `log` must not be).
+    A board that fails for good stops the run (stop BOARD_FAILED, `error` says why). `pretrained` and
+    `hedge_with_estimate`: see TuningSession; or `transfer` gives both once the run is checked (so that
+    a refused run trains no model)."""
+    check_run(boards, options, log, reads=reads, pretrained=pretrained is not None or transfer is not None)
+    if transfer is not None:
+        pretrained, hedge_with_estimate = transfer()
     session = TuningSession(
         workload,
         boards,

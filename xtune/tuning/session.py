@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
+from xtune.files import PathLike
 from xtune.ops.registry import template_for
 from xtune.ops.template import ScheduleTemplate, seed_configs
 from xtune.ops.workload import Workload
@@ -110,8 +111,31 @@ def check_boards(boards: Sequence[Board]) -> None:
         raise InputError("boards of one run must measure one unit (wall time, instructions or cycles)")
 
 
+def check_run(
+    boards: Sequence[Board],
+    options: TuneOptions,
+    log: TuningLog | None,
+    *,
+    reads: Sequence[tuple[PathLike | None, str]] = (),
+    pretrained: bool = False,
+) -> None:
+    """InputError unless a tuning run can start: the boards can share it (`check_boards`), a pretrained
+    model has the xgb tuner to steer, and `log` can take records and is none of the files the run reads
+    (`reads`: the model, the logs a transfer model was trained on). The run's entry point calls it once,
+    before the log is read (a FIFO would block): `run_tuning` and `TaskScheduler`; a `TuningSession`
+    takes what they checked."""
+    check_boards(boards)
+    if pretrained and options.tuner != "xgb":
+        raise InputError(
+            f"a pretrained model (--transfer-from) needs the xgb tuner (--tuner {options.tuner} has no "
+            "cost model)"
+        )
+    if log is not None:
+        log.check_appendable(reads)
+
+
 class TuningSession:
-    """Tunes `workload` on `boards` (all of one target, see `check_boards`), one batch per `step`; every
+    """Tunes `workload` on `boards` (a run `check_run` accepted), one batch per `step`; every
     batch goes to `log`, each record with the name and fingerprint of the board that measured it. A board
     that fails for good ends the step (and `run`, `confirm`) that saw it with StopTuning(BOARD_FAILED),
     after its batch is logged; `failure` says why.
@@ -135,14 +159,9 @@ class TuningSession:
         pool: CompilePool | None = None,
         logged: Sequence[Record] | None = None,
     ) -> None:
-        check_boards(boards)
-        if pretrained is not None and options.tuner != "xgb":
-            raise InputError(f"a pretrained model (--transfer-from) needs the xgb tuner, not {options.tuner}")
         self.workload, self.boards, self.options, self.log = workload, tuple(boards), options, log
         self.target, self.cost_unit = boards[0].target, boards[0].cost_unit
         self.template = template = template_for(workload, self.target)
-        if log is not None:
-            log.check_appendable()
         self.fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
         cpus = {cpu for fp in self.fingerprints if (cpu := dict(fp).get("cpu"))}
         # `logged`: the log's records, read once by a caller that opens many sessions on it (the scheduler).
@@ -165,7 +184,7 @@ class TuningSession:
             lambda idx: featurize(template, idx),
             pretrained=pretrained,
             hedge=hedge,
-            anchors=seed_configs(template),
+            seeds=seed_configs(template),
             estimate=estimate if options.analytic_prior else None,
         )
         if history:

@@ -1,12 +1,12 @@
 """The task scheduler: a network's tasks, boards and one trial budget in; every task tuned (one
 `TuningSession` each, every batch appended to the log) and the model's estimated end-to-end latency out.
 
-A first round measures every task's anchors only (Tuner.first_picks: its default config and the analytic
+A first round measures every task's seed configs only (Tuner.first_picks: its default config and the analytic
 estimate's top pick, a trial or two), so that nearly all of the budget is the strategy's to allocate.
 Then each batch goes where the policy of xtune/tuning/allocation.py says (Ansor's gradient, or
 round-robin: after the same first round, the rest split evenly, Ansor's baseline). A task stops when its
 space is exhausted, when it went `early_stopping` trials without improvement, or when neither its
-anchors nor one batch after them found a correct config. A board that fails for good stops the whole
+seeds nor one batch after them found a correct config. A board that fails for good stops the whole
 run, as it stops `xtune tune --workload` (docs/boards.md, "Faults"). The design is in docs/design.md,
 "The task scheduler".
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from xtune.boards.board import Board
 from xtune.errors import InputError
+from xtune.files import PathLike
 from xtune.ops.registry import template_for
 from xtune.tuning.allocation import (
     RoundRobin,
@@ -39,7 +40,7 @@ from xtune.tuning.loop import StopTuning
 from xtune.tuning.measure import CompilePool, MeasureStatus
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.results import ModelProgress, ModelStop, ModelTuningResult, TaskResult, TaskStop
-from xtune.tuning.session import TuningSession, check_boards
+from xtune.tuning.session import TuningSession, check_run
 
 DEFAULT_SCHEDULER = SchedulerOptions()  # Ansor's gradient with its constants
 
@@ -79,7 +80,9 @@ def _resumed_history(session: TuningSession, batch: int) -> list[float]:
 
 class TaskScheduler:
     """Tunes `tasks` on `boards` under one budget; see the module docstring. `pretrained` maps an operator
-    to its transfer model and whether the analytic estimate hedges it (TuningSession)."""
+    to its transfer model and whether the analytic estimate hedges it (TuningSession); or `transfer` gives
+    that map once the run is checked (so that a refused run trains no model). The run is checked once,
+    first (session.check_run; `reads`: the files `log` must not be)."""
 
     def __init__(
         self,
@@ -91,10 +94,14 @@ class TaskScheduler:
         scheduler: SchedulerOptions = DEFAULT_SCHEDULER,
         pretrained: Mapping[str, tuple[CostModel, bool]] | None = None,
         on_progress: Callable[[ModelProgress], None] | None = None,
+        reads: Sequence[tuple[PathLike | None, str]] = (),
+        transfer: Callable[[], Mapping[str, tuple[CostModel, bool]]] | None = None,
     ) -> None:
         if not tasks:
             raise InputError("the model has no tuning task (no Conv, Gemm or MatMul node)")
-        check_boards(boards)
+        check_run(boards, options, log, reads=reads, pretrained=bool(pretrained) or transfer is not None)
+        if transfer is not None:
+            pretrained = transfer()
         self.boards, self.options, self.scheduler, self.on_progress = boards, options, scheduler, on_progress
         self.pool = CompilePool()
         self.tasks: list[_Task] = []
@@ -171,12 +178,12 @@ class TaskScheduler:
             if math.isfinite(state.latency):  # resumed: it skips the first round
                 state.history = _resumed_history(state.session, size)
         self._point()
-        # The first round: every task's anchors only (its default config and the analytic estimate's top
+        # The first round: every task's seed configs only (its default config and the analytic estimate's top
         # pick), a few trials each; the budget is left to the strategy (docs/networks.md).
         for state, n in zip(fresh, first, strict=True):
             self._step(state, n, budget)
             yield self.trials
-        for state in fresh:  # a task whose anchors all failed gets one whole batch before it is dropped
+        for state in fresh:  # a task whose seed configs all failed gets one whole batch before it is dropped
             failed = not math.isfinite(state.latency) and state.stop is TaskStop.RUNNING
             if failed and self.trials < budget:
                 self._step(state, min(size, budget - self.trials), budget)
@@ -192,7 +199,7 @@ class TaskScheduler:
             yield self.trials
 
     def _first_round(self, budget: float) -> list[int]:
-        """Each fresh task's trials in the first round: its anchors (Tuner.first_picks; at least one, the
+        """Each fresh task's trials in the first round: its seed configs (Tuner.first_picks; at least one, the
         default), or just one each when the budget cannot hold them all."""
         picks = [max(1, s.session.first_picks()) for s in self.tasks if not math.isfinite(s.latency)]
         return picks if sum(picks) <= budget else [1] * len(picks)
@@ -329,11 +336,21 @@ def tune_tasks(
     scheduler: SchedulerOptions = DEFAULT_SCHEDULER,
     pretrained: Mapping[str, tuple[CostModel, bool]] | None = None,
     on_progress: Callable[[ModelProgress], None] | None = None,
+    reads: Sequence[tuple[PathLike | None, str]] = (),
+    transfer: Callable[[], Mapping[str, tuple[CostModel, bool]]] | None = None,
 ) -> ModelTuningResult:
     """Tune every task under one budget of `options.trials` trials (see TaskScheduler)."""
     start = time.perf_counter()
     run = TaskScheduler(
-        tasks, boards, options, log, scheduler=scheduler, pretrained=pretrained, on_progress=on_progress
+        tasks,
+        boards,
+        options,
+        log,
+        scheduler=scheduler,
+        pretrained=pretrained,
+        on_progress=on_progress,
+        reads=reads,
+        transfer=transfer,
     )
     try:
         stop = run.run(options.trials)

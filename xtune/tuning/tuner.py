@@ -185,11 +185,11 @@ class ModelTuner(Tuner):
     base is the one whose own picks measured fastest (the pretrained one on a tie), so a model of other
     hardware that misleads on this board stops steering the search.
 
-    Whatever the prior, the first batch holds the `anchors` (the template's default config) and, with an
-    `estimate` that is not already one of the priors, the estimate's own top pick: a model of another
-    machine can rank every config it picks far below the default (38 % of the default's speed for a
-    held-out stride-2 layer's first 8 trials, docs/benchmarks.md), so a warm start then starts no lower
-    than these."""
+    Whatever the prior, the first batch holds the seed configs `seeds` (the template's default; a sum's
+    every algorithm's, `ops.template.seed_configs`) and, with an `estimate` that is not already one of
+    the priors, the estimate's own top pick: a model of another machine can rank every config it picks
+    far below the default (38 % of the default's speed for a held-out stride-2 layer's first 8 trials,
+    docs/benchmarks.md), so a warm start then starts no lower than these."""
 
     def __init__(
         self,
@@ -203,12 +203,12 @@ class ModelTuner(Tuner):
         n_steps: int = 64,
         epsilon: float = 0.1,
         min_fit: int = 16,
-        anchors: Sequence[int] = (),
+        seeds: Sequence[int] = (),
         estimate: CostModel | None = None,
     ) -> None:
         super().__init__(space, seed)
-        self.anchors, self.estimate = [int(i) for i in anchors], estimate
-        self._anchored = False  # the anchors went into a batch (or were already measured)
+        self.seeds, self.estimate = [int(i) for i in seeds], estimate
+        self._seeded = False  # the seeds went into a batch (or were already measured)
         self.featurize, self.model, self.pretrained, self.hedge = featurize, model, pretrained, hedge
         self.n_chains, self.n_steps, self.epsilon, self.min_fit = n_chains, n_steps, epsilon, min_fit
         self._rows: list[np.ndarray] = []  # feature rows of `_data`, cached: featurize may be costly
@@ -264,30 +264,30 @@ class ModelTuner(Tuner):
         ]
         self.model.base = self.hedge if best[1] < best[0] else self.pretrained
 
-    def _anchor_picks(self, n: int) -> list[int]:
-        """Once, in the first batch: the unvisited anchors and the estimate's top pick (at most `n`). The
+    def _seed_picks(self, n: int) -> list[int]:
+        """Once, in the first batch: the unvisited seeds and the estimate's top pick (at most `n`). The
         estimate's pick is named even when the estimate also ranks the rest of the batch (it is the
-        prior): a batch of just the anchors (`first_picks`) holds it then too, not an exploration pick."""
-        if self._anchored:
+        prior): a batch of just the seeds (`first_picks`) holds it then too, not an exploration pick."""
+        if self._seeded:
             return []
-        self._anchored = True
-        head = [i for i in dict.fromkeys(self.anchors) if i not in self.visited]
+        self._seeded = True
+        head = [i for i in dict.fromkeys(self.seeds) if i not in self.visited]
         if self.estimate is not None:
             head += [i for i in self._annealed_top(self.estimate, 1) if i not in head]
         return head[:n]
 
     def first_picks(self) -> int:
-        """The proposed-first configs, then, before the first fit, the anchors and the estimate's top
-        pick (`_anchor_picks`; counted as one more config even if it turns out to be an anchor)."""
+        """The proposed-first configs, then, before the first fit, the seeds and the estimate's top
+        pick (`_seed_picks`; counted as one more config even if it turns out to be a seed config)."""
         first = {i for i in self._first if i not in self.visited}
-        if self._anchored or self._fitted_on:
+        if self._seeded or self._fitted_on:
             return len(first)
-        head = first | {i for i in self.anchors if i not in self.visited}
+        head = first | {i for i in self.seeds if i not in self.visited}
         return len(head) + (self.estimate is not None)
 
     def _propose(self, n: int) -> list[int]:
         self._fit()
-        head = [] if self._fitted_on else self._anchor_picks(n)
+        head = [] if self._fitted_on else self._seed_picks(n)
         self.visited.update(head)  # the priors' picks below are other configs
         try:
             return head + self._propose_more(n - len(head))
@@ -339,11 +339,11 @@ def make_tuner(
     pretrained: CostModel | None = None,
     model: CostModel | None = None,
     hedge: CostModel | None = None,
-    anchors: Sequence[int] = (),
+    seeds: Sequence[int] = (),
     estimate: CostModel | None = None,
 ) -> Tuner:
     """The tuner called `name` ("xgb", "ga", "random", "grid"). For "xgb", `featurize` defaults to the
-    knob values and `model` to an XGBoostCostModel whose base is `pretrained` (transfer); `anchors` and
+    knob values and `model` to an XGBoostCostModel whose base is `pretrained` (transfer); `seeds` and
     the `estimate`'s top pick join its first batch (ModelTuner)."""
     if name == "random":
         return RandomTuner(space, seed)
@@ -360,7 +360,7 @@ def make_tuner(
             seed,
             pretrained=pretrained,
             hedge=hedge,
-            anchors=anchors,
+            seeds=seeds,
             estimate=estimate,
         )
     raise InputError(f"unknown tuner '{name}' (known: {', '.join(TUNERS)})")
