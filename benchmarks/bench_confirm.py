@@ -6,7 +6,7 @@ For each workload, one `xtune tune`-like xgb run of `--trials` trials with the d
 fastest configs timed until each has 3 timings). From its log:
   single  the config with the fastest single timing: what `xtune build` shipped before confirmation, and
           that timing, which is what the run reported;
-  median  the config with the lowest median over its timings (database.best): what it ships now, and that
+  median  the config with the lowest median over its timings (ranking.best): what it ships now, and that
           median, which is what the run reports now.
 Both configs are then timed `--rounds` more times in interleaved rounds; the median of those is each
 config's speed. The table shows how far each reported figure was above that speed, and whether the two
@@ -22,9 +22,10 @@ from pathlib import Path
 
 from xtune.boards.board import get_board
 from xtune.ops.registry import parse_workload
-from xtune.tuning.database import TuningLog, best
+from xtune.tuning.database import TuningLog
 from xtune.tuning.kernel_bench import retime_gflops
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import best
 from xtune.tuning.run import run_tuning
 
 WORKLOADS = (

@@ -152,7 +152,7 @@ def tune_layer(
     ("single"), re-timed together in `rounds` interleaved rounds. Empty if a run found nothing.
 
     Both runs end as `xtune tune` does: their leaders timed again (TuneOptions.confirm), the best the
-    lowest median (database.best). The long run resumes the short run's log, as a user tuning further
+    lowest median (ranking.best). The long run resumes the short run's log, as a user tuning further
     would: its first `trials` trials are the short run's. The unconfirmed pick is the best of the
     short run's single timings, shown beside the confirmed ones to measure what confirming takes away."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -92,7 +92,8 @@ def train_models(logs: list[Path]) -> None:
     """One model per machine (cpu) in the corpus, trained on all its targets' logs: `--transfer-from
     builtin` picks the one of the board's cpu, else any of the target's."""
     from xtune.transfer.pretrained import train
-    from xtune.tuning.database import cpu_of, read_logs
+    from xtune.tuning.database import read_logs
+    from xtune.tuning.ranking import cpu_of
 
     records = read_logs(logs)
     for cpu in sorted({cpu_of(r) or "" for r in records}):
@@ -132,7 +133,8 @@ def measure(log: Path, target: str, workload: str, n_random: int, n_xgb: int) ->
 
 def measured_shapes(log: Path, cpu: str) -> set[str]:
     """Workloads the log already holds for this machine's cpu (the corpus keeps several machines')."""
-    from xtune.tuning.database import cpu_of, read_logs
+    from xtune.tuning.database import read_logs
+    from xtune.tuning.ranking import cpu_of
 
     return {r.workload for r in read_logs([log]) if cpu_of(r) == cpu} if log.exists() else set()
 

@@ -68,10 +68,11 @@ from xtune.ops.registry import parse_workload
 from xtune.ops.workload import Workload
 from xtune.transfer.pretrained import train
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, best, cpu_of, read_logs
+from xtune.tuning.database import Record, TuningLog, read_logs
 from xtune.tuning.features import estimate_prior
 from xtune.tuning.kernel_bench import retime_gflops
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import best, cpu_of
 from xtune.tuning.run import run_tuning
 
 ROOT = Path(__file__).resolve().parent.parent

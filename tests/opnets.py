@@ -10,7 +10,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from xtune.boards.board import get_board
-from xtune.firmware.build import NetArtifact, build_model
+from xtune.firmware.build import build_model
+from xtune.firmware.entry import NetArtifact
 from xtune.firmware.network_bench import random_input, run_network
 from xtune.ops.workload import RTOL, compare_output
 from xtune.tuning.peers import ort_network

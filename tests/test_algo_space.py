@@ -28,10 +28,11 @@ from xtune.ops.workload import RTOL, compare_output
 from xtune.schedule.space import ConfigSpace, Knob, KnobKind, sum_space
 from xtune.target import get_target
 from xtune.transfer.pretrained import builtin_model_path, read_model, train
-from xtune.tuning.database import TuningLog, build_choice, make_record, read_logs
+from xtune.tuning.database import TuningLog, make_record, read_logs
 from xtune.tuning.features import EstimatePrior, PartsModel, estimate_prior, features_op, featurize
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.peers import ort_network
+from xtune.tuning.ranking import build_choice
 from xtune.tuning.search import SpaceArrays
 
 KEY = "conv2d:n=1,c=8,h=6,w=6,k=12,r=3,s=3,pad=1"  # small: a tuning trial compiles in well under a second

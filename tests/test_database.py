@@ -26,14 +26,13 @@ from xtune.tuning.database import (
     LogWarning,
     Record,
     TuningLog,
-    best,
     make_record,
-    ranking_unit,
     read_logs,
     record_from_json,
     record_to_json,
 )
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.tuning.ranking import best, measured, ranking_unit
 from xtune.tuning.report import format_table, summarize
 
 WL, TARGET = "matmul:m=64,n=64,k=64", "x86-avx2"
@@ -182,7 +181,7 @@ def test_best_over_several_logs(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"no such log: .*missing\.jsonl"):
         read_logs([a, tmp_path / "missing.jsonl"])
     assert [r.index for r in best(records, WL, TARGET, k=2)] == [3, 1]
-    assert [r.index for r in TuningLog(a).best(WL, TARGET)] == [1]
+    assert [r.index for r in best(TuningLog(a).read(), WL, TARGET)] == [1]
 
 
 def test_measured_for_resume(tmp_path: Path) -> None:
@@ -196,10 +195,10 @@ def test_measured_for_resume(tmp_path: Path) -> None:
         ]
     )
     log.append([rec(1, (1.0,), when=5.0)])
-    done = log.measured(WL, TARGET)
+    done = measured(log.read(), WL, TARGET)
     assert sorted(done) == [1, 2]  # a board error is measured again; other workloads do not count
     assert done[1].time == 5.0  # the latest record
-    assert log.measured(WL, TARGET, board="pi4") == {}
+    assert measured(log.read(), WL, TARGET, board="pi4") == {}
 
 
 def test_resume_takes_only_this_cpus_records(tmp_path: Path) -> None:
@@ -209,9 +208,10 @@ def test_resume_takes_only_this_cpus_records(tmp_path: Path) -> None:
     log.append(
         [replace(rec(1, (1.0,)), fingerprint=epyc), replace(rec(2, (1.0,)), fingerprint=xeon), rec(3, (1.0,))]
     )
-    assert sorted(log.measured(WL, TARGET, cpu="AMD EPYC")) == [1, 3]  # no fingerprint: taken as this cpu's
-    assert sorted(log.measured(WL, TARGET, cpu="Intel Xeon")) == [2, 3]
-    assert sorted(log.measured(WL, TARGET)) == [1, 2, 3]
+    records = log.read()
+    assert sorted(measured(records, WL, TARGET, cpu="AMD EPYC")) == [1, 3]  # no fingerprint: this cpu's
+    assert sorted(measured(records, WL, TARGET, cpu="Intel Xeon")) == [2, 3]
+    assert sorted(measured(records, WL, TARGET)) == [1, 2, 3]
 
 
 def test_a_gzip_log_is_read_and_never_appended_to(tmp_path: Path, xtune_cli: CliRunner) -> None:

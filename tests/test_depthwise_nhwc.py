@@ -21,10 +21,11 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import compare_output, random_inputs
 from xtune.schedule.loopnest import Load, walk
 from xtune.target import get_target
-from xtune.tuning.database import TuningLog, best, read_logs
+from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
 from xtune.tuning.measure import MeasureOptions
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import best
 from xtune.tuning.run import run_tuning
 from xtune.tuning.tuner import make_tuner
 

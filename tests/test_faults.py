@@ -27,7 +27,7 @@ from xtune.boards.cost import CostUnit
 from xtune.boards.ssh import SshBoard, deploy
 from xtune.errors import BoardError, BoardFault
 from xtune.ops.registry import parse_workload, template_for
-from xtune.tuning.database import Record, TuningLog, make_record, measured, record_from_json, unmeasured
+from xtune.tuning.database import Record, TuningLog, make_record, record_from_json
 from xtune.tuning.measure import (
     MAX_BOARD_ERRORS_IN_A_ROW,
     CompilePool,
@@ -36,6 +36,7 @@ from xtune.tuning.measure import (
     MeasureResult,
     MeasureStatus,
 )
+from xtune.tuning.ranking import measured, unmeasured
 
 from .test_measure import configs
 from .test_ssh import SSHD, PrivateSshd, _descendants, _keygen
@@ -172,7 +173,7 @@ def test_sshd_killed_mid_run_then_restarted_with_another_host_key(sshd: PrivateS
     _, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, err
     wl = parse_workload(TINY)
-    assert set(lost) <= set(TuningLog(log).measured(wl.key, "x86-avx2"))  # measured again, first
+    assert set(lost) <= set(measured(TuningLog(log).read(), wl.key, "x86-avx2"))  # measured again, first
 
 
 class Tarpit:

@@ -25,7 +25,8 @@ from xtune.boards.board import get_board
 from xtune.cli import main
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import inspect_object, link_flat
-from xtune.firmware.build import NetArtifact, build_model
+from xtune.firmware.build import build_model
+from xtune.firmware.entry import NetArtifact
 from xtune.firmware.network_bench import REFERENCE_MAGIC, random_input, run_network
 from xtune.ops.layout import Layout, workload_layout
 from xtune.ops.registry import family

@@ -24,7 +24,8 @@ from xtune.cli import main
 from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import link_flat
 from xtune.errors import InputError
-from xtune.firmware.build import NetArtifact, build_model, step_label
+from xtune.firmware.build import build_model
+from xtune.firmware.entry import NetArtifact, step_label
 from xtune.firmware.network_bench import random_input, run_network
 from xtune.firmware.profile import profile_model
 from xtune.ops.workload import RTOL, compare_output

@@ -247,9 +247,9 @@ def test_external_data_loads_from_beside_the_model_and_nowhere_else(tmp_path: Pa
 
 
 def unsupported_model() -> onnx.ModelProto:
-    """A conv whose dilations differ per axis, a Pad and a custom-domain op: three op types xtune does not
-    run; and two LRNs with bias 0 and a MaxPool with ceil_mode=1, which only the build's generated
-    operators refuse."""
+    """A conv whose dilations differ per axis and a custom-domain op: two op types xtune does not run; and
+    two LRNs with bias 0, a Pad in wrap mode and a MaxPool with ceil_mode=1, which only the build's
+    generated operators refuse."""
     rng = np.random.default_rng(0)
     node = helper.make_node
     nodes = [
@@ -257,7 +257,7 @@ def unsupported_model() -> onnx.ModelProto:
         node("BatchNormalization", ["c", "g", "b", "m", "v"], ["cb"], name="conv.bn"),
         node("LRN", ["cb"], ["n1"], name="lrn1", size=3, bias=0.0),
         node("LRN", ["n1"], ["n2"], name="lrn2", size=3, bias=0.0),
-        node("Pad", ["n2", "pads"], ["t"], name="pad"),
+        node("Pad", ["n2", "pads"], ["t"], name="pad", mode="wrap"),
         node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[1, 1], ceil_mode=1),
         node("QuickGelu", ["p"], ["y"], name="gelu", domain="com.microsoft"),
     ]
@@ -300,7 +300,7 @@ def test_one_refusal_names_every_unsupported_node_by_op_type(tmp_path: Path, cap
         assert "xtune cannot run 6 nodes (5 op types): Conv ×1 (node 'conv'): dilations (1, 2) differ" in err
         assert "LRN ×2 (nodes 'lrn1', 'lrn2'): lrn: bias 0.0 must be positive" in err
         assert (
-            "Pad ×1 (node 'pad'): not an operator xtune runs" in err
+            "Pad ×1 (node 'pad'): mode 'wrap' is not supported" in err
             and "MaxPool ×1 (node 'pool'): ceil_mode=1" in err
         )
         assert (

@@ -24,10 +24,11 @@ from xtune.frontend.tasks import Task
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.template import seed_configs
 from xtune.tuning.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
-from xtune.tuning.database import Record, TuningLog, best, read_logs
+from xtune.tuning.database import Record, TuningLog, read_logs
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import best
 from xtune.tuning.task_scheduler import (
     ModelProgress,
     ModelStop,

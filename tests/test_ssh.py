@@ -38,6 +38,7 @@ from xtune.tuning.measure import (
     MeasureStatus,
     build_image,
 )
+from xtune.tuning.ranking import measured
 
 from .test_measure import HANG, SEGFAULT, configs, image_of
 from .test_scheduler import tiny_model
@@ -387,7 +388,7 @@ def test_sshd_killed_mid_run_stops_the_measurer_then_a_resumed_run_measures_the_
     sshd.start()
     resumed = Measurer(native, wl, FAST)  # a resumed run: what is left is what failed on the board
     try:
-        todo = [i for i in indices if i not in log.measured(wl.key, "x86-avx2")]
+        todo = [i for i in indices if i not in measured(log.read(), wl.key, "x86-avx2")]
         assert measure_and_log(resumed, todo) == [MeasureStatus.OK] * len(todo)
     finally:
         resumed.close()
@@ -397,7 +398,7 @@ def test_sshd_killed_mid_run_stops_the_measurer_then_a_resumed_run_measures_the_
     assert stopped_after < 10  # one retry of the candidate, 0.3 s of reconnect backoff: no minutes
     assert during == [MeasureStatus.BOARD_ERROR] * 2
     assert todo == indices[2:]
-    assert set(log.measured(wl.key, "x86-avx2")) == set(indices)
+    assert set(measured(log.read(), wl.key, "x86-avx2")) == set(indices)
     assert all(dict(r.fingerprint)["agent"] for r in log.read())
 
 
@@ -479,7 +480,7 @@ def test_cli_tune_and_bench_on_an_ssh_board_with_a_boards_file(
     assert tuned.returncode == 0, tuned.stderr
     report = json.loads(tuned.stdout)
     assert report["boards"] == ["ssh-native"] and report["counts"]["ok"] == 4 and report["stop"] == "trials"
-    assert len(TuningLog(log).measured(parse_workload(TINY).key, "x86-avx2")) == 4
+    assert len(measured(TuningLog(log).read(), parse_workload(TINY).key, "x86-avx2")) == 4
     bench = xtune_cli("bench", "--workload", TINY, "--board", "ssh-native", "--boards", boards, "--json")
     assert bench.returncode == 0, bench.stderr
     assert json.loads(bench.stdout)["correct"] is True
@@ -604,7 +605,7 @@ def test_a_resumed_run_measures_every_board_error_config_first(
     again = [r.index for r in log.read()[len(lost) :]]
     default = template_for(wl, native.target).default_config().index
     assert set(again) - {default} == set(lost) - {default} and len(again) == len(lost)
-    assert set(log.measured(wl.key, "x86-avx2")) >= set(lost)
+    assert set(measured(log.read(), wl.key, "x86-avx2")) >= set(lost)
 
 
 # ---- boards.toml as a schema ---------------------------------------------------------------------------

@@ -18,11 +18,12 @@ from xtune.errors import InputError
 from xtune.ops.registry import parse_workload, template_for
 from xtune.target import get_target
 from xtune.transfer.modelfile import Manifest
-from xtune.tuning.database import TuningLog, best, leaders, make_record, read_logs
+from xtune.tuning.database import TuningLog, make_record, read_logs
 from xtune.tuning.kernel_bench import BenchReport
 from xtune.tuning.loop import TuneProgress
 from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import best, leaders
 from xtune.tuning.run import Confirmation, TuningReport, run_tuning
 from xtune.tuning.session import _confirm
 
@@ -75,8 +76,8 @@ def test_every_trial_is_in_the_log_and_best_is_the_fastest_correct(tuned_log: Pa
     assert all(len(timings[i]) == 3 for i in leaders) or report["confirm_timings"] == 12
     assert report["best_config"]["index"] == leaders[0] and report["best_timings"] == len(timings[leaders[0]])
     assert report["best_cost"] == medians[leaders[0]]
-    best = TuningLog(tuned_log).best(parse_workload(WORKLOAD).key, records[0].target)[0]
-    assert (best.index, best.cost) == (leaders[0], medians[leaders[0]])  # what `xtune build` ships
+    shipped = best(TuningLog(tuned_log).read(), parse_workload(WORKLOAD).key, records[0].target)[0]
+    assert (shipped.index, shipped.cost) == (leaders[0], medians[leaders[0]])  # what `xtune build` ships
 
 
 def test_resume_learns_from_the_log_and_measures_only_new_configs(tuned_log: Path, tmp_path: Path) -> None:

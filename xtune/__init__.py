@@ -14,7 +14,7 @@ from xtune.version import __version__ as __version__
 if TYPE_CHECKING:
     import onnx
 
-    from xtune.firmware.build import NetArtifact
+    from xtune.firmware.entry import NetArtifact
     from xtune.frontend.tasks import TaskSet
     from xtune.frontend.tune import tune_model as tune_model
     from xtune.target import Target

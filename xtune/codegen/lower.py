@@ -362,8 +362,9 @@ class _FunctionLowering:
             if dynamic:
                 offset = self.offset(tuple(dynamic))
                 if const:
-                    # nuw only when adding a non-negative constant (LangRef "add": else the result is poison)
-                    flags = "nuw nsw" if const > 0 else "nsw"
+                    # nuw only when adding a non-negative constant to a non-negative sum (LangRef "add":
+                    # else the result is poison)
+                    flags = "nuw nsw" if const > 0 and all(c > 0 for _, c in dynamic) else "nsw"
                     offset = self.define(f"add {flags} i64 {offset}, {const}")
             gep = "getelementptr inbounds" if inbounds else "getelementptr"
             elem = SCALAR[self.dtypes[buffer]]
@@ -377,10 +378,14 @@ class _FunctionLowering:
         if total is not None:
             return total
         iv, coeff = terms[-1]
+        # nuw only while every coefficient is positive (LangRef "mul", "add": an unsigned wrap is poison);
+        # a backwards copy (a negative Slice step, a reflected Pad) has a negative one.
+        flags = "nuw nsw" if all(c > 0 for _, c in terms) else "nsw"
         term = iv if coeff == 1 else self.pure.get(("mul", iv, coeff))
         if term is None:
-            term = self.pure[("mul", iv, coeff)] = self.define(f"mul nuw nsw i64 {iv}, {coeff}")
-        total = term if len(terms) == 1 else self.define(f"add nuw nsw i64 {self.offset(terms[:-1])}, {term}")
+            scale = "nuw nsw" if coeff > 0 else "nsw"
+            term = self.pure[("mul", iv, coeff)] = self.define(f"mul {scale} i64 {iv}, {coeff}")
+        total = term if len(terms) == 1 else self.define(f"add {flags} i64 {self.offset(terms[:-1])}, {term}")
         self.pure[("sum", terms)] = total
         return total
 

@@ -25,7 +25,8 @@ from xtune.ops.workload import TensorSpec, Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
-from xtune.tuning.database import Record, build_choice, config_of, read_logs
+from xtune.tuning.database import Record, config_of, read_logs
+from xtune.tuning.ranking import build_choice
 from xtune.version import __version__
 
 PathLike = str | os.PathLike[str]

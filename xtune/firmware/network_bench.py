@@ -30,7 +30,8 @@ from xtune.codegen.compile import ObjectCode
 from xtune.codegen.link import FlatImage, link_flat
 from xtune.errors import BoardError, InputError, XtuneWarning
 from xtune.files import check_paths, write_all_atomic
-from xtune.firmware.build import NetArtifact, build_model, nonfinite_notes
+from xtune.firmware.build import build_model, nonfinite_notes
+from xtune.firmware.entry import NetArtifact
 from xtune.frontend.formats import is_tflite_file
 from xtune.frontend.load import Source, load_model
 from xtune.ops.layout import DEFAULT, Layout, parse_layout

@@ -21,12 +21,14 @@ from xtune.boards.agent import RunRequest
 from xtune.boards.board import Board
 from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
-from xtune.firmware.build import NetArtifact, build_model, check_profile, kernel_key, step_label
+from xtune.firmware.build import build_model
+from xtune.firmware.entry import NetArtifact, check_profile, kernel_key, step_label
 from xtune.firmware.network_bench import TIMEOUT_MS, check_finished, load_network, network_input
 from xtune.frontend.load import Source
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
 from xtune.ops.workload import Workload
-from xtune.tuning.database import build_choice, read_logs
+from xtune.tuning.database import read_logs
+from xtune.tuning.ranking import build_choice
 
 PathLike = str | os.PathLike[str]
 RUNS = 31  # profiled calls; a step's time is its median over them

@@ -7,10 +7,10 @@ memory planner (xtune/firmware/memory.py).
 Execution order is the graph's (ONNX requires topological order): a fused call runs where its anchor
 node stands, which is valid because the nodes fused after it read only the anchor's chain and its
 residual exists before the anchor runs (xtune/frontend/tasks.py). Add followed by its only reader Relu is
-one Add+ReLU call. Flatten, Reshape, Squeeze, Unsqueeze and Identity are views
-(xtune/ops/reshape.py): no call, the same bytes. A view that is the network's output makes
-its source be written straight into the caller's output; a view of the input or of a constant is that
-input or constant.
+one Add+ReLU call. A node of several outputs (Split) is one call per output. Flatten, Reshape, Squeeze,
+Unsqueeze and Identity are views (xtune/ops/reshape.py): no call, the same bytes. A view that is the
+network's output makes its source be written straight into the caller's output; a view of the input or of
+a constant is that input or constant.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from xtune.frontend.tasks import FusedOp, fuse
 from xtune.frontend.validate import nonfinite
 from xtune.graph import Graph, Node
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
-from xtune.ops.opkit import UNSUPPORTED, GeneratedOp
+from xtune.ops.opkit import UNSUPPORTED, GeneratedOp, Mapped, NodeFamily
 from xtune.ops.registry import family, node_family
 from xtune.ops.workload import Workload
 
@@ -164,10 +164,9 @@ def _calls(graph: Graph, ops: list[FusedOp], others: set[str]) -> tuple[list[OpS
             continue
         following = readers.get(node.outputs[0], []) if node.outputs else []
         later = graph.nodes[following[0]] if len(following) == 1 and following[0] > i else None
-        step = _other(graph, node, weights, later)
-        if len(step.nodes) > 1:
-            claimed.update(step.nodes[1:])
-        steps.append(step)
+        made = _other(graph, node, weights, later)
+        claimed.update(made[0].nodes[1:])
+        steps.extend(made)
     return steps, weights
 
 
@@ -213,15 +212,22 @@ def _refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
     return UnsupportedNode(graph.name, node.name, node.op, why)
 
 
-def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], later: Node | None) -> OpStep:
+def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], later: Node | None) -> list[OpStep]:
     """The generated operator of a node that is not a task (or a view), with its arguments: its family's
     mapping (xtune/ops/registry.py, NODE_FAMILIES), which may fold `later`, the only node reading its
-    output, into it."""
+    output, into it; a node of several outputs is one step per output."""
     fam = node_family(node.op)
     if fam is None:
         raise _refuse(graph, node, UNSUPPORTED)
     mapped = fam.from_node(graph, node, weights, later)
-    out = (mapped.fused or node).outputs[0]
+    return [_step(graph, node, fam, part, weights) for part in (mapped, *mapped.more)]
+
+
+def _step(
+    graph: Graph, node: Node, fam: NodeFamily, mapped: Mapped, weights: dict[str, np.ndarray]
+) -> OpStep:
+    """One call of `node`'s generated operator, its sizes checked against the model's shapes."""
+    out = mapped.output or (mapped.fused or node).outputs[0]
     nodes = (node.name, mapped.fused.name) if mapped.fused is not None else (node.name,)
     layouts = mapped.layouts or fam.layouts
     if mapped.kernel is None:

@@ -1,7 +1,8 @@
 """Graph normalization: an onnx.ModelProto as an exporter wrote it in, the same network out in the forms
 the importer reads (opset 11 or newer, constants folded, no Identity or inference Dropout, arithmetic by
 constants as Add and Mul, GELU as one node (xtune/frontend/gelu.py), BatchNormalization's trailing
-per-channel scale and shift folded into it).
+per-channel scale and shift folded into it, a zero Pad before a Conv folded into its pads:
+xtune/frontend/padfold.py).
 
 Each pass keeps the network's output: it is compared with ONNX Runtime on the original model pass by pass
 (tests/test_normalize.py) and on the model zoo's graphs (tests/test_real_models.py). What the passes do
@@ -19,6 +20,7 @@ from onnx.reference import ReferenceEvaluator
 
 from xtune.errors import InputError
 from xtune.frontend.gelu import declare, fuse_gelu
+from xtune.frontend.padfold import fold_pads
 from xtune.frontend.protos import (
     DEFAULT_DOMAINS,
     SMALL_CONSTANT,
@@ -51,6 +53,7 @@ def normalize(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     gelus = fuse_gelu(net, shapes)
     remove_identities(net)
     merge_scale_into_batchnorm(net, shapes)
+    fold_pads(net)
     normalized = net.model(model)
     declare(normalized, gelus)
     return normalized

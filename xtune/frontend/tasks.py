@@ -32,7 +32,8 @@ from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.template import MAX_STACK_BYTES
 from xtune.ops.workload import ParamValue, Workload
 from xtune.target import Target, get_target, host_target
-from xtune.tuning.database import Record, build_choice
+from xtune.tuning.database import Record
+from xtune.tuning.ranking import build_choice
 
 # Epilogue stages in the order they apply; a chain only moves forward (ops/epilogue.py, EPILOGUE). The
 # affine stage takes any number of per-channel scales and shifts: each folds into the weights and bias.

@@ -1,9 +1,9 @@
 """The featurize machinery the families share: a family's `FeatureSet` (its booster name, columns and
-the function that computes them from a template and config indices), and the vectorized knob lookups
-those functions use. Features are computed analytically from each config's resolved loop structure
-(block sizes, register tile, packing, order) rather than by building the nest, so that simulated
-annealing can score thousands of configs per batch; what a config resolves to is the template's rule,
-called on arrays, never restated."""
+the function that computes them from a template and config indices), the vectorized knob lookups those
+functions use, and the columns (with their names) that several families' sets share. Features are
+computed analytically from each config's resolved loop structure (block sizes, register tile, packing,
+order) rather than by building the nest, so that simulated annealing can score thousands of configs per
+batch; what a config resolves to is the template's rule, called on arrays, never restated."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from functools import cache
 
 import numpy as np
 
+from xtune.ops.conv import ConvShape
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.tiles import parse_tile
 from xtune.schedule.space import ConfigSpace, KnobValue
@@ -76,3 +77,40 @@ def target_sizes(t: Target) -> tuple[float, float, float, float]:
 
 def log2(x: np.ndarray) -> np.ndarray:
     return np.log2(np.maximum(x.astype(np.float64), 1e-9))
+
+
+# ---- columns several families' sets share, each with its names ----------------------------------------
+
+# The convolution window's columns conv2d's and depthwise's sets share, in this order.
+WINDOW_FEATURES = ("log2_k", "log2_oh", "log2_ow", "log2_rs", "stride", "dilation")
+
+
+def window_columns(sh: ConvShape, one: np.ndarray) -> list[np.ndarray]:
+    """`WINDOW_FEATURES` of `sh`, one row per config (`one`: a one per config): log2 of the output
+    channels, rows and columns and of the window's taps, then stride and dilation."""
+    return [
+        one * np.log2(sh.k),
+        one * np.log2(sh.oh),
+        one * np.log2(sh.ow),
+        one * np.log2(sh.r * sh.s),
+        one * sh.stride,
+        one * sh.dilation,
+    ]
+
+
+def tile_features(rows: str) -> tuple[str, ...]:
+    """The names of `tile_columns`, the tile's rows named `rows` ("mr" in a GEMM, "p" pixels in a conv)."""
+    return ("acc_regs_frac", "regs_used_frac", "fma_per_load", rows, "nv")
+
+
+def tile_columns(
+    rows: np.ndarray, nv: np.ndarray, regs: float, used: np.ndarray, per_load: np.ndarray
+) -> list[np.ndarray]:
+    """A rows x nv-vector register tile's columns (`tile_features`): accumulators and all the registers
+    it holds (`used`) as shares of the target's `regs`, its FMAs per loaded value, rows and nv."""
+    return [rows * nv / regs, used / regs, per_load, rows, nv]
+
+
+def waste(extent: float | np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The share of work past `extent` when whole steps of `step` cover it (0: none)."""
+    return np.ceil(extent / step) * step / extent - 1

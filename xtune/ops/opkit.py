@@ -47,10 +47,9 @@ from xtune.schedule.loopnest import (
 Shape = tuple[int, ...]
 UNROLL = 4  # vectors per iteration of an elementwise loop: enough independent work to hide latency
 # Why a node has no generated operator, in the words of every family's refusal.
-UNSUPPORTED = (
-    "xtune cannot run this operator in a whole-network build (it runs Conv, Gemm, MatMul, pooling, Add, "
-    "Relu, Clip, Softmax, Concat and reshapes)"
-)
+# The operators a build runs are the registry's families (xtune/ops/registry.py), listed for users in
+# docs/networks.md; the message points there rather than keeping a second list that goes stale.
+UNSUPPORTED = "xtune cannot run this operator in a whole-network build (docs/networks.md lists those it runs)"
 Consts = dict[str, np.ndarray]  # the network's constant operands a mapping reads, by tensor name
 
 
@@ -140,7 +139,9 @@ class PointwiseOp(GeneratedOp):
 class Mapped:
     """What a node maps to: the generated kernel (None: a view, the same bytes, no code), the tensors it
     reads in its parameter order, whether its output may share an input's bytes (`in_place`) or is that
-    input (`alias`), and the next node folded into it (Add then Relu: one Add+ReLU), if any."""
+    input (`alias`), and the next node folded into it (Add then Relu: one Add+ReLU), if any. A node of
+    several outputs (Split) is one call per output: `output` names the one this call writes (empty: the
+    node's first, or its folded node's), `more` the calls that write the others."""
 
     kernel: GeneratedOp | None
     inputs: tuple[str, ...]
@@ -148,6 +149,8 @@ class Mapped:
     alias: bool = False
     fused: Node | None = None
     layouts: frozenset[Layout] | None = None  # this node's, where it differs from its family's
+    output: str = ""
+    more: tuple[Mapped, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,3 +224,14 @@ def constant_operand(graph: Graph, node: Node, tensor: str, consts: Consts) -> N
     if value.dtype != np.float32:
         raise refuse(graph, node, f"constant '{tensor}' is {value.dtype}, xtune runs float32 only")
     consts[tensor] = value
+
+
+def constant_ints(graph: Graph, node: Node, index: int, what: str) -> tuple[int, ...] | None:
+    """Input `index` of `node`, a constant, as integers (Pad's pads, Slice's starts, a Reduce's axes, ...);
+    None where it is omitted; a refusal naming `what` where it is not a constant."""
+    if len(node.inputs) <= index or not node.inputs[index]:
+        return None
+    value = graph.constant(node.inputs[index])
+    if value is None:
+        raise refuse(graph, node, f"the {what} are not a constant")
+    return tuple(int(v) for v in value.reshape(-1))

@@ -1,7 +1,8 @@
 """The pooling family of a network's generated operators: ONNX's MaxPool and AveragePool (`Pool2d`) and
 GlobalAveragePool, in NCHW or NHWC (the layout pass's, xtune/firmware/relayout.py). Semantics as ONNX defines
 them: `pads` as (top, left, bottom, right) (or auto_pad: conv.same_pads), ceil_mode=0 and, for AveragePool,
-the default count_include_pad=0 (padding is neither a maximum candidate nor counted in the mean). Pooling
+count_include_pad=0 (padding is neither a maximum candidate nor counted in the mean) or 1 (the mean of the
+whole window, padding counted as zeros: what a zero Pad folded into it is). Pooling
 with unit column stride runs whole output rows as vectors; with column stride 2 the window's input columns
 are not contiguous and each output is computed as a scalar (such pools are one layer of a network); in NHWC,
 pooling runs along channels, any stride. Pooling windows that overlap the padding are specialised at build
@@ -89,6 +90,7 @@ class Pool2d(ChannelsOp):
     stride: tuple[int, int] = (1, 1)
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     layout: Layout = Layout.NCHW
+    count_pad: bool = False  # an average divides by the whole window (ONNX's count_include_pad=1)
 
     def __post_init__(self) -> None:
         positive(
@@ -138,7 +140,9 @@ class Pool2d(ChannelsOp):
                 if self.kind is PoolKind.MAX:
                     out[:, :, i, j] = win.max(axis=(2, 3))
                 else:
-                    taps = valid[i * sh : i * sh + kh, j * sw : j * sw + kw].sum()
+                    taps = (
+                        kh * kw if self.count_pad else valid[i * sh : i * sh + kh, j * sw : j * sw + kw].sum()
+                    )
                     out[:, :, i, j] = win.sum(axis=(2, 3)) / taps
         return out.astype(np.float32)
 
@@ -178,14 +182,15 @@ class Pool2d(ChannelsOp):
                 window(x + cols.start, 1, 1)
 
     def _reduce(self, taps: Sequence[Value], width: int) -> Value:
-        """A window's taps reduced: their max, or their mean (the taps inside the image: ONNX's
-        count_include_pad=0, the only form the importer takes)."""
+        """A window's taps reduced: their max, or their mean (over the taps inside the image, ONNX's
+        count_include_pad=0; over the whole window with `count_pad`)."""
         op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
         acc: Value = taps[0]
         for tap in taps[1:]:
             acc = Binary(op, acc, tap)
         if self.kind is PoolKind.AVERAGE:
-            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / len(taps), width))
+            count = self.kernel[0] * self.kernel[1] if self.count_pad else len(taps)
+            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / count, width))
         return acc
 
     def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
@@ -286,7 +291,6 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
         (any(d != 1 for d in node.ints("dilations", (1, 1))), "dilations"),
         (auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"), f"auto_pad {auto_pad}"),
         (int(node.attr("storage_order", 0)) != 0, "storage_order=1"),  # type: ignore[arg-type]
-        (int(node.attr("count_include_pad", 0)) != 0, "count_include_pad=1"),  # type: ignore[arg-type]
     )
     for bad, what in refusals:
         if bad:
@@ -299,6 +303,7 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
     if len(kernel) != 2 or len(stride) != 2 or len(pads) != 4:
         raise refuse(graph, node, "kernel_shape, strides and pads must describe a 2-D window")
     kind = PoolKind.MAX if node.op == "MaxPool" else PoolKind.AVERAGE
+    counts_pad = int(node.attr("count_include_pad", 0)) != 0  # type: ignore[arg-type]
     n, c, h, w = shape
     with refusing(graph, node):  # pads as large as the window, a window larger than the padded input
         return Pool2d(
@@ -310,6 +315,7 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
             kernel=(kernel[0], kernel[1]),
             stride=(stride[0], stride[1]),
             pads=(pads[0], pads[1], pads[2], pads[3]),
+            count_pad=kind is PoolKind.AVERAGE and counts_pad,
         )
 
 

@@ -9,20 +9,15 @@ from __future__ import annotations
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
-from xtune.ops.opkit import Consts, Mapped, NodeFamily
+from xtune.ops.opkit import Consts, Mapped, NodeFamily, constant_ints
 from xtune.ops.pool2d import GlobalAveragePool, Pool2d, PoolKind
 
 
 def _axes(graph: Graph, node: Node, rank: int) -> tuple[int, ...]:
     """The reduced axes, non-negative and sorted: opset 18's input, else the attribute; none given is every
     axis (ONNX operator spec, ReduceMean: noop_with_empty_axes=0)."""
-    if len(node.inputs) > 1 and node.inputs[1]:
-        given = graph.constant(node.inputs[1])
-        if given is None:
-            raise refuse(graph, node, "the axes are not a constant")
-        axes = tuple(int(a) for a in given.reshape(-1))
-    else:
-        axes = node.ints("axes", ())
+    given = constant_ints(graph, node, 1, "axes")
+    axes = given if given is not None else node.ints("axes", ())
     if not axes and int(node.attr("noop_with_empty_axes", 0)):  # type: ignore[arg-type]
         raise refuse(graph, node, "noop_with_empty_axes=1 with no axes (an identity) is not supported")
     return tuple(sorted(a + rank if a < 0 else a for a in axes)) if axes else tuple(range(rank))

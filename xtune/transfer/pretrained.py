@@ -31,7 +31,7 @@ from xtune.transfer.modelfile import (
     read_model,
 )
 from xtune.tuning.costmodel import XGBoostCostModel
-from xtune.tuning.database import Record, config_of, cpu_of, read_usable
+from xtune.tuning.database import Record, config_of, read_usable
 from xtune.tuning.features import (
     ESTIMATE_COLUMN,
     FEATURES_VERSION,
@@ -42,6 +42,7 @@ from xtune.tuning.features import (
     parts_of,
 )
 from xtune.tuning.measure import MeasureStatus
+from xtune.tuning.ranking import cpu_of
 from xtune.version import __version__
 
 SourceKind = Literal["model", "builtin", "logs"]  # a model file, the shipped model, logs trained on the fly

@@ -26,7 +26,7 @@ class TuneOptions:
     # and keeps it as a fading base; False makes it start blind (random first batch), as AutoTVM did.
     analytic_prior: bool = True
     # At the end of a run the `confirm` fastest configs are timed again until each has session.CONFIRM_TIMINGS
-    # timings, and the best is the config with the lowest median (database.best): on a noisy host the
+    # timings, and the best is the config with the lowest median (ranking.best): on a noisy host the
     # fastest of a run's single timings is mostly the luckiest (docs/benchmarks.md, "winner's curse"),
     # and `xtune build` should ship the fastest kernel, not the best-timed one. 0 skips it.
     confirm: int = 3

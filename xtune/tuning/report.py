@@ -13,7 +13,8 @@ from xtune.boards.cost import CostUnit, gflops
 from xtune.errors import InputError
 from xtune.files import write_atomic
 from xtune.ops.registry import parse_workload
-from xtune.tuning.database import Record, build_choice, ranking_unit
+from xtune.tuning.database import Record
+from xtune.tuning.ranking import build_choice, ranking_unit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +27,7 @@ class SummaryRow:
     failed: int  # of which never measured OK
     counts: tuple[tuple[str, int], ...]  # records by status (a config timed again has several)
     best: Record | None
-    cost_unit: CostUnit | None  # what `best` was ranked by (database.ranking_unit); None if nothing ranks
+    cost_unit: CostUnit | None  # what `best` was ranked by (ranking.ranking_unit); None if nothing ranks
 
     @property
     def best_gflops(self) -> float | None:

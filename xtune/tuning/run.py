@@ -16,10 +16,11 @@ from xtune.files import PathLike
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, leaders
+from xtune.tuning.database import Record, TuningLog
 from xtune.tuning.loop import StopReason, StopTuning, TuneProgress, TuneSummary
 from xtune.tuning.options import TuneOptions
 from xtune.tuning.peers import numpy_seconds
+from xtune.tuning.ranking import leaders
 from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession, check_run
 
 

@@ -17,23 +17,12 @@ from xtune.ops.registry import template_for
 from xtune.ops.template import ScheduleTemplate, seed_configs
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import (
-    Leader,
-    Record,
-    TuningLog,
-    config_of,
-    cpu_of,
-    leaders,
-    make_record,
-    measured,
-    of_machine,
-    unmeasured,
-    with_sum_copies,
-)
+from xtune.tuning.database import Record, TuningLog, config_of, make_record, with_sum_copies
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
 from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import Leader, cpu_of, leaders, measured, of_machine, unmeasured
 from xtune.tuning.tuner import make_tuner
 
 CONFIRM_TIMINGS = 3
@@ -270,7 +259,7 @@ class TuningSession:
 
     def leader(self) -> Leader | None:
         """The best config so far (over the log's history and this session) with its count of timings:
-        the one `xtune build` would ship (database.leaders)."""
+        the one `xtune build` would ship (ranking.leaders)."""
         top = leaders(self.records(), self.workload.key, self.target.name, 1, self.cost_unit)
         return top[0] if top else None
 

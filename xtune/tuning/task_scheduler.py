@@ -34,11 +34,12 @@ from xtune.tuning.allocation import (
     leaves_group,
 )
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, leaders
+from xtune.tuning.database import Record, TuningLog
 from xtune.tuning.features import features_op
 from xtune.tuning.loop import StopTuning
 from xtune.tuning.measure import CompilePool, MeasureStatus
 from xtune.tuning.options import TuneOptions
+from xtune.tuning.ranking import leaders
 from xtune.tuning.results import ModelProgress, ModelStop, ModelTuningResult, TaskResult, TaskStop
 from xtune.tuning.session import TuningSession, check_run
 
@@ -320,7 +321,7 @@ def _task_result(state: _Task) -> TaskResult:
 
 
 def _config_cost(session: TuningSession, index: int) -> float:
-    """One config's cost by the rule of the best (database.leaders: median, never a disqualified one)."""
+    """One config's cost by the rule of the best (ranking.leaders: median, never a disqualified one)."""
     records: list[Record] = [r for r in session.records() if r.index == index]
     top = leaders(records, session.workload.key, session.target.name, 1, session.cost_unit)
     return top[0].cost if top else math.inf

@@ -22,7 +22,8 @@ from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.conv2d.direct_nest import ConvEmitter, ConvSchedule, padded
 from xtune.ops.epilogue import ACTIVATION, EPILOGUE
 from xtune.ops.matmul import Matmul
-from xtune.ops.matmul.template import MatmulTemplate, Operands
+from xtune.ops.matmul.nest import Operands
+from xtune.ops.matmul.template import MatmulTemplate
 from xtune.ops.tiles import (
     Epilogue,
     Scalars,

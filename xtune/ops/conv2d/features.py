@@ -12,7 +12,7 @@ from xtune.ops import tiles
 from xtune.ops.conv import conv_shape
 from xtune.ops.conv2d import direct as conv2d
 from xtune.ops.conv2d import direct_nest as conv2d_nest
-from xtune.ops.conv2d import winograd_nest
+from xtune.ops.conv2d import winograd_nest, winograd_weights
 from xtune.ops.estimate import (
     L2_BW,
     L3_BW,
@@ -23,25 +23,27 @@ from xtune.ops.estimate import (
     tile_cycles,
     vector_fma_rate,
 )
-from xtune.ops.featurize import Configs, FeatureSet, Indices, log2, target_sizes
+from xtune.ops.featurize import (
+    WINDOW_FEATURES,
+    Configs,
+    FeatureSet,
+    Indices,
+    log2,
+    target_sizes,
+    tile_columns,
+    tile_features,
+    waste,
+    window_columns,
+)
 from xtune.ops.template import ScheduleTemplate, SumTemplate
 from xtune.target import Target
 
 CONV2D_FEATURES = (
     "log2_c",
-    "log2_k",
-    "log2_oh",
-    "log2_ow",
-    "log2_rs",
-    "stride",
-    "dilation",
+    *WINDOW_FEATURES,
     "lanes_log2",
     "nhwc",
-    "acc_regs_frac",
-    "regs_used_frac",
-    "fma_per_load",
-    "p",
-    "nv",
+    *tile_features("p"),
     "k_waste",
     "ow_waste",
     "pad_waste",
@@ -80,21 +82,12 @@ def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     one = np.ones_like(p)
     cols = [
         one * np.log2(sh.c),
-        one * np.log2(sh.k),
-        one * np.log2(sh.oh),
-        one * np.log2(sh.ow),
-        one * np.log2(sh.r * sh.s),
-        one * sh.stride,
-        one * sh.dilation,
+        *window_columns(sh, one),
         one * np.log2(lanes),
         one * sh.nhwc,
-        p * nv / regs,
-        tiles.tile_registers(p, nv) / regs,
-        tiles.fmas_per_load(p, nv),
-        p,
-        nv,
-        np.ceil(sh.k / nr) * nr / sh.k - 1,
-        np.ceil(sh.ow / p) * p / sh.ow - 1,
+        *tile_columns(p, nv, regs, tiles.tile_registers(p, nv), tiles.fmas_per_load(p, nv)),
+        waste(sh.k, nr),
+        waste(sh.ow, p),
         one * (hp * wp / (sh.h * sh.w) - 1),
         log2(4 * cb * hp * wp / l2),
         log2(4 * rows * wp * cb / l1),
@@ -120,11 +113,7 @@ WINOGRAD_FEATURES = (
     "log2_k",
     "log2_tiles",
     "lanes_log2",
-    "acc_regs_frac",
-    "regs_used_frac",
-    "fma_per_load",
-    "mr",
-    "nv",
+    *tile_features("mr"),
     "block_tiles_log2",
     "group_waste",
     "k_waste",
@@ -152,7 +141,7 @@ def winograd_features(template: ScheduleTemplate, indices: Indices) -> np.ndarra
     lanes, regs, l1, l2 = target_sizes(t)
     nr = nv * lanes
     th, tw = winograd_nest.tiles(sh)
-    e = winograd_nest.E  # floats per transformed tile
+    e = winograd_weights.E  # floats per transformed tile
     nt = np.minimum(cfg.ints("tile_ty"), th) * np.minimum(cfg.ints("tile_tx"), tw)
     cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
     one = np.ones_like(mr)
@@ -161,14 +150,10 @@ def winograd_features(template: ScheduleTemplate, indices: Indices) -> np.ndarra
         one * np.log2(sh.k),
         one * np.log2(th * tw),
         one * np.log2(lanes),
-        mr * nv / regs,
-        tiles.tile_registers(mr, nv) / regs,
-        tiles.fmas_per_load(mr, nv),
-        mr,
-        nv,
+        *tile_columns(mr, nv, regs, tiles.tile_registers(mr, nv), tiles.fmas_per_load(mr, nv)),
         log2(nt),
-        np.ceil(nt / mr) * mr / nt - 1,
-        np.ceil(sh.k / nr) * nr / sh.k - 1,
+        waste(nt, mr),
+        waste(sh.k, nr),
         log2(4 * e * nt * sh.c / l2),
         log2(4 * e * nt * kb / l2),
         log2(4 * cb * nr / l1),
@@ -275,7 +260,7 @@ def winograd_gain(template: ScheduleTemplate) -> float:
     half tiles waste some): what turns Winograd's share of its own peak into the direct's units."""
     sh = conv_shape(template.workload)
     th, tw = winograd_nest.tiles(sh)
-    return sh.oh * sh.ow * sh.r * sh.s / (winograd_nest.E * th * tw)
+    return sh.oh * sh.ow * sh.r * sh.s / (winograd_weights.E * th * tw)
 
 
 AUTO_FEATURES = (

@@ -24,15 +24,8 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.conv2d.winograd_nest import (
-    E,
-    WinogradEmitter,
-    WinogradSchedule,
-    image_copy_floats,
-    round_up,
-    stack_floats,
-    tiles,
-)
+from xtune.ops.conv2d.winograd_nest import WinogradEmitter, image_copy_floats, round_up, stack_floats, tiles
+from xtune.ops.conv2d.winograd_weights import E, WinogradSchedule
 from xtune.ops.tiles import clipped, fmas_per_load, parse_tile, register_tiles, roomy_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Kernel

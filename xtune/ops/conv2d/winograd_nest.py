@@ -1,6 +1,6 @@
 """The loop nest of the Winograd template (ops/conv2d/winograd.py): a resolved schedule in, the F(2x2, 3x3)
-kernel out: the padded copy, the weight transform of a call without prepacked U, and per block of tiles
-the input transform, the 16 GEMMs and the output transform with the fused epilogue."""
+kernel out: the padded copy, the weight transform of a call without prepacked U (winograd_weights.py), and
+per block of tiles the input transform, the 16 GEMMs and the output transform with the fused epilogue."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.tiles import Epilogue, Rows, split_edges, transposed_copy, unrolled
+from xtune.ops.conv2d.winograd_weights import E, WeightTransform, WinogradSchedule, add, sub
+from xtune.ops.tiles import Epilogue, split_edges, unrolled
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
-    Binary,
-    BinaryOp,
     Broadcast,
     Buffer,
     BufferKind,
@@ -22,30 +21,8 @@ from xtune.schedule.loopnest import (
     Load,
     MulAdd,
     NestBuilder,
-    Reg,
     Value,
 )
-
-E = 16  # elements of a transformed 4x4 tile
-
-
-@dataclass(frozen=True)
-class WinogradSchedule:
-    """A config resolved against the shape."""
-
-    mr: int  # tiles per register tile
-    nv: int  # output-channel vectors per register tile
-    lanes: int
-    ty: int  # tile rows per block
-    tx: int  # tiles along a row per block
-    cb: int  # input channels per GEMM block
-    kb: int  # output channels per block, a multiple of nr
-    order: str  # "kt": channel strips outside tile groups, "tk": inside
-    unroll: int
-
-    @property
-    def nr(self) -> int:
-        return self.nv * self.lanes
 
 
 def tiles(sh: ConvShape) -> tuple[int, int]:
@@ -74,14 +51,6 @@ def image_copy_floats(sh: ConvShape, lanes: int) -> int:
     """Floats of the padded copy of the whole image the tiles read (`needs_copy`), whatever the config."""
     th, tw = tiles(sh)
     return (2 * th + 2) * (2 * tw + 2) * round_up(sh.c, lanes) if needs_copy(sh) else 0
-
-
-def _add(a: Value, b: Value) -> Value:
-    return Binary(BinaryOp.ADD, a, b)
-
-
-def _sub(a: Value, b: Value) -> Value:
-    return Binary(BinaryOp.SUB, a, b)
 
 
 _BlockBody = Callable[[Affine, int, bool], None]  # (offset, extent, holds the half tiles)
@@ -118,16 +87,13 @@ class WinogradEmitter:
         self.th, self.tw = tiles(sh)
         self.copy = needs_copy(sh)
         self.cp = round_up(sh.c, s.lanes)
-        self.strips = -(-sh.k // s.nr)  # strips of the whole U (prepacked)
-        # Whether this nest transforms OIHW weights (NCHW: per call, or in the pack function) by vectors,
-        # staging `lanes` input channels of a strip at a time in a local Wt (`transform_weights_staged`).
-        self.staged = not sh.nhwc and s.lanes > 1 and (not prepacked or u_buffer == "packed")
+        self.u = WeightTransform(self.b, sh, s, prepacked, u_buffer)
         self.wrow = 2 * self.tw + 2  # columns of the padded copy
 
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
         nt = s.ty * s.tx
-        weights = E * self.strips * sh.c * s.nr if self.prepacked else 9 * sh.c * sh.k
+        weights = E * self.u.strips * sh.c * s.nr if self.prepacked else 9 * sh.c * sh.k
         ip_size = (2 * self.th + 2) * self.wrow * self.cp
         buffers = [
             Buffer("input", sh.n * sh.h * sh.w * sh.c, BufferKind.INPUT),
@@ -142,7 +108,7 @@ class WinogradEmitter:
             self.zero_border(ip_size)
         if not self.prepacked:
             buffers.append(Buffer("Ub", E * sh.c * s.kb, BufferKind.LOCAL))
-        buffers += self.staging()
+        buffers += self.u.staging()
         if not sh.nhwc:
             buffers.append(Buffer("Ot", 4 * s.lanes, BufferKind.LOCAL))
         with b.loop(sh.n, "n") as ni:
@@ -151,7 +117,7 @@ class WinogradEmitter:
 
             def kblock(k0: Affine, kcur: int) -> None:
                 if not self.prepacked:
-                    self.transform_weights(k0, kcur)
+                    self.u.transform(k0, kcur)
                 self.tile_blocks(ni, k0, kcur)
 
             b.split(sh.k, s.kb, kblock, "kb")
@@ -199,132 +165,19 @@ class WinogradEmitter:
                 "pc",
             )
 
-    def u_index(self, e: Affine | int, strip: Affine, c: Affine | int) -> tuple[str, Affine]:
-        """Where U[e][strip][c][0:nr] is: the prepacked weights (strips of all of k) or this block's Ub."""
-        s = self.s
-        if self.prepacked:
-            return self.u_buffer, ((Affine.of(e) * self.strips + strip) * self.sh.c + c) * s.nr
-        return "Ub", ((Affine.of(e) * (s.kb // s.nr) + strip) * self.sh.c + c) * s.nr
-
     def pack_kernel(self, name: str) -> Kernel:
         """`name(weights, packed)`: U of every output channel, written by the per-call weight transform
-        into the whole-k layout the prepacked kernel reads (`u_index`; emit with u_buffer="packed")."""
+        into the whole-k layout the prepacked kernel reads (`WeightTransform.u_index`; emit with
+        u_buffer="packed")."""
         sh, s = self.sh, self.s
         assert self.prepacked and self.u_buffer == "packed"
-        self.transform_weights(Affine(), sh.k)
+        self.u.transform(Affine(), sh.k)
         buffers = (
             Buffer("weights", 9 * sh.c * sh.k, BufferKind.INPUT),
-            Buffer("packed", E * self.strips * sh.c * s.nr, BufferKind.OUTPUT),
-            *self.staging(),
+            Buffer("packed", E * self.u.strips * sh.c * s.nr, BufferKind.OUTPUT),
+            *self.u.staging(),
         )
         return self.b.kernel(name, buffers)
-
-    def staging(self) -> list[Buffer]:
-        """Wt, where `transform_weights_staged` transposes `lanes` channels of a strip (9 x lanes x nr
-        floats, 36 KiB at most). Left out of `stack_floats`, so that the blocks a config resolves to (and
-        what old logs' configs mean) stay as they were."""
-        s = self.s
-        return [Buffer("Wt", 9 * s.lanes * s.nr, BufferKind.LOCAL)] if self.staged else []
-
-    def transform_weights(self, k0: Affine, kcur: int) -> None:
-        """U[e][strip][c][nr] <- (G g G^T)[e] for the block's output channels, zero past k: into this
-        block's Ub, or (prepacked, by `pack_kernel`) into the whole U."""
-        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
-
-        def strip(js: Affine, ncols: int) -> None:
-            st = Affine(tuple((v, c // s.nr) for v, c in js.terms), js.const // s.nr)
-            if self.staged:
-                self.transform_weights_staged(k0 + js, st, ncols)
-                return
-            if not sh.nhwc:
-                self.transform_weights_oihw(k0 + js, st, ncols)
-                return
-            # A vector of output channels at a time: its 9 taps, 12 partial and 16 transformed values fit
-            # the registers, where all nv vectors of a strip at once spilled on every target.
-            for v in range(s.nv):
-                cols = min(max(ncols - v * lanes, 0), lanes)
-                with b.loop(sh.c, "wc") as c:
-                    g = [
-                        [self._weight(i, j, c, k0 + js + v * lanes, cols) for j in range(3)] for i in range(3)
-                    ]
-                    u = self._filter_transform(g)
-                    for e in range(E):
-                        buf, at = self.u_index(e, st, c)
-                        b.store(buf, at + v * lanes, u[e], lanes)
-
-        b.split(kcur, s.nr, strip, "ws")
-
-    def transform_weights_staged(self, k: Affine, st: Affine, ncols: int) -> None:
-        """NCHW's OIHW weights of a strip, `lanes` input channels at a time: transposed into Wt (each
-        channel's 9 taps a vector of the strip's output channels, zero past k; `transposed_copy`), then
-        transformed by vectors as NHWC's are: about 16x fewer instructions on 16 lanes than the transform
-        of one output channel at a time, which at 256 channels and 14x14 outweighed the 16 GEMMs."""
-        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
-
-        def chunk(c0: Affine, ccur: int) -> None:
-            rows = Rows(
-                buffer="weights", start=lambda u: (k + u) * (sh.c * 9) + c0 * 9, count=ncols, length=ccur * 9
-            )
-            transposed_copy(b, lanes, rows, "Wt", Affine(), s.nr)
-            for v in range(s.nv):  # a vector at a time, as `transform_weights`
-                with b.loop(ccur, "wc") as c:
-                    g: list[list[Value]] = [
-                        [Load("Wt", (c * 9 + i * 3 + j) * s.nr + v * lanes, lanes) for j in range(3)]
-                        for i in range(3)
-                    ]
-                    u = self._filter_transform(g)
-                    for e in range(E):
-                        buf, at = self.u_index(e, st, c0 + c)
-                        b.store(buf, at + v * lanes, u[e], lanes)
-
-        b.split(sh.c, lanes, chunk, "wb")
-
-    def transform_weights_oihw(self, k: Affine, st: Affine, ncols: int) -> None:
-        """NCHW's OIHW weights, one output channel's 3x3 at a time (contiguous), into lane kk of the
-        strip's U; the lanes past k zero."""
-        sh, s, b = self.sh, self.s, self.b
-        with b.loop(ncols, "wk") as kk, b.loop(sh.c, "wc") as c:
-            base = ((k + kk) * sh.c + c) * 9
-            g: list[list[Value]] = [[Load("weights", base + i * 3 + j) for j in range(3)] for i in range(3)]
-            u = self._filter_transform(g, 1)
-            for e in range(E):
-                buf, at = self.u_index(e, st, c)
-                b.store(buf, at + kk, u[e])
-        if ncols < s.nr:
-            with b.loop(sh.c, "wc") as c:
-                for e in range(E):
-                    buf, at = self.u_index(e, st, c)
-                    for lane in range(ncols, s.nr):
-                        b.store(buf, at + lane, Const(0.0))
-
-    def _weight(self, i: int, j: int, c: Affine, k: Affine, cols: int) -> Value:
-        sh, lanes = self.sh, self.s.lanes
-        if not cols:
-            return Const(0.0, lanes)
-        return Load("weights", ((i * 3 + j) * sh.c + c) * sh.k + k, lanes, cols % lanes)
-
-    def _filter_transform(self, g: list[list[Value]], lanes: int = 0) -> list[Value]:
-        """G g G^T, G = [[1,0,0],[1/2,1/2,1/2],[1/2,-1/2,1/2],[0,0,1]]: the 16 values, row-major (vectors,
-        or single floats for lanes=1)."""
-        b, lanes = self.b, lanes or self.s.lanes
-        tag = "s" if lanes == 1 else ""
-        half = Const(0.5, lanes)
-        rows: list[list[Reg]] = []
-        for i, (g0, g1, g2) in enumerate(zip(*g, strict=True)):  # column i of g: G g
-            regs = [b.register(f"gt{tag}{a}_{i}", lanes) for a in range(4)]
-            b.assign(regs[0], g0)
-            b.assign(regs[3], g2)
-            even = b.register(f"ge{tag}{i}", lanes)
-            b.assign(even, Binary(BinaryOp.MUL, _add(g0, g2), half))
-            b.assign(regs[1], MulAdd(g1, half, even))
-            b.assign(regs[2], MulAdd(g1, Const(-0.5, lanes), even))
-            rows.append(regs)
-        out: list[Value] = []
-        for a in range(4):  # (G g) G^T: the same on each row of G g
-            t0, t1, t2 = rows[0][a], rows[1][a], rows[2][a]
-            mid = Binary(BinaryOp.MUL, _add(t0, t2), half)
-            out += [t0, MulAdd(t1, half, mid), MulAdd(t1, Const(-0.5, lanes), mid), t2]
-        return out
 
     # --- blocks of tiles ----------------------------------------------------------------------------
 
@@ -375,12 +228,12 @@ class WinogradEmitter:
         t = [[b.register(f"t{p}{q}", lanes) for q in range(4)] for p in range(4)]
         for q in range(4):
             d0, d1, d2, d3 = (d[p][q] for p in range(4))
-            for p, value in enumerate((_sub(d0, d2), _add(d1, d2), _sub(d2, d1), _sub(d1, d3))):
+            for p, value in enumerate((sub(d0, d2), add(d1, d2), sub(d2, d1), sub(d1, d3))):
                 b.assign(t[p][q], value)
         t_index = Affine.of(i) * blk.ntx + j
         for p in range(4):  # (B^T d) B, row by row
             t0, t1, t2, t3 = t[p]
-            for q, value in enumerate((_sub(t0, t2), _add(t1, t2), _sub(t2, t1), _sub(t1, t3))):
+            for q, value in enumerate((sub(t0, t2), add(t1, t2), sub(t2, t1), sub(t1, t3))):
                 b.store("V", ((t_index + (p * 4 + q) * blk.nt) * self.cp) + c, value, lanes)
 
     def gemms(self, blk: _Block) -> None:
@@ -437,7 +290,7 @@ class WinogradEmitter:
                 b.assign(acc[r][v], init)
 
         def step(c: Affine) -> None:
-            buf, at = self.u_index(e, strip, c0 + c)
+            buf, at = self.u.u_index(e, strip, c0 + c)
             for v in range(nvec):
                 b.assign(ureg[v], Load(buf, at + v * lanes, lanes))
             for r in range(rows):
@@ -480,20 +333,20 @@ class WinogradEmitter:
             srow = [[b.register(f"s{a}{q}", lanes) for q in range(4)] for a in range(2)]
             for q in range(4):
                 m0, m1, m2, m3 = (m[p * 4 + q] for p in range(4))
-                b.assign(srow[0][q], _add(_add(m0, m1), m2))
-                b.assign(srow[1][q], _sub(_sub(m1, m2), m3))
+                b.assign(srow[0][q], add(add(m0, m1), m2))
+                b.assign(srow[1][q], sub(sub(m1, m2), m3))
             k = blk.k0 + kv
             bias = Load("bias", k, lanes, count)
             for a in range(vy):
                 s0, s1, s2, s3 = srow[a]
-                for col, value in enumerate((_add(_add(s0, s1), s2), _sub(_sub(s1, s2), s3))[:vx]):
+                for col, value in enumerate((add(add(s0, s1), s2), sub(sub(s1, s2), s3))[:vx]):
                     y, x = (blk.ty0 + i) * 2 + a, (blk.tx0 + j) * 2 + col
                     if not sh.nhwc:  # channels are planes apart: through Ot, then one float at a time
                         b.store("Ot", Affine.of((a * 2 + col) * lanes), value, lanes)
                         continue
                     at = ((blk.n * sh.oh + y) * sh.ow + x) * sh.k + k
                     init = self.epi.initial(lanes, bias, Load("residual", at, lanes, count))
-                    out = value if init == Const(0.0, lanes) else _add(value, init)
+                    out = value if init == Const(0.0, lanes) else add(value, init)
                     b.store("output", at, self.epi.apply(out, lanes, True), lanes, count)
             if not sh.nhwc:
                 self.scatter_nchw(blk, i, j, vy, vx, k, count or lanes)
@@ -510,5 +363,5 @@ class WinogradEmitter:
                     at = ((blk.n * sh.k + k + ch) * sh.oh + y) * sh.ow + x
                     init = self.epi.initial(1, Load("bias", k + ch), Load("residual", at))
                     value: Value = Load("Ot", ch + (a * 2 + col) * lanes)
-                    value = value if init == Const(0.0, 1) else _add(value, init)
+                    value = value if init == Const(0.0, 1) else add(value, init)
                     b.store("output", at, self.epi.apply(value, 1, True))

@@ -20,17 +20,23 @@ from xtune.ops.estimate import (
     overlapped,
     vector_fma_rate,
 )
-from xtune.ops.featurize import Configs, FeatureSet, Indices, log2, target_sizes
+from xtune.ops.featurize import (
+    WINDOW_FEATURES,
+    Configs,
+    FeatureSet,
+    Indices,
+    log2,
+    target_sizes,
+    tile_columns,
+    tile_features,
+    waste,
+    window_columns,
+)
 from xtune.ops.template import ScheduleTemplate
 from xtune.target import Target
 
 DEPTHWISE_FEATURES = (
-    "log2_k",
-    "log2_oh",
-    "log2_ow",
-    "log2_rs",
-    "stride",
-    "dilation",
+    *WINDOW_FEATURES,
     "multiplier",
     "lanes_log2",
     "acc_regs_frac",
@@ -60,20 +66,15 @@ def depthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndarr
     plane = 4.0 * sh.padded[0] * sh.stride * depthwise.phase_width(sh, t.fp32_lanes)
     one = np.ones_like(p)
     cols = [
-        one * np.log2(sh.k),
-        one * np.log2(sh.oh),
-        one * np.log2(sh.ow),
-        one * np.log2(sh.r * sh.s),
-        one * sh.stride,
-        one * sh.dilation,
+        *window_columns(sh, one),
         one * sh.multiplier,
         one * np.log2(lanes),
         p * nv / regs,
         depthwise.fmas_per_load(sh, p, nv),
         p,
         nv,
-        np.ceil(sh.ow / width) * width / sh.ow - 1,
-        np.ceil(sh.oh / p) * p / sh.oh - 1,
+        waste(sh.ow, width),
+        waste(sh.oh, p),
         one * (sh.padded[0] * sh.padded[1] / (sh.h * sh.w) - 1),
         one * np.log2(plane / l1),
         one * np.log2(plane / l2),
@@ -86,19 +87,10 @@ def depthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndarr
 
 
 DEPTHWISE_NHWC_FEATURES = (
-    "log2_k",
-    "log2_oh",
-    "log2_ow",
-    "log2_rs",
-    "stride",
-    "dilation",
+    *WINDOW_FEATURES,
     "multiplier",
     "lanes_log2",
-    "acc_regs_frac",
-    "regs_used_frac",
-    "fma_per_load",
-    "p",
-    "nv",
+    *tile_features("p"),
     "k_waste",
     "ow_waste",
     "border_frac",
@@ -135,21 +127,14 @@ def depthwise_nhwc_features(template: ScheduleTemplate, indices: Indices) -> np.
     expand = (sh.multiplier > 1) * sh.r * sh.w / (sh.ow * sh.r * sh.s)  # copies per FMA, per output row
     one = np.ones_like(p)
     cols = [
-        one * np.log2(sh.k),
-        one * np.log2(sh.oh),
-        one * np.log2(sh.ow),
-        one * np.log2(sh.r * sh.s),
-        one * sh.stride,
-        one * sh.dilation,
+        *window_columns(sh, one),
         one * sh.multiplier,
         one * np.log2(lanes),
-        p * nv / regs,
-        depthwise_nhwc.tile_registers(sh, p, nv) / regs,
-        depthwise_nhwc.fmas_per_load(sh, p, nv),
-        p,
-        nv,
-        np.ceil(sh.k / nr) * nr / sh.k - 1,
-        np.ceil(inner / p) * p / inner - 1,
+        *tile_columns(
+            p, nv, regs, depthwise_nhwc.tile_registers(sh, p, nv), depthwise_nhwc.fmas_per_load(sh, p, nv)
+        ),
+        waste(sh.k, nr),
+        waste(inner, p),
         one * border,
         log2(rows / l1),
         log2(rows * block_rows / ((sh.r - 1) * sh.dilation + 1) / l2),

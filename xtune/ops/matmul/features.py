@@ -16,7 +16,17 @@ from xtune.ops.estimate import (
     level,
     tile_cycles,
 )
-from xtune.ops.featurize import Configs, FeatureSet, Indices, log2, target_sizes
+from xtune.ops.featurize import (
+    Configs,
+    FeatureSet,
+    Indices,
+    log2,
+    target_sizes,
+    tile_columns,
+    tile_features,
+    waste,
+)
+from xtune.ops.matmul import nest
 from xtune.ops.matmul import template as matmul
 from xtune.ops.matmul.template import ORDERS
 from xtune.ops.template import ScheduleTemplate
@@ -27,11 +37,7 @@ MATMUL_FEATURES = (
     "log2_n",
     "log2_k",
     "lanes_log2",
-    "acc_regs_frac",
-    "regs_used_frac",
-    "fma_per_load",
-    "mr",
-    "nv",
+    *tile_features("mr"),
     "b_strip_l1",
     "a_panel_l1",
     "a_block_l2",
@@ -75,28 +81,24 @@ def matmul_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     # Panels the kernel copies at every call: none of the operand passed prepacked (the weights).
     assert isinstance(template, matmul.MatmulTemplate)
     prepacked = template.operands.prepacked
-    copy_a, copy_b = (matmul.packed_per_call(p, prepacked, o) for p, o in ((pack_a, "A"), (pack_b, "B")))
+    copy_a, copy_b = (nest.packed_per_call(p, prepacked, o) for p, o in ((pack_a, "A"), (pack_b, "B")))
     regs, l1, l2 = float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
     # How often a panel is packed again: once per block of every loop outside the pair that fixes it.
-    m_out = np.array([matmul.repacked_per_block(o, "B") for o in order], dtype=np.float64)
-    n_out = np.array([matmul.repacked_per_block(o, "A") for o in order], dtype=np.float64)
+    m_out = np.array([nest.repacked_per_block(o, "B") for o in order], dtype=np.float64)
+    n_out = np.array([nest.repacked_per_block(o, "A") for o in order], dtype=np.float64)
     cols = [
         np.full_like(mr, np.log2(m)),
         np.full_like(mr, np.log2(n)),
         np.full_like(mr, np.log2(k)),
         np.full_like(mr, np.log2(lanes)),
-        mr * nv / regs,
-        tiles.tile_registers(mr, nv) / regs,
-        tiles.fmas_per_load(mr, nv),
-        mr,
-        nv,
+        *tile_columns(mr, nv, regs, tiles.tile_registers(mr, nv), tiles.fmas_per_load(mr, nv)),
         log2(4 * kc * nr / l1),
         log2(4 * kc * mr / l1),
         log2(4 * mc * kc / l2),
         log2(4 * kc * nc / l2),
         log2(4 * mc * nc / l2),
-        np.ceil(m / mr) * mr / m - 1,
-        np.ceil(n / nr) * nr / n - 1,
+        waste(m, mr),
+        waste(n, nr),
         log2(np.ceil(k / kc)),
         log2(unroll),
         log2(unroll * mr * nv),

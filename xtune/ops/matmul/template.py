@@ -7,48 +7,31 @@ the caller passes already in panels (`prepack`); an mr x (nv vectors) register t
 updated by broadcast(A) * B-vector FMAs, the k loop unrolled by `unroll_k`. Tails of every axis
 become constant-size tiles, so any shape is exact. bias=1 and residual=1 start C (or the accumulators)
 at the bias row plus the residual; relu=1 / relu6=1 clamp the accumulators of the last k block before
-their store.
+their store. The space, default config and packed weights are here; the nest is ops/matmul/nest.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
-from functools import cache
-from typing import Literal
+from collections.abc import Hashable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
+from xtune.ops.matmul.nest import MatmulEmitter, MatmulSchedule, Operands
 from xtune.ops.tiles import (
     Epilogue,
-    Num,
     Scalars,
     clipped,
-    div,
     fmas_per_load,
-    lane_group,
     parse_tile,
     register_budget,
     register_tiles,
     roomy_tiles,
-    split_edges,
     tile_registers,
-    unrolled,
     whole_tiles,
 )
 from xtune.ops.workload import Workload
-from xtune.schedule.loopnest import (
-    Affine,
-    Broadcast,
-    Buffer,
-    BufferKind,
-    Const,
-    Kernel,
-    Load,
-    MulAdd,
-    NestBuilder,
-    Value,
-)
+from xtune.schedule.loopnest import Buffer, BufferKind, Kernel
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 
@@ -71,16 +54,6 @@ def effective_blocks(
     return whole_tiles(mc, m, mr), whole_tiles(nc, n, nv * lanes), np.asarray(kc)
 
 
-# The block loops that fix each packed panel: B's strips by (n, k), A's panels by (m, k).
-PANEL_AXES = {"B": ("n", "k"), "A": ("m", "k")}
-
-
-def packed_per_call(pack: Num, prepacked: str, operand: str) -> Num:
-    """Whether (1/0) a config copies `operand` into panels at every call: it reads the operand in panels
-    (its pack knob) that the caller did not pass already packed (`prepacked` names that operand)."""
-    return pack * (prepacked != operand)
-
-
 def prepack(operand: str, matrix: np.ndarray, rows: int, cols: int, width: int) -> np.ndarray:
     """A (rows, cols) operand in the panels the kernel reads when it is passed prepacked: B as strips of
     `width` = nr columns, each k x nr row-major (B[kk, j*nr + c] at j*k*nr + kk*nr + c); A as panels of
@@ -92,77 +65,6 @@ def prepack(operand: str, matrix: np.ndarray, rows: int, cols: int, width: int) 
     padded = np.zeros((k, -(-extent // width) * width), np.float32)
     padded[:, :extent] = m
     return np.ascontiguousarray(padded.reshape(k, -1, width).transpose(1, 0, 2)).ravel()
-
-
-@cache
-def packed_at(order: str, operand: str) -> str:
-    """The block loop whose body packs `operand`'s panel: the inner of the two that fix it, as soon as both
-    are open (BLIS: B per (jc, pc), A per (ic, pc))."""
-    a, b = PANEL_AXES[operand]
-    return a if order.index(a) > order.index(b) else b
-
-
-@cache
-def repacked_per_block(order: str, operand: str) -> bool:
-    """Whether `operand`'s panel is packed again for every block of the third loop (outside the packer)."""
-    (third,) = set("mnk") - set(PANEL_AXES[operand])
-    return order.index(third) < order.index(packed_at(order, operand))
-
-
-@dataclass(frozen=True)
-class MatmulSchedule:
-    """A config resolved against the shape: effective block sizes and switches."""
-
-    mr: int
-    nv: int
-    lanes: int
-    mc: int
-    nc: int
-    kc: int
-    order: str
-    inner: str  # "nm": column strips outside row panels (B strip stays in L1), or "mn"
-    pack_a: bool  # A is read in panels ...
-    pack_b: bool  # ... B in strips
-    unroll_k: int
-    prepacked: str  # the operand passed already in panels (when its pack knob is on), or ""
-    prefetch_bytes: int = 0  # the target's weight_prefetch_bytes (`_MatmulEmitter.prefetch_strip`)
-    lane_fma: bool = False  # the target's: A read in place is loaded a vector of k steps at a time
-
-    @property
-    def nr(self) -> int:
-        return self.nv * self.lanes
-
-    @property
-    def copy_a(self) -> bool:
-        """A copied into panels at every call."""
-        return bool(packed_per_call(self.pack_a, self.prepacked, "A"))
-
-    @property
-    def copy_b(self) -> bool:
-        return bool(packed_per_call(self.pack_b, self.prepacked, "B"))
-
-    @property
-    def passed_packed(self) -> str:
-        """The operand the kernel reads from panels the caller passed (`prepack`): the prepacked one, if
-        its pack knob is on (else the kernel reads it as it is), or ""."""
-        reads_panels = self.pack_a if self.prepacked == "A" else self.pack_b
-        return self.prepacked if reads_panels else ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Operands:
-    """Where the product's operands live, for a template that lowers through this one (a pointwise
-    conv2d): buffer names, the kernel's parameters in order (None: A, B, bias, C), bias per row of C
-    instead of per column, `batch` products one after another that share A (B and C advance by one
-    whole matrix per product), and which operand holds weights passed prepacked ("" for none)."""
-
-    a: str = "A"
-    b: str = "B"
-    c: str = "C"
-    params: tuple[Buffer, ...] | None = None
-    bias_rows: bool = False
-    batch: int = 1
-    prepacked: Literal["", "A", "B"] = ""
 
 
 class MatmulTemplate:
@@ -243,7 +145,7 @@ class MatmulTemplate:
 
     def kernel(self, config: Config, name: str) -> Kernel:
         """The nest of one config, over the template's operands."""
-        emitter = _MatmulEmitter(self.workload, self.schedule(config), self.operands)
+        emitter = MatmulEmitter(self.workload, self.schedule(config), self.operands)
         return emitter.kernel(name, self.params())
 
     def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -271,7 +173,7 @@ class MatmulTemplate:
         reads them by, or a copy when the config reads the operand as it is."""
         s, o = self.schedule(config), self.operands
         assert o.prepacked, "only a prepacked operand has a packed form"
-        emitter = _MatmulEmitter(self.workload, s, o)
+        emitter = MatmulEmitter(self.workload, s, o)
         plain = next(p for p in self.params() if p.name == (o.a if o.prepacked == "A" else o.b))
         packed = replace(emitter.packed_param(plain), name="packed", kind=BufferKind.OUTPUT)
         return emitter.pack_kernel(name, plain, packed)
@@ -297,281 +199,3 @@ def _largest(options: tuple[int | str, ...], fits: object) -> int:
     ints = [int(o) for o in options]
     good = [o for o in ints if fits(o)]  # type: ignore[operator]
     return max(good) if good else min(ints)
-
-
-class _MatmulEmitter:
-    def __init__(self, workload: Workload, s: MatmulSchedule, operands: Operands):
-        self.m, self.n, self.k = workload["m"], workload["n"], workload["k"]
-        self.s, self.o = s, operands
-        self.b_at, self.c_at = Affine(), Affine()  # the current product's B and C (batch > 1)
-        self.b = NestBuilder()
-        self.multi_k = self.k > s.kc
-        self.epi = Epilogue.of(workload)
-
-    def kernel(self, name: str, params: tuple[Buffer, ...]) -> Kernel:
-        s, b = self.s, self.b
-        buffers = [self.packed_param(p) for p in params]
-        if s.copy_b:
-            buffers.append(
-                Buffer("Bp", min(s.kc, self.k) * -(-min(s.nc, self.n) // s.nr) * s.nr, BufferKind.LOCAL)
-            )
-        if s.copy_a:
-            buffers.append(
-                Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL)
-            )
-        with b.loop(self.o.batch, "bn") as product:
-            self.b_at, self.c_at = product * (self.k * self.n), product * (self.m * self.n)
-            if self.multi_k:
-                self.zero_c()  # every k block then accumulates into C
-            self.blocks(s.order, {})
-        return b.kernel(name, tuple(buffers))
-
-    def packed_param(self, param: Buffer) -> Buffer:
-        """`param`, sized as its panels when it is the operand passed prepacked and read in panels."""
-        s = self.s
-        if s.passed_packed == "A" and param.name == self.o.a:
-            return replace(param, size=-(-self.m // s.mr) * s.mr * self.k)
-        if s.passed_packed == "B" and param.name == self.o.b:
-            return replace(param, size=-(-self.n // s.nr) * s.nr * self.k)
-        return param
-
-    def bias_vector(self, row: Affine, col: Affine, cols: int) -> Value:
-        """The bias of C[row, col : col + lanes] (its first `cols`): one per column, or a row's broadcast."""
-        v = self.s.lanes
-        if self.o.bias_rows:
-            return Broadcast(Load("bias", row), v)
-        return Load("bias", col, v, cols % v)
-
-    def zero_c(self) -> None:
-        """C = 0 (or the bias row plus the residual) before the k blocks accumulate into it."""
-        v = self.s.lanes
-
-        def row(i: Affine, j: Affine, cols: int) -> None:
-            bias = self.bias_vector(i, j, cols)
-            residual = Load("residual", self.c_at + i * self.n + j, v, cols % v)
-            value = self.epi.initial(v, bias, residual)
-            self.b.store(self.o.c, self.c_at + i * self.n + j, value, v, cols)
-
-        with self.b.loop(self.m, "zi") as i:
-            self.b.split(self.n, v, lambda j, cols: row(i, j, cols), "zj")
-
-    def blocks(self, order: str, ctx: dict[str, tuple[Affine, int]]) -> None:
-        if not order:
-            self.macro(ctx)
-            return
-        axis, rest = order[0], order[1:]
-        extent, tile = {"m": (self.m, self.s.mc), "n": (self.n, self.s.nc), "k": (self.k, self.s.kc)}[axis]
-
-        def body(offset: Affine, size: int, last: bool = True) -> None:
-            inner = {**ctx, axis: (offset, size)}
-            if axis == "k" and not last:
-                inner["not_last_k"] = (offset, 0)  # the clamp waits for the last k block
-            # Pack a panel as soon as the loops that fix it are open (BLIS: B per (jc,pc), A per (ic,pc)).
-            if self.s.copy_b and axis == packed_at(self.s.order, "B"):
-                self.pack_b(inner)
-            if self.s.copy_a and axis == packed_at(self.s.order, "A"):
-                self.pack_a(inner)
-            self.blocks(rest, inner)
-
-        if axis == "k" and self.epi.clamps and self.multi_k:
-            split_edges(self.b, extent, tile, lambda o, size, _first, last: body(o, size, last), "kc")
-        else:
-            self.b.split(extent, tile, body, f"{axis}c")
-
-    def pack_b(self, ctx: dict[str, tuple[Affine, int]]) -> None:
-        """Bp[strip][kk][nr] = B[k0+kk, n0+strip*nr : +nr], zero-padded past the last column."""
-        s = self.s
-        (n0, ncur), (k0, kcur) = ctx["n"], ctx["k"]
-        self.copy_strips(n0, ncur, k0, kcur, "Bp", lambda js, kk: div(js, s.nr) * (kcur * s.nr) + kk * s.nr)
-
-    def copy_strips(
-        self, n0: Affine, ncur: int, k0: Affine, kcur: int, dst: str, at: Callable[[Affine, Affine], Affine]
-    ) -> None:
-        """dst[at(js, kk) + 0:nr] = B[k0+kk, n0+js : +nr] for each strip js of the block, zero past n."""
-        s, b = self.s, self.b
-
-        def strip(js: Affine, ncols: int) -> None:
-            with b.loop(kcur, "pbk") as kk:
-                for c in range(s.nv):
-                    cols = min(max(ncols - c * s.lanes, 0), s.lanes)
-                    src = self.b_at + (k0 + kk) * self.n + n0 + js + c * s.lanes
-                    value: Value = (
-                        Load(self.o.b, src, s.lanes, cols % s.lanes) if cols else Const(0.0, s.lanes)
-                    )
-                    b.store(dst, at(js, kk) + c * s.lanes, value, s.lanes)
-
-        b.split(ncur, s.nr, strip, "pbj")
-
-    def pack_a(self, ctx: dict[str, tuple[Affine, int]]) -> None:
-        """Ap[panel][kk][rows] = A[m0+panel*mr+r, k0+kk]: the broadcasts then stream contiguously."""
-        s = self.s
-        (m0, mcur), (k0, kcur) = ctx["m"], ctx["k"]
-        self.copy_panels(
-            m0, mcur, k0, kcur, "Ap", lambda io, kk, rows: div(io, s.mr) * (kcur * s.mr) + kk * rows
-        )
-
-    def copy_panels(
-        self,
-        m0: Affine,
-        mcur: int,
-        k0: Affine,
-        kcur: int,
-        dst: str,
-        at: Callable[[Affine, Affine, int], Affine],
-        pad: bool = False,
-    ) -> None:
-        """dst[at(io, kk, rows) + r] = A[m0+io+r, k0+kk] for each panel io of `rows` rows of the block; with
-        `pad`, zeros in rows past m up to mr (the prepacked layout's whole panels)."""
-        s, b = self.s, self.b
-
-        def panel(io: Affine, rows: int) -> None:
-            with b.loop(kcur, "pak") as kk:
-                for r in range(s.mr if pad else rows):
-                    src: Value = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk) if r < rows else Const(0.0)
-                    b.store(dst, at(io, kk, rows) + r, src)
-
-        b.split(mcur, s.mr, panel, "pai")
-
-    def panel_index(self, start: Affine | int, kk: Affine | int) -> Affine:
-        """Where row `kk` of the prepacked operand's panel starting at row (A) or column (B) `start` is:
-        whole-k panels of `width` = mr rows (A) or nr columns (B), each k x width (`prepack`)."""
-        width = self.s.mr if self.s.passed_packed == "A" else self.s.nr
-        return div(Affine.of(start), width) * (self.k * width) + Affine.of(kk) * width
-
-    def pack_kernel(self, name: str, plain: Buffer, packed: Buffer) -> Kernel:
-        """The nest that writes `packed` (the prepacked operand as the kernel reads it) from `plain` (the
-        operand in the workload's layout): through `panel_index`, the index the kernel reads by."""
-        s, b = self.s, self.b
-        zero = Affine()
-        if s.passed_packed == "B":
-            self.copy_strips(zero, self.n, zero, self.k, packed.name, self.panel_index)
-        elif s.passed_packed == "A":
-            self.copy_panels(
-                zero, self.m, zero, self.k, packed.name, lambda io, kk, _: self.panel_index(io, kk), True
-            )
-        else:  # the config reads the operand as it is: the packed form is a copy
-            b.split(
-                plain.size,
-                s.lanes,
-                lambda i, n: b.store(packed.name, i, Load(plain.name, i, s.lanes, n % s.lanes), s.lanes, n),
-                "cp",
-            )
-        return b.kernel(name, (plain, packed))
-
-    def macro(self, ctx: dict[str, tuple[Affine, int]]) -> None:
-        s, b = self.s, self.b
-        (_, mcur), (_, ncur) = ctx["m"], ctx["n"]
-
-        def rows(io: Affine, nrows: int, jo: Affine, ncols: int) -> None:
-            self.micro(ctx, io, nrows, jo, ncols)
-
-        if s.inner == "nm":
-            b.split(
-                ncur,
-                s.nr,
-                lambda jo, nc: b.split(mcur, s.mr, lambda io, mr: rows(io, mr, jo, nc), "ir"),
-                "jr",
-            )
-        else:
-            b.split(
-                mcur,
-                s.mr,
-                lambda io, mr: b.split(ncur, s.nr, lambda jo, nc: rows(io, mr, jo, nc), "jr"),
-                "ir",
-            )
-
-    def prefetch_strip(self, col: Affine, row: Affine) -> None:
-        """Prefetch the prepacked B strip of column `col`, `prefetch_bytes` past its row `row`: a line per
-        64 bytes of the row, interleaved with the FMAs of the k step that reads `row` (BLIS and MLAS
-        prefetch their packed micro-panels the same way). In a network the weights arrive cold: read
-        once per run, evicted by the other layers in between (docs/networks.md, "Where the time goes
-        inside the network"); touching them serially before the kernel costs what it saves, the loads
-        must overlap the FMAs. A one-row tile (a classifier, m = 1) is left alone: it does one FMA per
-        loaded vector, and a prefetch per line made it slower. The addresses may run past the strip
-        (the next strip, or past the end of B): a prefetch never faults (LangRef "llvm.prefetch")."""
-        s = self.s
-        ahead = self.panel_index(col, row) + s.prefetch_bytes // 4
-        for line in range(0, s.nr, 16):  # 16 floats per 64-byte cache line
-            self.b.prefetch(self.o.b, ahead + line)
-
-    def b_vector(
-        self, ctx: dict[str, tuple[Affine, int]], jo: Affine, kk: Affine, c: int, count: int
-    ) -> Value:
-        """Vector c of B's row k0 + kk in the register tile at column jo: from the packed strip, the
-        prepacked whole-k strips, or B itself."""
-        s = self.s
-        (n0, _), (k0, kcur), lanes = ctx["n"], ctx["k"], s.lanes
-        if s.copy_b:
-            return Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
-        if s.passed_packed == "B":  # whole-k strips of the whole B (`prepack`)
-            return Load(self.o.b, self.panel_index(n0 + jo, k0 + kk) + c * lanes, lanes)
-        return Load(self.o.b, self.b_at + (k0 + kk) * self.n + n0 + jo + c * lanes, lanes, count)
-
-    def a_value(
-        self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, r: int, kk: Affine
-    ) -> Broadcast:
-        """A[i + r, k0 + kk] broadcast: from the packed panel, the prepacked whole-k panels, or A itself;
-        read in place on a lane-FMA target, as lane kk % lanes of a vector of `lanes` consecutive steps."""
-        s = self.s
-        (m0, _), (k0, kcur), lanes = ctx["m"], ctx["k"], s.lanes
-        if s.copy_a:
-            return Broadcast(Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r), lanes)
-        if s.passed_packed == "A":  # whole-k panels of the whole A, mr rows each (`prepack`)
-            return Broadcast(Load(self.o.a, self.panel_index(m0 + io, k0 + kk) + r), lanes)
-        row = (m0 + io + r) * self.k + k0
-        group = lane_group(kk, kcur, lanes) if s.lane_fma else None
-        if group is None:
-            return Broadcast(Load(self.o.a, row + kk), lanes)
-        start, lane = group
-        return Broadcast(Load(self.o.a, row + start, lanes), lanes, lane)
-
-    def micro(
-        self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, jo: Affine, ncols: int
-    ) -> None:
-        """The register tile: acc[r][c] += broadcast(A[i+r, kk]) * B[kk, j + c*lanes : +lanes]."""
-        s, b = self.s, self.b
-        (m0, _), (n0, _), (k0, kcur) = ctx["m"], ctx["n"], ctx["k"]
-        lanes, nvec = s.lanes, -(-ncols // s.lanes)
-        counts = [min(ncols - c * lanes, lanes) % lanes for c in range(nvec)]  # 0 = full vector
-        acc = [[b.register(f"acc{r}_{c}", lanes) for c in range(nvec)] for r in range(rows)]
-        breg = [b.register(f"b{c}", lanes) for c in range(nvec)]
-
-        def c_index(r: int, c: int) -> Affine:
-            return self.c_at + (m0 + io + r) * self.n + n0 + jo + c * lanes
-
-        for r in range(rows):
-            for c in range(nvec):
-                if self.multi_k:
-                    init: Value = Load(self.o.c, c_index(r, c), lanes, counts[c])
-                else:
-                    init = self.epi.initial(
-                        lanes,
-                        self.bias_vector(m0 + io + r, n0 + jo + c * lanes, counts[c]),
-                        Load("residual", c_index(r, c), lanes, counts[c]),
-                    )
-                b.assign(acc[r][c], init)
-
-        def step(kk: Affine) -> None:
-            if s.passed_packed == "B" and s.prefetch_bytes and rows > 1:
-                self.prefetch_strip(n0 + jo, k0 + kk)
-            bvec = [self.b_vector(ctx, jo, kk, c, counts[c]) for c in range(nvec)]
-            a = [self.a_value(ctx, io, rows, r, kk) for r in range(rows)]
-            if any(isinstance(x.value, Load) and x.value.lanes > 1 for x in a):
-                # Each A vector holds `lanes` steps of its row: with B outermost only one B vector is live
-                # beside the accumulators and the rows' A vectors (`tile_registers` with lane_fma).
-                for c in range(nvec):
-                    b.assign(breg[c], bvec[c])
-                    for r in range(rows):
-                        b.assign(acc[r][c], MulAdd(a[r], breg[c], acc[r][c]))
-                return
-            for c in range(nvec):
-                b.assign(breg[c], bvec[c])
-            for r in range(rows):
-                for c in range(nvec):
-                    b.assign(acc[r][c], MulAdd(a[r], breg[c], acc[r][c]))
-
-        unrolled(b, kcur, s.unroll_k, step, "k")
-        last = "not_last_k" not in ctx
-        for r in range(rows):
-            for c in range(nvec):
-                b.store(self.o.c, c_index(r, c), self.epi.apply(acc[r][c], lanes, last), lanes, counts[c])
