@@ -248,9 +248,10 @@ def per_block_conv2d_prepack(template: Conv2dTemplate, config: Config, weights: 
     return out
 
 
+DIRECT = CONV.replace(",bias=1", ",algo=direct,bias=1")  # the direct template alone, not the sum
 CONV_LAYOUTS = [
-    CONV,
-    CONV.replace(",prepacked=1", ",layout=nhwc,prepacked=1"),
+    DIRECT,
+    DIRECT.replace(",algo=direct", ",layout=nhwc,algo=direct"),
     "conv2d:n=1,c=37,h=13,w=13,k=45,r=3,s=3,stride=2,pad=1,prepacked=1",  # stride 2, channel tails
     "conv2d:n=1,c=37,h=13,w=13,k=45,r=3,s=3,stride=2,pad=1,layout=nhwc,prepacked=1",
     "conv2d:n=2,c=70,h=9,w=9,k=130,r=5,s=3,stride=1,pad=2,layout=nhwc,prepacked=1",  # r != s, block tails
