@@ -143,3 +143,51 @@ def _io_quantization(data: bytes) -> list[tuple[float, int]]:
     interpreter = Interpreter(model_content=data)
     found = [*interpreter.get_input_details(), *interpreter.get_output_details()]
     return [(float(np.float32(d["quantization"][0])), int(d["quantization"][1])) for d in found]
+
+
+def _clipped_matmul(tflite: bool) -> onnx.ModelProto:
+    """QDQ x[2, 4] @ w -> Clip(0, 6) -> QuantizeLinear of scale 12: the clamp's upper bound is 6 / 12 =
+    0.5 steps above the zero point, a tie."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = {
+        "sx": np.float32(0.1),
+        "zx": np.int8(0),
+        "w": np.ones((4, 3), np.int8),
+        "sw": np.float32(0.5),
+        "zw": np.int8(0),
+        "sy": np.float32(12.0),
+        "zy": np.int8(3),
+        "lo": np.float32(0.0),
+        "hi": np.float32(6.0),
+    }
+    node = helper.make_node
+    nodes = [
+        node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+        node("DequantizeLinear", ["xq", "sx", "zx"], ["xf"]),
+        node("DequantizeLinear", ["w", "sw", "zw"], ["wf"]),
+        node("MatMul", ["xf", "wf"], ["h"]),
+        node("Clip", ["h", "lo", "hi"], ["c"]),
+        node("QuantizeLinear", ["c", "sy", "zy"], ["yq"]),
+        node("DequantizeLinear", ["yq", "sy", "zy"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "clipped",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    if tflite:
+        helper.set_model_props(model, {REQUANT_PROP: "tflite"})
+    return model
+
+
+@pytest.mark.parametrize(("tflite", "hi"), [(False, 3), (True, 4)])
+def test_a_fused_clamp_bound_on_a_tie_rounds_as_the_models_reference_does(tflite: bool, hi: int) -> None:
+    """ONNX's QuantizeLinear rounds 0.5 to even (0); TFLite's CalculateActivationRangeQuantized rounds it
+    away from zero (1)."""
+    (node,) = [n for n in load_graph(_clipped_matmul(tflite)).nodes if n.op == "QLinearMatMul"]
+    assert node.attrs["out_lo"] == 3 and node.attrs["out_hi"] == hi
+    assert node.attrs.get("requant", "onnx") == ("tflite" if tflite else "onnx")
