@@ -17,6 +17,7 @@ import xtune
 from tests.tflite_nets import SAME, VALID, Net
 from tests.tflite_run import feeds, litert, litert_ranges, quantized
 from xtune.boards.board import get_board
+from xtune.errors import InputError
 from xtune.firmware.build import build_model
 from xtune.firmware.network_bench import random_input, run_network
 from xtune.frontend.load import load_graph
@@ -134,6 +135,9 @@ def test_an_int8_nhwc_input_and_output_need_no_int8_layout_conversion(tmp_path: 
         x = random_input((1, 12, 12, 3), seed, "int8")
         got, _ = run_network(get_board("local"), artifact, x)
         np.testing.assert_array_equal(got, litert(data, [x], reference=True)[0])
+    with pytest.raises(InputError, match="transposes the int8 tensor") as refused:
+        build_model(path, HOST, layout="nchw")  # there the int8 input would have to move: refused
+    assert "\n" not in str(refused.value)
 
 
 def _io_quantization(data: bytes) -> list[tuple[float, int]]:
