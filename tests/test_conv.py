@@ -185,7 +185,7 @@ def test_kernels_correct_on_host(key: str) -> None:
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_channel_blocks_accumulate_then_apply_relu(layout: str) -> None:
     """Several input-channel blocks (first, middle loop, tail): bias once, ReLU only at the end."""
-    key = f"conv2d:n=1,c=9,h=6,w=7,k=11,r=3,s=3,stride=1,pad=1,layout={layout},bias=1,relu=1"
+    key = f"conv2d:n=1,c=9,h=6,w=7,k=11,r=3,s=3,stride=1,pad=1,layout={layout},bias=1,relu=1,algo=direct"
     template = template_for(parse_workload(key), get_board("local").target)
     values = {**template.default_config().as_dict(), "tile_ic": 2, "tile_oc": 8, "tile_ow": 4, "tile_oh": 2}
     indices = [

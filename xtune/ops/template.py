@@ -77,13 +77,21 @@ SUM_TAG = "algo"  # a sum's tag knob, and the workload key that forces one of it
 
 class SumTemplate:
     """Templates of one workload as one space, the sum of theirs (SumSpace, its tag knob `algo`): each
-    config is one part's, built, packed and fed by that part's template. The default is part 0's (so a
-    sum's first part keeps its indices, default and logs); `seeds` adds every other part's default."""
+    config is one part's, built, packed and fed by that part's template. Part 0 keeps its indices (so its
+    logs resume as the sum's); the default config (what an untuned build runs) is part `default_part`'s
+    default, the family's pick; `seeds` holds every part's default."""
 
-    def __init__(self, workload: Workload, target: Target, parts: Sequence[tuple[str, ScheduleTemplate]]):
+    def __init__(
+        self,
+        workload: Workload,
+        target: Target,
+        parts: Sequence[tuple[str, ScheduleTemplate]],
+        default_part: int = 0,
+    ):
         self.workload = workload
         self.target = target
         self.parts = tuple(parts)
+        self.default_part = default_part
         self.sum: SumSpace = sum_space(SUM_TAG, [(name, t.space) for name, t in self.parts])
         self.space: ConfigSpace = self.sum
 
@@ -98,7 +106,7 @@ class SumTemplate:
         return self.space.config(int(self.sum.offsets[part]) + config.index)
 
     def default_config(self) -> Config:
-        return self.of_part(0, self.parts[0][1].default_config())
+        return self.of_part(self.default_part, self.parts[self.default_part][1].default_config())
 
     def seeds(self) -> tuple[Config, ...]:
         """Every part's default: each algorithm measured at least once, whatever a model predicts."""

@@ -27,7 +27,7 @@ from xtune.ops.conv import (
     windows,
 )
 from xtune.ops.conv2d.direct import Conv2dTemplate
-from xtune.ops.conv2d.features import AUTO, DIRECT, WINOGRAD
+from xtune.ops.conv2d.features import AUTO, DIRECT, WINOGRAD, auto_features
 from xtune.ops.conv2d.winograd import WinogradTemplate, fits_stack
 from xtune.ops.epilogue import (
     ACTIVATION,
@@ -195,7 +195,12 @@ class Conv2d:
             return WinogradTemplate(wl, target)
         if algo == "auto" and winograd_applies(wl, Layout(wl.value("layout"))):
             parts = (("direct", Conv2dTemplate(wl, target)), ("winograd", WinogradTemplate(wl, target)))
-            return SumTemplate(wl, target, parts)
+            both = SumTemplate(wl, target, parts)
+            # An untuned build runs the algorithm whose default config the analytic estimate rates higher
+            # (the estimate in the direct's units, AUTO's last column): Winograd on the deep 3x3 layers,
+            # direct where few channels leave its transforms unpaid.
+            estimates = auto_features(both, np.array([c.index for c in both.seeds()]))[:, -1]
+            return SumTemplate(wl, target, parts, default_part=int(np.argmax(estimates)))
         return Conv2dTemplate(wl, target)
 
     def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
