@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import math
 import sys
@@ -13,6 +14,19 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Command:
+    """A subcommand's handler by module and function name, imported only when the command runs: building the
+    parser (`--help`, `--version`, a mistyped flag) then loads none of the commands' libraries."""
+
+    module: str  # e.g. "xtune.cli.tune"
+    function: str  # e.g. "cmd_tune", a Handler
+
+    def resolve(self) -> Handler:
+        handler: Handler = getattr(importlib.import_module(self.module), self.function)
+        return handler
 
 
 class _Parser(argparse.ArgumentParser):
