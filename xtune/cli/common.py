@@ -23,8 +23,15 @@ class Command:
 
     module: str  # e.g. "xtune.cli.tune"
     function: str  # e.g. "cmd_tune", a Handler
+    # The libraries the handler imports first thing (xgboost, scipy, paramiko, onnx behind them), loaded by
+    # `resolve` so that `main` imports them with Ctrl-C held, as it imports the parser: a KeyboardInterrupt
+    # inside an extension module's initialization can leave CPython to end the process by SIGINT after
+    # xtune's own "interrupted" line, and numpy's import turns one into an ImportError.
+    loads: tuple[str, ...] = ()
 
     def resolve(self) -> Handler:
+        for name in self.loads:
+            importlib.import_module(name)
         handler: Handler = getattr(importlib.import_module(self.module), self.function)
         return handler
 

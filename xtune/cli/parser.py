@@ -55,11 +55,19 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="xgboost threads (default %(default)s; 0 = every core, best on an otherwise idle machine)",
     )
     t.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    t.set_defaults(handler=Command(module="xtune.cli.kernels", function="cmd_model_train"))
+    t.set_defaults(
+        handler=Command(
+            module="xtune.cli.kernels", function="cmd_model_train", loads=("xtune.transfer.pretrained",)
+        )
+    )
     i = model_sub.add_parser("info", help="print a model file's manifest")
     i.add_argument("model")
     i.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    i.set_defaults(handler=Command(module="xtune.cli.kernels", function="cmd_model_info"))
+    i.set_defaults(
+        handler=Command(
+            module="xtune.cli.kernels", function="cmd_model_info", loads=("xtune.transfer.modelfile",)
+        )
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=_float_in(0.001, 3600), default=3.0, help="seconds per SSH reachability check"
     )
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=Command(module="xtune.cli.boards", function="cmd_boards"))
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.boards", function="cmd_boards", loads=("xtune.boards.board", "xtune.boards.ssh")
+        )
+    )
 
     p = sub.add_parser("deploy", help="build and upload the agent to an SSH board, record its fingerprint")
     p.add_argument("--board", required=True)
@@ -99,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="trust the host key offered if known_hosts has none, and record it",
     )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.set_defaults(handler=Command(module="xtune.cli.boards", function="cmd_deploy"))
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.boards", function="cmd_deploy", loads=("xtune.boards.board", "xtune.boards.ssh")
+        )
+    )
 
     p = sub.add_parser(
         "tune",
@@ -178,20 +194,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     _add_layout(p)
-    p.set_defaults(handler=Command(module="xtune.cli.tune", function="cmd_tune"))
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.tune",
+            function="cmd_tune",
+            loads=("xtune.tuning.run", "xtune.tuning.task_scheduler"),
+        )
+    )
 
     p = sub.add_parser("best", help="the best correct config per workload and target in tuning logs")
     p.add_argument("--log", required=True, action="append")
     p.add_argument("--workload")
     p.add_argument("--target")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=Command(module="xtune.cli.kernels", function="cmd_best"))
+    p.set_defaults(
+        handler=Command(module="xtune.cli.kernels", function="cmd_best", loads=("xtune.tuning.report",))
+    )
 
     p = sub.add_parser("report", help="summary table of a tuning log, and a convergence plot")
     p.add_argument("log", nargs="+")
     p.add_argument("--plot", metavar="PNG", help="write the convergence plot (needs xtune[plot])")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=Command(module="xtune.cli.kernels", function="cmd_report"))
+    p.set_defaults(
+        handler=Command(module="xtune.cli.kernels", function="cmd_report", loads=("xtune.tuning.report",))
+    )
 
     p = sub.add_parser(
         "bench",
@@ -223,7 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_nonfinite(p)
     _add_layout(p)
-    p.set_defaults(handler=Command(module="xtune.cli.kernels", function="cmd_bench"))
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.kernels", function="cmd_bench", loads=("xtune.tuning.kernel_bench",)
+        )
+    )
 
     p = sub.add_parser("build", help="one object + C header of the best (or default) kernels for firmware")
     p.add_argument("--target", default=None, help="target name, see `xtune targets` (default: the host's)")
@@ -249,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_nonfinite(p)
     _add_layout(p)
-    p.set_defaults(handler=Command(module="xtune.cli.kernels", function="cmd_build"))
+    p.set_defaults(
+        handler=Command(module="xtune.cli.kernels", function="cmd_build", loads=("xtune.firmware.kernels",))
+    )
 
     p = sub.add_parser("tasks", help="the unique tuning tasks of an ONNX model (fused epilogues included)")
     p.add_argument("model", help="ONNX or TFLite model file, e.g. resnet18.onnx")
@@ -257,7 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", action="append", help="tuning log(s): show which tasks already have a best")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     _add_layout(p)
-    p.set_defaults(handler=Command(module="xtune.cli.networks", function="cmd_tasks"))
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.networks",
+            function="cmd_tasks",
+            loads=("xtune.frontend.tasks", "xtune.frontend.load"),
+        )
+    )
 
     _add_model_parser(sub)
     return parser
