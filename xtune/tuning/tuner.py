@@ -185,11 +185,11 @@ class ModelTuner(Tuner):
     base is the one whose own picks measured fastest (the pretrained one on a tie), so a model of other
     hardware that misleads on this board stops steering the search.
 
-    Whatever the prior, the first batch holds the seed configs `seeds` (the template's default) and, with an
-    `estimate` that is not already one of the priors, the estimate's own top pick: a model of another
-    machine can rank every config it picks far below the default (38 % of the default's speed for a
-    held-out stride-2 layer's first 8 trials, docs/benchmarks.md), so a warm start then starts no lower
-    than these."""
+    Whatever the prior, the first batch holds the seed configs `seeds` (the template's default; a sum's
+    every algorithm's, `ops.template.seed_configs`) and, with an `estimate` that is not already one of
+    the priors, the estimate's own top pick: a model of another machine can rank every config it picks
+    far below the default (38 % of the default's speed for a held-out stride-2 layer's first 8 trials,
+    docs/benchmarks.md), so a warm start then starts no lower than these."""
 
     def __init__(
         self,
