@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = build_parser().parse_args(argv)
             command: Command = args.handler
             with _signals_held():
-                handler: Handler = command.resolve()  # the command's own module; its libraries as it runs
+                handler: Handler = command.resolve()  # its module and first libraries (Command.loads)
         except KeyboardInterrupt:
             print("xtune: interrupted", file=sys.stderr)
             return 130
