@@ -41,7 +41,8 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
 from xtune.tuning.database import TuningLog
 from xtune.tuning.kernel_bench import retime_gflops
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer
+from xtune.tuning.measure import CompilePool, Measurer
+from xtune.tuning.options import MeasureOptions
 from xtune.tuning.peers import _seconds_per_call, ort_available, ort_session
 from xtune.tuning.run import TuneOptions, run_tuning
 

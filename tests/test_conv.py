@@ -21,7 +21,8 @@ from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import For, Stmt, Store
 from xtune.target import get_target
 from xtune.tuning.features import feature_names, features_op, featurize
-from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, MeasureStatus, build_image
+from xtune.tuning.measure import Candidate, Measurer, MeasureStatus, build_image
+from xtune.tuning.options import MeasureOptions
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0)
 

@@ -27,11 +27,11 @@ from xtune.tuning.measure import (
     BuiltImage,
     Candidate,
     CompilePool,
-    MeasureOptions,
     Measurer,
     MeasureStatus,
     build_image,
 )
+from xtune.tuning.options import MeasureOptions
 
 FAST = MeasureOptions(number=1, repeat=2, min_repeat_ms=1.0, warmup=0, timeout_ms=2000)
 SIG = "(ptr noalias %A, ptr noalias %B, ptr noalias %C)"

@@ -36,8 +36,8 @@ from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
 from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import feature_names, featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
+from xtune.tuning.options import MeasureOptions, TuneOptions
 from xtune.tuning.run import run_tuning
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)

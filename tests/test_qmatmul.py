@@ -26,7 +26,8 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.target import get_target, host_cannot_run
 from xtune.tuning.features import featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
+from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
+from xtune.tuning.options import MeasureOptions
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
 # Odd sizes: row, column and k tails (k % 4 != 0), per-tensor and per-channel, both activation types.

@@ -26,8 +26,8 @@ from xtune.ops.template import seed_configs
 from xtune.tuning.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
 from xtune.tuning.database import Record, TuningLog, read_logs
 from xtune.tuning.features import estimate_prior, features_op, featurize
-from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import MeasureOptions, TuneOptions, TunerName
 from xtune.tuning.ranking import best
 from xtune.tuning.task_scheduler import (
     ModelProgress,
@@ -37,7 +37,6 @@ from xtune.tuning.task_scheduler import (
     TaskStop,
     tune_tasks,
 )
-from xtune.tuning.tuner import TunerName
 
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
 GREEDY = SchedulerOptions(epsilon=0.0)  # the largest expected gain, every time

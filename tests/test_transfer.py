@@ -24,9 +24,9 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.template import ScheduleTemplate
 from xtune.schedule.space import Config
 from xtune.target import get_target
-from xtune.transfer.modelfile import Objective, PretrainedModel, read_model
+from xtune.transfer.modelfile import PretrainedModel, read_model
+from xtune.transfer.options import Objective, TrainOptions
 from xtune.transfer.pretrained import (
-    TrainOptions,
     TransferWarning,
     builtin_model_path,
     collect,

@@ -10,11 +10,12 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
 from xtune.files import write_atomic
+from xtune.transfer.options import Objective
 from xtune.tuning.costmodel import CostModel, XGBoostCostModel
 from xtune.tuning.features import (
     FEATURES_VERSION,
@@ -27,8 +28,6 @@ from xtune.tuning.features import (
 
 MODEL_FORMAT = 1
 _MODEL_HEAD = re.compile(rb'^\s*\{\s*"manifest"\s*:')  # a log line starts {"v": ...
-# "reg": squared error on tuning's [0, 1] throughput labels; "rank": pairwise ranking (costmodel.py)
-Objective = Literal["reg", "rank"]
 
 
 @dataclass(frozen=True, kw_only=True)

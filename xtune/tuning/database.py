@@ -22,7 +22,8 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.template import SUM_TAG, ScheduleTemplate, SumTemplate
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
-from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import MeasureOptions
 from xtune.version import __version__
 
 FORMAT_VERSION = 1

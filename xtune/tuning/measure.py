@@ -26,8 +26,9 @@ from xtune.codegen.lower import lower
 from xtune.errors import BoardError, BoardFault, LinkError, XtuneError
 from xtune.ops.registry import template_for
 from xtune.ops.template import ScheduleTemplate
-from xtune.ops.workload import RTOL, Workload, compare_output, random_inputs
+from xtune.ops.workload import Workload, compare_output, random_inputs
 from xtune.target import Target
+from xtune.tuning.options import MeasureOptions
 
 
 class MeasureStatus(Enum):
@@ -38,19 +39,6 @@ class MeasureStatus(Enum):
     TIMEOUT = "timeout"
     WRONG_ANSWER = "wrong_answer"
     BOARD_ERROR = "board_error"  # the board or its connection failed; the candidate itself may be fine
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasureOptions:
-    """How a board times a candidate; written into the log with every result."""
-
-    number: int = 1  # calls per repeat (raised by the agent until a repeat lasts min_repeat_ms)
-    repeat: int = 3
-    min_repeat_ms: float = 10.0
-    warmup: int = 1
-    timeout_ms: int = 10_000
-    flush_cache: bool = False
-    rtol: float = RTOL
 
 
 @dataclass(frozen=True)

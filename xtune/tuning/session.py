@@ -20,12 +20,10 @@ from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog, config_of, make_record, with_sum_copies
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.measure import CompilePool, Measurer, MeasureResult
+from xtune.tuning.options import CONFIRM_TIMINGS, MeasureOptions, TuneOptions
 from xtune.tuning.ranking import Leader, cpu_of, leaders, measured, of_machine, unmeasured
 from xtune.tuning.tuner import make_tuner
-
-CONFIRM_TIMINGS = 3
 
 
 class _BoardsMeasurer:

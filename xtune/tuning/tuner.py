@@ -8,7 +8,6 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Literal, get_args
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace
 from xtune.tuning.costmodel import CostModel, XGBoostCostModel
 from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import TUNERS
 from xtune.tuning.search import SpaceArrays, anneal, knob_featurizer, top_unvisited
 
 Featurize = Callable[[Sequence[int]], np.ndarray]  # config indices -> (n, features) float matrix
@@ -325,10 +325,6 @@ class ModelTuner(Tuner):
         n_random = self.n_chains - len(best) - len(ends)
         random = self.rng.integers(self.space.size, size=n_random)
         return np.concatenate([best, ends, random]).astype(np.int64)
-
-
-TunerName = Literal["xgb", "ga", "random", "grid"]
-TUNERS: tuple[TunerName, ...] = get_args(TunerName)
 
 
 def make_tuner(
