@@ -207,7 +207,11 @@ class CompilePool:
         # With wait=False, CPython 3.11's exit handler could still wake the pool's manager thread while
         # that thread closed its pipe, printing "Exception ignored ... Bad file descriptor" at the end
         # of a run (seen once in 16 `xtune tune` runs; the race of cpython issue gh-83279).
-        pool.shutdown(wait=True, cancel_futures=True)
+        # Ctrl-C inside `submit`, after the executor made its manager thread and before it started it:
+        # shutdown's join raises "cannot join thread before it is started". Nothing runs then; a worker
+        # already spawned exits with this process (_init_worker).
+        with contextlib.suppress(RuntimeError):
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the workers; one still building (the caller was interrupted, or left early) is killed, so
