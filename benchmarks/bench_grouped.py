@@ -16,7 +16,8 @@ import random
 from xtune.boards.board import get_board
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import Workload
-from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, build_image
+from xtune.tuning.measure import Candidate, Measurer, build_image
+from xtune.tuning.options import MeasureOptions
 from xtune.tuning.peers import ort_available, ort_seconds
 
 # (c = k, groups, h = w, r): ShuffleNet v1's g=3/4/8 pointwise convs, ResNeXt-50 32x4d's 3x3 groups.

@@ -7,14 +7,15 @@ ResNet-18 and MobileNetV2 (bench_layers.py's tables), each tuned through the ker
   (`xtune build --workload ...,prepacked=1`, docs/firmware.md) and read as they are by every call.
   Depthwise layers have no packed form (their weights are read as they are): both columns are one run.
 
-With --winograd packed (the default) or both, the 3x3 stride-1 layers of those forms are tuned as
-algo=winograd, the algorithm a firmware would pick for them. ONNX Runtime (one thread, every graph
+With --winograd auto (the default), the 3x3 stride-1 layers are tuned without `algo=`: direct and
+Winograd in one space, the tuner's choice (docs/design.md, Convolutions); none forces algo=direct on
+them, packed (the prepacked form) or both forces algo=winograd. ONNX Runtime (one thread, every graph
 optimization, its own prepacked weights) runs each layer as written in the same run, before and after
 xtune's re-timing (the better figure counts). Prints each layer's GFLOP/s and ratios, then the
 flops-weighted ratio per network (total time of its layers, each weighted by how often it runs).
 
 Usage: python benchmarks/bench_kernel_api.py [--nets resnet18 mobilenetv2] [--trials 64] [--rounds 3]
-       [--seed 1] [--only SUBSTRING ...] [--winograd none|packed|both]
+       [--seed 1] [--only SUBSTRING ...] [--winograd auto|none|packed|both]
 The full run tunes 74 layer forms (32 conv2d layers twice, 10 depthwise once): about 2 hours on an idle
 x86 host (a form takes 1 to 2 minutes). ORT needs the `bench` extra. The machine should be otherwise
 idle: every figure is a timing.
@@ -33,7 +34,8 @@ from bench_layers import MOBILENETV2, RESNET18, Layer  # benchmarks/ is the scri
 
 from xtune.boards.board import Board, get_board
 from xtune.ops.conv2d import winograd_eligible
-from xtune.ops.registry import parse_workload
+from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import SUM_TAG
 from xtune.ops.workload import Workload
 from xtune.tuning.database import TuningLog
 from xtune.tuning.kernel_bench import retime_gflops
@@ -61,7 +63,17 @@ def form(layer: Layer, name: str, winograd: str) -> Workload:
     extra = ",prepacked=1" if name == "prepacked" else ""
     if winograd in (name.replace("prepacked", "packed"), "both") and winograd_eligible(written):
         extra += ",algo=winograd"
+    elif winograd == "none" and winograd_eligible(written):
+        extra += ",algo=direct"
     return parse_workload(layer.workload + extra)
+
+
+def algorithm(wl: Workload, board: Board, index: int | None) -> str:
+    """ " (algo=NAME)" of a config of a conv2d whose algorithm was the tuner's to choose, else ""."""
+    if index is None:
+        return ""
+    algo = dict(template_for(wl, board.target).space.config(index).values).get(SUM_TAG)
+    return f" ({SUM_TAG}={algo})" if algo else ""
 
 
 def tuned_gflops(wl: Workload, board: Board, trials: int, seed: int, rounds: int) -> tuple[int | None, float]:
@@ -93,7 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="re-timing rounds of each shipped config")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", action="append", help="layers whose name contains this")
-    parser.add_argument("--winograd", choices=("none", "packed", "both"), default="packed")
+    parser.add_argument("--winograd", choices=("auto", "none", "packed", "both"), default="auto")
     args = parser.parse_args()
     board = get_board("local")
     print(
@@ -118,7 +130,7 @@ def main() -> None:
                     gflops[name], keys[name] = gflops[done], keys[done]
                     continue
                 index, gflops[name] = tuned_gflops(wl, board, args.trials, args.seed, args.rounds)
-                keys[name] = f"{wl.key} #{index}"
+                keys[name] = f"{wl.key} #{index}{algorithm(wl, board, index)}"
             ort = max(ort, ort_gflops(written) or math.nan)  # a quiet spell must not flatter xtune
             row = Row(layer=layer, ort=ort, gflops=gflops, keys=keys)
             rows.setdefault(net, []).append(row)

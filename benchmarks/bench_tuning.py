@@ -14,10 +14,9 @@ import time
 
 from xtune.boards.board import get_board
 from xtune.ops.registry import parse_workload
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.options import TuneOptions, TunerName
 from xtune.tuning.peers import ort_gflops
 from xtune.tuning.run import local_numpy_gflops, run_tuning
-from xtune.tuning.tuner import TunerName
 
 
 def vs_numpy() -> None:

@@ -37,7 +37,8 @@ from xtune.boards.board import CycleCountingSession, LocalBoard, QemuBoard, loca
 from xtune.boards.cost import CostUnit
 from xtune.boards.cycles import BlockRun, block_summary, cycle_model
 from xtune.ops.registry import parse_workload, template_for
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer
+from xtune.tuning.measure import CompilePool, Measurer
+from xtune.tuning.options import MeasureOptions
 
 # One layer per operator, from MobileNetV2 1.0 at 224x224 (benchmarks/make_networks.py): the first
 # block-2 expansion as a matmul (14x14 pixels, 96 -> 576 channels), the stem convolution, and a 14x14x384

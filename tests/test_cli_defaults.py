@@ -12,9 +12,8 @@ import pytest
 import xtune
 from xtune.cli import build_parser, main
 from xtune.target import host_target
-from xtune.transfer.pretrained import TrainOptions
-from xtune.tuning.measure import MeasureOptions
-from xtune.tuning.options import TuneOptions
+from xtune.transfer.options import TrainOptions
+from xtune.tuning.options import MeasureOptions, TuneOptions
 
 TUNE = ["tune", "--workload", "matmul:m=8,n=8,k=8"]
 TRAIN = ["model", "train", "log.jsonl", "-o", "model.json"]

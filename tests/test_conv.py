@@ -20,8 +20,9 @@ from xtune.ops.registry import features_of, parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import For, Stmt, Store
 from xtune.target import get_target
-from xtune.tuning.features import feature_names, featurize
-from xtune.tuning.measure import Candidate, MeasureOptions, Measurer, MeasureStatus, build_image
+from xtune.tuning.features import feature_names, features_op, featurize
+from xtune.tuning.measure import Candidate, Measurer, MeasureStatus, build_image
+from xtune.tuning.options import MeasureOptions
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0)
 
@@ -168,7 +169,7 @@ def test_spaces_defaults_and_features(key: str, target: str) -> None:
     template = template_for(parse_workload(key), get_target(target))
     indices = configs(key, target, 40)
     features = featurize(template, indices)
-    assert features.shape == (len(indices), len(feature_names(template.workload.op)))
+    assert features.shape == (len(indices), len(feature_names(features_op(template))))
     assert np.all(np.isfinite(features))
     kernel = template.kernel(template.default_config(), "k")
     parse_verified(lower([kernel]), template.target)  # LLVM's verifier, for every target's vector width
@@ -185,7 +186,7 @@ def test_kernels_correct_on_host(key: str) -> None:
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_channel_blocks_accumulate_then_apply_relu(layout: str) -> None:
     """Several input-channel blocks (first, middle loop, tail): bias once, ReLU only at the end."""
-    key = f"conv2d:n=1,c=9,h=6,w=7,k=11,r=3,s=3,stride=1,pad=1,layout={layout},bias=1,relu=1"
+    key = f"conv2d:n=1,c=9,h=6,w=7,k=11,r=3,s=3,stride=1,pad=1,layout={layout},bias=1,relu=1,algo=direct"
     template = template_for(parse_workload(key), get_board("local").target)
     values = {**template.default_config().as_dict(), "tile_ic": 2, "tile_oc": 8, "tile_ow": 4, "tile_oh": 2}
     indices = [
@@ -229,7 +230,7 @@ def test_transposed_weight_packing_on_every_board(board: str) -> None:
     vector width)."""
     if board != "local" and shutil.which(get_board(board).target.qemu_binary) is None:
         pytest.skip(f"needs {get_board(board).target.qemu_binary} (qemu-user)")
-    key = "conv2d:n=1,c=18,h=6,w=7,k=21,r=3,s=3,stride=1,pad=1,bias=1"
+    key = "conv2d:n=1,c=18,h=6,w=7,k=21,r=3,s=3,stride=1,pad=1,algo=direct,bias=1"
     template = template_for(parse_workload(key), get_board(board).target)
     base = template.default_config().as_dict()
     tiles = [str(t) for t in template.space.knobs[0].options]

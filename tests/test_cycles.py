@@ -37,7 +37,8 @@ from xtune.cli import main
 from xtune.errors import BoardError, BoardFault
 from xtune.ops.registry import parse_workload, template_for
 from xtune.target import get_target, load_targets
-from xtune.tuning.measure import MeasureOptions, Measurer
+from xtune.tuning.measure import Measurer
+from xtune.tuning.options import MeasureOptions
 
 HAVE_MCA = find_llvm_tools() is not None
 

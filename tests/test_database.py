@@ -31,7 +31,8 @@ from xtune.tuning.database import (
     record_from_json,
     record_to_json,
 )
-from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import MeasureOptions
 from xtune.tuning.ranking import best, measured, ranking_unit
 from xtune.tuning.report import format_table, summarize
 

@@ -23,8 +23,7 @@ from xtune.schedule.loopnest import Load, walk
 from xtune.target import get_target
 from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
-from xtune.tuning.measure import MeasureOptions
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.options import MeasureOptions, TuneOptions
 from xtune.tuning.ranking import best
 from xtune.tuning.run import run_tuning
 from xtune.tuning.tuner import make_tuner

@@ -84,7 +84,7 @@ def test_residual_is_added_once_across_channel_blocks(layout: str) -> None:
     """Several input-channel blocks: the residual starts the first one only, the clamp ends the last."""
     from xtune.ops.registry import template_for
 
-    key = f"conv2d:n=1,c=9,h=6,w=7,k=11,r=3,s=3,stride=1,pad=1,layout={layout},bias=1,residual=1,relu6=1"
+    key = f"conv2d:n=1,c=9,h=6,w=7,k=11,r=3,s=3,pad=1,layout={layout},bias=1,residual=1,relu6=1,algo=direct"
     template = template_for(parse_workload(key), get_board("local").target)
     values = {**template.default_config().as_dict(), "tile_ic": 2, "tile_oc": 8, "tile_ow": 4, "tile_oh": 2}
     check("local", key, [template.space.index_of(values), template.space.index_of({**values, "order": "kp"})])

@@ -31,11 +31,11 @@ from xtune.tuning.database import Record, TuningLog, make_record, record_from_js
 from xtune.tuning.measure import (
     MAX_BOARD_ERRORS_IN_A_ROW,
     CompilePool,
-    MeasureOptions,
     Measurer,
     MeasureResult,
     MeasureStatus,
 )
+from xtune.tuning.options import MeasureOptions
 from xtune.tuning.ranking import measured, unmeasured
 
 from .test_measure import configs

@@ -74,8 +74,8 @@ def test_the_prior_scores_by_the_estimate_column() -> None:
 RESOLVED = (
     "matmul:m=512,n=512,k=512",
     "matmul:m=37,n=200,k=71",
-    "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1",
-    "conv2d:n=1,c=512,h=14,w=14,k=512,r=3,s=3,pad=1",  # the stack budget shrinks some output blocks
+    "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1,algo=direct",
+    "conv2d:n=1,c=512,h=14,w=14,k=512,r=3,s=3,pad=1,algo=direct",  # the stack budget shrinks some blocks
     "conv2d:n=1,c=3,h=224,w=224,k=30,r=3,s=3,stride=2,pad=1,layout=nhwc",
     "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1",
     "depthwise:n=1,c=16,h=33,w=57,r=5,s=5,stride=2,pad=2",
@@ -159,7 +159,7 @@ def test_a_changed_block_rule_moves_template_and_features_together(monkeypatch: 
     monkeypatch.setattr(nhwc_template, "channel_block", lambda sh, nr, tile_k: whole_axis(tile_k, sh.k, nr))
     for workload in (
         "matmul:m=300,n=200,k=64",
-        "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1",
+        "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1,algo=direct",
         "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1",
         "depthwise:n=1,c=96,h=14,w=14,r=3,s=3,pad=1,layout=nhwc",
     ):

@@ -2,7 +2,7 @@
 tensor and per channel, and the QOperator form), built whole with `build_model`, run on the host and on
 qemu-aarch64, and compared with ONNX Runtime's output on the same input for equality; a mixed graph (int8
 matmuls, then a float Softmax); ONNX Runtime's QuantizeLinear rounding; MatMulInteger with an int8 input
-and an int32 output; and the QLinearConv refusal until an int8 conv family maps it."""
+and an int32 output; and a quantized conv as the int8 conv family's task (tests/test_qconv.py has more)."""
 
 from __future__ import annotations
 
@@ -413,18 +413,14 @@ def _qdq_conv(path: Path) -> Path:
     return _save(path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
 
-def test_a_quantized_conv_is_a_qlinearconv_refused_in_one_line_until_an_int8_conv_family_maps_it(
-    tmp_path: Path,
-) -> None:
-    """FLIPS when the int8 conv families land (their onnx_ops take QLinearConv): the model then builds
-    and must equal ONNX Runtime. Until then: one line naming the node."""
+def test_a_quantized_conv_is_a_qconv2d_task_and_equals_onnx_runtime(tmp_path: Path) -> None:
+    """The QLinearConv the import makes runs as the int8 conv family's task, in NHWC (the quantize steps
+    in the network's layout, the float input converted before its QuantizeLinear)."""
     path = _qdq_conv(tmp_path / "qconv.onnx")
     assert [n.op for n in load_graph(path).nodes] == ["QuantizeLinear", "QLinearConv", "DequantizeLinear"]
-    try:
-        artifact = build_model(path, HOST)
-    except InputError as err:
-        assert "\n" not in str(err) and "node 'conv' (QLinearConv)" in str(err)
-        return
+    tasks = xtune.tasks(path, HOST)
+    assert [t.workload.key for t in tasks.tasks] == ["qconv2d:n=1,c=4,h=6,w=6,k=8,r=3,s=3,stride=1,pad=1"]
+    artifact = build_model(path, HOST)
     x = network_input(artifact)
     got, _ = run_network(get_board("local"), artifact, x)
     assert np.array_equal(got, _ort(path, x))

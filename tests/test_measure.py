@@ -27,11 +27,11 @@ from xtune.tuning.measure import (
     BuiltImage,
     Candidate,
     CompilePool,
-    MeasureOptions,
     Measurer,
     MeasureStatus,
     build_image,
 )
+from xtune.tuning.options import MeasureOptions
 
 FAST = MeasureOptions(number=1, repeat=2, min_repeat_ms=1.0, warmup=0, timeout_ms=2000)
 SIG = "(ptr noalias %A, ptr noalias %B, ptr noalias %C)"
@@ -246,3 +246,18 @@ def test_a_failing_or_hanging_build_is_a_status_and_the_others_are_measured() ->
     assert "10 s build timeout" in results[HANGS].error
     for i in set(indices) - failed:  # before, between and after them (in flight when the pool restarted)
         assert results[i].status is MeasureStatus.OK and results[i].cost > 0, (i, results[i])
+
+
+def test_closing_a_pool_interrupted_before_its_manager_thread_started_raises_nothing() -> None:
+    """Ctrl-C can land inside `submit` between the executor making its manager thread and starting it;
+    the run's clean-up (`close`) must then stop without a traceback ("cannot join thread before it is
+    started")."""
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = CompilePool(workers=1)
+    interrupted = ProcessPoolExecutor(1)
+    interrupted._executor_manager_thread = threading.Thread(target=lambda: None)  # type: ignore[assignment]
+    pool._pool = interrupted
+    pool.close()
+    assert pool._pool is None

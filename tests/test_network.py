@@ -23,8 +23,10 @@ from xtune.errors import InputError
 from xtune.frontend.load import load_graph
 from xtune.frontend.tasks import FusedOp, TaskSet, extract_tasks
 from xtune.ops.layout import to_layout, workload_layout
-from xtune.ops.registry import family
+from xtune.ops.registry import family, template_for
+from xtune.ops.template import SumTemplate
 from xtune.schedule.space import Config
+from xtune.target import get_target
 from xtune.tuning.database import TuningLog, make_record
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 
@@ -296,7 +298,7 @@ def test_conv_same_upper_and_constant_nodes() -> None:
     w = helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(f32(4, 2, 3, 3)))
     nodes = [w, conv("conv", "x", "w", "y", auto_pad="SAME_UPPER")]
     _, op = only_op(make(nodes, {"x": [1, 2, 6, 5]}, ["y"]))
-    key = "conv2d:n=1,c=2,h=6,w=5,k=4,r=3,s=3,stride=1,pad=1,layout=nhwc,algo=winograd,prepacked=1"
+    key = "conv2d:n=1,c=2,h=6,w=5,k=4,r=3,s=3,stride=1,pad=1,layout=nhwc,prepacked=1"
     assert op.workload.key == key
 
 
@@ -304,13 +306,16 @@ def test_conv_same_upper_and_constant_nodes() -> None:
     ("kernel", "attrs", "winograd"),
     [(3, {}, True), (3, {"strides": [2, 2]}, False), (3, {"dilations": [2, 2]}, False), (5, {}, False)],
 )
-def test_a_3x3_stride_1_convolution_with_constant_weights_runs_winograd(
+def test_a_3x3_stride_1_convolution_with_constant_weights_explores_winograd(
     kernel: int, attrs: dict[str, Any], winograd: bool
 ) -> None:
-    """Task extraction's one rule for the algorithm: Winograd F(2x2, 3x3) wherever it applies."""
+    """Task extraction's one rule for the algorithm: the tuner's choice (direct and Winograd F(2x2, 3x3)
+    in one space) wherever Winograd applies, direct elsewhere; the key names no algorithm either way."""
     nodes = [conv("conv", "x", "w", "y", pads=[1, 1, 1, 1], **attrs)]
     _, op = only_op(make(nodes, {"x": [1, 4, 9, 9]}, ["y"], {"w": f32(8, 4, kernel, kernel)}))
-    assert ("algo=winograd" in op.workload.key) == winograd, op.workload.key
+    assert "algo=" not in op.workload.key, op.workload.key
+    template = template_for(op.workload, get_target("x86-avx2"))
+    assert isinstance(template, SumTemplate) == winograd, op.workload.key
 
 
 def test_initializers_declared_as_inputs_and_shape_tensors() -> None:

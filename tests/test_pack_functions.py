@@ -55,13 +55,13 @@ def test_the_pack_function_writes_what_numpy_packs_and_the_kernel_reads_it_under
     check_packs(qemu_board, key)
 
 
-def check_packs(board: str, key: str) -> None:
-    """Per config: the pack function's bytes are `kernel_inputs`' exactly, and the kernel computes the
-    reference from them."""
+def check_packs(board: str, key: str, indices: list[int] | None = None) -> None:
+    """Per config (`indices`, else the default and two random ones): the pack function's bytes are
+    `kernel_inputs`' exactly, and the kernel computes the reference from them."""
     target = get_board(board).target
     wl = parse_workload(key)
     template = template_for(wl, target)
-    indices = _configs(key, target.name)
+    indices = _configs(key, target.name) if indices is None else indices
     kernels, names = [], []
     for n, index in enumerate(indices):
         config = template.space.config(index)

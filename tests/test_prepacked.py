@@ -28,6 +28,7 @@ from xtune.ops.conv2d.direct import REDUCTIONS, Conv2dTemplate
 from xtune.ops.conv2d.direct_nest import ConvEmitter
 from xtune.ops.matmul.template import MatmulTemplate
 from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import SumTemplate
 from xtune.ops.tiles import parse_tile
 from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import Affine
@@ -35,8 +36,8 @@ from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
 from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import feature_names, featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
+from xtune.tuning.options import MeasureOptions, TuneOptions
 from xtune.tuning.run import run_tuning
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
@@ -204,7 +205,10 @@ def test_conv2d_configs_that_share_a_packed_layout_pack_and_upload_it_once(
     wl = parse_workload(CONV)
     board = get_board("local")
     template = template_for(wl, board.target)
-    base = dict(template.default_config().values)
+    assert isinstance(template, SumTemplate)
+    base = dict(
+        template.of_part(0, template.parts[0][1].default_config()).values
+    )  # the direct part's default
     tile_ow = min(int(o) for o in next(k for k in template.space.knobs if k.name == "tile_ow").options)
     same: list[dict[str, KnobValue]] = [
         {"order": "kp"},
@@ -248,9 +252,10 @@ def per_block_conv2d_prepack(template: Conv2dTemplate, config: Config, weights: 
     return out
 
 
+DIRECT = CONV.replace(",bias=1", ",algo=direct,bias=1")  # the direct template alone, not the sum
 CONV_LAYOUTS = [
-    CONV,
-    CONV.replace(",prepacked=1", ",layout=nhwc,prepacked=1"),
+    DIRECT,
+    DIRECT.replace(",algo=direct", ",layout=nhwc,algo=direct"),
     "conv2d:n=1,c=37,h=13,w=13,k=45,r=3,s=3,stride=2,pad=1,prepacked=1",  # stride 2, channel tails
     "conv2d:n=1,c=37,h=13,w=13,k=45,r=3,s=3,stride=2,pad=1,layout=nhwc,prepacked=1",
     "conv2d:n=2,c=70,h=9,w=9,k=130,r=5,s=3,stride=1,pad=2,layout=nhwc,prepacked=1",  # r != s, block tails

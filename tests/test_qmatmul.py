@@ -26,7 +26,8 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.target import get_target, host_cannot_run
 from xtune.tuning.features import featurize
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
+from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
+from xtune.tuning.options import MeasureOptions
 
 FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_ms=20_000)
 # Odd sizes: row, column and k tails (k % 4 != 0), per-tensor and per-channel, both activation types.
@@ -363,19 +364,25 @@ INSTRUCTIONS = {
 }
 
 
+def disassemble(key: str, target: str, tmp_path: Path) -> str:
+    """The default kernel of workload `key` on `target`, compiled and disassembled by the target's
+    objdump (skipped where that binutils is not installed)."""
+    t = get_target(target)
+    tool = shutil.which(OBJDUMP[t.arch])
+    if tool is None:
+        pytest.skip(f"needs {OBJDUMP[t.arch]}")
+    template = template_for(parse_workload(key), t)
+    obj = compile_object(lower([template.kernel(template.default_config(), "xt_kernel")]), t, ("xt_kernel",))
+    path = tmp_path / "kernel.o"
+    path.write_bytes(obj.data)
+    return subprocess.run([tool, "-d", str(path)], capture_output=True, text=True, check=True).stdout
+
+
 @pytest.mark.parametrize("target", list(INSTRUCTIONS))
 def test_each_target_assembles_its_dot_instruction(target: str, tmp_path: Path) -> None:
     import re
 
-    tool = shutil.which(OBJDUMP[get_target(target).arch])
-    if tool is None:
-        pytest.skip(f"needs {OBJDUMP[get_target(target).arch]}")
-    t = get_target(target)
-    template = template_for(parse_workload("qmatmul:m=8,n=64,k=64,a=u8"), t)
-    obj = compile_object(lower([template.kernel(template.default_config(), "xt_kernel")]), t, ("xt_kernel",))
-    path = tmp_path / "kernel.o"
-    path.write_bytes(obj.data)
-    text = subprocess.run([tool, "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    text = disassemble("qmatmul:m=8,n=64,k=64,a=u8", target, tmp_path)
     must, must_not = INSTRUCTIONS[target]
     assert re.search(must, text), f"{target}: no {must} in the object"
     assert not re.search(must_not, text, re.MULTILINE), f"{target}: {must_not} in the object"

@@ -22,11 +22,12 @@ from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, BoardFault, InputError
 from xtune.frontend.tasks import Task
 from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import seed_configs
 from xtune.tuning.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
 from xtune.tuning.database import Record, TuningLog, read_logs
 from xtune.tuning.features import estimate_prior, features_op, featurize
-from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import MeasureOptions, TuneOptions, TunerName
 from xtune.tuning.ranking import best
 from xtune.tuning.task_scheduler import (
     ModelProgress,
@@ -36,7 +37,6 @@ from xtune.tuning.task_scheduler import (
     TaskStop,
     tune_tasks,
 )
-from xtune.tuning.tuner import TunerName
 
 QUICK = MeasureOptions(repeat=2, min_repeat_ms=2.0, timeout_ms=2000)
 GREEDY = SchedulerOptions(epsilon=0.0)  # the largest expected gain, every time
@@ -87,23 +87,25 @@ def test_the_budget_is_spent_and_the_first_round_measures_only_every_tasks_seeds
     assert result.stop is ModelStop.TRIALS and result.trials == 12 == len(records)
     assert sum(t.trials for t in result.tasks) == 12 and all(t.resumed == 0 for t in result.tasks)
     target = get_board("local").target
-    # The first round, in task order: each task's default, then, where its operator has an analytic
-    # estimate (matmul; not the 3x3 conv2d), the estimate's top pick; nothing else.
+    # The first round, in task order: each task's default (and, for the 3x3 conv2d whose algorithm is the
+    # tuner's, Winograd's default too: `seed_configs`), then, where its operator has an analytic estimate
+    # (matmul, the conv2d's sum), the estimate's top pick; nothing else.
     at = 0
     for i, t in enumerate(SMALL):
         template = template_for(t.workload, target)
         prior = estimate_prior(features_op(template))
-        seeds = records[at : at + 1 + (prior is not None)]
-        assert [r.workload for r in seeds] == [t.workload.key] * len(seeds)
-        assert seeds[0].index == template.default_config().index
-        assert result.tasks[i].default_cost == seeds[0].cost
+        seeds = seed_configs(template)
+        first = records[at : at + len(seeds) + (prior is not None)]
+        assert [r.workload for r in first] == [t.workload.key] * len(first)
+        assert [r.index for r in first[: len(seeds)]] == seeds and seeds[0] == template.default_config().index
+        assert result.tasks[i].default_cost == first[0].cost
         if prior is not None:  # the pick scores at least as well as the best of 200 random configs
             rng = np.random.default_rng(0)
             drawn = rng.integers(template.space.size, size=200).tolist()
-            score = prior.predict(featurize(template, [seeds[1].index]))[0]
+            score = prior.predict(featurize(template, [first[-1].index]))[0]
             assert score >= prior.predict(featurize(template, drawn)).max()
-        at += len(seeds)
-    assert at == 5 == result.curve[0][0]  # the curve starts once the first round gave every task a latency
+        at += len(first)
+    assert at == 7 == result.curve[0][0]  # the curve starts once the first round gave every task a latency
     assert len({(r.workload, r.index) for r in records}) == 12  # no config measured twice
 
 
@@ -119,7 +121,7 @@ def test_the_estimate_is_count_times_best_latency(first_run: tuple[Path, ModelTu
     assert result.estimate <= result.default_estimate
     # The curve starts once every task has a latency (after the first round) and ends at the estimate.
     spent = [n for n, _ in result.curve]
-    assert spent[0] == 5 and spent == sorted(spent) and spent[-1] == 12
+    assert spent[0] == 7 and spent == sorted(spent) and spent[-1] == 12
     assert result.curve[-1][1] == pytest.approx(result.estimate)
     assert all(a >= b for (_, a), (_, b) in zip(result.curve, result.curve[1:], strict=False))
 

@@ -74,7 +74,7 @@ def test_default_config_is_in_the_space_and_uses_the_register_file(name: str) ->
 REAL_WORKLOADS = (
     "matmul:m=512,n=512,k=512",
     "matmul:m=37,n=53,k=71",
-    "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1",
+    "conv2d:n=1,c=64,h=56,w=56,k=64,r=3,s=3,pad=1,algo=direct",
     "conv2d:n=1,c=3,h=224,w=224,k=32,r=3,s=3,stride=2,pad=1,layout=nhwc",
     "depthwise:n=1,c=32,h=112,w=112,r=3,s=3,stride=2,pad=1",
 )

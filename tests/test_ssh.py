@@ -32,12 +32,12 @@ from xtune.target import get_target
 from xtune.tuning.database import TuningLog, make_record
 from xtune.tuning.measure import (
     Candidate,
-    MeasureOptions,
     Measurer,
     MeasureResult,
     MeasureStatus,
     build_image,
 )
+from xtune.tuning.options import MeasureOptions
 from xtune.tuning.ranking import measured
 
 from .test_measure import HANG, SEGFAULT, configs, image_of

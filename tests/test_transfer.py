@@ -24,9 +24,9 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.template import ScheduleTemplate
 from xtune.schedule.space import Config
 from xtune.target import get_target
-from xtune.transfer.modelfile import Objective, PretrainedModel, read_model
+from xtune.transfer.modelfile import PretrainedModel, read_model
+from xtune.transfer.options import Objective, TrainOptions
 from xtune.transfer.pretrained import (
-    TrainOptions,
     TransferWarning,
     builtin_model_path,
     collect,
@@ -36,7 +36,7 @@ from xtune.transfer.pretrained import (
 )
 from xtune.tuning.costmodel import XGBoostCostModel, grouped_throughput_target
 from xtune.tuning.database import LogWarning, Record, make_record, read_logs, record_from_json, record_to_json
-from xtune.tuning.features import FEATURES_VERSION, feature_names, featurize
+from xtune.tuning.features import FEATURES_VERSION, feature_names, features_op, featurize
 from xtune.tuning.loop import TuneProgress, tune
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.search import SpaceArrays, knob_featurizer
@@ -657,14 +657,17 @@ def test_tune_with_a_trained_model_on_the_local_board(
 
 @pytest.mark.parametrize("workload", [TUNED, "conv2d:n=1,c=8,h=10,w=10,k=16,r=3,s=3,stride=1,pad=1"])
 def test_the_shipped_model_is_usable_and_found_for_every_x86_target(workload: str) -> None:
-    """`--transfer-from builtin` on any x86 target: the model in xtune/data/models matches these features."""
-    op = parse_workload(workload).op
+    """`--transfer-from builtin` on any x86 target: the model in xtune/data/models matches these features
+    (a 3x3 stride-1 conv2d's, direct and Winograd in one space, through its direct part's booster)."""
+    family = parse_workload(workload).op
     for name in ("x86-avx2", "x86-sse42", "x86-avx512"):
+        tuned = template(workload, name)
+        op = features_op(tuned)
         path = builtin_model_path(get_target(name), op)
         model = read_model(path)  # refuses a model of another features version
-        assert {"x86-avx2", "x86-sse42"} <= set(model.manifest.targets) and op in model.manifest.ops
-        assert sum(g.records for g in model.manifest.groups if g.workload.startswith(f"{op}:")) > 1000
-        x = featurize(template(workload, name), np.arange(64))
+        assert {"x86-avx2", "x86-sse42"} <= set(model.manifest.targets) and family in model.manifest.ops
+        assert sum(g.records for g in model.manifest.groups if g.workload.startswith(f"{family}:")) > 1000
+        x = featurize(tuned, np.r_[0:32, tuned.space.size - 32 : tuned.space.size])
         assert np.isfinite(model.cost_model(op).predict(x)).all()
 
 

@@ -15,8 +15,9 @@ from xtune.schedule.space import ConfigSpace, Knob, KnobKind
 from xtune.tuning.costmodel import XGBoostCostModel, throughput_target
 from xtune.tuning.loop import StopReason, TuneProgress, tune
 from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import TUNERS
 from xtune.tuning.search import SpaceArrays, knob_featurizer
-from xtune.tuning.tuner import TUNERS, GridTuner, ModelTuner, Tuner, make_tuner
+from xtune.tuning.tuner import GridTuner, ModelTuner, Tuner, make_tuner
 
 Measure = Callable[[list[int]], list[MeasureResult]]
 

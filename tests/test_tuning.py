@@ -21,8 +21,8 @@ from xtune.transfer.modelfile import Manifest
 from xtune.tuning.database import TuningLog, make_record, read_logs
 from xtune.tuning.kernel_bench import BenchReport
 from xtune.tuning.loop import TuneProgress
-from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import MeasureOptions, TuneOptions
 from xtune.tuning.ranking import best, leaders
 from xtune.tuning.run import Confirmation, TuningReport, run_tuning
 from xtune.tuning.session import _confirm

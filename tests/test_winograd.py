@@ -54,16 +54,16 @@ def configs(template: WinogradTemplate, extra: int) -> list[int]:
 
 
 def test_algo_is_an_optional_word_with_the_direct_reference() -> None:
-    direct = parse_workload("conv2d:n=1,c=3,h=6,w=6,k=4,r=3,s=3,pad=1,layout=nhwc,algo=direct")
-    assert direct.key == "conv2d:n=1,c=3,h=6,w=6,k=4,r=3,s=3,stride=1,pad=1,layout=nhwc"
-    wino = parse_workload(direct.key + ",algo=winograd,relu=1")
-    assert wino.key == direct.key + ",algo=winograd,relu=1" and parse_workload(wino.key) == wino
-    assert (
-        wino.flops() == direct.flops() and wino.tensors() == parse_workload(direct.key + ",relu=1").tensors()
-    )
+    auto = parse_workload("conv2d:n=1,c=3,h=6,w=6,k=4,r=3,s=3,pad=1,layout=nhwc,algo=auto")
+    assert auto.key == "conv2d:n=1,c=3,h=6,w=6,k=4,r=3,s=3,stride=1,pad=1,layout=nhwc"
+    direct = parse_workload(auto.key + ",algo=direct")
+    assert direct.key == auto.key + ",algo=direct"  # forced: not the default where Winograd applies
+    wino = parse_workload(auto.key + ",algo=winograd,relu=1")
+    assert wino.key == auto.key + ",algo=winograd,relu=1" and parse_workload(wino.key) == wino
+    assert wino.flops() == direct.flops() and wino.tensors() == parse_workload(auto.key + ",relu=1").tensors()
     inputs = random_inputs(wino)
     np.testing.assert_array_equal(
-        wino.reference(inputs), parse_workload(direct.key + ",relu=1").reference(inputs)
+        wino.reference(inputs), parse_workload(auto.key + ",relu=1").reference(inputs)
     )
     assert isinstance(template_for(wino, get_target("x86-avx2")), WinogradTemplate)
 
@@ -76,7 +76,7 @@ def test_algo_is_an_optional_word_with_the_direct_reference() -> None:
         ("r=1,s=1,algo=winograd", "got r=1, s=1"),
         ("r=3,s=3,stride=2,algo=winograd", "got r=3, s=3, stride=2, dilation=1"),
         ("r=3,s=3,dilation=2,algo=winograd", "got r=3, s=3, stride=1, dilation=2"),
-        ("r=3,s=3,algo=fft", "'algo' must be one of direct, winograd"),
+        ("r=3,s=3,algo=fft", "'algo' must be one of auto, direct, winograd"),
     ],
 )
 def test_ineligible_convolutions_are_refused(items: str, message: str) -> None:

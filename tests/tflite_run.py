@@ -37,12 +37,19 @@ def _interpreter(data: bytes, xs: list[np.ndarray], **options: Any) -> Any:
     return interpreter
 
 
-def litert(data: bytes, xs: list[np.ndarray], builtin: bool = False) -> list[np.ndarray]:
-    """LiteRT's outputs: as it runs by default (XNNPACK where it applies), or with `builtin` its own
-    kernels only (XNNPACK rejects some int8 operand scales that TFLite's own kernels requantize)."""
+def litert(
+    data: bytes, xs: list[np.ndarray], builtin: bool = False, reference: bool = False
+) -> list[np.ndarray]:
+    """LiteRT's outputs: as it runs by default (XNNPACK where it applies), with `builtin` its own
+    kernels only (XNNPACK rejects some int8 operand scales that TFLite's own kernels requantize), with
+    `reference` its reference kernels (tensorflow/lite/kernels/internal/reference/)."""
     from ai_edge_litert.interpreter import OpResolverType
 
-    resolver = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if builtin else OpResolverType.AUTO
+    resolver = OpResolverType.AUTO
+    if builtin or reference:
+        resolver = (
+            OpResolverType.BUILTIN_REF if reference else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        )
     interpreter = _interpreter(data, xs, experimental_op_resolver_type=resolver)
     return [np.array(interpreter.get_tensor(d["index"])) for d in interpreter.get_output_details()]
 

@@ -12,9 +12,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
-from xtune.boards import agent_build, ssh
+from xtune.boards import agent_build
 from xtune.boards.agent import AgentSession, RunReply, RunRequest, SubprocessTransport, Transport
 from xtune.boards.agent_build import agent_version, build_agent
+from xtune.boards.config import load_boards
 from xtune.boards.cost import CostUnit
 from xtune.boards.cycles import BlockCycles, BlockRun, CycleModel, cycle_model, parse_block_line, total_cycles
 from xtune.errors import BoardError, BoardFault, InputError
@@ -292,8 +293,8 @@ _QEMU_BOARDS = {
 
 
 def board_names(boards_file: Path | None = None) -> list[str]:
-    """Built-in board names, then the SSH boards of boards.toml (see ssh.find_boards_file)."""
-    return ["local", *_QEMU_BOARDS, *ssh.load_boards(boards_file)]
+    """Built-in board names, then the SSH boards of boards.toml (see config.find_boards_file)."""
+    return ["local", *_QEMU_BOARDS, *load_boards(boards_file)]
 
 
 def get_board(
@@ -314,10 +315,14 @@ def get_board(
             raise InputError(why)
         board: Board = qemu
     else:
-        configs = ssh.load_boards(boards_file)
+        configs = load_boards(boards_file)
         if name not in configs:
             raise InputError(f"unknown board '{name}' (known: {', '.join(board_names(boards_file))})")
-        board = ssh.SshBoard(configs[name], get_target(configs[name].target))
+        # paramiko (a fifth of a second of imports) only for an SSH board: local and qemu runs, and the
+        # commands that merely read logs through this module (`xtune tasks`), never load it.
+        from xtune.boards.ssh import SshBoard
+
+        board = SshBoard(configs[name], get_target(configs[name].target))
     if target is not None and get_target(target) != board.target:
         raise InputError(
             f"board '{name}' runs {board.target.name} code; --target {target} is only for the local board"

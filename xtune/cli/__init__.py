@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from xtune.cli.common import Handler, one_line
+from xtune.cli.common import Command, Handler, one_line
 from xtune.errors import XtuneError
 
 if TYPE_CHECKING:
@@ -28,8 +28,8 @@ __all__ = ["build_parser", "main"]
 
 
 def __getattr__(name: str) -> object:
-    """`build_parser`, imported on first use: the parser imports numpy and every command's module, which
-    `main` does inside its Ctrl-C handling."""
+    """`build_parser`, imported on first use: the parser imports numpy, which `main` does inside its
+    Ctrl-C handling."""
     if name == "build_parser":
         from xtune.cli.parser import build_parser
 
@@ -48,12 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = _show_warning
         try:
             with _signals_held():
-                from xtune.cli.parser import build_parser  # half a second of imports (numpy among them)
+                from xtune.cli.parser import build_parser  # numpy and the options' defaults
             args = build_parser().parse_args(argv)
+            command: Command = args.handler
+            with _signals_held():
+                handler: Handler = command.resolve()  # its module and first libraries (Command.loads)
         except KeyboardInterrupt:
             print("xtune: interrupted", file=sys.stderr)
             return 130
-        handler: Handler = args.handler
         return _run(handler, args)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import math
 import sys
@@ -13,6 +14,26 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Command:
+    """A subcommand's handler by module and function name, imported only when the command runs: building the
+    parser (`--help`, `--version`, a mistyped flag) then loads none of the commands' libraries."""
+
+    module: str  # e.g. "xtune.cli.tune"
+    function: str  # e.g. "cmd_tune", a Handler
+    # The libraries the handler imports first thing (xgboost, scipy, paramiko, onnx behind them), loaded by
+    # `resolve` so that `main` imports them with Ctrl-C held, as it imports the parser: a KeyboardInterrupt
+    # inside an extension module's initialization can leave CPython to end the process by SIGINT after
+    # xtune's own "interrupted" line, and numpy's import turns one into an ImportError.
+    loads: tuple[str, ...] = ()
+
+    def resolve(self) -> Handler:
+        for name in self.loads:
+            importlib.import_module(name)
+        handler: Handler = getattr(importlib.import_module(self.module), self.function)
+        return handler
 
 
 class _Parser(argparse.ArgumentParser):

@@ -148,7 +148,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_model_train(args: argparse.Namespace) -> int:
-    from xtune.transfer.pretrained import TrainOptions, train_from_logs
+    from xtune.transfer.options import TrainOptions
+    from xtune.transfer.pretrained import train_from_logs
 
     check_paths([(args.output, "model file")], [(log, "log") for log in args.log])  # before training
     start = time.perf_counter()

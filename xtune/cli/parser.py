@@ -6,13 +6,11 @@ import argparse
 from pathlib import Path
 
 from xtune.boards.agent import MAX_REPEAT
-from xtune.cli.boards import cmd_boards, cmd_deploy, cmd_targets
-from xtune.cli.common import U32, _defaults, _float_in, _int_in, _Parser
-from xtune.cli.kernels import cmd_bench, cmd_best, cmd_build, cmd_model_info, cmd_model_train, cmd_report
-from xtune.cli.networks import cmd_tasks
-from xtune.cli.tune import cmd_tune
+from xtune.cli.common import U32, Command, _defaults, _float_in, _int_in, _Parser
 from xtune.ops.layout import DEFAULT, Layout
-from xtune.tuning.tuner import TUNERS
+from xtune.transfer.options import TrainOptions
+from xtune.tuning.allocation import SchedulerOptions, Strategy
+from xtune.tuning.options import CONFIRM_TIMINGS, TUNERS, MeasureOptions, TuneOptions
 from xtune.version import __version__
 
 
@@ -36,8 +34,6 @@ def _add_nonfinite(p: argparse.ArgumentParser) -> None:
 
 
 def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    from xtune.transfer.pretrained import TrainOptions
-
     train = _defaults(TrainOptions)
     p = sub.add_parser("model", help="pretrained cost models for transfer learning (train, info)")
     model_sub = p.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
@@ -59,19 +55,22 @@ def _add_model_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="xgboost threads (default %(default)s; 0 = every core, best on an otherwise idle machine)",
     )
     t.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    t.set_defaults(handler=cmd_model_train)
+    t.set_defaults(
+        handler=Command(
+            module="xtune.cli.kernels", function="cmd_model_train", loads=("xtune.transfer.pretrained",)
+        )
+    )
     i = model_sub.add_parser("info", help="print a model file's manifest")
     i.add_argument("model")
     i.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    i.set_defaults(handler=cmd_model_info)
+    i.set_defaults(
+        handler=Command(
+            module="xtune.cli.kernels", function="cmd_model_info", loads=("xtune.transfer.modelfile",)
+        )
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from xtune.tuning.allocation import SchedulerOptions, Strategy
-    from xtune.tuning.measure import MeasureOptions
-    from xtune.tuning.options import TuneOptions
-    from xtune.tuning.session import CONFIRM_TIMINGS
-
     tune, measure, scheduler = _defaults(TuneOptions), _defaults(MeasureOptions), _defaults(SchedulerOptions)
     parser = _Parser(prog="xtune", description="Auto-tune tensor kernels for embedded targets.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -79,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("targets", help="list target descriptors")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_targets)
+    p.set_defaults(handler=Command(module="xtune.cli.boards", function="cmd_targets"))
 
     p = sub.add_parser("boards", help="list boards (SSH ones with their reachability)")
     p.add_argument(
@@ -92,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=_float_in(0.001, 3600), default=3.0, help="seconds per SSH reachability check"
     )
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_boards)
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.boards", function="cmd_boards", loads=("xtune.boards.board", "xtune.boards.ssh")
+        )
+    )
 
     p = sub.add_parser("deploy", help="build and upload the agent to an SSH board, record its fingerprint")
     p.add_argument("--board", required=True)
@@ -108,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="trust the host key offered if known_hosts has none, and record it",
     )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.set_defaults(handler=cmd_deploy)
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.boards", function="cmd_deploy", loads=("xtune.boards.board", "xtune.boards.ssh")
+        )
+    )
 
     p = sub.add_parser(
         "tune",
@@ -187,20 +194,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     _add_layout(p)
-    p.set_defaults(handler=cmd_tune)
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.tune",
+            function="cmd_tune",
+            loads=("xtune.tuning.run", "xtune.tuning.task_scheduler"),
+        )
+    )
 
     p = sub.add_parser("best", help="the best correct config per workload and target in tuning logs")
     p.add_argument("--log", required=True, action="append")
     p.add_argument("--workload")
     p.add_argument("--target")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_best)
+    p.set_defaults(
+        handler=Command(module="xtune.cli.kernels", function="cmd_best", loads=("xtune.tuning.report",))
+    )
 
     p = sub.add_parser("report", help="summary table of a tuning log, and a convergence plot")
     p.add_argument("log", nargs="+")
     p.add_argument("--plot", metavar="PNG", help="write the convergence plot (needs xtune[plot])")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_report)
+    p.set_defaults(
+        handler=Command(module="xtune.cli.kernels", function="cmd_report", loads=("xtune.tuning.report",))
+    )
 
     p = sub.add_parser(
         "bench",
@@ -232,7 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_nonfinite(p)
     _add_layout(p)
-    p.set_defaults(handler=cmd_bench)
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.kernels", function="cmd_bench", loads=("xtune.tuning.kernel_bench",)
+        )
+    )
 
     p = sub.add_parser("build", help="one object + C header of the best (or default) kernels for firmware")
     p.add_argument("--target", default=None, help="target name, see `xtune targets` (default: the host's)")
@@ -258,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_nonfinite(p)
     _add_layout(p)
-    p.set_defaults(handler=cmd_build)
+    p.set_defaults(
+        handler=Command(module="xtune.cli.kernels", function="cmd_build", loads=("xtune.firmware.kernels",))
+    )
 
     p = sub.add_parser("tasks", help="the unique tuning tasks of an ONNX model (fused epilogues included)")
     p.add_argument("model", help="ONNX or TFLite model file, e.g. resnet18.onnx")
@@ -266,7 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", action="append", help="tuning log(s): show which tasks already have a best")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     _add_layout(p)
-    p.set_defaults(handler=cmd_tasks)
+    p.set_defaults(
+        handler=Command(
+            module="xtune.cli.networks",
+            function="cmd_tasks",
+            loads=("xtune.frontend.tasks", "xtune.frontend.load"),
+        )
+    )
 
     _add_model_parser(sub)
     return parser

@@ -78,8 +78,7 @@ def _reads(args: argparse.Namespace) -> list[tuple[str | None, str]]:
 
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:
-    from xtune.tuning.measure import MeasureOptions
-    from xtune.tuning.options import TuneOptions
+    from xtune.tuning.options import MeasureOptions, TuneOptions
 
     return TuneOptions(
         tuner=args.tuner,

@@ -160,10 +160,10 @@ def build(
     if not wls:
         raise InputError("no workloads to build")
     for w in wls:
-        if w.op == "qmatmul":  # its weights are always packed, their column sums folded into the bias
+        if w.op in ("qmatmul", "qconv2d", "qdepthwise"):  # zero-point terms folded into the bias
             raise InputError(
-                f"{w.key}: a qmatmul kernel reads its weights packed for its config (and their "
-                "column sums in its bias); it is built into a network, not alone"
+                f"{w.key}: a {w.op} kernel reads its bias with the zero point's terms folded in (and "
+                "qmatmul's and qconv2d's weights packed per config); it is built into a network, not alone"
             )
     records, notes = read_noted(logs)
     templates = [template_for(w, tgt) for w in wls]

@@ -230,8 +230,9 @@ def _step(
     out = mapped.output or (mapped.fused or node).outputs[0]
     nodes = (node.name, mapped.fused.name) if mapped.fused is not None else (node.name,)
     layouts = mapped.layouts or fam.layouts
+    follows_input = fam.follows_input if mapped.follows_input is None else mapped.follows_input
     if mapped.kernel is None:
-        return OpStep(nodes, None, (*mapped.inputs, out), Sharing.ALIAS, layouts, fam.follows_input)
+        return OpStep(nodes, None, (*mapped.inputs, out), Sharing.ALIAS, layouts, follows_input)
     kernel = mapped.kernel
     sizes = (weights[t].size if t in weights else math.prod(graph.shape(t)) for t in mapped.inputs)
     if tuple(math.prod(s) for s in kernel.input_shapes) != tuple(sizes):
@@ -240,7 +241,7 @@ def _step(
         raise _refuse(graph, node, f"xtune computes {kernel.output_shape}, the model says {graph.shape(out)}")
     sharing = Sharing.IN_PLACE if mapped.in_place else Sharing.NONE
     # A node whose own layouts differ from its family's runs in them, not in its first input's.
-    follows = fam.follows_input and mapped.layouts is None
+    follows = follows_input and mapped.layouts is None
     return OpStep(nodes, kernel, (*mapped.inputs, out), sharing, layouts, follows)
 
 

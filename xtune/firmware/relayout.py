@@ -56,6 +56,12 @@ def relayout(
     run = _Pass(graph, weights)
     for step in steps:
         if not (isinstance(step.kernel, Transpose) and network is Layout.NHWC and run.relabel(step)):
+            if isinstance(step.kernel, Transpose) and graph.dtype(step.args[0]) != "float32":
+                raise InputError(
+                    f"{graph.name}: node '{step.nodes[0]}' transposes the {graph.dtype(step.args[0])} "
+                    f"tensor '{step.args[0]}'; xtune's Transpose moves float32 elements (an NHWC network "
+                    "renames it instead: --layout nhwc)"
+                )
             run.step(step, _layout(graph, step, network, run.have))
     for y in graph.outputs:  # in ONNX's order, whatever its writer ran in
         if y in run.writer:

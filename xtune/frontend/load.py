@@ -26,7 +26,7 @@ from xtune.frontend.formats import is_tflite_file
 from xtune.frontend.normalize import normalize
 from xtune.frontend.protos import default_opset, skeleton
 from xtune.frontend.qfloat import contrib_shapes
-from xtune.frontend.quantized import qoperators
+from xtune.frontend.quantized import REQUANT_PROP, Requant, qoperators
 from xtune.frontend.refusal import by_op, refusal
 from xtune.frontend.validate import check, check_weights, validate
 from xtune.graph import AttrValue, Graph, Node
@@ -91,10 +91,17 @@ def load_graph(source: Source) -> Graph:
         shapes=shapes,
         dtypes=dtypes,
     )
-    graph = qoperators(graph)  # a quantized model's QDQ patterns as QOperator nodes
+    graph = qoperators(graph, _requant(loaded))  # a quantized model's QDQ patterns as QOperator nodes
     _check_tensors(graph, types, where)
     check_weights(g.node, shapes, where)
     return graph
+
+
+def _requant(model: onnx.ModelProto) -> Requant:
+    """Whose integer arithmetic the model's quantized nodes follow (`REQUANT_PROP`; ONNX Runtime's when
+    the model does not say)."""
+    said = next((p.value for p in model.metadata_props if p.key == REQUANT_PROP), "onnx")
+    return "tflite" if said == "tflite" else "onnx"
 
 
 def _node(proto: onnx.NodeProto, index: int) -> Node:

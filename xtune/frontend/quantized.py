@@ -31,7 +31,9 @@ docs/int8.md is the user's view.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 
@@ -40,6 +42,12 @@ from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.quantize import RANGES
 from xtune.ops.reshape import VIEWS
 
+# The model property (ONNX ModelProto.metadata_props) by which an imported model says whose integer
+# arithmetic its quantized nodes follow: "tflite" for the ONNX form of a TFLite file (xtune/frontend/
+# tflite.py), absent for an ONNX model (ONNX Runtime's).
+REQUANT_PROP = "xtune.requant"
+Requant = Literal["onnx", "tflite"]
+
 _QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm", *FLOAT_FORMS))
 
 
@@ -47,6 +55,7 @@ _QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm", 
 class _Rewrite:
     """The graph being rewritten: its nodes by index (None: removed) and its new constants."""
 
+    requant: Requant
     graph: Graph
     nodes: list[Node | None]
     constants: dict[str, np.ndarray]
@@ -63,13 +72,16 @@ class _Rewrite:
         return unique
 
 
-def qoperators(graph: Graph) -> Graph:
+def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
     """`graph` with its quantized patterns as QOperator nodes and its constant DequantizeLinear folded
-    (the graph itself when it holds no QuantizeLinear, DequantizeLinear or QGemm)."""
+    (the graph itself when it holds no QuantizeLinear, DequantizeLinear or QGemm). `requant` is whose
+    arithmetic the model's int8 nodes follow: ONNX Runtime's, or TFLite's for a model the TFLite import
+    made (`REQUANT_PROP`); the QOperator nodes made of a TFLite model say so (`requant="tflite"`)."""
     if not any(n.op in _QOPS for n in graph.nodes):
         return graph
     graph = _with_float_forms(graph)
     edit = _Rewrite(
+        requant=requant,
         graph=graph,
         nodes=list(graph.nodes),
         constants=dict(graph.constants),
@@ -175,8 +187,12 @@ def _weights(graph: Graph, dq: Node, node: Node) -> _Weights | None:
     return _Weights(values=out, scale=scale.reshape(-1), zero=np.zeros(scale.size, np.int8))
 
 
-def _clamp(graph: Graph, node: Node, scale: float, zero: int, kind: str) -> tuple[int, int] | None:
-    """The output clamp of a Relu or Clip fused before QuantizeLinear, in quantized values."""
+def _clamp(
+    graph: Graph, node: Node, scale: float, zero: int, kind: str, requant: Requant
+) -> tuple[int, int] | None:
+    """The output clamp of a Relu or Clip fused before QuantizeLinear, in quantized values: each bound
+    rounded as QuantizeLinear rounds (half to even), or for a TFLite model as TFLite's
+    CalculateActivationRangeQuantized does (float32 bound / scale, half away from zero)."""
     lo, hi = RANGES[kind]
     if node.op == "Relu":
         return max(lo, zero), hi
@@ -186,11 +202,21 @@ def _clamp(graph: Graph, node: Node, scale: float, zero: int, kind: str) -> tupl
         if name and (value is None or value.size != 1):
             return None
         bounds.append(None if value is None else float(value.reshape(-1)[0]))
-    if bounds[0] is not None:
-        lo = max(lo, zero + int(np.rint(np.float32(bounds[0]) / np.float32(scale))))
-    if bounds[1] is not None:
-        hi = min(hi, zero + int(np.rint(np.float32(bounds[1]) / np.float32(scale))))
+    steps = [None if b is None else float(np.float32(b) / np.float32(scale)) for b in bounds]
+    rounded = [None if v is None else _ROUND[requant](v) for v in steps]
+    if rounded[0] is not None:
+        lo = max(lo, zero + rounded[0])
+    if rounded[1] is not None:
+        hi = min(hi, zero + rounded[1])
     return (lo, hi) if lo <= hi else None
+
+
+# How each reference rounds a quantized bound: ONNX's QuantizeLinear half to even; TFLite's TfLiteRound
+# (std::round) half away from zero.
+_ROUND = {
+    "onnx": lambda v: int(np.rint(v)),
+    "tflite": lambda v: int(math.copysign(math.floor(abs(v) + 0.5), v)),
+}
 
 
 def _int32_bias(
@@ -258,7 +284,7 @@ def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict
     y = _scalar_q(graph, q)
     if y is None or y[2] != x[2]:
         return
-    clamp = _clamp(graph, act, y[0], y[1], y[2]) if act is not None else RANGES[y[2]]
+    clamp = _clamp(graph, act, y[0], y[1], y[2], edit.requant) if act is not None else RANGES[y[2]]
     accumulator_scale = np.float32(x[0]) * weights.scale.astype(np.float32)
     bias = node.inputs[2] if len(node.inputs) > 2 else ""
     int32 = _int32_bias(graph, bias, writers, accumulator_scale) if bias else None
@@ -280,6 +306,8 @@ def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict
     attrs: dict[str, AttrValue] = {k: v for k, v in node.attrs.items() if node.op == "Conv"}
     if clamp != RANGES[y[2]]:
         attrs |= {"out_lo": clamp[0], "out_hi": clamp[1]}
+    if edit.requant != "onnx":
+        attrs |= {"requant": edit.requant}
     op = "QLinearConv" if node.op == "Conv" else "QLinearMatMul"
     edit.nodes[index] = Node(name=name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
     for done in (act, q):
@@ -377,7 +405,10 @@ def quantization(graph: Graph, tensor: str) -> tuple[float, int] | None:
     first reader; None if neither is a quantizing node."""
     writer = graph.producers().get(tensor)
     candidates = [(graph.nodes[writer], _WRITE_QUANT)] if writer is not None else []
-    candidates += [(graph.nodes[i], _READ_QUANT) for i in graph.consumers().get(tensor, [])[:1]]
+    readers = [graph.nodes[i] for i in graph.consumers().get(tensor, [])[:1]]
+    if readers and readers[0].op in (*VIEWS, "Transpose") and graph.dtype(tensor) != "float32":
+        return quantization(graph, readers[0].outputs[0])  # its bytes moved (a TFLite int8 input's)
+    candidates += [(node, _READ_QUANT) for node in readers]
     for node, where in candidates:
         at = where.get(node.op)
         if at is None or (where is _READ_QUANT and node.inputs[0] != tensor) or len(node.inputs) <= at:

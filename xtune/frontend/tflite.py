@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, shape_inference
 
 from xtune.errors import InputError
+from xtune.frontend.quantized import REQUANT_PROP
 from xtune.frontend.tflite_emit import TO_NCHW, TO_NHWC, Emitter, nchw
 from xtune.frontend.tflite_file import TflModel, read_tflite
 from xtune.frontend.tflite_ops import CONVERTERS
@@ -111,6 +112,8 @@ def tflite_to_onnx(data: bytes, where: str = "model.tflite") -> onnx.ModelProto:
     graph = helper.make_graph(nodes, Path(where).stem or "tflite", inputs, outputs, em.initializers)
     result = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="xtune")
     result.ir_version = IR_VERSION
+    # Its quantized layers are TFLite's: the rewrite of their QDQ form gives them TFLite's requantization.
+    helper.set_model_props(result, {REQUANT_PROP: "tflite"})
     _check(em, result)
     return result
 
@@ -127,12 +130,15 @@ def _input(em: Emitter, index: int) -> onnx.ValueInfoProto:
         raise em.fail(f"input '{t.label}' is a constant")
     name = em.fresh(t.name)
     value = name
-    if t.quant is not None:
-        value = em.dequantize_input(name, t)
-    elif t.dtype != np.float32:
+    if t.quant is None and t.dtype != np.float32:
         raise em.fail(f"input '{t.label}' is {t.dtype} without quantization parameters")
-    if len(t.shape) == 4:
+    if len(t.shape) == 4:  # a quantized one's integers reordered (a renaming in an NHWC network)
         value = em.reorder(value, t.shape, TO_NCHW)
+    if t.quant is not None:
+        # The integers, then their float value: the first layer then stands in the QDQ pattern that
+        # makes an int8 kernel of it (xtune/frontend/quantized.py).
+        em.integers[index] = value
+        value = em.dequantize_input(value, t)
     em.values[index] = value
     return _declared(em, index, name)
 

@@ -214,6 +214,21 @@ class Emitter:
         self.initializers = [i for i in self.initializers if i.name in needed]
         return kept[::-1]
 
+    def rows(self, index: int, shape: tuple[int, int]) -> str:
+        """Tensor `index`'s float value in TFLite's order as a matrix of `shape` (FULLY_CONNECTED's
+        flattening). A quantized tensor whose bytes are already in that order is reshaped as integers
+        and dequantized after, so that the int8 layer reading it keeps the QDQ pattern the rewrite makes
+        an int8 matmul of (xtune/frontend/quantized.py); a float Reshape between DequantizeLinear and
+        the Gemm would leave it in float."""
+        t = self.tensor(index)
+        if t.shape == shape:
+            return self.tfl_order(index)
+        if index in self.integers and same_bytes(t.shape):
+            s, z = self._activation_quantization(t)
+            view = self.reshape(self.integers[index], shape)
+            return self.node("DequantizeLinear", [view, s, z], f"{view}/dequantized")
+        return self.reshape(self.tfl_order(index), shape)
+
     def tfl_order(self, index: int) -> str:
         """Tensor `index`'s float value in TFLite's order."""
         shape = self.tensor(index).shape

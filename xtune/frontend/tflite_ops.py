@@ -133,9 +133,7 @@ def fully_connected(em: Emitter, op: TflOp) -> None:
     size = int(np.prod(em.tensor(x).shape))
     if k < 1 or size % k:
         raise em.fail(f"an input of {size} elements is not rows of {k}")
-    rows = em.tfl_order(x)
-    if em.tensor(x).shape != (size // k, k):
-        rows = em.reshape(rows, (size // k, k))
+    rows = em.rows(x, (size // k, k))
     data = em.folded.get(w, em.tensor(w).data)
     weights = em.value(w) if data is None else em.weights(w, data, 0, x)
     y = em.node("Gemm", [rows, weights, *_bias(em, op, x, w)], em.tensor(op.outputs[0]).name, transB=1)

@@ -130,8 +130,13 @@ def conv_shape(wl: Workload) -> ConvShape:
 
 
 def validate_conv(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...]) -> None:
-    require_positive(op, params, (*sizes, "stride", "dilation"))
+    validate_window(op, params, sizes)
     require_switches(op, params)
+
+
+def validate_window(op: str, params: dict[str, ParamValue], sizes: tuple[str, ...]) -> None:
+    """The sizes positive, the pads non-negative, the (dilated) kernel within the padded input."""
+    require_positive(op, params, (*sizes, "stride", "dilation"))
     pad = params["pad"]
     if not isinstance(pad, int) or pad < 0:
         raise InputError(f"{op}: 'pad' must be a non-negative integer, got {pad}")

@@ -30,6 +30,9 @@ class FeatureSet:
     name: str
     columns: tuple[str, ...]
     compute: Callable[[ScheduleTemplate, Indices], np.ndarray]
+    # A sum of templates' set (SumTemplate): column 0 the part number, then each part's own set as a block
+    # (its name, first column, end column). A pretrained model of the parts scores the sum (transfer).
+    parts: tuple[tuple[str, int, int], ...] = ()
 
 
 @cache

@@ -72,5 +72,9 @@ def to_layout(array: np.ndarray, layout: Layout) -> np.ndarray:
 
 
 def workload_layout(wl: Workload) -> Layout:
-    """The layout a task's workload runs in: its `layout` key, NCHW for operators without one."""
-    return Layout(wl.value("layout")) if "layout" in wl.operator.keys else Layout.NCHW
+    """The layout a task's workload runs in: its `layout` key; for an operator without one, the one layout
+    its family runs in (the int8 convolutions: NHWC), else NCHW."""
+    if "layout" in wl.operator.keys:
+        return Layout(wl.value("layout"))
+    only: frozenset[Layout] = getattr(wl.operator, "layouts", frozenset())  # a Family's (ops/family.py)
+    return next(iter(only)) if len(only) == 1 else Layout.NCHW

@@ -149,6 +149,7 @@ class Mapped:
     alias: bool = False
     fused: Node | None = None
     layouts: frozenset[Layout] | None = None  # this node's, where it differs from its family's
+    follows_input: bool | None = None  # this node's, where it differs from its family's
     output: str = ""
     more: tuple[Mapped, ...] = ()
 

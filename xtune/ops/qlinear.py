@@ -2,17 +2,20 @@
 or QLinearConv (inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point[, bias];
 the output clamp in xtune's attributes `out_lo`/`out_hi`: docs/int8.md) in, the kernel's constant inputs
 as ONNX Runtime computes them out: the float32 scale a_scale * b_scale / y_scale and qparams = [za, zy,
-lo, hi] (the qmatmul family's `requant=onnx` tensors, xtune/ops/qmatmul/operator.py)."""
+lo, hi] (the qmatmul family's `requant=onnx` tensors, xtune/ops/qmatmul/operator.py) — or, for a node of
+a TFLite model's convolution (xtune's attribute `requant="tflite"`, set by the import: docs/int8.md),
+TFLite's quantized multiplier and shift (`requant=tflite`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
-from xtune.ops.qmatmul.reference import RANGES
+from xtune.ops.qmatmul.reference import RANGES, quantize_multiplier
 
 WORDS = {"int8": "s8", "uint8": "u8"}  # an 8-bit activation's element type -> the workloads' `a` word
 
@@ -30,13 +33,38 @@ def requantization(
         raise refuse(
             graph, node, "scales and zero points must be per tensor (the weights': or per output channel)"
         )
-    # ONNX Runtime's QLinearMatMul and QLinearConv: scale[j] = a_scale * b_scale[j] / y_scale in float32.
-    scale = (np.float32(sa.reshape(-1)[0]) * sb.reshape(-1)) / np.float32(sy.reshape(-1)[0])
     lo, hi = RANGES[word]
     lo = max(lo, node.int_attr("out_lo", lo))
     hi = min(hi, node.int_attr("out_hi", hi))
     qparams = np.array([za.reshape(-1)[0], zy.reshape(-1)[0], lo, hi], np.int32)
+    if node.attr("requant", "onnx") == "tflite" and node.op == "QLinearConv":
+        return tflite_multipliers(sa, sb, sy) | {"qparams": qparams}
+    # A TFLite FULLY_CONNECTED takes the float32 epilogue as well: LiteRT's FULLY_CONNECTED kernels
+    # (reference, optimized and XNNPACK alike) round the product once, not gemmlowp's twice, which the
+    # float32 product rounded half to even equals but within 2^-17 of a tie (docs/int8.md, "Exactness").
+    # ONNX Runtime's QLinearMatMul and QLinearConv: scale[j] = a_scale * b_scale[j] / y_scale in float32.
+    scale = (np.float32(sa.reshape(-1)[0]) * sb.reshape(-1)) / np.float32(sy.reshape(-1)[0])
     return {"scale": scale.astype(np.float32), "qparams": qparams}
+
+
+def tflite_multipliers(sa: np.ndarray, sb: np.ndarray, sy: np.ndarray) -> dict[str, np.ndarray]:
+    """TFLite's int32 multiplier and shift per output channel (or per tensor) of a CONV_2D or
+    DEPTHWISE_CONV_2D: QuantizeMultiplier of a_scale * b_scale[j] / y_scale, multiplied and divided in
+    double as PopulateConvolutionQuantizationParams does (tensorflow/lite/kernels/kernel_util.cc)."""
+    a, y = float(sa.reshape(-1)[0]), float(sy.reshape(-1)[0])
+    pairs = [quantize_multiplier(a * float(b) / y) for b in sb.reshape(-1)]
+    return {
+        "multiplier": np.array([q for q, _ in pairs], np.int32),
+        "shift": np.array([s for _, s in pairs], np.int32),
+    }
+
+
+def requant_key(quant: Mapping[str, np.ndarray]) -> tuple[tuple[str, str], tuple[str, int]]:
+    """The workload's ("requant", ...) and ("perchannel", ...) of an int8 call's constants: tflite where
+    they hold a multiplier, onnx where a float32 scale, none (MatMulInteger's int32 sums) otherwise."""
+    requant = "tflite" if "multiplier" in quant else "onnx" if "scale" in quant else "none"
+    scales = quant.get("multiplier", quant.get("scale"))
+    return ("requant", requant), ("perchannel", int(scales is not None and scales.size > 1))
 
 
 def zero_point(graph: Graph, node: Node, tensor: str) -> np.ndarray:

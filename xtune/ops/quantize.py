@@ -1,8 +1,9 @@
 """The quantize family of a network's generated operators: ONNX's QuantizeLinear (float32 in, int8 or uint8
 out) and DequantizeLinear (8-bit in, float32 out) between a quantized model's integer kernels and its float
 parts (its input and output, a float head or Softmax), per tensor, as one `Quantize` kernel in any layout
-(elementwise: the same whatever the order): the network's, so that a conversion between layouts happens on
-the float32 side (xtune/firmware/relayout.py converts float32 tensors only).
+(elementwise: the same whatever the order): QuantizeLinear in the network's, DequantizeLinear in its input's,
+so that a conversion between layouts happens on the float32 side (xtune/firmware/relayout.py converts
+float32 tensors only).
 
 The arithmetic is ONNX Runtime's (onnxruntime/core/mlas/lib/quantize.cpp, MlasQuantizeLinear): x / scale
 in float32 (a division, not a product by the reciprocal), clamped to [lo - zero, hi - zero], rounded to
@@ -118,7 +119,9 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
         zero=int(zero.reshape(-1)[0]),
         qtype="int8" if zero.dtype == np.int8 else "uint8",
     )
-    return Mapped(kernel=kernel, inputs=(x,))
+    # A DequantizeLinear runs where its 8-bit input is (a TFLite model's int8 NHWC input, read as ONNX's
+    # order; an int8 kernel's NHWC output in an NCHW network): what needs converting is its float output.
+    return Mapped(kernel=kernel, inputs=(x,), follows_input=kernel.dequantize)
 
 
 FAMILY = NodeFamily(

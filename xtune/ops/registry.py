@@ -36,12 +36,14 @@ from xtune.ops.family import Family
 from xtune.ops.featurize import FeatureSet
 from xtune.ops.matmul import Matmul
 from xtune.ops.opkit import NodeFamily
+from xtune.ops.qconv2d import QConv2d
+from xtune.ops.qdepthwise import QDepthwise
 from xtune.ops.qmatmul.operator import QMatmul
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload, make_workload
 from xtune.target import Target
 
-FAMILIES: tuple[Family, ...] = (Matmul(), Conv2d(), Depthwise(), QMatmul())
+FAMILIES: tuple[Family, ...] = (Matmul(), Conv2d(), Depthwise(), QMatmul(), QConv2d(), QDepthwise())
 OPERATORS: dict[str, Family] = {f.name: f for f in FAMILIES}
 FEATURE_SETS: dict[str, FeatureSet] = {fs.name: fs for f in FAMILIES for fs in f.feature_sets}
 ANCHOR_OPS = frozenset(op for f in FAMILIES for op in f.onnx_ops)  # the ONNX op types tasks come from

@@ -10,6 +10,7 @@ import numpy as np
 
 from xtune.graph import Graph, Node
 from xtune.ops import permute
+from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical
 from xtune.ops.opkit import Consts, GeneratedOp, Mapped, NodeFamily, Shape, params, positive
 from xtune.schedule.loopnest import (
@@ -124,9 +125,12 @@ def _other(layout: Layout) -> Layout:
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     """A model's own 4-D NHWC <-> NCHW Transpose as the layout change (which the layout pass relabels in
-    NHWC networks); any other permutation as the permute family's general copy."""
+    NHWC networks: then of an int8 tensor too, a TFLite model's int8 input); any other permutation as the
+    permute family's general copy (float32)."""
     x = node.inputs[0]
     shape, perm = graph.shape(x), node.ints("perm", ())
+    if graph.dtype(x) != "float32" and perm not in ((0, 3, 1, 2), (0, 2, 3, 1)):
+        raise refuse(graph, node, f"tensor '{x}' is {graph.dtype(x)}; xtune permutes float32 tensors only")
     if len(shape) == 4 and perm == (0, 3, 1, 2):
         n, h, w, c = shape
         return Mapped(kernel=Transpose(n=n, c=c, h=h, w=w, to=Layout.NCHW), inputs=(x,))

@@ -10,18 +10,24 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
 from xtune.files import write_atomic
+from xtune.transfer.options import Objective
 from xtune.tuning.costmodel import CostModel, XGBoostCostModel
-from xtune.tuning.features import FEATURES_VERSION, EstimatePrior, feature_names
+from xtune.tuning.features import (
+    FEATURES_VERSION,
+    EstimatePrior,
+    PartsModel,
+    estimate_prior,
+    feature_names,
+    parts_of,
+)
 
 MODEL_FORMAT = 1
 _MODEL_HEAD = re.compile(rb'^\s*\{\s*"manifest"\s*:')  # a log line starts {"v": ...
-# "reg": squared error on tuning's [0, 1] throughput labels; "rank": pairwise ranking (costmodel.py)
-Objective = Literal["reg", "rank"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,8 +165,18 @@ class PretrainedModel:
     boosters: tuple[tuple[str, bytes], ...]
 
     def cost_model(self, op: str, nthread: int = 1) -> CostModel:
-        """The model scoring feature rows of `op`; InputError if it has none or its columns differ."""
+        """The model scoring feature rows of `op` (a sum's: its parts' boosters, or a part's analytic
+        estimate where the model has no booster of it: `PartsModel`); InputError if it has none or its
+        columns differ."""
         boosters = dict(self.boosters)
+        parts = parts_of(op)
+        if op not in boosters and parts:  # a part without a booster is ranked by its estimate, if it has one
+            models = [
+                (self.cost_model(part, nthread) if part in boosters else estimate_prior(part), a, b)
+                for part, a, b in parts
+            ]
+            if all(model is not None for model, _, _ in models):
+                return PartsModel([(model, a, b) for model, a, b in models if model is not None])
         if op not in boosters:
             have = ", ".join(self.manifest.ops) or "none"
             raise InputError(

@@ -19,17 +19,17 @@ import numpy as np
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError, XtuneWarning
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.template import ScheduleTemplate
+from xtune.ops.template import ScheduleTemplate, SumTemplate
 from xtune.target import Target, cpu_name, get_target
 from xtune.transfer.modelfile import (
     MODEL_FORMAT,
     GroupCount,
     Manifest,
-    Objective,
     PretrainedModel,
     is_model_file,
     read_model,
 )
+from xtune.transfer.options import TrainOptions
 from xtune.tuning.costmodel import XGBoostCostModel
 from xtune.tuning.database import Record, config_of, read_usable
 from xtune.tuning.features import (
@@ -39,6 +39,7 @@ from xtune.tuning.features import (
     feature_names,
     features_op,
     featurize,
+    parts_of,
 )
 from xtune.tuning.measure import MeasureStatus
 from xtune.tuning.ranking import cpu_of
@@ -51,28 +52,6 @@ BUILTIN = "builtin"  # --transfer-from builtin: the model shipped in xtune/data/
 class TransferWarning(XtuneWarning):
     """Log records were left out of training (stale configs, unknown workloads or targets), or a model is
     used on a target it never saw."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainOptions:
-    """How `xtune model train` fits; the model quality knobs live here, not in the CLI."""
-
-    objective: Objective = (
-        "reg"  # "reg": labels on tuning's [0, 1] scale, fit for a base margin; "rank": pairwise
-    )
-    # Boost from the operator's analytic estimate (features.py): the trees learn where the estimate is wrong,
-    # and where the logs say nothing (shapes and configs far from theirs) the estimate still ranks.
-    on_estimate: bool = True
-    # The smallest forest that ranked held-out shapes as well as larger ones (docs/benchmarks.md, History):
-    # model files ship inside the package.
-    n_trees: int = 200
-    max_depth: int = 6
-    learning_rate: float = 0.1
-    seed: int = 0
-    # 1 by default: xgboost's OpenMP threads spin at every barrier, so with another process busy on a core
-    # (a board timing kernels on this host) more threads train far slower than one and steal that core
-    # from the timing (docs/benchmarks.md, History). 0 = every core, for an otherwise idle machine.
-    nthread: int = 1
 
 
 # ---- training -----------------------------------------------------------------------------------------
@@ -113,12 +92,21 @@ def _template(key: GroupKey, cache: dict[GroupKey, ScheduleTemplate | None]) -> 
     return cache[key]
 
 
-def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[str]]:
+def _part_of(template: ScheduleTemplate, index: int) -> tuple[str, ScheduleTemplate, int]:
+    """The part of a sum (SumTemplate) config `index` is in, that part's template and its index there;
+    ("", the template, the index) for any other template."""
+    if not isinstance(template, SumTemplate):
+        return "", template, index
+    part, own, config = template.part(template.space.config(index))
+    return part, own, config.index
+
+
+def _group(records: Sequence[Record]) -> tuple[dict[tuple[GroupKey, str], _Group], Counter[str]]:
     """Records -> per-group min cost per config; board errors, correctness-only boards' records (no
     figure to learn from), stale configs and unknown names skipped."""
     templates: dict[GroupKey, ScheduleTemplate | None] = {}
     valid: dict[tuple[GroupKey, int, tuple[tuple[str, object], ...]], bool] = {}
-    groups: dict[GroupKey, _Group] = {}
+    groups: dict[tuple[GroupKey, str], _Group] = {}
     skipped: Counter[str] = Counter()
     for r in records:
         if r.result.status is MeasureStatus.BOARD_ERROR:  # says nothing about the config itself
@@ -138,9 +126,11 @@ def _group(records: Sequence[Record]) -> tuple[dict[GroupKey, _Group], Counter[s
         if not valid[check]:  # the template changed since: the index now means another config
             skipped["stale_config"] += 1
             continue
-        group = groups.setdefault(key, _Group(template, key[2]))
+        # A sum's record teaches its part's booster: its config in the part's template, grouped by part.
+        part, own, index = _part_of(template, r.index)
+        group = groups.setdefault((key, part), _Group(own, key[2]))
         cost = r.cost if math.isfinite(r.cost) and r.cost > 0 else math.inf  # failed/wrong answer: worst
-        group.costs[r.index] = min(cost, group.costs.get(r.index, math.inf))
+        group.costs[index] = min(cost, group.costs.get(index, math.inf))
         group.records += 1
     return groups, skipped
 
@@ -149,8 +139,10 @@ def collect(records: Sequence[Record]) -> tuple[dict[str, OpData], Counter[str]]
     """Training rows per operator (each group featurized in one vectorized call), and skip counts."""
     groups, skipped = _group(records)
     parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, GroupCount]]] = {}
-    in_order = sorted(groups.items(), key=lambda item: (*item[0][:2], item[0][2].value, item[0][3]))
-    for number, (key, g) in enumerate(in_order):
+    in_order = sorted(
+        groups.items(), key=lambda item: (*item[0][0][:2], item[0][0][2].value, *item[0][0][3:], item[0][1])
+    )
+    for number, ((key, _), g) in enumerate(in_order):
         indices = np.fromiter(g.costs, dtype=np.int64, count=len(g.costs))
         costs = np.fromiter(g.costs.values(), dtype=np.float64, count=len(g.costs))
         op = features_op(g.template)
@@ -278,7 +270,7 @@ def builtin_model_path(
             manifest = read_model(path, check_features=False).manifest
         except InputError:
             continue
-        if op not in manifest.ops:
+        if not set(_boosters_for(op)) <= set(manifest.ops):
             continue
         stale = 2 * (manifest.features_version != FEATURES_VERSION)
         other_cpu = cpu_distance(cpu, {g.cpu for g in manifest.groups})
@@ -293,6 +285,13 @@ def builtin_model_path(
         "target) ships with this xtune: train one with `xtune model train LOG ... -o MODEL` "
         "and pass --transfer-from MODEL"
     )
+
+
+def _boosters_for(op: str) -> tuple[str, ...]:
+    """The boosters a model needs to score `op`: its own, or those of a sum's parts that have no analytic
+    estimate to stand in for a booster (`PretrainedModel.cost_model`; at least one booster)."""
+    parts = [part for part, _, _ in parts_of(op)]
+    return tuple(p for p in parts if estimate_prior(p) is None) or tuple(parts[:1]) or (op,)
 
 
 def cpu_distance(cpu: str | None, trained_on: set[str]) -> int:

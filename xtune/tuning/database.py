@@ -11,7 +11,7 @@ import warnings
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,11 @@ from xtune.boards.cost import CostUnit
 from xtune.errors import InputError, XtuneWarning
 from xtune.files import PathLike, check_input, check_paths
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.template import ScheduleTemplate
+from xtune.ops.template import SUM_TAG, ScheduleTemplate, SumTemplate
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import get_target
-from xtune.tuning.measure import MeasureOptions, MeasureResult, MeasureStatus
+from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import MeasureOptions
 from xtune.version import __version__
 
 FORMAT_VERSION = 1
@@ -294,12 +295,53 @@ def _version_of(line: str) -> object:
 
 
 def read_logs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
-    """The usable records of several logs, concatenated in the order given.
+    """The usable records of several logs, concatenated in the order given (and those of a forced part of
+    a sum again as the sum's, `with_sum_copies`).
 
     A missing log is an InputError (a typo, almost always). A record this xtune cannot use (unknown
     operator or target, a config outside its template's space or whose knobs no longer match) is left
     out with one LogWarning per log naming the file and its line numbers; it never stops the rest."""
-    return read_usable(paths)[0]
+    return with_sum_copies(read_usable(paths)[0])
+
+
+def with_sum_copies(records: Sequence[Record]) -> list[Record]:
+    """`records`, then each record of a workload that forces one part of a sum (a conv2d's algo=winograd,
+    where the conv2d without `algo` is the tuner's choice of direct and Winograd, a SumTemplate) again as
+    a record of the sum: its key without the tag, its config at the part's offset with the tag among its
+    knobs. So a log tuned on the forced key is the sum's too: a network's 3x3 tasks were keyed
+    algo=winograd before their algorithm was the tuner's, and such a log still resumes and builds them."""
+    found: dict[tuple[str, str], tuple[str, SumTemplate, int] | None] = {}
+    copies = []
+    for r in records:
+        if f",{SUM_TAG}=" not in r.workload:
+            continue
+        if (r.workload, r.target) not in found:
+            found[r.workload, r.target] = _forced_part(r.workload, r.target)
+        if (hit := found[r.workload, r.target]) is None:
+            continue
+        key, template, part = hit
+        space = template.parts[part][1].space
+        if space.matches(r.index, r.knobs):  # else another version's config: not the sum's either
+            config = template.of_part(part, space.config(r.index))
+            copies.append(replace(r, workload=key, index=config.index, knobs=config.values))
+    return [*records, *copies]
+
+
+def _forced_part(workload: str, target: str) -> tuple[str, SumTemplate, int] | None:
+    """The sum `workload` forces a part of (its key without the tag, its template on `target`, the part's
+    number), or None."""
+    items = workload.split(",")
+    forced = [item for item in items if item.startswith(f"{SUM_TAG}=")]
+    try:
+        wl = parse_workload(",".join(item for item in items if item not in forced))
+        template = template_for(wl, get_target(target))
+    except InputError:
+        return None
+    if not isinstance(template, SumTemplate) or not forced:
+        return None
+    names = [name for name, _ in template.parts]
+    name = forced[0].partition("=")[2]
+    return (wl.key, template, names.index(name)) if name in names else None
 
 
 def read_usable(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Record], Counter[str]]:
@@ -319,8 +361,10 @@ def read_usable(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Record], 
             if why:
                 skipped.append((number, why))
                 left_out["unknown_workload_or_target" if template is why else "stale_config"] += 1
-            else:
-                records.append(record)
+            else:  # in its template's words: a record logged before its space grew (a sum) gains the tag
+                assert not isinstance(template, str)
+                knobs = template.space.config(record.index).values
+                records.append(record if knobs == record.knobs else replace(record, knobs=knobs))
         if skipped:
             lines = ", ".join(str(n) for n, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
             warnings.warn(
@@ -357,6 +401,6 @@ def _mismatch(template: ScheduleTemplate, record: Record) -> str:
         return f"the record is of {record.workload} on {record.target}"
     if not 0 <= record.index < space.size:
         return f"config index {record.index} is outside the space of {space.size} configs"
-    if space.config(record.index).values != record.knobs:
+    if not space.matches(record.index, record.knobs):
         return f"config {record.index}'s knobs no longer match the template"
     return ""

@@ -12,6 +12,7 @@ import numpy as np
 
 from xtune.ops.registry import FEATURE_SETS, features_of
 from xtune.ops.template import ScheduleTemplate
+from xtune.tuning.costmodel import CostModel
 
 FEATURES_VERSION = 2  # 2: matmul gained the analytic cycle estimate (est_* columns)
 
@@ -30,6 +31,33 @@ class EstimatePrior:
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         return np.asarray(features, dtype=np.float64)[:, self.column]
+
+
+class PartsModel:
+    """A sum's cost model made of its parts' (FeatureSet.parts): each row scored by its part's model on its
+    part's block. A pretrained model of direct and Winograd logs thus ranks the configs of a conv2d whose
+    algorithm is the tuner's (each part's scores in its own model's units: the local model, fitted on
+    the sum's own features, weighs the parts against each other)."""
+
+    def __init__(self, parts: Sequence[tuple[CostModel, int, int]]) -> None:
+        self.parts = list(parts)
+
+    def fit(self, features: np.ndarray, costs: np.ndarray) -> None:
+        """Nothing to learn here: the parts are pretrained."""
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        x = np.asarray(features)
+        out = np.zeros(len(x), dtype=np.float64)
+        for number, (model, first, end) in enumerate(self.parts):
+            mine = x[:, 0] == number
+            if mine.any():
+                out[mine] = model.predict(x[mine, first:end])
+        return out
+
+
+def parts_of(op: str) -> tuple[tuple[str, int, int], ...]:
+    """The parts' feature sets of a sum's set `op` and their blocks (none for any other set)."""
+    return FEATURE_SETS[op].parts if op in FEATURE_SETS else ()
 
 
 ESTIMATE_COLUMN = "est_eff"  # the analytic estimate's share of peak throughput, in (0, 1]

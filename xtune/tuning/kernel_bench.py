@@ -15,7 +15,8 @@ from xtune.errors import BoardError
 from xtune.ops.registry import template_for
 from xtune.ops.workload import Workload
 from xtune.schedule.space import KnobValue
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureStatus
+from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
+from xtune.tuning.options import MeasureOptions
 from xtune.tuning.peers import numpy_seconds, ort_gflops
 
 ConfigSource = Literal["default", "given", "log"]

@@ -26,8 +26,9 @@ from xtune.codegen.lower import lower
 from xtune.errors import BoardError, BoardFault, LinkError, XtuneError
 from xtune.ops.registry import template_for
 from xtune.ops.template import ScheduleTemplate
-from xtune.ops.workload import RTOL, Workload, compare_output, random_inputs
+from xtune.ops.workload import Workload, compare_output, random_inputs
 from xtune.target import Target
+from xtune.tuning.options import MeasureOptions
 
 
 class MeasureStatus(Enum):
@@ -38,19 +39,6 @@ class MeasureStatus(Enum):
     TIMEOUT = "timeout"
     WRONG_ANSWER = "wrong_answer"
     BOARD_ERROR = "board_error"  # the board or its connection failed; the candidate itself may be fine
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasureOptions:
-    """How a board times a candidate; written into the log with every result."""
-
-    number: int = 1  # calls per repeat (raised by the agent until a repeat lasts min_repeat_ms)
-    repeat: int = 3
-    min_repeat_ms: float = 10.0
-    warmup: int = 1
-    timeout_ms: int = 10_000
-    flush_cache: bool = False
-    rtol: float = RTOL
 
 
 @dataclass(frozen=True)
@@ -219,7 +207,11 @@ class CompilePool:
         # With wait=False, CPython 3.11's exit handler could still wake the pool's manager thread while
         # that thread closed its pipe, printing "Exception ignored ... Bad file descriptor" at the end
         # of a run (seen once in 16 `xtune tune` runs; the race of cpython issue gh-83279).
-        pool.shutdown(wait=True, cancel_futures=True)
+        # Ctrl-C inside `submit`, after the executor made its manager thread and before it started it:
+        # shutdown's join raises "cannot join thread before it is started". Nothing runs then; a worker
+        # already spawned exits with this process (_init_worker).
+        with contextlib.suppress(RuntimeError):
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the workers; one still building (the caller was interrupted, or left early) is killed, so

@@ -1,12 +1,33 @@
-"""What a tuning run is asked to do (`TuneOptions`): the CLI, `tune_workload`, the session and the task
-scheduler all read it, so it sits below every one of them."""
+"""What a tuning run is asked to do (`TuneOptions`, `MeasureOptions`, the tuner names): the CLI,
+`tune_workload`, the measurer, the tuners, the session and the task scheduler all read it, so it sits below
+every one of them and imports none of their libraries (the command line's parser reads its defaults:
+`xtune --help` loads no xgboost, scipy or paramiko)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-from xtune.tuning.measure import MeasureOptions
-from xtune.tuning.tuner import TunerName
+from xtune.ops.workload import RTOL
+
+TunerName = Literal["xgb", "ga", "random", "grid"]
+TUNERS: tuple[TunerName, ...] = get_args(TunerName)
+
+# How many timings a confirmed best's median is over (`TuneOptions.confirm`, session.py's confirmation).
+CONFIRM_TIMINGS = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureOptions:
+    """How a board times a candidate; written into the log with every result."""
+
+    number: int = 1  # calls per repeat (raised by the agent until a repeat lasts min_repeat_ms)
+    repeat: int = 3
+    min_repeat_ms: float = 10.0
+    warmup: int = 1
+    timeout_ms: int = 10_000
+    flush_cache: bool = False
+    rtol: float = RTOL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,7 +46,7 @@ class TuneOptions:
     # With no pretrained model, the xgb tuner ranks its first batch by the analytic estimate (features.py)
     # and keeps it as a fading base; False makes it start blind (random first batch), as AutoTVM did.
     analytic_prior: bool = True
-    # At the end of a run the `confirm` fastest configs are timed again until each has session.CONFIRM_TIMINGS
+    # At the end of a run the `confirm` fastest configs are timed again until each has CONFIRM_TIMINGS
     # timings, and the best is the config with the lowest median (ranking.best): on a noisy host the
     # fastest of a run's single timings is mostly the luckiest (docs/benchmarks.md, "winner's curse"),
     # and `xtune build` should ship the fastest kernel, not the best-timed one. 0 skips it.

@@ -172,9 +172,11 @@ def litert_network(
 
 
 def ort_gflops(workload: Workload) -> float | None:
-    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it or
-    for an operator no ONNX node maps to (qmatmul: benchmarks/bench_int8.py runs its peer)."""
-    if not ort_available() or not family(workload.op).onnx_ops:
+    """ONNX Runtime's single-thread GFLOP/s on this host (median of `ort_seconds`), None without it, for
+    an operator no ONNX node maps to, or for an integer one (qmatmul, qconv2d, qdepthwise: the float
+    model `onnx_model` writes is not theirs; benchmarks/bench_int8.py runs their QLinear peers)."""
+    quantized = any(t.dtype != "float32" for t in workload.tensors())
+    if not ort_available() or not family(workload.op).onnx_ops or quantized:
         return None
     return workload.flops() / statistics.median(ort_seconds(workload)) / 1e9
 

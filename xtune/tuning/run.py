@@ -18,10 +18,10 @@ from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
 from xtune.tuning.database import Record, TuningLog
 from xtune.tuning.loop import StopReason, StopTuning, TuneProgress, TuneSummary
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.options import CONFIRM_TIMINGS, TuneOptions
 from xtune.tuning.peers import numpy_seconds
 from xtune.tuning.ranking import leaders
-from xtune.tuning.session import CONFIRM_TIMINGS, TuningSession, check_run
+from xtune.tuning.session import TuningSession, check_run
 
 
 class Confirmation(Enum):

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from xtune.errors import InputError
-from xtune.schedule.space import ConfigSpace
+from xtune.schedule.space import ConfigSpace, SumSpace
 
 Scorer = Callable[[np.ndarray], np.ndarray]  # config indices (int64) -> scores, higher = better
 
@@ -25,6 +25,8 @@ class SpaceArrays:
         self.radices, self.strides = space.radices, space.strides
         # Moves only make sense on knobs with a choice; a space of one config has none.
         self.movable = np.flatnonzero(self.radices > 1)
+        # A sum moves within the part an index is in, or to another part (`random_moves`).
+        self.parts = [SpaceArrays(part) for _, part in space.parts] if isinstance(space, SumSpace) else []
 
     def digits(self, indices: np.ndarray) -> np.ndarray:
         """(n,) indices -> (n, knobs) option numbers."""
@@ -35,7 +37,11 @@ class SpaceArrays:
         return self.space.indices(digits)
 
     def random_moves(self, indices: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Each index with one random knob set to a different random option (a `space.neighbour` step)."""
+        """Each index with one random knob set to a different random option (a `space.neighbour` step).
+        In a sum, the knob is one of its part's or the tag: a new part is entered at a random config (its
+        digits have no counterpart in the old part's)."""
+        if self.parts:
+            return self._sum_moves(np.asarray(indices, dtype=np.int64), rng)
         if len(self.movable) == 0:
             return indices.copy()
         knob = self.movable[rng.integers(len(self.movable), size=len(indices))]
@@ -43,6 +49,25 @@ class SpaceArrays:
         old = self.space.digits(indices)[np.arange(len(indices)), knob]
         new = (old + rng.integers(1, radix)) % radix  # never the same option
         return self.space.with_digit(indices, knob, new)
+
+    def _sum_moves(self, indices: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        space = self.space
+        assert isinstance(space, SumSpace)
+        part, local = space.split(indices)
+        sizes = np.array([p.size for p in self.parts], dtype=np.int64)
+        out = indices.copy()
+        for p, arrays in enumerate(self.parts):
+            mine = np.flatnonzero(part == p)
+            if len(mine) == 0:
+                continue
+            moved = space.offsets[p] + arrays.random_moves(local[mine], rng)
+            # The tag is one more movable knob of the part: switch with the share one knob gets.
+            switch = rng.random(len(mine)) * (len(arrays.movable) + 1) < 1.0
+            other = rng.integers(len(sizes) - 1, size=len(mine))
+            other += other >= p
+            jump = space.offsets[other] + (rng.random(len(mine)) * sizes[other]).astype(np.int64)
+            out[mine] = np.where(switch, jump, moved)
+        return out
 
 
 def knob_featurizer(space: ConfigSpace) -> Callable[[Sequence[int]], np.ndarray]:

@@ -14,18 +14,16 @@ from xtune.boards.cost import CostUnit
 from xtune.errors import BoardError, InputError
 from xtune.files import PathLike
 from xtune.ops.registry import template_for
-from xtune.ops.template import ScheduleTemplate
+from xtune.ops.template import ScheduleTemplate, seed_configs
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, config_of, make_record
+from xtune.tuning.database import Record, TuningLog, config_of, make_record, with_sum_copies
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
-from xtune.tuning.measure import CompilePool, MeasureOptions, Measurer, MeasureResult
-from xtune.tuning.options import TuneOptions
+from xtune.tuning.measure import CompilePool, Measurer, MeasureResult
+from xtune.tuning.options import CONFIRM_TIMINGS, MeasureOptions, TuneOptions
 from xtune.tuning.ranking import Leader, cpu_of, leaders, measured, of_machine, unmeasured
 from xtune.tuning.tuner import make_tuner
-
-CONFIRM_TIMINGS = 3
 
 
 class _BoardsMeasurer:
@@ -76,7 +74,7 @@ def past_records(
     without a fingerprint count as any cpu's), whose knobs still mean the same config."""
     return [
         r
-        for r in of_machine(logged, template.workload.key, template.target.name)
+        for r in of_machine(with_sum_copies(list(logged)), template.workload.key, template.target.name)
         if (cpus is None or cpu_of(r) in (None, *cpus)) and config_of(template, r) is not None
     ]
 
@@ -173,7 +171,7 @@ class TuningSession:
             lambda idx: featurize(template, idx),
             pretrained=pretrained,
             hedge=hedge,
-            seeds=[template.default_config().index],
+            seeds=seed_configs(template),
             estimate=estimate if options.analytic_prior else None,
         )
         if history:

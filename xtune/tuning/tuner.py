@@ -8,7 +8,6 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Literal, get_args
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from xtune.errors import InputError
 from xtune.schedule.space import ConfigSpace
 from xtune.tuning.costmodel import CostModel, XGBoostCostModel
 from xtune.tuning.measure import MeasureResult, MeasureStatus
+from xtune.tuning.options import TUNERS
 from xtune.tuning.search import SpaceArrays, anneal, knob_featurizer, top_unvisited
 
 Featurize = Callable[[Sequence[int]], np.ndarray]  # config indices -> (n, features) float matrix
@@ -185,11 +185,11 @@ class ModelTuner(Tuner):
     base is the one whose own picks measured fastest (the pretrained one on a tie), so a model of other
     hardware that misleads on this board stops steering the search.
 
-    Whatever the prior, the first batch holds the seed configs `seeds` (the template's default) and, with an
-    `estimate` that is not already one of the priors, the estimate's own top pick: a model of another
-    machine can rank every config it picks far below the default (38 % of the default's speed for a
-    held-out stride-2 layer's first 8 trials, docs/benchmarks.md), so a warm start then starts no lower
-    than these."""
+    Whatever the prior, the first batch holds the seed configs `seeds` (the template's default; a sum's
+    every algorithm's, `ops.template.seed_configs`) and, with an `estimate` that is not already one of
+    the priors, the estimate's own top pick: a model of another machine can rank every config it picks
+    far below the default (38 % of the default's speed for a held-out stride-2 layer's first 8 trials,
+    docs/benchmarks.md), so a warm start then starts no lower than these."""
 
     def __init__(
         self,
@@ -325,10 +325,6 @@ class ModelTuner(Tuner):
         n_random = self.n_chains - len(best) - len(ends)
         random = self.rng.integers(self.space.size, size=n_random)
         return np.concatenate([best, ends, random]).astype(np.int64)
-
-
-TunerName = Literal["xgb", "ga", "random", "grid"]
-TUNERS: tuple[TunerName, ...] = get_args(TunerName)
 
 
 def make_tuner(

@@ -1,5 +1,6 @@
 """The conv2d family: 2-D convolution with the fused epilogue, direct (direct.py) or by Winograd's
-F(2x2, 3x3) (winograd.py), picked by the workload's own `algo` key; a pointwise one lowers through the
+F(2x2, 3x3) (winograd.py), forced by the workload's `algo` key or, where Winograd applies and `algo` is
+not given, both in one space (the tuner's choice: a SumTemplate); a pointwise one lowers through the
 matmul template and is featured as a matmul. Its workload keys, validation, tensors, numpy reference and
 flops; the ONNX Conv nodes of group 1 it runs (2-D, NCHW, OIHW weights, one stride, dilation and pad
 for both axes); its weights in the layout its workload takes; its features (features.py)."""
@@ -26,7 +27,7 @@ from xtune.ops.conv import (
     windows,
 )
 from xtune.ops.conv2d.direct import Conv2dTemplate
-from xtune.ops.conv2d.features import DIRECT, WINOGRAD
+from xtune.ops.conv2d.features import AUTO, DIRECT, WINOGRAD, auto_features
 from xtune.ops.conv2d.winograd import WinogradTemplate, fits_stack
 from xtune.ops.epilogue import (
     ACTIVATION,
@@ -39,7 +40,7 @@ from xtune.ops.epilogue import (
 from xtune.ops.featurize import FeatureSet
 from xtune.ops.layout import Layout, layout_key
 from xtune.ops.matmul.features import FEATURES as MATMUL_FEATURES
-from xtune.ops.template import ScheduleTemplate
+from xtune.ops.template import ScheduleTemplate, SumTemplate
 from xtune.ops.workload import Inits, ParamValue, TensorSpec, Workload
 from xtune.target import Target
 
@@ -55,6 +56,13 @@ def winograd_eligible(params: dict[str, ParamValue] | Workload) -> bool:
     ungrouped = (params.get("groups", 1) if isinstance(params, dict) else params["groups"]) == 1
     symmetric = len(set(pad_sides(params))) == 1
     return ungrouped and symmetric and all(params[key] == value for key, value in window)
+
+
+def winograd_applies(params: dict[str, ParamValue] | Workload, layout: Layout) -> bool:
+    """Whether Winograd joins the direct template in the space of a conv2d that leaves `algo` to the
+    tuner: it may take it (`winograd_eligible`) and its padded image copy fits the stack (`fits_stack`).
+    The one home of that rule: the template, the canonical key and the network's task keys call it."""
+    return winograd_eligible(params) and _winograd_fits(params, layout)
 
 
 def require_winograd(params: dict[str, ParamValue]) -> None:
@@ -74,8 +82,10 @@ class Conv2d:
     layout=nhwc: input (n,h,w,c), weights (r,s,c,k) [HWIO, TensorFlow's tf.nn.conv2d], output (n,oh,ow,k).
     bias=1 adds a (k,) tensor, residual=1 a tensor shaped like the output; relu=1 clamps at 0, relu6=1
     to [0, 6]. prepacked=1: the weights are passed in the packed layout of the kernel's config.
-    oh = (h+2pad-dil(r-1)-1)//stride+1. algo=winograd (3x3, stride 1, dilation 1 only) picks the Winograd
-    F(2x2, 3x3) template: the same tensors and reference, fewer multiplies."""
+    oh = (h+2pad-dil(r-1)-1)//stride+1. algo=winograd (3x3, stride 1, dilation 1 only) forces the Winograd
+    F(2x2, 3x3) template (the same tensors and reference, fewer multiplies), algo=direct the direct one;
+    algo=auto (the default) is the tuner's choice: both in one space where Winograd applies
+    (`winograd_applies`), its indices the direct template's first (docs/design.md, Convolutions)."""
 
     name: ClassVar[str] = "conv2d"
     keys: ClassVar[tuple[str, ...]] = (
@@ -104,7 +114,7 @@ class Conv2d:
         "dilation": 1,
         "groups": 1,
         "layout": "nchw",
-        "algo": "direct",
+        "algo": "auto",
         **EPILOGUE,
         **PREPACKED,
         **ACTIVATION,
@@ -114,7 +124,7 @@ class Conv2d:
     )
     words: ClassVar[dict[str, tuple[str, ...]]] = {
         "layout": ("nchw", "nhwc"),
-        "algo": ("direct", "winograd"),
+        "algo": ("auto", "direct", "winograd"),
         **ACTIVATION_WORDS,
     }
 
@@ -129,7 +139,12 @@ class Conv2d:
             require_winograd(params)
 
     def canonical(self, params: dict[str, ParamValue]) -> dict[str, ParamValue]:
-        return canonical_pads(params)
+        """One-sided pads folded, and algo=direct where Winograd does not apply is the default (auto is
+        direct there): one key, and one log, for one space."""
+        out = canonical_pads(params)
+        if out["algo"] == "direct" and not winograd_applies(out, Layout(out["layout"])):
+            out = {**out, "algo": "auto"}
+        return out
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         sh = conv_shape(wl)
@@ -172,16 +187,27 @@ class Conv2d:
 
     onnx_ops: ClassVar[tuple[str, ...]] = ("Conv",)
     layouts: ClassVar[frozenset[Layout]] = frozenset(Layout)
-    feature_sets: ClassVar[tuple[FeatureSet, ...]] = (DIRECT, WINOGRAD)
+    feature_sets: ClassVar[tuple[FeatureSet, ...]] = (DIRECT, WINOGRAD, AUTO)
 
     def template(self, wl: Workload, target: Target) -> ScheduleTemplate:
-        if wl.value("algo") == "winograd":
+        algo = wl.value("algo")
+        if algo == "winograd":
             return WinogradTemplate(wl, target)
+        if algo == "auto" and winograd_applies(wl, Layout(wl.value("layout"))):
+            parts = (("direct", Conv2dTemplate(wl, target)), ("winograd", WinogradTemplate(wl, target)))
+            both = SumTemplate(wl, target, parts)
+            # An untuned build runs the algorithm whose default config the analytic estimate rates higher
+            # (the estimate in the direct's units, AUTO's last column): Winograd on the deep 3x3 layers,
+            # direct where few channels leave its transforms unpaid.
+            estimates = auto_features(both, np.array([c.index for c in both.seeds()]))[:, -1]
+            return SumTemplate(wl, target, parts, default_part=int(np.argmax(estimates)))
         return Conv2dTemplate(wl, target)
 
     def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
-        """Winograd's own, or the matmul's of the template a pointwise conv2d lowers through (the same
-        space), or the direct template's."""
+        """Winograd's own, the sum's (both blocks, AUTO), or the matmul's of the template a pointwise
+        conv2d lowers through (the same space), or the direct template's."""
+        if isinstance(template, SumTemplate):
+            return AUTO, template
         if isinstance(template, WinogradTemplate):
             return WINOGRAD, template
         if isinstance(template, Conv2dTemplate) and template.as_matmul is not None:
@@ -201,9 +227,10 @@ class Conv2d:
 
     def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
         """In `layout`, prepacked=1 for constant weights (packed once at build time, xtune/firmware/build.py),
-        and Winograd where it may run with constant weights: 2.25x fewer multiplies than any direct kernel,
-        with U = G g G^T made once at build time (docs/design.md, Convolutions). Weights that are an
-        activation would be transformed on every call: those layers stay direct."""
+        and the algorithm left to the tuner where Winograd may run with constant weights (the sum of both
+        spaces; Winograd has 2.25x fewer multiplies, with U = G g G^T made once at build time,
+        docs/design.md, Convolutions). Weights that are an activation would be transformed on every call:
+        those layers are direct (algo=direct)."""
         constant = anchor.weights is not None
         extra: tuple[tuple[str, ParamValue], ...] = layout_key(layout)
         # So do non-finite weights: the transform mixes each weight into 16 sums, and inf - inf makes NaN
@@ -211,8 +238,8 @@ class Conv2d:
         # whose padded image copy would exceed Winograd's stack budget is tuned and built direct.
         finite = anchor.weights is not None and bool(np.all(np.isfinite(anchor.weights)))
         sizes: dict[str, ParamValue] = {"dilation": 1, **dict(anchor.sizes)}
-        if finite and winograd_eligible(sizes) and _winograd_fits(sizes, layout):
-            extra += (("algo", "winograd"),)
+        if not finite and winograd_applies(sizes, layout):
+            extra += (("algo", "direct"),)
         packed = {"prepacked": 1} if constant else {}
         return anchor.key(extra, {**switches, **packed})
 
@@ -227,7 +254,7 @@ class Conv2d:
         return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))
 
 
-def _winograd_fits(sizes: dict[str, ParamValue], layout: Layout) -> bool:
+def _winograd_fits(sizes: dict[str, ParamValue] | Workload, layout: Layout) -> bool:
     """Whether a Winograd kernel of these sizes keeps its padded image copy within its stack budget; a
     larger layer is tuned and built direct, rather than refused when its tasks are extracted."""
     n, c, h, w, k, r, s, stride, pad, dilation = (

@@ -1,6 +1,8 @@
-"""The conv2d family's features: a direct conv2d template (the "conv2d" cost models) or a Winograd one
-(the "winograd" models, another space) and config indices in, the feature matrix out; Winograd's with
-its analytic estimate. A pointwise conv2d is featured as its matmul (xtune/ops/conv2d/__init__.py)."""
+"""The conv2d family's features: a direct conv2d template (the "conv2d" cost models), a Winograd one
+(the "winograd" models, another space) or the sum of both (the "conv2d_auto" models: an algorithm
+indicator, each algorithm's block, and an estimate comparable across them) and config indices in, the
+feature matrix out; Winograd's and the sum's with their analytic estimates. A pointwise conv2d is
+featured as its matmul (xtune/ops/conv2d/__init__.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from xtune.ops.estimate import (
     L3_BW,
     LOADS_PER_CYCLE,
     STORES_PER_CYCLE,
+    STRIDED_L2_BW,
     overlapped,
     tile_cycles,
     vector_fma_rate,
@@ -32,7 +35,7 @@ from xtune.ops.featurize import (
     waste,
     window_columns,
 )
-from xtune.ops.template import ScheduleTemplate
+from xtune.ops.template import ScheduleTemplate, SumTemplate
 from xtune.target import Target
 
 CONV2D_FEATURES = (
@@ -219,3 +222,80 @@ def winograd_estimate(
 
 DIRECT = FeatureSet(name="conv2d", columns=CONV2D_FEATURES, compute=conv2d_features)
 WINOGRAD = FeatureSet(name="winograd", columns=WINOGRAD_FEATURES, compute=winograd_features)
+
+
+def direct_estimate(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
+    """The direct kernel's share of the FMA peak (crude, as every estimate): its register tiles over the
+    (c, r, s) reduction, each channel block's call overhead, the padded input copy (a float at a time
+    where it transposes) and, unless prepacked=1, the weights packed at every call (a float at a time for
+    OIHW read in rsc order), the weight blocks streaming from L2 when they outgrow L1 per output row."""
+    t, sh = template.target, conv_shape(template.workload).per_group
+    cfg = Configs(template, indices)
+    p, nv = cfg.tiles()
+    lanes, fma_rate = float(t.fp32_lanes), vector_fma_rate(t)
+    nr = nv * lanes
+    cb, kb, _ = conv2d.channel_blocks(sh, nr, cfg.ints("tile_ic"), cfg.ints("tile_oc"), cfg.ints("tile_oh"))
+    hp, wp = (float(v) for v in conv2d_nest.padded(sh))
+    rs, strips = float(sh.r * sh.s), np.ceil(sh.k / nr)
+    tiles_at = sh.n * sh.oh * np.ceil(sh.ow / p) * strips  # register tiles per channel block
+    step = tile_cycles(p, nv, fma_rate, cb * rs)
+    calls = tiles_at * np.ceil(sh.c / cb)
+    gemm = tiles_at * sh.c * rs * step + calls * (2.0 * p * nv / LOADS_PER_CYCLE + 8.0)
+    scalar_copy = cfg.flag("pack_layout", "hwc") != sh.nhwc
+    copy = sh.n * sh.c * hp * wp / STORES_PER_CYCLE * np.where(scalar_copy, 1.0, 1.0 / lanes)
+    scalar_pack = (not sh.nhwc) & (cfg.flag("reduction", "rsc") > 0)
+    weights = strips * nr * sh.c * rs
+    pack = (
+        0.0
+        if template.workload["prepacked"]
+        else weights / STORES_PER_CYCLE * np.where(scalar_pack, 1, 1 / lanes)
+    )
+    stream = sh.n * sh.oh * np.ceil(sh.c / cb) * 4.0 * cb * rs * kb / STRIDED_L2_BW
+    ideal = sh.n * sh.oh * sh.ow * sh.k * sh.c * rs / (lanes * fma_rate)
+    return ideal / overlapped(gemm + copy + pack, np.where(4.0 * cb * rs * kb > t.l1d_bytes, stream, 0.0))
+
+
+def winograd_gain(template: ScheduleTemplate) -> float:
+    """The direct convolution's multiplies per Winograd GEMM multiply (2.25 for even outputs, less where
+    half tiles waste some): what turns Winograd's share of its own peak into the direct's units."""
+    sh = conv_shape(template.workload)
+    th, tw = winograd_nest.tiles(sh)
+    return sh.oh * sh.ow * sh.r * sh.s / (winograd_weights.E * th * tw)
+
+
+AUTO_FEATURES = (
+    "algo",  # the part: 0 direct, 1 Winograd
+    *(f"direct.{c}" for c in CONV2D_FEATURES),
+    *(f"winograd.{c}" for c in WINOGRAD_FEATURES),
+    "est_eff",
+)
+
+
+def auto_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
+    """A config of the sum of both algorithms: its part (1 for Winograd), the direct block (0 for a Winograd
+    config), the Winograd block (0 for a direct one), and the estimate in the direct's units (each
+    algorithm's estimate; Winograd's times its multiply gain): the analytic prior ranks both at once."""
+    assert isinstance(template, SumTemplate)
+    part, local = template.sum.split(indices)
+    (_, direct), (_, wino) = template.parts
+    nd = len(CONV2D_FEATURES)
+    out = np.zeros((len(part), len(AUTO_FEATURES)))
+    d, w = part == 0, part == 1
+    out[:, 0] = w
+    if d.any():
+        out[d, 1 : 1 + nd] = conv2d_features(direct, local[d])
+        out[d, -1] = direct_estimate(direct, local[d])
+    if w.any():
+        block = winograd_features(wino, local[w])
+        out[w, 1 + nd : -1] = block
+        out[w, -1] = block[:, WINOGRAD_FEATURES.index("est_eff")] * winograd_gain(wino)
+    return out
+
+
+_ND = len(CONV2D_FEATURES)
+AUTO = FeatureSet(
+    name="conv2d_auto",
+    columns=AUTO_FEATURES,
+    compute=auto_features,
+    parts=((DIRECT.name, 1, 1 + _ND), (WINOGRAD.name, 1 + _ND, 1 + _ND + len(WINOGRAD_FEATURES))),
+)

@@ -13,6 +13,7 @@ from xtune.ops.anchor import Anchor
 from xtune.ops.epilogue import require_positive
 from xtune.ops.featurize import FeatureSet
 from xtune.ops.layout import Layout
+from xtune.ops.qlinear import requant_key
 from xtune.ops.qmatmul import reference as qref
 from xtune.ops.qmatmul.features import FEATURES
 from xtune.ops.qmatmul.onnx import qmatmul_anchor
@@ -27,7 +28,40 @@ if TYPE_CHECKING:
 # The largest k of a quantized matmul: 65536 products of 8-bit values, each at most 255 * 128 in size
 # after the zero point, stay within the int32 accumulator (2^16 * 32640 < 2^31).
 QMATMUL_MAX_K = 65536
-_QTYPES: dict[str, DTypeName] = {"u8": "uint8", "s8": "int8"}
+QTYPES: dict[str, DTypeName] = {"u8": "uint8", "s8": "int8"}
+# The quantization keys every int8 family takes (qmatmul, qconv2d, qdepthwise): the activation type, the
+# requantization (whose reference to equal) and scales per tensor or per output channel.
+QUANT_KEYS = ("a", "requant", "perchannel")
+QUANT_DEFAULTS: dict[str, ParamValue] = {"a": "s8", "requant": "onnx", "perchannel": 0}
+QUANT_WORDS: dict[str, tuple[str, ...]] = {"a": ("s8", "u8"), "requant": ("onnx", "tflite", "none")}
+
+
+def validate_quant(op: str, params: dict[str, ParamValue]) -> None:
+    if params["perchannel"] not in (0, 1):
+        raise InputError(f"{op}: 'perchannel' must be 0 or 1, got {params['perchannel']}")
+    if params["perchannel"] and params["requant"] == "none":
+        raise InputError(f"{op}: requant=none has no scales, so no 'perchannel'")
+
+
+def quant_tensors(wl: Workload, channels: int) -> tuple[TensorSpec, ...]:
+    """The scales of the workload's `requant` (per tensor, or per each of `channels` output channels) and
+    qparams = [za, zy, lo, hi]: the tensors between an int8 kernel's bias and its output."""
+    c = (channels if wl["perchannel"] else 1,)
+    scales = {
+        "onnx": (TensorSpec("scale", c),),
+        "tflite": (TensorSpec("multiplier", c, dtype="int32"), TensorSpec("shift", c, dtype="int32")),
+        "none": (),
+    }[str(wl.value("requant"))]
+    return (*scales, TensorSpec("qparams", (4,), dtype="int32"))
+
+
+def output_dtype(wl: Workload) -> DTypeName:
+    """The stored output's type: the activation's, or the int32 sums with requant=none."""
+    return "int32" if wl.value("requant") == "none" else QTYPES[str(wl.value("a"))]
+
+
+def requant_of(wl: Workload) -> qref.Requant:
+    return cast(qref.Requant, wl.value("requant"))
 
 
 class QMatmul:
@@ -40,17 +74,14 @@ class QMatmul:
     xtune/ops/qmatmul/reference.py."""
 
     name: ClassVar[str] = "qmatmul"
-    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", "a", "requant", "perchannel")
-    defaults: ClassVar[dict[str, ParamValue]] = {"a": "s8", "requant": "onnx", "perchannel": 0}
-    optional: ClassVar[frozenset[str]] = frozenset(("a", "requant", "perchannel"))
-    words: ClassVar[dict[str, tuple[str, ...]]] = {"a": ("s8", "u8"), "requant": ("onnx", "tflite", "none")}
+    keys: ClassVar[tuple[str, ...]] = ("m", "n", "k", *QUANT_KEYS)
+    defaults: ClassVar[dict[str, ParamValue]] = QUANT_DEFAULTS
+    optional: ClassVar[frozenset[str]] = frozenset(QUANT_KEYS)
+    words: ClassVar[dict[str, tuple[str, ...]]] = QUANT_WORDS
 
     def validate(self, params: dict[str, ParamValue]) -> None:
         require_positive(self.name, params, ("m", "n", "k"))
-        if params["perchannel"] not in (0, 1):
-            raise InputError(f"{self.name}: 'perchannel' must be 0 or 1, got {params['perchannel']}")
-        if params["perchannel"] and params["requant"] == "none":
-            raise InputError(f"{self.name}: requant=none has no scales, so no 'perchannel'")
+        validate_quant(self.name, params)
         if int(params["k"]) > QMATMUL_MAX_K:
             raise InputError(
                 f"{self.name}: 'k' is {params['k']}, more than the {QMATMUL_MAX_K} an int32 "
@@ -59,29 +90,21 @@ class QMatmul:
 
     def tensors(self, wl: Workload) -> tuple[TensorSpec, ...]:
         m, n, k = wl["m"], wl["n"], wl["k"]
-        act, requant = _QTYPES[str(wl.value("a"))], wl.value("requant")
-        c = (n if wl["perchannel"] else 1,)
-        scales = {
-            "onnx": (TensorSpec("scale", c),),
-            "tflite": (TensorSpec("multiplier", c, dtype="int32"), TensorSpec("shift", c, dtype="int32")),
-            "none": (),
-        }[str(requant)]
         return (
-            TensorSpec("A", (m, k), dtype=act),
+            TensorSpec("A", (m, k), dtype=QTYPES[str(wl.value("a"))]),
             TensorSpec("B", (k, n), dtype="int8"),
             TensorSpec("bias", (n,), dtype="int32"),
-            *scales,
-            TensorSpec("qparams", (4,), dtype="int32"),
-            TensorSpec("C", (m, n), is_output=True, dtype="int32" if requant == "none" else act),
+            *quant_tensors(wl, n),
+            TensorSpec("C", (m, n), is_output=True, dtype=output_dtype(wl)),
         )
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return qref.qmatmul(inputs, str(wl.value("a")), _requant(wl))
+        return qref.qmatmul(inputs, str(wl.value("a")), requant_of(wl))
 
     def sample(self, wl: Workload, rng: np.random.Generator) -> list[np.ndarray]:
         """Random inputs that make sense together (xtune.ops.workload.random_inputs calls this)."""
         shape, channels = (wl["m"], wl["n"], wl["k"]), wl["n"] if wl["perchannel"] else 1
-        return qref.sample_inputs(shape, str(wl.value("a")), _requant(wl), channels, rng)
+        return qref.sample_inputs(shape, str(wl.value("a")), requant_of(wl), channels, rng)
 
     def flops(self, wl: Workload) -> int:
         return 2 * wl["m"] * wl["n"] * wl["k"]  # integer multiply-adds, counted as two operations
@@ -103,21 +126,15 @@ class QMatmul:
         return qmatmul_anchor(graph, node)
 
     def task_key(self, anchor: Anchor, switches: dict[str, ParamValue], layout: Layout) -> str:
-        """The workload of a call: its requantization is ONNX Runtime's (MatMulInteger: none), per column
-        where the weights' scale is; the epilogue switches of float kernels do not apply (the bias is
+        """The workload of a call: its requantization ONNX Runtime's or TFLite's (MatMulInteger: none), per
+        column where the weights' scale is; the epilogue switches of float kernels do not apply (the bias is
         always there, the clamp is in qparams)."""
         quant = anchor.quant or {}
         act = "u8" if quant["A"].dtype == np.uint8 else "s8"  # A's element type, as an empty array
-        requant = "onnx" if "scale" in quant else "none"
-        perchannel = int(requant == "onnx" and quant["scale"].size > 1)
-        return anchor.key((("a", act), ("requant", requant), ("perchannel", perchannel)), {})
+        return anchor.key((("a", act), *requant_key(quant)), {})
 
     def task_weights(self, wl: Workload, weights: np.ndarray) -> np.ndarray:
         return weights
 
     def onnx_nodes(self, wl: Workload, x: str, out: str, inits: Inits) -> list[onnx.NodeProto]:
         raise InputError("qmatmul: no ONNX model is written for it (benchmarks/bench_int8.py runs its peer)")
-
-
-def _requant(wl: Workload) -> qref.Requant:
-    return cast(qref.Requant, wl.value("requant"))

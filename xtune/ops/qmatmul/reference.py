@@ -117,8 +117,15 @@ def qmatmul(inputs: list[np.ndarray], a_type: str, requant: Requant) -> np.ndarr
     """The whole operator on the workload's tensors (operator.py, QMatmul.tensors): A, B, bias, the
     scales (onnx: scale; tflite: multiplier, shift; none: nothing), qparams = [za, zy, lo, hi], in order."""
     a, b, bias, *scales, qparams = inputs
-    za, zy, lo, hi = (int(v) for v in qparams)
-    acc = accumulate(a, b, bias, za)
+    return output(accumulate(a, b, bias, int(qparams[0])), scales, qparams, a_type, requant)
+
+
+def output(
+    acc: np.ndarray, scales: list[np.ndarray], qparams: np.ndarray, a_type: str, requant: Requant
+) -> np.ndarray:
+    """The stored output of int32 sums `acc` (bias included; channels on the last axis): requantized by
+    `requant` with the scales per tensor or channel, in the activation's type (none: the sums)."""
+    _, zy, lo, hi = (int(v) for v in qparams)
     if requant == "none":
         return acc
     if requant == "onnx":

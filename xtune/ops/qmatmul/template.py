@@ -1,14 +1,13 @@
 """The quantized matmul template: a qmatmul workload + target in, a register-tiled nest of 4-way int8 dot
 products with a requantizing epilogue out.
 
-The weights B are always passed prepacked (`kernel_inputs`, the one home of the layout): strips of
-nr = nv * lanes columns, each strip k-group after k-group, each group nr columns of 4 consecutive k bytes
-(B[4g + t, j] at strip * K4*nr*4 + g*nr*4 + c*4 + t), zero past n and past k: the operand layout of
-vpdpbusd and sdot, which multiply 4 bytes per 32-bit lane. The bias slot carries the column terms instead
-of the bias: bias[j] - za' * sum_k B[k, j], with za' the activation zero point as the kernel sees it
-(`DotPlan`), as ONNX Runtime folds its column sums into the packed weights. The register tile is
-mr x nv vectors of int32 accumulators (times `ksplit` partial sets, which shorten the dot chains), each
-step one broadcast 4-byte group of A per row against nv B vectors; the k groups unrolled by `unroll`.
+The weights B are always passed prepacked (`kernel_inputs`, the one home of the layout): the strips of
+xtune/ops/qmatmul/micro.py, whose register tile (`DotTile`) this template drives. The bias slot carries
+the column terms instead of the bias: bias[j] - za' * sum_k B[k, j], with za' the activation zero point
+as the kernel sees it (`DotPlan`), as ONNX Runtime folds its column sums into the packed weights. The
+register tile is mr x nv vectors of int32 accumulators (times `ksplit` partial sets, which shorten the
+dot chains), each step one broadcast 4-byte group of A per row against nv B vectors; the k groups
+unrolled by `unroll`.
 """
 
 from __future__ import annotations
@@ -19,6 +18,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.ops.qmatmul.epilogue import Requantizer
+from xtune.ops.qmatmul.micro import (
+    ACT_DTYPE,
+    DotPlan,
+    DotTile,
+    TileShape,
+    fit_registers,
+    kernel_params,
+    lmul_knobs,
+    pack_weights,
+    register_tiles,
+    tile_default,
+)
 from xtune.ops.qmatmul.reference import wrap32
 from xtune.ops.tiles import clipped, div, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
@@ -30,14 +41,10 @@ from xtune.schedule.loopnest import (
     BufferKind,
     Cast,
     Const,
-    Dot,
-    DotInsn,
     DType,
     Kernel,
     Load,
     NestBuilder,
-    PairSum,
-    Reg,
     Value,
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
@@ -47,73 +54,6 @@ MC_OPTIONS = (4, 8, 16, 32, 64, 128, 256, 512)
 NC_OPTIONS = (16, 32, 64, 128, 256, 512, 1024)
 UNROLL_OPTIONS = (1, 2, 4, 8)
 KSPLIT_OPTIONS = (1, 2)
-LMUL_OPTIONS = (1, 2, 4)
-_ACT = {"u8": DType.U8, "s8": DType.I8}
-
-
-@dataclass(frozen=True)
-class DotPlan:
-    """How a target computes the 4-way dot: its instruction, and the activation type that instruction
-    multiplies. An activation of the other signedness is flipped by xor 0x80 (a + 128 or a - 128), whose
-    zero point moves with it: sum (a - za) b = sum ((a ^ 0x80) - (za +- 128)) b, exactly."""
-
-    insn: DotInsn
-    act: DType  # the activation type the kernel feeds the instruction
-
-    @staticmethod
-    def of(target: Target, act: DType) -> DotPlan:
-        features = set(target.features.split(","))
-        if target.arch == "x86_64":
-            vnni = "+avx512vnni" in features or ("+avxvnni" in features and target.fp32_lanes <= 8)
-            return DotPlan(DotInsn.VPDPBUSD, DType.U8) if vnni else DotPlan(DotInsn.PMADDWD, act)
-        if target.arch == "aarch64":  # both take s8 x s8 (smull: a u8 x s8 product would need uxtl + mul)
-            return DotPlan(DotInsn.SDOT if "+dotprod" in features else DotInsn.SADALP, DType.I8)
-        return DotPlan(DotInsn.MLA, act)
-
-    def zero_point(self, act: DType, za: int) -> int:
-        """The activation zero point after the kernel's flip of `act` into `self.act` (if any)."""
-        if act is self.act:
-            return za
-        return za + 128 if self.act is DType.U8 else za - 128
-
-    @property
-    def acc_width(self) -> int:
-        """Accumulator registers per vector of results: 2 for SADALP (pair sums, `PairSum` after)."""
-        return 2 if self.insn is DotInsn.SADALP else 1
-
-    def registers(self, mr: int, nv: int, ksplit: int = 1) -> int:
-        """Vector registers an mr x nv tile holds live: its accumulators (ksplit sets, `acc_width` each),
-        the B vectors and A's broadcast, plus what the instruction needs besides (PMADDWD: the 2 widened
-        halves of each; MLA: the 4 bytes of each B vector, A's widened group and the products in flight,
-        LLVM's temporaries included: a 10x2 tile spilled on RVV; SADALP: the products in flight)."""
-        accumulators = ksplit * mr * nv * self.acc_width
-        if self.insn is DotInsn.MLA:
-            return accumulators + 4 * nv + 6
-        if self.insn is DotInsn.SADALP:
-            return accumulators + 2 * nv + 3  # each B vector's high half too (LLVM's ext + smull)
-        return accumulators + (2 if self.insn is DotInsn.PMADDWD else 1) * (nv + 1)
-
-    def instructions(self, mr: int, nv: int) -> int:
-        """Instructions per k group of an mr x nv tile, by what `intlower` emits: the dots, B's loads (and
-        widening), A's broadcasts (and widening). The default tile minimizes it per dot."""
-        dots, b, a = {
-            DotInsn.VPDPBUSD: (1, 1, 1),
-            DotInsn.SDOT: (1, 1, 2),
-            DotInsn.PMADDWD: (4, 6, 6),
-            DotInsn.MLA: (4, 12, 3),
-            DotInsn.SADALP: (4, 2, 1),
-        }[self.insn]
-        return dots * mr * nv + b * nv + a * mr
-
-
-def pack_weights(b: np.ndarray, nr: int) -> np.ndarray:
-    """B (k, n) int8 in the strips the kernel reads (module docstring), zero-padded; a flat int8 array."""
-    k, n = b.shape
-    groups, strips = -(-k // 4), -(-n // nr)
-    padded = np.zeros((groups * 4, strips * nr), np.int8)
-    padded[:k, :n] = b
-    # (g, t, strip, c) -> (strip, g, c, t)
-    return np.ascontiguousarray(padded.reshape(groups, 4, strips, nr).transpose(2, 0, 3, 1)).ravel()
 
 
 @dataclass(frozen=True)
@@ -136,7 +76,7 @@ class QMatmulSchedule:
 class QMatmulTemplate:
     def __init__(self, workload: Workload, target: Target):
         self.workload, self.target = workload, target
-        self.act = _ACT[str(workload.value("a"))]
+        self.act = ACT_DTYPE[str(workload.value("a"))]
         self.plan = DotPlan.of(target, self.act)
         self.lanes = target.fp32_lanes  # 32-bit lanes of a vector register
         m, n = workload["m"], workload["n"]
@@ -149,38 +89,18 @@ class QMatmulTemplate:
                 Knob("inner", KnobKind.CHOICE, ("nm", "mn")),
                 Knob("unroll", KnobKind.UNROLL, UNROLL_OPTIONS),
                 Knob("ksplit", KnobKind.CHOICE, KSPLIT_OPTIONS),
-                # RVV: vectors of lmul registers (LMUL, the RVV spec's register grouping), so a tile's
-                # vectors are lmul times longer and the register file holds 32 / lmul of them.
-                *(
-                    [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)]
-                    if "+v" in target.features.split(",")
-                    else []
-                ),
+                *lmul_knobs(target),
             )
         )
 
     def tiles(self) -> tuple[str, ...]:
-        """Tiles "MRxNV" whose accumulators and operands fit the register file (at lmul 1); a config whose
-        tile does not fit with ksplit=2 or its lmul runs with fewer (`schedule`)."""
-        regs = self.target.vector_registers
-        return tuple(
-            f"{mr}x{nv}"
-            for mr in range(1, 13)
-            for nv in range(1, 7)
-            if self.plan.registers(mr, nv) <= regs and nv * self.lanes <= 64
-        )
+        return register_tiles(self.plan, self.target)
 
     def schedule(self, config: Config) -> QMatmulSchedule:
         mr, nv = parse_tile(str(config["tile"]))
-        wl, regs = self.workload, self.target.vector_registers
-        ksplit = config.int("ksplit")
-        if ksplit > 1 and self.plan.registers(mr, nv, ksplit) > regs:
-            ksplit = 1  # two partial sets would spill: the same nest as ksplit=1
+        wl = self.workload
         lmul = config.int("lmul") if "lmul" in dict(config.values) else 1
-        need = self.plan.registers(mr, nv, ksplit)
-        while lmul > 1 and (need > regs // lmul or nv * self.lanes * lmul > 64):
-            lmul //= 2  # the tile's register groups would not fit: the nest of the largest lmul that does
-        lanes = self.lanes * lmul
+        ksplit, lanes = fit_registers(self.plan, self.target, (mr, nv), config.int("ksplit"), lmul)
         mc = int(whole_tiles(config.int("mc"), wl["m"], mr))
         nc = int(whole_tiles(config.int("nc"), wl["n"], nv * lanes))
         return QMatmulSchedule(
@@ -197,16 +117,13 @@ class QMatmulTemplate:
 
     def default_config(self) -> Config:
         t, wl = self.target, self.workload
-        tiles = [parse_tile(s) for s in self.tiles()]
-        # The fewest instructions per dot (`DotPlan.instructions`), then the larger tile.
-        mr, nv = min(tiles, key=lambda p: (self.plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1]))
         k = wl["k"]
         knobs = {knob.name: knob.options for knob in self.space.knobs}
         # A row block within half of L2 and the packed B panel of a column block within the other half.
         mc = max([int(v) for v in knobs["mc"] if int(v) * k <= t.l2_bytes // 2] or [int(knobs["mc"][0])])
         nc = max([int(v) for v in knobs["nc"] if int(v) * k <= t.l2_bytes // 2] or [int(knobs["nc"][0])])
         values: dict[str, KnobValue] = {
-            "tile": f"{mr}x{nv}",
+            "tile": tile_default(self.plan, self.tiles()),
             "mc": mc,
             "nc": nc,
             "order": "nm",
@@ -220,16 +137,7 @@ class QMatmulTemplate:
     def params(self, s: QMatmulSchedule) -> tuple[Buffer, ...]:
         """The kernel's parameters in the workload's tensor order; B sized as its packed strips."""
         wl = self.workload
-        m, n, k = wl["m"], wl["n"], wl["k"]
-        packed_b = -(-n // s.nr) * s.nr * -(-k // 4) * 4
-        dtypes = {"float32": DType.F32, "int8": DType.I8, "uint8": DType.U8, "int32": DType.I32}
-        out = []
-        for t in wl.tensors():
-            size = packed_b if t.name == "B" else t.size
-            kind = BufferKind.OUTPUT if t.is_output else BufferKind.INPUT
-            out.append(Buffer(t.name, size, kind, dtypes[t.dtype]))
-        assert len(out) and out[0].name == "A" and m * k == out[0].size
-        return tuple(out)
+        return kernel_params(wl, "B", -(-wl["n"] // s.nr) * s.nr * -(-wl["k"] // 4) * 4)
 
     def kernel(self, config: Config, name: str) -> Kernel:
         s = self.schedule(config)
@@ -361,50 +269,8 @@ class _Emitter:
 
     def micro(self, row0: Affine, rows: int, col0: Affine, ncols: int) -> None:
         """acc[set][r][c] += dot(A[row0+r, group], B strip vector c), then the epilogue and the store."""
-        s, b = self.s, self.b
-        lanes, nvec, width = s.lanes, -(-ncols // s.lanes), s.lanes * self.plan.acc_width
-        acc = [
-            [[b.register(f"acc{p}_{r}_{c}", width, DType.I32) for c in range(nvec)] for r in range(rows)]
-            for p in range(s.ksplit)
-        ]
-        for sets in acc:
-            for row in sets:
-                for reg in row:
-                    b.assign(reg, Const(0, width, DType.I32))
-        strip = Affine.of(col0) * (self.groups * 4)  # col0 is a multiple of nr: strip index * nr
-
-        def step(g: Affine | int, part: int, count: int = 4) -> None:
-            base = strip + Affine.of(g) * (s.nr * 4)
-            vectors = [Load("B", base + c * lanes * 4, 4 * lanes) for c in range(nvec)]
-            for r in range(rows):
-                a = self.a_group(row0 + r, g, count)
-                for c in range(nvec):
-                    b.assign(acc[part][r][c], Dot(acc[part][r][c], a, vectors[c], self.plan.insn))
-
-        whole = self.k // 4
-        per = s.unroll * s.ksplit
-        full, rest = divmod(whole, per)
-        if full:
-            with b.loop(full, "kg") as o:
-                for u in range(per):
-                    step(o * per + u, u % s.ksplit)
-        for u in range(rest):
-            step(full * per + u, u % s.ksplit)
-        if self.k % 4:
-            step(whole, rest % s.ksplit, self.k % 4)
-        self.store(acc, row0, col0, ncols)
-
-    def store(self, acc: list[list[list[Reg]]], row0: Affine, col0: Affine, ncols: int) -> None:
-        lanes = self.s.lanes
-        for r in range(len(acc[0])):
-            for c in range(len(acc[0][r])):
-                col = col0 + c * lanes
-                count = min(ncols - c * lanes, lanes) % lanes
-                total: Value = acc[0][r][c]
-                for part in acc[1:]:
-                    total = Binary(BinaryOp.ADD, total, part[r][c])
-                if self.plan.acc_width == 2:
-                    total = PairSum(total)
-                total = Binary(BinaryOp.ADD, total, Load("bias", col, lanes, count))
-                value = self.requant.apply(total, col, count)
-                self.b.store("C", (row0 + r) * self.n + col, value, lanes, count)
+        s = self.s
+        shape = TileShape(lanes=s.lanes, nv=s.nv, ksplit=s.ksplit, unroll=s.unroll, groups=self.groups)
+        tile = DotTile(self.b, self.plan, shape, rows, col0, ncols)
+        tile.reduce(self.k // 4, 0, lambda r, g, count: self.a_group(row0 + r, g, count), self.k % 4)
+        tile.store(self.requant, "C", lambda r: (row0 + r) * self.n)

@@ -1,0 +1,260 @@
+"""The register tile of int8 kernels: a target's `DotPlan` (its 4-way dot instruction), the packed
+weight strips and each row's 4-byte groups in, the nest statements of an mr x nv tile of int32
+accumulators (zeroed, reduced over k groups, summed, requantized and stored) out. qmatmul's rows are A's
+rows; qconv2d's are output pixels, whose groups are (tap, channel group) bytes of a padded image: both
+reduce through this one tile, with the weights packed by `pack_weights`.
+
+The weights are strips of nr = nv * lanes columns, each strip k-group after k-group, each group nr
+columns of 4 consecutive k bytes (B[4g + t, j] at strip * K4*nr*4 + g*nr*4 + c*4 + t), zero past n and
+past k: the operand layout of vpdpbusd and sdot, which multiply 4 bytes per 32-bit lane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from xtune.ops.qmatmul.epilogue import Requantizer
+from xtune.ops.tiles import parse_tile
+from xtune.ops.workload import Workload
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Buffer,
+    BufferKind,
+    Const,
+    Dot,
+    DotInsn,
+    DType,
+    Load,
+    NestBuilder,
+    PairSum,
+    Value,
+)
+from xtune.schedule.space import Knob, KnobKind
+from xtune.target import Target
+
+LMUL_OPTIONS = (1, 2, 4)
+ACT_DTYPE = {"u8": DType.U8, "s8": DType.I8}  # the loop-nest type of each activation word
+
+# A row's 4-byte group of the dot's left operand: (row within the tile, group, valid bytes: 4 or fewer).
+GroupOf = Callable[[int, Affine | int, int], Value]
+
+
+@dataclass(frozen=True)
+class DotPlan:
+    """How a target computes the 4-way dot: its instruction, and the activation type that instruction
+    multiplies. An activation of the other signedness is flipped by xor 0x80 (a + 128 or a - 128), whose
+    zero point moves with it: sum (a - za) b = sum ((a ^ 0x80) - (za +- 128)) b, exactly."""
+
+    insn: DotInsn
+    act: DType  # the activation type the kernel feeds the instruction
+
+    @staticmethod
+    def of(target: Target, act: DType) -> DotPlan:
+        features = set(target.features.split(","))
+        if target.arch == "x86_64":
+            vnni = "+avx512vnni" in features or ("+avxvnni" in features and target.fp32_lanes <= 8)
+            return DotPlan(DotInsn.VPDPBUSD, DType.U8) if vnni else DotPlan(DotInsn.PMADDWD, act)
+        if target.arch == "aarch64":  # both take s8 x s8 (smull: a u8 x s8 product would need uxtl + mul)
+            return DotPlan(DotInsn.SDOT if "+dotprod" in features else DotInsn.SADALP, DType.I8)
+        return DotPlan(DotInsn.MLA, act)
+
+    def zero_point(self, act: DType, za: int) -> int:
+        """The activation zero point after the kernel's flip of `act` into `self.act` (if any)."""
+        if act is self.act:
+            return za
+        return za + 128 if self.act is DType.U8 else za - 128
+
+    @property
+    def acc_width(self) -> int:
+        """Accumulator registers per vector of results: 2 for SADALP (pair sums, `PairSum` after)."""
+        return 2 if self.insn is DotInsn.SADALP else 1
+
+    def registers(self, mr: int, nv: int, ksplit: int = 1) -> int:
+        """Vector registers an mr x nv tile holds live: its accumulators (ksplit sets, `acc_width` each),
+        the B vectors and A's broadcast, plus what the instruction needs besides (PMADDWD: the 2 widened
+        halves of each; MLA: the 4 bytes of each B vector, A's widened group and the products in flight,
+        LLVM's temporaries included: a 10x2 tile spilled on RVV; SADALP: the products in flight)."""
+        accumulators = ksplit * mr * nv * self.acc_width
+        if self.insn is DotInsn.MLA:
+            return accumulators + 4 * nv + 6
+        if self.insn is DotInsn.SADALP:
+            return accumulators + 2 * nv + 3  # each B vector's high half too (LLVM's ext + smull)
+        return accumulators + (2 if self.insn is DotInsn.PMADDWD else 1) * (nv + 1)
+
+    def instructions(self, mr: int, nv: int) -> int:
+        """Instructions per k group of an mr x nv tile, by what `intlower` emits: the dots, B's loads (and
+        widening), A's broadcasts (and widening). The default tile minimizes it per dot."""
+        dots, b, a = {
+            DotInsn.VPDPBUSD: (1, 1, 1),
+            DotInsn.SDOT: (1, 1, 2),
+            DotInsn.PMADDWD: (4, 6, 6),
+            DotInsn.MLA: (4, 12, 3),
+            DotInsn.SADALP: (4, 2, 1),
+        }[self.insn]
+        return dots * mr * nv + b * nv + a * mr
+
+
+def pack_weights(b: np.ndarray, nr: int) -> np.ndarray:
+    """B (k, n) int8 in the strips the tile reads (module docstring), zero-padded; a flat int8 array."""
+    k, n = b.shape
+    groups, strips = -(-k // 4), -(-n // nr)
+    padded = np.zeros((groups * 4, strips * nr), np.int8)
+    padded[:k, :n] = b
+    # (g, t, strip, c) -> (strip, g, c, t)
+    return np.ascontiguousarray(padded.reshape(groups, 4, strips, nr).transpose(2, 0, 3, 1)).ravel()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TileShape:
+    """What the tile needs of a schedule: vectors of `lanes` int32, nv of them per row, `ksplit` partial
+    sets, `unroll` groups per loop step, and the strips' `groups` (k groups per strip)."""
+
+    lanes: int
+    nv: int
+    ksplit: int
+    unroll: int
+    groups: int
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+class DotTile:
+    """One register tile: `rows` rows against the weight columns col0..col0+ncols (col0 a multiple of nr)
+    of the packed buffer `weights`."""
+
+    def __init__(
+        self,
+        b: NestBuilder,
+        plan: DotPlan,
+        shape: TileShape,
+        rows: int,
+        col0: Affine,
+        ncols: int,
+        weights: str = "B",
+    ) -> None:
+        self.b, self.plan, self.shape = b, plan, shape
+        self.rows, self.col0, self.ncols, self.weights = rows, col0, ncols, weights
+        self.nvec = -(-ncols // shape.lanes)
+        width = shape.lanes * plan.acc_width
+        self.acc = [
+            [[b.register(f"acc{p}_{r}_{c}", width, DType.I32) for c in range(self.nvec)] for r in range(rows)]
+            for p in range(shape.ksplit)
+        ]
+        for sets in self.acc:
+            for row in sets:
+                for reg in row:
+                    b.assign(reg, Const(0, width, DType.I32))
+        self.strip = Affine.of(col0) * (shape.groups * 4)
+
+    def step(self, g: Affine | int, part: int, group: Callable[[int], Value]) -> None:
+        """acc[part][r][c] += dot(row r's group, strip vector c of weight group g)."""
+        lanes, b = self.shape.lanes, self.b
+        base = self.strip + Affine.of(g) * (self.shape.nr * 4)
+        vectors = [Load(self.weights, base + c * lanes * 4, 4 * lanes) for c in range(self.nvec)]
+        for r in range(self.rows):
+            a = group(r)
+            for c in range(self.nvec):
+                acc = self.acc[part][r][c]
+                b.assign(acc, Dot(acc, a, vectors[c], self.plan.insn))
+
+    def reduce(self, count: int, first: Affine | int, group: GroupOf, tail: int = 0) -> None:
+        """Groups first..first+count-1 (local index g given to `group`), `unroll` per loop step spread over
+        the `ksplit` partial sets, then one group of `tail` bytes (a k % 4 rest) if any."""
+        s, b = self.shape, self.b
+        per = s.unroll * s.ksplit
+        full, rest = divmod(count, per)
+
+        def one(g: Affine | int, part: int, size: int = 4) -> None:
+            self.step(Affine.of(first) + g, part, lambda r: group(r, g, size))
+
+        if full:
+            with b.loop(full, "kg") as o:
+                for u in range(per):
+                    one(o * per + u, u % s.ksplit)
+        for u in range(rest):
+            one(full * per + u, u % s.ksplit)
+        if tail:
+            one(count, rest % s.ksplit, tail)
+
+    def totals(self) -> Iterator[tuple[int, int, Value]]:
+        """(row, vector, its int32 sums over every partial set) of the tile."""
+        for r in range(self.rows):
+            for c in range(self.nvec):
+                total: Value = self.acc[0][r][c]
+                for part in self.acc[1:]:
+                    total = Binary(BinaryOp.ADD, total, part[r][c])
+                if self.plan.acc_width == 2:
+                    total = PairSum(total)
+                yield r, c, total
+
+    def store(self, requant: Requantizer, out: str, row_at: Callable[[int], Affine]) -> None:
+        """Each sum plus its column's bias, requantized, stored at out[row_at(row) + column]."""
+        lanes = self.shape.lanes
+        for r, c, total in self.totals():
+            col = self.col0 + c * lanes
+            count = min(self.ncols - c * lanes, lanes) % lanes
+            value = requant.apply(Binary(BinaryOp.ADD, total, Load("bias", col, lanes, count)), col, count)
+            self.b.store(out, row_at(r) + col, value, lanes, count)
+
+
+def kernel_params(wl: Workload, packed: str, size: int) -> tuple[Buffer, ...]:
+    """An int8 kernel's parameters in the workload's tensor order, the weights `packed` sized as `size`
+    packed bytes."""
+    dtypes = {"float32": DType.F32, "int8": DType.I8, "uint8": DType.U8, "int32": DType.I32}
+    return tuple(
+        Buffer(
+            t.name,
+            size if t.name == packed else t.size,
+            BufferKind.OUTPUT if t.is_output else BufferKind.INPUT,
+            dtypes[t.dtype],
+        )
+        for t in wl.tensors()
+    )
+
+
+def lmul_knobs(target: Target) -> list[Knob]:
+    """RVV: vectors of lmul registers (LMUL, the RVV spec's register grouping), so a tile's vectors are
+    lmul times longer and the register file holds 32 / lmul of them; no knob elsewhere."""
+    return [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)] if "+v" in target.features.split(",") else []
+
+
+def register_tiles(plan: DotPlan, target: Target) -> tuple[str, ...]:
+    """Tiles "MRxNV" whose accumulators and operands fit the register file (at lmul 1); a config whose
+    tile does not fit with ksplit=2 or its lmul runs with fewer (`fit_registers`)."""
+    regs, lanes = target.vector_registers, target.fp32_lanes
+    return tuple(
+        f"{mr}x{nv}"
+        for mr in range(1, 13)
+        for nv in range(1, 7)
+        if plan.registers(mr, nv) <= regs and nv * lanes <= 64
+    )
+
+
+def fit_registers(
+    plan: DotPlan, target: Target, tile: tuple[int, int], ksplit: int, lmul: int
+) -> tuple[int, int]:
+    """(ksplit, lanes) a tile runs with: 2 partial sets only if they fit the register file, and vectors of
+    the largest lmul (RVV's register grouping) whose groups hold the tile within 64 lanes."""
+    mr, nv = tile
+    regs = target.vector_registers
+    if ksplit > 1 and plan.registers(mr, nv, ksplit) > regs:
+        ksplit = 1  # two partial sets would spill: the same nest as ksplit=1
+    need = plan.registers(mr, nv, ksplit)
+    while lmul > 1 and (need > regs // lmul or nv * target.fp32_lanes * lmul > 64):
+        lmul //= 2  # the tile's register groups would not fit: the nest of the largest lmul that does
+    return ksplit, target.fp32_lanes * lmul
+
+
+def tile_default(plan: DotPlan, tiles: tuple[str, ...]) -> str:
+    """The tile of the fewest instructions per dot (`DotPlan.instructions`), then the larger one."""
+    mr, nv = min(
+        (parse_tile(t) for t in tiles), key=lambda p: (plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1])
+    )
+    return f"{mr}x{nv}"
