@@ -24,7 +24,7 @@ from xtune.target import get_target
 # both layouts, strides 1 and 2, the epilogue; Winograd with odd sizes; the pointwise conv2d's matmul
 # (weights as A for NCHW, as B for NHWC); a plain matmul; grouped conv2d (each group's blocks in turn).
 KEYS = (
-    "conv2d:n=1,c=13,h=9,w=9,k=21,r=3,s=3,stride=1,pad=1,bias=1,relu=1,prepacked=1",
+    "conv2d:n=1,c=13,h=9,w=9,k=21,r=3,s=3,stride=1,pad=1,bias=1,relu=1,prepacked=1,algo=direct",
     "conv2d:n=2,c=7,h=11,w=10,k=19,r=3,s=3,stride=2,pad=1,layout=nhwc,prepacked=1",
     "conv2d:n=1,c=20,h=7,w=9,k=9,r=3,s=3,pad=1,algo=winograd,bias=1,residual=1,prepacked=1",
     "conv2d:n=1,c=11,h=10,w=8,k=19,r=3,s=3,pad=0,layout=nhwc,algo=winograd,prepacked=1",

@@ -39,8 +39,8 @@ BRANCH = re.compile(r"^(j\w*|b\.\w+|b|cbn?z|tbn?z|b(eq|ne|lt|ge|ltu|geu|nez|eqz|
 
 WORKLOADS = {
     "matmul": "matmul:m=64,n=64,k=64",
-    "conv_nchw": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,pad=1",
-    "conv_nhwc": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,pad=1,layout=nhwc",
+    "conv_nchw": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,pad=1,algo=direct",
+    "conv_nhwc": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,pad=1,layout=nhwc,algo=direct",
     "conv_stride2": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,stride=2,pad=1,layout=nhwc",
     "pointwise": "conv2d:n=1,c=32,h=14,w=14,k=64,r=1,s=1,layout=nhwc",
     # Wide enough rows that the tiles along one are a loop (at 28 they are straight-line code).
