@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from tests.networks import INVERTED_RESIDUALS
 from xtune.errors import InputError
 from xtune.firmware.memory import ALIGN, MemoryPlan, Sharing, Step, TensorLife, plan_memory
 from xtune.firmware.memory import lifetimes as tensor_lives
@@ -51,16 +52,7 @@ def resnet18() -> list[Layer]:
 def mobilenet_v2() -> list[Layer]:
     layers: list[Layer] = [("stem", 32 * 112 * 112, (), "op")]
     x, c, hw = "stem", 32, 112
-    settings = (
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 3, 2),
-        (6, 64, 4, 2),
-        (6, 96, 3, 1),
-        (6, 160, 3, 2),
-        (6, 320, 1, 1),
-    )
-    for bi, (t, width, n, s) in enumerate(settings):
+    for bi, (t, width, n, s) in enumerate(INVERTED_RESIDUALS):
         for i in range(n):
             stride = s if i == 0 else 1
             oh, p, inp = hw // stride, f"b{bi}_{i}", x

@@ -510,20 +510,7 @@ def test_tune_and_bench_on_a_deployed_board_that_refuses_us_stop_at_once_with_ex
     boards.write_text(sshd.boards_toml("ssh-native", "x86-avx2", **extra))
     log = tmp_path / "log.jsonl"
     start = time.monotonic()
-    tuned = xtune_cli(
-        "tune",
-        "--workload",
-        TINY,
-        "--board",
-        "ssh-native",
-        "--boards",
-        str(boards),
-        "--trials",
-        "8",
-        "--log",
-        str(log),
-        *QUICK,
-    )
+    tuned = _tune_on_ssh_native(boards, log, "--workload", TINY)
     assert tuned.returncode == 2 and time.monotonic() - start < 60
     line = _one_error_line(tuned)
     assert line.startswith("xtune: error: board ssh-native: ") and expect in line
@@ -535,17 +522,11 @@ def test_tune_and_bench_on_a_deployed_board_that_refuses_us_stop_at_once_with_ex
     assert expect in _one_error_line(bench)
 
 
-def test_tune_model_on_a_deployed_board_that_refuses_us_stops_with_one_line_and_exit_2(
-    sshd: PrivateSshd, native: SshBoard, tmp_path: Path
-) -> None:
-    # As `tune --workload` above: the model's first task meets the refusal, and the whole run stops.
-    boards = tmp_path / "boards.toml"
-    boards.write_text(sshd.boards_toml("ssh-native", "x86-avx2", key=str(sshd.root / "other_ed25519")))
-    log, model = tmp_path / "log.jsonl", tiny_model(tmp_path / "tiny.onnx")
-    tuned = xtune_cli(
+def _tune_on_ssh_native(boards: Path, log: Path, *what: str) -> subprocess.CompletedProcess[str]:
+    """`xtune tune` of `what` (--workload or --model) for 8 trials on the boards file's ssh-native."""
+    return xtune_cli(
         "tune",
-        "--model",
-        str(model),
+        *what,
         "--board",
         "ssh-native",
         "--boards",
@@ -556,6 +537,16 @@ def test_tune_model_on_a_deployed_board_that_refuses_us_stops_with_one_line_and_
         str(log),
         *QUICK,
     )
+
+
+def test_tune_model_on_a_deployed_board_that_refuses_us_stops_with_one_line_and_exit_2(
+    sshd: PrivateSshd, native: SshBoard, tmp_path: Path
+) -> None:
+    # As `tune --workload` above: the model's first task meets the refusal, and the whole run stops.
+    boards = tmp_path / "boards.toml"
+    boards.write_text(sshd.boards_toml("ssh-native", "x86-avx2", key=str(sshd.root / "other_ed25519")))
+    log, model = tmp_path / "log.jsonl", tiny_model(tmp_path / "tiny.onnx")
+    tuned = _tune_on_ssh_native(boards, log, "--model", str(model))
     assert tuned.returncode == 2, tuned.stderr
     line = _one_error_line(tuned)
     assert line.startswith("xtune: error: board ssh-native: ") and "authentication as" in line

@@ -199,8 +199,10 @@ class Conv2d:
             # An untuned build runs the algorithm whose default config the analytic estimate rates higher
             # (the estimate in the direct's units, AUTO's last column): Winograd on the deep 3x3 layers,
             # direct where few channels leave its transforms unpaid.
+            # (set on the sum itself: the estimate reads the sum's configs, so it cannot come first)
             estimates = auto_features(both, np.array([c.index for c in both.seeds()]))[:, -1]
-            return SumTemplate(wl, target, parts, default_part=int(np.argmax(estimates)))
+            both.default_part = int(np.argmax(estimates))
+            return both
         return Conv2dTemplate(wl, target)
 
     def features(self, template: ScheduleTemplate) -> tuple[FeatureSet, ScheduleTemplate]:
