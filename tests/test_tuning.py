@@ -16,9 +16,10 @@ from xtune.boards.cost import CostUnit
 from xtune.cli.progress import _ProgressBar
 from xtune.errors import InputError
 from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import ScheduleTemplate
 from xtune.target import get_target
 from xtune.transfer.modelfile import Manifest
-from xtune.tuning.database import TuningLog, make_record, read_logs
+from xtune.tuning.database import Record, TuningLog, make_record, read_logs
 from xtune.tuning.kernel_bench import BenchReport
 from xtune.tuning.loop import TuneProgress
 from xtune.tuning.measure import MeasureResult, MeasureStatus
@@ -204,21 +205,19 @@ def test_an_instruction_counting_run_says_its_best_is_an_exact_count(tmp_path: P
     assert report.timings_text() == "an exact count" and "timed once" not in report.timings_text()
 
 
+def _local_record(template: ScheduleTemplate, index: int, result: MeasureResult) -> Record:
+    """The log record of `template`'s config `index` measured on the local board."""
+    return make_record(
+        template.workload.key, template.target.name, "local", template.space.config(index), result
+    )
+
+
 def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
     """The logic of the end-of-run confirmation, on made-up timings: config 0's one timing was lucky."""
     template = template_for(parse_workload(WORKLOAD), get_board("local").target)
     typical = {0: 3.0, 1: 2.0, 2: 2.5, 3: 4.0}
     first = {0: 1.0, 1: 2.0, 2: 2.5, 3: 4.0}
-    records = [
-        make_record(
-            template.workload.key,
-            template.target.name,
-            "local",
-            template.space.config(i),
-            MeasureResult(MeasureStatus.OK, (c,)),
-        )
-        for i, c in first.items()
-    ]
+    records = [_local_record(template, i, MeasureResult(MeasureStatus.OK, (c,))) for i, c in first.items()]
     rounds: list[list[int]] = []
 
     def measure(batch: list[int]) -> list[MeasureResult]:
@@ -226,10 +225,7 @@ def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
         return [MeasureResult(MeasureStatus.OK, (typical[i],)) for i in batch]
 
     def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        records.extend(
-            make_record(template.workload.key, template.target.name, "local", template.space.config(i), r)
-            for i, r in zip(batch, results, strict=True)
-        )
+        records.extend(_local_record(template, i, r) for i, r in zip(batch, results, strict=True))
 
     _confirm(lambda: records, template, 2, measure, keep)
     # 0 and 1 lead; after two rounds 0's median is its typical 3.0, so 2 moves up and is timed twice.
@@ -244,25 +240,13 @@ def test_confirm_keeps_its_promise_when_leaders_keep_changing() -> None:
     template = template_for(parse_workload(WORKLOAD), get_board("local").target)
     first = {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}
     typical = {i: 5.0 + i for i in first}
-    records = [
-        make_record(
-            template.workload.key,
-            template.target.name,
-            "local",
-            template.space.config(i),
-            MeasureResult(MeasureStatus.OK, (c,)),
-        )
-        for i, c in first.items()
-    ]
+    records = [_local_record(template, i, MeasureResult(MeasureStatus.OK, (c,))) for i, c in first.items()]
 
     def measure(batch: list[int]) -> list[MeasureResult]:
         return [MeasureResult(MeasureStatus.OK, (typical[i],)) for i in batch]
 
     def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        records.extend(
-            make_record(template.workload.key, template.target.name, "local", template.space.config(i), r)
-            for i, r in zip(batch, results, strict=True)
-        )
+        records.extend(_local_record(template, i, r) for i, r in zip(batch, results, strict=True))
 
     _confirm(lambda: records, template, 1, measure, keep)
     (leader,) = leaders(records, template.workload.key, template.target.name)
@@ -272,15 +256,7 @@ def test_confirm_keeps_its_promise_when_leaders_keep_changing() -> None:
 
 def test_confirm_gives_up_on_a_config_whose_timings_keep_failing() -> None:
     template = template_for(parse_workload(WORKLOAD), get_board("local").target)
-    records = [
-        make_record(
-            template.workload.key,
-            template.target.name,
-            "local",
-            template.space.config(0),
-            MeasureResult(MeasureStatus.OK, (1.0,)),
-        )
-    ]
+    records = [_local_record(template, 0, MeasureResult(MeasureStatus.OK, (1.0,)))]
     tried: list[int] = []
 
     def measure(batch: list[int]) -> list[MeasureResult]:
@@ -288,10 +264,7 @@ def test_confirm_gives_up_on_a_config_whose_timings_keep_failing() -> None:
         return [MeasureResult(MeasureStatus.TIMEOUT) for _ in batch]
 
     def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        records.extend(
-            make_record(template.workload.key, template.target.name, "local", template.space.config(i), r)
-            for i, r in zip(batch, results, strict=True)
-        )
+        records.extend(_local_record(template, i, r) for i, r in zip(batch, results, strict=True))
 
     _confirm(lambda: records, template, 3, measure, keep)
     assert tried == [0] * 4  # twice the two timings it needed, then the run goes on
