@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.tiles import Epilogue, Rows, split_edges, transposed_copy, unrolled
+from xtune.ops.tiles import Epilogue, Rows, lane_group, split_edges, transposed_copy, unrolled
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -43,6 +43,10 @@ class ConvSchedule:
     hwc: bool  # packed input layout: channel-minor (HWC) or planes (CHW)
     unroll_kw: bool
     unroll: int
+    # The target's lane FMA, where the tile's input vectors fit (`tile_registers` with lanes of A): the
+    # input of `lanes` consecutive channels (contiguous in the hwc copy) is loaded as one vector and each
+    # lane feeds the FMAs of its channel, as matmul's `a_value` reads A.
+    lane_fma: bool = False
 
     @property
     def nr(self) -> int:
@@ -317,11 +321,27 @@ class ConvEmitter:
 
         def step(env: dict[str, Affine]) -> None:
             cc, i, j = env["c"], env["r"], env["s"]
+            weights = [
+                Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes) for v in range(nvec)
+            ]
+            row = y * sh.stride + i * sh.dilation
+            group = lane_group(cc, ctx.ccur, lanes) if s.lane_fma and s.hwc else None
+            if group is not None:
+                # Each pixel's vector holds `lanes` channels of its input: with the weight vectors
+                # outermost only one is live beside the accumulators and the pixels' input vectors.
+                start, lane = group
+                for v in range(nvec):
+                    b.assign(wreg[v], weights[v])
+                    for p in range(np_):
+                        col = (x + p) * sh.stride + j * sh.dilation
+                        a = Broadcast(Load("Ip", self.ip_index(start, row, col), lanes), lanes, lane)
+                        b.assign(acc[p][v], MulAdd(a, wreg[v], acc[p][v]))
+                return
             for v in range(nvec):
-                b.assign(wreg[v], Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes))
+                b.assign(wreg[v], weights[v])
             for p in range(np_):
                 col = (x + p) * sh.stride + j * sh.dilation
-                a = Load("Ip", self.ip_index(cc, y * sh.stride + i * sh.dilation, col))
+                a = Load("Ip", self.ip_index(cc, row, col))
                 b.assign(bcast, Broadcast(a, lanes))  # once into a register, not once per FMA
                 for v in range(nvec):
                     b.assign(acc[p][v], MulAdd(bcast, wreg[v], acc[p][v]))
@@ -332,7 +352,9 @@ class ConvEmitter:
         # doubling the code (and the compile time) of a kernel.
         full = np_ == s.p and nc == s.nr
         serial = [a for a, _ in axes if not (a == "s" and s.unroll_kw and full)]
-        self.reduce(axes, serial[-1] if serial and full else "", s.unroll_kw and full, {}, step)
+        # Except the channel groups of a lane-FMA tile: rolled, a tail would broadcast a channel at a time.
+        unroll = full or (s.lane_fma and s.hwc)
+        self.reduce(axes, serial[-1] if serial and unroll else "", s.unroll_kw and full, {}, step)
         epi = self.epi
         if sh.nhwc:
             for p in range(np_):
