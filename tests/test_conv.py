@@ -16,6 +16,7 @@ from xtune.codegen.compile import parse_verified
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
 from xtune.ops.conv import conv_shape
+from xtune.ops.conv2d import Conv2dTemplate
 from xtune.ops.registry import features_of, parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import For, Stmt, Store
@@ -365,6 +366,7 @@ def test_lane_fma_direct_conv_correct_under_qemu_aarch64() -> None:
     for stride in (1, 2):
         key = f"conv2d:n=1,c=10,h=9,w=11,k=13,r=3,s=3,stride={stride},pad=1,layout=nhwc,algo=direct,bias=1"
         template = template_for(parse_workload(key), board.target)
+        assert isinstance(template, Conv2dTemplate)
         default = template.default_config()
         assert default["unroll"] == 4 and template.schedule(default).lane_fma
         base = default.as_dict()

@@ -325,23 +325,20 @@ class ConvEmitter:
                 Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes) for v in range(nvec)
             ]
             row = y * sh.stride + i * sh.dilation
-            group = lane_group(cc, ctx.ccur, lanes) if s.lane_fma and s.hwc else None
-            if group is not None:
-                # Each pixel's vector holds `lanes` channels of its input: with the weight vectors
-                # outermost only one is live beside the accumulators and the pixels' input vectors.
-                start, lane = group
+            inputs = self.input_lanes(
+                ctx, row, [(x + p) * sh.stride + j * sh.dilation for p in range(np_)], cc
+            )
+            if inputs is not None:
+                # Weight vectors outermost: one is live beside the accumulators and the pixels' inputs.
                 for v in range(nvec):
                     b.assign(wreg[v], weights[v])
                     for p in range(np_):
-                        col = (x + p) * sh.stride + j * sh.dilation
-                        a = Broadcast(Load("Ip", self.ip_index(start, row, col), lanes), lanes, lane)
-                        b.assign(acc[p][v], MulAdd(a, wreg[v], acc[p][v]))
+                        b.assign(acc[p][v], MulAdd(inputs[p], wreg[v], acc[p][v]))
                 return
             for v in range(nvec):
                 b.assign(wreg[v], weights[v])
             for p in range(np_):
-                col = (x + p) * sh.stride + j * sh.dilation
-                a = Load("Ip", self.ip_index(cc, row, col))
+                a = Load("Ip", self.ip_index(cc, row, (x + p) * sh.stride + j * sh.dilation))
                 b.assign(bcast, Broadcast(a, lanes))  # once into a register, not once per FMA
                 for v in range(nvec):
                     b.assign(acc[p][v], MulAdd(bcast, wreg[v], acc[p][v]))
@@ -368,6 +365,17 @@ class ConvEmitter:
         with b.loop(nc, "oc") as ch:
             for p in range(np_):
                 b.store("output", self.out_index(ctx, y, x + p, js + ch), Load("Ot", ch + p * s.nr))
+
+    def input_lanes(self, ctx: _Block, row: Affine, cols: list[Affine], cc: Affine) -> list[Broadcast] | None:
+        """The input of channel cc at (row, col) for each col of a tile, as a lane of a vector of `lanes`
+        consecutive channels (contiguous in the hwc copy) on a lane-FMA tile, when cc's whole group of
+        channels is in the block (`lane_group`); None otherwise: broadcast a channel at a time."""
+        s = self.s
+        group = lane_group(cc, ctx.ccur, s.lanes) if s.lane_fma and s.hwc else None
+        if group is None:
+            return None
+        start, lane = group
+        return [Broadcast(Load("Ip", self.ip_index(start, row, col), s.lanes), s.lanes, lane) for col in cols]
 
     def init(
         self, ctx: _Block, acc: list[list[Reg]], y: Affine, x: Affine, js: Affine, nc: int, counts: list[int]
