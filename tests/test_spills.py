@@ -171,3 +171,17 @@ def test_aarch64_defaults_multiply_by_lanes(name: str, workload: str) -> None:
     lanes = {m.group(1) for t in text if t.startswith("fmla") and (m := re.search(r"\.s\[(\d)\]", t))}
     assert lanes == set("0123")
     assert not [t for t in text if t.startswith("ld1r")]
+
+
+def test_rvv_matmul_multiplies_by_register_groups() -> None:
+    """riscv64-gcv's matmul vectors are groups of 4 registers (LMUL=4): in the hot loop one vle32 per
+    group of a B row and one FMA per group of each tile row, per k step (the default's 2x2 tile of
+    32-lane groups, 4 k steps unrolled: 8 loads, 16 FMAs), and nothing spilled."""
+    if shutil.which(OBJDUMP["riscv64"]) is None:
+        pytest.skip("needs riscv64-linux-gnu-objdump")
+    target = get_target("riscv64-gcv")
+    rows = default_object(target, WORKLOADS["matmul"])
+    assert any(",e32,m4," in text for _, text in rows if text.startswith("vset"))
+    (loop,) = hot_loops(rows, "riscv64")
+    assert len([t for t in loop if t.startswith("vle32")]) == 8
+    assert len([t for t in loop if MULTIPLY["riscv64"].match(t)]) == 16
