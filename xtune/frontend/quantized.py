@@ -92,6 +92,8 @@ def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
     for i, node in enumerate(graph.nodes):
         if node.op in ("Conv", "MatMul", "Gemm"):
             _fuse_qdq(edit, i, writers, readers)
+        elif node.op == "AveragePool" and requant == "tflite":
+            _integer_average(edit, i, writers, readers)
         elif node.op == "com.microsoft.QGemm":
             _from_qgemm(edit, i)
         elif node.op in VIEWS:
@@ -263,10 +265,19 @@ def _pattern(
         return None
     if node.op != "Conv" and len(graph.shapes.get(dx.inputs[0], ())) != 2:
         return None  # the int8 matmul takes rank 2: a batched MatMul runs in float32
+    after = _quantized_after(graph, readers, node)
+    return (dx, dw, *after) if after is not None else None
+
+
+def _quantized_after(
+    graph: Graph, readers: dict[str, list[int]], node: Node
+) -> tuple[Node | None, Node] | None:
+    """The Relu or Clip that alone reads `node`'s output (or None) and the QuantizeLinear that alone reads
+    what comes out, if there is one."""
     after = _only_reader(graph, readers, node.outputs[0])
     act = after if after is not None and after.op in ("Relu", "Clip") else None
     q = _only_reader(graph, readers, act.outputs[0]) if act is not None else after
-    return (dx, dw, act, q) if q is not None and q.op == "QuantizeLinear" else None
+    return (act, q) if q is not None and q.op == "QuantizeLinear" else None
 
 
 def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]) -> None:
@@ -310,9 +321,41 @@ def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict
         attrs |= {"requant": edit.requant}
     op = "QLinearConv" if node.op == "Conv" else "QLinearMatMul"
     edit.nodes[index] = Node(name=name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
-    for done in (act, q):
+    _drop_fused(edit, writers, act, q)
+
+
+def _drop_fused(edit: _Rewrite, writers: dict[str, int], *fused: Node | None) -> None:
+    for done in fused:
         if done is not None:
             edit.nodes[writers[done.outputs[0]]] = None
+
+
+def _integer_average(
+    edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
+) -> None:
+    """A TFLite model's DequantizeLinear -> AveragePool [-> Relu/Clip] -> QuantizeLinear of one scale and
+    zero point (TFLite's pooling Prepare wants the scales within 1e-6 and the zero points equal:
+    tensorflow/lite/kernels/pooling.cc) as the AveragePool of the 8-bit tensor, which the pooling family
+    runs as TFLite's integer average (xtune/ops/pool2d.py), the activation its clamp `out_lo`/`out_hi`.
+    Another pair of scales stays in float form."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    dq = _dequantized(graph, writers, node.inputs[0])
+    after = _quantized_after(graph, readers, node)
+    if dq is None or after is None or graph.constant(dq.inputs[0]) is not None:
+        return
+    act, q = after
+    x, y = _scalar_q(graph, dq), _scalar_q(graph, q)
+    if x is None or y is None or x[1:] != y[1:] or abs(x[0] - y[0]) > 1e-6:
+        return
+    clamp = _clamp(graph, act, y[0], y[1], y[2], edit.requant) if act is not None else RANGES[y[2]]
+    if clamp is None or node.int_attr("count_include_pad", 0):
+        return
+    attrs: dict[str, AttrValue] = {**node.attrs, "requant": edit.requant}
+    if clamp != RANGES[y[2]]:
+        attrs |= {"out_lo": clamp[0], "out_hi": clamp[1]}
+    edit.nodes[index] = replace(node, inputs=(dq.inputs[0],), outputs=q.outputs, attrs=attrs)
+    _drop_fused(edit, writers, act, q)
 
 
 def _view_of_integers(
@@ -330,7 +373,7 @@ def _view_of_integers(
     if _scalar_q(graph, dq) is None or _scalar_q(graph, dq) != _scalar_q(graph, q):
         return
     edit.nodes[index] = replace(node, inputs=(dq.inputs[0], *node.inputs[1:]), outputs=q.outputs)
-    edit.nodes[writers[q.outputs[0]]] = None
+    _drop_fused(edit, writers, q)
 
 
 def _zero_name(edit: _Rewrite, node: Node, kind: str) -> str:

@@ -47,8 +47,8 @@ _INTEGER_KINDS = frozenset(("quantize", "reshape", "transpose"))
 def integer_tensor(graph: Graph, node: Node, kind: str) -> UnsupportedNode | None:
     """The refusal of a generated operator that would read or write an integer tensor as float32 (a
     quantized model's op with no int8 kernel), naming the first such tensor; None if there is none."""
-    if kind in _INTEGER_KINDS:
-        return None
+    if kind in _INTEGER_KINDS or node.attr("requant", "") == "tflite":
+        return None  # the quantized rewrite made the node 8-bit (a TFLite AveragePool): its family checks
     for tensor in (*node.inputs, *node.outputs):
         if tensor and tensor not in graph.constants and graph.dtype(tensor) != "float32":
             dtype = graph.dtype(tensor)

@@ -6,13 +6,24 @@ whole window, padding counted as zeros: what a zero Pad folded into it is). Pool
 with unit column stride runs whole output rows as vectors; with column stride 2 the window's input columns
 are not contiguous and each output is computed as a scalar (such pools are one layer of a network); in NHWC,
 pooling runs along channels, any stride. Pooling windows that overlap the padding are specialised at build
-time (their clipped extent is a constant), so the interior has no bounds checks."""
+time (their clipped extent is a constant), so the interior has no bounds checks.
+
+An int8 or uint8 AveragePool (the quantized rewrite makes one of a TFLite model's AVERAGE_POOL_2D:
+xtune/frontend/quantized.py) is TFLite's integer average (`RoundedMean`), as its reference kernel computes
+it (tensorflow/lite/kernels/internal/reference/integer_ops/pooling.h, AveragePool; reference_ops' uint8
+one alike): the stored integers of the window's pixels inside the input summed in int32, divided by their
+count rounding half away from zero (`acc > 0 ? (acc + n/2) / n : (acc - n/2) / n`, C's truncating
+division), clamped to the fused activation's range. The input and output share one scale and zero point
+(TFLite's pooling Prepare checks it), so no rescaling and no float; a float average rounded by
+QuantizeLinear (half to even) differs from it on exact ties."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import cast
 
 import numpy as np
 
@@ -33,13 +44,16 @@ from xtune.ops.opkit import (
     positive,
     refusing,
 )
+from xtune.ops.quantize import QDTYPES, RANGES, QType
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
     Buffer,
     BufferKind,
+    Cast,
     Const,
+    DType,
     Kernel,
     Load,
     NestBuilder,
@@ -78,6 +92,37 @@ def _segments(out: int, size: int, k: int, stride: int, pad: int) -> list[_Segme
 
 
 @dataclass(frozen=True, kw_only=True)
+class RoundedMean:
+    """TFLite's integer average of `qtype` values: a window's int32 sum divided by its count, rounded half
+    away from zero, clamped to [lo, hi] (the fused activation's range, CalculateActivationRangeQuantized)."""
+
+    qtype: QType
+    lo: int
+    hi: int
+
+    def reference(self, total: np.ndarray, count: int | np.ndarray) -> np.ndarray:
+        """The rounded means of integer sums `total` over `count` taps, as C computes them."""
+        half = np.asarray(count) // 2
+        away = np.where(total > 0, (total + half) // count, -((half - total) // count))
+        return np.clip(away, self.lo, self.hi)
+
+    def value(self, b: NestBuilder, taps: Sequence[Value], width: int) -> Value:
+        """The rounded mean of the taps (8-bit loads), stored type. The sum is a register: it is read
+        twice, by its sign and by the division."""
+        total = b.register(f"sum{width}", width, DType.I32)
+        acc: Value = Cast(taps[0], DType.I32)
+        for tap in taps[1:]:
+            acc = Binary(BinaryOp.ADD, acc, Cast(tap, DType.I32))
+        b.assign(total, acc)
+        i32 = lambda v: Const(v, width, DType.I32)  # noqa: E731
+        sign = Binary(BinaryOp.SHR, total, i32(31))  # -1 where the sum is negative, else 0
+        half = Binary(BinaryOp.SUB, Binary(BinaryOp.XOR, i32(len(taps) // 2), sign), sign)  # +-n/2
+        mean = Binary(BinaryOp.DIV, Binary(BinaryOp.ADD, total, half), i32(len(taps)))
+        clamped = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, mean, i32(self.lo)), i32(self.hi))
+        return Cast(clamped, QDTYPES[self.qtype])
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pool2d(ChannelsOp):
     """MaxPool / AveragePool over (n, c, h, w), or (n, h, w, c) in NHWC; pads (top, left, bottom, right)."""
 
@@ -91,6 +136,7 @@ class Pool2d(ChannelsOp):
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     layout: Layout = Layout.NCHW
     count_pad: bool = False  # an average divides by the whole window (ONNX's count_include_pad=1)
+    rounded: RoundedMean | None = None  # an 8-bit average, TFLite's (float32 when None)
 
     def __post_init__(self) -> None:
         positive(
@@ -114,6 +160,8 @@ class Pool2d(ChannelsOp):
         oh, ow = self._nchw_output[2:]
         if oh < 1 or ow < 1:
             raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
+        if self.rounded is not None and (self.kind is PoolKind.MAX or self.count_pad):
+            raise InputError("pool: an 8-bit pool is an average over the pixels inside the input")
 
     @property
     def output_shape(self) -> Shape:
@@ -130,10 +178,11 @@ class Pool2d(ChannelsOp):
             return to_layout(nchw.reference(np.ascontiguousarray(x.transpose(0, 3, 1, 2))), Layout.NHWC)
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = self.kernel, self.stride, self.pads
         fill = -np.inf if self.kind is PoolKind.MAX else 0.0
-        padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
-        valid = np.pad(np.ones((self.h, self.w)), ((pt, pb), (pl, pr)))
+        kind = np.float64 if self.rounded is None else np.int64
+        padded = np.pad(x.astype(kind), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+        valid = np.pad(np.ones((self.h, self.w), np.int64), ((pt, pb), (pl, pr)))
         oh, ow = self._nchw_output[2:]
-        out = np.empty(self._nchw_output)
+        out = np.empty(self._nchw_output, kind)
         for i in range(oh):
             for j in range(ow):
                 win = padded[:, :, i * sh : i * sh + kh, j * sw : j * sw + kw]
@@ -143,8 +192,11 @@ class Pool2d(ChannelsOp):
                     taps = (
                         kh * kw if self.count_pad else valid[i * sh : i * sh + kh, j * sw : j * sw + kw].sum()
                     )
-                    out[:, :, i, j] = win.sum(axis=(2, 3)) / taps
-        return out.astype(np.float32)
+                    total = win.sum(axis=(2, 3))
+                    out[:, :, i, j] = (
+                        total / taps if self.rounded is None else self.rounded.reference(total, taps)
+                    )
+        return out.astype(np.float32 if self.rounded is None else self.rounded.qtype)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
         if self.layout is Layout.NHWC:
@@ -158,8 +210,7 @@ class Pool2d(ChannelsOp):
                     oy = y + rows.start
                     in_row = p * (self.h * self.w) + (oy * sh + (-pt)) * self.w + (-pl)
                     self._row(b, in_row, p * (oh * ow) + oy * ow, rows, cols, lanes)
-        size = self.n * self.c
-        return b.kernel(name, params([("x", size * self.h * self.w)], size * oh * ow))
+        return b.kernel(name, self._params())
 
     def _row(
         self, b: NestBuilder, in_row: Affine, out_row: Affine, rows: _Segment, cols: _Segment, lanes: int
@@ -173,7 +224,7 @@ class Pool2d(ChannelsOp):
                 for ky in range(rows.lo, rows.hi)
                 for kx in range(cols.lo, cols.hi)
             ]
-            b.store("out", out_row + ox, self._reduce(taps, width), width, count)
+            b.store("out", out_row + ox, self._reduce(b, taps, width), width, count)
 
         if sw == 1 and lanes > 1:
             b.split(cols.count, lanes, lambda t, n: window(t + cols.start, lanes, n), "x")
@@ -181,16 +232,26 @@ class Pool2d(ChannelsOp):
             with b.loop(cols.count, "x") as x:
                 window(x + cols.start, 1, 1)
 
-    def _reduce(self, taps: Sequence[Value], width: int) -> Value:
+    def _params(self) -> tuple[Buffer, ...]:
+        """The input and output, float32 or the 8-bit type of a `rounded` average."""
+        size = self.n * self.c
+        buffers = params([("x", size * self.h * self.w)], size * math.prod(self._nchw_output[2:]))
+        if self.rounded is None:
+            return buffers
+        return tuple(replace(buf, dtype=QDTYPES[self.rounded.qtype]) for buf in buffers)
+
+    def _reduce(self, b: NestBuilder, taps: Sequence[Value], width: int) -> Value:
         """A window's taps reduced: their max, or their mean (over the taps inside the image, ONNX's
-        count_include_pad=0; over the whole window with `count_pad`)."""
+        count_include_pad=0; over the whole window with `count_pad`), TFLite's integer one if `rounded`."""
+        if self.rounded is not None:
+            return self.rounded.value(b, taps, width)
         op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
         acc: Value = taps[0]
         for tap in taps[1:]:
             acc = Binary(op, acc, tap)
         if self.kind is PoolKind.AVERAGE:
             count = self.kernel[0] * self.kernel[1] if self.count_pad else len(taps)
-            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / count, width))
+            acc = Binary(BinaryOp.DIV, acc, Const(float(count), width))
         return acc
 
     def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
@@ -218,11 +279,10 @@ class Pool2d(ChannelsOp):
                             for ky in range(rows.lo, rows.hi)
                             for kx in range(cols.lo, cols.hi)
                         ]
-                        b.store("out", out + ch, self._reduce(taps, lanes), lanes, count)
+                        b.store("out", out + ch, self._reduce(b, taps, lanes), lanes, count)
 
                     b.split(c, lanes, window, "c")
-        size = self.n * self.c
-        return b.kernel(name, params([("x", size * self.h * self.w)], size * oh * ow))
+        return b.kernel(name, self._params())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,7 +342,7 @@ class GlobalAveragePool(ChannelsOp):
         return b.kernel(name, params([("x", self.n * c * plane)], self.n * c))
 
 
-def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
+def _pool(graph: Graph, node: Node, shape: tuple[int, ...], rounded: RoundedMean | None) -> Pool2d:
     if len(shape) != 4:
         raise refuse(graph, node, f"only 2-D pooling (4-D NCHW input) is supported, the input is {shape}")
     auto_pad = str(node.attr("auto_pad", "NOTSET"))
@@ -316,17 +376,38 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
             stride=(stride[0], stride[1]),
             pads=(pads[0], pads[1], pads[2], pads[3]),
             count_pad=kind is PoolKind.AVERAGE and counts_pad,
+            rounded=rounded,
         )
+
+
+def _rounded(graph: Graph, node: Node) -> RoundedMean:
+    """The integer average of an 8-bit AveragePool: one the quantized rewrite made of a TFLite model's
+    (its `requant="tflite"`; the fused activation's clamp in `out_lo`/`out_hi`, xtune/frontend/
+    quantized.py). ONNX has no 8-bit AveragePool: any other is refused."""
+    qtype = graph.dtype(node.inputs[0])
+    if node.op != "AveragePool" or node.attr("requant", "") != "tflite" or qtype not in RANGES:
+        raise refuse(graph, node, f"the input is {qtype}; xtune pools 8-bit tensors as TFLite's AveragePool")
+    if graph.dtype(node.outputs[0]) != qtype:
+        raise refuse(graph, node, "the output's type differs from the input's")
+    lo, hi = RANGES[qtype]
+    return RoundedMean(
+        qtype=cast(QType, qtype),
+        lo=max(lo, node.int_attr("out_lo", lo)),
+        hi=min(hi, node.int_attr("out_hi", hi)),
+    )
 
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     x = node.inputs[0]
     shape = graph.shape(x)
+    rounded = _rounded(graph, node) if graph.dtype(x) != "float32" else None
     if node.op == "GlobalAveragePool":
         if len(shape) != 4:
             raise refuse(graph, node, UNSUPPORTED)
         return Mapped(kernel=GlobalAveragePool(n=shape[0], c=shape[1], h=shape[2], w=shape[3]), inputs=(x,))
-    return Mapped(kernel=_pool(graph, node, shape), inputs=(x,))
+    pool = _pool(graph, node, shape, rounded)
+    # An 8-bit pool runs in the layout its input is in: xtune converts float32 tensors only.
+    return Mapped(kernel=pool, inputs=(x,), follows_input=True if rounded is not None else None)
 
 
 FAMILY = NodeFamily(
