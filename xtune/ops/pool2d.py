@@ -8,14 +8,9 @@ are not contiguous and each output is computed as a scalar (such pools are one l
 pooling runs along channels, any stride. Pooling windows that overlap the padding are specialised at build
 time (their clipped extent is a constant), so the interior has no bounds checks.
 
-An int8 or uint8 AveragePool (the quantized rewrite makes one of a TFLite model's AVERAGE_POOL_2D:
-xtune/frontend/quantized.py) is TFLite's integer average (`RoundedMean`), as its reference kernel computes
-it (tensorflow/lite/kernels/internal/reference/integer_ops/pooling.h, AveragePool; reference_ops' uint8
-one alike): the stored integers of the window's pixels inside the input summed in int32, divided by their
-count rounding half away from zero (`acc > 0 ? (acc + n/2) / n : (acc - n/2) / n`, C's truncating
-division), clamped to the fused activation's range. The input and output share one scale and zero point
-(TFLite's pooling Prepare checks it), so no rescaling and no float; a float average rounded by
-QuantizeLinear (half to even) differs from it on exact ties."""
+ONNX Runtime's QLinearAveragePool (com.microsoft; the quantized rewrite makes one of a QDQ AveragePool
+and of a TFLite model's int8 AVERAGE_POOL_2D: xtune/frontend/quantized.py) is the same window over 8-bit
+tensors, each window's mean computed as the model's reference computes it (xtune/ops/qpool.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +18,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import cast
 
 import numpy as np
 
@@ -44,21 +38,22 @@ from xtune.ops.opkit import (
     positive,
     refusing,
 )
-from xtune.ops.quantize import QDTYPES, RANGES, QType
+from xtune.ops.qpool import QuantizedMean, quantized_mean
+from xtune.ops.quantize import QDTYPES
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
     Buffer,
     BufferKind,
-    Cast,
     Const,
-    DType,
     Kernel,
     Load,
     NestBuilder,
     Value,
 )
+
+QLINEAR_POOL = "com.microsoft.QLinearAveragePool"
 
 
 class PoolKind(Enum):
@@ -92,37 +87,6 @@ def _segments(out: int, size: int, k: int, stride: int, pad: int) -> list[_Segme
 
 
 @dataclass(frozen=True, kw_only=True)
-class RoundedMean:
-    """TFLite's integer average of `qtype` values: a window's int32 sum divided by its count, rounded half
-    away from zero, clamped to [lo, hi] (the fused activation's range, CalculateActivationRangeQuantized)."""
-
-    qtype: QType
-    lo: int
-    hi: int
-
-    def reference(self, total: np.ndarray, count: int | np.ndarray) -> np.ndarray:
-        """The rounded means of integer sums `total` over `count` taps, as C computes them."""
-        half = np.asarray(count) // 2
-        away = np.where(total > 0, (total + half) // count, -((half - total) // count))
-        return np.clip(away, self.lo, self.hi)
-
-    def value(self, b: NestBuilder, taps: Sequence[Value], width: int) -> Value:
-        """The rounded mean of the taps (8-bit loads), stored type. The sum is a register: it is read
-        twice, by its sign and by the division."""
-        total = b.register(f"sum{width}", width, DType.I32)
-        acc: Value = Cast(taps[0], DType.I32)
-        for tap in taps[1:]:
-            acc = Binary(BinaryOp.ADD, acc, Cast(tap, DType.I32))
-        b.assign(total, acc)
-        i32 = lambda v: Const(v, width, DType.I32)  # noqa: E731
-        sign = Binary(BinaryOp.SHR, total, i32(31))  # -1 where the sum is negative, else 0
-        half = Binary(BinaryOp.SUB, Binary(BinaryOp.XOR, i32(len(taps) // 2), sign), sign)  # +-n/2
-        mean = Binary(BinaryOp.DIV, Binary(BinaryOp.ADD, total, half), i32(len(taps)))
-        clamped = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, mean, i32(self.lo)), i32(self.hi))
-        return Cast(clamped, QDTYPES[self.qtype])
-
-
-@dataclass(frozen=True, kw_only=True)
 class Pool2d(ChannelsOp):
     """MaxPool / AveragePool over (n, c, h, w), or (n, h, w, c) in NHWC; pads (top, left, bottom, right)."""
 
@@ -136,7 +100,7 @@ class Pool2d(ChannelsOp):
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     layout: Layout = Layout.NCHW
     count_pad: bool = False  # an average divides by the whole window (ONNX's count_include_pad=1)
-    rounded: RoundedMean | None = None  # an 8-bit average, TFLite's (float32 when None)
+    quantized: QuantizedMean | None = None  # an 8-bit average (QLinearAveragePool); float32 when None
 
     def __post_init__(self) -> None:
         positive(
@@ -160,8 +124,8 @@ class Pool2d(ChannelsOp):
         oh, ow = self._nchw_output[2:]
         if oh < 1 or ow < 1:
             raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
-        if self.rounded is not None and (self.kind is PoolKind.MAX or self.count_pad):
-            raise InputError("pool: an 8-bit pool is an average over the pixels inside the input")
+        if self.quantized is not None and self.kind is PoolKind.MAX:
+            raise InputError("pool: an 8-bit pool is an average")
 
     @property
     def output_shape(self) -> Shape:
@@ -176,13 +140,14 @@ class Pool2d(ChannelsOp):
         if self.layout is Layout.NHWC:
             nchw = replace(self, layout=Layout.NCHW)
             return to_layout(nchw.reference(np.ascontiguousarray(x.transpose(0, 3, 1, 2))), Layout.NHWC)
+        if self.quantized is not None:
+            return self._quantized_reference(x)
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = self.kernel, self.stride, self.pads
         fill = -np.inf if self.kind is PoolKind.MAX else 0.0
-        kind = np.float64 if self.rounded is None else np.int64
-        padded = np.pad(x.astype(kind), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
-        valid = np.pad(np.ones((self.h, self.w), np.int64), ((pt, pb), (pl, pr)))
+        padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+        valid = np.pad(np.ones((self.h, self.w)), ((pt, pb), (pl, pr)))
         oh, ow = self._nchw_output[2:]
-        out = np.empty(self._nchw_output, kind)
+        out = np.empty(self._nchw_output)
         for i in range(oh):
             for j in range(ow):
                 win = padded[:, :, i * sh : i * sh + kh, j * sw : j * sw + kw]
@@ -192,11 +157,21 @@ class Pool2d(ChannelsOp):
                     taps = (
                         kh * kw if self.count_pad else valid[i * sh : i * sh + kh, j * sw : j * sw + kw].sum()
                     )
-                    total = win.sum(axis=(2, 3))
-                    out[:, :, i, j] = (
-                        total / taps if self.rounded is None else self.rounded.reference(total, taps)
-                    )
-        return out.astype(np.float32 if self.rounded is None else self.rounded.qtype)
+                    out[:, :, i, j] = win.sum(axis=(2, 3)) / taps
+        return out.astype(np.float32)
+
+    def _quantized_reference(self, x: np.ndarray) -> np.ndarray:
+        """NCHW 8-bit means, each from its window's pixels inside the input in window order."""
+        assert self.quantized is not None
+        (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
+        out = np.empty(self._nchw_output, self.quantized.qtype)
+        for i in range(out.shape[2]):
+            rows = range(max(0, i * sh - pt), min(self.h, i * sh - pt + kh))
+            for j in range(out.shape[3]):
+                cols = range(max(0, j * sw - pl), min(self.w, j * sw - pl + kw))
+                taps = [x[:, :, r, c] for r in rows for c in cols]
+                out[:, :, i, j] = self.quantized.reference(taps, kh * kw if self.count_pad else len(taps))
+        return out
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
         if self.layout is Layout.NHWC:
@@ -233,24 +208,25 @@ class Pool2d(ChannelsOp):
                 window(x + cols.start, 1, 1)
 
     def _params(self) -> tuple[Buffer, ...]:
-        """The input and output, float32 or the 8-bit type of a `rounded` average."""
+        """The input and output, float32 or the 8-bit type of a `quantized` average."""
         size = self.n * self.c
         buffers = params([("x", size * self.h * self.w)], size * math.prod(self._nchw_output[2:]))
-        if self.rounded is None:
+        if self.quantized is None:
             return buffers
-        return tuple(replace(buf, dtype=QDTYPES[self.rounded.qtype]) for buf in buffers)
+        return tuple(replace(buf, dtype=QDTYPES[self.quantized.qtype]) for buf in buffers)
 
     def _reduce(self, b: NestBuilder, taps: Sequence[Value], width: int) -> Value:
         """A window's taps reduced: their max, or their mean (over the taps inside the image, ONNX's
-        count_include_pad=0; over the whole window with `count_pad`), TFLite's integer one if `rounded`."""
-        if self.rounded is not None:
-            return self.rounded.value(b, taps, width)
+        count_include_pad=0; over the whole window with `count_pad`), the model's reference's if
+        `quantized`."""
+        count = self.kernel[0] * self.kernel[1] if self.count_pad else len(taps)
+        if self.quantized is not None:
+            return self.quantized.value(b, taps, width, count)
         op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
         acc: Value = taps[0]
         for tap in taps[1:]:
             acc = Binary(op, acc, tap)
-        if self.kind is PoolKind.AVERAGE:
-            count = self.kernel[0] * self.kernel[1] if self.count_pad else len(taps)
+        if self.kind is PoolKind.AVERAGE:  # divided, as ONNX Runtime's AveragePool does: not by a reciprocal
             acc = Binary(BinaryOp.DIV, acc, Const(float(count), width))
         return acc
 
@@ -342,7 +318,7 @@ class GlobalAveragePool(ChannelsOp):
         return b.kernel(name, params([("x", self.n * c * plane)], self.n * c))
 
 
-def _pool(graph: Graph, node: Node, shape: tuple[int, ...], rounded: RoundedMean | None) -> Pool2d:
+def _pool(graph: Graph, node: Node, shape: tuple[int, ...], quantized: QuantizedMean | None) -> Pool2d:
     if len(shape) != 4:
         raise refuse(graph, node, f"only 2-D pooling (4-D NCHW input) is supported, the input is {shape}")
     auto_pad = str(node.attr("auto_pad", "NOTSET"))
@@ -376,43 +352,26 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...], rounded: RoundedMean
             stride=(stride[0], stride[1]),
             pads=(pads[0], pads[1], pads[2], pads[3]),
             count_pad=kind is PoolKind.AVERAGE and counts_pad,
-            rounded=rounded,
+            quantized=quantized,
         )
-
-
-def _rounded(graph: Graph, node: Node) -> RoundedMean:
-    """The integer average of an 8-bit AveragePool: one the quantized rewrite made of a TFLite model's
-    (its `requant="tflite"`; the fused activation's clamp in `out_lo`/`out_hi`, xtune/frontend/
-    quantized.py). ONNX has no 8-bit AveragePool: any other is refused."""
-    qtype = graph.dtype(node.inputs[0])
-    if node.op != "AveragePool" or node.attr("requant", "") != "tflite" or qtype not in RANGES:
-        raise refuse(graph, node, f"the input is {qtype}; xtune pools 8-bit tensors as TFLite's AveragePool")
-    if graph.dtype(node.outputs[0]) != qtype:
-        raise refuse(graph, node, "the output's type differs from the input's")
-    lo, hi = RANGES[qtype]
-    return RoundedMean(
-        qtype=cast(QType, qtype),
-        lo=max(lo, node.int_attr("out_lo", lo)),
-        hi=min(hi, node.int_attr("out_hi", hi)),
-    )
 
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     x = node.inputs[0]
     shape = graph.shape(x)
-    rounded = _rounded(graph, node) if graph.dtype(x) != "float32" else None
+    quantized = quantized_mean(graph, node) if node.op == QLINEAR_POOL else None
     if node.op == "GlobalAveragePool":
         if len(shape) != 4:
             raise refuse(graph, node, UNSUPPORTED)
         return Mapped(kernel=GlobalAveragePool(n=shape[0], c=shape[1], h=shape[2], w=shape[3]), inputs=(x,))
-    pool = _pool(graph, node, shape, rounded)
+    pool = _pool(graph, node, shape, quantized)
     # An 8-bit pool runs in the layout its input is in: xtune converts float32 tensors only.
-    return Mapped(kernel=pool, inputs=(x,), follows_input=True if rounded is not None else None)
+    return Mapped(kernel=pool, inputs=(x,), follows_input=True if quantized is not None else None)
 
 
 FAMILY = NodeFamily(
     kind="pooling",
-    onnx_ops=("MaxPool", "AveragePool", "GlobalAveragePool"),
+    onnx_ops=("MaxPool", "AveragePool", "GlobalAveragePool", QLINEAR_POOL),
     layouts=frozenset(Layout),
     from_node=from_node,
 )
