@@ -8,7 +8,7 @@ import pytest
 
 from xtune.errors import InputError
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.tiles import parse_tile, register_tiles
+from xtune.ops.tiles import group_lanes, parse_tile, register_tiles
 from xtune.schedule.space import ConfigSpace, Knob, KnobKind
 from xtune.target import get_target, load_targets
 from xtune.tuning.features import featurize
@@ -67,8 +67,10 @@ def test_default_config_is_in_the_space_and_uses_the_register_file(name: str) ->
     config = template.default_config()
     assert template.space.config(config.index) == config
     mr, nv = parse_tile(str(config["tile"]))
-    # The heuristic picks a tile that uses most of the accumulators the target has.
-    assert mr * nv + nv + 1 > target.vector_registers // 2
+    # The heuristic picks a tile that uses most of the accumulators the target has (in registers: RVV's
+    # vectors are groups of lmul of them).
+    lmul = int(group_lanes(target, mr, nv, int(config.as_dict().get("lmul", 1)))) // target.fp32_lanes
+    assert (mr * nv + nv + 1) * lmul > target.vector_registers // 2
 
 
 REAL_WORKLOADS = (
