@@ -37,8 +37,9 @@ from typing import Literal
 
 import numpy as np
 
-from xtune.frontend.qfloat import FLOAT_FORMS, float_forms
+from xtune.frontend.qfloat import with_float_forms
 from xtune.graph import AttrValue, Graph, Node
+from xtune.ops.qpointwise import FLOAT_FORMS, QLINEAR_OF
 from xtune.ops.quantize import RANGES
 from xtune.ops.reshape import VIEWS
 
@@ -79,7 +80,7 @@ def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
     made (`REQUANT_PROP`); the QOperator nodes made of a TFLite model say so (`requant="tflite"`)."""
     if not any(n.op in _QOPS for n in graph.nodes):
         return graph
-    graph = _with_float_forms(graph)
+    graph = with_float_forms(graph)
     edit = _Rewrite(
         requant=requant,
         graph=graph,
@@ -96,32 +97,13 @@ def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
             _from_qgemm(edit, i)
         elif node.op in VIEWS:
             _view_of_integers(edit, i, writers, readers)
+        elif node.op in QLINEAR_OF:
+            _qlinear_pointwise(edit, i, writers, readers)
     _drop_unread(edit)
     _fold_constant_dequantize(edit)
     nodes = tuple(n for n in edit.nodes if n is not None)
     shapes = edit.shapes | {name: value.shape for name, value in edit.constants.items()}
     return replace(graph, nodes=nodes, constants=edit.constants, shapes=shapes, dtypes=edit.dtypes)
-
-
-def _with_float_forms(graph: Graph) -> Graph:
-    """`graph` with ORT's QOperator element-wise nodes in their float form (xtune/frontend/qfloat.py)."""
-    constants, taken = dict(graph.constants), set(graph.shapes) | set(graph.constants)
-
-    def fresh(name: str, value: np.ndarray | None) -> str:
-        unique, i = name, 0
-        while unique in taken:
-            i += 1
-            unique = f"{name}.{i}"
-        taken.add(unique)
-        if value is not None:
-            constants[unique] = value
-        return unique
-
-    nodes, shapes = float_forms(graph, fresh)
-    if len(nodes) == len(graph.nodes):
-        return graph
-    all_shapes = {**graph.shapes, **shapes, **{n: v.shape for n, v in constants.items()}}
-    return replace(graph, nodes=tuple(nodes), constants=constants, shapes=all_shapes)
 
 
 def _dequantized(graph: Graph, writers: dict[str, int], tensor: str) -> Node | None:
@@ -330,6 +312,31 @@ def _view_of_integers(
     if _scalar_q(graph, dq) is None or _scalar_q(graph, dq) != _scalar_q(graph, q):
         return
     edit.nodes[index] = replace(node, inputs=(dq.inputs[0], *node.inputs[1:]), outputs=q.outputs)
+    edit.nodes[writers[q.outputs[0]]] = None
+
+
+def _qlinear_pointwise(
+    edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
+) -> None:
+    """DequantizeLinear of each activation -> Add, Mul, GlobalAveragePool, Sigmoid or LeakyRelu ->
+    QuantizeLinear, per tensor: ONNX Runtime's QOperator node of it (QLinearAdd, ...), which
+    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    op = QLINEAR_OF[node.op]
+    count = FLOAT_FORMS[op][1]
+    dqs = [_dequantized(graph, writers, t) for t in node.inputs]
+    q = _only_reader(graph, readers, node.outputs[0])
+    if len(dqs) != count or q is None or q.op != "QuantizeLinear" or _scalar_q(graph, q) is None:
+        return
+    inputs: list[str] = []
+    for dq in dqs:
+        if dq is None or graph.constant(dq.inputs[0]) is not None or _scalar_q(graph, dq) is None:
+            return
+        inputs += [dq.inputs[0], dq.inputs[1], _zero_name(edit, dq, graph.dtype(dq.inputs[0]))]
+    inputs += [q.inputs[1], _zero_name(edit, q, graph.dtype(q.outputs[0]))]
+    attrs = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    edit.nodes[index] = Node(name=node.name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
     edit.nodes[writers[q.outputs[0]]] = None
 
 

@@ -157,7 +157,8 @@ def sample(wl: Workload, rng: np.random.Generator, weights: tuple[int, ...]) -> 
     a = str(wl.value("a"))
     products = int(np.prod(weights)) // sh.k if len(weights) == 4 else sh.r * sh.s
     channels = sh.k if wl["perchannel"] else 1
-    _, b, *rest = qref.sample_inputs((1, sh.k, products), a, requant_of(wl), channels, rng)
+    dequant = bool(wl["dequant"])
+    _, b, *rest = qref.sample_inputs((1, sh.k, products), a, requant_of(wl), channels, rng, dequant)
     lo, hi = qref.RANGES[a]
     x = rng.integers(lo, hi + 1, (sh.n, sh.h, sh.w, sh.c)).astype(qref.NUMPY_TYPES[a])
     return [x, b.reshape(weights), *rest]
