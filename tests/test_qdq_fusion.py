@@ -7,6 +7,7 @@ built with fewer steps and a smaller workspace, equal to ONNX Runtime on the hos
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +25,7 @@ from xtune.ops.qpointwise import Quantized
 from xtune.ops.quantize import QParams
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
+from xtune.tuning.peers import ort_network
 from xtune.target import get_target
 
 ort_quant = pytest.importorskip("onnxruntime.quantization")
@@ -158,3 +160,106 @@ def test_a_qdq_sandwich_is_one_8_bit_kernel_and_matches(tmp_path: Path, op: str,
         assert np.array_equal(got, _three_nodes(op, qtype, x))
     report = bench_model(path, get_board("local"), repeat=1)
     assert report.correct, report.error  # ONNX Runtime's own QLinear kernels: the one-step rule
+
+
+# --- a quantize_static ResNet-ish network ----------------------------------------------------------------
+
+
+def _resnetish(path: Path) -> Path:
+    """x[1,3,8,8] -> Conv 3x3 -> Relu -> Conv 3x3 -> Relu -> Conv 3x3 -> Add (the first Relu's output) ->
+    Relu -> GlobalAveragePool -> Flatten -> Gemm: a residual block and a classifier, quantized by
+    `quantize_static` (QDQ, per channel, int8 activations; its Relus fold into the QuantizeLinear ranges)."""
+    rng = np.random.default_rng(11)
+    shapes = {"w1": (8, 3, 3, 3), "w2": (8, 8, 3, 3), "w3": (8, 8, 3, 3), "wf": (10, 8)}
+    inits = {k: rng.normal(0, 0.3, s).astype(np.float32) for k, s in shapes.items()}
+    inits |= {f"b{k[1]}": rng.normal(0, 0.3, s[0]).astype(np.float32) for k, s in shapes.items()}
+    conv = {"pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", **conv),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", **conv),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="conv3", **conv),
+        helper.make_node("Add", ["c3", "r1"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["r3"], name="relu3"),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "resnetish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    source = path.with_name("resnetish_float.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=OPSETS), source)
+
+    class Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-defined]
+        def __init__(self) -> None:
+            data = np.random.default_rng(12).uniform(-1, 1, (4, 1, 3, 8, 8)).astype(np.float32)
+            self.batches = iter([{"x": batch} for batch in data])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    ort_quant.quantize_static(
+        str(source),
+        str(path),
+        Calibration(),
+        quant_format=ort_quant.QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=ort_quant.QuantType.QInt8,
+        weight_type=ort_quant.QuantType.QInt8,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def resnetish(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _resnetish(tmp_path_factory.mktemp("qdq_fusion") / "resnetish.onnx")
+
+
+def _kinds(artifact: object) -> list[str]:
+    calls = artifact.program.calls  # type: ignore[attr-defined]
+    return [c.kernel.op if isinstance(c.kernel, Workload) else c.kernel.label for c in calls]
+
+
+def test_the_resnetish_network_runs_fused_in_8_steps_equal_to_onnx_runtime(resnetish: Path) -> None:
+    """Unfused it ran in 14 steps (a DequantizeLinear after conv1 and conv3, the Add and the pooling in
+    float32 with a QuantizeLinear and DequantizeLinear around them, the logits' DequantizeLinear) in a
+    4608-byte workspace (11250 bytes of tensors): the Add and the pooling are now one 8-bit kernel each,
+    the classifier's matmul writes the dequantized logits, and the workspace is three 8x8x8 int8 tensors
+    at its peak (conv3 reads conv2's output and writes beside the residual conv1's)."""
+    artifact = build_model(resnetish, HOST)
+    prog = artifact.program
+    assert _kinds(artifact) == [
+        "transpose->nhwc",  # the float input to NHWC, then quantized
+        "quantize",
+        "qconv2d",
+        "qconv2d",
+        "qconv2d",
+        "qadd",
+        "qglobalaveragepool",
+        "qmatmul",
+    ]
+    assert prog.calls[-1].kernel.key.endswith("dequant=1")  # type: ignore[union-attr]
+    assert (prog.memory.workspace_bytes, prog.memory.lower_bound) == (3 * 512, 3 * 512)
+    # the float input's NHWC copy (768) and every 8-bit tensor: x (192), 4 of 8x8x8, the pooled 8
+    assert prog.memory.intermediate_bytes == 768 + 192 + 4 * 512 + 8
+    x = network_input(artifact)
+    got, _ = run_network(get_board("local"), artifact, x)
+    assert np.array_equal(got, ort_network(resnetish.read_bytes(), x)[0])
+
+
+def test_the_fused_resnetish_network_equals_onnx_runtime_under_qemu_aarch64(resnetish: Path) -> None:
+    board = get_board("qemu-aarch64")
+    if board.target.qemu_binary and shutil.which(board.target.qemu_binary) is None:
+        pytest.skip(f"needs {board.target.qemu_binary}")
+    artifact = build_model(resnetish, board.target)
+    assert len(artifact.program.calls) == 8
+    for seed in range(2):
+        x = network_input(artifact) * (1 + seed)
+        got, _ = run_network(board, artifact, x)
+        assert np.array_equal(got, ort_network(resnetish.read_bytes(), x)[0])
