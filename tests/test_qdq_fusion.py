@@ -25,8 +25,8 @@ from xtune.ops.qpointwise import Quantized
 from xtune.ops.quantize import QParams
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
-from xtune.tuning.peers import ort_network
 from xtune.target import get_target
+from xtune.tuning.peers import ort_network
 
 ort_quant = pytest.importorskip("onnxruntime.quantization")
 HOST = "x86-avx2"  # every x86 host of the project runs AVX2 code
@@ -165,21 +165,21 @@ def test_a_qdq_sandwich_is_one_8_bit_kernel_and_matches(tmp_path: Path, op: str,
 # --- a quantize_static ResNet-ish network ----------------------------------------------------------------
 
 
-def _resnetish(path: Path) -> Path:
+def _resnetish(path: Path, float_head: bool = False) -> Path:
     """x[1,3,8,8] -> Conv 3x3 -> Relu -> Conv 3x3 -> Relu -> Conv 3x3 -> Add (the first Relu's output) ->
     Relu -> GlobalAveragePool -> Flatten -> Gemm: a residual block and a classifier, quantized by
-    `quantize_static` (QDQ, per channel, int8 activations; its Relus fold into the QuantizeLinear ranges)."""
+    `quantize_static` (QDQ, per channel, int8 activations; its Relus fold into the QuantizeLinear ranges),
+    with `float_head` all but the Gemm: a float classifier after the int8 pooling."""
     rng = np.random.default_rng(11)
     shapes = {"w1": (8, 3, 3, 3), "w2": (8, 8, 3, 3), "w3": (8, 8, 3, 3), "wf": (10, 8)}
     inits = {k: rng.normal(0, 0.3, s).astype(np.float32) for k, s in shapes.items()}
     inits |= {f"b{k[1]}": rng.normal(0, 0.3, s[0]).astype(np.float32) for k, s in shapes.items()}
-    conv = {"pads": [1, 1, 1, 1]}
     nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", **conv),
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", **conv),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="conv3", **conv),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["c3", "r1"], ["s"], name="add"),
         helper.make_node("Relu", ["s"], ["r3"], name="relu3"),
         helper.make_node("GlobalAveragePool", ["r3"], ["g"], name="gap"),
@@ -212,6 +212,7 @@ def _resnetish(path: Path) -> Path:
         per_channel=True,
         activation_type=ort_quant.QuantType.QInt8,
         weight_type=ort_quant.QuantType.QInt8,
+        op_types_to_quantize=["Conv", "Add", "GlobalAveragePool", "Relu"] if float_head else None,
     )
     return path
 
@@ -263,3 +264,15 @@ def test_the_fused_resnetish_network_equals_onnx_runtime_under_qemu_aarch64(resn
         x = network_input(artifact) * (1 + seed)
         got, _ = run_network(board, artifact, x)
         assert np.array_equal(got, ort_network(resnetish.read_bytes(), x)[0])
+
+
+def test_a_float_classifier_head_reads_the_pooling_kernels_float_output(tmp_path: Path) -> None:
+    """The int8 pooling's DequantizeLinear (to the float Gemm) is its kernel's last step: the float
+    classifier runs as the float matmul family, with no step between it and the 8-bit kernels."""
+    path = _resnetish(tmp_path / "float_head.onnx", float_head=True)
+    artifact = build_model(path, HOST)
+    assert _kinds(artifact)[-2:] == ["qglobalaveragepool", "matmul"]
+    pool = artifact.program.calls[-2]
+    assert len(pool.nodes) == 2 and isinstance(pool.kernel, Quantized) and pool.kernel.dequantizes
+    report = bench_model(path, get_board("local"), repeat=1)
+    assert report.correct, report.error

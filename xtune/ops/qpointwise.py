@@ -4,7 +4,9 @@ the DequantizeLinear -> float op -> QuantizeLinear of the QDQ form, which xtune/
 turns into them) in, one kernel that reads the 8-bit inputs and writes the 8-bit output out
 (`Quantized`): the float operator's own kernel (xtune/ops/elementwise.py, arith.py, pool2d.py,
 activation.py) with every load of an input dequantized and every store of the output quantized
-(xtune/ops/quantize.py's values), so no float32 tensor is written between them.
+(xtune/ops/quantize.py's values), so no float32 tensor is written between them. A QuantizeLinear after a
+float generated operator, and a DequantizeLinear after such a kernel, fold into it the same way
+(`fused_boundary`).
 
 The arithmetic is the three nodes' exactly: each element is dequantized, computed and quantized by the
 same float32 operations in the same order as DequantizeLinear, the float kernel and QuantizeLinear run
@@ -47,16 +49,19 @@ _MAPPINGS = {
     "LeakyRelu": activation.from_node,
 }
 _VALUES = typing.get_args(Value)
+_BOUNDARIES = ("QuantizeLinear", "DequantizeLinear")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Quantized(GeneratedOp):
     """A float operator (`inner`) between 8-bit tensors: input i read as `reads[i]` dequantizes it (None:
-    a float32 input, read as it is), the output written as `writes` quantizes it."""
+    a float32 input, read as it is), the output written as `writes` quantizes it (and, `dequantizes`,
+    dequantizes that 8-bit value again: a float32 output, as a DequantizeLinear after it computes it)."""
 
     inner: GeneratedOp
     reads: tuple[QParams | None, ...]
     writes: QParams
+    dequantizes: bool = False
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
@@ -72,7 +77,8 @@ class Quantized(GeneratedOp):
 
     def reference(self, *xs: np.ndarray) -> np.ndarray:
         floats = (x if q is None else q.dequantize(x) for q, x in zip(self.reads, xs, strict=True))
-        return self.writes.quantize(self.inner.reference(*floats))
+        q = self.writes.quantize(self.inner.reference(*floats))
+        return self.writes.dequantize(q) if self.dequantizes else q
 
     def in_layout(self, layout: Layout, out_shape: Shape) -> Quantized:
         return replace(self, inner=self.inner.in_layout(layout, out_shape))
@@ -102,14 +108,18 @@ class Quantized(GeneratedOp):
                 return replace(s, value=_mapped(s.value, load))
             if isinstance(s, Store):
                 value = _mapped(s.value, load)
-                return replace(s, value=quantized(value, s.lanes, self.writes) if s.buffer == out else value)
+                return replace(s, value=self._stored(value, s.lanes) if s.buffer == out else value)
             return s
 
-        types = {**reads, out: self.writes}
+        types = {**reads} if self.dequantizes else {**reads, out: self.writes}
         buffers = tuple(
             replace(b, dtype=types[b.name].dtype) if b.name in types else b for b in kernel.buffers
         )
         return replace(kernel, buffers=buffers, body=tuple(stmt(s) for s in kernel.body))
+
+    def _stored(self, value: Value, lanes: int) -> Value:
+        q = quantized(value, lanes, self.writes)
+        return dequantized(q, lanes, self.writes) if self.dequantizes else q
 
 
 def _reads_output(kernel: Kernel) -> bool:
@@ -126,32 +136,30 @@ def _reads_output(kernel: Kernel) -> bool:
     return any(found)
 
 
-def quantized_output(
+def fused_boundary(
     graph: Graph, node: Node, mapped: Mapped, layouts: frozenset[Layout], nxt: Node | None
 ) -> Mapped:
     """`mapped`, the generated operator of `node` (run in `layouts`), with `nxt`, the only reader of its
-    output, folded in as its kernel's last step where `nxt` is a per-tensor QuantizeLinear: the float32
-    value quantized in the register it is computed in, as the QuantizeLinear would from memory. Not for a
-    kernel that reads its own output back (Softmax), one of several calls, one already folding a node,
-    or one that runs in some layouts only (the layout pass converts float32 tensors, never 8-bit ones);
-    `mapped` itself then."""
+    output, folded in as its kernel's last step where `nxt` is
+    - a per-tensor QuantizeLinear after a float operator: the float32 value quantized in the register it
+      is computed in, as the QuantizeLinear would from memory; not for a kernel that reads its own output
+      back (Softmax) or runs in some layouts only (the layout pass converts float32 tensors, never 8-bit);
+    - a DequantizeLinear of the same scale and zero point after a `Quantized` kernel: its 8-bit result
+      dequantized before the store (the rounding to 8 bits happens all the same).
+    Never for one of several calls or one already folding a node; `mapped` itself where nothing fuses."""
     kernel, out = mapped.kernel, node.outputs[0] if node.outputs else ""
-    if nxt is None or nxt.op != "QuantizeLinear" or nxt.inputs[0] != out or out in graph.outputs:
-        return mapped
-    if (
-        kernel is None
-        or mapped.fused is not None
-        or mapped.more
-        or mapped.output
-        or isinstance(kernel, Quantized)
-    ):
+    if nxt is None or nxt.op not in _BOUNDARIES or nxt.inputs[0] != out or out in graph.outputs:
         return mapped
     params = node_qparams(graph, nxt)
-    if (
-        params is None
-        or (mapped.layouts or layouts) != frozenset(Layout)
-        or _reads_output(kernel.kernel_nest("probe", 4))
-    ):
+    if kernel is None or params is None or mapped.fused is not None or mapped.more or mapped.output:
+        return mapped
+    if isinstance(kernel, Quantized):
+        if nxt.op != "DequantizeLinear" or kernel.dequantizes or params != kernel.writes:
+            return mapped
+        return replace(mapped, kernel=replace(kernel, dequantizes=True), in_place=False, fused=nxt)
+    if nxt.op != "QuantizeLinear" or (mapped.layouts or layouts) != frozenset(Layout):
+        return mapped
+    if _reads_output(kernel.kernel_nest("probe", 4)):
         return mapped
     wrapped = Quantized(inner=kernel, reads=(None,) * len(kernel.input_shapes), writes=params)
     return replace(mapped, kernel=wrapped, in_place=False, fused=nxt)
