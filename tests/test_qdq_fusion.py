@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.nest_interp import run_kernel
+from tests.test_qmatmul import measure_some
 from xtune.boards.board import get_board
 from xtune.firmware.build import build_model
 from xtune.firmware.network_bench import bench_model, network_input, run_network
@@ -26,6 +27,7 @@ from xtune.ops.quantize import QParams
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
 from xtune.target import get_target
+from xtune.tuning.measure import CompilePool
 from xtune.tuning.peers import ort_network
 
 ort_quant = pytest.importorskip("onnxruntime.quantization")
@@ -65,6 +67,13 @@ def test_a_dequantizing_epilogue_rounds_to_8_bits_first(key: str, target: str) -
         [*template.kernel_inputs(template.default_config(), inputs), out],
     )
     assert np.array_equal(out, expected)
+
+
+@pytest.mark.parametrize("key", [DEQUANT[1], DEQUANT[2]])
+def test_dequantizing_kernels_are_exact_on_the_local_board(key: str, compile_pool: CompilePool) -> None:
+    """Measured as a tuning candidate is: the float32 output checked for equality (its spec is `exact`)."""
+    assert parse_workload(key).tensors()[-1].exact
+    measure_some("local", key, compile_pool, "x86-avx2", extra=1)
 
 
 # --- the QLinear element-wise sandwiches -----------------------------------------------------------------

@@ -106,7 +106,7 @@ class QMatmul:
             TensorSpec("B", (k, n), dtype="int8"),
             TensorSpec("bias", (n,), dtype="int32"),
             *quant_tensors(wl, n),
-            TensorSpec("C", (m, n), is_output=True, dtype=output_dtype(wl)),
+            TensorSpec("C", (m, n), is_output=True, dtype=output_dtype(wl), exact=True),
         )
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
