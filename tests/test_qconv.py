@@ -353,8 +353,10 @@ def _conv_net(path: Path) -> Path:
     """x[1,3,12,12] -> Conv 3x3 (3 -> 8, bias) -> Relu -> depthwise 3x3 stride 2 -> Relu -> Conv 1x1
     (8 -> 16): a float model that `quantize_static` quantizes (QDQ, per channel, int8 activations)."""
     onnx = pytest.importorskip("onnx")
-    ort_quant = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     from onnx import TensorProto, helper, numpy_helper
+
+    from tests.networks import quantize_qdq
 
     rng = np.random.default_rng(9)
     inits = {
@@ -383,25 +385,8 @@ def _conv_net(path: Path) -> Path:
     source = path.with_name("float.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
 
-    class Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-defined]
-        def __init__(self) -> None:
-            self.batches = iter(
-                [{"x": rng.uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
-            )
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
-
-    ort_quant.quantize_static(
-        str(source),
-        str(path),
-        Calibration(),
-        quant_format=ort_quant.QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=ort_quant.QuantType.QInt8,
-        weight_type=ort_quant.QuantType.QInt8,
-    )
-    return path
+    batches = [rng.uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32) for _ in range(4)]
+    return quantize_qdq(source, path, batches)
 
 
 @pytest.mark.parametrize("board", ["local", "qemu-aarch64-dotprod"])

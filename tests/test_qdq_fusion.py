@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.nest_interp import run_kernel
+from tests.networks import quantize_qdq
 from tests.test_qmatmul import measure_some
 from xtune.boards.board import get_board
 from xtune.firmware.build import build_model
@@ -30,7 +31,7 @@ from xtune.target import get_target
 from xtune.tuning.measure import CompilePool
 from xtune.tuning.peers import ort_network
 
-ort_quant = pytest.importorskip("onnxruntime.quantization")
+pytest.importorskip("onnxruntime.quantization")
 HOST = "x86-avx2"  # every x86 host of the project runs AVX2 code
 OPSETS = [helper.make_opsetid("", 17)]
 
@@ -205,25 +206,9 @@ def _resnetish(path: Path, float_head: bool = False) -> Path:
     source = path.with_name("resnetish_float.onnx")
     onnx.save(helper.make_model(graph, opset_imports=OPSETS), source)
 
-    class Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-defined]
-        def __init__(self) -> None:
-            data = np.random.default_rng(12).uniform(-1, 1, (4, 1, 3, 8, 8)).astype(np.float32)
-            self.batches = iter([{"x": batch} for batch in data])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
-
-    ort_quant.quantize_static(
-        str(source),
-        str(path),
-        Calibration(),
-        quant_format=ort_quant.QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=ort_quant.QuantType.QInt8,
-        weight_type=ort_quant.QuantType.QInt8,
-        op_types_to_quantize=["Conv", "Add", "GlobalAveragePool", "Relu"] if float_head else None,
-    )
-    return path
+    batches = list(np.random.default_rng(12).uniform(-1, 1, (4, 1, 3, 8, 8)).astype(np.float32))
+    op_types = ["Conv", "Add", "GlobalAveragePool", "Relu"] if float_head else None
+    return quantize_qdq(source, path, batches, op_types)
 
 
 @pytest.fixture(scope="module")
