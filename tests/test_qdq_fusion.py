@@ -70,11 +70,10 @@ def test_a_dequantizing_epilogue_rounds_to_8_bits_first(key: str, target: str) -
     assert np.array_equal(out, expected)
 
 
-@pytest.mark.parametrize("key", [DEQUANT[1], DEQUANT[2]])
-def test_dequantizing_kernels_are_exact_on_the_local_board(key: str, compile_pool: CompilePool) -> None:
+def test_a_dequantizing_kernel_is_exact_on_the_local_board(compile_pool: CompilePool) -> None:
     """Measured as a tuning candidate is: the float32 output checked for equality (its spec is `exact`)."""
-    assert parse_workload(key).tensors()[-1].exact
-    measure_some("local", key, compile_pool, "x86-avx2", extra=1)
+    assert parse_workload(DEQUANT[2]).tensors()[-1].exact
+    measure_some("local", DEQUANT[2], compile_pool, "x86-avx2", extra=0)
 
 
 # --- the QLinear element-wise sandwiches -----------------------------------------------------------------
