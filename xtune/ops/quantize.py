@@ -42,7 +42,7 @@ from xtune.schedule.loopnest import (
 )
 
 QType = Literal["int8", "uint8"]
-_DTYPES = {"int8": DType.I8, "uint8": DType.U8}
+QDTYPES = {"int8": DType.I8, "uint8": DType.U8}  # an 8-bit tensor's element type in loop nests
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}  # by element type (qmatmul/reference.py: by `a` word)
 
 
@@ -69,7 +69,7 @@ class Quantize(PointwiseOp):
         return params.dequantize(x) if self.dequantize else params.quantize(x)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
-        b, q = NestBuilder(), _DTYPES[self.qtype]
+        b, q = NestBuilder(), QDTYPES[self.qtype]
         params = QParams(scale=self.scale, zero=self.zero, qtype=self.qtype)
 
         def emit(i: Affine, width: int, count: int) -> None:
@@ -96,7 +96,7 @@ class QParams:
 
     @property
     def dtype(self) -> DType:
-        return _DTYPES[self.qtype]
+        return QDTYPES[self.qtype]
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         """DequantizeLinear as ONNX Runtime computes it: (int32(q) - zero) in float32, times the scale."""
