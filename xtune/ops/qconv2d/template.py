@@ -41,7 +41,7 @@ from xtune.ops.qmatmul.reference import wrap32
 from xtune.ops.qmatmul.template import KSPLIT_OPTIONS, NC_OPTIONS, UNROLL_OPTIONS
 from xtune.ops.tiles import clipped, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
-from xtune.schedule.loopnest import Affine, Buffer, Kernel, Load, NestBuilder
+from xtune.schedule.loopnest import Affine, Buffer, Kernel, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 
@@ -224,9 +224,9 @@ class _Emitter:
             first = (i * self.t.columns + j) * per_tap
             row = y * sh.stride + i * sh.dilation
 
-            def group(r: int, g: Affine | int, count: int) -> Load:
+            def group(r: int, g: Affine | int) -> tuple[str, Affine]:
                 col = (x0 + r) * sh.stride + Affine.of(j) * sh.dilation
-                return Load(name, self.image.at(image, row, col) + Affine.of(g) * 4, 4)
+                return name, self.image.at(image, row, col) + Affine.of(g) * 4
 
             tile.reduce(per_tap, first, group)
 
