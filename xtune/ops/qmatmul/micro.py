@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.ops.qmatmul.epilogue import Requantizer
-from xtune.ops.tiles import lane_group, parse_tile
+from xtune.ops.tiles import lane_group, parse_tile, register_budget
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -295,9 +295,31 @@ def fit_registers(
     return ksplit, target.fp32_lanes * lmul
 
 
-def tile_default(plan: DotPlan, tiles: tuple[str, ...]) -> str:
-    """The tile of the fewest instructions per dot (`DotPlan.instructions`), then the larger one."""
-    mr, nv = min(
-        (parse_tile(t) for t in tiles), key=lambda p: (plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1])
-    )
+def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool) -> tuple[float, int]:
+    """(instructions per multiply-add group, live registers) of an mr x nv tile reading its rows' groups
+    by element (`DotPlan.lane_groups`), by what the AArch64 code holds: per group, the dots, B's vectors
+    in ldp pairs and a quarter load of each row's vector (SADALP: a dup of each row's group, and a
+    smull, smull2 and two sadalps per dot; `DotDiff` pairs: 6 instructions per two groups); live, the
+    accumulators, B's vectors of one step (two groups for pairs), each row's vector, and the next step's
+    operands in flight (2)."""
+    if plan.insn is DotInsn.SDOT:
+        return (mr * nv + nv / 2 + mr / 4) / (mr * nv), mr * nv + nv + mr + 2
+    per_dot = 3.0 if pairs else 4.0
+    steps = 2 if pairs else 1
+    cost = (per_dot * mr * nv + nv / 2 + mr * 1.25) / (mr * nv)
+    return cost, 2 * mr * nv + steps * nv + mr + 2 + 2
+
+
+def tile_default(plan: DotPlan, tiles: tuple[str, ...], target: Target, pairs: bool = False) -> str:
+    """The tile of the fewest instructions per dot (`DotPlan.instructions`), then the larger one; on
+    AArch64's by-element route (`lane_groups`), by `lane_cost` among the tiles whose live registers fit
+    the `register_budget` (a fuller tile spills: 6x4 sdot and 4x2 smull tiles measured more instructions
+    on qemu-aarch64 for it). The other routes' defaults are the ones timed in docs/benchmarks.md."""
+    shapes = [parse_tile(t) for t in tiles]
+    if plan.lane_groups:
+        costs = {(m, v): lane_cost(plan, m, v, pairs) for m, v in shapes}
+        fits = [p for p in shapes if costs[p][1] <= register_budget(target)] or shapes
+        mr, nv = min(fits, key=lambda p: (costs[p][0], -p[0] * p[1]))
+    else:
+        mr, nv = min(shapes, key=lambda p: (plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1]))
     return f"{mr}x{nv}"

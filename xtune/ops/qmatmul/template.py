@@ -123,7 +123,7 @@ class QMatmulTemplate:
         mc = max([int(v) for v in knobs["mc"] if int(v) * k <= t.l2_bytes // 2] or [int(knobs["mc"][0])])
         nc = max([int(v) for v in knobs["nc"] if int(v) * k <= t.l2_bytes // 2] or [int(knobs["nc"][0])])
         values: dict[str, KnobValue] = {
-            "tile": tile_default(self.plan, self.tiles()),
+            "tile": tile_default(self.plan, self.tiles(), self.target),
             "mc": mc,
             "nc": nc,
             "order": "nm",
