@@ -397,6 +397,8 @@ INSTRUCTIONS = {
     (CONV[0], "x86-avx512-vnni"): r"vpdpbusd\s+%zmm",
     (CONV[0], "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s",
     (CONV[0], "arm-a72-neon"): r"\bsadalp\s+v\d+\.4s, v\d+\.8h",
+    (CONV[2], "arm-a72-neon"): r"\bsmlsl2\s+v\d+\.8h, v\d+\.16b",  # channel groups in pairs (DotDiff)
+    (CONV[2], "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s, v\d+\.16b, v\d+\.4b\[\d\]",  # by element
     (S8_DW, "arm-a72-neon"): r"\bsmull\s+v\d+\.8h",
     (U8_DW, "arm-a72-neon"): r"\bsmlal\s+v\d+\.4s",
     (S8_DW, "x86-avx512-vnni"): r"vpmullw",
@@ -471,7 +473,7 @@ def _conv_net(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("board", ["local", "qemu-aarch64-dotprod"])
+@pytest.mark.parametrize("board", ["local", "qemu-aarch64-dotprod", "qemu-aarch64"])
 def test_a_quantized_conv_net_builds_to_int8_conv_tasks_that_equal_onnxruntime(
     board: str, tmp_path: Path
 ) -> None:
