@@ -30,6 +30,7 @@ from xtune.schedule.loopnest import (
     Const,
     Dot,
     DType,
+    Erf,
     Exp,
     For,
     HighMul,
@@ -233,6 +234,9 @@ class _FunctionLowering:
             return self.exp(self.value(v.a, env))
         if isinstance(v, Log):
             return self.log(self.value(v.a, env))
+        if isinstance(v, Erf):
+            x, lanes, _ = self.value(v.a, env)
+            return (*transcend.erf(self, (x, lanes)), DType.F32)
         if isinstance(v, Shuffle):
             return self.shuffle(v, env)
         if isinstance(v, Binary):

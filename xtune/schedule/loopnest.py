@@ -168,6 +168,13 @@ class Log:
 
 
 @dataclass(frozen=True)
+class Erf:
+    """The error function of a, lane by lane: expanded by the lowering like `Exp` (whose result it uses)."""
+
+    a: Value
+
+
+@dataclass(frozen=True)
 class Shuffle:
     """Lanes picked from two vectors of equal width (LLVM shufflevector): `mask[i]` < lanes picks lane
     mask[i] of `a`, else lane mask[i] - lanes of `b`. A deinterleave (stride-2 packing) is one of these."""
@@ -265,6 +272,7 @@ Value = (
     | MulAdd
     | Exp
     | Log
+    | Erf
     | Shuffle
     | Dot
     | Cast
