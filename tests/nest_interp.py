@@ -26,6 +26,7 @@ from xtune.schedule.loopnest import (
     For,
     HighMul,
     Kernel,
+    Lanes,
     Load,
     Log,
     MulAdd,
@@ -128,6 +129,8 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
             return np.exp(value(v.a, env))
         if isinstance(v, Log):
             return np.log(value(v.a, env))
+        if isinstance(v, Lanes):
+            return np.array(v.values, np.float32)
         if isinstance(v, Erf):  # the lowering's own erf is checked on boards (tests/test_ops_activations.py)
             return np.array([math.erf(a) for a in value(v.a, env).tolist()], np.float32)
         if isinstance(v, Shuffle):

@@ -35,6 +35,7 @@ from xtune.schedule.loopnest import (
     For,
     HighMul,
     Kernel,
+    Lanes,
     Load,
     Log,
     LoopKind,
@@ -223,6 +224,9 @@ class _FunctionLowering:
             return self.load(v, env), v.lanes, self.dtypes[v.buffer]
         if isinstance(v, Const):
             return constant(v.value, v.lanes, v.dtype), v.lanes, v.dtype
+        if isinstance(v, Lanes):
+            vector = ", ".join(f"float {float_literal(x)}" for x in v.values)
+            return f"<{vector}>", len(v.values), DType.F32
         if isinstance(v, Broadcast):
             value, width, dtype = self.value(v.value, env)
             if width > 1:

@@ -121,6 +121,13 @@ class Const:
 
 
 @dataclass(frozen=True)
+class Lanes:
+    """A float32 constant vector given lane by lane (per-lane weights: a resize's columns along W)."""
+
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Broadcast:
     """`lanes` copies of lane `lane` of `value` (a scalar's lane 0 is the scalar). A lane of a loaded
     vector is what AArch64's FMLA (by element) multiplies by without a separate broadcast (Arm ARM,
@@ -266,6 +273,7 @@ class RoundShift:
 Value = (
     Load
     | Const
+    | Lanes
     | Broadcast
     | Reg
     | Binary
