@@ -80,10 +80,11 @@ def test_resize_between_convolutions_matches_onnx_runtime(case: str, layout: str
     assert "resize" in kinds(artifact)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
-def test_one_pixel_upscaled(mode: str) -> None:
-    """1x1 spatial to 3x2: every output reads the one pixel."""
-    check(resize_net((1, 5, 1, 1), sizes=[1, 5, 3, 2], mode=mode), "nhwc")
+def test_one_pixel_upscaled(mode: str, layout: str) -> None:
+    """1x1 spatial to 3x2: every output reads the one pixel (in NCHW a row of one column: a partial load)."""
+    check(resize_net((1, 5, 1, 1), sizes=[1, 5, 3, 2], mode=mode), layout)
 
 
 def test_opset18_axes_and_sizes() -> None:
