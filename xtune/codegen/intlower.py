@@ -107,7 +107,10 @@ def integer_binary(fl: Emitter, op: BinaryOp, a: str, b: str, lanes: int, dtype:
         sign = "s" if dtype.signed else "u"
         return fl.select(a, f"{sign}{'gt' if op is BinaryOp.MAX else 'lt'}", b, a, b, lanes, dtype)
     if op is BinaryOp.DIV:
-        raise ValueError("integer lanes have no div (RoundShift divides by powers of two)")
+        # C's division, truncated toward zero (LangRef "sdiv"/"udiv"). Kernels divide by constants only
+        # (a pooling window's size), which LLVM turns into a multiply-high and shifts (Granlund and
+        # Montgomery, "Division by invariant integers using multiplication", PLDI 1994): no divide insn.
+        return fl.define(f"{'sdiv' if dtype.signed else 'udiv'} {ty} {a}, {b}")
     name = _INT_OPS.get(op) or ("ashr" if dtype.signed else "lshr")
     return fl.define(f"{name} {ty} {a}, {b}")
 

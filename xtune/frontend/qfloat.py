@@ -8,6 +8,7 @@ ONNX Runtime computes these nodes with MLAS's own float formulas (MlasQLinearAdd
 a_scale / c_scale and b_scale / c_scale and added, then rounded), so the float form is not bit for bit
 theirs: an output can differ by one quantization step where the two roundings fall on either side of a
 half; docs/int8.md, "Exactness", says how often. Also the output shapes of these nodes, and of QGemm,
+and QLinearAveragePool (which xtune runs as the 8-bit pool of xtune/ops/qpool.py, not in float form),
 which onnx's shape inference does not know (`contrib_shapes`).
 """
 
@@ -40,6 +41,26 @@ def _pooled(shapes: list[Dims], attrs: dict[str, object]) -> Dims:
     return [n, 1, 1, rest[-1]] if attrs.get("channels_last", 0) else [n, rest[0], *([1] * (len(rest) - 1))]
 
 
+def _windowed(shapes: list[Dims], attrs: dict[str, object]) -> Dims:
+    """A pool's output shape (ONNX operator spec, AveragePool: auto_pad, pads, ceil_mode)."""
+    n, *dims = shapes[0]
+    c, spatial = (dims[-1], dims[:-1]) if attrs.get("channels_last", 0) else (dims[0], dims[1:])
+    kernel = list(attrs["kernel_shape"])  # type: ignore[call-overload]
+    strides = list(attrs.get("strides", [1] * len(kernel)))  # type: ignore[call-overload]
+    pads = list(attrs.get("pads", [0] * 2 * len(kernel)))  # type: ignore[call-overload]
+    auto = attrs.get("auto_pad", b"NOTSET")
+    out = []
+    for i, (size, k, s) in enumerate(zip(spatial, kernel, strides, strict=True)):
+        if auto in (b"SAME_UPPER", b"SAME_LOWER"):
+            out.append(-(-size // s))
+        elif auto == b"VALID":
+            out.append(-(-(size - k + 1) // s))
+        else:
+            span = size + pads[i] + pads[i + len(kernel)] - k
+            out.append((-(-span // s) if attrs.get("ceil_mode", 0) else span // s) + 1)
+    return [n, *out, c] if attrs.get("channels_last", 0) else [n, c, *out]
+
+
 def _gemm(shapes: list[Dims], attrs: dict[str, object]) -> Dims:
     a, b = shapes[0], shapes[1]
     return [a[1] if attrs.get("transA", 0) else a[0], b[0] if attrs.get("transB", 0) else b[1]]
@@ -51,6 +72,7 @@ _SHAPES: dict[str, tuple[tuple[int, ...], Callable[[list[Dims], dict[str, object
     "QLinearAdd": ((0, 3), _broadcast, 7),
     "QLinearMul": ((0, 3), _broadcast, 7),
     "QLinearGlobalAveragePool": ((0,), _pooled, 4),
+    "QLinearAveragePool": ((0,), _windowed, 4),
     "QLinearSigmoid": ((0,), lambda s, a: s[0], 4),
     "QLinearLeakyRelu": ((0,), lambda s, a: s[0], 4),
 }

@@ -42,7 +42,7 @@ from xtune.schedule.loopnest import (
 )
 
 QType = Literal["int8", "uint8"]
-_DTYPES = {"int8": DType.I8, "uint8": DType.U8}
+QDTYPES = {"int8": DType.I8, "uint8": DType.U8}  # an 8-bit tensor's element type in loop nests
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}  # by element type (qmatmul/reference.py: by `a` word)
 
 
@@ -75,7 +75,7 @@ class Quantize(PointwiseOp):
         return (np.rint(bounded).astype(np.int32) + self.zero).astype(self.qtype)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
-        b, q = NestBuilder(), _DTYPES[self.qtype]
+        b, q = NestBuilder(), QDTYPES[self.qtype]
         lo, hi = RANGES[self.qtype]
 
         def emit(i: Affine, width: int, count: int) -> None:

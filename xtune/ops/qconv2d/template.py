@@ -32,14 +32,13 @@ from xtune.ops.qmatmul.micro import (
     TileShape,
     fit_registers,
     kernel_params,
-    lmul_knobs,
     pack_weights,
     register_tiles,
     tile_default,
 )
 from xtune.ops.qmatmul.reference import wrap32
 from xtune.ops.qmatmul.template import KSPLIT_OPTIONS, NC_OPTIONS, UNROLL_OPTIONS
-from xtune.ops.tiles import clipped, parse_tile, whole_tiles
+from xtune.ops.tiles import clipped, lmul_knobs, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Affine, Buffer, Kernel, Load, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue

@@ -34,10 +34,8 @@ from xtune.schedule.loopnest import (
     PairSum,
     Value,
 )
-from xtune.schedule.space import Knob, KnobKind
 from xtune.target import Target
 
-LMUL_OPTIONS = (1, 2, 4)
 ACT_DTYPE = {"u8": DType.U8, "s8": DType.I8}  # the loop-nest type of each activation word
 
 # A row's 4-byte group of the dot's left operand: (row within the tile, group, valid bytes: 4 or fewer).
@@ -217,12 +215,6 @@ def kernel_params(wl: Workload, packed: str, size: int) -> tuple[Buffer, ...]:
         )
         for t in wl.tensors()
     )
-
-
-def lmul_knobs(target: Target) -> list[Knob]:
-    """RVV: vectors of lmul registers (LMUL, the RVV spec's register grouping), so a tile's vectors are
-    lmul times longer and the register file holds 32 / lmul of them; no knob elsewhere."""
-    return [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)] if "+v" in target.features.split(",") else []
 
 
 def register_tiles(plan: DotPlan, target: Target) -> tuple[str, ...]:

@@ -25,13 +25,12 @@ from xtune.ops.qmatmul.micro import (
     TileShape,
     fit_registers,
     kernel_params,
-    lmul_knobs,
     pack_weights,
     register_tiles,
     tile_default,
 )
 from xtune.ops.qmatmul.reference import wrap32
-from xtune.ops.tiles import clipped, div, parse_tile, whole_tiles
+from xtune.ops.tiles import clipped, div, lmul_knobs, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
