@@ -180,6 +180,10 @@ def test_a_strong_downscale_along_w(mode: str, layout: str) -> None:
     check(resize_net((1, 3, 9, 40), scales=[1, 1, 0.5, 0.3], mode=mode), layout)
 
 
+def test_a_strong_downscale_on_qemu_riscv64() -> None:
+    check(resize_net((1, 3, 9, 40), scales=[1, 1, 0.5, 0.3], mode="linear"), "nchw", board="qemu-riscv64")
+
+
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_nchw_resize_is_vectors_along_w(mode: str) -> None:
     """The NCHW kernel's outputs are whole vectors (stores of <4 x float>, lanes picked by shufflevector),
