@@ -71,11 +71,16 @@ def ftype(lanes: int) -> str:
     return "float" if lanes == 1 else f"<{lanes} x float>"
 
 
-@cache
 def float_literal(value: float) -> str:
     """LangRef "Simple Constants": a float constant in hex is the 64-bit pattern of the double holding
-    the float's exact value; decimal would have to be exact too."""
-    exact = struct.unpack("<f", struct.pack("<f", value))[0]
+    the float's exact value; decimal would have to be exact too. Cached by the float's bits: 0.0 and -0.0
+    are equal keys to a cache of values."""
+    return _bits_literal(struct.pack("<f", value))
+
+
+@cache
+def _bits_literal(bits: bytes) -> str:
+    exact = struct.unpack("<f", bits)[0]
     return f"0x{struct.unpack('<Q', struct.pack('<d', exact))[0]:016X}"
 
 
