@@ -29,6 +29,7 @@ from xtune.schedule.loopnest import (
     Clamp,
     Const,
     Dot,
+    DotDiff,
     DType,
     Erf,
     Exp,
@@ -248,7 +249,7 @@ class _FunctionLowering:
         return self.integer(v, env)
 
     def integer(
-        self, v: Dot | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
+        self, v: Dot | DotDiff | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
     ) -> Operand:
         """The integer operations of quantized kernels (xtune/codegen/intlower.py)."""
         return lower_integer(self, v, env)

@@ -208,13 +208,31 @@ class DotInsn(Enum):
 class Dot:
     """acc + the 4-way dot products of 8-bit integers: lane i of the i32 result adds a[4i+t] * b[4i+t] for
     t < 4 to acc[i]. `a` and `b` hold 4 * lanes bytes each, except that an `a` of 4 bytes is one group
-    broadcast to every lane (a row of A against a strip of B columns). Signedness is the operands'
-    dtypes'; `insn` must support it (VPDPBUSD: a u8, b i8; SDOT: both i8 or both u8)."""
+    broadcast to every lane (a row of A against a strip of B columns), and an `a` that is a `Broadcast` of
+    4 * lanes bytes is its group `lane` (4 bytes) broadcast (AArch64's SDOT by element). Signedness is the
+    operands' dtypes'; `insn` must support it (VPDPBUSD: a u8, b i8; SDOT: both i8 or both u8)."""
 
     acc: Value
     a: Value
     b: Value
     insn: DotInsn
+
+
+@dataclass(frozen=True)
+class DotDiff:
+    """acc + the pair sums of (a0 * b0 - a1 * b1), two groups at once on AArch64 without dotprod: the s8
+    bytes of each group (as `Dot`'s `a` and `b`, `a` broadcast or by element) multiplied into i16 lanes
+    (smull), the second group's products subtracted there (smlsl), adjacent i16 lanes added into the
+    i32 lanes of `acc` (sadalp; `acc` as `DotInsn.SADALP`'s, 2 * lanes lanes). Exact for every s8 input:
+    |a0 b0 - a1 b1| <= 128 * 128 + 128 * 127 = 32640 fits an i16 lane, where a sum of two products
+    (-128 * -128 twice) does not; a caller that stores a1 complemented (~a1 = -a1 - 1) gets
+    a0 b0 + a1 b1 + b1 instead, b1 a constant of the weights."""
+
+    acc: Value
+    a0: Value
+    b0: Value
+    a1: Value
+    b1: Value
 
 
 @dataclass(frozen=True)
@@ -283,6 +301,7 @@ Value = (
     | Erf
     | Shuffle
     | Dot
+    | DotDiff
     | Cast
     | PairSum
     | RoundEven
