@@ -3,6 +3,8 @@ lanes, and the integer lanes of int8 kernels in numpy's integer types (which wra
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from xtune.ops.qmatmul import reference as qref
@@ -20,10 +22,12 @@ from xtune.schedule.loopnest import (
     DotDiff,
     DotInsn,
     DType,
+    Erf,
     Exp,
     For,
     HighMul,
     Kernel,
+    Lanes,
     Load,
     Log,
     MulAdd,
@@ -146,6 +150,10 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
             return np.exp(value(v.a, env))
         if isinstance(v, Log):
             return np.log(value(v.a, env))
+        if isinstance(v, Lanes):
+            return np.array(v.values, np.float32)
+        if isinstance(v, Erf):  # the lowering's own erf is checked on boards (tests/test_ops_activations.py)
+            return np.array([math.erf(a) for a in value(v.a, env).tolist()], np.float32)
         if isinstance(v, Shuffle):
             return np.concatenate([value(v.a, env), value(v.b, env)])[list(v.mask)]
         if isinstance(v, Dot | DotDiff):  # a Broadcast operand is a group (4 bytes) of its vector

@@ -121,6 +121,13 @@ class Const:
 
 
 @dataclass(frozen=True)
+class Lanes:
+    """A float32 constant vector given lane by lane (per-lane weights: a resize's columns along W)."""
+
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Broadcast:
     """`lanes` copies of lane `lane` of `value` (a scalar's lane 0 is the scalar). A lane of a loaded
     vector is what AArch64's FMLA (by element) multiplies by without a separate broadcast (Arm ARM,
@@ -163,6 +170,13 @@ class Exp:
 class Log:
     """The natural logarithm of a, lane by lane, for a positive normal float (what a reduction's
     normalizer, e.g. LRN's, takes): expanded by the lowering like `Exp`."""
+
+    a: Value
+
+
+@dataclass(frozen=True)
+class Erf:
+    """The error function of a, lane by lane: expanded by the lowering like `Exp` (whose result it uses)."""
 
     a: Value
 
@@ -277,12 +291,14 @@ class RoundShift:
 Value = (
     Load
     | Const
+    | Lanes
     | Broadcast
     | Reg
     | Binary
     | MulAdd
     | Exp
     | Log
+    | Erf
     | Shuffle
     | Dot
     | DotDiff
