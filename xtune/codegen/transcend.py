@@ -38,12 +38,12 @@ _LOG_POLY = (
     3.3333331174e-1,
 )
 _SQRT_HALF = 0.707106781186547524
-# erf: N. Juffa's minimax fits for a faithfully rounded erff ("Efficient, faithfully rounded
-# implementation of error function erff", https://stackoverflow.com/questions/35148198; the same float32
-# coefficients are Arm's optimized-routines math/erff.c), highest first. Below _ERF_SPLIT, erf(x) = x +
-# x p(x^2); above it erf(t) = 1 - e^-(t + t q(t)) for t = |x| (the exponent keeps the tail's relative
-# error small where 1 - erf is). Evaluated in float32 with FMAs they stay within 8.1e-8 of a float64 erf
-# in relative error (numpy sweep, docs/design.md "The loop-nest IR"); Erf(_ERF_BIG_END) is 1 in float32.
+# erf: the float32 minimax fits of Arm's Optimized Routines (github.com/ARM-software/optimized-routines,
+# math/erff_data.c, erff_poly_A and erff_poly_B; N. Juffa's faithfully rounded erff), highest first. Below
+# _ERF_SPLIT, erf(x) = x + x p(x^2); above it erf(t) = 1 - e^-(t + t q(t)) for t = |x| (the exponent keeps
+# the tail's relative error small where 1 - erf is). Evaluated in float32 with FMAs they stay within 8.1e-8
+# of a float64 erf in relative error (numpy sweep, docs/design.md "The loop-nest IR"); Erf(_ERF_BIG_END) is
+# 1 in float32.
 _ERF_SMALL = tuple(
     float.fromhex(h)
     for h in ("-0x1.3a1a82p-11", "0x1.473f48p-08", "-0x1.b68bd2p-06", "0x1.ce1a46p-04", "-0x1.8126e0p-02")
