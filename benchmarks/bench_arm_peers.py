@@ -4,7 +4,7 @@ build of the same network, per emulated core, all counted by xtune's TCG plugin 
 (docs/arm-peers.md). Prints a markdown table.
 
 Usage: python3 benchmarks/bench_arm_peers.py [--only NAME ...] [--cores CORE ...] [--tiny DIR] [--real]
-                                             [--log LOG ...] [--cycles]
+                                             [--log LOG ...] [--cycles] [--no-peers]
 
 ResNet-18 and MobileNetV2 are written as benchmarks/make_networks.py writes them (random weights);
 the MLPerf Tiny float models are read from --tiny DIR (docs/benchmarks.md says where to get them); the
@@ -93,12 +93,14 @@ def peer_figures(
     return f"{run.runtime.value} {run.version}", run.instructions, run.cycles
 
 
-def measure(model: Path, cores: list[str], logs: list[Path], cycles: bool) -> list[Row]:
+def measure(model: Path, cores: list[str], logs: list[Path], cycles: bool, peers: bool = True) -> list[Row]:
     rows = []
     for core in cores:
         start = time.perf_counter()
         target = xtune_target(core)
-        peer, peer_insns, peer_cycles = peer_figures(model, core, target, cycles)
+        peer, peer_insns, peer_cycles = (
+            peer_figures(model, core, target, cycles) if peers else ("not run (--no-peers)", None, None)
+        )
         insns, xcycles, note = None, None, f"xtune has no target for {core}"
         if target is not None:
             insns, note = xtune_cost(model, target, logs, CostUnit.INSTRUCTIONS)
@@ -122,7 +124,10 @@ def measure(model: Path, cores: list[str], logs: list[Path], cycles: bool) -> li
 
 
 def _millions(n: float | None) -> str:
-    return "-" if n is None else f"{n / 1e6:.2f}"
+    """Millions with two decimals; below one million with four, so a Tiny model's figure keeps its digits."""
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.2f}" if n >= 1e6 else f"{n / 1e6:.4f}"
 
 
 def _ratio(ours: float | None, theirs: float | None) -> str:
@@ -189,13 +194,16 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="also the real-models set (hours per core)")
     parser.add_argument("--log", type=Path, action="append", default=[], help="xtune tuning log(s)")
     parser.add_argument("--cycles", action="store_true", help="also llvm-mca's cycle estimates (slower)")
+    # A peer's counts depend on neither xtune's tree nor its logs, and are the slow half of a row (13
+    # inferences under the plugin): a tuned xtune row can be set beside the peer's figures already taken.
+    parser.add_argument("--no-peers", action="store_true", help="xtune's figures only, the peers not run")
     args = parser.parse_args()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="xtune-bench-arm-") as folder:
         rows = [
             row
             for model in models(args.only, args.tiny, args.real, Path(folder))
-            for row in measure(model, args.cores, args.log, args.cycles)
+            for row in measure(model, args.cores, args.log, args.cycles, not args.no_peers)
         ]
     print(table(rows))
     print(f"\n{len(rows)} rows in {time.perf_counter() - start:.0f} s", file=sys.stderr)

@@ -1,8 +1,9 @@
 """ONNX Runtime's QOperator element-wise and pooling nodes (com.microsoft QLinearAdd, QLinearMul,
-QLinearGlobalAveragePool, QLinearSigmoid, QLinearLeakyRelu) in, their float form out: DequantizeLinear of
-each 8-bit input, the float32 operator, QuantizeLinear of its result, which xtune runs with its generated
-operators (xtune/ops/quantize.py and the float families). The QDQ form of the same model is exactly this,
-and runs the same way.
+QLinearGlobalAveragePool, QLinearSigmoid, QLinearLeakyRelu) with a constant 8-bit operand in, their float
+form out (`with_float_forms`): DequantizeLinear of each 8-bit input (a constant one folded to float32 by
+the import), the float32 operator, QuantizeLinear of its result, which xtune runs with its generated
+operators. Those of activations only stay as they are: xtune/ops/qpointwise.py runs each as one kernel
+(and the QDQ form of the same node becomes it: xtune/frontend/quantized.py).
 
 ONNX Runtime computes these nodes with MLAS's own float formulas (MlasQLinearAdd: the inputs scaled by
 a_scale / c_scale and b_scale / c_scale and added, then rounded), so the float form is not bit for bit
@@ -15,20 +16,14 @@ which onnx's shape inference does not know (`contrib_shapes`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import onnx
 
 from xtune.graph import Graph, Node
+from xtune.ops.qpointwise import FLOAT_FORMS
 
-# op -> (the float op, how many 8-bit inputs (each with its scale and zero point after it)).
-FLOAT_FORMS = {
-    "com.microsoft.QLinearAdd": ("Add", 2),
-    "com.microsoft.QLinearMul": ("Mul", 2),
-    "com.microsoft.QLinearGlobalAveragePool": ("GlobalAveragePool", 1),
-    "com.microsoft.QLinearSigmoid": ("Sigmoid", 1),
-    "com.microsoft.QLinearLeakyRelu": ("LeakyRelu", 1),
-}
 Dims = list[int]
 
 
@@ -130,8 +125,8 @@ def float_forms(
     shapes: dict[str, tuple[int, ...]] = {}
     for node in graph.nodes:
         form = FLOAT_FORMS.get(node.op)
-        if form is None or (node.op.endswith("GlobalAveragePool") and node.int_attr("channels_last", 0)):
-            nodes.append(node)
+        if form is None or not any(graph.constant(node.inputs[3 * i]) is not None for i in range(form[1])):
+            nodes.append(node)  # one kernel of the 8-bit activations: xtune/ops/qpointwise.py
             continue
         op, count = form
         floats = []
@@ -154,3 +149,24 @@ def float_forms(
         )
         nodes.append(Node(name=node.name, op="QuantizeLinear", inputs=(result, scale, zero), outputs=(out,)))
     return nodes, shapes
+
+
+def with_float_forms(graph: Graph) -> Graph:
+    """`graph` with ORT's QOperator element-wise nodes of a constant operand in their float form."""
+    constants, taken = dict(graph.constants), set(graph.shapes) | set(graph.constants)
+
+    def fresh(name: str, value: np.ndarray | None) -> str:
+        unique, i = name, 0
+        while unique in taken:
+            i += 1
+            unique = f"{name}.{i}"
+        taken.add(unique)
+        if value is not None:
+            constants[unique] = value
+        return unique
+
+    nodes, shapes = float_forms(graph, fresh)
+    if len(nodes) == len(graph.nodes):
+        return graph
+    all_shapes = {**graph.shapes, **shapes, **{n: v.shape for n, v in constants.items()}}
+    return replace(graph, nodes=tuple(nodes), constants=constants, shapes=all_shapes)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from xtune.frontend.qfloat import FLOAT_FORMS, float_forms
+from xtune.frontend.qfloat import with_float_forms
 from xtune.frontend.qpattern import (
     Requant,
     Rewrite,
@@ -50,6 +50,7 @@ from xtune.frontend.qpattern import (
 )
 from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.pool2d import QLINEAR_POOL
+from xtune.ops.qpointwise import FLOAT_FORMS, QLINEAR_OF
 from xtune.ops.quantize import RANGES
 from xtune.ops.reshape import VIEWS
 
@@ -68,7 +69,7 @@ def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
     made (`REQUANT_PROP`); the QOperator nodes made of a TFLite model say so (`requant="tflite"`)."""
     if not any(n.op in _QOPS for n in graph.nodes):
         return graph
-    graph = _with_float_forms(graph)
+    graph = with_float_forms(graph)
     edit = Rewrite(
         requant=requant,
         graph=graph,
@@ -87,32 +88,13 @@ def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
             _from_qgemm(edit, i)
         elif node.op in VIEWS:
             _view_of_integers(edit, i, writers, readers)
+        elif node.op in QLINEAR_OF:
+            _qlinear_pointwise(edit, i, writers, readers)
     _drop_unread(edit)
     _fold_constant_dequantize(edit)
     nodes = tuple(n for n in edit.nodes if n is not None)
     shapes = edit.shapes | {name: value.shape for name, value in edit.constants.items()}
     return replace(graph, nodes=nodes, constants=edit.constants, shapes=shapes, dtypes=edit.dtypes)
-
-
-def _with_float_forms(graph: Graph) -> Graph:
-    """`graph` with ORT's QOperator element-wise nodes in their float form (xtune/frontend/qfloat.py)."""
-    constants, taken = dict(graph.constants), set(graph.shapes) | set(graph.constants)
-
-    def fresh(name: str, value: np.ndarray | None) -> str:
-        unique, i = name, 0
-        while unique in taken:
-            i += 1
-            unique = f"{name}.{i}"
-        taken.add(unique)
-        if value is not None:
-            constants[unique] = value
-        return unique
-
-    nodes, shapes = float_forms(graph, fresh)
-    if len(nodes) == len(graph.nodes):
-        return graph
-    all_shapes = {**graph.shapes, **shapes, **{n: v.shape for n, v in constants.items()}}
-    return replace(graph, nodes=tuple(nodes), constants=constants, shapes=all_shapes)
 
 
 @dataclass(frozen=True)
@@ -292,6 +274,30 @@ def _view_of_integers(
     if scalar_q(graph, dq) is None or scalar_q(graph, dq) != scalar_q(graph, q):
         return
     edit.nodes[index] = replace(node, inputs=(dq.inputs[0], *node.inputs[1:]), outputs=q.outputs)
+    drop_fused(edit, writers, q)
+
+
+def _qlinear_pointwise(
+    edit: Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
+) -> None:
+    """DequantizeLinear of each activation -> Add, Mul, GlobalAveragePool, Sigmoid or LeakyRelu ->
+    QuantizeLinear, per tensor: ONNX Runtime's QOperator node of it (QLinearAdd, ...), which
+    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    op = QLINEAR_OF[node.op]
+    dqs = [dequantized(graph, writers, t) for t in node.inputs]
+    q = only_reader(graph, readers, node.outputs[0])
+    if len(dqs) != FLOAT_FORMS[op][1] or q is None or q.op != "QuantizeLinear" or scalar_q(graph, q) is None:
+        return
+    inputs: list[str] = []
+    for dq in dqs:
+        if dq is None or graph.constant(dq.inputs[0]) is not None or scalar_q(graph, dq) is None:
+            return
+        inputs += [dq.inputs[0], dq.inputs[1], zero_name(edit, dq, graph.dtype(dq.inputs[0]))]
+    inputs += [q.inputs[1], zero_name(edit, q, graph.dtype(q.outputs[0]))]
+    attrs = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    edit.nodes[index] = Node(name=node.name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
     drop_fused(edit, writers, q)
 
 

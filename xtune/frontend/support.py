@@ -39,10 +39,11 @@ def not_run(graph: Graph, node: Node) -> UnsupportedNode:
 
 
 # Generated operators that read and write integer tensors: the quantize family converts float32 to and
-# from them, views are their bytes, a model's own NHWC <-> NCHW Transpose is a renaming in an NHWC
-# network (xtune/firmware/relayout.py, which refuses one it would have to run); every other generated
-# kernel is float32.
-_INTEGER_KINDS = frozenset(("quantize", "reshape", "transpose"))
+# from them, the quantized element-wise family (xtune/ops/qpointwise.py) computes between them, views
+# are their bytes, a model's own NHWC <-> NCHW Transpose is a renaming in an NHWC network
+# (xtune/firmware/relayout.py, which refuses one it would have to run); every other generated kernel is
+# float32.
+_INTEGER_KINDS = frozenset(("quantize", "qelementwise", "reshape", "transpose"))
 
 
 def integer_tensor(graph: Graph, node: Node, kind: str) -> UnsupportedNode | None:
