@@ -171,3 +171,20 @@ def test_a_record_logged_before_a_knob_was_appended_still_means_its_config() -> 
     assert not new.matches(1, (("tile", "6x1"), ("kc", 128)))
     assert new.matches(3, new.config(3).values)
     assert not new.matches(new.size, new.config(3).values)
+
+
+def test_a_sum_matches_each_part_by_its_own_rule() -> None:
+    """A sum's record is its tag and the part's values: matched by that part's rule (a knob appended to
+    the part included), and a part-0 record from before the sum matches without the tag."""
+    from xtune.schedule.space import sum_space
+
+    direct = ConfigSpace((Knob("tile", KnobKind.CHOICE, ("4x2", "6x1")),))
+    fast = ConfigSpace((Knob("tile", KnobKind.CHOICE, ("2x2", "4x4")), Knob("lmul", KnobKind.CHOICE, (1, 2))))
+    summed = sum_space("algo", [("direct", direct), ("fast", fast)])
+    assert summed.matches(1, direct.config(1).values)  # before the sum
+    assert summed.matches(1, (("algo", "direct"), ("tile", "6x1")))
+    assert summed.matches(3, (("algo", "fast"), ("tile", "4x4")))  # before `lmul`: its first option
+    assert summed.matches(5, summed.config(5).values)
+    assert not summed.matches(5, (("algo", "fast"), ("tile", "4x4")))  # lmul=2 is another config
+    assert not summed.matches(3, (("tile", "4x4"),))  # an untagged record is part 0's only
+    assert not summed.matches(1, (("algo", "fast"), ("tile", "6x1")))

@@ -138,7 +138,9 @@ class ConfigSpace:
         if not 0 <= index < self.size:
             return False
         have, logged = self.config(index).values, len(values)
-        return have[:logged] == values and not any(self.choices(index)[logged:])
+        if have == values:
+            return True
+        return 0 < logged < len(have) and have[:logged] == values and not any(self.choices(index)[logged:])
 
     def neighbour(self, index: int, knob_number: int, digit: int) -> int:
         """`index` with one knob set to option number `digit`."""
@@ -233,10 +235,14 @@ class SumSpace(ConfigSpace):
         return int(self.offsets[part]) + self.parts[part][1].index_of(own)
 
     def matches(self, index: int, values: tuple[tuple[str, KnobValue], ...]) -> bool:
-        if super().matches(index, values):
-            return True
-        first = self.parts[0][1]
-        return index < first.size and first.matches(index, values)
+        """The part's own rule on the part's values, or, without the tag, part 0's."""
+        if not 0 <= index < self.size:
+            return False
+        part, local = (int(v[0]) for v in self.split([index]))
+        name, space = self.parts[part]
+        if values[:1] == ((self.tag, name),):
+            return space.matches(local, values[1:])
+        return part == 0 and space.matches(local, values)
 
 
 def sum_space(tag: str, parts: Sequence[tuple[str, ConfigSpace]]) -> SumSpace:
