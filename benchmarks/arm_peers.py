@@ -204,11 +204,20 @@ def _per_inference(
 
 
 def run_peer(
-    model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Path = CACHE, cycles: Target | None = None
+    model: Path,
+    core: str = "cortex-a72",
+    *,
+    seed: int = 0,
+    cache: Path = CACHE,
+    cycles: Target | None = None,
+    pairs: int = PAIRS,
 ) -> PeerRun:
-    """Run `model` in its peer on the emulated `core`, counting instructions per inference, and with
-    `cycles` estimating its cycles under that target's scheduling model (the plugin records blocks)."""
+    """Run `model` in its peer on the emulated `core`, counting instructions per inference over `pairs`
+    pairs of children, and with `cycles` estimating its cycles under that target's scheduling model (the
+    plugin records blocks)."""
     runtime = runtime_for(model)
+    if pairs < 1:
+        raise InputError(f"pairs must be at least 1, not {pairs}")
     if not model.is_file():
         raise InputError(f"{model}: no such model file")
     root = arm64_root(cache)
@@ -221,7 +230,7 @@ def run_peer(
         plugin = f"{build_insn_plugin()},min=0,out={counts}"  # min=0: the runtimes' libraries lie anywhere
         plugin += ",blocks=1" if cycles is not None else ""
         argv = [qemu_aarch64(), "-cpu", core, "-L", str(view), "-plugin", plugin, *_python(root)]
-        argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS * PAIRS))]
+        argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS * pairs))]
         start = time.perf_counter()
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, env=_env(root), timeout=TIMEOUT_S)
