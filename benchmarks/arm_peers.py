@@ -83,7 +83,9 @@ class PeerRun:
     outputs: tuple[np.ndarray, ...]  # of one inference on the emulated core
     instructions: float  # guest instructions per inference, the whole process counted
     # llvm-mca's estimate per inference under a target's scheduling model (arm_cycles.py); None if not asked
+    # or if it failed, `cycles_error` then saying why (the instruction count is kept)
     cycles: float | None
+    cycles_error: str = ""
     seconds: float  # wall time of the emulated process, start-up included: no performance signal
 
 
@@ -187,20 +189,24 @@ def _arrays(path: Path) -> tuple[np.ndarray, ...]:
         return tuple(saved[f"arr_{i}"] for i in range(len(saved.files)))
 
 
-def _per_inference(
+def per_inference(
     counts: Path, pids: list[int], maps: Path, cycles: Target | None
-) -> tuple[float, float | None]:
+) -> tuple[float, float | None, str]:
     """Instructions and (with a target) cycles per inference: the median over the pairs of children of
-    the second child's figure minus the first's, over the inferences it ran more."""
+    the second child's figure minus the first's, over the inferences it ran more; and why there are no
+    cycles where costing the blocks failed."""
     by_pid, _ = records(counts.read_bytes().splitlines())
     pairs = list(zip(pids[::2], pids[1::2], strict=True))
     extra = RUNS[1] - RUNS[0]
     instructions = statistics.median(by_pid[more] - by_pid[fewer] for fewer, more in pairs) / extra
     if cycles is None:
-        return instructions, None
+        return instructions, None, ""
     text = maps.read_text(encoding="utf-8")
-    estimates = [cycles_between(counts, fewer, more, text, cycles) for fewer, more in pairs]
-    return instructions, statistics.median(estimates) / extra
+    try:
+        estimates = [cycles_between(counts, fewer, more, text, cycles) for fewer, more in pairs]
+    except XtuneError as e:  # llvm-mca failed: the instructions counted stand
+        return instructions, None, str(e)
+    return instructions, statistics.median(estimates) / extra, ""
 
 
 def run_peer(
@@ -241,7 +247,7 @@ def run_peer(
             why = _last_line(proc.stderr)
             raise XtuneError(f"{runtime.value} on {core} failed on {model.name} ({proc.returncode}): {why}")
         reply = json.loads(proc.stdout.splitlines()[-1])
-        instructions, estimate = _per_inference(counts, reply["children"], work / "maps.txt", cycles)
+        instructions, estimate, why = per_inference(counts, reply["children"], work / "maps.txt", cycles)
         return PeerRun(
             runtime=runtime,
             version=reply["version"],
@@ -251,6 +257,7 @@ def run_peer(
             outputs=_arrays(work / "outputs.npz"),
             instructions=instructions,
             cycles=estimate,
+            cycles_error=why,
             seconds=seconds,
         )
 

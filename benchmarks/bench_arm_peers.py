@@ -105,7 +105,10 @@ def peer_figures(
     why = check_peer(run, model)
     if why:
         return f"{run.runtime.value} {run.version} (WRONG: {why})", None, None
-    return f"{run.runtime.value} {run.version}", run.instructions, run.cycles
+    name = f"{run.runtime.value} {run.version}"
+    if run.cycles_error:
+        name += f" (no cycles: {run.cycles_error})"
+    return name, run.instructions, run.cycles
 
 
 def measure(model: Path, cores: list[str], counting: Counting) -> list[Row]:

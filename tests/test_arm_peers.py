@@ -9,10 +9,19 @@ from pathlib import Path
 
 import onnx
 import pytest
-from arm_cycles import executable_mappings, extra_runs, records
-from arm_peers import CACHE, CORES, arm64_root, check_peer, cpuinfo_text, run_peer, runtime_for
+from arm_cycles import executable_mappings, extra_runs, peer_model, records
+from arm_peers import (
+    CACHE,
+    CORES,
+    arm64_root,
+    check_peer,
+    cpuinfo_text,
+    per_inference,
+    run_peer,
+    runtime_for,
+)
 
-from xtune.boards.cycles import BlockRun
+from xtune.boards.cycles import MCA_TIMEOUT_S, BlockRun, find_llvm_tools
 from xtune.errors import InputError, XtuneError
 from xtune.ops.registry import parse_workload
 from xtune.target import get_target
@@ -102,6 +111,21 @@ def test_plugin_records_by_process() -> None:
     assert blocks[7] == [_block(0x1000, 4, 3, 1)] and blocks[8] == [_block(0x2000, 2, 1)] and 9 not in blocks
     with pytest.raises(XtuneError, match="out of memory"):
         records([b"7 lost"])
+
+
+@pytest.mark.skipif(find_llvm_tools() is None, reason="needs llvm-mca-NN (scripts/setup.sh)")
+def test_the_instructions_counted_stand_when_the_cycles_cannot_be_had(tmp_path: Path) -> None:
+    """Two children of one pair, their blocks at an address no file maps: no bytes to cost, so no cycles
+    and the reason; the instruction count per inference (the difference over 2) is kept."""
+    counts, maps = tmp_path / "counts.txt", tmp_path / "maps.txt"
+    counts.write_bytes(b"7 b 1000 16 4 3 0\n7 100\n8 b 1000 16 4 9 0\n8 300\n")
+    maps.write_text(MAPS)
+    a72 = get_target("arm-a72-neon")
+    instructions, cycles, why = per_inference(counts, [7, 8], maps, a72)
+    assert (instructions, cycles) == (100, None) and "ran outside every mapped file" in why
+    assert per_inference(counts, [7, 8], maps, None) == (100, None, "")
+    # A runtime's blocks, thousands, are costed in one llvm-mca process: a longer guard than a kernel's.
+    assert peer_model(a72).timeout_s > MCA_TIMEOUT_S and peer_model(a72).skip_unscheduled
 
 
 def _write(workload: str, path: Path) -> Path:
