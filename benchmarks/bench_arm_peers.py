@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+from arm_cycles import PEER_MCA_TIMEOUT_S
 from arm_peers import CORES, PAIRS, check_peer, run_peer
 
 from xtune.boards.board import QemuBoard
 from xtune.boards.cost import CostUnit
+from xtune.boards.cycles import cycle_model
 from xtune.errors import XtuneError
 from xtune.firmware.network_bench import bench_model
 from xtune.target import Target, load_targets
@@ -82,6 +84,10 @@ def xtune_cost(model: Path, target: Target, logs: Sequence[Path], unit: CostUnit
     """xtune's instructions or cycles per inference for `model` built for `target` (on its own qemu -cpu),
     or why there are none."""
     name = "qemu-aarch64-cycles" if unit is CostUnit.CYCLES else "qemu-aarch64"
+    if unit is CostUnit.CYCLES:
+        # A whole network's blocks, like a runtime's, go to llvm-mca at once: the peers' guard, not a
+        # kernel's (the board's model is this process's, cached by target).
+        cycle_model(target).timeout_s = PEER_MCA_TIMEOUT_S
     try:
         report = bench_model(model, QemuBoard(name, target, unit), logs)
     except XtuneError as e:
