@@ -146,7 +146,10 @@ def measure(model: Path, cores: list[str], counting: Counting) -> list[Row]:
 
 
 def _millions(n: float | None) -> str:
-    return "-" if n is None else f"{n / 1e6:.2f}"
+    """Millions with two decimals; below one million with four, so a Tiny model's figure keeps its digits."""
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.2f}" if n >= 1e6 else f"{n / 1e6:.4f}"
 
 
 def _ratio(ours: float | None, theirs: float | None) -> str:

@@ -18,7 +18,8 @@ peer is xtune's conv2d or depthwise with layout=nhwc.
 
 Usage: python benchmarks/bench_int8.py [--shapes fc,pw,mid] [--layers r8c1,...|none] [--trials 64]
        [--rounds 3] [--insn-trials 0] [--a u8|s8] [--target x86-avx512-vnni] [--float-target x86-avx512]
-       [--no-float] [--no-qemu]
+       [--no-float] [--no-qemu] [--qemu-only]
+--qemu-only prints only the qemu-aarch64 instruction counts (deterministic: no timing, any machine).
 --a is the activation type, u8 by default: ONNX Runtime 1.32's QLinearMatMul runs uint8 activations
 through MLAS's packed u8s8 kernels, int8 ones about 12x slower here (12.6 against 159 GOP/s at 784x512x128,
 measured while writing this script), so u8 compares with ONNX Runtime at its best.
@@ -211,6 +212,7 @@ def main() -> None:
     parser.add_argument("--float-target", default="x86-avx512")
     parser.add_argument("--no-float", action="store_true")
     parser.add_argument("--no-qemu", action="store_true")
+    parser.add_argument("--qemu-only", action="store_true")
     args = parser.parse_args()
     board = get_board("local", target=args.target)
     print(
@@ -228,6 +230,10 @@ def main() -> None:
     ]
     for name, key, size in rows:
         wl = parse_workload(key)
+        if args.qemu_only:
+            counts = [insn_per_mac(wl, b, args.insn_trials) for b in ("qemu-aarch64", "qemu-aarch64-dotprod")]
+            print(f"{name} {size}".ljust(16) + " " * 66 + "".join(f" {c:9.3f}" for c in counts))
+            continue
         q_default, q_best = tuned(wl, board, args.trials, args.rounds)
         ort = ort_gops(wl)
         f_default = f_best = float("nan")

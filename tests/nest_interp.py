@@ -3,6 +3,8 @@ lanes, and the integer lanes of int8 kernels in numpy's integer types (which wra
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from xtune.ops.qmatmul import reference as qref
@@ -17,12 +19,15 @@ from xtune.schedule.loopnest import (
     Clamp,
     Const,
     Dot,
+    DotDiff,
     DotInsn,
     DType,
+    Erf,
     Exp,
     For,
     HighMul,
     Kernel,
+    Lanes,
     Load,
     Log,
     MulAdd,
@@ -60,10 +65,23 @@ def dot(v: Dot, acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (acc.astype(np.int64) + products.reshape(-1, per).sum(axis=1)).astype(np.int32)
 
 
+def dot_diff(acc: np.ndarray, a0: np.ndarray, b0: np.ndarray, a1: np.ndarray, b1: np.ndarray) -> np.ndarray:
+    """`DotDiff`'s contract: the i16 lanes a0 b0 - a1 b1 (checked to fit, as smlsl leaves them), pair-added
+    into the i32 lanes."""
+    lanes = [
+        np.tile(a, b.size // a.size).astype(np.int64) * b.astype(np.int64) for a, b in ((a0, b0), (a1, b1))
+    ]
+    diff = lanes[0] - lanes[1]
+    assert np.abs(diff).max() <= 32767, "an i16 lane of smlsl overflowed"
+    return (acc.astype(np.int64) + diff.reshape(-1, 2).sum(axis=1)).astype(np.int32)
+
+
 def integer(v: Value, args: list[np.ndarray]) -> np.ndarray:
     """The values of int8 kernels, on their operands' arrays."""
     if isinstance(v, Dot):
         return dot(v, *args)
+    if isinstance(v, DotDiff):
+        return dot_diff(*args)
     if isinstance(v, Cast):
         x = np.trunc(args[0]) if args[0].dtype.kind == "f" and v.dtype is not DType.F32 else args[0]
         return x.astype(NUMPY[v.dtype])
@@ -82,6 +100,8 @@ def integer(v: Value, args: list[np.ndarray]) -> np.ndarray:
 def operands(v: Value) -> list[Value]:
     if isinstance(v, Dot):
         return [v.acc, v.a, v.b]
+    if isinstance(v, DotDiff):
+        return [v.acc, v.a0, v.b0, v.a1, v.b1]
     if isinstance(v, Clamp):
         return [v.a, v.lo, v.hi]
     if isinstance(v, HighMul):
@@ -105,6 +125,11 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
     def index(a: Affine, env: dict[str, int]) -> int:
         return a.const + sum(c * env[v] for v, c in a.terms)
 
+    def group(v: Value, env: dict[str, int]) -> np.ndarray:
+        if isinstance(v, Broadcast):
+            return value(v.value, env)[4 * v.lane : 4 * v.lane + 4]
+        return value(v, env)
+
     def value(v: Value, env: dict[str, int]) -> np.ndarray:
         if isinstance(v, Load):
             i = index(v.index, env)
@@ -125,8 +150,14 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
             return np.exp(value(v.a, env))
         if isinstance(v, Log):
             return np.log(value(v.a, env))
+        if isinstance(v, Lanes):
+            return np.array(v.values, np.float32)
+        if isinstance(v, Erf):  # the lowering's own erf is checked on boards (tests/test_ops_activations.py)
+            return np.array([math.erf(a) for a in value(v.a, env).tolist()], np.float32)
         if isinstance(v, Shuffle):
             return np.concatenate([value(v.a, env), value(v.b, env)])[list(v.mask)]
+        if isinstance(v, Dot | DotDiff):  # a Broadcast operand is a group (4 bytes) of its vector
+            return integer(v, [group(x, env) for x in operands(v)])
         if not isinstance(v, Binary):
             return integer(v, [value(x, env) for x in operands(v)])
         a, b = value(v.a, env), value(v.b, env)

@@ -10,6 +10,7 @@ variants of the same structure (MobileNetV2 0.35 at 96x96, a ResNet of one block
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -189,3 +190,35 @@ NETWORKS: dict[str, Callable[[], onnx.ModelProto]] = {
     "resnet_small": resnet_small,
     "mobilenet_v2_small": mobilenet_v2_small,
 }
+
+
+def quantize_qdq(
+    source: Path, out: Path, batches: list[np.ndarray], op_types: list[str] | None = None
+) -> Path:
+    """`source` (a model of one input) quantized by ONNX Runtime's `quantize_static` into `out`: QDQ, int8
+    activations, int8 weights per channel, calibrated on `batches` of its input; only `op_types` if given."""
+    import logging
+
+    from onnxruntime import quantization as ort_quant
+
+    name = onnx.load(source).graph.input[0].name
+
+    class Calibration(ort_quant.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{name: batch} for batch in batches])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_static's advice to pre-process the model
+    ort_quant.quantize_static(
+        str(source),
+        str(out),
+        Calibration(),
+        quant_format=ort_quant.QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=ort_quant.QuantType.QInt8,
+        weight_type=ort_quant.QuantType.QInt8,
+        op_types_to_quantize=op_types,
+    )
+    return out

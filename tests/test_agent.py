@@ -19,9 +19,9 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from xtune.boards.agent import AgentSession, RunRequest, RunStatus, SubprocessTransport
+from xtune.boards.agent import MAX_TIMEOUT_MS, AgentSession, RunRequest, RunStatus, SubprocessTransport
 from xtune.boards.agent_build import agent_version, build_agent
-from xtune.boards.board import LocalBoard, QemuBoard, get_board
+from xtune.boards.board import EMULATED_DEADLINE_FACTOR, LocalBoard, QemuBoard, get_board
 from xtune.errors import BoardError, InputError
 from xtune.target import Target
 
@@ -218,10 +218,16 @@ def test_trap_is_a_signal(
     assert s.run(RunRequest.check(offsets["empty"], ())).status is RunStatus.OK
 
 
-def test_endless_loop_times_out_and_agent_keeps_serving(session: tuple[AgentSession, dict[str, int]]) -> None:
+def test_endless_loop_times_out_and_agent_keeps_serving(
+    board: LocalBoard | QemuBoard, session: tuple[AgentSession, dict[str, int]]
+) -> None:
     s, offsets = session
+    # A QEMU board stretches the deadline (its calls run many times slower than native ones): 10 ms asked
+    # there is 300 ms in the agent, as 300 ms asked is on the host.
+    assert s.deadline_factor == (EMULATED_DEADLINE_FACTOR if isinstance(board, QemuBoard) else 1)
     start = time.monotonic()
-    reply = s.run(RunRequest(offsets["spin"], (), number=1, repeat=3, warmup=1, timeout_ms=300))
+    timeout_ms = 300 // s.deadline_factor
+    reply = s.run(RunRequest(offsets["spin"], (), number=1, repeat=3, warmup=1, timeout_ms=timeout_ms))
     elapsed = time.monotonic() - start
     assert reply.status is RunStatus.TIMEOUT and reply.seconds == ()
     # The agent's own 300 ms, not the host's deadline (that would be a BoardError after 10 s or more);
@@ -294,6 +300,12 @@ def test_run_request_validation() -> None:
     with pytest.raises(ValueError):
         RunRequest(0, (), number=0, repeat=3)
     assert RunRequest(0, (), timeout_ms=1000, repeat=3, warmup=1).host_timeout(2.0) == pytest.approx(8.0)
+
+
+def test_a_stretched_deadline_stays_a_u32() -> None:
+    assert RunRequest(0, (), timeout_ms=1000).stretched(30) == RunRequest(0, (), timeout_ms=30_000)
+    assert RunRequest(0, (), timeout_ms=MAX_TIMEOUT_MS // 2).stretched(30).timeout_ms == MAX_TIMEOUT_MS
+    RunRequest(0, (), timeout_ms=MAX_TIMEOUT_MS).stretched(2).encode()  # packs: struct would raise past a u32
 
 
 def test_build_agent_is_cached_per_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ from xtune.codegen.compile import parse_verified
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
 from xtune.ops.conv import conv_shape
+from xtune.ops.conv2d import Conv2dTemplate
 from xtune.ops.registry import features_of, parse_workload, template_for
 from xtune.ops.workload import random_inputs
 from xtune.schedule.loopnest import For, Stmt, Store
@@ -352,3 +353,25 @@ def test_depthwise_row_tiles_pack_every_row_before_reading_it(key: str) -> None:
             out = np.full(expected.shape, np.nan, dtype=np.float32)
             run_kernel(template.kernel(config, "k"), [*inputs, out])
             np.testing.assert_allclose(out, expected, atol=1e-5, err_msg=f"{p} rows, {order}")
+
+
+def test_lane_fma_direct_conv_correct_under_qemu_aarch64() -> None:
+    """On AArch64 the direct template's default loads 4 input channels of a pixel as one vector and
+    multiplies by its lanes: 10 channels in blocks of 10 and 8 (+2: groups, then a remainder broadcast
+    a channel at a time), unrolled by 4 and 2 (no groups), with partial pixel tiles and a partial strip,
+    stride 1 and 2, the hwc copy (lanes) and the chw one (broadcasts)."""
+    board = get_board("qemu-aarch64")
+    if shutil.which(board.target.qemu_binary) is None:
+        pytest.skip(f"needs {board.target.qemu_binary} (qemu-user)")
+    for stride in (1, 2):
+        key = f"conv2d:n=1,c=10,h=9,w=11,k=13,r=3,s=3,stride={stride},pad=1,layout=nhwc,algo=direct,bias=1"
+        template = template_for(parse_workload(key), board.target)
+        assert isinstance(template, Conv2dTemplate)
+        default = template.default_config()
+        assert default["unroll"] == 4 and template.schedule(default).lane_fma
+        base = default.as_dict()
+        indices = [
+            template.space.index_of({**base, "tile_ic": ic, "unroll": unroll, "pack_layout": pack})
+            for ic, unroll, pack in ((10, 4, "hwc"), (8, 4, "hwc"), (10, 2, "hwc"), (8, 4, "chw"))
+        ]
+        check("qemu-aarch64", key, indices)

@@ -145,12 +145,9 @@ def test_quantized_mlps_are_int8_tasks_and_equal_onnx_runtime_on_the_host(
     keys += ",perchannel=1" if name.endswith(("per_channel", "uint8")) else ""
     assert [t.workload.key for t in tasks.tasks] == [
         f"qmatmul:m=4,n=32,k=16{keys}",
-        f"qmatmul:m=4,n=10,k=32{keys}",
+        f"qmatmul:m=4,n=10,k=32{keys},dequant=1",  # the output's DequantizeLinear is its epilogue
     ]
-    assert [(o.op, o.kind) for o in tasks.other_nodes] == [
-        ("QuantizeLinear", "quantize"),
-        ("DequantizeLinear", "quantize"),
-    ]
+    assert [(o.op, o.kind) for o in tasks.other_nodes] == [("QuantizeLinear", "quantize")]
     artifact = build_model(models[name], HOST)
     x = network_input(artifact)
     got, _ = run_network(get_board("local"), artifact, x)
@@ -180,7 +177,7 @@ def test_the_int8_build_holds_int8_weights_an_int8_workspace_and_says_the_quanti
         for t in {a for call in prog.calls for a in call.args}
         if prog.places[t][0].value == "workspace"
     )
-    assert prog.memory.intermediate_bytes == 4 * 16 + 4 * 32 + 4 * 10  # x_q, r_q, y_q: one byte each
+    assert prog.memory.intermediate_bytes == 4 * 16 + 4 * 32  # x_q, r_q: one byte each (y_q fused away)
     assert prog.input_quant is not None and prog.output_quant is not None
     assert "int net_run(const float *input, float *output, void *workspace);" in int8.header
     assert f"#define NET_INPUT_SCALE {prog.input_quant[0]!r}f" in int8.header
@@ -193,14 +190,10 @@ def test_the_int8_build_holds_int8_weights_an_int8_workspace_and_says_the_quanti
 def test_a_mixed_graph_runs_its_int8_matmuls_then_a_float_softmax(models: dict[str, Path]) -> None:
     tasks = xtune.tasks(models["mixed"], HOST)
     assert [t.workload.op for t in tasks.tasks] == ["qmatmul", "qmatmul"]
-    assert [o.op for o in tasks.other_nodes] == [
-        "QuantizeLinear",  # the input
-        "DequantizeLinear",  # Relu in float32 between the two int8 matmuls
-        "Relu",
-        "QuantizeLinear",
-        "DequantizeLinear",  # the logits, to the float Softmax
-        "Softmax",
-    ]
+    # Each matmul writes its output dequantized (dequant=1): Relu in float32 between them, the float
+    # Softmax after the second.
+    assert [t.workload["dequant"] for t in tasks.tasks] == [1, 1]
+    assert [o.op for o in tasks.other_nodes] == ["QuantizeLinear", "Relu", "QuantizeLinear", "Softmax"]
     report = bench_model(models["mixed"], get_board("local"), repeat=1)
     assert report.correct, report.error
     assert report.peer == "ONNX Runtime" and report.ort_seconds is not None
@@ -289,21 +282,18 @@ def test_asymmetric_weights_leave_the_layer_in_float_and_it_still_matches(tmp_pa
     assert report.correct, report.error
 
 
-def test_qoperator_add_pooling_and_sigmoid_run_in_their_float_form(
+def test_qoperator_add_pooling_and_sigmoid_run_as_one_int8_kernel_each(
     models: dict[str, Path], tmp_path: Path
 ) -> None:
     """com.microsoft QLinearAdd (ORT's QOperator residual), QLinearGlobalAveragePool and QLinearSigmoid:
-    DequantizeLinear, the float operator, QuantizeLinear (xtune/frontend/qfloat.py)."""
+    one kernel each reading and writing 8-bit (xtune/ops/qpointwise.py), no float32 tensor between."""
     assert "com.microsoft.QLinearAdd" in {
         f"{n.domain}.{n.op_type}" for n in onnx.load(models["branches"]).graph.node
     }
-    assert [o.op for o in xtune.tasks(models["branches"], HOST).other_nodes] == [
-        "QuantizeLinear",
-        "DequantizeLinear",
-        "DequantizeLinear",
-        "Add",
-        "QuantizeLinear",
-        "DequantizeLinear",
+    assert [(o.op, o.kind) for o in xtune.tasks(models["branches"], HOST).other_nodes] == [
+        ("QuantizeLinear", "quantize"),
+        ("com.microsoft.QLinearAdd", "qelementwise"),
+        ("DequantizeLinear", "quantize"),
     ]
     scales: dict[str, np.ndarray] = {
         "s": np.array(0.01, np.float32),
@@ -419,7 +409,9 @@ def test_a_quantized_conv_is_a_qconv2d_task_and_equals_onnx_runtime(tmp_path: Pa
     path = _qdq_conv(tmp_path / "qconv.onnx")
     assert [n.op for n in load_graph(path).nodes] == ["QuantizeLinear", "QLinearConv", "DequantizeLinear"]
     tasks = xtune.tasks(path, HOST)
-    assert [t.workload.key for t in tasks.tasks] == ["qconv2d:n=1,c=4,h=6,w=6,k=8,r=3,s=3,stride=1,pad=1"]
+    assert [t.workload.key for t in tasks.tasks] == [
+        "qconv2d:n=1,c=4,h=6,w=6,k=8,r=3,s=3,stride=1,pad=1,dequant=1"
+    ]
     artifact = build_model(path, HOST)
     x = network_input(artifact)
     got, _ = run_network(get_board("local"), artifact, x)

@@ -86,6 +86,28 @@ def test_emulated_boards_candidates_match_numpy(qemu_board: str, compile_pool: C
     assert [r.status for r in results] == [MeasureStatus.OK] * len(results), [r.error for r in results]
 
 
+@pytest.mark.skipif(shutil.which("qemu-riscv64") is None, reason="needs qemu-user")
+@pytest.mark.parametrize("shape", ["matmul:m=13,n=70,k=29,bias=1,relu=1", "matmul:m=9,n=40,k=17,prepacked=1"])
+def test_rvv_register_groups_match_numpy(shape: str, compile_pool: CompilePool) -> None:
+    """RVV's matmul vectors span lmul registers: lmul 1, 2 and 4 at tiles whose groups fit and one whose
+    groups do not (it runs at the lmul that fits), partial groups at the last columns, B prepacked."""
+    board = get_board("qemu-riscv64-v")
+    template = template_for(parse_workload(shape), board.target)
+    default = template.default_config()
+    assert default["lmul"] == 4
+    indices = [
+        template.space.index_of({**default.as_dict(), "tile": tile, "lmul": lmul, "kc": 16})
+        for tile in ("2x2", "5x1", "6x3")
+        for lmul in (1, 2, 4)
+    ]
+    measurer = Measurer(board, parse_workload(shape), FAST, compile_pool)
+    try:
+        results = measurer.measure([default.index, *indices])
+    finally:
+        measurer.close()
+    assert [r.status for r in results] == [MeasureStatus.OK] * len(results), [r.error for r in results]
+
+
 @pytest.mark.host_runs("x86-avx2")
 def test_faulty_candidates_become_statuses_and_the_run_goes_on() -> None:
     wl = parse_workload("matmul:m=8,n=8,k=8")

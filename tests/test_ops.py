@@ -89,6 +89,15 @@ CASES: dict[str, Operator] = {
         cols=axis_taps("nearest", "asymmetric", "floor", 6, 9, 1.5),
         layout=NHWC,
     ),
+    # NCHW: vectors of W outputs, lanes picked by shuffles, per-lane weights, a partial last vector
+    "resize-nchw": Resize(
+        n=2,
+        c=3,
+        h=4,
+        w=6,
+        rows=axis_taps("nearest", "asymmetric", "floor", 4, 6, 1.5),
+        cols=axis_taps("linear", "half_pixel", "round_prefer_floor", 6, 13, 13 / 6),
+    ),
 }
 BOARD_CASES = (
     "maxpool3s2p1",

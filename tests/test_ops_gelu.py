@@ -132,8 +132,9 @@ def test_gelu_alone_runs_as_its_activation(form: str, layout: str) -> None:
     assert [k.what.split(",")[0] for k in artifact.kernels] == [f"activation:kind={kind}"]
 
 
-def test_gelu_on_qemu_aarch64() -> None:
-    check(fused_net("erf"), "nhwc", board="qemu-aarch64")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gelu_on_qemu_aarch64(layout: str) -> None:
+    check(fused_net("erf"), layout, board="qemu-aarch64")
 
 
 def test_normalization_writes_one_node_and_keeps_lookalikes() -> None:

@@ -80,10 +80,11 @@ def test_resize_between_convolutions_matches_onnx_runtime(case: str, layout: str
     assert "resize" in kinds(artifact)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
-def test_one_pixel_upscaled(mode: str) -> None:
-    """1x1 spatial to 3x2: every output reads the one pixel."""
-    check(resize_net((1, 5, 1, 1), sizes=[1, 5, 3, 2], mode=mode), "nhwc")
+def test_one_pixel_upscaled(mode: str, layout: str) -> None:
+    """1x1 spatial to 3x2: every output reads the one pixel (in NCHW a row of one column: a partial load)."""
+    check(resize_net((1, 5, 1, 1), sizes=[1, 5, 3, 2], mode=mode), layout)
 
 
 def test_opset18_axes_and_sizes() -> None:
@@ -137,19 +138,70 @@ def test_taps_repeat_in_one_period() -> None:
     Linear x2 half-pixel: the clamped first and last outputs, then a run of period 2."""
     taps = axis_taps("nearest", "asymmetric", "floor", 5, 10, 2.0)
     assert taps == tuple(Tap(o // 2, o // 2, 0.0) for o in range(10))
-    assert [(r.start, r.period, r.count, r.step) for r in runs(taps) or ()] == [(0, 2, 5, 1)]
+    assert [(r.start, r.period, r.count, r.step) for r in runs(taps)] == [(0, 2, 5, 1)]
     linear = axis_taps("linear", "half_pixel", "round_prefer_floor", 4, 8, 2.0)
     assert [(t.lo, t.hi, t.t) for t in linear[:3]] == [(0, 1, 0.0), (0, 1, 0.25), (0, 1, 0.75)]
     assert linear[-1] == Tap(3, 3, 0.0)
-    assert [(r.start, r.period, r.count) for r in runs(linear) or ()] == [(0, 1, 1), (1, 2, 3), (7, 1, 1)]
+    assert [(r.start, r.period, r.count) for r in runs(linear)] == [(0, 1, 1), (1, 2, 3), (7, 1, 1)]
     # 40 -> 60: the weights repeat every 3 outputs (2 input rows) in float64, where float32 would not
-    third = runs(axis_taps("linear", "half_pixel", "round_prefer_floor", 40, 60, 1.5)) or ()
+    third = runs(axis_taps("linear", "half_pixel", "round_prefer_floor", 40, 60, 1.5))
     assert sum(r.period for r in third) <= 6 and max(r.count for r in third) >= 19
 
 
-def test_a_resize_without_a_short_period_is_refused() -> None:
-    """173 from 100 (period 173): more unrolled bodies than a kernel may have."""
-    cols = axis_taps("linear", "half_pixel", "round_prefer_floor", 100, 173, 1.73)
-    rows = axis_taps("linear", "half_pixel", "round_prefer_floor", 100, 173, 1.73)
-    with pytest.raises(InputError, match="repeats within"):
-        Resize(n=1, c=1, h=100, w=100, rows=rows, cols=cols)
+# 100x100 to 173x173: align_corners by sizes (period 172), asymmetric by scales 1.73 (period 173)
+LARGE: dict[str, dict[str, Any]] = {
+    "align_corners": {"sizes": [1, 3, 173, 173]},
+    "asymmetric": {"scales": [1, 1, 1.73, 1.73]},
+}
+
+
+def large_net(transform: str) -> onnx.ModelProto:
+    return resize_net(
+        (1, 3, 100, 100), mode="linear", coordinate_transformation_mode=transform, **LARGE[transform]
+    )
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("transform", list(LARGE))
+def test_a_large_resize_without_a_short_period_matches_onnx_runtime(transform: str, layout: str) -> None:
+    """100x100 to 173x173: taps that repeat only every 172 or 173 outputs, built separable (rows into a
+    scratch image, then its columns), 3 channels (no multiple of any vector width)."""
+    check(large_net(transform), layout)
+
+
+def test_a_large_resize_on_qemu_aarch64() -> None:
+    check(large_net("align_corners"), "nchw", board="qemu-aarch64")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_a_strong_downscale_along_w(mode: str, layout: str) -> None:
+    """40 columns to 12: a vector of NCHW outputs reads columns of up to four input vectors."""
+    check(resize_net((1, 3, 9, 40), scales=[1, 1, 0.5, 0.3], mode=mode), layout)
+
+
+def test_a_strong_downscale_on_qemu_riscv64() -> None:
+    check(resize_net((1, 3, 9, 40), scales=[1, 1, 0.5, 0.3], mode="linear"), "nchw", board="qemu-riscv64")
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_nchw_resize_is_vectors_along_w(mode: str) -> None:
+    """The NCHW kernel's outputs are whole vectors (stores of <4 x float>, lanes picked by shufflevector),
+    with no scalar store but a row's tail, in the direct kernel and (linear to 173) the separable one."""
+    from xtune.codegen.lower import lower
+
+    for size, transform in ((64, "asymmetric"), (173, "align_corners")):
+        taps = axis_taps(mode, transform, "floor", 32, size, size / 32)
+        kernel = Resize(n=1, c=2, h=32, w=32, rows=taps, cols=taps).kernel_nest("resize", 4)
+        assert any(b.name == "T" for b in kernel.buffers) == (size == 173 and mode == "linear")
+        ir = lower([kernel])
+        assert "store <4 x float>" in ir and "shufflevector <4 x float>" in ir
+        assert ("store float" in ir) == (size % 4 != 0)  # scalar stores only for a row's last few outputs
+
+
+def test_what_no_kernel_can_hold_is_refused() -> None:
+    """2100 outputs along each axis without a short period: more unrolled bodies than a kernel may have,
+    even separable."""
+    rows = axis_taps("linear", "align_corners", "round_prefer_floor", 100, 2100, 21.0)
+    with pytest.raises(InputError, match="unrolled bodies"):
+        Resize(n=1, c=1, h=100, w=100, rows=rows, cols=rows)

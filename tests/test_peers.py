@@ -8,7 +8,7 @@ import pytest
 
 from xtune.ops.registry import parse_workload
 from xtune.ops.workload import RTOL, compare_output, random_inputs
-from xtune.tuning.peers import onnx_model, ort_seconds
+from xtune.tuning.peers import onnx_model, ort_network, ort_seconds
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -90,3 +90,26 @@ def test_bench_reports_onnx_runtime_beside_numpy(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("xtune.tuning.peers.ort_available", lambda: False)  # as without the `bench` extra
     without = bench_module.bench(wl, board).as_dict()
     assert without["ort_gflops"] is None and without["ratio_vs_ort"] is None and without["numpy_gflops"]
+
+
+def test_onnx_runtime_keeps_its_warnings_about_unused_initializers_to_itself(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Model-zoo files carry initializers no node reads; ONNX Runtime's default log level prints a
+    warning line for each, which would bury `xtune bench --model`'s report."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    unused = numpy_helper.from_array(np.zeros(2, np.int64), "unused_SHAPE")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[unused],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    got, _ = ort_network(model.SerializeToString(), x)
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
+    out, err = capfd.readouterr()
+    assert "unused_SHAPE" not in out + err

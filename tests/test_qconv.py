@@ -28,6 +28,7 @@ from xtune.ops.workload import Workload, random_inputs
 from xtune.target import get_target, host_cannot_run
 from xtune.tuning.features import featurize
 from xtune.tuning.measure import CompilePool, Measurer, MeasureStatus
+from xtune.tuning.options import MeasureOptions
 
 # c not a multiple of 4, strides 1 and 2, asymmetric pads, 1x1, dilation, both activation types, per
 # tensor and per channel, both requantizations; the last two fold their s taps into the channels.
@@ -298,6 +299,72 @@ def test_kernels_are_exact_under_qemu(board: str, key: str, compile_pool: Compil
     measure_some(board, key, compile_pool, extra=1)
 
 
+def extreme_inputs(wl: Workload, rng: np.random.Generator, everywhere: bool) -> list[np.ndarray]:
+    """Random inputs whose weights are -128 or 127 and whose activations are the dot's -128 (u8: 0,
+    flipped) or its 127 (u8: 255); `everywhere`: -128 in every weight and activation, so every i16 lane
+    of the A72 route's product pairs is at its limit (-128 * -128 twice overflows an i16)."""
+    x, w, *rest = random_inputs(wl, seed=3)
+    low, high = (0, 255) if wl.value("a") == "u8" else (-128, 127)
+    if everywhere:
+        return [np.full_like(x, low), np.full_like(w, -128), *rest]
+    return [
+        rng.choice([low, high], x.shape).astype(x.dtype),
+        rng.choice([-128, 127], w.shape).astype(np.int8),
+        *rest,
+    ]
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("board", ["qemu-aarch64", "qemu-aarch64-dotprod"])
+@pytest.mark.parametrize("a", ["s8", "u8"])
+def test_kernels_are_exact_at_the_extremes_under_qemu(board: str, a: str, compile_pool: CompilePool) -> None:
+    """int32 sums (requant=none) of -128 weights against -128 activations, and a mix of the extremes: the
+    default config (A72: the smull/smlsl pairs of complemented odd channel groups) and a random one."""
+    if shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip("needs qemu-user")
+    wl = parse_workload(f"qconv2d:n=1,c=16,h=4,w=5,k=8,r=3,s=3,pad=1,a={a},requant=none")
+    rng = np.random.default_rng(5)
+    for everywhere in (True, False):
+        measurer = Measurer(get_board(board), wl, FAST, compile_pool)
+        measurer.inputs = extreme_inputs(wl, rng, everywhere)
+        measurer.expected = wl.reference(measurer.inputs).astype(measurer.out_dtype)
+        space = measurer.template.space
+        indices = [measurer.template.default_config().index, int(rng.integers(space.size))]
+        try:
+            results = measurer.measure(indices)
+        finally:
+            measurer.close()
+        for index, result in zip(indices, results, strict=True):
+            assert result.status is MeasureStatus.OK, (
+                board,
+                everywhere,
+                space.config(index).values,
+                result.error,
+            )
+
+
+# qemu-aarch64 instructions per multiply-add of the default config of ResNet-8's stack-3 3x3 (MLPerf Tiny,
+# docs/benchmarks.md "Issue 29"): the A72 goal, and the A76 count as it stands (its goal, 0.08, is not met).
+INSN_PER_MAC = {"qemu-aarch64": 0.25, "qemu-aarch64-dotprod": 0.09}
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("board", list(INSN_PER_MAC))
+def test_the_default_3x3_conv_keeps_its_instructions_per_multiply_add(
+    board: str, compile_pool: CompilePool
+) -> None:
+    if shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip("needs qemu-user")
+    wl = parse_workload("qconv2d:n=1,c=64,h=8,w=8,k=64,r=3,s=3,pad=1,a=u8,perchannel=1")
+    measurer = Measurer(get_board(board), wl, MeasureOptions(), compile_pool)
+    try:
+        (result,) = measurer.measure([measurer.template.default_config().index])
+    finally:
+        measurer.close()
+    assert result.status is MeasureStatus.OK, result.error
+    assert result.cost / (wl.flops() // 2) <= INSN_PER_MAC[board]
+
+
 def test_a_missing_zero_point_correction_is_a_wrong_answer(
     compile_pool: CompilePool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -330,6 +397,8 @@ INSTRUCTIONS = {
     (CONV[0], "x86-avx512-vnni"): r"vpdpbusd\s+%zmm",
     (CONV[0], "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s",
     (CONV[0], "arm-a72-neon"): r"\bsadalp\s+v\d+\.4s, v\d+\.8h",
+    (CONV[2], "arm-a72-neon"): r"\bsmlsl2\s+v\d+\.8h, v\d+\.16b",  # channel groups in pairs (DotDiff)
+    (CONV[2], "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s, v\d+\.16b, v\d+\.4b\[\d\]",  # by element
     (S8_DW, "arm-a72-neon"): r"\bsmull\s+v\d+\.8h",
     (U8_DW, "arm-a72-neon"): r"\bsmlal\s+v\d+\.4s",
     (S8_DW, "x86-avx512-vnni"): r"vpmullw",
@@ -353,8 +422,10 @@ def _conv_net(path: Path) -> Path:
     """x[1,3,12,12] -> Conv 3x3 (3 -> 8, bias) -> Relu -> depthwise 3x3 stride 2 -> Relu -> Conv 1x1
     (8 -> 16): a float model that `quantize_static` quantizes (QDQ, per channel, int8 activations)."""
     onnx = pytest.importorskip("onnx")
-    ort_quant = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     from onnx import TensorProto, helper, numpy_helper
+
+    from tests.networks import quantize_qdq
 
     rng = np.random.default_rng(9)
     inits = {
@@ -383,28 +454,11 @@ def _conv_net(path: Path) -> Path:
     source = path.with_name("float.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
 
-    class Calibration(ort_quant.CalibrationDataReader):  # type: ignore[name-defined]
-        def __init__(self) -> None:
-            self.batches = iter(
-                [{"x": rng.uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
-            )
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
-
-    ort_quant.quantize_static(
-        str(source),
-        str(path),
-        Calibration(),
-        quant_format=ort_quant.QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=ort_quant.QuantType.QInt8,
-        weight_type=ort_quant.QuantType.QInt8,
-    )
-    return path
+    batches = [rng.uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32) for _ in range(4)]
+    return quantize_qdq(source, path, batches)
 
 
-@pytest.mark.parametrize("board", ["local", "qemu-aarch64-dotprod"])
+@pytest.mark.parametrize("board", ["local", "qemu-aarch64-dotprod", "qemu-aarch64"])
 def test_a_quantized_conv_net_builds_to_int8_conv_tasks_that_equal_onnxruntime(
     board: str, tmp_path: Path
 ) -> None:

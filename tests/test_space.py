@@ -8,7 +8,7 @@ import pytest
 
 from xtune.errors import InputError
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.tiles import parse_tile, register_tiles
+from xtune.ops.tiles import group_lanes, parse_tile, register_tiles
 from xtune.schedule.space import ConfigSpace, Knob, KnobKind
 from xtune.target import get_target, load_targets
 from xtune.tuning.features import featurize
@@ -67,8 +67,10 @@ def test_default_config_is_in_the_space_and_uses_the_register_file(name: str) ->
     config = template.default_config()
     assert template.space.config(config.index) == config
     mr, nv = parse_tile(str(config["tile"]))
-    # The heuristic picks a tile that uses most of the accumulators the target has.
-    assert mr * nv + nv + 1 > target.vector_registers // 2
+    # The heuristic picks a tile that uses most of the accumulators the target has (in registers: RVV's
+    # vectors are groups of lmul of them).
+    lmul = int(group_lanes(target, mr, nv, int(config.as_dict().get("lmul", 1)))) // target.fp32_lanes
+    assert (mr * nv + nv + 1) * lmul > target.vector_registers // 2
 
 
 REAL_WORKLOADS = (
@@ -154,3 +156,18 @@ def test_spaces_beyond_int64_keep_exact_indices() -> None:
     assert huge.choices(last) == (999,) * 8
     assert huge.index_of(huge.config(last).as_dict()) == last
     assert huge.neighbour(last, 7, 0) == last - 999 * 1000**7
+
+
+def test_a_record_logged_before_a_knob_was_appended_still_means_its_config() -> None:
+    """RVV's lmul knob came after logs of RVV matmuls existed: it is the last (most significant) knob, its
+    first option the old behaviour, so an old record's index and knobs still name the config it ran."""
+    old = ConfigSpace((Knob("tile", KnobKind.CHOICE, ("4x2", "6x1")), Knob("kc", KnobKind.CHOICE, (64, 128))))
+    new = ConfigSpace((*old.knobs, Knob("lmul", KnobKind.CHOICE, (1, 2, 4))))
+    for index in range(old.size):
+        assert new.matches(index, old.config(index).values)
+        assert new.config(index).values[:2] == old.config(index).values
+    # the same knobs with the new knob at another option is another config, and a changed value is stale
+    assert not new.matches(old.size + 1, old.config(1).values)
+    assert not new.matches(1, (("tile", "6x1"), ("kc", 128)))
+    assert new.matches(3, new.config(3).values)
+    assert not new.matches(new.size, new.config(3).values)

@@ -159,13 +159,29 @@ def test_the_pattern_sees_a_spill_and_not_a_panel_access() -> None:
     assert not STACK_ACCESS["riscv64"].search("add\ta0,sp,576")
 
 
+@pytest.mark.parametrize("workload", ["matmul", "conv_nhwc", "conv_stride2"])
 @pytest.mark.parametrize("name", AARCH64)
-def test_aarch64_matmul_multiplies_by_lanes_of_a(name: str) -> None:
-    """Four k steps of A in one q register, each lane an FMLA (by element) operand: no ld1r, no scalar A."""
+def test_aarch64_defaults_multiply_by_lanes(name: str, workload: str) -> None:
+    """Four k steps of A (direct conv2d: four input channels of a pixel) in one q register, each lane an
+    FMLA (by element) operand: no ld1r, no scalar loads of A, in the hot loops of the full tiles."""
     if shutil.which(OBJDUMP["aarch64"]) is None:
         pytest.skip("needs aarch64-linux-gnu-objdump")
-    loops = hot_loops(default_object(get_target(name), WORKLOADS["matmul"]), "aarch64")
+    loops = hot_loops(default_object(get_target(name), WORKLOADS[workload]), "aarch64")
     text = [t for body in loops for t in body]
     lanes = {m.group(1) for t in text if t.startswith("fmla") and (m := re.search(r"\.s\[(\d)\]", t))}
     assert lanes == set("0123")
     assert not [t for t in text if t.startswith("ld1r")]
+
+
+def test_rvv_matmul_multiplies_by_register_groups() -> None:
+    """riscv64-gcv's matmul vectors are groups of 4 registers (LMUL=4): in the hot loop one vle32 per
+    group of a B row and one FMA per group of each tile row, per k step (the default's 2x2 tile of
+    32-lane groups, 4 k steps unrolled: 8 loads, 16 FMAs), and nothing spilled."""
+    if shutil.which(OBJDUMP["riscv64"]) is None:
+        pytest.skip("needs riscv64-linux-gnu-objdump")
+    target = get_target("riscv64-gcv")
+    rows = default_object(target, WORKLOADS["matmul"])
+    assert any(",e32,m4," in text for _, text in rows if text.startswith("vset"))
+    (loop,) = hot_loops(rows, "riscv64")
+    assert len([t for t in loop if t.startswith("vle32")]) == 8
+    assert len([t for t in loop if MULTIPLY["riscv64"].match(t)]) == 16

@@ -9,7 +9,7 @@ import struct
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from types import TracebackType
 from typing import Protocol
@@ -21,6 +21,7 @@ HELLO_PREFIX = b"XTUNE-AGENT "
 MAX_ARGS = 8
 MAX_SLOTS = 32
 MAX_REPEAT = 1024
+MAX_TIMEOUT_MS = 0xFFFFFFFF  # timeout_ms is a u32 (board_agent/PROTOCOL.md, RUN)
 _MAX_SKIPPED = 64 * 1024  # bytes of banner/rc output tolerated before the hello line
 _MAX_PAYLOAD = 1 << 30
 _STDERR_KEEP = 16 * 1024
@@ -234,6 +235,10 @@ class RunRequest:
         """A check-only run: exactly one call, no timing, for comparing outputs with a reference."""
         return cls(entry_offset, args, number=0, repeat=0, timeout_ms=timeout_ms)
 
+    def stretched(self, factor: int) -> RunRequest:
+        """This request with its deadline `factor` times longer (at most the protocol's u32 milliseconds)."""
+        return replace(self, timeout_ms=min(self.timeout_ms * factor, MAX_TIMEOUT_MS))
+
     def host_timeout(self, margin: float) -> float:
         """Seconds the host waits for the reply: every step may take timeout_ms, calibration ~2 more."""
         steps = self.repeat + self.warmup + 2
@@ -283,9 +288,12 @@ def parse_hello(line: bytes) -> AgentHello:
 class AgentSession:
     """One long-lived agent: load an image, set buffers, run, read buffers back. Not thread-safe."""
 
-    def __init__(self, transport: Transport, timeout: float) -> None:
+    def __init__(self, transport: Transport, timeout: float, deadline_factor: int = 1) -> None:
         self._transport = transport
         self._timeout = timeout
+        # Every RUN's deadline is stretched by this (an emulated board's calls run many times slower than
+        # the native calls a user's deadline is set for: xtune/boards/board.py, EMULATED_DEADLINE_FACTOR).
+        self.deadline_factor = deadline_factor
         self._broken = False
         try:
             self.hello = self._await_hello()
@@ -353,6 +361,7 @@ class AgentSession:
         return self._request(_OP_READ_BUFFER, struct.pack("<I", slot), self._timeout)
 
     def run(self, req: RunRequest) -> RunReply:
+        req = req.stretched(self.deadline_factor)
         body = self._request(_OP_RUN, req.encode(), req.host_timeout(self._timeout))
         status, sig, number, count = struct.unpack_from("<IiII", self._expect(body, None, "RUN"))
         self._expect(body, _RUN_REPLY.size + 8 * count, "RUN")

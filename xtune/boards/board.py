@@ -23,6 +23,13 @@ from xtune.target import Target, get_target, host_cannot_run, host_cpu_identity,
 
 LOCAL_HELLO_TIMEOUT = 10.0  # seconds; also the margin added to every request's own timeout
 QEMU_HELLO_TIMEOUT = 30.0  # qemu-user start-up is ~10 ms, but a loaded CI machine can be slow
+# A QEMU board stretches every call's deadline by this. The deadline (--timeout-ms) is set for a native
+# call and only guards against hangs; under TCG a NEON or RVV kernel runs many times slower, and the
+# counting plugin's callback on every executed block slower still (a ResNet-18 3x3 conv2d takes about
+# 1.5 s of CPU per call on qemu-aarch64-cycles, and its candidates were killed at the native 10 s once
+# the host's load average reached 20). What these boards record does not depend on how long a call took,
+# so a deadline that the host's load decides would drop configs for no reason of their own.
+EMULATED_DEADLINE_FACTOR = 30
 
 
 class Board(Protocol):
@@ -128,7 +135,7 @@ class InsnCountingSession(AgentSession):
         self._offset = 0
         self.last_insn_count: int | None = None  # of the last OK run: every call of it, warm-ups included
         self.last_blocks: tuple[BlockRun, ...] = ()  # its translation blocks, when the plugin records them
-        super().__init__(transport, timeout)
+        super().__init__(transport, timeout, EMULATED_DEADLINE_FACTOR)
 
     @property
     def last_cost(self) -> float | None:
@@ -243,7 +250,9 @@ class QemuBoard:
 
     def open(self) -> AgentSession:
         if self.cost_unit is CostUnit.NONE:
-            return AgentSession(SubprocessTransport(self.argv()), timeout=QEMU_HELLO_TIMEOUT)
+            return AgentSession(
+                SubprocessTransport(self.argv()), QEMU_HELLO_TIMEOUT, EMULATED_DEADLINE_FACTOR
+            )
         model = cycle_model(self.target) if self.cost_unit is CostUnit.CYCLES else None
         fd, name = tempfile.mkstemp(prefix="xtune-insn-", suffix=".txt")
         os.close(fd)

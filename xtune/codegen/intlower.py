@@ -14,9 +14,11 @@ from typing import Protocol
 
 from xtune.schedule.loopnest import (
     BinaryOp,
+    Broadcast,
     Cast,
     Clamp,
     Dot,
+    DotDiff,
     DotInsn,
     DType,
     HighMul,
@@ -60,16 +62,19 @@ class Emitter(Protocol):
     def define(self, instruction: str) -> str: ...
     def value(self, v: Value, env: Env) -> Operand: ...
     def broadcast(self, scalar: str, lanes: int, dtype: DType = DType.F32) -> str: ...
+    def lane_splat(self, vector: str, width: int, lanes: int, lane: int, dtype: DType) -> str: ...
     def select(
         self, a: str, pred: str, b: str, then: str, other: str, lanes: int, dtype: DType = DType.F32
     ) -> str: ...
 
 
 def lower_integer(
-    fl: Emitter, v: Dot | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
+    fl: Emitter, v: Dot | DotDiff | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
 ) -> Operand:
     if isinstance(v, Dot):
         return _dot(fl, v, env)
+    if isinstance(v, DotDiff):
+        return _dot_diff(fl, v, env)
     if isinstance(v, Cast):
         return cast(fl, fl.value(v.a, env), v.dtype), fl.value(v.a, env)[1], v.dtype
     if isinstance(v, RoundEven):
@@ -107,7 +112,10 @@ def integer_binary(fl: Emitter, op: BinaryOp, a: str, b: str, lanes: int, dtype:
         sign = "s" if dtype.signed else "u"
         return fl.select(a, f"{sign}{'gt' if op is BinaryOp.MAX else 'lt'}", b, a, b, lanes, dtype)
     if op is BinaryOp.DIV:
-        raise ValueError("integer lanes have no div (RoundShift divides by powers of two)")
+        # C's division, truncated toward zero (LangRef "sdiv"/"udiv"). Kernels divide by constants only
+        # (a pooling window's size), which LLVM turns into a multiply-high and shifts (Granlund and
+        # Montgomery, "Division by invariant integers using multiplication", PLDI 1994): no divide insn.
+        return fl.define(f"{'sdiv' if dtype.signed else 'udiv'} {ty} {a}, {b}")
     name = _INT_OPS.get(op) or ("ashr" if dtype.signed else "lshr")
     return fl.define(f"{name} {ty} {a}, {b}")
 
@@ -157,10 +165,31 @@ def _words(fl: Emitter, operand: Operand, lanes: int) -> str:
     return fl.broadcast(word, lanes, DType.I32)
 
 
+def _group(fl: Emitter, a: Broadcast, env: Env, lanes: int) -> Operand:
+    """A `Broadcast` dot operand: group `a.lane` (4 bytes) of a loaded vector in each of `lanes` i32 lanes,
+    as a shuffle whose mask is that group everywhere (AArch64 folds it into SDOT by element, or a DUP
+    from the lane where the instruction has no by-element form)."""
+    text, n, dtype = fl.value(a.value, env)
+    words = fl.define(f"bitcast {vtype(n, dtype)} {text} to {vtype(n // 4, DType.I32)}")
+    splat = fl.lane_splat(words, n // 4, lanes, a.lane, DType.I32)
+    return (
+        fl.define(f"bitcast {vtype(lanes, DType.I32)} {splat} to {vtype(4 * lanes, dtype)}"),
+        4 * lanes,
+        dtype,
+    )
+
+
+def _operand(fl: Emitter, a: Value, env: Env, lanes: int) -> Operand:
+    """A dot's left operand: a group of a vector (`_group`) or the value itself."""
+    return _group(fl, a, env, lanes) if isinstance(a, Broadcast) else fl.value(a, env)
+
+
 def _dot(fl: Emitter, v: Dot, env: Env) -> Operand:
     acc, lanes, _ = fl.value(v.acc, env)
-    a, b = fl.value(v.a, env), fl.value(v.b, env)
-    if v.insn is DotInsn.SADALP:
+    sadalp = v.insn is DotInsn.SADALP  # its accumulator has 2 lanes per group
+    a = _operand(fl, v.a, env, lanes // 2 if sadalp else lanes)
+    b = fl.value(v.b, env)
+    if sadalp:
         return _sadalp(fl, acc, a, b, lanes), lanes, DType.I32
     assert b[1] == 4 * lanes, "b holds 4 bytes per accumulator lane"
     aw, bw = _words(fl, a, lanes), _words(fl, b, lanes)
@@ -177,7 +206,8 @@ def _dot(fl: Emitter, v: Dot, env: Env) -> Operand:
         # Arm ARM, SDOT/UDOT (vector): each i32 lane += 4 products of the bytes of its 32-bit group.
         assert signed[0] == signed[1] and lanes in (2, 4), "sdot/udot take one signedness, 64/128 bits"
         ty, bty = vtype(lanes, DType.I32), vtype(4 * lanes, DType.I8)
-        ab = [fl.define(f"bitcast {ty} {w} to {bty}") for w in (aw, bw)]
+        # The broadcast group second: the operand LLVM's AArch64 patterns match as SDOT's by-element one.
+        ab = [fl.define(f"bitcast {ty} {w} to {bty}") for w in (bw, aw)]
         name = f"llvm.aarch64.neon.{'s' if signed[0] else 'u'}dot.v{lanes}i32.v{4 * lanes}i8"
         fl.declarations.add(f"declare {ty} @{name}({ty}, {bty}, {bty})")
         return fl.define(f"call {ty} @{name}({ty} {acc}, {bty} {ab[0]}, {bty} {ab[1]})"), lanes, DType.I32
@@ -230,6 +260,12 @@ def _sadalp(fl: Emitter, acc: str, a: Operand, b: Operand, lanes: int) -> str:
     exact for every input; the accumulator's 2 lanes per group are summed once after the reduction."""
     n = b[1]
     assert lanes == n // 2 and not (a[2] is DType.U8 and b[2] is DType.U8), "pairs of u8 x s8 or s8 x s8"
+    return _pair_add(fl, acc, _products(fl, a, b), n, lanes)
+
+
+def _products(fl: Emitter, a: Operand, b: Operand) -> str:
+    """The i16 products of b's bytes and a's (a group of 4 bytes repeated to b's length): smull, smull2."""
+    n = b[1]
     if a[1] != n:
         a = (
             fl.define(f"bitcast {vtype(n // 4, DType.I32)} {_words(fl, a, n // 4)} to {vtype(n, DType.I8)}"),
@@ -237,7 +273,28 @@ def _sadalp(fl: Emitter, acc: str, a: Operand, b: Operand, lanes: int) -> str:
             a[2],
         )
     wide = [cast(fl, x, DType.I16) for x in (a, b)]
-    products = fl.define(f"mul nsw {vtype(n, DType.I16)} {wide[0]}, {wide[1]}")
+    return fl.define(f"mul nsw {vtype(n, DType.I16)} {wide[0]}, {wide[1]}")
+
+
+def _dot_diff(fl: Emitter, v: DotDiff, env: Env) -> Operand:
+    """`DotDiff`: the second group's products subtracted from the first's in i16 (smull + smlsl, smull2 +
+    smlsl2, exact: at most 32640 in magnitude), then pair-added into the accumulator (sadalp): 6
+    instructions per 32 multiply-adds where `_sadalp` takes 8."""
+    acc, lanes, _ = fl.value(v.acc, env)
+    n = 2 * lanes
+    groups = []
+    for a_value, b_value in ((v.a0, v.b0), (v.a1, v.b1)):
+        b = fl.value(b_value, env)
+        a = _operand(fl, a_value, env, n // 4)
+        assert DType.U8 not in (a[2], b[2]) and b[1] == n, "s8 x s8 groups of 2 * lanes bytes"
+        groups.append(_products(fl, a, b))
+    diff = fl.define(f"sub nsw {vtype(n, DType.I16)} {groups[0]}, {groups[1]}")
+    return _pair_add(fl, acc, diff, n, lanes), lanes, DType.I32
+
+
+def _pair_add(fl: Emitter, acc: str, products: str, n: int, lanes: int) -> str:
+    """acc + the sums of adjacent i16 lanes of `products` (n lanes) as i32 lanes (sadalp, Arm ARM SADALP:
+    no saturation), 8 lanes at a time."""
     chunks = []
     fl.declarations.add("declare <4 x i32> @llvm.aarch64.neon.saddlp.v4i32.v8i16(<8 x i16>)")
     for lo in range(0, n, 8):

@@ -29,11 +29,14 @@ from xtune.schedule.loopnest import (
     Clamp,
     Const,
     Dot,
+    DotDiff,
     DType,
+    Erf,
     Exp,
     For,
     HighMul,
     Kernel,
+    Lanes,
     Load,
     Log,
     LoopKind,
@@ -222,6 +225,9 @@ class _FunctionLowering:
             return self.load(v, env), v.lanes, self.dtypes[v.buffer]
         if isinstance(v, Const):
             return constant(v.value, v.lanes, v.dtype), v.lanes, v.dtype
+        if isinstance(v, Lanes):
+            vector = ", ".join(f"float {float_literal(x)}" for x in v.values)
+            return f"<{vector}>", len(v.values), DType.F32
         if isinstance(v, Broadcast):
             value, width, dtype = self.value(v.value, env)
             if width > 1:
@@ -233,6 +239,9 @@ class _FunctionLowering:
             return self.exp(self.value(v.a, env))
         if isinstance(v, Log):
             return self.log(self.value(v.a, env))
+        if isinstance(v, Erf):
+            x, lanes, _ = self.value(v.a, env)
+            return (*transcend.erf(self, (x, lanes)), DType.F32)
         if isinstance(v, Shuffle):
             return self.shuffle(v, env)
         if isinstance(v, Binary):
@@ -240,7 +249,7 @@ class _FunctionLowering:
         return self.integer(v, env)
 
     def integer(
-        self, v: Dot | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
+        self, v: Dot | DotDiff | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
     ) -> Operand:
         """The integer operations of quantized kernels (xtune/codegen/intlower.py)."""
         return lower_integer(self, v, env)

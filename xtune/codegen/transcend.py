@@ -1,5 +1,5 @@
 """Transcendental functions for the lowering: an fp32 operand (scalar or vector) in, the LLVM IR text of
-e**x or ln x computed with native instructions out (libm's expf/logf would be undefined symbols in a
+e**x, ln x or erf x computed with native instructions out (libm's expf/logf would be undefined symbols in a
 freestanding object), and the float constants they and the lowering write."""
 
 from __future__ import annotations
@@ -38,6 +38,24 @@ _LOG_POLY = (
     3.3333331174e-1,
 )
 _SQRT_HALF = 0.707106781186547524
+# erf: the float32 minimax fits of Arm's Optimized Routines (github.com/ARM-software/optimized-routines,
+# math/erff_data.c, erff_poly_A and erff_poly_B; N. Juffa's faithfully rounded erff), highest first. Below
+# _ERF_SPLIT, erf(x) = x + x p(x^2); above it erf(t) = 1 - e^-(t + t q(t)) for t = |x| (the exponent keeps
+# the tail's relative error small where 1 - erf is). Evaluated in float32 with FMAs they stay within 8.1e-8
+# of a float64 erf in relative error (numpy sweep, docs/design.md "The loop-nest IR"); Erf(_ERF_BIG_END) is
+# 1 in float32.
+_ERF_SMALL = tuple(
+    float.fromhex(h)
+    for h in ("-0x1.3a1a82p-11", "0x1.473f48p-08", "-0x1.b68bd2p-06", "0x1.ce1a46p-04", "-0x1.8126e0p-02")
+)
+_ERF_SMALL_LAST = float.fromhex("0x1.06eba6p-03")  # 2/sqrt(pi) - 1
+_ERF_BIG = tuple(
+    float.fromhex(h)
+    for h in ("0x1.222900p-16", "-0x1.91d2ccp-12", "0x1.fd1336p-09", "-0x1.8d6300p-06", "0x1.b55cb0p-4")
+)
+_ERF_BIG_TAIL = (float.fromhex("0x1.450aa0p-1"), float.fromhex("0x1.079d0cp-3"))
+_ERF_SPLIT = 0.921875
+_ERF_BIG_END = 4.0
 
 
 class Emitter(Protocol):
@@ -53,11 +71,16 @@ def ftype(lanes: int) -> str:
     return "float" if lanes == 1 else f"<{lanes} x float>"
 
 
-@cache
 def float_literal(value: float) -> str:
     """LangRef "Simple Constants": a float constant in hex is the 64-bit pattern of the double holding
-    the float's exact value; decimal would have to be exact too."""
-    exact = struct.unpack("<f", struct.pack("<f", value))[0]
+    the float's exact value; decimal would have to be exact too. Cached by the float's bits: 0.0 and -0.0
+    are equal keys to a cache of values."""
+    return _bits_literal(struct.pack("<f", value))
+
+
+@cache
+def _bits_literal(bits: bytes) -> str:
+    exact = struct.unpack("<f", bits)[0]
     return f"0x{struct.unpack('<Q', struct.pack('<d', exact))[0]:016X}"
 
 
@@ -87,18 +110,21 @@ def _helpers(
     return ftype(lanes), "i32" if lanes == 1 else f"<{lanes} x i32>", c, fma
 
 
-def exp(e: Emitter, operand: Operand) -> Operand:
+def exp(e: Emitter, operand: Operand, in_range: bool = False) -> Operand:
     """e**x without libm, after Cephes' expf (S. L. Moshier, "Methods and Programs for Mathematical
     Functions", 1989): Cody-Waite reduction x = n ln2 + r with ln2 split in two so that n * _LN2_HI is
     exact (W. J. Cody and W. Waite, "Software Manual for the Elementary Functions", 1980), |r| <= ln2/2,
     e**r by Cephes' degree-7 minimax polynomial, then times 2**n built in the exponent bits. 2**n is
     applied as two factors so that n from -150 to 128 (subnormal results to FLT_MAX) stays in range.
-    Beyond the range: +inf above ln(FLT_MAX), 0 below ln of half the smallest subnormal."""
+    Beyond the range: +inf above ln(FLT_MAX), 0 below ln of half the smallest subnormal; a caller whose
+    operand is always within (`in_range`: finite, from -87 to 88, normal results) skips those checks."""
     x, lanes = operand
     ty, ity, c, fma = _helpers(e, lanes)
 
-    clamped = e.select(x, "olt", c(_EXP_LO), c(_EXP_LO), x, lanes)
-    clamped = e.select(clamped, "ogt", c(_EXP_HI), c(_EXP_HI), clamped, lanes)
+    clamped = x
+    if not in_range:
+        clamped = e.select(x, "olt", c(_EXP_LO), c(_EXP_LO), x, lanes)
+        clamped = e.select(clamped, "ogt", c(_EXP_HI), c(_EXP_HI), clamped, lanes)
     t = e.define(f"fmul {ty} {clamped}, {c(_LOG2E)}")
     half = e.select(t, "olt", c(0.0), c(-0.5), c(0.5), lanes)  # round half away from zero
     n = e.define(f"fptosi {ty} {e.define(f'fadd {ty} {t}, {half}')} to {ity}")
@@ -115,6 +141,8 @@ def exp(e: Emitter, operand: Operand) -> Operand:
     for part in (n1, n2):
         bits = e.define(f"shl {ity} {e.define(f'add {ity} {part}, {_int(127, lanes)}')}, {_int(23, lanes)}")
         y = e.define(f"fmul {ty} {y}, {e.define(f'bitcast {ity} {bits} to {ty}')}")
+    if in_range:
+        return y, lanes
     y = e.select(x, "ogt", c(_EXP_HI), c(float("inf")), y, lanes)
     return e.select(x, "olt", c(_EXP_LO), c(0.0), y, lanes), lanes
 
@@ -146,3 +174,31 @@ def log(e: Emitter, operand: Operand) -> Operand:
     y = fma(k, c(_LN2_LO), y)
     y = fma(z, c(-0.5), y)
     return fma(k, c(_LN2_HI), e.define(f"fadd {ty} {f}, {y}")), lanes
+
+
+def erf(e: Emitter, operand: Operand) -> Operand:
+    """erf x without libm, by Juffa's two minimax forms (the constants above): both are computed and each
+    lane takes the one for its |x|; the tail's form uses `exp` and takes the sign of x back from its bits.
+    |x| is clamped to _ERF_BIG_END first, where erf is 1 in float32, so that q(t) cannot overflow."""
+    x, lanes = operand
+    ty, ity, c, fma = _helpers(e, lanes)
+
+    bits = e.define(f"bitcast {ty} {x} to {ity}")
+    t = e.define(f"bitcast {ity} {e.define(f'and {ity} {bits}, {_int(0x7FFFFFFF, lanes)}')} to {ty}")
+    t = e.select(t, "olt", c(_ERF_BIG_END), t, c(_ERF_BIG_END), lanes)
+    s = e.define(f"fmul {ty} {t}, {t}")
+    # |x| <= _ERF_SPLIT: x + x p(x^2) (there t = |x|, not clamped, and s = x^2)
+    p = c(_ERF_SMALL[0])
+    for coeff in (*_ERF_SMALL[1:], _ERF_SMALL_LAST):
+        p = fma(p, s, c(coeff))
+    small = fma(p, x, x)
+    # |x| > _ERF_SPLIT: q(t) split in two halves as Juffa evaluates it (shorter dependency chain)
+    q = fma(fma(c(_ERF_BIG[0]), t, c(_ERF_BIG[1])), s, fma(c(_ERF_BIG[2]), t, c(_ERF_BIG[3])))
+    for coeff in (_ERF_BIG[4], *_ERF_BIG_TAIL):
+        q = fma(q, t, c(coeff))
+    exponent = e.define(f"fneg {ty} {fma(q, t, t)}")
+    tail = e.define(f"fsub {ty} {c(1.0)}, {exp(e, (exponent, lanes), in_range=True)[0]}")
+    sign = e.define(f"and {ity} {bits}, {_int(-0x80000000, lanes)}")
+    signed = e.define(f"or {ity} {e.define(f'bitcast {ty} {tail} to {ity}')}, {sign}")
+    big = e.define(f"bitcast {ity} {signed} to {ty}")
+    return e.select(t, "ogt", c(_ERF_SPLIT), big, small, lanes), lanes

@@ -33,6 +33,7 @@ from xtune.frontend.validate import nonfinite
 from xtune.graph import Graph, Node
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
 from xtune.ops.opkit import UNSUPPORTED, GeneratedOp, Mapped, NodeFamily
+from xtune.ops.qpointwise import fused_boundary
 from xtune.ops.registry import family, node_family
 from xtune.ops.workload import Workload
 
@@ -215,11 +216,12 @@ def _refuse(graph: Graph, node: Node, why: str) -> UnsupportedNode:
 def _other(graph: Graph, node: Node, weights: dict[str, np.ndarray], later: Node | None) -> list[OpStep]:
     """The generated operator of a node that is not a task (or a view), with its arguments: its family's
     mapping (xtune/ops/registry.py, NODE_FAMILIES), which may fold `later`, the only node reading its
-    output, into it; a node of several outputs is one step per output."""
+    output, into it, as may a QuantizeLinear there (xtune/ops/qpointwise.py, `fused_boundary`); a node of
+    several outputs is one step per output."""
     fam = node_family(node.op)
     if fam is None:
         raise _refuse(graph, node, UNSUPPORTED)
-    mapped = fam.from_node(graph, node, weights, later)
+    mapped = fused_boundary(graph, node, fam.from_node(graph, node, weights, later), fam.layouts, later)
     return [_step(graph, node, fam, part, weights) for part in (mapped, *mapped.more)]
 
 

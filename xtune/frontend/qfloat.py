@@ -1,33 +1,29 @@
 """ONNX Runtime's QOperator element-wise and pooling nodes (com.microsoft QLinearAdd, QLinearMul,
-QLinearGlobalAveragePool, QLinearSigmoid, QLinearLeakyRelu) in, their float form out: DequantizeLinear of
-each 8-bit input, the float32 operator, QuantizeLinear of its result, which xtune runs with its generated
-operators (xtune/ops/quantize.py and the float families). The QDQ form of the same model is exactly this,
-and runs the same way.
+QLinearGlobalAveragePool, QLinearSigmoid, QLinearLeakyRelu) with a constant 8-bit operand in, their float
+form out (`with_float_forms`): DequantizeLinear of each 8-bit input (a constant one folded to float32 by
+the import), the float32 operator, QuantizeLinear of its result, which xtune runs with its generated
+operators. Those of activations only stay as they are: xtune/ops/qpointwise.py runs each as one kernel
+(and the QDQ form of the same node becomes it: xtune/frontend/quantized.py).
 
 ONNX Runtime computes these nodes with MLAS's own float formulas (MlasQLinearAdd: the inputs scaled by
 a_scale / c_scale and b_scale / c_scale and added, then rounded), so the float form is not bit for bit
 theirs: an output can differ by one quantization step where the two roundings fall on either side of a
 half; docs/int8.md, "Exactness", says how often. Also the output shapes of these nodes, and of QGemm,
+and QLinearAveragePool (which xtune runs as the 8-bit pool of xtune/ops/qpool.py, not in float form),
 which onnx's shape inference does not know (`contrib_shapes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import onnx
 
 from xtune.graph import Graph, Node
+from xtune.ops.qpointwise import FLOAT_FORMS
 
-# op -> (the float op, how many 8-bit inputs (each with its scale and zero point after it)).
-FLOAT_FORMS = {
-    "com.microsoft.QLinearAdd": ("Add", 2),
-    "com.microsoft.QLinearMul": ("Mul", 2),
-    "com.microsoft.QLinearGlobalAveragePool": ("GlobalAveragePool", 1),
-    "com.microsoft.QLinearSigmoid": ("Sigmoid", 1),
-    "com.microsoft.QLinearLeakyRelu": ("LeakyRelu", 1),
-}
 Dims = list[int]
 
 
@@ -38,6 +34,26 @@ def _broadcast(shapes: list[Dims], attrs: dict[str, object]) -> Dims:
 def _pooled(shapes: list[Dims], attrs: dict[str, object]) -> Dims:
     n, *rest = shapes[0]
     return [n, 1, 1, rest[-1]] if attrs.get("channels_last", 0) else [n, rest[0], *([1] * (len(rest) - 1))]
+
+
+def _windowed(shapes: list[Dims], attrs: dict[str, object]) -> Dims:
+    """A pool's output shape (ONNX operator spec, AveragePool: auto_pad, pads, ceil_mode)."""
+    n, *dims = shapes[0]
+    c, spatial = (dims[-1], dims[:-1]) if attrs.get("channels_last", 0) else (dims[0], dims[1:])
+    kernel = list(attrs["kernel_shape"])  # type: ignore[call-overload]
+    strides = list(attrs.get("strides", [1] * len(kernel)))  # type: ignore[call-overload]
+    pads = list(attrs.get("pads", [0] * 2 * len(kernel)))  # type: ignore[call-overload]
+    auto = attrs.get("auto_pad", b"NOTSET")
+    out = []
+    for i, (size, k, s) in enumerate(zip(spatial, kernel, strides, strict=True)):
+        if auto in (b"SAME_UPPER", b"SAME_LOWER"):
+            out.append(-(-size // s))
+        elif auto == b"VALID":
+            out.append(-(-(size - k + 1) // s))
+        else:
+            span = size + pads[i] + pads[i + len(kernel)] - k
+            out.append((-(-span // s) if attrs.get("ceil_mode", 0) else span // s) + 1)
+    return [n, *out, c] if attrs.get("channels_last", 0) else [n, c, *out]
 
 
 def _gemm(shapes: list[Dims], attrs: dict[str, object]) -> Dims:
@@ -51,6 +67,7 @@ _SHAPES: dict[str, tuple[tuple[int, ...], Callable[[list[Dims], dict[str, object
     "QLinearAdd": ((0, 3), _broadcast, 7),
     "QLinearMul": ((0, 3), _broadcast, 7),
     "QLinearGlobalAveragePool": ((0,), _pooled, 4),
+    "QLinearAveragePool": ((0,), _windowed, 4),
     "QLinearSigmoid": ((0,), lambda s, a: s[0], 4),
     "QLinearLeakyRelu": ((0,), lambda s, a: s[0], 4),
 }
@@ -108,8 +125,8 @@ def float_forms(
     shapes: dict[str, tuple[int, ...]] = {}
     for node in graph.nodes:
         form = FLOAT_FORMS.get(node.op)
-        if form is None or (node.op.endswith("GlobalAveragePool") and node.int_attr("channels_last", 0)):
-            nodes.append(node)
+        if form is None or not any(graph.constant(node.inputs[3 * i]) is not None for i in range(form[1])):
+            nodes.append(node)  # one kernel of the 8-bit activations: xtune/ops/qpointwise.py
             continue
         op, count = form
         floats = []
@@ -132,3 +149,24 @@ def float_forms(
         )
         nodes.append(Node(name=node.name, op="QuantizeLinear", inputs=(result, scale, zero), outputs=(out,)))
     return nodes, shapes
+
+
+def with_float_forms(graph: Graph) -> Graph:
+    """`graph` with ORT's QOperator element-wise nodes of a constant operand in their float form."""
+    constants, taken = dict(graph.constants), set(graph.shapes) | set(graph.constants)
+
+    def fresh(name: str, value: np.ndarray | None) -> str:
+        unique, i = name, 0
+        while unique in taken:
+            i += 1
+            unique = f"{name}.{i}"
+        taken.add(unique)
+        if value is not None:
+            constants[unique] = value
+        return unique
+
+    nodes, shapes = float_forms(graph, fresh)
+    if len(nodes) == len(graph.nodes):
+        return graph
+    all_shapes = {**graph.shapes, **shapes, **{n: v.shape for n, v in constants.items()}}
+    return replace(graph, nodes=tuple(nodes), constants=constants, shapes=all_shapes)

@@ -31,14 +31,26 @@ docs/int8.md is the user's view.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import numpy as np
 
-from xtune.frontend.qfloat import FLOAT_FORMS, float_forms
+from xtune.frontend.qfloat import with_float_forms
+from xtune.frontend.qpattern import (
+    Requant,
+    Rewrite,
+    activation_clamp,
+    dequantized,
+    drop_fused,
+    only_reader,
+    quantized_after,
+    scalar_q,
+    zero_name,
+    zero_point,
+)
 from xtune.graph import AttrValue, Graph, Node
+from xtune.ops.pool2d import QLINEAR_POOL
+from xtune.ops.qpointwise import FLOAT_FORMS, QLINEAR_OF
 from xtune.ops.quantize import RANGES
 from xtune.ops.reshape import VIEWS
 
@@ -46,30 +58,8 @@ from xtune.ops.reshape import VIEWS
 # arithmetic its quantized nodes follow: "tflite" for the ONNX form of a TFLite file (xtune/frontend/
 # tflite.py), absent for an ONNX model (ONNX Runtime's).
 REQUANT_PROP = "xtune.requant"
-Requant = Literal["onnx", "tflite"]
 
 _QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm", *FLOAT_FORMS))
-
-
-@dataclass
-class _Rewrite:
-    """The graph being rewritten: its nodes by index (None: removed) and its new constants."""
-
-    requant: Requant
-    graph: Graph
-    nodes: list[Node | None]
-    constants: dict[str, np.ndarray]
-    shapes: dict[str, tuple[int, ...]]
-    dtypes: dict[str, str]
-
-    def constant(self, name: str, value: np.ndarray) -> str:
-        """`value` as a new constant named after `name` (made unique)."""
-        unique, i = name, 0
-        while unique in self.constants or unique in self.graph.shapes:
-            i += 1
-            unique = f"{name}.{i}"
-        self.constants[unique] = value
-        return unique
 
 
 def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
@@ -79,8 +69,8 @@ def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
     made (`REQUANT_PROP`); the QOperator nodes made of a TFLite model say so (`requant="tflite"`)."""
     if not any(n.op in _QOPS for n in graph.nodes):
         return graph
-    graph = _with_float_forms(graph)
-    edit = _Rewrite(
+    graph = with_float_forms(graph)
+    edit = Rewrite(
         requant=requant,
         graph=graph,
         nodes=list(graph.nodes),
@@ -92,70 +82,19 @@ def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
     for i, node in enumerate(graph.nodes):
         if node.op in ("Conv", "MatMul", "Gemm"):
             _fuse_qdq(edit, i, writers, readers)
+        elif node.op == "AveragePool":
+            _integer_average(edit, i, writers, readers)
         elif node.op == "com.microsoft.QGemm":
             _from_qgemm(edit, i)
         elif node.op in VIEWS:
             _view_of_integers(edit, i, writers, readers)
+        elif node.op in QLINEAR_OF:
+            _qlinear_pointwise(edit, i, writers, readers)
     _drop_unread(edit)
     _fold_constant_dequantize(edit)
     nodes = tuple(n for n in edit.nodes if n is not None)
     shapes = edit.shapes | {name: value.shape for name, value in edit.constants.items()}
     return replace(graph, nodes=nodes, constants=edit.constants, shapes=shapes, dtypes=edit.dtypes)
-
-
-def _with_float_forms(graph: Graph) -> Graph:
-    """`graph` with ORT's QOperator element-wise nodes in their float form (xtune/frontend/qfloat.py)."""
-    constants, taken = dict(graph.constants), set(graph.shapes) | set(graph.constants)
-
-    def fresh(name: str, value: np.ndarray | None) -> str:
-        unique, i = name, 0
-        while unique in taken:
-            i += 1
-            unique = f"{name}.{i}"
-        taken.add(unique)
-        if value is not None:
-            constants[unique] = value
-        return unique
-
-    nodes, shapes = float_forms(graph, fresh)
-    if len(nodes) == len(graph.nodes):
-        return graph
-    all_shapes = {**graph.shapes, **shapes, **{n: v.shape for n, v in constants.items()}}
-    return replace(graph, nodes=tuple(nodes), constants=constants, shapes=all_shapes)
-
-
-def _dequantized(graph: Graph, writers: dict[str, int], tensor: str) -> Node | None:
-    """The DequantizeLinear that writes `tensor`, if one does, with constant scale and zero point."""
-    at = writers.get(tensor)
-    node = graph.nodes[at] if at is not None else None
-    if node is None or node.op != "DequantizeLinear":
-        return None
-    return node if all(graph.constant(t) is not None for t in node.inputs[1:] if t) else None
-
-
-def _zero_point(graph: Graph, node: Node, scale_size: int) -> np.ndarray:
-    """A QuantizeLinear/DequantizeLinear's zero point (absent: uint8 0, ONNX's default)."""
-    name = node.inputs[2] if len(node.inputs) > 2 else ""
-    value = graph.constant(name) if name else None
-    return value if value is not None else np.zeros(max(scale_size, 1), np.uint8)
-
-
-def _scalar_q(graph: Graph, node: Node) -> tuple[float, int, str] | None:
-    """(scale, zero point, element type) of a per-tensor QuantizeLinear/DequantizeLinear."""
-    scale = graph.constant(node.inputs[1])
-    if scale is None or scale.size != 1 or scale.dtype != np.float32:
-        return None
-    zero = _zero_point(graph, node, 1)
-    if zero.size != 1 or str(zero.dtype) not in RANGES:
-        return None
-    return float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0]), str(zero.dtype)
-
-
-def _only_reader(graph: Graph, readers: dict[str, list[int]], tensor: str) -> Node | None:
-    read = readers.get(tensor, [])
-    if tensor in graph.outputs or len(read) != 1:
-        return None
-    return graph.nodes[read[0]]
 
 
 @dataclass(frozen=True)
@@ -173,7 +112,7 @@ def _weights(graph: Graph, dq: Node, node: Node) -> _Weights | None:
     values, scale = graph.constant(dq.inputs[0]), graph.constant(dq.inputs[1])
     if values is None or scale is None or values.dtype != np.int8 or scale.dtype != np.float32:
         return None
-    zero = _zero_point(graph, dq, scale.size)
+    zero = zero_point(graph, dq, scale.size)
     if np.any(zero != 0):
         return None
     transposed = node.op == "Gemm" and node.int_attr("transB", 0) == 1
@@ -187,47 +126,15 @@ def _weights(graph: Graph, dq: Node, node: Node) -> _Weights | None:
     return _Weights(values=out, scale=scale.reshape(-1), zero=np.zeros(scale.size, np.int8))
 
 
-def _clamp(
-    graph: Graph, node: Node, scale: float, zero: int, kind: str, requant: Requant
-) -> tuple[int, int] | None:
-    """The output clamp of a Relu or Clip fused before QuantizeLinear, in quantized values: each bound
-    rounded as QuantizeLinear rounds (half to even), or for a TFLite model as TFLite's
-    CalculateActivationRangeQuantized does (float32 bound / scale, half away from zero)."""
-    lo, hi = RANGES[kind]
-    if node.op == "Relu":
-        return max(lo, zero), hi
-    bounds = []
-    for name in (*node.inputs[1:3], "", "")[:2]:
-        value = graph.constant(name) if name else None
-        if name and (value is None or value.size != 1):
-            return None
-        bounds.append(None if value is None else float(value.reshape(-1)[0]))
-    steps = [None if b is None else float(np.float32(b) / np.float32(scale)) for b in bounds]
-    rounded = [None if v is None else _ROUND[requant](v) for v in steps]
-    if rounded[0] is not None:
-        lo = max(lo, zero + rounded[0])
-    if rounded[1] is not None:
-        hi = min(hi, zero + rounded[1])
-    return (lo, hi) if lo <= hi else None
-
-
-# How each reference rounds a quantized bound: ONNX's QuantizeLinear half to even; TFLite's TfLiteRound
-# (std::round) half away from zero.
-_ROUND = {
-    "onnx": lambda v: int(np.rint(v)),
-    "tflite": lambda v: int(math.copysign(math.floor(abs(v) + 0.5), v)),
-}
-
-
 def _int32_bias(
     graph: Graph, bias: str, writers: dict[str, int], accumulator_scale: np.ndarray
 ) -> np.ndarray | None:
     """The int32 bias of scale sx * sw: a DequantizeLinear'd int32 constant of that scale as it is, any
     other constant bias requantized (round half to even)."""
-    dq = _dequantized(graph, writers, bias)
+    dq = dequantized(graph, writers, bias)
     if dq is not None:
         values, scale = graph.constant(dq.inputs[0]), graph.constant(dq.inputs[1])
-        zero = _zero_point(graph, dq, 1)
+        zero = zero_point(graph, dq, 1)
         assert values is not None and scale is not None
         if (
             values.dtype == np.int32
@@ -258,18 +165,16 @@ def _pattern(
         or node.float_attr("beta", 1.0) != 1.0
     ):
         return None
-    dx, dw = (_dequantized(graph, writers, t) for t in node.inputs[:2])
+    dx, dw = (dequantized(graph, writers, t) for t in node.inputs[:2])
     if dx is None or dw is None or graph.constant(dx.inputs[0]) is not None:
         return None
     if node.op != "Conv" and len(graph.shapes.get(dx.inputs[0], ())) != 2:
         return None  # the int8 matmul takes rank 2: a batched MatMul runs in float32
-    after = _only_reader(graph, readers, node.outputs[0])
-    act = after if after is not None and after.op in ("Relu", "Clip") else None
-    q = _only_reader(graph, readers, act.outputs[0]) if act is not None else after
-    return (dx, dw, act, q) if q is not None and q.op == "QuantizeLinear" else None
+    after = quantized_after(graph, readers, node)
+    return (dx, dw, *after) if after is not None else None
 
 
-def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]) -> None:
+def _fuse_qdq(edit: Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]) -> None:
     """DequantizeLinear -> op [-> Relu/Clip] -> QuantizeLinear at `index`, as one QOperator node."""
     graph = edit.graph
     node = graph.nodes[index]
@@ -277,14 +182,14 @@ def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict
     if matched is None:
         return
     dx, dw, act, q = matched
-    x = _scalar_q(graph, dx)
+    x = scalar_q(graph, dx)
     weights = _weights(graph, dw, node)
     if x is None or weights is None:
         return
-    y = _scalar_q(graph, q)
+    y = scalar_q(graph, q)
     if y is None or y[2] != x[2]:
         return
-    clamp = _clamp(graph, act, y[0], y[1], y[2], edit.requant) if act is not None else RANGES[y[2]]
+    clamp = activation_clamp(graph, act, y[0], y[1], y[2], edit.requant) if act is not None else RANGES[y[2]]
     accumulator_scale = np.float32(x[0]) * weights.scale.astype(np.float32)
     bias = node.inputs[2] if len(node.inputs) > 2 else ""
     int32 = _int32_bias(graph, bias, writers, accumulator_scale) if bias else None
@@ -294,12 +199,12 @@ def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict
     inputs = [
         dx.inputs[0],
         dx.inputs[1],
-        _zero_name(edit, dx, x[2]),
+        zero_name(edit, dx, x[2]),
         edit.constant(f"{name}.weights_q", weights.values),
         edit.constant(f"{name}.weights_scale", weights.scale),
         edit.constant(f"{name}.weights_zero", weights.zero),
         q.inputs[1],
-        _zero_name(edit, q, y[2]),
+        zero_name(edit, q, y[2]),
     ]
     if int32 is not None:
         inputs.append(edit.constant(f"{name}.bias_q", int32))
@@ -310,38 +215,93 @@ def _fuse_qdq(edit: _Rewrite, index: int, writers: dict[str, int], readers: dict
         attrs |= {"requant": edit.requant}
     op = "QLinearConv" if node.op == "Conv" else "QLinearMatMul"
     edit.nodes[index] = Node(name=name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
-    for done in (act, q):
-        if done is not None:
-            edit.nodes[writers[done.outputs[0]]] = None
+    drop_fused(edit, writers, act, q)
+
+
+def _integer_average(
+    edit: Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
+) -> None:
+    """DequantizeLinear -> AveragePool [-> Relu/Clip] -> QuantizeLinear as one QLinearAveragePool of the
+    8-bit tensor (xtune/ops/qpool.py computes each reference's mean), where the reference runs it so:
+    TFLite's int8 AVERAGE_POOL_2D, its input's scale and zero point its output's (TFLite's pooling
+    Prepare wants the scales within 1e-6 and the zero points equal: tensorflow/lite/kernels/pooling.cc),
+    the fused activation the clamp `out_lo`/`out_hi`; and ONNX Runtime's fusion of the pattern with
+    nothing between the op and its QuantizeLinear, uint8 only (its UnaryNodeGroupSelector:
+    onnxruntime/core/optimizer/qdq_transformer/selectors_actions/qdq_selectors.h). The rest stays in
+    float form, as ONNX Runtime runs it too."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    dq = dequantized(graph, writers, node.inputs[0])
+    after = quantized_after(graph, readers, node)
+    if dq is None or after is None or graph.constant(dq.inputs[0]) is not None:
+        return
+    act, q = after
+    x, y = scalar_q(graph, dq), scalar_q(graph, q)
+    if x is None or y is None or x[2] != y[2]:
+        return
+    if edit.requant == "tflite":
+        if x[1] != y[1] or abs(x[0] - y[0]) > 1e-6:
+            return
+        clamp = (
+            activation_clamp(graph, act, y[0], y[1], y[2], edit.requant) if act is not None else RANGES[y[2]]
+        )
+    else:
+        clamp = RANGES[y[2]] if act is None and y[2] == "uint8" else None
+    if clamp is None:
+        return
+    attrs: dict[str, AttrValue] = dict(node.attrs)
+    if edit.requant != "onnx":
+        attrs["requant"] = edit.requant
+    if clamp != RANGES[y[2]]:
+        attrs |= {"out_lo": clamp[0], "out_hi": clamp[1]}
+    inputs = (dq.inputs[0], dq.inputs[1], zero_name(edit, dq, x[2]), q.inputs[1], zero_name(edit, q, y[2]))
+    edit.nodes[index] = Node(name=node.name, op=QLINEAR_POOL, inputs=inputs, outputs=q.outputs, attrs=attrs)
+    drop_fused(edit, writers, act, q)
 
 
 def _view_of_integers(
-    edit: _Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
+    edit: Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
 ) -> None:
     """DequantizeLinear -> view (Reshape, Flatten, ...) -> QuantizeLinear of the same scale and zero point
     (ORT's quantizer wraps a view so): the view of the 8-bit tensor itself. The pair is the identity on
     the integers ((q - z) * s / s rounds back to q - z), so dropping it changes no value."""
     graph = edit.graph
     node = graph.nodes[index]
-    dq = _dequantized(graph, writers, node.inputs[0])
-    q = _only_reader(graph, readers, node.outputs[0])
+    dq = dequantized(graph, writers, node.inputs[0])
+    q = only_reader(graph, readers, node.outputs[0])
     if dq is None or q is None or q.op != "QuantizeLinear" or graph.constant(dq.inputs[0]) is not None:
         return
-    if _scalar_q(graph, dq) is None or _scalar_q(graph, dq) != _scalar_q(graph, q):
+    if scalar_q(graph, dq) is None or scalar_q(graph, dq) != scalar_q(graph, q):
         return
     edit.nodes[index] = replace(node, inputs=(dq.inputs[0], *node.inputs[1:]), outputs=q.outputs)
-    edit.nodes[writers[q.outputs[0]]] = None
+    drop_fused(edit, writers, q)
 
 
-def _zero_name(edit: _Rewrite, node: Node, kind: str) -> str:
-    """A QuantizeLinear/DequantizeLinear's zero-point tensor, made explicit where ONNX's default (0) was
-    meant: a QOperator node's inputs have fixed positions."""
-    if len(node.inputs) > 2 and node.inputs[2]:
-        return node.inputs[2]
-    return edit.constant(f"{node.name}.zero_point", np.zeros((), np.dtype(kind)))
+def _qlinear_pointwise(
+    edit: Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
+) -> None:
+    """DequantizeLinear of each activation -> Add, Mul, GlobalAveragePool, Sigmoid or LeakyRelu ->
+    QuantizeLinear, per tensor: ONNX Runtime's QOperator node of it (QLinearAdd, ...), which
+    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors."""
+    graph = edit.graph
+    node = graph.nodes[index]
+    op = QLINEAR_OF[node.op]
+    dqs = [dequantized(graph, writers, t) for t in node.inputs]
+    q = only_reader(graph, readers, node.outputs[0])
+    if len(dqs) != FLOAT_FORMS[op][1] or q is None or q.op != "QuantizeLinear" or scalar_q(graph, q) is None:
+        return
+    inputs: list[str] = []
+    for dq in dqs:
+        if dq is None or graph.constant(dq.inputs[0]) is not None or scalar_q(graph, dq) is None:
+            return
+        inputs += [dq.inputs[0], dq.inputs[1], zero_name(edit, dq, graph.dtype(dq.inputs[0]))]
+    inputs += [q.inputs[1], zero_name(edit, q, graph.dtype(q.outputs[0]))]
+    attrs = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    edit.nodes[index] = Node(name=node.name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
+    drop_fused(edit, writers, q)
 
 
-def _from_qgemm(edit: _Rewrite, index: int) -> None:
+def _from_qgemm(edit: Rewrite, index: int) -> None:
     """com.microsoft.QGemm (alpha 1, transA 0, an output scale) as QLinearMatMul with its bias."""
     graph = edit.graph
     node = graph.nodes[index]
@@ -366,7 +326,7 @@ def _from_qgemm(edit: _Rewrite, index: int) -> None:
     edit.nodes[index] = Node(name=node.name, op="QLinearMatMul", inputs=inputs, outputs=node.outputs)
 
 
-def _drop_unread(edit: _Rewrite) -> None:
+def _drop_unread(edit: Rewrite) -> None:
     """DequantizeLinear nodes nobody reads any more (the ones the rewrites replaced)."""
     read = {t for n in edit.nodes if n is not None for t in n.inputs} | set(edit.graph.outputs)
     for i, node in enumerate(edit.nodes):
@@ -374,7 +334,7 @@ def _drop_unread(edit: _Rewrite) -> None:
             edit.nodes[i] = None
 
 
-def _fold_constant_dequantize(edit: _Rewrite) -> None:
+def _fold_constant_dequantize(edit: Rewrite) -> None:
     """DequantizeLinear of a constant as the float32 constant ONNX Runtime computes: (q - zero) * scale,
     the difference in int32, the product in float32, per tensor or along `axis`."""
     for i, node in enumerate(edit.nodes):
@@ -383,7 +343,7 @@ def _fold_constant_dequantize(edit: _Rewrite) -> None:
         values, scale = (edit.constants.get(t) for t in node.inputs[:2])
         if values is None or scale is None:
             continue
-        zero = _zero_point(edit.graph, node, scale.size)
+        zero = zero_point(edit.graph, node, scale.size)
         if values.ndim and scale.size > 1:
             shape = [1] * values.ndim
             shape[node.int_attr("axis", 1) % values.ndim] = scale.size
@@ -396,8 +356,20 @@ def _fold_constant_dequantize(edit: _Rewrite) -> None:
 
 
 # Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes.
-_READ_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 1, "QLinearConv": 1}
-_WRITE_QUANT = {"QuantizeLinear": 1, "DequantizeLinear": 1, "QLinearMatMul": 6, "QLinearConv": 6}
+_READ_QUANT = {
+    "QuantizeLinear": 1,
+    "DequantizeLinear": 1,
+    "QLinearMatMul": 1,
+    "QLinearConv": 1,
+    QLINEAR_POOL: 1,
+}
+_WRITE_QUANT = {
+    "QuantizeLinear": 1,
+    "DequantizeLinear": 1,
+    "QLinearMatMul": 6,
+    "QLinearConv": 6,
+    QLINEAR_POOL: 3,
+}
 
 
 def quantization(graph: Graph, tensor: str) -> tuple[float, int] | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from xtune.errors import UnsupportedNode
 from xtune.frontend.refusal import hint
 from xtune.graph import Graph, Node
+from xtune.ops.pool2d import QLINEAR_POOL
 from xtune.ops.registry import ANCHOR_OPS, node_family
 
 OtherKind = str  # the generated operator family that runs a node (NodeFamily.kind)
@@ -38,16 +39,17 @@ def not_run(graph: Graph, node: Node) -> UnsupportedNode:
 
 
 # Generated operators that read and write integer tensors: the quantize family converts float32 to and
-# from them, views are their bytes, a model's own NHWC <-> NCHW Transpose is a renaming in an NHWC
-# network (xtune/firmware/relayout.py, which refuses one it would have to run); every other generated
-# kernel is float32.
-_INTEGER_KINDS = frozenset(("quantize", "reshape", "transpose"))
+# from them, the quantized element-wise family (xtune/ops/qpointwise.py) computes between them, views
+# are their bytes, a model's own NHWC <-> NCHW Transpose is a renaming in an NHWC network
+# (xtune/firmware/relayout.py, which refuses one it would have to run); every other generated kernel is
+# float32.
+_INTEGER_KINDS = frozenset(("quantize", "qelementwise", "reshape", "transpose"))
 
 
 def integer_tensor(graph: Graph, node: Node, kind: str) -> UnsupportedNode | None:
     """The refusal of a generated operator that would read or write an integer tensor as float32 (a
     quantized model's op with no int8 kernel), naming the first such tensor; None if there is none."""
-    if kind in _INTEGER_KINDS:
+    if kind in _INTEGER_KINDS or node.op == QLINEAR_POOL:  # the pooling family's 8-bit mean
         return None
     for tensor in (*node.inputs, *node.outputs):
         if tensor and tensor not in graph.constants and graph.dtype(tensor) != "float32":

@@ -6,9 +6,11 @@ steps folded into the weights and bias, in any number and order (BatchNormalizat
 a per-channel constant: xtune/ops/affine.py); an Add of a tensor shaped like the output, available
 before the kernel runs (the residual of ResNet and MobileNetV2 blocks); then an activation (Relu, ReLU6,
 sigmoid, SiLU ...: xtune/ops/epilogue.py, `activation_switches`), which ends the chain. A quantized
-model's int8 calls (QLinearMatMul, MatMulInteger: docs/int8.md) fuse nothing: their bias and clamp are in
-the node already. Calls with the same workload are one `Task`, tuned once. The other nodes xtune runs
-(xtune/frontend/support.py) are listed as other nodes; every node it cannot run is named in one refusal
+model's int8 calls (QLinearMatMul, QLinearConv, MatMulInteger: docs/int8.md) have their bias and clamp in
+the node already; what they fuse is a DequantizeLinear after them (xtune/ops/epilogue.py,
+`dequantize_output`): the call then writes the dequantized float32 itself. Calls with the same workload
+are one `Task`, tuned once. The other nodes xtune runs (xtune/frontend/support.py) are listed as other
+nodes; every node it cannot run is named in one refusal
 (xtune/frontend/refusal.py), or listed in `TaskSet.unsupported` when asked for a partial answer.
 """
 
@@ -26,7 +28,7 @@ from xtune.frontend.support import integer_tensor, not_run, runs
 from xtune.graph import Graph
 from xtune.ops.affine import fold_affine, is_affine_step, may_fold
 from xtune.ops.anchor import Anchor
-from xtune.ops.epilogue import activation_switches, residual_operand, silu_switches
+from xtune.ops.epilogue import activation_switches, dequantize_output, residual_operand, silu_switches
 from xtune.ops.layout import DEFAULT, Layout, layout_for, parse_layout
 from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.template import MAX_STACK_BYTES
@@ -234,9 +236,13 @@ def _fuse_chain(
 ) -> tuple[FusedOp, list[int]]:
     out, stage, used = a.node.outputs[0], 0, []
     flags: dict[str, ParamValue] = {"residual": 0, "relu": 0, "relu6": 0}
-    weights, bias, residual = a.weights, a.bias, None
+    weights, bias, residual, quant = a.weights, a.bias, None, a.quant
     if a.quant is not None:  # an int8 kernel: its epilogue (bias, clamp) is in the node already
         stage = _CLAMP
+        if (dequantized := _dequantized_output(graph, out, a.quant, readers)) is not None:
+            j, quant = dequantized
+            used.append(j)
+            out = graph.nodes[j].outputs[0]
     while stage < _CLAMP and out not in graph.outputs and len(readers.get(out, [])) in (1, 2):
         if len(readers[out]) == 2:  # an activation that reads x twice
             silu = silu_switches(graph, out, [graph.nodes[j] for j in readers[out]])
@@ -265,7 +271,8 @@ def _fuse_chain(
     fam = family(a.op)
     switches = {"bias": int(bias is not None), **flags}
     try:
-        as_run = replace(a, weights=weights)  # the weights as the kernel takes them: Winograd only if finite
+        # the weights as the kernel takes them (Winograd only if finite), a fused DequantizeLinear's scale
+        as_run = replace(a, weights=weights, quant=quant)
         workload = parse_workload(fam.task_key(as_run, switches, layout_for(fam.layouts, layout)))
     except InputError as err:  # a size outside the workload's bounds: say which node has it
         raise InputError(f"{graph.name}: {a.node.label}: {err}") from None
@@ -280,9 +287,21 @@ def _fuse_chain(
         weights=weights,
         bias=bias,
         transposed=a.transposed,
-        quant=a.quant,
+        quant=quant,
     )
     return op, used
+
+
+def _dequantized_output(
+    graph: Graph, out: str, quant: Mapping[str, np.ndarray], readers: dict[str, list[int]]
+) -> tuple[int, Mapping[str, np.ndarray]] | None:
+    """The node after an int8 kernel whose output `out` it reads alone that the kernel's epilogue takes
+    (ops/epilogue.py, `dequantize_output`), and the kernel's constants with it; None if there is none."""
+    if out in graph.outputs or len(readers.get(out, [])) != 1:
+        return None
+    j = readers[out][0]
+    extra = dequantize_output(graph, graph.nodes[j], out, quant)
+    return None if extra is None else (j, {**quant, **extra})
 
 
 def _available(graph: Graph, other: str, out: str, anchor: int, writers: dict[str, int]) -> bool:

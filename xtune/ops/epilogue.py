@@ -1,15 +1,19 @@
 """The fused epilogue every tunable operator takes (bias, residual, ReLU/ReLU6 or an activation) and the
 prepacked switch: their workload keys, their extra tensors, their numpy side, the checks of a family's
 integer and switch keys, and which graph IR node after a kernel call becomes which switch (the residual
-Add: `residual_operand`; the activation: `activation_switches`, `silu_switches`)."""
+Add: `residual_operand`; the activation: `activation_switches`, `silu_switches`; after an int8 kernel, a
+DequantizeLinear: `dequantize_output`)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
 from xtune.ops.activation import MICRO, Activation, ActivationKind, epilogue_form, silu_mul
+from xtune.ops.quantize import node_qparams
 from xtune.ops.workload import ParamValue, TensorSpec, Workload
 
 # The fused epilogue switches every operator takes, in the order they apply: out = conv/matmul
@@ -92,6 +96,20 @@ def silu_switches(graph: Graph, x: str, readers: list[Node]) -> tuple[Node, dict
     are that Sigmoid and that Mul: the Mul and the epilogue's switch; else None."""
     mul = silu_mul(graph, x, readers)
     return None if mul is None else (mul, {"act": ActivationKind.SILU.value})
+
+
+def dequantize_output(
+    graph: Graph, node: Node, x: str, quant: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray] | None:
+    """`node`, reading an int8 kernel's output `x` (its constants `quant`, qparams = [za, zy, lo, hi]), as
+    the kernel's dequant=1 epilogue: a DequantizeLinear of x, per tensor, of the zero point the kernel
+    writes, gives the kernel's `out_scale`; None for any other node (it does not fuse)."""
+    if node.op != "DequantizeLinear" or node.inputs[0] != x or "qparams" not in quant:
+        return None
+    params = node_qparams(graph, node)
+    if params is None or params.zero != int(quant["qparams"][1]) or params.qtype != graph.dtype(x):
+        return None
+    return {"out_scale": np.array([params.scale], np.float32)}
 
 
 def _clamp(graph: Graph, node: Node) -> str:

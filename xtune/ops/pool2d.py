@@ -6,10 +6,15 @@ whole window, padding counted as zeros: what a zero Pad folded into it is). Pool
 with unit column stride runs whole output rows as vectors; with column stride 2 the window's input columns
 are not contiguous and each output is computed as a scalar (such pools are one layer of a network); in NHWC,
 pooling runs along channels, any stride. Pooling windows that overlap the padding are specialised at build
-time (their clipped extent is a constant), so the interior has no bounds checks."""
+time (their clipped extent is a constant), so the interior has no bounds checks.
+
+ONNX Runtime's QLinearAveragePool (com.microsoft; the quantized rewrite makes one of a QDQ AveragePool
+and of a TFLite model's int8 AVERAGE_POOL_2D: xtune/frontend/quantized.py) is the same window over 8-bit
+tensors, each window's mean computed as the model's reference computes it (xtune/ops/qpool.py)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -33,6 +38,8 @@ from xtune.ops.opkit import (
     positive,
     refusing,
 )
+from xtune.ops.qpool import QuantizedMean, quantized_mean
+from xtune.ops.quantize import QDTYPES
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -45,6 +52,8 @@ from xtune.schedule.loopnest import (
     NestBuilder,
     Value,
 )
+
+QLINEAR_POOL = "com.microsoft.QLinearAveragePool"
 
 
 class PoolKind(Enum):
@@ -91,6 +100,7 @@ class Pool2d(ChannelsOp):
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     layout: Layout = Layout.NCHW
     count_pad: bool = False  # an average divides by the whole window (ONNX's count_include_pad=1)
+    quantized: QuantizedMean | None = None  # an 8-bit average (QLinearAveragePool); float32 when None
 
     def __post_init__(self) -> None:
         positive(
@@ -114,6 +124,8 @@ class Pool2d(ChannelsOp):
         oh, ow = self._nchw_output[2:]
         if oh < 1 or ow < 1:
             raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
+        if self.quantized is not None and self.kind is PoolKind.MAX:
+            raise InputError("pool: an 8-bit pool is an average")
 
     @property
     def output_shape(self) -> Shape:
@@ -128,6 +140,8 @@ class Pool2d(ChannelsOp):
         if self.layout is Layout.NHWC:
             nchw = replace(self, layout=Layout.NCHW)
             return to_layout(nchw.reference(np.ascontiguousarray(x.transpose(0, 3, 1, 2))), Layout.NHWC)
+        if self.quantized is not None:
+            return self._quantized_reference(x)
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = self.kernel, self.stride, self.pads
         fill = -np.inf if self.kind is PoolKind.MAX else 0.0
         padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
@@ -146,6 +160,19 @@ class Pool2d(ChannelsOp):
                     out[:, :, i, j] = win.sum(axis=(2, 3)) / taps
         return out.astype(np.float32)
 
+    def _quantized_reference(self, x: np.ndarray) -> np.ndarray:
+        """NCHW 8-bit means, each from its window's pixels inside the input in window order."""
+        assert self.quantized is not None
+        (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
+        out = np.empty(self._nchw_output, self.quantized.qtype)
+        for i in range(out.shape[2]):
+            rows = range(max(0, i * sh - pt), min(self.h, i * sh - pt + kh))
+            for j in range(out.shape[3]):
+                cols = range(max(0, j * sw - pl), min(self.w, j * sw - pl + kw))
+                taps = [x[:, :, r, c] for r in rows for c in cols]
+                out[:, :, i, j] = self.quantized.reference(taps, kh * kw if self.count_pad else len(taps))
+        return out
+
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
         if self.layout is Layout.NHWC:
             return self._nhwc_nest(name, lanes)
@@ -158,8 +185,7 @@ class Pool2d(ChannelsOp):
                     oy = y + rows.start
                     in_row = p * (self.h * self.w) + (oy * sh + (-pt)) * self.w + (-pl)
                     self._row(b, in_row, p * (oh * ow) + oy * ow, rows, cols, lanes)
-        size = self.n * self.c
-        return b.kernel(name, params([("x", size * self.h * self.w)], size * oh * ow))
+        return b.kernel(name, self._params())
 
     def _row(
         self, b: NestBuilder, in_row: Affine, out_row: Affine, rows: _Segment, cols: _Segment, lanes: int
@@ -173,7 +199,7 @@ class Pool2d(ChannelsOp):
                 for ky in range(rows.lo, rows.hi)
                 for kx in range(cols.lo, cols.hi)
             ]
-            b.store("out", out_row + ox, self._reduce(taps, width), width, count)
+            b.store("out", out_row + ox, self._reduce(b, taps, width), width, count)
 
         if sw == 1 and lanes > 1:
             b.split(cols.count, lanes, lambda t, n: window(t + cols.start, lanes, n), "x")
@@ -181,16 +207,27 @@ class Pool2d(ChannelsOp):
             with b.loop(cols.count, "x") as x:
                 window(x + cols.start, 1, 1)
 
-    def _reduce(self, taps: Sequence[Value], width: int) -> Value:
+    def _params(self) -> tuple[Buffer, ...]:
+        """The input and output, float32 or the 8-bit type of a `quantized` average."""
+        size = self.n * self.c
+        buffers = params([("x", size * self.h * self.w)], size * math.prod(self._nchw_output[2:]))
+        if self.quantized is None:
+            return buffers
+        return tuple(replace(buf, dtype=QDTYPES[self.quantized.qtype]) for buf in buffers)
+
+    def _reduce(self, b: NestBuilder, taps: Sequence[Value], width: int) -> Value:
         """A window's taps reduced: their max, or their mean (over the taps inside the image, ONNX's
-        count_include_pad=0; over the whole window with `count_pad`)."""
+        count_include_pad=0; over the whole window with `count_pad`), the model's reference's if
+        `quantized`."""
+        count = self.kernel[0] * self.kernel[1] if self.count_pad else len(taps)
+        if self.quantized is not None:
+            return self.quantized.value(b, taps, width, count)
         op = BinaryOp.MAX if self.kind is PoolKind.MAX else BinaryOp.ADD
         acc: Value = taps[0]
         for tap in taps[1:]:
             acc = Binary(op, acc, tap)
-        if self.kind is PoolKind.AVERAGE:
-            count = self.kernel[0] * self.kernel[1] if self.count_pad else len(taps)
-            acc = Binary(BinaryOp.MUL, acc, Const(1.0 / count, width))
+        if self.kind is PoolKind.AVERAGE:  # divided, as ONNX Runtime's AveragePool does: not by a reciprocal
+            acc = Binary(BinaryOp.DIV, acc, Const(float(count), width))
         return acc
 
     def _nhwc_nest(self, name: str, lanes: int) -> Kernel:
@@ -218,11 +255,10 @@ class Pool2d(ChannelsOp):
                             for ky in range(rows.lo, rows.hi)
                             for kx in range(cols.lo, cols.hi)
                         ]
-                        b.store("out", out + ch, self._reduce(taps, lanes), lanes, count)
+                        b.store("out", out + ch, self._reduce(b, taps, lanes), lanes, count)
 
                     b.split(c, lanes, window, "c")
-        size = self.n * self.c
-        return b.kernel(name, params([("x", size * self.h * self.w)], size * oh * ow))
+        return b.kernel(name, self._params())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,7 +318,7 @@ class GlobalAveragePool(ChannelsOp):
         return b.kernel(name, params([("x", self.n * c * plane)], self.n * c))
 
 
-def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
+def _pool(graph: Graph, node: Node, shape: tuple[int, ...], quantized: QuantizedMean | None) -> Pool2d:
     if len(shape) != 4:
         raise refuse(graph, node, f"only 2-D pooling (4-D NCHW input) is supported, the input is {shape}")
     auto_pad = str(node.attr("auto_pad", "NOTSET"))
@@ -316,22 +352,26 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...]) -> Pool2d:
             stride=(stride[0], stride[1]),
             pads=(pads[0], pads[1], pads[2], pads[3]),
             count_pad=kind is PoolKind.AVERAGE and counts_pad,
+            quantized=quantized,
         )
 
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     x = node.inputs[0]
     shape = graph.shape(x)
+    quantized = quantized_mean(graph, node) if node.op == QLINEAR_POOL else None
     if node.op == "GlobalAveragePool":
         if len(shape) != 4:
             raise refuse(graph, node, UNSUPPORTED)
         return Mapped(kernel=GlobalAveragePool(n=shape[0], c=shape[1], h=shape[2], w=shape[3]), inputs=(x,))
-    return Mapped(kernel=_pool(graph, node, shape), inputs=(x,))
+    pool = _pool(graph, node, shape, quantized)
+    # An 8-bit pool runs in the layout its input is in: xtune converts float32 tensors only.
+    return Mapped(kernel=pool, inputs=(x,), follows_input=True if quantized is not None else None)
 
 
 FAMILY = NodeFamily(
     kind="pooling",
-    onnx_ops=("MaxPool", "AveragePool", "GlobalAveragePool"),
+    onnx_ops=("MaxPool", "AveragePool", "GlobalAveragePool", QLINEAR_POOL),
     layouts=frozenset(Layout),
     from_node=from_node,
 )

@@ -56,6 +56,7 @@ from xtune.schedule.loopnest import (
     DType,
     Load,
     NestBuilder,
+    Shuffle,
     Value,
 )
 
@@ -157,7 +158,8 @@ def sample(wl: Workload, rng: np.random.Generator, weights: tuple[int, ...]) -> 
     a = str(wl.value("a"))
     products = int(np.prod(weights)) // sh.k if len(weights) == 4 else sh.r * sh.s
     channels = sh.k if wl["perchannel"] else 1
-    _, b, *rest = qref.sample_inputs((1, sh.k, products), a, requant_of(wl), channels, rng)
+    dequant = bool(wl["dequant"])
+    _, b, *rest = qref.sample_inputs((1, sh.k, products), a, requant_of(wl), channels, rng, dequant)
     lo, hi = qref.RANGES[a]
     x = rng.integers(lo, hi + 1, (sh.n, sh.h, sh.w, sh.c)).astype(qref.NUMPY_TYPES[a])
     return [x, b.reshape(weights), *rest]
@@ -177,11 +179,25 @@ class PaddedImage:
     # window's s taps become one tap of s*c channels, so few channels (a 1-channel stem) fill whole dot
     # groups instead of one byte of each.
     folded: bool = False
+    # Every odd channel group (channels 4-7 of each 8) stored complemented (~x = -x - 1), za' around the
+    # image too: the second group of each pair the A72 route multiplies with smlsl (`DotDiff`).
+    complement: bool = False
 
     @property
     def copied(self) -> bool:
         sh = self.sh
-        return self.folded or self.act is not self.dtype or self.depth != sh.c or sh.padded != (sh.h, sh.w)
+        return (
+            self.folded
+            or self.complement
+            or self.act is not self.dtype
+            or self.depth != sh.c
+            or sh.padded != (sh.h, sh.w)
+        )
+
+    def alternate(self, even: Value, odd: Value, lanes: int) -> Value:
+        """`even` in the bytes of even channel groups, `odd` in the odd ones, of `lanes` bytes starting at a
+        multiple of 8 channels (pixels and stores start at one: `complement` needs c % 8 == 0)."""
+        return Shuffle(even, odd, tuple(i + lanes * (i // 4 % 2) for i in range(lanes)))
 
     @property
     def name(self) -> str:
@@ -213,7 +229,10 @@ class PaddedImage:
         za: Value = Load("qparams", Affine())
         if self.act is not self.dtype:  # xor 0x80 moves za by 128 in the flipped type, as `DotPlan` says
             za = Binary(BinaryOp.XOR, za, Const(128, 1, DType.I32))
-        fill = Broadcast(Cast(za, self.dtype), v)
+        fill: Value = Broadcast(Cast(za, self.dtype), v)
+        if self.complement:
+            inverse = Binary(BinaryOp.XOR, za, Const(-1, 1, DType.I32))
+            fill = self.alternate(fill, Broadcast(Cast(inverse, self.dtype), v), v)
         rows, cols = sh.padded
         b.split(
             sh.n * rows * cols * self.depth, v, lambda i, size: b.store("image", i, fill, v, size % v), "zf"
@@ -233,8 +252,12 @@ class PaddedImage:
         def chunk(j: Affine, size: int) -> None:
             p = self.pixel_vector
             value: Value = Load("input", source + j, p, size % p)
-            if self.act is not self.dtype:
-                value = Cast(Binary(BinaryOp.XOR, value, Const(-128, p, DType.I8)), self.dtype)
+            flip = -128 if self.act is not self.dtype else 0
+            if self.complement:
+                mask = self.alternate(Const(flip, p, DType.I8), Const(~flip, p, DType.I8), p)
+                value = Cast(Binary(BinaryOp.XOR, value, mask), self.dtype)
+            elif flip:
+                value = Cast(Binary(BinaryOp.XOR, value, Const(flip, p, DType.I8)), self.dtype)
             b.store("image", place + j, value, p, size % p)
 
         b.split(self.sh.c, self.pixel_vector, chunk, "zc")

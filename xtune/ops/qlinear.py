@@ -59,12 +59,14 @@ def tflite_multipliers(sa: np.ndarray, sb: np.ndarray, sy: np.ndarray) -> dict[s
     }
 
 
-def requant_key(quant: Mapping[str, np.ndarray]) -> tuple[tuple[str, str], tuple[str, int]]:
-    """The workload's ("requant", ...) and ("perchannel", ...) of an int8 call's constants: tflite where
-    they hold a multiplier, onnx where a float32 scale, none (MatMulInteger's int32 sums) otherwise."""
+def requant_key(quant: Mapping[str, np.ndarray]) -> tuple[tuple[str, str | int], ...]:
+    """The workload's ("requant", ...), ("perchannel", ...) and ("dequant", ...) of an int8 call's
+    constants: tflite where they hold a multiplier, onnx where a float32 scale, none (MatMulInteger's int32
+    sums) otherwise; dequant=1 where they hold the `out_scale` of a DequantizeLinear fused after it."""
     requant = "tflite" if "multiplier" in quant else "onnx" if "scale" in quant else "none"
     scales = quant.get("multiplier", quant.get("scale"))
-    return ("requant", requant), ("perchannel", int(scales is not None and scales.size > 1))
+    perchannel = int(scales is not None and scales.size > 1)
+    return ("requant", requant), ("perchannel", perchannel), ("dequant", int("out_scale" in quant))
 
 
 def zero_point(graph: Graph, node: Node, tensor: str) -> np.ndarray:

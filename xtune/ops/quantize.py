@@ -42,7 +42,7 @@ from xtune.schedule.loopnest import (
 )
 
 QType = Literal["int8", "uint8"]
-_DTYPES = {"int8": DType.I8, "uint8": DType.U8}
+QDTYPES = {"int8": DType.I8, "uint8": DType.U8}  # an 8-bit tensor's element type in loop nests
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}  # by element type (qmatmul/reference.py: by `a` word)
 
 
@@ -65,31 +65,16 @@ class Quantize(PointwiseOp):
         return "dequantize" if self.dequantize else "quantize"
 
     def reference(self, x: np.ndarray) -> np.ndarray:
-        scale = np.float32(self.scale)
-        if self.dequantize:
-            return ((x.astype(np.int32) - np.int32(self.zero)).astype(np.float32) * scale).astype(np.float32)
-        lo, hi = RANGES[self.qtype]
-        bounded = np.clip(
-            x.astype(np.float32) / scale, np.float32(lo - self.zero), np.float32(hi - self.zero)
-        )
-        return (np.rint(bounded).astype(np.int32) + self.zero).astype(self.qtype)
+        params = QParams(scale=self.scale, zero=self.zero, qtype=self.qtype)
+        return params.dequantize(x) if self.dequantize else params.quantize(x)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
-        b, q = NestBuilder(), _DTYPES[self.qtype]
-        lo, hi = RANGES[self.qtype]
+        b, q = NestBuilder(), QDTYPES[self.qtype]
+        params = QParams(scale=self.scale, zero=self.zero, qtype=self.qtype)
 
         def emit(i: Affine, width: int, count: int) -> None:
             x = Load("x", i, width, count)
-            value: Value
-            if self.dequantize:
-                zero = Const(self.zero, width, DType.I32)
-                diff = Binary(BinaryOp.SUB, Cast(x, DType.I32), zero)
-                value = Binary(BinaryOp.MUL, Cast(diff, DType.F32), Const(self.scale, width))
-            else:
-                scaled = Binary(BinaryOp.DIV, x, Const(self.scale, width))
-                bounds = (Const(float(v - self.zero), width) for v in (lo, hi))
-                rounded = Cast(RoundEven(Clamp(scaled, *bounds)), DType.I32)
-                value = Cast(Binary(BinaryOp.ADD, rounded, Const(self.zero, width, DType.I32)), q)
+            value = dequantized(x, width, params) if self.dequantize else quantized(x, width, params)
             b.store("out", i, value, width, count)
 
         vector_map(b, self.size, lanes, emit)
@@ -101,23 +86,79 @@ class Quantize(PointwiseOp):
         return b.kernel(name, buffers)
 
 
-def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
+@dataclass(frozen=True, kw_only=True)
+class QParams:
+    """One 8-bit tensor's quantization: real = scale * (q - zero), q of `qtype`."""
+
+    scale: float
+    zero: int
+    qtype: QType
+
+    @property
+    def dtype(self) -> DType:
+        return QDTYPES[self.qtype]
+
+    def dequantize(self, q: np.ndarray) -> np.ndarray:
+        """DequantizeLinear as ONNX Runtime computes it: (int32(q) - zero) in float32, times the scale."""
+        diff = (q.astype(np.int32) - np.int32(self.zero)).astype(np.float32)
+        return (diff * np.float32(self.scale)).astype(np.float32)
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        """QuantizeLinear as MLAS computes it: x / scale, clamped, rounded half to even, plus zero."""
+        lo, hi = RANGES[self.qtype]
+        scaled = x.astype(np.float32) / np.float32(self.scale)
+        bounded = np.clip(scaled, np.float32(lo - self.zero), np.float32(hi - self.zero))
+        return (np.rint(bounded).astype(np.int32) + self.zero).astype(self.qtype)
+
+
+def dequantized(x: Value, width: int, q: QParams) -> Value:
+    """The nest value of DequantizeLinear of `x` (8-bit lanes): float32((int32(x) - zero)) * scale."""
+    diff = Binary(BinaryOp.SUB, Cast(x, DType.I32), Const(q.zero, width, DType.I32))
+    return Binary(BinaryOp.MUL, Cast(diff, DType.F32), Const(q.scale, width))
+
+
+def quantized(x: Value, width: int, q: QParams) -> Value:
+    """The nest value of QuantizeLinear of `x` (float32 lanes), MLAS's order: divided by the scale,
+    clamped to [lo - zero, hi - zero], rounded half to even, plus the zero point, as `q.qtype`."""
+    lo, hi = RANGES[q.qtype]
+    scaled = Binary(BinaryOp.DIV, x, Const(q.scale, width))
+    bounds = (Const(float(v - q.zero), width) for v in (lo, hi))
+    rounded = Cast(RoundEven(Clamp(scaled, *bounds)), DType.I32)
+    return Cast(Binary(BinaryOp.ADD, rounded, Const(q.zero, width, DType.I32)), q.dtype)
+
+
+def node_qparams(graph: Graph, node: Node) -> QParams | None:
+    """The quantization of a QuantizeLinear or DequantizeLinear node: one constant scale and an 8-bit
+    zero point (absent: uint8 0, ONNX's default); None if it is per axis or not constant."""
     scale = graph.constant(node.inputs[1])
     zero_name = node.inputs[2] if len(node.inputs) > 2 else ""
     zero = graph.constant(zero_name) if zero_name else np.zeros((), np.uint8)
-    if scale is None or scale.size != 1 or zero is None or zero.size != 1:
-        raise refuse(graph, node, "per-axis quantization of an activation is not supported (one scale only)")
-    if str(zero.dtype) not in RANGES:
-        raise refuse(graph, node, f"zero point of type {zero.dtype}; xtune quantizes to int8 and uint8")
+    if scale is None or scale.size != 1 or zero is None or zero.size != 1 or str(zero.dtype) not in RANGES:
+        return None
+    qtype: QType = "int8" if zero.dtype == np.int8 else "uint8"
+    return QParams(scale=float(scale.reshape(-1)[0]), zero=int(zero.reshape(-1)[0]), qtype=qtype)
+
+
+def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
+    params = node_qparams(graph, node)
+    if params is None:
+        scale = graph.constant(node.inputs[1])
+        if scale is None or scale.size != 1:
+            raise refuse(
+                graph, node, "per-axis quantization of an activation is not supported (one scale only)"
+            )
+        raise refuse(
+            graph, node, "the zero point is not one constant int8 or uint8; xtune quantizes to those"
+        )
     x = node.inputs[0]
     if graph.constant(x) is not None:
         raise refuse(graph, node, "the input is a constant (a quantized model's weights feed a kernel)")
     kernel = Quantize(
         dequantize=node.op == "DequantizeLinear",
         shape=graph.shape(x),
-        scale=float(scale.reshape(-1)[0]),
-        zero=int(zero.reshape(-1)[0]),
-        qtype="int8" if zero.dtype == np.int8 else "uint8",
+        scale=params.scale,
+        zero=params.zero,
+        qtype=params.qtype,
     )
     # A DequantizeLinear runs where its 8-bit input is (a TFLite model's int8 NHWC input, read as ONNX's
     # order; an int8 kernel's NHWC output in an NCHW network): what needs converting is its float output.

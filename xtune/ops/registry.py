@@ -20,6 +20,7 @@ from xtune.ops import (
     lrn,
     pad,
     pool2d,
+    qpointwise,
     quantize,
     reduce,
     reshape,
@@ -63,6 +64,7 @@ NODE_FAMILIES: tuple[NodeFamily, ...] = (
     slice.FAMILY,
     split.FAMILY,
     quantize.FAMILY,
+    qpointwise.FAMILY,
     resize.FAMILY,
     bmm.FAMILY,
 )

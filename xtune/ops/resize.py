@@ -11,12 +11,9 @@ pytorch_half_pixel, align_corners or asymmetric. Refused in one line each: cubic
 half_pixel_symmetric, antialias=1, exclude_outside=1, keep_aspect_ratio_policy other than stretch, a
 scale other than 1 on N or C.
 
-Each output row and column reads input rows and columns known at build time (`Tap`). The kernel is
-unrolled over one period of that pattern: along an axis, outputs split into runs in which the taps of
-output j + P are those of output j moved by Q input rows (an integer upscale by s: P = s, Q = 1), plus
-the few outputs at the edges where the coordinate is clamped (`runs`). In NHWC a pixel's channels are
-copied or blended as vectors; in NCHW each output is a scalar (the columns an output row reads are not
-contiguous)."""
+Each output row and column reads input rows and columns known at build time (`Tap`); the kernel that
+blends them, unrolled over the periods of their pattern, vectors along W in NCHW and along C in NHWC, and
+separable where the pattern does not repeat soon, is built by xtune/ops/resize_nest.py."""
 
 from __future__ import annotations
 
@@ -30,38 +27,26 @@ from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, physical, to_layout
 from xtune.ops.opkit import ChannelsOp, Consts, Mapped, NodeFamily, Shape, params, positive, refusing
-from xtune.schedule.loopnest import Affine, Binary, BinaryOp, Const, Kernel, Load, MulAdd, NestBuilder, Value
+from xtune.ops.resize_nest import (
+    MAX_BODIES,
+    Image,
+    Tap,
+    bodies,
+    column_runs,
+    direct,
+    runs,
+    scratch,
+    separable,
+)
+from xtune.ops.template import MAX_STACK_BYTES
+from xtune.schedule.loopnest import Buffer, Kernel, NestBuilder
 
 MODES = ("nearest", "linear")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
-MAX_PERIOD = 64  # the longest repeating pattern of taps looked for along an axis
-MAX_BODIES = 4096  # unrolled (row, column) bodies a kernel may have: a bound on its code size
-_SAME_WEIGHT = 1e-9  # float64 rounding of coordinates below 2^20; float32 keeps 6e-8 of a weight
-
-
-@dataclass(frozen=True)
-class Tap:
-    """What one output row (or column) reads: input rows lo and hi, blended (1 - t) * lo + t * hi."""
-
-    lo: int
-    hi: int
-    t: float
-
-    def repeats(self, first: Tap, by: int) -> bool:
-        """Whether this tap is `first` moved by `by` rows (the weight equal up to float64 rounding)."""
-        return (self.lo, self.hi) == (first.lo + by, first.hi + by) and abs(self.t - first.t) <= _SAME_WEIGHT
-
-
-@dataclass(frozen=True)
-class Run:
-    """Outputs start + k * period + j (k < count, j < period) reading taps[j] moved by k * step rows."""
-
-    start: int
-    period: int
-    count: int
-    step: int
-    taps: tuple[Tap, ...]
+# The scratch image of the separable kernel is on the stack: at most what any kernel may use. Its lanes are
+# not known before the kernel is built: counted at the widest vector (AVX-512's 16 floats) in NHWC.
+_WIDEST = 16
 
 
 def source_coordinate(transform: str, out: int, scale: float, size: int, length: int, exact: bool) -> float:
@@ -109,36 +94,6 @@ def axis_taps(
     return tuple(taps)
 
 
-def _repeats(taps: tuple[Tap, ...], start: int, period: int) -> tuple[int, int]:
-    """How many whole periods from `start` repeat the first one, each moved by the same step."""
-    step = taps[start + period].lo - taps[start].lo if start + period < len(taps) else 0
-    count = 1
-    while start + (count + 1) * period <= len(taps) and all(
-        taps[start + count * period + j].repeats(taps[start + j], count * step) for j in range(period)
-    ):
-        count += 1
-    return count, step
-
-
-def runs(taps: tuple[Tap, ...], limit: int = MAX_BODIES) -> tuple[Run, ...] | None:
-    """`taps` as runs, greedily the longest repeating stretch first (the smallest period of that length);
-    None if more than `limit` unrolled outputs would be needed."""
-    out: list[Run] = []
-    start, bodies = 0, 0
-    while start < len(taps):
-        best = (1, 1, 0)  # period, count, step
-        for period in range(1, min(MAX_PERIOD, (len(taps) - start) // 2) + 1):
-            count, step = _repeats(taps, start, period)
-            if count > 1 and period * count > best[0] * best[1]:
-                best = (period, count, step)
-        period, count, step = best
-        out.append(Run(start, period, count, step, taps[start : start + period]))
-        start, bodies = start + period * count, bodies + period
-        if bodies > limit:
-            return None
-    return tuple(out)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Resize(ChannelsOp):
     """(n, c, h, w) resized to (n, c, len(rows), len(cols)) through the taps of each output row and
@@ -157,16 +112,22 @@ class Resize(ChannelsOp):
         for taps, size in ((self.rows, self.h), (self.cols, self.w)):
             if any(not (0 <= t.lo < size and 0 <= t.hi < size and 0 <= t.t <= 1) for t in taps):
                 raise InputError(f"resize: a tap reads outside an axis of {size}")
-        row_runs, col_runs = runs(self.rows), runs(self.cols)
-        if row_runs is None or col_runs is None or self._bodies(row_runs, col_runs) > MAX_BODIES:
+        one_by_one, separate = bodies(runs(self.rows), runs(self.cols))
+        need = self._scratch(_WIDEST).size * 4
+        if one_by_one > MAX_BODIES and (separate > MAX_BODIES or need > MAX_STACK_BYTES):
             raise InputError(
-                f"resize: {self.h}x{self.w} to {len(self.rows)}x{len(self.cols)} reads no pattern that "
-                f"repeats within {MAX_PERIOD} outputs (xtune unrolls a period: its kernel would be too large)"
+                f"resize: {self.h}x{self.w} to {len(self.rows)}x{len(self.cols)} needs {separate} unrolled "
+                f"bodies and {need} bytes of stack (at most {MAX_BODIES} and {MAX_STACK_BYTES})"
             )
 
-    @staticmethod
-    def _bodies(row_runs: tuple[Run, ...], col_runs: tuple[Run, ...]) -> int:
-        return sum(r.period for r in row_runs) * sum(c.period for c in col_runs)
+    @property
+    def _image(self) -> Image:
+        oh, ow = len(self.rows), len(self.cols)
+        return Image(n=self.n, c=self.c, h=self.h, w=self.w, oh=oh, ow=ow, nhwc=self.layout is Layout.NHWC)
+
+    def _scratch(self, lanes: int) -> Buffer:
+        """The separable kernel's image of row-blended pixels: oh x w, each `lanes` channels in NHWC."""
+        return scratch(len(self.rows) * self.w * (lanes if self.layout is Layout.NHWC else 1))
 
     @property
     def output_shape(self) -> Shape:
@@ -190,59 +151,16 @@ class Resize(ChannelsOp):
         return to_layout(out, self.layout)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
-        b, (oh, ow) = NestBuilder(), (len(self.rows), len(self.cols))
-        # NHWC: an image's pixels, each `c` channels wide (vectors); NCHW: n * c planes of 1-wide pixels.
-        nhwc = self.layout is Layout.NHWC
-        planes, channels, width = (self.n, self.c, lanes) if nhwc else (self.n * self.c, 1, 1)
-        for rows in runs(self.rows) or ():
-            for cols in runs(self.cols) or ():
-                with b.loop(planes, "p") as p, b.loop(rows.count, "ky") as ky:
-                    src, dst = p * (self.h * self.w * channels), p * (oh * ow * channels)
-                    for jy, ty in enumerate(rows.taps):
-                        oy = ky * rows.period + (rows.start + jy)
-                        row_taps = [
-                            (src + (ky * rows.step + iy) * (self.w * channels), wy) for iy, wy in _weights(ty)
-                        ]
-                        with b.loop(cols.count, "kx") as kx:
-                            for jx, tx in enumerate(cols.taps):
-                                ox = kx * cols.period + (cols.start + jx)
-                                at = [
-                                    (row + (kx * cols.step + ix) * channels, wy * wx)
-                                    for row, wy in row_taps
-                                    for ix, wx in _weights(tx)
-                                ]
-                                self._pixel(b, at, dst + (oy * ow + ox) * channels, channels, width)
-        size = self.n * self.c
-        return b.kernel(name, params([("x", size * self.h * self.w)], size * oh * ow))
-
-    @staticmethod
-    def _pixel(
-        b: NestBuilder, at: list[tuple[Affine, float]], dst: Affine, channels: int, width: int
-    ) -> None:
-        """One output pixel's channels: the weighted sum of the input pixels `at`, `width` at a time."""
-
-        def body(ch: Affine, count: int) -> None:
-            b.store("out", dst + ch, _blend(at, ch, width, count), width, count)
-
-        b.split(channels, width, body, "c")
-
-
-def _weights(tap: Tap) -> list[tuple[int, float]]:
-    """The input rows a tap reads with their weights, the zero ones left out."""
-    if tap.t == 0 or tap.lo == tap.hi:
-        return [(tap.lo, 1.0)]
-    return [(tap.lo, 1.0 - tap.t), (tap.hi, tap.t)]
-
-
-def _blend(at: list[tuple[Affine, float]], ch: Affine, width: int, count: int) -> Value:
-    """The weighted sum of the loads at `at` (a copy when there is one with weight 1)."""
-    (i0, w0), *rest = at
-    acc: Value = Load("x", i0 + ch, width, count)
-    if w0 != 1.0:
-        acc = Binary(BinaryOp.MUL, acc, Const(w0, width))
-    for index, weight in rest:
-        acc = MulAdd(Load("x", index + ch, width, count), Const(weight, width), acc)
-    return acc
+        b, im = NestBuilder(), self._image
+        rows = runs(self.rows)
+        cols = column_runs(im, self.cols, lanes)
+        size, local = self.n * self.c, tuple[Buffer, ...]()
+        if bodies(rows, cols)[0] <= MAX_BODIES:
+            direct(b, im, rows, cols, lanes)
+        else:
+            separable(b, im, rows, cols, lanes)
+            local = (self._scratch(lanes),)
+        return b.kernel(name, (*params([("x", size * self.h * self.w)], size * im.oh * im.ow), *local))
 
 
 def _attr(node: Node, name: str, default: str) -> str:

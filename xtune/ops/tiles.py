@@ -28,6 +28,7 @@ from xtune.schedule.loopnest import (
     Shuffle,
     Value,
 )
+from xtune.schedule.space import Knob, KnobKind
 from xtune.target import Target
 
 Num = TypeVar("Num", int, float, np.ndarray)
@@ -88,6 +89,27 @@ def register_tiles(target: Target) -> tuple[str, ...]:
             if tile_registers(mr, nv) <= target.vector_registers and nv * target.fp32_lanes <= 64:
                 tiles.append(f"{mr}x{nv}")
     return tuple(tiles)
+
+
+LMUL_OPTIONS = (1, 2, 4)
+
+
+def lmul_knobs(target: Target) -> list[Knob]:
+    """RVV: vectors of lmul registers (LMUL, the RVV spec's register grouping, RVV 1.0 §3.4.2), so a
+    tile's vectors are lmul times longer and the register file holds 32 / lmul of them: one load and one
+    FMA instruction per lmul registers. No knob elsewhere."""
+    return [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)] if "+v" in target.features.split(",") else []
+
+
+def group_lanes(target: Target, rows: Num, vectors: Num, lmul: Num) -> np.ndarray:
+    """The lanes of one vector of a rows x vectors float tile (`tile_registers`) asking for `lmul`:
+    fp32_lanes times the largest lmul, halving, whose register groups hold the tile and whose rows stay
+    within 64 lanes (the templates' widest row)."""
+    need, lm = np.asarray(tile_registers(rows, vectors)), np.asarray(lmul)
+    for _ in LMUL_OPTIONS:
+        too_big = (need * lm > target.vector_registers) | (vectors * target.fp32_lanes * lm > 64)
+        lm = np.where((lm > 1) & too_big, lm // 2, lm)
+    return target.fp32_lanes * lm
 
 
 def clipped(options: tuple[int, ...], extent: int) -> tuple[int, ...]:

@@ -27,6 +27,9 @@ class TensorSpec:
     is_output: bool = False
     dtype: DTypeName = "float32"
     axes: str = ""  # what each dimension is, where a header must say it (a weights tensor's layout)
+    # An output whose reference is bit-exact (an int8 kernel's, its dequantized float32 one included):
+    # a candidate's is checked with rtol 0, equal at every finite position.
+    exact: bool = False
 
     @property
     def size(self) -> int:

@@ -121,6 +121,13 @@ class Const:
 
 
 @dataclass(frozen=True)
+class Lanes:
+    """A float32 constant vector given lane by lane (per-lane weights: a resize's columns along W)."""
+
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Broadcast:
     """`lanes` copies of lane `lane` of `value` (a scalar's lane 0 is the scalar). A lane of a loaded
     vector is what AArch64's FMLA (by element) multiplies by without a separate broadcast (Arm ARM,
@@ -168,6 +175,13 @@ class Log:
 
 
 @dataclass(frozen=True)
+class Erf:
+    """The error function of a, lane by lane: expanded by the lowering like `Exp` (whose result it uses)."""
+
+    a: Value
+
+
+@dataclass(frozen=True)
 class Shuffle:
     """Lanes picked from two vectors of equal width (LLVM shufflevector): `mask[i]` < lanes picks lane
     mask[i] of `a`, else lane mask[i] - lanes of `b`. A deinterleave (stride-2 packing) is one of these."""
@@ -194,13 +208,31 @@ class DotInsn(Enum):
 class Dot:
     """acc + the 4-way dot products of 8-bit integers: lane i of the i32 result adds a[4i+t] * b[4i+t] for
     t < 4 to acc[i]. `a` and `b` hold 4 * lanes bytes each, except that an `a` of 4 bytes is one group
-    broadcast to every lane (a row of A against a strip of B columns). Signedness is the operands'
-    dtypes'; `insn` must support it (VPDPBUSD: a u8, b i8; SDOT: both i8 or both u8)."""
+    broadcast to every lane (a row of A against a strip of B columns), and an `a` that is a `Broadcast` of
+    4 * lanes bytes is its group `lane` (4 bytes) broadcast (AArch64's SDOT by element). Signedness is the
+    operands' dtypes'; `insn` must support it (VPDPBUSD: a u8, b i8; SDOT: both i8 or both u8)."""
 
     acc: Value
     a: Value
     b: Value
     insn: DotInsn
+
+
+@dataclass(frozen=True)
+class DotDiff:
+    """acc + the pair sums of (a0 * b0 - a1 * b1), two groups at once on AArch64 without dotprod: the s8
+    bytes of each group (as `Dot`'s `a` and `b`, `a` broadcast or by element) multiplied into i16 lanes
+    (smull), the second group's products subtracted there (smlsl), adjacent i16 lanes added into the
+    i32 lanes of `acc` (sadalp; `acc` as `DotInsn.SADALP`'s, 2 * lanes lanes). Exact for every s8 input:
+    |a0 b0 - a1 b1| <= 128 * 128 + 128 * 127 = 32640 fits an i16 lane, where a sum of two products
+    (-128 * -128 twice) does not; a caller that stores a1 complemented (~a1 = -a1 - 1) gets
+    a0 b0 + a1 b1 + b1 instead, b1 a constant of the weights."""
+
+    acc: Value
+    a0: Value
+    b0: Value
+    a1: Value
+    b1: Value
 
 
 @dataclass(frozen=True)
@@ -259,14 +291,17 @@ class RoundShift:
 Value = (
     Load
     | Const
+    | Lanes
     | Broadcast
     | Reg
     | Binary
     | MulAdd
     | Exp
     | Log
+    | Erf
     | Shuffle
     | Dot
+    | DotDiff
     | Cast
     | PairSum
     | RoundEven

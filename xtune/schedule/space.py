@@ -132,8 +132,13 @@ class ConfigSpace:
 
     def matches(self, index: int, values: tuple[tuple[str, KnobValue], ...]) -> bool:
         """Whether `values` (a logged config's knobs) are the config at `index`: the rule a log's record
-        still means its config by."""
-        return 0 <= index < self.size and self.config(index).values == values
+        still means its config by. A knob appended to a space since the record was written is the most
+        significant digit, so every older index keeps its config with the new knob at its first option
+        (which must be the old behaviour): a record without it matches there."""
+        if not 0 <= index < self.size:
+            return False
+        have, logged = self.config(index).values, len(values)
+        return have[:logged] == values and not any(self.choices(index)[logged:])
 
     def neighbour(self, index: int, knob_number: int, digit: int) -> int:
         """`index` with one knob set to option number `digit`."""

@@ -361,7 +361,8 @@ class Measurer:
         if reply.status is not RunStatus.OK:
             return _failed(reply)
         got = np.frombuffer(session.read_buffer(self.out_slot), dtype=self.out_dtype).reshape(self.out_shape)
-        mismatch = compare_output(got, self.expected, opts.rtol)
+        exact = self.tensors[self.out_slot].exact
+        mismatch = compare_output(got, self.expected, 0.0 if exact else opts.rtol)
         if mismatch:
             return MeasureResult(MeasureStatus.WRONG_ANSWER, error=mismatch)
         if self.board.cost_unit is CostUnit.NONE:

@@ -30,8 +30,10 @@ from xtune.ops.tiles import (
     clipped,
     fmas_per_load,
     parse_tile,
+    register_budget,
     register_tiles,
     roomy_tiles,
+    tile_registers,
     whole_tiles,
 )
 from xtune.ops.workload import Workload, make_workload
@@ -175,6 +177,8 @@ class Conv2dTemplate:
             config["pack_layout"] == "hwc",
             bool(config["unroll_kw"]),
             config.int("unroll"),
+            # A tile whose input vectors would not fit beside its accumulators broadcasts a channel at a time.
+            self.target.lane_fma and tile_registers(p, nv, True) <= register_budget(self.target),
         )
 
     def default_config(self) -> Config:
@@ -191,7 +195,7 @@ class Conv2dTemplate:
             waste = (sh.ow / (-(-sh.ow // p) * p)) * (sh.k / (-(-sh.k // nr) * nr))
             return fmas_per_load(p, nv) * waste + 1e-3 * p * nv
 
-        tile = max(roomy_tiles(knobs["tile"], t), key=score)
+        tile = max(roomy_tiles(knobs["tile"], t, lambda r, v: tile_registers(r, v, t.lane_fma)), key=score)
         # unroll_kw: a 7-wide window unrolled doubles code and compile time for no gain
         # (docs/benchmarks.md, History).
         values: dict[str, KnobValue] = {
@@ -204,7 +208,8 @@ class Conv2dTemplate:
             "reduction": self.default_reduction(),
             "pack_layout": "hwc",
             "unroll_kw": int(sh.s <= 3),
-            "unroll": 1,
+            # On a lane-FMA target the channel loop runs a vector of channels per unrolled group (`lane_fma`).
+            "unroll": t.fp32_lanes if t.lane_fma else 1,
         }
         return self.space.config(self.space.index_of(values))
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.tiles import Epilogue, Rows, split_edges, transposed_copy, unrolled
+from xtune.ops.tiles import Epilogue, Rows, lane_group, split_edges, transposed_copy, unrolled
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -43,6 +43,10 @@ class ConvSchedule:
     hwc: bool  # packed input layout: channel-minor (HWC) or planes (CHW)
     unroll_kw: bool
     unroll: int
+    # The target's lane FMA, where the tile's input vectors fit (`tile_registers` with lanes of A): the
+    # input of `lanes` consecutive channels (contiguous in the hwc copy) is loaded as one vector and each
+    # lane feeds the FMAs of its channel, as matmul's `a_value` reads A.
+    lane_fma: bool = False
 
     @property
     def nr(self) -> int:
@@ -317,11 +321,24 @@ class ConvEmitter:
 
         def step(env: dict[str, Affine]) -> None:
             cc, i, j = env["c"], env["r"], env["s"]
+            weights = [
+                Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes) for v in range(nvec)
+            ]
+            row = y * sh.stride + i * sh.dilation
+            inputs = self.input_lanes(
+                ctx, row, [(x + p) * sh.stride + j * sh.dilation for p in range(np_)], cc
+            )
+            if inputs is not None:
+                # Weight vectors outermost: one is live beside the accumulators and the pixels' inputs.
+                for v in range(nvec):
+                    b.assign(wreg[v], weights[v])
+                    for p in range(np_):
+                        b.assign(acc[p][v], MulAdd(inputs[p], wreg[v], acc[p][v]))
+                return
             for v in range(nvec):
-                b.assign(wreg[v], Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes))
+                b.assign(wreg[v], weights[v])
             for p in range(np_):
-                col = (x + p) * sh.stride + j * sh.dilation
-                a = Load("Ip", self.ip_index(cc, y * sh.stride + i * sh.dilation, col))
+                a = Load("Ip", self.ip_index(cc, row, (x + p) * sh.stride + j * sh.dilation))
                 b.assign(bcast, Broadcast(a, lanes))  # once into a register, not once per FMA
                 for v in range(nvec):
                     b.assign(acc[p][v], MulAdd(bcast, wreg[v], acc[p][v]))
@@ -332,7 +349,9 @@ class ConvEmitter:
         # doubling the code (and the compile time) of a kernel.
         full = np_ == s.p and nc == s.nr
         serial = [a for a, _ in axes if not (a == "s" and s.unroll_kw and full)]
-        self.reduce(axes, serial[-1] if serial and full else "", s.unroll_kw and full, {}, step)
+        # Except the channel groups of a lane-FMA tile: rolled, a tail would broadcast a channel at a time.
+        unroll = full or (s.lane_fma and s.hwc)
+        self.reduce(axes, serial[-1] if serial and unroll else "", s.unroll_kw and full, {}, step)
         epi = self.epi
         if sh.nhwc:
             for p in range(np_):
@@ -346,6 +365,17 @@ class ConvEmitter:
         with b.loop(nc, "oc") as ch:
             for p in range(np_):
                 b.store("output", self.out_index(ctx, y, x + p, js + ch), Load("Ot", ch + p * s.nr))
+
+    def input_lanes(self, ctx: _Block, row: Affine, cols: list[Affine], cc: Affine) -> list[Broadcast] | None:
+        """The input of channel cc at (row, col) for each col of a tile, as a lane of a vector of `lanes`
+        consecutive channels (contiguous in the hwc copy) on a lane-FMA tile, when cc's whole group of
+        channels is in the block (`lane_group`); None otherwise: broadcast a channel at a time."""
+        s = self.s
+        group = lane_group(cc, ctx.ccur, s.lanes) if s.lane_fma and s.hwc else None
+        if group is None:
+            return None
+        start, lane = group
+        return [Broadcast(Load("Ip", self.ip_index(start, row, col), s.lanes), s.lanes, lane) for col in cols]
 
     def init(
         self, ctx: _Block, acc: list[list[Reg]], y: Affine, x: Affine, js: Affine, nc: int, counts: list[int]

@@ -30,6 +30,7 @@ from xtune.ops.matmul import nest
 from xtune.ops.matmul import template as matmul
 from xtune.ops.matmul.template import ORDERS
 from xtune.ops.template import ScheduleTemplate
+from xtune.ops.tiles import group_lanes
 from xtune.target import Target
 
 MATMUL_FEATURES = (
@@ -73,9 +74,10 @@ def matmul_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     cfg = Configs(template, indices)
     ints = cfg.ints
     mr, nv = cfg.tiles()
-    lanes = float(t.fp32_lanes)
+    lmul = ints("lmul") if "lmul" in cfg.tables else np.ones_like(mr)
+    lanes = group_lanes(t, mr, nv, lmul).astype(np.float64)
     nr = nv * lanes
-    mc, nc, kc = matmul.effective_blocks(wl, t.fp32_lanes, (mr, nv), (ints("mc"), ints("nc"), ints("kc")))
+    mc, nc, kc = matmul.effective_blocks(wl, lanes, (mr, nv), (ints("mc"), ints("nc"), ints("kc")))
     order = cfg.values("order")
     pack_a, pack_b, unroll = ints("pack_a"), ints("pack_b"), ints("unroll_k")
     # Panels the kernel copies at every call: none of the operand passed prepacked (the weights).
@@ -113,7 +115,7 @@ def matmul_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
         *_matmul_estimate(
             t,
             (m, n, k),
-            (mr, nv, mc, nc, kc, unroll),
+            (mr, nv * lanes / t.fp32_lanes, mc, nc, kc, unroll),  # a register group costs its registers
             (pack_a, pack_b, copy_a, copy_b),
             order,
             (m_out, n_out),

@@ -23,6 +23,8 @@ from xtune.ops.tiles import (
     Scalars,
     clipped,
     fmas_per_load,
+    group_lanes,
+    lmul_knobs,
     parse_tile,
     register_budget,
     register_tiles,
@@ -43,7 +45,10 @@ UNROLL_OPTIONS = (1, 2, 4, 8)
 
 
 def effective_blocks(
-    workload: Workload, lanes: int, tile: tuple[Scalars, Scalars], blocks: tuple[Scalars, Scalars, Scalars]
+    workload: Workload,
+    lanes: Scalars,
+    tile: tuple[Scalars, Scalars],
+    blocks: tuple[Scalars, Scalars, Scalars],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The (mc, nc, kc) a config's block knobs resolve to for an (mr, nv) register tile: mc holds whole
     rows of tiles and nc whole vector strips of nr = nv * lanes (unless one covers its axis); kc is used
@@ -52,6 +57,11 @@ def effective_blocks(
     mc, nc, kc = blocks
     m, n = int(workload["m"]), int(workload["n"])
     return whole_tiles(mc, m, mr), whole_tiles(nc, n, nv * lanes), np.asarray(kc)
+
+
+def lmul_of(config: Config) -> int:
+    """The config's lmul knob (RVV), 1 where the space has none."""
+    return config.int("lmul") if "lmul" in config.as_dict() else 1
 
 
 def prepack(operand: str, matrix: np.ndarray, rows: int, cols: int, width: int) -> np.ndarray:
@@ -87,12 +97,13 @@ class MatmulTemplate:
                 Knob("pack_a", KnobKind.CHOICE, (0, 1)),
                 Knob("pack_b", KnobKind.CHOICE, (0, 1)),
                 Knob("unroll_k", KnobKind.UNROLL, UNROLL_OPTIONS),
+                *lmul_knobs(target),
             )
         )
 
     def schedule(self, config: Config) -> MatmulSchedule:
         mr, nv = parse_tile(str(config["tile"]))
-        lanes = self.target.fp32_lanes
+        lanes = int(group_lanes(self.target, mr, nv, lmul_of(config)))
         mc, nc, kc = effective_blocks(
             self.workload, lanes, (mr, nv), (config.int("mc"), config.int("nc"), config.int("kc"))
         )
@@ -116,15 +127,18 @@ class MatmulTemplate:
 
     def default_config(self) -> Config:
         t = self.target
+        knobs = {k.name: k.options for k in self.space.knobs}
+        # RVV: the widest register groups, so that a row of B is one load and each row of the tile one
+        # FMA per group (the tile's registers counted in groups).
+        lmul = max(int(o) for o in knobs.get("lmul", (1,)))
         # The default reads A in place, 4 k steps unrolled: on a lane-FMA target a vector of A per row.
         tiles = [
             parse_tile(s)
-            for s in roomy_tiles(register_tiles(t), t, lambda r, v: tile_registers(r, v, t.lane_fma))
+            for s in roomy_tiles(register_tiles(t), t, lambda r, v: tile_registers(r, v, t.lane_fma) * lmul)
         ]
         # Most FMAs per loaded value, then the larger tile.
         mr, nv = max(tiles, key=lambda p: (fmas_per_load(p[0], p[1]), p[0] * p[1]))
-        nr = nv * t.fp32_lanes
-        knobs = {k.name: k.options for k in self.space.knobs}
+        nr = nv * int(group_lanes(t, mr, nv, lmul))
         # kc: the B strip and A panel of one k block share half of L1; mc: the A block half of L2;
         # nc: the packed B panel fits in L2 (BLIS' analytical model, Low et al., TOMS 2016).
         kc = _largest(knobs["kc"], lambda v: 4 * v * (nr + mr) <= t.l1d_bytes // 2)
@@ -140,6 +154,7 @@ class MatmulTemplate:
             "pack_a": 0,
             "pack_b": 1,
             "unroll_k": 4,
+            **({"lmul": lmul} if "lmul" in knobs else {}),
         }
         return self.space.config(self.space.index_of(values))
 

@@ -46,7 +46,9 @@ class QConv2d(QConvOperator):
             TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), dtype="int8", axes="HWIO"),
             TensorSpec("bias", (sh.k,), dtype="int32"),
             *quant_tensors(wl, sh.k),
-            TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True, dtype=output_dtype(wl)),
+            TensorSpec(
+                "output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True, dtype=output_dtype(wl), exact=True
+            ),
         )
 
     def sample(self, wl: Workload, rng: np.random.Generator) -> list[np.ndarray]:

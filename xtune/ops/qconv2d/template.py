@@ -32,16 +32,15 @@ from xtune.ops.qmatmul.micro import (
     TileShape,
     fit_registers,
     kernel_params,
-    lmul_knobs,
     pack_weights,
     register_tiles,
     tile_default,
 )
 from xtune.ops.qmatmul.reference import wrap32
 from xtune.ops.qmatmul.template import KSPLIT_OPTIONS, NC_OPTIONS, UNROLL_OPTIONS
-from xtune.ops.tiles import clipped, parse_tile, whole_tiles
+from xtune.ops.tiles import clipped, lmul_knobs, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
-from xtune.schedule.loopnest import Affine, Buffer, Kernel, Load, NestBuilder
+from xtune.schedule.loopnest import Affine, Buffer, DotInsn, Kernel, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 
@@ -76,6 +75,8 @@ class QConv2dTemplate:
         self.columns = 1 if self.folded else sh.s  # tap columns the kernel loops over
         # Bytes per pixel of the image: its channels (s*c when folded) in whole dot groups.
         self.depth = -(-(sh.c * (sh.s if self.folded else 1)) // 4) * 4
+        # The A72 route takes its channel groups two at a time (`DotDiff`) where pixels hold whole pairs.
+        self.pairs = self.plan.insn is DotInsn.SADALP and not self.folded and sh.c % 8 == 0
         self.space = ConfigSpace(
             (
                 Knob("tile", KnobKind.CHOICE, register_tiles(self.plan, target)),
@@ -102,6 +103,7 @@ class QConv2dTemplate:
             depth=self.depth,
             vector=4 * lanes,
             folded=self.folded,
+            complement=self.pairs,
         )
 
     def schedule(self, config: Config) -> QConvSchedule:
@@ -127,13 +129,14 @@ class QConv2dTemplate:
         panel = self.groups * 4
         fits = [int(v) for v in knobs["nc"] if int(v) * panel <= self.target.l2_bytes // 2]
         values: dict[str, KnobValue] = {
-            "tile": tile_default(self.plan, register_tiles(self.plan, self.target)),
+            "tile": tile_default(self.plan, register_tiles(self.plan, self.target), self.target, self.pairs),
             "nc": max(fits or [int(knobs["nc"][0])]),
             "order": "pk",
             "inner": "nm",
             "unroll": 4 if self.depth >= 16 else 1,
             "ksplit": 1,
-            "taps": "unroll" if self.sh.s <= 3 else "loop",
+            # Pairs unrolled over 3 taps spilled on qemu-aarch64 (LLVM hoists their products).
+            "taps": "unroll" if self.sh.s <= 3 and not self.pairs else "loop",
             **({"lmul": 1} if "lmul" in knobs else {}),
         }
         return self.space.config(self.space.index_of(values))
@@ -158,7 +161,14 @@ class QConv2dTemplate:
         else:
             rows[:, :, : sh.c] = w
         out[1] = pack_weights(rows.reshape(-1, sh.k), s.nr)
-        out[2] = wrap32(out[2].astype(np.int64) - za * w.astype(np.int64).reshape(-1, sh.k).sum(axis=0))
+        terms = za * w.astype(np.int64).reshape(-1, sh.k).sum(axis=0)
+        if self.pairs:  # the complemented groups add their weights once (`DotDiff`)
+            terms += (
+                rows.reshape(sh.r, self.columns, -1, 2, 4, sh.k)[:, :, :, 1]
+                .astype(np.int64)
+                .sum((0, 1, 2, 3))
+            )
+        out[2] = wrap32(out[2].astype(np.int64) - terms)
         return out
 
     def packed_layout(self, config: Config) -> Hashable:
@@ -178,7 +188,12 @@ class _Emitter:
         self.image = template.image(s.lanes)
         self.requant = Requantizer.of(template.workload, s.lanes)
         self.shape = TileShape(
-            lanes=s.lanes, nv=s.nv, ksplit=s.ksplit, unroll=s.unroll, groups=template.groups
+            lanes=s.lanes,
+            nv=s.nv,
+            ksplit=s.ksplit,
+            unroll=s.unroll,
+            groups=template.groups,
+            pairs=template.pairs,
         )
 
     def kernel(self, name: str, params: tuple[Buffer, ...]) -> Kernel:
@@ -224,9 +239,9 @@ class _Emitter:
             first = (i * self.t.columns + j) * per_tap
             row = y * sh.stride + i * sh.dilation
 
-            def group(r: int, g: Affine | int, count: int) -> Load:
+            def group(r: int, g: Affine | int) -> tuple[str, Affine]:
                 col = (x0 + r) * sh.stride + Affine.of(j) * sh.dilation
-                return Load(name, self.image.at(image, row, col) + Affine.of(g) * 4, 4)
+                return name, self.image.at(image, row, col) + Affine.of(g) * 4
 
             tile.reduce(per_tap, first, group)
 

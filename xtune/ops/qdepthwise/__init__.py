@@ -43,7 +43,9 @@ class QDepthwise(QConvOperator):
             TensorSpec("weights", (sh.r, sh.s, sh.c), dtype="int8"),
             TensorSpec("bias", (sh.c,), dtype="int32"),
             *quant_tensors(wl, sh.c),
-            TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.c), is_output=True, dtype=output_dtype(wl)),
+            TensorSpec(
+                "output", (sh.n, sh.oh, sh.ow, sh.c), is_output=True, dtype=output_dtype(wl), exact=True
+            ),
         )
 
     def sample(self, wl: Workload, rng: np.random.Generator) -> list[np.ndarray]:

@@ -2,7 +2,9 @@
 int32 accumulator vector into the stored output out (the nest form of xtune/ops/qmatmul/reference.py).
 
 The output clamp [lo, hi] and the zero points are read from the `qparams` input ([za, zy, lo, hi]); a
-fused ReLU or ReLU6 is only a narrower clamp, so one kernel serves all three.
+fused ReLU or ReLU6 is only a narrower clamp, so one kernel serves all three. With dequant=1 the 8-bit
+result is not stored but dequantized ((q - zy) in float32, times the `out_scale` input), the value a
+DequantizeLinear after the kernel would compute from it: the rounding to 8 bits happens all the same.
 """
 
 from __future__ import annotations
@@ -37,12 +39,19 @@ class Requantizer:
     lanes: int
     per_channel: bool
     out: DType
+    dequant: bool = False
 
     @staticmethod
     def of(workload: Workload, lanes: int) -> Requantizer:
         out = {"u8": DType.U8, "s8": DType.I8}[str(workload.value("a"))]
         kind = cast(Requant, workload.value("requant"))
-        return Requantizer(kind=kind, lanes=lanes, per_channel=bool(workload["perchannel"]), out=out)
+        return Requantizer(
+            kind=kind,
+            lanes=lanes,
+            per_channel=bool(workload["perchannel"]),
+            out=out,
+            dequant=bool(workload["dequant"]),
+        )
 
     def channel(self, buffer: str, col: Affine, count: int) -> Value:
         """A scale-like input's vector for columns col.., or its single value in every lane."""
@@ -66,7 +75,10 @@ class Requantizer:
                 Broadcast(Cast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), DType.F32), lanes)
                 for i in (2, 3)
             )
-            y: Value = Cast(RoundEven(Clamp(f, lo, hi)), i32)
+            rounded = RoundEven(Clamp(f, lo, hi))
+            if self.dequant:  # (int32(rounded) + zy - zy) in float32 is `rounded` itself, an integer
+                return Binary(BinaryOp.MUL, rounded, self._out_scale())
+            y: Value = Cast(rounded, i32)
             return Cast(Binary(BinaryOp.ADD, y, zy), self.out)
         shift = self.channel("shift", col, count)
         zero = Const(0, lanes, i32)
@@ -76,4 +88,9 @@ class Requantizer:
         y = Binary(BinaryOp.ADD, RoundShift(x, right), zy)
         lo, hi = (Broadcast(self.param(i), lanes) for i in (2, 3))
         y = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, y, lo), hi)
+        if self.dequant:
+            return Binary(BinaryOp.MUL, Cast(Binary(BinaryOp.SUB, y, zy), DType.F32), self._out_scale())
         return Cast(y, self.out)
+
+    def _out_scale(self) -> Value:
+        return Broadcast(Load("out_scale", Affine()), self.lanes)

@@ -17,16 +17,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from xtune.ops.qmatmul.epilogue import Requantizer
-from xtune.ops.tiles import parse_tile
+from xtune.ops.tiles import lane_group, parse_tile, register_budget
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
+    Broadcast,
     Buffer,
     BufferKind,
     Const,
     Dot,
+    DotDiff,
     DotInsn,
     DType,
     Load,
@@ -34,14 +36,13 @@ from xtune.schedule.loopnest import (
     PairSum,
     Value,
 )
-from xtune.schedule.space import Knob, KnobKind
 from xtune.target import Target
 
-LMUL_OPTIONS = (1, 2, 4)
 ACT_DTYPE = {"u8": DType.U8, "s8": DType.I8}  # the loop-nest type of each activation word
 
-# A row's 4-byte group of the dot's left operand: (row within the tile, group, valid bytes: 4 or fewer).
-GroupOf = Callable[[int, Affine | int, int], Value]
+# Where a row's 4-byte group of the dot's left operand is: (row within the tile, group) -> (buffer, index
+# of its first byte); a row's groups are consecutive bytes.
+GroupAt = Callable[[int, Affine | int], tuple[str, Affine]]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,14 @@ class DotPlan:
         if act is self.act:
             return za
         return za + 128 if self.act is DType.U8 else za - 128
+
+    @property
+    def lane_groups(self) -> bool:
+        """Whether a row's groups are read 4 at a time, one vector load, each dot taking its group by element
+        (Arm ARM, "SDOT (by element)": `sdot v.4s, v.16b, v.4b[i]`), as the float matmul's FMLA by element
+        takes its lanes; smull has no by-element form for bytes, so there a DUP (element) broadcasts it.
+        AArch64's ld1r has no immediate offset: a broadcast load costs two instructions a group."""
+        return self.insn in (DotInsn.SDOT, DotInsn.SADALP)
 
     @property
     def acc_width(self) -> int:
@@ -119,6 +128,7 @@ class TileShape:
     ksplit: int
     unroll: int
     groups: int
+    pairs: bool = False  # two groups per step (`DotDiff`): the caller stores each odd group complemented
 
     @property
     def nr(self) -> int:
@@ -153,35 +163,66 @@ class DotTile:
                     b.assign(reg, Const(0, width, DType.I32))
         self.strip = Affine.of(col0) * (shape.groups * 4)
 
-    def step(self, g: Affine | int, part: int, group: Callable[[int], Value]) -> None:
-        """acc[part][r][c] += dot(row r's group, strip vector c of weight group g)."""
-        lanes, b = self.shape.lanes, self.b
+    def operand(self, at: tuple[str, Affine], g: Affine | int, count: int, size: int) -> Value:
+        """A row's group g (local, of `count`) at `at`: by element from a vector of 4 groups where the plan
+        reads them so (`DotPlan.lane_groups`) and the 4 are whole, else the group itself."""
+        name, index = at
+        group = lane_group(Affine.of(g), count, 4) if self.plan.lane_groups and size == 4 else None
+        if group is None:
+            return Load(name, index, 4, size % 4)
+        return Broadcast(Load(name, index + group[1] * -4, 16), 4, group[1])
+
+    def weights_at(self, g: Affine | int) -> list[Load]:
+        """The strip's vectors of weight group g."""
+        lanes = self.shape.lanes
         base = self.strip + Affine.of(g) * (self.shape.nr * 4)
-        vectors = [Load(self.weights, base + c * lanes * 4, 4 * lanes) for c in range(self.nvec)]
+        return [Load(self.weights, base + c * lanes * 4, 4 * lanes) for c in range(self.nvec)]
+
+    def step(self, g: Affine, part: int, rows: Callable[[int], Value]) -> None:
+        """acc[part][r][c] += dot(row r's group, strip vector c of weight group g)."""
+        vectors = self.weights_at(g)
         for r in range(self.rows):
-            a = group(r)
+            a = rows(r)
             for c in range(self.nvec):
                 acc = self.acc[part][r][c]
-                b.assign(acc, Dot(acc, a, vectors[c], self.plan.insn))
+                self.b.assign(acc, Dot(acc, a, vectors[c], self.plan.insn))
 
-    def reduce(self, count: int, first: Affine | int, group: GroupOf, tail: int = 0) -> None:
-        """Groups first..first+count-1 (local index g given to `group`), `unroll` per loop step spread over
-        the `ksplit` partial sets, then one group of `tail` bytes (a k % 4 rest) if any."""
+    def step_pair(self, g: Affine, part: int, rows: Callable[[int, int], Value]) -> None:
+        """acc[part][r][c] += the `DotDiff` of groups g and g + 1 (the second stored complemented)."""
+        first, second = self.weights_at(g), self.weights_at(g + 1)
+        for r in range(self.rows):
+            a0, a1 = rows(r, 0), rows(r, 1)
+            for c in range(self.nvec):
+                acc = self.acc[part][r][c]
+                self.b.assign(acc, DotDiff(acc, a0, first[c], a1, second[c]))
+
+    def reduce(self, count: int, first: Affine | int, group: GroupAt, tail: int = 0) -> None:
+        """Groups first..first+count-1 (local index g given to `group`), `unroll` steps per loop step spread
+        over the `ksplit` partial sets, a step one group or (`pairs`) two, an odd group's step last; then
+        one group of `tail` bytes (a k % 4 rest) if any."""
         s, b = self.shape, self.b
+        width = 2 if s.pairs else 1
         per = s.unroll * s.ksplit
-        full, rest = divmod(count, per)
+        full, rest = divmod(count // width, per)
 
-        def one(g: Affine | int, part: int, size: int = 4) -> None:
-            self.step(Affine.of(first) + g, part, lambda r: group(r, g, size))
+        def one(g: Affine | int, part: int, size: int = 4, width: int = width) -> None:
+            local = Affine.of(g)
+            at = Affine.of(first) + local
+            if width == 2:
+                self.step_pair(at, part, lambda r, i: self.operand(group(r, local + i), local + i, count, 4))
+            else:
+                self.step(at, part, lambda r: self.operand(group(r, local), local, count, size))
 
         if full:
             with b.loop(full, "kg") as o:
                 for u in range(per):
-                    one(o * per + u, u % s.ksplit)
+                    one((o * per + u) * width, u % s.ksplit)
         for u in range(rest):
-            one(full * per + u, u % s.ksplit)
+            one((full * per + u) * width, u % s.ksplit)
+        if count % width:
+            one(count - 1, rest % s.ksplit, 4, 1)
         if tail:
-            one(count, rest % s.ksplit, tail)
+            one(count, (rest + count % width) % s.ksplit, tail, 1)
 
     def totals(self) -> Iterator[tuple[int, int, Value]]:
         """(row, vector, its int32 sums over every partial set) of the tile."""
@@ -219,12 +260,6 @@ def kernel_params(wl: Workload, packed: str, size: int) -> tuple[Buffer, ...]:
     )
 
 
-def lmul_knobs(target: Target) -> list[Knob]:
-    """RVV: vectors of lmul registers (LMUL, the RVV spec's register grouping), so a tile's vectors are
-    lmul times longer and the register file holds 32 / lmul of them; no knob elsewhere."""
-    return [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)] if "+v" in target.features.split(",") else []
-
-
 def register_tiles(plan: DotPlan, target: Target) -> tuple[str, ...]:
     """Tiles "MRxNV" whose accumulators and operands fit the register file (at lmul 1); a config whose
     tile does not fit with ksplit=2 or its lmul runs with fewer (`fit_registers`)."""
@@ -252,9 +287,31 @@ def fit_registers(
     return ksplit, target.fp32_lanes * lmul
 
 
-def tile_default(plan: DotPlan, tiles: tuple[str, ...]) -> str:
-    """The tile of the fewest instructions per dot (`DotPlan.instructions`), then the larger one."""
-    mr, nv = min(
-        (parse_tile(t) for t in tiles), key=lambda p: (plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1])
-    )
+def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool) -> tuple[float, int]:
+    """(instructions per multiply-add group, live registers) of an mr x nv tile reading its rows' groups
+    by element (`DotPlan.lane_groups`), by what the AArch64 code holds: per group, the dots, B's vectors
+    in ldp pairs and a quarter load of each row's vector (SADALP: a dup of each row's group, and a
+    smull, smull2 and two sadalps per dot; `DotDiff` pairs: 6 instructions per two groups); live, the
+    accumulators, B's vectors of one step (two groups for pairs), each row's vector, and the next step's
+    operands in flight (2)."""
+    if plan.insn is DotInsn.SDOT:
+        return (mr * nv + nv / 2 + mr / 4) / (mr * nv), mr * nv + nv + mr + 2
+    per_dot = 3.0 if pairs else 4.0
+    steps = 2 if pairs else 1
+    cost = (per_dot * mr * nv + nv / 2 + mr * 1.25) / (mr * nv)
+    return cost, 2 * mr * nv + steps * nv + mr + 2 + 2
+
+
+def tile_default(plan: DotPlan, tiles: tuple[str, ...], target: Target, pairs: bool = False) -> str:
+    """The tile of the fewest instructions per dot (`DotPlan.instructions`), then the larger one; on
+    AArch64's by-element route (`lane_groups`), by `lane_cost` among the tiles whose live registers fit
+    the `register_budget` (a fuller tile spills: 6x4 sdot and 4x2 smull tiles measured more instructions
+    on qemu-aarch64 for it). The other routes' defaults are the ones timed in docs/benchmarks.md."""
+    shapes = [parse_tile(t) for t in tiles]
+    if plan.lane_groups:
+        costs = {(m, v): lane_cost(plan, m, v, pairs) for m, v in shapes}
+        fits = [p for p in shapes if costs[p][1] <= register_budget(target)] or shapes
+        mr, nv = min(fits, key=lambda p: (costs[p][0], -p[0] * p[1]))
+    else:
+        mr, nv = min(shapes, key=lambda p: (plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1]))
     return f"{mr}x{nv}"

@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 QMATMUL_MAX_K = 65536
 QTYPES: dict[str, DTypeName] = {"u8": "uint8", "s8": "int8"}
 # The quantization keys every int8 family takes (qmatmul, qconv2d, qdepthwise): the activation type, the
-# requantization (whose reference to equal) and scales per tensor or per output channel.
-QUANT_KEYS = ("a", "requant", "perchannel")
-QUANT_DEFAULTS: dict[str, ParamValue] = {"a": "s8", "requant": "onnx", "perchannel": 0}
+# requantization (whose reference to equal), scales per tensor or per output channel, and dequant=1 where
+# the kernel writes its 8-bit result dequantized to float32 (a DequantizeLinear after it fused: the
+# `out_scale` input; docs/int8.md, "Fused boundaries").
+QUANT_KEYS = ("a", "requant", "perchannel", "dequant")
+QUANT_DEFAULTS: dict[str, ParamValue] = {"a": "s8", "requant": "onnx", "perchannel": 0, "dequant": 0}
 QUANT_WORDS: dict[str, tuple[str, ...]] = {"a": ("s8", "u8"), "requant": ("onnx", "tflite", "none")}
 
 
@@ -41,22 +43,31 @@ def validate_quant(op: str, params: dict[str, ParamValue]) -> None:
         raise InputError(f"{op}: 'perchannel' must be 0 or 1, got {params['perchannel']}")
     if params["perchannel"] and params["requant"] == "none":
         raise InputError(f"{op}: requant=none has no scales, so no 'perchannel'")
+    if params["dequant"] not in (0, 1):
+        raise InputError(f"{op}: 'dequant' must be 0 or 1, got {params['dequant']}")
+    if params["dequant"] and params["requant"] == "none":
+        raise InputError(f"{op}: requant=none writes int32 sums, which 'dequant' does not take")
 
 
 def quant_tensors(wl: Workload, channels: int) -> tuple[TensorSpec, ...]:
-    """The scales of the workload's `requant` (per tensor, or per each of `channels` output channels) and
-    qparams = [za, zy, lo, hi]: the tensors between an int8 kernel's bias and its output."""
+    """The scales of the workload's `requant` (per tensor, or per each of `channels` output channels), the
+    dequantized output's scale (dequant=1) and qparams = [za, zy, lo, hi]: the tensors between an int8
+    kernel's bias and its output."""
     c = (channels if wl["perchannel"] else 1,)
     scales = {
         "onnx": (TensorSpec("scale", c),),
         "tflite": (TensorSpec("multiplier", c, dtype="int32"), TensorSpec("shift", c, dtype="int32")),
         "none": (),
     }[str(wl.value("requant"))]
-    return (*scales, TensorSpec("qparams", (4,), dtype="int32"))
+    out_scale = (TensorSpec("out_scale", (1,)),) if wl["dequant"] else ()
+    return (*scales, *out_scale, TensorSpec("qparams", (4,), dtype="int32"))
 
 
 def output_dtype(wl: Workload) -> DTypeName:
-    """The stored output's type: the activation's, or the int32 sums with requant=none."""
+    """The stored output's type: the activation's, float32 with dequant=1, or the int32 sums with
+    requant=none."""
+    if wl["dequant"]:
+        return "float32"
     return "int32" if wl.value("requant") == "none" else QTYPES[str(wl.value("a"))]
 
 
@@ -95,7 +106,7 @@ class QMatmul:
             TensorSpec("B", (k, n), dtype="int8"),
             TensorSpec("bias", (n,), dtype="int32"),
             *quant_tensors(wl, n),
-            TensorSpec("C", (m, n), is_output=True, dtype=output_dtype(wl)),
+            TensorSpec("C", (m, n), is_output=True, dtype=output_dtype(wl), exact=True),
         )
 
     def reference(self, wl: Workload, inputs: list[np.ndarray]) -> np.ndarray:
@@ -104,7 +115,9 @@ class QMatmul:
     def sample(self, wl: Workload, rng: np.random.Generator) -> list[np.ndarray]:
         """Random inputs that make sense together (xtune.ops.workload.random_inputs calls this)."""
         shape, channels = (wl["m"], wl["n"], wl["k"]), wl["n"] if wl["perchannel"] else 1
-        return qref.sample_inputs(shape, str(wl.value("a")), requant_of(wl), channels, rng)
+        return qref.sample_inputs(
+            shape, str(wl.value("a")), requant_of(wl), channels, rng, bool(wl["dequant"])
+        )
 
     def flops(self, wl: Workload) -> int:
         return 2 * wl["m"] * wl["n"] * wl["k"]  # integer multiply-adds, counted as two operations

@@ -124,7 +124,9 @@ def output(
     acc: np.ndarray, scales: list[np.ndarray], qparams: np.ndarray, a_type: str, requant: Requant
 ) -> np.ndarray:
     """The stored output of int32 sums `acc` (bias included; channels on the last axis): requantized by
-    `requant` with the scales per tensor or channel, in the activation's type (none: the sums)."""
+    `requant` with the scales per tensor or channel, in the activation's type (none: the sums); where
+    `scales` has one more, the workload's dequant=1 output scale, that 8-bit result dequantized to float32
+    as DequantizeLinear computes it: (int32(q) - zy) in float32, times the scale."""
     _, zy, lo, hi = (int(v) for v in qparams)
     if requant == "none":
         return acc
@@ -132,11 +134,23 @@ def output(
         y = requantize_onnx(acc, scales[0], zy, lo, hi)
     else:
         y = requantize_tflite(acc, scales[0], scales[1], zy, lo, hi)
-    return y.astype(NUMPY_TYPES[a_type])
+    q = y.astype(NUMPY_TYPES[a_type])
+    if len(scales) == _SCALES[requant]:
+        return q
+    diff = (q.astype(np.int32) - np.int32(zy)).astype(np.float32)
+    return (diff * np.float32(scales[-1].reshape(-1)[0])).astype(np.float32)
+
+
+_SCALES = {"onnx": 1, "tflite": 2}  # how many scale-like inputs each requantization takes
 
 
 def sample_inputs(
-    shape: tuple[int, int, int], a_type: str, requant: Requant, channels: int, rng: np.random.Generator
+    shape: tuple[int, int, int],
+    a_type: str,
+    requant: Requant,
+    channels: int,
+    rng: np.random.Generator,
+    dequant: bool = False,
 ) -> list[np.ndarray]:
     """Random tensors of a realistic quantized layer: full-range activations and weights, a zero point
     anywhere in the activation type, a bias of the size a float bias over the scales gives, and scales
@@ -153,9 +167,10 @@ def sample_inputs(
     if requant == "none":
         return [a, b, bias, np.array([za, 0, 0, 0], np.int32)]
     qparams = np.array([za, zy, lo, hi], np.int32)
+    out_scale = [np.array([rng.uniform(0.005, 0.05)], np.float32)] if dequant else []
     if requant == "onnx":
-        return [a, b, bias, real.astype(np.float32), qparams]
+        return [a, b, bias, real.astype(np.float32), *out_scale, qparams]
     pairs = [quantize_multiplier(float(r)) for r in real]
     multiplier = np.array([q for q, _ in pairs], np.int32)
     shift = np.array([s for _, s in pairs], np.int32)
-    return [a, b, bias, multiplier, shift, qparams]
+    return [a, b, bias, multiplier, shift, *out_scale, qparams]

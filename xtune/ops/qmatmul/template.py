@@ -25,13 +25,12 @@ from xtune.ops.qmatmul.micro import (
     TileShape,
     fit_registers,
     kernel_params,
-    lmul_knobs,
     pack_weights,
     register_tiles,
     tile_default,
 )
 from xtune.ops.qmatmul.reference import wrap32
-from xtune.ops.tiles import clipped, div, parse_tile, whole_tiles
+from xtune.ops.tiles import clipped, div, lmul_knobs, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -123,7 +122,7 @@ class QMatmulTemplate:
         mc = max([int(v) for v in knobs["mc"] if int(v) * k <= t.l2_bytes // 2] or [int(knobs["mc"][0])])
         nc = max([int(v) for v in knobs["nc"] if int(v) * k <= t.l2_bytes // 2] or [int(knobs["nc"][0])])
         values: dict[str, KnobValue] = {
-            "tile": tile_default(self.plan, self.tiles()),
+            "tile": tile_default(self.plan, self.tiles(), self.target),
             "mc": mc,
             "nc": nc,
             "order": "nm",
@@ -260,17 +259,17 @@ class _Emitter:
         else:
             b.split(mcur, s.mr, columns, "ir")
 
-    def a_group(self, row: Affine, g: Affine | int, count: int) -> Value:
-        """The 4 bytes of A's row at k group g, as the dot instruction multiplies them (from the block's
-        flipped copy where the activation type is not the instruction's)."""
+    def a_group(self, row: Affine, g: Affine | int) -> tuple[str, Affine]:
+        """Where A's row's k group g is, as the dot instruction multiplies it (in the block's flipped copy
+        where the activation type is not the instruction's)."""
         if self.flip:
-            return Load("Af", (row + self.block_m0 * -1) * self.k + Affine.of(g) * 4, 4, count % 4)
-        return Load("A", row * self.k + Affine.of(g) * 4, 4, count % 4)
+            return "Af", (row + self.block_m0 * -1) * self.k + Affine.of(g) * 4
+        return "A", row * self.k + Affine.of(g) * 4
 
     def micro(self, row0: Affine, rows: int, col0: Affine, ncols: int) -> None:
         """acc[set][r][c] += dot(A[row0+r, group], B strip vector c), then the epilogue and the store."""
         s = self.s
         shape = TileShape(lanes=s.lanes, nv=s.nv, ksplit=s.ksplit, unroll=s.unroll, groups=self.groups)
         tile = DotTile(self.b, self.plan, shape, rows, col0, ncols)
-        tile.reduce(self.k // 4, 0, lambda r, g, count: self.a_group(row0 + r, g, count), self.k % 4)
+        tile.reduce(self.k // 4, 0, lambda r, g: self.a_group(row0 + r, g), self.k % 4)
         tile.store(self.requant, "C", lambda r: (row0 + r) * self.n)

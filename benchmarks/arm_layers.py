@@ -1,0 +1,109 @@
+"""Where a tuned network's cycles go: a model and its tuning log(s) in; per task, the best logged cost per
+call, its calls, its share of the tasks' sum, multiply-adds per cycle, and how close it runs to the FMA
+bound of the cycle model out (a markdown table, then the sums per kind of layer).
+
+Usage: python3 benchmarks/arm_layers.py MODEL --log LOG [--log LOG ...] [--target arm-a72-neon]
+                                        [--macs-per-cycle 4]
+
+The bound is MACs / macs-per-cycle: llvm-mca 22's Cortex-A72 model (the A57's) issues one `fmla v.4s` per
+cycle (12 independent FMLAs, by element or by vector, take 12 cycles an iteration), so 4 fp32
+multiply-adds per cycle. Where the best config is Winograd F(2x2, 3x3) (xtune/ops/conv2d/winograd.py),
+the bound counts its 16 multiplies per 2x2 output tile instead of the direct 36.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from xtune.frontend.load import load_graph
+from xtune.frontend.tasks import Task, extract_tasks, logged_best
+from xtune.tuning.database import read_logs
+
+WINOGRAD_MULTIPLIES = 16 / 36  # F(2x2, 3x3): a 4x4 elementwise product per 2x2 outputs, against 4 x 9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    kind: str  # "pointwise", "conv3x3/s2 winograd", "depthwise", ...
+    workload: str
+    calls: int
+    cycles: float  # per call, the best logged
+    macs: float  # per call, as the direct algorithm counts them
+    bound: float  # cycles per call at the FMA bound of the config's algorithm
+
+
+def kind_of(task: Task, algo: str) -> str:
+    wl = task.workload
+    if wl.op != "conv2d":
+        return wl.op
+    r, s, c = wl.value("r"), wl.value("s"), wl.value("c")
+    name = "pointwise" if (r, s) == (1, 1) else f"conv{r}x{s}"
+    name += "/s2" if wl.value("stride") != 1 else ""
+    return ("stem " if c == 3 else "") + f"{name} {algo}"
+
+
+def layers(model: Path, logs: list[Path], target: str, macs_per_cycle: float) -> list[Layer]:
+    taskset = extract_tasks(load_graph(model), target, partial=True)
+    bests = logged_best(taskset.tasks, taskset.target, read_logs(logs))
+    found = []
+    for task, record in zip(taskset.tasks, bests, strict=True):
+        if record is None:
+            continue
+        algo = str(dict(record.knobs).get("algo", "direct"))
+        macs = task.flops / 2
+        multiplies = macs * (WINOGRAD_MULTIPLIES if algo == "winograd" else 1.0)
+        found.append(
+            Layer(
+                kind=kind_of(task, algo),
+                workload=task.workload.key,
+                calls=task.count,
+                cycles=record.cost,
+                macs=macs,
+                bound=multiplies / macs_per_cycle,
+            )
+        )
+    return found
+
+
+def report(found: list[Layer]) -> str:
+    total = sum(x.cycles * x.calls for x in found)
+    lines = [
+        "| M cycles | share | calls | M cycles/call | MAC/cycle | of the bound | kind | workload |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for x in sorted(found, key=lambda x: -x.cycles * x.calls):
+        lines.append(
+            f"| {x.cycles * x.calls / 1e6:.2f} | {100 * x.cycles * x.calls / total:.1f} % | {x.calls} | "
+            f"{x.cycles / 1e6:.2f} | {x.macs / x.cycles:.2f} | {100 * x.bound / x.cycles:.0f} % | {x.kind} | "
+            f"`{x.workload}` |"
+        )
+    lines += ["", f"sum of the tasks: {total / 1e6:.2f} M cycles", ""]
+    kinds = sorted(
+        {x.kind for x in found}, key=lambda k: -sum(x.cycles * x.calls for x in found if x.kind == k)
+    )
+    for k in kinds:
+        mine = [x for x in found if x.kind == k]
+        spent = sum(x.cycles * x.calls for x in mine)
+        bound = sum(x.bound * x.calls for x in mine)
+        calls = sum(x.calls for x in mine)
+        lines.append(
+            f"- {k}: {calls} calls, {spent / 1e6:.2f} M cycles ({100 * spent / total:.1f} %), "
+            f"{100 * bound / spent:.0f} % of the bound"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--log", type=Path, action="append", required=True, help="tuning log(s)")
+    parser.add_argument("--target", default="arm-a72-neon")
+    parser.add_argument("--macs-per-cycle", type=float, default=4.0, help="the cycle model's FMA bound")
+    args = parser.parse_args()
+    print(report(layers(args.model, args.log, args.target, args.macs_per_cycle)))
+
+
+if __name__ == "__main__":
+    main()
