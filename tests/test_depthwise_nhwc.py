@@ -16,10 +16,11 @@ from tests.test_conv import check, configs, direct_conv
 from xtune.boards.board import get_board
 from xtune.errors import InputError
 from xtune.ops.conv import conv_shape
-from xtune.ops.depthwise.nhwc import DepthwiseNhwcTemplate, interiors, reuses_rows, tile_registers
+from xtune.ops.depthwise.nhwc import DepthwiseNhwcTemplate
+from xtune.ops.depthwise.nhwc_tiles import interiors, pair_registers, reuses_rows, tile_registers
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import compare_output, random_inputs
-from xtune.schedule.loopnest import Load, walk
+from xtune.schedule.loopnest import Binary, Const, For, Load, walk
 from xtune.target import get_target
 from xtune.tuning.database import TuningLog, read_logs
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
@@ -157,7 +158,72 @@ def test_the_default_tile_leaves_a_register_spare(target_name: str) -> None:
         template = template_for(parse_workload(key), target)
         assert isinstance(template, DepthwiseNhwcTemplate)
         s = template.schedule(template.default_config())
-        assert tile_registers(template.shape, s.p, s.nv) < target.vector_registers
+        live = pair_registers if s.rows == 2 else tile_registers
+        assert live(template.shape, s.p, s.nv) < target.vector_registers
+
+
+# Two-row tiles: stride 1 without epilogue (accumulators start as products) and an odd interior (a row
+# left to the one-row tile), stride 2 with bias, 5x5 with residual, a multiplier (runs the one-row tile).
+PAIR_SHAPES = (
+    "depthwise:n=1,c=10,h=10,w=9,r=3,s=3,pad=1,layout=nhwc",
+    "depthwise:n=1,c=37,h=11,w=13,r=3,s=3,stride=2,pad=1,layout=nhwc,bias=1,relu6=1",
+    "depthwise:n=2,c=6,h=9,w=8,r=5,s=5,pad=2,layout=nhwc,residual=1,relu=1",
+    "depthwise:n=1,c=5,h=9,w=11,r=3,s=3,stride=2,pad=1,multiplier=2,layout=nhwc,bias=1",
+)
+
+
+def _pair_configs(key: str, target_name: str) -> list[int]:
+    """The default with two rows and with the tiles 1x1 and 3x2, interior rows in blocks of 1 (no pair:
+    all one-row tiles) and of the whole interior."""
+    template = template_for(parse_workload(key), get_target(target_name))
+    default = template.default_config().as_dict()
+    tiles = template.space.knobs[0].options
+    blocks = template.space.knobs[2].options
+    picks = [{**default, "rows": 2, "tile": tile} for tile in ("1x1", "3x2") if tile in tiles]
+    picks += [{**default, "rows": 2, "tile_oh": oh} for oh in (min(blocks), max(blocks))]
+    return [template.space.index_of(pick) for pick in picks]
+
+
+@pytest.mark.parametrize("board", ["local", "qemu-aarch64"])
+@pytest.mark.parametrize("key", PAIR_SHAPES)
+def test_two_row_tiles_are_correct(board: str, key: str) -> None:
+    if board != "local" and shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip(f"needs {get_board(board).target.qemu_binary} (qemu-user)")
+    check(board, key, _pair_configs(key, get_board(board).target.name))
+
+
+def test_two_row_tiles_load_each_input_vector_once_and_the_weights_once_per_strip() -> None:
+    """At stride 1 a 6x1 two-row tile loads its r+1 input rows' 6+2 columns once each (not 2*r rows),
+    no weight (the strip's 9 are loaded outside the pixel loop), and starts its 12 accumulators by a
+    multiply, not from zero."""
+    key = "depthwise:n=1,c=8,h=16,w=14,r=3,s=3,pad=1,layout=nhwc"
+    template = template_for(parse_workload(key), get_target("arm-a72-neon"))
+    config = template.default_config()
+    assert (config["rows"], config["tile"]) == (2, "6x1")
+    kernel = template.kernel(config, "k")
+    tile_loop = next(  # an interior pair's (a constant border pair leaves out the taps on padding)
+        stmt
+        for stmt, loops in walk(kernel.body)
+        if isinstance(stmt, For) and stmt.var.startswith("px") and any(f.var.startswith("yp") for f in loops)
+    )
+    body = [stmt for stmt, _ in walk(tile_loop.body)]
+    loads = [ld for stmt in body for ld in _loads(stmt)]
+    assert sum(ld.buffer == "input" for ld in loads) == 4 * 8
+    assert not [ld for ld in loads if ld.buffer == "weights"]
+    multiplies = [stmt for stmt in body if isinstance(getattr(stmt, "value", None), Binary)]
+    assert len(multiplies) == 12 and not [s for s in body if isinstance(getattr(s, "value", None), Const)]
+
+
+@pytest.mark.parametrize("target_name", ["x86-avx512", "x86-avx2", "x86-sse42", "riscv64-gcv"])
+def test_defaults_off_aarch64_keep_the_one_row_tile(target_name: str) -> None:
+    """The knob is the space's last, its first option the one-row tile: a config logged before it still
+    means its config, and the x86 defaults (and objects) are what they were."""
+    for key in PAIR_SHAPES[:3]:
+        template = template_for(parse_workload(key), get_target(target_name))
+        default = template.default_config()
+        assert default["rows"] == 1 and template.space.knobs[-1].name == "rows"
+        older = tuple((k, v) for k, v in default.values if k != "rows")
+        assert template.space.matches(default.index, older)
 
 
 @pytest.mark.parametrize("target_name", ["x86-avx512", "x86-avx2", "arm-a72-neon", "riscv64-gcv"])

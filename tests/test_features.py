@@ -13,7 +13,7 @@ from xtune.ops.conv2d import direct as conv2d_template
 from xtune.ops.conv2d.direct import stack_clamped
 from xtune.ops.conv2d.direct_nest import padded
 from xtune.ops.depthwise import nchw as depthwise_template
-from xtune.ops.depthwise import nhwc as nhwc_template
+from xtune.ops.depthwise import nhwc_tiles as nhwc_template
 from xtune.ops.matmul import template as matmul_template
 from xtune.ops.matmul.features import MATMUL_FEATURES
 from xtune.ops.registry import parse_workload, template_for
@@ -127,9 +127,11 @@ def test_features_see_the_blocks_the_template_resolves(workload: str, target_nam
     for i, seen in zip(indices.tolist(), _resolved_by_features(template, indices), strict=True):
         s = template.schedule(template.space.config(i))
         tile = (s.mr, s.nv) if hasattr(s, "mr") else (s.p, s.nv)
-        assert seen["acc"] == pytest.approx(tile[0] * tile[1])
+        rows = getattr(s, "rows", 1)  # NHWC depthwise: two-row tiles hold two rows of accumulators
+        assert seen["acc"] == pytest.approx(rows * tile[0] * tile[1])
         if "dw_kb" in seen:  # NHWC depthwise: its own register count (s weight vectors per channel vector)
-            assert seen["used"] == nhwc_template.tile_registers(template.shape, *tile) <= regs
+            live = nhwc_template.pair_registers if rows == 2 else nhwc_template.tile_registers
+            assert seen["used"] == live(template.shape, *tile)
             assert (seen["dw_kb"], seen["dw_ohb"]) == pytest.approx((s.kb, s.ohb))
         elif "used" in seen:  # the tile the config names fits the register file, as the features count it
             assert seen["used"] == tile_registers(*tile) <= regs

@@ -66,8 +66,6 @@ SPILLING = {
     **{
         (t, "depthwise_nhwc"): "weights of a kernel row"
         for t in (
-            "arm-a72-neon",
-            "arm-a76-dotprod",
             "riscv64-gcv",
             "x86-avx512",
             "x86-avx512-vnni",

@@ -8,7 +8,7 @@ import numpy as np
 
 from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.depthwise import nchw as depthwise
-from xtune.ops.depthwise import nhwc as depthwise_nhwc
+from xtune.ops.depthwise import nhwc_tiles as depthwise_nhwc
 from xtune.ops.estimate import (
     FMA_LATENCY,
     L2_BW,
@@ -102,6 +102,7 @@ DEPTHWISE_NHWC_FEATURES = (
     "unroll_kh",
     "unrolled_fmas_log2",
     "expand_per_fma",
+    "two_rows",
     "est_compute_eff",
     "est_memory_per_compute",
     "est_eff",
@@ -121,6 +122,7 @@ def depthwise_nhwc_features(template: ScheduleTemplate, indices: Indices) -> np.
     (ylo, yhi), (xlo, xhi) = depthwise_nhwc.interiors(sh)
     inner = max(1, xhi - xlo)
     unroll_kh = cfg.flag("unroll_kh", 1)
+    pair = cfg.flag("rows", 2) * (sh.multiplier == 1)  # two-row tiles (a multiplier runs one-row ones)
     rows = np.asarray(depthwise_nhwc.rows_bytes(sh, kb))
     block_rows = (ohb - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
     border = 1.0 - (yhi - ylo) * (xhi - xlo) / (sh.oh * sh.ow)
@@ -131,7 +133,17 @@ def depthwise_nhwc_features(template: ScheduleTemplate, indices: Indices) -> np.
         one * sh.multiplier,
         one * np.log2(lanes),
         *tile_columns(
-            p, nv, regs, depthwise_nhwc.tile_registers(sh, p, nv), depthwise_nhwc.fmas_per_load(sh, p, nv)
+            p * (1 + pair),
+            nv,
+            regs,
+            np.where(
+                pair > 0, depthwise_nhwc.pair_registers(sh, p, nv), depthwise_nhwc.tile_registers(sh, p, nv)
+            ),
+            np.where(
+                pair > 0,
+                depthwise_nhwc.pair_fmas_per_load(sh, p, nv),
+                depthwise_nhwc.fmas_per_load(sh, p, nv),
+            ),
         ),
         waste(sh.k, nr),
         waste(inner, p),
@@ -144,6 +156,7 @@ def depthwise_nhwc_features(template: ScheduleTemplate, indices: Indices) -> np.
         unroll_kh,
         log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)),
         one * expand,
+        pair,
         *depthwise_nhwc_estimate(t, sh, (p, nv), (kb, ohb), unroll_kh),
     ]
     return np.stack(cols, axis=1)

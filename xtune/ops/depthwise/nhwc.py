@@ -16,19 +16,45 @@ loads and stores (Load/Store counts). A multiplier above 1 copies, per output ro
 reads into a local buffer with every channel repeated `multiplier` times (output channel o reads input
 channel o // multiplier), then runs the same microkernel on it. Bias plus residual start the
 accumulators, ReLU/ReLU6 clamp them before the store (ops/matmul/template.py `Epilogue`).
+
+With `rows=2` a tile is two output rows (`pair`): they share r - stride of their input rows, so each input
+vector loaded feeds up to 2*r*s FMAs; the channel strip runs outside the row's pixel tiles, its r*s weight
+vectors loaded once per strip and held in registers; without bias or residual an accumulator starts as its
+first product. The border rows are constant pairs and the border pixels two-row tiles of the same strip.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-
-import numpy as np
+from itertools import product
 
 from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.depthwise import nhwc_tiles as rules
 from xtune.ops.template import ReadsWeightsAsGiven
-from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, roomy_tiles, whole_tiles
+from xtune.ops.tiles import (
+    Epilogue,
+    clipped,
+    div,
+    parse_tile,
+    register_budget,
+    roomy_tiles,
+)
 from xtune.ops.workload import Workload
-from xtune.schedule.loopnest import Affine, Buffer, BufferKind, Kernel, Load, LoopKind, MulAdd, NestBuilder
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Buffer,
+    BufferKind,
+    Const,
+    Kernel,
+    Load,
+    LoopKind,
+    MulAdd,
+    NestBuilder,
+    Reg,
+)
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 
@@ -44,75 +70,11 @@ class NhwcSchedule:
     kb: int  # output channels per block: whole strips of nv * lanes (unless it covers k), whole multipliers
     ohb: int  # interior output rows per block (the channel blocks run inside a row block)
     unroll_kh: bool
+    rows: int = 1  # output rows per register tile: 2 shares their input rows (`pair_tiles`)
 
     @property
     def nr(self) -> int:
         return self.nv * self.lanes
-
-
-def interior(extent: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> tuple[int, int]:
-    """[lo, hi): the outputs along one axis whose window lies inside the input (no tap on padding)."""
-    lo = min(out, -(-pad // stride))
-    hi = (extent - 1 + pad - (kernel - 1) * dilation) // stride + 1
-    return lo, max(lo, min(out, hi))
-
-
-def interiors(sh: ConvShape) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The interior rows and columns of the output (`interior` along h and w)."""
-    rows = interior(sh.h, sh.oh, sh.r, sh.stride, sh.top, sh.dilation)
-    return rows, interior(sh.w, sh.ow, sh.s, sh.stride, sh.left, sh.dilation)
-
-
-def tile_registers(sh: ConvShape, p: Real, nv: Real) -> Real:
-    """Vector registers a P x V tile holds live: its accumulators, the s*V weight vectors of a kernel row
-    and the V vectors of one input column."""
-    return p * nv + sh.s * nv + nv
-
-
-def register_tiles(sh: ConvShape, target: Target) -> tuple[str, ...]:
-    """Tiles "PxV" that fit the register file (at least one: 1x1 even if a wide kernel row does not)."""
-    tiles = tuple(
-        f"{p}x{v}"
-        for p in range(1, 13)
-        for v in range(1, 7)
-        if tile_registers(sh, p, v) <= target.vector_registers and v * target.fp32_lanes <= 64
-    )
-    return tiles or ("1x1",)
-
-
-def input_columns(sh: ConvShape, p: Real) -> Real:
-    """Distinct input columns the taps of p neighbouring output pixels read along a row."""
-    return np.minimum(p * sh.s, (p - 1) * sh.stride + (sh.s - 1) * sh.dilation + 1)
-
-
-def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
-    """FMAs per loaded vector of a P pixels x V vectors tile, per kernel row: P*V*s FMAs against s*V
-    weight vectors and V vectors of each input column the P pixels read."""
-    return p * nv * sh.s / (sh.s * nv + nv * input_columns(sh, p))
-
-
-def channel_block(sh: ConvShape, nr: Scalars, tile_k: Scalars) -> np.ndarray:
-    """The output channels per block a `tile_k` knob resolves to: whole strips of nr (unless it covers k),
-    and whole multipliers, so that a block starts at an input channel."""
-    kb = whole_tiles(tile_k, sh.k, nr)
-    return np.where(kb >= sh.k, sh.k, np.maximum(sh.multiplier, kb - kb % sh.multiplier))
-
-
-def row_block(sh: ConvShape, tile_oh: Scalars) -> np.ndarray:
-    (lo, hi), _ = interiors(sh)
-    return np.maximum(1, np.minimum(tile_oh, hi - lo))
-
-
-def rows_bytes(sh: ConvShape, kb: Scalars) -> Scalars:
-    """Bytes of the input rows one output row reads for a block of kb output channels: what stays in
-    cache for the next output row to reuse ((r-1)*dilation + 1 rows, of kb / multiplier channels)."""
-    return 4.0 * ((sh.r - 1) * sh.dilation + 1) * sh.w * kb / sh.multiplier
-
-
-def reuses_rows(sh: ConvShape, kb: Scalars, target: Target) -> np.ndarray:
-    """Whether the input rows one output row reads for a block of kb channels stay in L1 for the next
-    output row (half of it: the weights and the output lines share it)."""
-    return np.asarray(rows_bytes(sh, kb)) <= target.l1d_bytes / 2
 
 
 class DepthwiseNhwcTemplate(ReadsWeightsAsGiven):
@@ -120,53 +82,72 @@ class DepthwiseNhwcTemplate(ReadsWeightsAsGiven):
         self.workload = workload
         self.target = target
         self.shape = sh = conv_shape(workload)
-        (lo, hi), _ = interiors(sh)
+        (lo, hi), _ = rules.interiors(sh)
         self.space = ConfigSpace(
             (
-                Knob("tile", KnobKind.CHOICE, register_tiles(sh, target)),
+                Knob("tile", KnobKind.CHOICE, rules.register_tiles(sh, target)),
                 Knob("tile_k", KnobKind.TILE, clipped(K_OPTIONS, sh.k)),
                 Knob("tile_oh", KnobKind.TILE, clipped(OH_OPTIONS, max(1, hi - lo))),
                 Knob("unroll_kh", KnobKind.CHOICE, (1, 0)),
+                # Last, its first option today's one-row tile: older logs keep their configs.
+                Knob("rows", KnobKind.CHOICE, (1, 2)),
             )
         )
 
     def schedule(self, config: Config) -> NhwcSchedule:
         sh, lanes = self.shape, self.target.fp32_lanes
         p, nv = parse_tile(str(config["tile"]))
-        kb = int(channel_block(sh, nv * lanes, config.int("tile_k")))
-        ohb = int(row_block(sh, config.int("tile_oh")))
-        return NhwcSchedule(p, nv, lanes, kb, ohb, bool(config["unroll_kh"]))
+        kb = int(rules.channel_block(sh, nv * lanes, config.int("tile_k")))
+        ohb = int(rules.row_block(sh, config.int("tile_oh")))
+        rows = config.int("rows") if sh.multiplier == 1 else 1  # the expanded buffer holds r rows
+        return NhwcSchedule(p, nv, lanes, kb, ohb, bool(config["unroll_kh"]), rows)
 
     def default_config(self) -> Config:
         sh, t = self.shape, self.target
         knobs = {k.name: k.options for k in self.space.knobs}
-        _, (xlo, xhi) = interiors(sh)
+        _, (xlo, xhi) = rules.interiors(sh)
         inner = max(1, xhi - xlo)
 
-        def score(tile: str) -> float:
+        def score(tile: str, per_load: Callable[[ConvShape, float, float], float]) -> float:
             # FMAs per loaded vector (which V does not change: no weight serves two channels), discounted
             # by interior pixels left to a narrower tail tile; then the most accumulators, whose FMA
             # chains hide each other's latency.
             p, nv = parse_tile(tile)
-            return (
-                float(fmas_per_load(sh, float(p), float(nv))) * inner / (-(-inner // p) * p) + 1e-3 * p * nv
-            )
+            return float(per_load(sh, float(p), float(nv))) * inner / (-(-inner // p) * p) + 1e-3 * p * nv
 
         # The largest channel block whose input rows stay in half of L1 for the next output row to reuse.
         ks = [int(o) for o in knobs["tile_k"]]
-        fits = [k for k in ks if reuses_rows(sh, k, t)]
-        # A block is whole strips of the tile's channels (channel_block): a strip wider than the block that
+        fits = [k for k in ks if rules.reuses_rows(sh, k, t)]
+        # A block is whole strips of the tile's channels (`channel_block`): a strip wider than the block that
         # fits would round the block up past it, so such tiles go only if no other tile is left.
-        roomy = roomy_tiles(knobs["tile"], t, lambda p, v: int(tile_registers(sh, p, v)))
+        # AArch64 takes two-row tiles: each input vector feeds up to 2*r FMAs and the weights stay in
+        # registers, which the A72 executes in fewer instructions per FMA (docs/benchmarks.md); the x86
+        # defaults keep their one-row tile and objects.
+        pairs_fit = any(
+            rules.pair_registers(sh, *parse_tile(str(o))) <= register_budget(t) for o in knobs["tile"]
+        )
+        rows = 2 if t.arch == "aarch64" and sh.multiplier == 1 and self.row_pairs() and pairs_fit else 1
+        live, per_load = (
+            (rules.pair_registers, rules.pair_fmas_per_load)
+            if rows == 2
+            else (rules.tile_registers, rules.fmas_per_load)
+        )
+        roomy = roomy_tiles(knobs["tile"], t, lambda p, v: int(live(sh, p, v)))
         narrow = [o for o in roomy if fits and parse_tile(o)[1] * t.fp32_lanes <= max(fits)]
-        tile = max(narrow or roomy, key=score)
+        tile = max(narrow or roomy, key=lambda o: score(o, per_load))
         values: dict[str, KnobValue] = {
             "tile": tile,
             "tile_k": max(fits) if fits else min(ks),
             "tile_oh": max(int(o) for o in knobs["tile_oh"]),
             "unroll_kh": 1,
+            "rows": rows,
         }
         return self.space.config(self.space.index_of(values))
+
+    def row_pairs(self) -> bool:
+        """Whether the interior has two output rows for a two-row tile."""
+        (lo, hi), _ = rules.interiors(self.shape)
+        return hi - lo >= 2
 
     def kernel(self, config: Config, name: str) -> Kernel:
         return _NhwcEmitter(self.workload, self.schedule(config)).kernel(name)
@@ -189,7 +170,7 @@ class _NhwcEmitter:
         self.s = s
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
-        (self.ylo, self.yhi), (self.xlo, self.xhi) = interiors(self.sh)
+        (self.ylo, self.yhi), (self.xlo, self.xhi) = rules.interiors(self.sh)
 
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
@@ -202,15 +183,21 @@ class _NhwcEmitter:
         ]
         if sh.multiplier > 1:  # the input rows of one output row, channels repeated per multiplier
             buffers.append(Buffer("E", sh.r * sh.w * min(s.kb, sh.k), BufferKind.LOCAL))
+        # Two-row tiles take the border rows in pairs too (a pair's constant rows may reach the padding):
+        # the rows before `top` and from `bottom` on, an even number of each unless the image runs out.
+        top = min(sh.oh, self.ylo + self.ylo % 2) if s.rows == 2 else self.ylo
+        bottom = max(top, sh.oh - (sh.oh - self.yhi + (sh.oh - self.yhi) % 2)) if s.rows == 2 else self.yhi
         with b.loop(sh.n, "n") as ni:
-            for y in range(self.ylo):
-                self.row_block(ni, Affine.of(y), 1, True)
-            b.split(
-                self.yhi - self.ylo, s.ohb, lambda y0, nrows: self.row_block(ni, y0 + self.ylo, nrows, False)
-            )
-            for y in range(self.yhi, sh.oh):
-                self.row_block(ni, Affine.of(y), 1, True)
+            self.const_rows(ni, range(top))
+            b.split(bottom - top, s.ohb, lambda y0, nrows: self.row_block(ni, y0 + top, nrows, False))
+            self.const_rows(ni, range(bottom, sh.oh))
         return b.kernel(name, tuple(buffers))
+
+    def const_rows(self, ni: Affine, ys: range) -> None:
+        """The border rows `ys` (constant y), in pairs with two-row tiles, channel block by channel block."""
+        step = self.s.rows
+        for y in ys[::step]:
+            self.row_block(ni, Affine.of(y), min(step, ys.stop - y), True)
 
     def row_block(self, ni: Affine, y0: Affine, nrows: int, border: bool) -> None:
         """Rows y0.. of the block, channel block by channel block (the block's input rows stay in cache
@@ -218,8 +205,17 @@ class _NhwcEmitter:
         b = self.b
 
         def cblock(k0: Affine, kcur: int) -> None:
-            with b.loop(nrows, "y") as y:
-                self.row(_Row(n=ni, y=y0 + y, border=border, k0=k0, kcur=kcur))
+            pairs = nrows // 2 if self.s.rows == 2 else 0
+            if border and pairs:  # constant rows: one pair
+                self.pair([_Row(n=ni, y=y0 + t, border=True, k0=k0, kcur=kcur) for t in range(2)])
+            elif pairs:
+                with b.loop(pairs, "yp") as y:
+                    self.pair(
+                        [_Row(n=ni, y=y0 + y * 2 + t, border=False, k0=k0, kcur=kcur) for t in range(2)]
+                    )
+            if nrows > 2 * pairs:
+                with b.loop(nrows - 2 * pairs, "y") as y:
+                    self.row(_Row(n=ni, y=y0 + 2 * pairs + y, border=border, k0=k0, kcur=kcur))
 
         b.split(self.sh.k, self.s.kb, cblock, "kb")
 
@@ -299,19 +295,11 @@ class _NhwcEmitter:
         def taps(kh: Affine) -> None:
             """One kernel row: its s*V weight vectors loaded once, then input column by input column, each
             column's V vectors loaded once and multiplied into every (pixel, kw) that reads it."""
-            pairs = [
-                (p, kw)
-                for p, (x, border) in enumerate(xs)
-                for kw in range(sh.s)
-                if not border or self.kw_valid(x.const, kw)
-            ]
-            for kw in sorted({kw for _, kw in pairs}):
+            columns = self.columns(xs)
+            for kw in sorted({kw for users in columns.values() for _, kw in users}):
                 for v in range(nvec):
                     at = (kh * sh.s + kw) * sh.k + ch + v * lanes
                     b.assign(wreg[kw][v], Load("weights", at, lanes, counts[v]))
-            columns: dict[int, list[tuple[int, int]]] = {}
-            for p, kw in sorted(pairs, key=lambda pk: pk[0] * sh.stride + pk[1] * sh.dilation):
-                columns.setdefault(p * sh.stride + kw * sh.dilation, []).append((p, kw))
             for users in columns.values():
                 p0, kw0 = users[0]
                 for v in range(nvec):
@@ -329,6 +317,102 @@ class _NhwcEmitter:
         for p, (x, _) in enumerate(xs):
             for v in range(nvec):
                 b.store("output", out_index(x, v), self.epi.apply(acc[p][v], lanes, True), lanes, counts[v])
+
+    def pair(self, rows: list[_Row]) -> None:
+        """Two output rows of one channel block, channel strip by channel strip: the strip's r*s*V weight
+        vectors loaded once, then left border pixels, interior tiles and right border pixels, each a
+        two-row tile."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        k0 = rows[0].k0
+
+        def strip(js: Affine, nc: int) -> None:
+            nvec = -(-nc // lanes)
+            counts = [min(nc - v * lanes, lanes) % lanes for v in range(nvec)]
+            w = [
+                [[b.register(f"w{i}_{j}_{v}", lanes) for v in range(nvec)] for j in range(sh.s)]
+                for i in range(sh.r)
+            ]
+            for i, j, v in product(range(sh.r), range(sh.s), range(nvec)):
+                at = (i * sh.s + j) * sh.k + k0 + js + v * lanes
+                b.assign(w[i][j][v], Load("weights", at, lanes, counts[v]))
+
+            def tile(xs: list[tuple[Affine, bool]]) -> None:
+                self.pair_micro(rows, xs, js, counts, w)
+
+            for x0 in range(0, self.xlo, s.p):
+                tile([(Affine.of(x), True) for x in range(x0, min(x0 + s.p, self.xlo))])
+            b.split(
+                self.xhi - self.xlo,
+                s.p,
+                lambda x, n: tile([(x + self.xlo + p, False) for p in range(n)]),
+                "px",
+            )
+            for x0 in range(self.xhi, sh.ow, s.p):
+                tile([(Affine.of(x), True) for x in range(x0, min(x0 + s.p, sh.ow))])
+
+        b.split(rows[0].kcur, s.nr, strip, "ks")
+
+    def pair_micro(
+        self,
+        rows: list[_Row],
+        xs: list[tuple[Affine, bool]],
+        js: Affine,
+        counts: list[int],
+        w: list[list[list[Reg]]],
+    ) -> None:
+        """acc[t][p][v] of output rows rows[t]: every input vector loaded once and multiplied into each
+        (row, pixel, kh, kw) that reads it, leaving out taps on the padding; an accumulator starts as its
+        first product (FMUL), or as bias plus residual; then stored. Each output's taps keep the (kh, kw)
+        order of `micro`."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        ch, nvec = rows[0].k0 + js, len(counts)
+        tiles = list(product(range(len(rows)), range(len(xs)), range(nvec)))
+        acc = {(t, p, v): b.register(f"acc{t}_{p}_{v}", lanes) for t, p, v in tiles}
+        inp = [b.register(f"in{v}", lanes) for v in range(nvec)]
+
+        def out_index(t: int, p: int, v: int) -> Affine:
+            return ((rows[t].n * sh.oh + rows[t].y) * sh.ow + xs[p][0]) * sh.k + ch + v * lanes
+
+        started = set(tiles) if self.epi.bias or self.epi.residual else set()
+        for t, p, v in started:
+            bias = Load("bias", ch + v * lanes, lanes, counts[v])
+            residual = Load("residual", out_index(t, p, v), lanes, counts[v])
+            b.assign(acc[t, p, v], self.epi.initial(lanes, bias, residual))
+        readers: dict[int, list[tuple[int, int]]] = {}
+        for t, kh in product(range(len(rows)), range(sh.r)):
+            if self.kh_valid(rows[t], kh):
+                readers.setdefault(t * sh.stride + kh * sh.dilation, []).append((t, kh))
+        columns = self.columns(xs)
+        for i in sorted(readers):
+            t0, kh0 = readers[i][0]
+            for users in columns.values():
+                p0, kw0 = users[0]
+                for v in range(nvec):
+                    b.assign(
+                        inp[v], self.tap(rows[t0], Affine.of(kh0), xs[p0][0], kw0, js + v * lanes, counts[v])
+                    )
+                    for (t, kh), (p, kw) in product(readers[i], users):
+                        a = acc[t, p, v]
+                        if (t, p, v) in started:
+                            b.assign(a, MulAdd(w[kh][kw][v], inp[v], a))
+                        else:
+                            b.assign(a, Binary(BinaryOp.MUL, w[kh][kw][v], inp[v]))
+                            started.add((t, p, v))
+        for t, p, v in tiles:
+            value = self.epi.apply(acc[t, p, v] if (t, p, v) in started else Const(0.0, lanes), lanes, True)
+            b.store("output", out_index(t, p, v), value, lanes, counts[v])
+
+    def columns(self, xs: list[tuple[Affine, bool]]) -> dict[int, list[tuple[int, int]]]:
+        """The (pixel, kw) taps of pixels `xs` by the input column they read (relative to the first
+        pixel's), in column order; a border pixel's taps on the padding left out."""
+        sh = self.sh
+        columns: dict[int, list[tuple[int, int]]] = {}
+        for p, kw in sorted(
+            product(range(len(xs)), range(sh.s)), key=lambda pk: pk[0] * sh.stride + pk[1] * sh.dilation
+        ):
+            if not xs[p][1] or self.kw_valid(xs[p][0].const, kw):
+                columns.setdefault(p * sh.stride + kw * sh.dilation, []).append((p, kw))
+        return columns
 
     def kw_valid(self, x: int, kw: int) -> bool:
         sh = self.sh
