@@ -74,11 +74,18 @@ def extra_runs(fewer: Sequence[BlockRun], more: Sequence[BlockRun]) -> list[Bloc
     return extra
 
 
+# A peer's new blocks are the runtime's whole executed code, thousands of them costed in one llvm-mca
+# process: seconds of CPU, minutes of wall time on a loaded machine (a board's 120 s guard was seen to
+# expire for ShuffleNet at a load average of 20). A guard, not a limit.
+PEER_MCA_TIMEOUT_S = 3600.0
+
+
 @cache
 def peer_model(target: Target) -> CycleModel:
     """`target`'s model (checked, as a board's), costing as nothing what it has no scheduling data for:
     the runtimes' LSE atomics on the A76 (their lock and allocation paths), which LLVM's model lacks."""
-    return CycleModel(target, cycle_model(target).tools, skip_unscheduled=True)
+    tools = cycle_model(target).tools
+    return CycleModel(target, tools, skip_unscheduled=True, timeout_s=PEER_MCA_TIMEOUT_S)
 
 
 def cycles(runs: Sequence[BlockRun], maps: str, target: Target) -> float:

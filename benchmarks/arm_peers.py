@@ -83,7 +83,9 @@ class PeerRun:
     outputs: tuple[np.ndarray, ...]  # of one inference on the emulated core
     instructions: float  # guest instructions per inference, the whole process counted
     # llvm-mca's estimate per inference under a target's scheduling model (arm_cycles.py); None if not asked
+    # or if it failed, `cycles_error` then saying why (the instruction count is kept)
     cycles: float | None
+    cycles_error: str = ""
     seconds: float  # wall time of the emulated process, start-up included: no performance signal
 
 
@@ -187,28 +189,41 @@ def _arrays(path: Path) -> tuple[np.ndarray, ...]:
         return tuple(saved[f"arr_{i}"] for i in range(len(saved.files)))
 
 
-def _per_inference(
+def per_inference(
     counts: Path, pids: list[int], maps: Path, cycles: Target | None
-) -> tuple[float, float | None]:
+) -> tuple[float, float | None, str]:
     """Instructions and (with a target) cycles per inference: the median over the pairs of children of
-    the second child's figure minus the first's, over the inferences it ran more."""
+    the second child's figure minus the first's, over the inferences it ran more; and why there are no
+    cycles where costing the blocks failed."""
     by_pid, _ = records(counts.read_bytes().splitlines())
     pairs = list(zip(pids[::2], pids[1::2], strict=True))
     extra = RUNS[1] - RUNS[0]
     instructions = statistics.median(by_pid[more] - by_pid[fewer] for fewer, more in pairs) / extra
     if cycles is None:
-        return instructions, None
+        return instructions, None, ""
     text = maps.read_text(encoding="utf-8")
-    estimates = [cycles_between(counts, fewer, more, text, cycles) for fewer, more in pairs]
-    return instructions, statistics.median(estimates) / extra
+    try:
+        estimates = [cycles_between(counts, fewer, more, text, cycles) for fewer, more in pairs]
+    except XtuneError as e:  # llvm-mca failed: the instructions counted stand
+        return instructions, None, str(e)
+    return instructions, statistics.median(estimates) / extra, ""
 
 
 def run_peer(
-    model: Path, core: str = "cortex-a72", *, seed: int = 0, cache: Path = CACHE, cycles: Target | None = None
+    model: Path,
+    core: str = "cortex-a72",
+    *,
+    seed: int = 0,
+    cache: Path = CACHE,
+    cycles: Target | None = None,
+    pairs: int = PAIRS,
 ) -> PeerRun:
-    """Run `model` in its peer on the emulated `core`, counting instructions per inference, and with
-    `cycles` estimating its cycles under that target's scheduling model (the plugin records blocks)."""
+    """Run `model` in its peer on the emulated `core`, counting instructions per inference over `pairs`
+    pairs of children, and with `cycles` estimating its cycles under that target's scheduling model (the
+    plugin records blocks)."""
     runtime = runtime_for(model)
+    if pairs < 1:
+        raise InputError(f"pairs must be at least 1, not {pairs}")
     if not model.is_file():
         raise InputError(f"{model}: no such model file")
     root = arm64_root(cache)
@@ -221,7 +236,7 @@ def run_peer(
         plugin = f"{build_insn_plugin()},min=0,out={counts}"  # min=0: the runtimes' libraries lie anywhere
         plugin += ",blocks=1" if cycles is not None else ""
         argv = [qemu_aarch64(), "-cpu", core, "-L", str(view), "-plugin", plugin, *_python(root)]
-        argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS * PAIRS))]
+        argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS * pairs))]
         start = time.perf_counter()
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, env=_env(root), timeout=TIMEOUT_S)
@@ -232,7 +247,7 @@ def run_peer(
             why = _last_line(proc.stderr)
             raise XtuneError(f"{runtime.value} on {core} failed on {model.name} ({proc.returncode}): {why}")
         reply = json.loads(proc.stdout.splitlines()[-1])
-        instructions, estimate = _per_inference(counts, reply["children"], work / "maps.txt", cycles)
+        instructions, estimate, why = per_inference(counts, reply["children"], work / "maps.txt", cycles)
         return PeerRun(
             runtime=runtime,
             version=reply["version"],
@@ -242,6 +257,7 @@ def run_peer(
             outputs=_arrays(work / "outputs.npz"),
             instructions=instructions,
             cycles=estimate,
+            cycles_error=why,
             seconds=seconds,
         )
 

@@ -4,7 +4,8 @@ build of the same network, per emulated core, all counted by xtune's TCG plugin 
 (docs/arm-peers.md). Prints a markdown table.
 
 Usage: python3 benchmarks/bench_arm_peers.py [--only NAME ...] [--cores CORE ...] [--tiny DIR] [--real]
-                                             [--log LOG ...] [--cycles] [--no-peers]
+                                             [--log LOG ...] [--cycles] [--pairs N]
+                                             [--no-peers]
 
 ResNet-18 and MobileNetV2 are written as benchmarks/make_networks.py writes them (random weights);
 the MLPerf Tiny float models are read from --tiny DIR (docs/benchmarks.md says where to get them); the
@@ -21,14 +22,17 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from arm_peers import CORES, check_peer, run_peer
+from arm_cycles import PEER_MCA_TIMEOUT_S
+from arm_peers import CORES, PAIRS, check_peer, run_peer
 
 from xtune.boards.board import QemuBoard
 from xtune.boards.cost import CostUnit
+from xtune.boards.cycles import cycle_model
 from xtune.errors import XtuneError
 from xtune.firmware.network_bench import bench_model
 from xtune.target import Target, load_targets
@@ -59,16 +63,31 @@ class Row:
     xtune_cycles: float | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Counting:
+    """What a row counts: xtune's builds from these logs, llvm-mca's cycles beside the instructions, the
+    peer over `pairs` pairs of counting children, or no peer at all (xtune's figures alone)."""
+
+    logs: tuple[Path, ...] = ()
+    cycles: bool = False
+    pairs: int = PAIRS
+    peers: bool = True
+
+
 def xtune_target(core: str) -> Target | None:
     """xtune's aarch64 target whose QEMU CPU is `core`, if there is one."""
     found = [t for t in load_targets().values() if t.arch == "aarch64" and t.qemu_cpu == core]
     return found[0] if found else None
 
 
-def xtune_cost(model: Path, target: Target, logs: list[Path], unit: CostUnit) -> tuple[float | None, str]:
+def xtune_cost(model: Path, target: Target, logs: Sequence[Path], unit: CostUnit) -> tuple[float | None, str]:
     """xtune's instructions or cycles per inference for `model` built for `target` (on its own qemu -cpu),
     or why there are none."""
     name = "qemu-aarch64-cycles" if unit is CostUnit.CYCLES else "qemu-aarch64"
+    if unit is CostUnit.CYCLES:
+        # A whole network's blocks, like a runtime's, go to llvm-mca at once: the peers' guard, not a
+        # kernel's (the board's model is this process's, cached by target).
+        cycle_model(target).timeout_s = PEER_MCA_TIMEOUT_S
     try:
         report = bench_model(model, QemuBoard(name, target, unit), logs)
     except XtuneError as e:
@@ -79,33 +98,36 @@ def xtune_cost(model: Path, target: Target, logs: list[Path], unit: CostUnit) ->
 
 
 def peer_figures(
-    model: Path, core: str, target: Target | None, cycles: bool
+    model: Path, core: str, target: Target | None, counting: Counting
 ) -> tuple[str, float | None, float | None]:
-    """The peer's part of a row: its name (or why it failed), its instructions and cycles per inference
-    (None where its outputs differ from the x86 host's)."""
+    """The peer's part of a row: its name (or why it failed or did not run), its instructions and cycles
+    per inference (None where its outputs differ from the x86 host's)."""
+    if not counting.peers:
+        return "not run (--no-peers)", None, None
     try:
-        run = run_peer(model, core, cycles=target if cycles else None)
+        run = run_peer(model, core, cycles=target if counting.cycles else None, pairs=counting.pairs)
     except XtuneError as e:
         return f"failed: {e}", None, None
     why = check_peer(run, model)
     if why:
         return f"{run.runtime.value} {run.version} (WRONG: {why})", None, None
-    return f"{run.runtime.value} {run.version}", run.instructions, run.cycles
+    name = f"{run.runtime.value} {run.version}"
+    if run.cycles_error:
+        name += f" (no cycles: {run.cycles_error})"
+    return name, run.instructions, run.cycles
 
 
-def measure(model: Path, cores: list[str], logs: list[Path], cycles: bool, peers: bool = True) -> list[Row]:
+def measure(model: Path, cores: list[str], counting: Counting) -> list[Row]:
     rows = []
     for core in cores:
         start = time.perf_counter()
         target = xtune_target(core)
-        peer, peer_insns, peer_cycles = (
-            peer_figures(model, core, target, cycles) if peers else ("not run (--no-peers)", None, None)
-        )
+        peer, peer_insns, peer_cycles = peer_figures(model, core, target, counting)
         insns, xcycles, note = None, None, f"xtune has no target for {core}"
         if target is not None:
-            insns, note = xtune_cost(model, target, logs, CostUnit.INSTRUCTIONS)
-            if cycles and insns is not None:
-                xcycles, note = xtune_cost(model, target, logs, CostUnit.CYCLES)
+            insns, note = xtune_cost(model, target, counting.logs, CostUnit.INSTRUCTIONS)
+            if counting.cycles and insns is not None:
+                xcycles, note = xtune_cost(model, target, counting.logs, CostUnit.CYCLES)
         row = Row(
             network=model.stem,
             core=core,
@@ -194,16 +216,28 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="also the real-models set (hours per core)")
     parser.add_argument("--log", type=Path, action="append", default=[], help="xtune tuning log(s)")
     parser.add_argument("--cycles", action="store_true", help="also llvm-mca's cycle estimates (slower)")
-    # A peer's counts depend on neither xtune's tree nor its logs, and are the slow half of a row (13
-    # inferences under the plugin): a tuned xtune row can be set beside the peer's figures already taken.
-    parser.add_argument("--no-peers", action="store_true", help="xtune's figures only, the peers not run")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=PAIRS,
+        help=f"pairs of counting children per peer run, the median of their figures (default {PAIRS}; "
+        "1 runs a peer's inference 5 times instead of 13, for the biggest graphs)",
+    )
+    parser.add_argument(
+        "--no-peers", action="store_true", help="xtune's figures alone (the real-models table's column)"
+    )
     args = parser.parse_args()
+    if args.tiny is None and set(args.only or ()) & set(TINY_FLOAT):
+        parser.error("the MLPerf Tiny models are read from a folder: pass --tiny DIR")
+    if args.pairs < 1:
+        parser.error(f"--pairs must be at least 1, not {args.pairs}")
+    counting = Counting(logs=tuple(args.log), cycles=args.cycles, pairs=args.pairs, peers=not args.no_peers)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="xtune-bench-arm-") as folder:
         rows = [
             row
             for model in models(args.only, args.tiny, args.real, Path(folder))
-            for row in measure(model, args.cores, args.log, args.cycles, not args.no_peers)
+            for row in measure(model, args.cores, counting)
         ]
     print(table(rows))
     print(f"\n{len(rows)} rows in {time.perf_counter() - start:.0f} s", file=sys.stderr)

@@ -266,6 +266,24 @@ def test_protocol_violation_quotes_stderr() -> None:
         AgentSession(SubprocessTransport(["sh", "-c", fake]), timeout=5.0).read_buffer(0)
 
 
+def test_a_long_write_to_an_agent_that_keeps_reading_never_times_out() -> None:
+    """The write guard is a stall of the reader, not the whole transfer: 8 pipe-loads, one every 0.5 s,
+    pass a 2 s guard (a network's weights into an emulated agent take minutes on a loaded machine); a
+    reader that never reads is still caught."""
+    reader = "for i in 1 2 3 4 5 6 7 8; do head -c 65536 >/dev/null; sleep 0.5; done"
+    slow = SubprocessTransport(["sh", "-c", reader], write_timeout=2.0)
+    try:
+        slow.write(bytes(8 * 65536))
+    finally:
+        slow.kill()
+    stuck = SubprocessTransport(["sh", "-c", "sleep 30"], write_timeout=0.5)
+    try:
+        with pytest.raises(BoardError, match=r"did not accept input within 0\.5 s"):
+            stuck.write(bytes(1 << 20))
+    finally:
+        stuck.kill()
+
+
 def test_exit_before_hello_quotes_stderr() -> None:
     with pytest.raises(BoardError, match=r"exit status 3.*cannot exec"):
         AgentSession(SubprocessTransport(["sh", "-c", "echo cannot exec >&2; exit 3"]), timeout=5.0)

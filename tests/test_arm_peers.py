@@ -9,10 +9,19 @@ from pathlib import Path
 
 import onnx
 import pytest
-from arm_cycles import executable_mappings, extra_runs, records
-from arm_peers import CACHE, CORES, arm64_root, check_peer, cpuinfo_text, run_peer, runtime_for
+from arm_cycles import executable_mappings, extra_runs, peer_model, records
+from arm_peers import (
+    CACHE,
+    CORES,
+    arm64_root,
+    check_peer,
+    cpuinfo_text,
+    per_inference,
+    run_peer,
+    runtime_for,
+)
 
-from xtune.boards.cycles import BlockRun
+from xtune.boards.cycles import MCA_TIMEOUT_S, BlockRun, find_llvm_tools
 from xtune.errors import InputError, XtuneError
 from xtune.ops.registry import parse_workload
 from xtune.target import get_target
@@ -59,6 +68,11 @@ def test_a_model_the_peers_cannot_run_is_an_input_error() -> None:
         runtime_for(Path("model.pb"))
 
 
+def test_fewer_than_one_pair_of_children_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="pairs must be at least 1"):
+        run_peer(tmp_path / "model.onnx", pairs=0)
+
+
 def test_a_missing_root_says_how_to_build_it(tmp_path: Path) -> None:
     with pytest.raises(XtuneError, match=r"scripts/arm_peers\.sh"):
         arm64_root(tmp_path)
@@ -99,6 +113,21 @@ def test_plugin_records_by_process() -> None:
         records([b"7 lost"])
 
 
+@pytest.mark.skipif(find_llvm_tools() is None, reason="needs llvm-mca-NN (scripts/setup.sh)")
+def test_the_instructions_counted_stand_when_the_cycles_cannot_be_had(tmp_path: Path) -> None:
+    """Two children of one pair, their blocks at an address no file maps: no bytes to cost, so no cycles
+    and the reason; the instruction count per inference (the difference over 2) is kept."""
+    counts, maps = tmp_path / "counts.txt", tmp_path / "maps.txt"
+    counts.write_bytes(b"7 b 1000 16 4 3 0\n7 100\n8 b 1000 16 4 9 0\n8 300\n")
+    maps.write_text(MAPS)
+    a72 = get_target("arm-a72-neon")
+    instructions, cycles, why = per_inference(counts, [7, 8], maps, a72)
+    assert (instructions, cycles) == (100, None) and "ran outside every mapped file" in why
+    assert per_inference(counts, [7, 8], maps, None) == (100, None, "")
+    # A runtime's blocks, thousands, are costed in one llvm-mca process: a longer guard than a kernel's.
+    assert peer_model(a72).timeout_s > MCA_TIMEOUT_S and peer_model(a72).skip_unscheduled
+
+
 def _write(workload: str, path: Path) -> Path:
     onnx.save_model(onnx_model(parse_workload(workload)), path)
     return path
@@ -107,11 +136,11 @@ def _write(workload: str, path: Path) -> Path:
 @pytest.mark.board
 @pytest.mark.slow
 def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -> None:
-    """Three emulated runs of two small convolutions (about 40 s): outputs equal to x86 ONNX Runtime's,
-    the count per inference the same run to run (to 0.5 %), with the block-recording plugin too, and four
-    times the multiply-adds costing more than twice the instructions, never fewer than one NEON FMA per
-    four of them; llvm-mca's Cortex-A72 model, which issues at most 3 instructions a cycle, gives at least
-    a cycle per 3 instructions."""
+    """Three emulated runs of two small convolutions (about 40 s; the larger with one pair of children):
+    outputs equal to x86 ONNX Runtime's, the count per inference the same run to run (to 0.5 %), with the
+    block-recording plugin too, and four times the multiply-adds costing more than twice the instructions,
+    never fewer than one NEON FMA per four of them; llvm-mca's Cortex-A72 model, which issues at most 3
+    instructions a cycle, gives at least a cycle per 3 instructions."""
     if not (CACHE / "root" / ".complete").is_file():
         pytest.skip(
             "no arm64 Python with the ARM peers: bash scripts/arm_peers.sh (scripts/setup.sh runs it)"
@@ -126,6 +155,6 @@ def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -
     assert again.cycles is not None and again.cycles >= again.instructions / 3
     macs = 28 * 28 * 32 * 16 * 9
     assert first.instructions >= macs / 4
-    bigger = run_peer(large, "cortex-a72")
+    bigger = run_peer(large, "cortex-a72", pairs=1)  # one pair: 5 inferences instead of 13
     assert check_peer(bigger, large) == ""
     assert bigger.instructions > 2 * first.instructions

@@ -236,6 +236,14 @@ def test_a_block_llvm_mca_refuses_is_a_board_error_naming_it() -> None:
 
 
 @pytest.mark.skipif(not HAVE_MCA, reason="needs llvm-mca-NN (scripts/setup.sh)")
+def test_llvm_mca_past_the_models_time_guard_is_a_cost_model_error() -> None:
+    model = CycleModel(get_target("arm-a72-neon"), find_llvm_tools() or pytest.fail(), timeout_s=1e-9)
+    with pytest.raises(BoardError, match=r"timed out after 1e-09 seconds") as caught:
+        model.probe()
+    assert caught.value.kind is BoardFault.COST_MODEL
+
+
+@pytest.mark.skipif(not HAVE_MCA, reason="needs llvm-mca-NN (scripts/setup.sh)")
 def test_a_library_block_decodes_with_every_extension_of_the_core() -> None:
     # casa x0, x1, [x2] then ret: an LSE atomic, which the Cortex-A76 has (Armv8.2-A) though xtune's
     # arm-a76-dotprod features do not name it, and LLVM's A76 model has no scheduling data for. A board

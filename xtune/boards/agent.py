@@ -129,6 +129,9 @@ class SubprocessTransport:
         )
 
     def write(self, data: bytes) -> None:
+        """All of `data`, however long it takes, so long as the agent never stops reading for
+        `write_timeout` seconds: a network's weights (hundreds of MB for VGG-19) can take minutes to pass
+        through an emulated agent on a loaded machine."""
         view = memoryview(data)
         deadline = time.monotonic() + self._write_timeout
         with selectors.DefaultSelector() as sel:
@@ -136,6 +139,7 @@ class SubprocessTransport:
             while view:
                 try:
                     view = view[os.write(self._stdin, view) :]
+                    deadline = time.monotonic() + self._write_timeout  # it read: the stall clock restarts
                     continue
                 except BlockingIOError:
                     pass

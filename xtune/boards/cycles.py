@@ -24,7 +24,7 @@ from xtune.target import Target
 # make any remaining start-up transient of a loop body's dependency chains negligible.
 MCA_ITERATIONS = 100
 _TOOL = re.compile(r"llvm-mca-(\d+)$")
-_MCA_TIMEOUT_S = 120.0
+MCA_TIMEOUT_S = 120.0  # a board's blocks: one kernel's, a few hundred at most
 GUEST_PAGE = 4096  # qemu-user's target page on x86-64, AArch64 and RISC-V (TARGET_PAGE_BITS 12)
 MAX_INSN_BYTES = 15  # the longest x86 instruction (Intel SDM vol. 2, 2.3.11); AArch64's and RISC-V's are 4
 _PROBE = {"aarch64": "add x0, x0, #1", "x86_64": "addq $1, %rax"}  # one instruction; RISC-V's is the default
@@ -171,12 +171,22 @@ def block_cycles(single: Sequence[float], steady: Sequence[float], iterations: i
 class CycleModel:
     """llvm-mca under one target's scheduling model, with each block's cycles cached by its bytes."""
 
-    def __init__(self, target: Target, tools: LlvmTools, *, skip_unscheduled: bool = False) -> None:
+    def __init__(
+        self,
+        target: Target,
+        tools: LlvmTools,
+        *,
+        skip_unscheduled: bool = False,
+        timeout_s: float = MCA_TIMEOUT_S,
+    ) -> None:
         """`skip_unscheduled`: instructions the scheduling model has no data for cost nothing instead of
         refusing the block. Never for a board (a kernel's cost must be whole); for code that is not
-        xtune's, such as a runtime's LSE atomics in its lock paths, which LLVM's A76 model lacks."""
+        xtune's, such as a runtime's LSE atomics in its lock paths, which LLVM's A76 model lacks.
+        `timeout_s`: the wall-time guard of one llvm-mca or llvm-mc process, which costs every new block
+        of a call at once."""
         self.target, self.tools = target, tools
         self.skip_unscheduled = skip_unscheduled
+        self.timeout_s = timeout_s
         self.comment = "//" if target.arch == "aarch64" else "#"
         self._cache: dict[tuple[bytes, tuple[str, ...]], BlockCycles] = {}
         self._asm: dict[bytes, tuple[str, ...]] = {}  # a block's bytes -> its instruction lines
@@ -193,7 +203,7 @@ class CycleModel:
     def _tool(self, argv: list[str], text: str) -> subprocess.CompletedProcess[str]:
         try:
             return subprocess.run(
-                argv, input=text, capture_output=True, text=True, timeout=_MCA_TIMEOUT_S, check=False
+                argv, input=text, capture_output=True, text=True, timeout=self.timeout_s, check=False
             )
         except (OSError, subprocess.TimeoutExpired) as err:
             raise BoardError(f"{Path(argv[0]).name} failed: {err}", BoardFault.COST_MODEL) from None
