@@ -1,17 +1,22 @@
-"""A quantized MLP whole: ONNX Runtime's quantize_static (QDQ, per channel, calibration on random inputs) of
-a float MLP, tuned (--trials over all its int8 tasks, on the local board), built and run against ONNX
-Runtime's int8 in the same run (one thread), beside xtune's float32 build of the same MLP tuned with the
-same budget; the firmware sizes (weights bytes, workspace) of both builds.
+"""A quantized network whole: ONNX Runtime's quantize_static (QDQ, per channel, calibration on random inputs)
+of a float network, tuned on the local board, built and run against ONNX Runtime's int8 in the same run
+(one thread), beside xtune's float32 build of the same network tuned with the same budget; the firmware
+sizes (weights bytes, workspace) of both builds. The network is an MLP (--model mlp: --batch, --width,
+--layers; --trials over all its tasks) or ResNet-18 / MobileNetV2 at 224x224 (tests/networks.py, random
+weights; --trials per task, the issue's "64 trials per task").
 
-Usage: python benchmarks/bench_int8_network.py [--batch 64] [--width 512] [--layers 3] [--trials 64]
-       [--repeat 20] [--target x86-avx512-vnni]
-The machine should be otherwise idle: every time is a timing. Needs the `bench` extra (onnxruntime).
+Usage: python benchmarks/bench_int8_network.py [--model mlp|resnet18|mobilenet_v2] [--trials 64]
+       [--activations s8|u8] [--batch 64] [--width 512] [--layers 3] [--repeat 20] [--target x86-avx512-vnni]
+--activations u8 quantizes activations to uint8 (ONNX Runtime's fastest form on x86: U8S8); s8 is
+quantize_static's default. The machine should be otherwise idle: every time is a timing. Needs the `bench`
+extra (onnxruntime).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,7 +27,14 @@ from onnx import TensorProto, helper, numpy_helper
 from xtune.boards.board import get_board
 from xtune.firmware.build import build_model
 from xtune.firmware.network_bench import bench_model
+from xtune.frontend.tasks import extract_tasks
 from xtune.frontend.tune import tune_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/networks.py: the networks
+
+from tests.networks import NETWORKS
+
+CNNS = ("resnet18", "mobilenet_v2")
 
 
 def float_mlp(batch: int, width: int, layers: int) -> onnx.ModelProto:
@@ -50,13 +62,18 @@ def float_mlp(batch: int, width: int, layers: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def quantize(source: Path, out: Path, batch: int, width: int) -> None:
+def quantize(source: Path, out: Path, activations: str) -> None:
+    """`source` by quantize_static: QDQ, int8 weights per channel, activations of type `activations`,
+    calibrated on four random inputs of its input's shape."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    first = onnx.load(str(source)).graph.input[0]
+    shape = [d.dim_value for d in first.type.tensor_type.shape.dim]
 
     class Calibration(CalibrationDataReader):
         def __init__(self) -> None:
             rng = np.random.default_rng(1)
-            self.data = iter([{"x": rng.uniform(-1, 1, (batch, width)).astype(np.float32)} for _ in range(4)])
+            self.data = iter([{first.name: rng.uniform(-1, 1, shape).astype(np.float32)} for _ in range(4)])
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.data, None)
@@ -68,13 +85,15 @@ def quantize(source: Path, out: Path, batch: int, width: int) -> None:
         Calibration(),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
-        activation_type=QuantType.QInt8,
+        activation_type=QuantType.QUInt8 if activations == "u8" else QuantType.QInt8,
         weight_type=QuantType.QInt8,
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("mlp", *CNNS), default="mlp")
+    parser.add_argument("--activations", choices=("s8", "u8"), default="s8")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=3)
@@ -84,18 +103,23 @@ def main() -> None:
     args = parser.parse_args()
     board = get_board("local", target=args.target)
     with tempfile.TemporaryDirectory() as tmp:
-        fp32, int8 = Path(tmp) / "mlp.onnx", Path(tmp) / "mlp_int8.onnx"
-        onnx.save(float_mlp(args.batch, args.width, args.layers), fp32)
-        quantize(fp32, int8, args.batch, args.width)
+        fp32, int8 = Path(tmp) / f"{args.model}.onnx", Path(tmp) / f"{args.model}_int8.onnx"
+        if args.model == "mlp":
+            onnx.save(float_mlp(args.batch, args.width, args.layers), fp32)
+            shape = f"MLP {args.batch}x{args.width}, {args.layers}+1 layers, {args.trials} trials"
+        else:
+            onnx.save(NETWORKS[args.model](), fp32)
+            shape = f"{args.model}, {args.trials} trials per task"
+        quantize(fp32, int8, args.activations)
         rows = []
         for name, path in (("int8", int8), ("float32", fp32)):
             log = Path(tmp) / f"{name}.jsonl"
-            tune_model(path, board=board, trials=args.trials, log=log)
+            tasks = len(extract_tasks(path, board.target).tasks) if args.model != "mlp" else 1
+            tune_model(path, board=board, trials=args.trials * tasks, log=log)
             report = bench_model(path, board, logs=[log], repeat=args.repeat)
             built = build_model(path, board.target, logs=[log])
             rows.append((name, report, built.weights_bytes, built.workspace_bytes))
-        shape = f"{args.batch}x{args.width}, {args.layers}+1 layers"
-        print(f"MLP {shape}, {args.trials} trials, {board.target.name}")
+        print(f"{shape}, {args.activations} activations, {board.target.name}")
         heads = ("build", "correct", "xtune ms", "ORT ms", "vs ORT", "weights B", "workspace B")
         print("{:8} {:7} {:>9} {:>8} {:>7} {:>10} {:>11}".format(*heads))
         for name, r, weights, workspace in rows:
