@@ -64,6 +64,10 @@ class Configs:
     def flag(self, name: str, value: KnobValue) -> np.ndarray:
         return (self.values(name) == value).astype(np.float64)
 
+    def lmul(self) -> np.ndarray:
+        """The lmul knob of every config (`tiles.lmul_knobs`), 1 where the space has none."""
+        return self.ints("lmul") if "lmul" in self.tables else np.ones(len(self.digits))
+
     def tiles(self) -> tuple[np.ndarray, np.ndarray]:
         col, table = self.tables["tile"]
         picked = _tile_table(tuple(table))[self.digits[:, col]]

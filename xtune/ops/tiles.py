@@ -28,7 +28,7 @@ from xtune.schedule.loopnest import (
     Shuffle,
     Value,
 )
-from xtune.schedule.space import Knob, KnobKind
+from xtune.schedule.space import Config, Knob, KnobKind
 from xtune.target import Target
 
 Num = TypeVar("Num", int, float, np.ndarray)
@@ -99,6 +99,11 @@ def lmul_knobs(target: Target) -> list[Knob]:
     tile's vectors are lmul times longer and the register file holds 32 / lmul of them: one load and one
     FMA instruction per lmul registers. No knob elsewhere."""
     return [Knob("lmul", KnobKind.CHOICE, LMUL_OPTIONS)] if "+v" in target.features.split(",") else []
+
+
+def lmul_of(config: Config) -> int:
+    """The config's lmul knob, 1 where the space has none (every target without RVV)."""
+    return config.int("lmul") if "lmul" in config.as_dict() else 1
 
 
 def group_lanes(target: Target, rows: Num, vectors: Num, lmul: Num) -> np.ndarray:

@@ -74,7 +74,7 @@ def matmul_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     cfg = Configs(template, indices)
     ints = cfg.ints
     mr, nv = cfg.tiles()
-    lmul = ints("lmul") if "lmul" in cfg.tables else np.ones_like(mr)
+    lmul = cfg.lmul()
     lanes = group_lanes(t, mr, nv, lmul).astype(np.float64)
     nr = nv * lanes
     mc, nc, kc = matmul.effective_blocks(wl, lanes, (mr, nv), (ints("mc"), ints("nc"), ints("kc")))

@@ -25,6 +25,7 @@ from xtune.ops.tiles import (
     fmas_per_load,
     group_lanes,
     lmul_knobs,
+    lmul_of,
     parse_tile,
     register_budget,
     register_tiles,
@@ -57,11 +58,6 @@ def effective_blocks(
     mc, nc, kc = blocks
     m, n = int(workload["m"]), int(workload["n"])
     return whole_tiles(mc, m, mr), whole_tiles(nc, n, nv * lanes), np.asarray(kc)
-
-
-def lmul_of(config: Config) -> int:
-    """The config's lmul knob (RVV), 1 where the space has none."""
-    return config.int("lmul") if "lmul" in config.as_dict() else 1
 
 
 def prepack(operand: str, matrix: np.ndarray, rows: int, cols: int, width: int) -> np.ndarray:

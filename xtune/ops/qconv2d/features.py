@@ -37,7 +37,7 @@ def qconv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray
     assert isinstance(template, QConv2dTemplate)
     t, sh, configs = template.target, template.sh, Configs(template, indices)
     mr, nv = configs.tiles()
-    lmul = configs.ints("lmul") if "lmul" in configs.tables else np.ones(len(mr))
+    lmul = configs.lmul()
     lanes = template.lanes * lmul
     nr = nv * lanes
     ksplit = configs.ints("ksplit")

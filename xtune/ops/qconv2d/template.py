@@ -38,7 +38,7 @@ from xtune.ops.qmatmul.micro import (
 )
 from xtune.ops.qmatmul.reference import wrap32
 from xtune.ops.qmatmul.template import KSPLIT_OPTIONS, NC_OPTIONS, UNROLL_OPTIONS
-from xtune.ops.tiles import clipped, lmul_knobs, parse_tile, whole_tiles
+from xtune.ops.tiles import clipped, lmul_knobs, lmul_of, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Affine, Buffer, DotInsn, Kernel, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
@@ -108,7 +108,7 @@ class QConv2dTemplate:
 
     def schedule(self, config: Config) -> QConvSchedule:
         mr, nv = parse_tile(str(config["tile"]))
-        lmul = config.int("lmul") if "lmul" in dict(config.values) else 1
+        lmul = lmul_of(config)
         ksplit, lanes = fit_registers(self.plan, self.target, (mr, nv), config.int("ksplit"), lmul)
         nc = int(whole_tiles(config.int("nc"), self.sh.k, nv * lanes))
         return QConvSchedule(

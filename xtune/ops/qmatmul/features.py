@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xtune.ops.featurize import FeatureSet
+from xtune.ops.featurize import Configs, FeatureSet
 from xtune.ops.qmatmul.template import QMatmulTemplate
 from xtune.ops.template import ScheduleTemplate
-from xtune.ops.tiles import parse_tile, whole_tiles
+from xtune.ops.tiles import whole_tiles
 
 QMATMUL_FEATURES = (
     "log2_m",
@@ -36,22 +36,16 @@ QMATMUL_FEATURES = (
 
 def qmatmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.ndarray) -> np.ndarray:
     assert isinstance(template, QMatmulTemplate)
-    t, wl, space = template.target, template.workload, template.space
-    digits = space.digits(np.asarray(indices, dtype=np.int64))
-    options = {knob.name: (col, knob.options) for col, knob in enumerate(space.knobs)}
-
-    def values(name: str) -> np.ndarray:
-        col, opts = options[name]
-        return np.asarray(opts, dtype=object)[digits[:, col]]
-
-    tiles = np.array([parse_tile(str(v)) for v in values("tile")], dtype=np.float64).reshape(-1, 2)
-    mr, nv = tiles[:, 0], tiles[:, 1]
-    lmul = values("lmul").astype(np.float64) if "lmul" in options else np.ones(len(mr))
+    t, wl = template.target, template.workload
+    configs = Configs(template, indices)
+    values, ints = configs.values, configs.ints
+    mr, nv = configs.tiles()
+    lmul = configs.lmul()
     m, n, k, lanes = float(wl["m"]), float(wl["n"]), float(wl["k"]), template.lanes * lmul
     nr = nv * lanes
-    mc = whole_tiles(values("mc").astype(np.float64), m, mr)
-    nc = whole_tiles(values("nc").astype(np.float64), n, nr)
-    ksplit = values("ksplit").astype(np.float64)
+    mc = whole_tiles(ints("mc"), m, mr)
+    nc = whole_tiles(ints("nc"), n, nr)
+    ksplit = ints("ksplit")
     regs = float(t.vector_registers)
     used = np.array(
         [template.plan.registers(int(r), int(v), int(p)) for r, v, p in zip(mr, nv, ksplit, strict=True)]
@@ -68,7 +62,7 @@ def qmatmul_features(template: ScheduleTemplate, indices: Sequence[int] | np.nda
         used / regs,
         mr * nv / (mr + nv),
         ksplit,
-        np.log2(values("unroll").astype(np.float64)),
+        np.log2(ints("unroll")),
         (values("order") == "nm").astype(np.float64),
         (values("inner") == "nm").astype(np.float64),
         mc * k / t.l2_bytes,

@@ -30,7 +30,7 @@ from xtune.ops.qmatmul.micro import (
     tile_default,
 )
 from xtune.ops.qmatmul.reference import wrap32
-from xtune.ops.tiles import clipped, div, lmul_knobs, parse_tile, whole_tiles
+from xtune.ops.tiles import clipped, div, lmul_knobs, lmul_of, parse_tile, whole_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -98,7 +98,7 @@ class QMatmulTemplate:
     def schedule(self, config: Config) -> QMatmulSchedule:
         mr, nv = parse_tile(str(config["tile"]))
         wl = self.workload
-        lmul = config.int("lmul") if "lmul" in dict(config.values) else 1
+        lmul = lmul_of(config)
         ksplit, lanes = fit_registers(self.plan, self.target, (mr, nv), config.int("ksplit"), lmul)
         mc = int(whole_tiles(config.int("mc"), wl["m"], mr))
         nc = int(whole_tiles(config.int("nc"), wl["n"], nv * lanes))
