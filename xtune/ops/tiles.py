@@ -23,6 +23,7 @@ from xtune.schedule.loopnest import (
     BufferKind,
     Const,
     Load,
+    MulAdd,
     NestBuilder,
     Reg,
     Shuffle,
@@ -278,3 +279,19 @@ def transposed_copy(b: NestBuilder, lanes: int, rows: Rows, dst: str, at: Affine
                 b.store(dst, at + (l0 + v) * width + g * lanes, column, lanes)
 
     b.split(rows.length, lanes, chunk, "tl")
+
+
+def fma_columns_outer(
+    b: NestBuilder,
+    acc: Sequence[Sequence[Reg]],
+    rows: Sequence[Value],
+    regs: Sequence[Reg],
+    columns: Sequence[Value],
+) -> None:
+    """acc[r][c] += rows[r] * columns[c], column by column: each column's vector goes into regs[c] and every
+    row's FMA takes it there, so one column vector is live beside the accumulators and the rows' values
+    (a lane-FMA tile, whose rows are vectors of several k steps: `tile_registers` with lane_fma)."""
+    for c, column in enumerate(columns):
+        b.assign(regs[c], column)
+        for r, row in enumerate(rows):
+            b.assign(acc[r][c], MulAdd(row, regs[c], acc[r][c]))

@@ -9,7 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.tiles import Epilogue, Rows, lane_group, split_edges, transposed_copy, unrolled
+from xtune.ops.tiles import (
+    Epilogue,
+    Rows,
+    fma_columns_outer,
+    lane_group,
+    split_edges,
+    transposed_copy,
+    unrolled,
+)
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -330,10 +338,7 @@ class ConvEmitter:
             )
             if inputs is not None:
                 # Weight vectors outermost: one is live beside the accumulators and the pixels' inputs.
-                for v in range(nvec):
-                    b.assign(wreg[v], weights[v])
-                    for p in range(np_):
-                        b.assign(acc[p][v], MulAdd(inputs[p], wreg[v], acc[p][v]))
+                fma_columns_outer(b, acc, inputs, wreg, weights)
                 return
             for v in range(nvec):
                 b.assign(wreg[v], weights[v])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal
 
-from xtune.ops.tiles import Epilogue, Num, div, lane_group, split_edges, unrolled
+from xtune.ops.tiles import Epilogue, Num, div, fma_columns_outer, lane_group, split_edges, unrolled
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -367,10 +367,7 @@ class MatmulEmitter:
             if any(isinstance(x.value, Load) and x.value.lanes > 1 for x in a):
                 # Each A vector holds `lanes` steps of its row: with B outermost only one B vector is live
                 # beside the accumulators and the rows' A vectors (`tile_registers` with lane_fma).
-                for c in range(nvec):
-                    b.assign(breg[c], bvec[c])
-                    for r in range(rows):
-                        b.assign(acc[r][c], MulAdd(a[r], breg[c], acc[r][c]))
+                fma_columns_outer(b, acc, a, breg, bvec)
                 return
             for c in range(nvec):
                 b.assign(breg[c], bvec[c])
