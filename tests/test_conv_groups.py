@@ -1,8 +1,11 @@
 """Grouped convolution: conv2d workloads with groups=G in, their keys, references against ONNX Runtime's
-Conv, kernels' outputs (local board, QEMU) and grouped Conv nodes of a network built end to end out."""
+Conv, the form each grouped pointwise conv2d takes (the direct template's grouped kernel or one group's
+matmul per group, `matmul_per_group`), kernels' outputs of both forms (local board, QEMU), and grouped
+Conv nodes of a network and of the ONNX Model Zoo's ShuffleNet as tasks, built end to end."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -10,7 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.test_conv import check, configs
+from tests import exported
+from tests.conftest import CliRunner
+from tests.test_conv import FAST, check, configs
 from xtune.boards.board import get_board
 from xtune.errors import InputError
 from xtune.firmware.network_bench import bench_model
@@ -19,11 +24,13 @@ from xtune.ops.conv2d.direct import Conv2dTemplate
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.target import get_target
+from xtune.tuning.measure import Candidate, Measurer, build_image
 from xtune.tuning.peers import onnx_model, ort_available, ort_session
 
 # Odd group counts (2, 3, 4, 8), channels per group not a multiple of any vector width (15, 3, 5, 7),
 # ShuffleNet's pointwise group convs, ResNeXt's 3x3 with 4 channels per group, stride 2, both layouts,
-# the epilogue, prepacked weights and asymmetric pads.
+# the epilogue, prepacked weights and asymmetric pads; pointwise ones whose groups are whole vectors of
+# every target (16 and 32 channels: one group's matmul per group in NHWC too).
 SHAPES = (
     "conv2d:n=1,c=60,h=7,w=9,k=60,r=1,s=1,stride=1,pad=0,groups=4,bias=1,relu=1",
     "conv2d:n=1,c=9,h=8,w=7,k=15,r=3,s=3,stride=1,pad=1,groups=3",
@@ -32,7 +39,11 @@ SHAPES = (
     "conv2d:n=1,c=24,h=7,w=5,k=40,r=1,s=1,stride=1,pad=0,groups=8,layout=nhwc,prepacked=1",
     "conv2d:n=1,c=21,h=9,w=8,k=14,r=3,s=3,stride=2,pad=0,pad_bottom=1,pad_right=1,groups=7,prepacked=1",
     "conv2d:n=1,c=12,h=5,w=6,k=18,r=3,s=3,stride=1,pad=1,groups=3,layout=nhwc,residual=1",
+    "conv2d:n=1,c=64,h=5,w=6,k=32,r=1,s=1,stride=1,pad=0,groups=2,layout=nhwc,bias=1,residual=1,relu=1",
+    "conv2d:n=2,c=64,h=3,w=7,k=96,r=1,s=1,stride=1,pad=0,groups=2,layout=nhwc,prepacked=1",
+    "conv2d:n=2,c=45,h=4,w=5,k=30,r=1,s=1,stride=1,pad=0,groups=3,residual=1,relu6=1,prepacked=1",
 )
+POINTWISE = [key for key in SHAPES if "r=1,s=1,stride=1,pad=0," in key]
 
 
 def test_groups_one_is_the_old_key_and_groups_must_divide_the_channels() -> None:
@@ -52,10 +63,63 @@ def test_groups_one_is_the_old_key_and_groups_must_divide_the_channels() -> None
             parse_workload(f"conv2d:n=1,h=5,w=5,r=3,s=3,{bad}")
 
 
-def test_a_grouped_pointwise_conv_is_the_direct_template_over_one_groups_channels() -> None:
-    template = template_for(parse_workload(SHAPES[0]), get_target("x86-avx2"))
+def per_group(key: str, target: str) -> bool:
+    """Whether the registered template of `key` on `target` runs one group's matmul per group."""
+    template = template_for(parse_workload(key), get_target(target))
     assert isinstance(template, Conv2dTemplate)
-    assert template.as_matmul is None and (template.shape.c, template.shape.k) == (15, 15)
+    return template.as_matmul is not None
+
+
+def test_a_grouped_pointwise_conv_runs_one_groups_matmul_where_its_groups_are_whole_vectors() -> None:
+    """NHWC: where c/G and k/G are multiples of the target's lanes (4 on NEON, 8 on AVX2 and RVV, 16 on
+    AVX-512, 1 on scalar RISC-V), else the grouped kernel; NCHW: always; never for a window."""
+    nhwc = "conv2d:n=1,h=5,w=6,r=1,s=1,layout=nhwc,"
+    cases = {
+        "c=64,k=32,groups=2": {"arm-a72-neon", "x86-avx2", "riscv64-gcv", "x86-avx512", "riscv64-gc"},
+        "c=272,k=272,groups=4": {"arm-a72-neon", "riscv64-gc"},  # 68 channels a group
+        "c=64,k=24,groups=2": {"arm-a72-neon", "riscv64-gc"},  # 32 in, 12 out
+        "c=24,k=64,groups=2": {"arm-a72-neon", "riscv64-gc"},  # 12 in, 32 out
+        "c=60,k=60,groups=4": {"riscv64-gc"},  # 15
+    }
+    targets = ("arm-a72-neon", "x86-avx2", "riscv64-gcv", "x86-avx512", "riscv64-gc")
+    for channels, whole in cases.items():
+        assert {t for t in targets if per_group(nhwc + channels, t)} == whole, channels
+        nchw = f"conv2d:n=1,h=5,w=6,r=1,s=1,{channels}"
+        assert all(per_group(nchw, t) for t in targets), channels
+    windows = ("r=3,s=3,pad=1", "r=1,s=1,stride=2", "r=1,s=1,pad=1")
+    for window, layout in ((w, lay) for w in windows for lay in ("nchw", "nhwc")):
+        key = f"conv2d:n=1,h=5,w=6,{window},c=64,k=32,groups=2,layout={layout}"
+        assert not any(per_group(key, t) for t in targets), key
+
+
+def test_one_groups_matmul_is_the_template_space_of_every_group() -> None:
+    """One task, tuned once for all G groups: the space and default are one group's matmul's."""
+    template = template_for(parse_workload(SHAPES[8]), get_target("x86-avx512"))
+    assert isinstance(template, Conv2dTemplate) and template.as_matmul is not None
+    gemm = template.as_matmul.workload
+    assert (gemm["m"], gemm["n"], gemm["k"]) == (2 * 3 * 7, 48, 32)
+    nchw = template_for(parse_workload(SHAPES[9]), get_target("x86-avx512"))
+    assert isinstance(nchw, Conv2dTemplate) and nchw.as_matmul is not None
+    assert [nchw.as_matmul.workload[x] for x in "mnk"] == [10, 20, 15]
+    direct = Conv2dTemplate(parse_workload(SHAPES[8]), get_target("x86-avx512"), matmul=False)
+    assert direct.as_matmul is None and (direct.shape.c, direct.shape.k, direct.groups) == (32, 48, 2)
+
+
+@pytest.mark.parametrize("matmul", [True, False], ids=["matmul_per_group", "grouped_kernel"])
+@pytest.mark.parametrize("key", POINTWISE)
+def test_both_forms_of_a_grouped_pointwise_conv_compute_the_reference(key: str, matmul: bool) -> None:
+    board = get_board("local")
+    wl = parse_workload(key)
+    template = Conv2dTemplate(wl, board.target, matmul)
+    measurer = Measurer(board, wl, FAST, template=template)
+    try:
+        for index in (template.default_config().index, template.space.size // 3):
+            result = measurer.run(
+                build_image(Candidate(workload=wl, target=board.target, index=index), template)
+            )
+            assert result.ok, (key, index, result.status, result.error)
+    finally:
+        measurer.close()
 
 
 @pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
@@ -74,7 +138,7 @@ def test_kernels_correct_on_host(key: str) -> None:
     check("local", key, configs(key, get_board("local").target.name, 3))
 
 
-@pytest.mark.parametrize("key", (SHAPES[1], SHAPES[4]))
+@pytest.mark.parametrize("key", (SHAPES[1], SHAPES[4], SHAPES[8], SHAPES[9]))
 @pytest.mark.parametrize("board", ["qemu-aarch64", "qemu-riscv64"])
 def test_kernels_correct_under_qemu(board: str, key: str) -> None:
     if shutil.which(get_board(board).target.qemu_binary) is None:
@@ -84,7 +148,9 @@ def test_kernels_correct_under_qemu(board: str, key: str) -> None:
 
 def grouped_network(seed: int = 0) -> onnx.ModelProto:
     """A ShuffleNet-style stem: a 3x3 conv, a group-3 pointwise conv, a group-4 3x3 conv with
-    BatchNormalization and Relu, a group-8 pointwise conv, a depthwise conv (group = channels) between."""
+    BatchNormalization and Relu, a depthwise conv (group = channels), a group-8 pointwise conv and a
+    group-2 one of 16 channels per group (whole vectors on every target: one group's matmul per group in
+    both layouts, where the group-8 one of 3 input channels per group is the grouped kernel in NHWC)."""
     rng = np.random.default_rng(seed)
     inits: list[onnx.TensorProto] = []
 
@@ -107,18 +173,26 @@ def grouped_network(seed: int = 0) -> onnx.ModelProto:
         node("BatchNormalization", ["c", *bn], ["d"], name="bn"),
         node("Relu", ["d"], ["e"], name="relu"),
         node("Conv", ["e", weights("w3", 24, 1, 3)], ["f"], name="dw", group=24, pads=[1, 1, 1, 1]),
-        node("Conv", ["f", weights("w4", 16, 3, 1), vector("b4", 16, -0.1, 0.1)], ["y"], name="g8", group=8),
+        node("Conv", ["f", weights("w4", 32, 3, 1), vector("b4", 32, -0.1, 0.1)], ["g"], name="g8", group=8),
+        node("Relu", ["g"], ["h"], name="relu2"),
+        node("Conv", ["h", weights("w5", 32, 16, 1)], ["y"], name="pw_g2", group=2),
     ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 11, 10])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 11, 10])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 11, 10])
     graph = helper.make_graph(nodes, "grouped", [x], [y], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def test_grouped_conv_nodes_are_conv2d_tasks_with_their_groups() -> None:
     keys = [t.workload.key for t in extract_tasks(grouped_network(), "x86-avx2", "nchw").tasks]
-    assert [k.split(":")[0] for k in keys] == ["conv2d", "conv2d", "conv2d", "depthwise", "conv2d"]
-    assert [k.split("groups=")[1].split(",")[0] for k in keys if "groups=" in k] == ["3", "4", "8"]
+    assert [k.split(":")[0] for k in keys] == ["conv2d", "conv2d", "conv2d", "depthwise", "conv2d", "conv2d"]
+    assert [k.split("groups=")[1].split(",")[0] for k in keys if "groups=" in k] == ["3", "4", "8", "2"]
+    # The forms the network builds below take on AVX-512: both, in NHWC.
+    pointwise = {"nchw": [True, True, True], "nhwc": [False, False, True]}
+    for layout, forms in pointwise.items():
+        tasks = extract_tasks(grouped_network(), "x86-avx512", layout).tasks
+        keys = [t.workload.key for t in tasks if "groups=" in t.workload.key and "r=1," in t.workload.key]
+        assert [per_group(k, "x86-avx512") for k in keys] == forms, layout
 
 
 @pytest.mark.parametrize(
@@ -129,3 +203,32 @@ def test_a_network_of_grouped_convs_builds_and_matches_onnx_runtime(board: str, 
         pytest.skip(f"needs {get_board(board).target.qemu_binary} (qemu-user)")
     report = bench_model(grouped_network(), get_board(board), repeat=0, layout=layout)
     assert report.correct, report.error
+
+
+def test_xtune_tasks_lists_shufflenets_grouped_convs_once_per_shape_each_in_the_form_it_takes(
+    xtune_cli: CliRunner,
+) -> None:
+    """The zoo's ShuffleNet (group 4: 6, 28, 34, 68 and 136 channels per group) on NEON: one task per
+    distinct grouped shape, covering every grouped Conv node; in NHWC one group's matmul per group where
+    the group is whole 4-lane vectors, the grouped kernel for 6 and 34 channels; in NCHW the matmul."""
+    path = exported.light_models()["shufflenet"]
+    graph = onnx.load(str(path)).graph
+    grouped = [
+        n
+        for n in graph.node
+        if n.op_type == "Conv" and any(a.name == "group" and a.i == 4 for a in n.attribute)
+    ]
+    for layout in ("nhwc", "nchw"):
+        run = xtune_cli("tasks", str(path), "--target", "arm-a72-neon", "--layout", layout, "--json")
+        assert run.returncode == 0, run.stderr
+        tasks = [t for t in json.loads(run.stdout)["tasks"] if "groups=4" in t["workload"]]
+        assert len({t["workload"] for t in tasks}) == len(tasks) == 10
+        assert sum(t["count"] for t in tasks) == len(grouped)
+        forms = {
+            (parse_workload(t["workload"])["c"] // 4, parse_workload(t["workload"])["k"] // 4): per_group(
+                t["workload"], "arm-a72-neon"
+            )
+            for t in tasks
+        }
+        whole = {form: layout == "nchw" or (form[0] % 4 == 0 and form[1] % 4 == 0) for form in forms}
+        assert forms == whole and set(forms.values()) == ({True, False} if layout == "nhwc" else {True})

@@ -22,7 +22,9 @@ from xtune.target import get_target
 
 # Tails on every axis (channels no multiple of any vector width, several channel blocks in random configs),
 # both layouts, strides 1 and 2, the epilogue; Winograd with odd sizes; the pointwise conv2d's matmul
-# (weights as A for NCHW, as B for NHWC); a plain matmul; grouped conv2d (each group's blocks in turn).
+# (weights as A for NCHW, as B for NHWC); a plain matmul; grouped conv2d (each group's blocks in turn),
+# and grouped pointwise ones through one group's matmul (each group's panels in turn: NCHW, and NHWC with
+# 32 channels per group, whole vectors on every target).
 KEYS = (
     "conv2d:n=1,c=13,h=9,w=9,k=21,r=3,s=3,stride=1,pad=1,bias=1,relu=1,prepacked=1,algo=direct",
     "conv2d:n=2,c=7,h=11,w=10,k=19,r=3,s=3,stride=2,pad=1,layout=nhwc,prepacked=1",
@@ -33,6 +35,8 @@ KEYS = (
     "matmul:m=7,n=37,k=20,bias=1,prepacked=1",
     "conv2d:n=1,c=21,h=7,w=6,k=15,r=3,s=3,stride=1,pad=1,groups=3,prepacked=1",
     "conv2d:n=1,c=24,h=5,w=6,k=40,r=1,s=1,stride=1,pad=0,groups=8,layout=nhwc,prepacked=1",
+    "conv2d:n=2,c=21,h=5,w=7,k=12,r=1,s=1,stride=1,pad=0,groups=3,bias=1,prepacked=1",
+    "conv2d:n=1,c=64,h=5,w=3,k=96,r=1,s=1,stride=1,pad=0,groups=2,layout=nhwc,prepacked=1",
 )
 
 

@@ -256,14 +256,21 @@ class Measurer:
     it in `failure`, returns board_error for the candidates it did not finish, and measures no more."""
 
     def __init__(
-        self, board: Board, workload: Workload, options: MeasureOptions, pool: CompilePool | None = None
+        self,
+        board: Board,
+        workload: Workload,
+        options: MeasureOptions,
+        pool: CompilePool | None = None,
+        template: ScheduleTemplate | None = None,
     ):
+        """`template`: the one whose configs are measured (their inputs its `kernel_inputs`); by default
+        the workload's registered template (a benchmark may give another form of the workload)."""
         self.board = board
         self.workload = workload
         self.options = options
         self.pool = pool or CompilePool()
         self._owns_pool = pool is None
-        self.template = template_for(workload, board.target)
+        self.template = template or template_for(workload, board.target)
         self.inputs = random_inputs(workload)
         self.tensors = workload.tensors()
         self.args = tuple(range(len(self.tensors)))  # buffer slot i is the kernel's i-th parameter

@@ -1,7 +1,8 @@
 """The conv2d family: 2-D convolution with the fused epilogue, direct (direct.py) or by Winograd's
 F(2x2, 3x3) (winograd.py), forced by the workload's `algo` key or, where Winograd applies and `algo` is
 not given, both in one space (the tuner's choice: a SumTemplate); a pointwise one lowers through the
-matmul template and is featured as a matmul. Its workload keys, validation, tensors, numpy reference and
+matmul template and is featured as a matmul (a grouped one too, one group's matmul for each group, where
+`direct.matmul_per_group` says). Its workload keys, validation, tensors, numpy reference and
 flops; the ONNX Conv nodes of group 1 it runs (2-D, NCHW, OIHW weights, one stride, dilation and pad
 for both axes); its weights in the layout its workload takes; its features (features.py)."""
 

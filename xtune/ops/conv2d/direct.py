@@ -87,24 +87,50 @@ def is_pointwise(sh: ConvShape) -> bool:
     return sh.r == 1 and sh.s == 1 and sh.stride == 1 and sh.padded == (sh.h, sh.w)
 
 
+def matmul_per_group(workload: Workload, target: Target) -> bool:
+    """Whether a conv2d lowers through the matmul template, one group's product after another (one
+    kernel, one task, whose space is one group's matmul), rather than through the direct template. The
+    one home of the rule, for every target: a pointwise conv2d (`is_pointwise`), ungrouped; or grouped,
+    in NCHW, where the product's vectors run along the pixels, so the group width does not matter; or in
+    NHWC where each group's input and output channels are whole vectors of the target (c/G and k/G
+    multiples of `fp32_lanes`), the widths the matmul's columns and lane-FMA k steps fill
+    (docs/design.md, "Grouped convolution"; docs/benchmarks.md, "Issue 28: grouped convolution")."""
+    full = conv_shape(workload)
+    one = full.per_group
+    if not is_pointwise(one):
+        return False
+    if full.groups == 1:
+        return True
+    return not full.nhwc or (one.c % target.fp32_lanes == 0 and one.k % target.fp32_lanes == 0)
+
+
 def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
     """The matmul a pointwise conv2d is, and where its operands live. NCHW, per image: out[k, p] =
     W[k, c] . X[c, p] (A = OIHW weights, B = the image's planes, C = its output planes, bias per row),
     the images one after another. NHWC, the whole batch: out[p, k] = X[p, c] . W[c, k] (A = the pixels,
     B = HWIO weights, bias per column, as matmul's own). prepacked=1: the weights operand (A, or B for
-    nhwc) is passed in the matmul's panels."""
-    sh = conv_shape(workload)
+    nhwc) is passed in the matmul's panels. Grouped, the matmul is one group's (c/G input and k/G output
+    channels), run for every group (`Operands.groups`): in NCHW each group's weights, input and output
+    planes are contiguous, in NHWC its channels are a run of every pixel (`Operands.interleaved`)."""
+    full = conv_shape(workload)
+    sh = full.per_group
     params = (
-        Buffer("input", sh.n * sh.c * sh.h * sh.w, BufferKind.INPUT),
-        Buffer("weights", sh.k * sh.c, BufferKind.INPUT),
-        *Epilogue.of(workload).buffers(sh.k, sh.n * sh.k * sh.h * sh.w),
-        Buffer("output", sh.n * sh.k * sh.h * sh.w, BufferKind.OUTPUT),
+        Buffer("input", full.n * full.c * full.h * full.w, BufferKind.INPUT),
+        Buffer("weights", full.k * sh.c, BufferKind.INPUT),
+        *Epilogue.of(workload).buffers(full.k, full.n * full.k * full.h * full.w),
+        Buffer("output", full.n * full.k * full.h * full.w, BufferKind.OUTPUT),
     )
     packed = bool(workload["prepacked"])
     if sh.nhwc:
         m, n, k = sh.n * sh.h * sh.w, sh.k, sh.c
         operands = Operands(
-            a="input", b="weights", c="output", params=params, prepacked="B" if packed else ""
+            a="input",
+            b="weights",
+            c="output",
+            params=params,
+            prepacked="B" if packed else "",
+            groups=full.groups,
+            interleaved=True,
         )
     else:
         m, n, k = sh.k, sh.h * sh.w, sh.c
@@ -116,6 +142,7 @@ def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
             bias_rows=True,
             batch=sh.n,
             prepacked="A" if packed else "",
+            groups=full.groups,
         )
     # the same fused epilogue
     epilogue = ",".join(f"{key}={workload.value(key)}" for key in (*EPILOGUE, *ACTIVATION))
@@ -124,7 +151,10 @@ def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
 
 
 class Conv2dTemplate:
-    def __init__(self, workload: Workload, target: Target):
+    def __init__(self, workload: Workload, target: Target, matmul: bool | None = None):
+        """`matmul`: whether a pointwise conv2d lowers through the matmul template; None (what every
+        build and tuning run takes) is `matmul_per_group`'s choice, a benchmark or test may force either
+        form of a grouped one."""
         self.workload = workload
         self.target = target
         full = conv_shape(workload)
@@ -132,10 +162,11 @@ class Conv2dTemplate:
         # blocked and tiled alike (direct_nest.py).
         self.shape = sh = full.per_group
         self.groups = full.groups
-        # A pointwise conv2d lowers through the matmul template: its space, default, features and cost
-        # models are the matmul's (the register tiles and blocking that make a matmul fast).
+        # A pointwise conv2d lowers through the matmul template (grouped: one group's matmul for each,
+        # where `matmul_per_group` says): its space, default, features and cost models are the matmul's
+        # (the register tiles and blocking that make a matmul fast).
         self.as_matmul: MatmulTemplate | None = None
-        if is_pointwise(sh) and full.groups == 1:
+        if matmul_per_group(workload, target) if matmul is None else matmul and is_pointwise(sh):
             gemm, operands = pointwise_matmul(workload)
             self.as_matmul = MatmulTemplate(gemm, target, operands)
             self.space = self.as_matmul.space

@@ -96,7 +96,14 @@ class Operands:
     """Where the product's operands live, for a template that lowers through this one (a pointwise
     conv2d): buffer names, the kernel's parameters in order (None: A, B, bias, C), bias per row of C
     instead of per column, `batch` products one after another that share A (B and C advance by one
-    whole matrix per product), and which operand holds weights passed prepacked ("" for none)."""
+    whole matrix per product), and which operand holds weights passed prepacked ("" for none).
+
+    `groups` (a grouped pointwise conv2d): per batch product, that many independent products of the
+    workload's shape, each over its own slice of every operand and its own bias. Without `interleaved`
+    each group's A, B and C are whole matrices one after another (NCHW: a group's weights rows, input and
+    output planes are contiguous); `interleaved` (NHWC) puts the groups side by side in every row: a row
+    of A holds every group's k columns, of B and C every group's n. A prepacked operand holds each
+    group's panels one after another."""
 
     a: str = "A"
     b: str = "B"
@@ -105,13 +112,20 @@ class Operands:
     bias_rows: bool = False
     batch: int = 1
     prepacked: Literal["", "A", "B"] = ""
+    groups: int = 1
+    interleaved: bool = False
 
 
 class MatmulEmitter:
     def __init__(self, workload: Workload, s: MatmulSchedule, operands: Operands):
         self.m, self.n, self.k = workload["m"], workload["n"], workload["k"]
         self.s, self.o = s, operands
-        self.b_at, self.c_at = Affine(), Affine()  # the current product's B and C (batch > 1)
+        # Row strides: a group's rows are its slice of rows holding every group (`Operands.interleaved`).
+        width = operands.groups if operands.interleaved else 1
+        self.lda, self.ldb, self.ldc = self.k * width, self.n * width, self.n * width
+        # Where the current product's operands start (`locate`): plain A, B, C, its bias, and its panels
+        # of the operand passed prepacked.
+        self.a_at, self.b_at, self.c_at, self.bias_at, self.packed_at = (Affine(),) * 5
         self.b = NestBuilder()
         self.multi_k = self.k > s.kc
         self.epi = Epilogue.of(workload)
@@ -127,28 +141,47 @@ class MatmulEmitter:
             buffers.append(
                 Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL)
             )
-        with b.loop(self.o.batch, "bn") as product:
-            self.b_at, self.c_at = product * (self.k * self.n), product * (self.m * self.n)
+        with b.loop(self.o.batch, "bn") as product, b.loop(self.o.groups, "gr") as group:
+            self.locate(product, group)
             if self.multi_k:
                 self.zero_c()  # every k block then accumulates into C
             self.blocks(s.order, {})
         return b.kernel(name, tuple(buffers))
 
+    def locate(self, product: Affine, group: Affine) -> None:
+        """Point the operands at batch product `product`'s group `group` (`Operands.groups`)."""
+        m, n, k, o = self.m, self.n, self.k, self.o
+        if o.interleaved:  # the group's columns of every row
+            self.a_at, self.b_at, self.c_at, self.bias_at = group * k, group * n, group * n, group * n
+        else:  # whole matrices: A and the bias per group, B and C per (product, group)
+            at = product * o.groups + group
+            self.a_at, self.b_at, self.c_at = group * (m * k), at * (k * n), at * (m * n)
+            self.bias_at = group * (m if o.bias_rows else n)
+        self.packed_at = group * self.panels_size()
+
+    def panels_size(self) -> int:
+        """Floats of one group's panels of the operand passed prepacked (0 for none): whole k per panel,
+        rows (A) or columns (B) up to whole panels."""
+        s = self.s
+        if s.passed_packed == "A":
+            return -(-self.m // s.mr) * s.mr * self.k
+        if s.passed_packed == "B":
+            return -(-self.n // s.nr) * s.nr * self.k
+        return 0
+
     def packed_param(self, param: Buffer) -> Buffer:
         """`param`, sized as its panels when it is the operand passed prepacked and read in panels."""
-        s = self.s
-        if s.passed_packed == "A" and param.name == self.o.a:
-            return replace(param, size=-(-self.m // s.mr) * s.mr * self.k)
-        if s.passed_packed == "B" and param.name == self.o.b:
-            return replace(param, size=-(-self.n // s.nr) * s.nr * self.k)
+        packed = self.s.passed_packed
+        if param.name == {"A": self.o.a, "B": self.o.b}.get(packed):
+            return replace(param, size=self.panels_size() * self.o.groups)
         return param
 
     def bias_vector(self, row: Affine, col: Affine, cols: int) -> Value:
         """The bias of C[row, col : col + lanes] (its first `cols`): one per column, or a row's broadcast."""
         v = self.s.lanes
         if self.o.bias_rows:
-            return Broadcast(Load("bias", row), v)
-        return Load("bias", col, v, cols % v)
+            return Broadcast(Load("bias", self.bias_at + row), v)
+        return Load("bias", self.bias_at + col, v, cols % v)
 
     def zero_c(self) -> None:
         """C = 0 (or the bias row plus the residual) before the k blocks accumulate into it."""
@@ -156,9 +189,9 @@ class MatmulEmitter:
 
         def row(i: Affine, j: Affine, cols: int) -> None:
             bias = self.bias_vector(i, j, cols)
-            residual = Load("residual", self.c_at + i * self.n + j, v, cols % v)
+            residual = Load("residual", self.c_at + i * self.ldc + j, v, cols % v)
             value = self.epi.initial(v, bias, residual)
-            self.b.store(self.o.c, self.c_at + i * self.n + j, value, v, cols)
+            self.b.store(self.o.c, self.c_at + i * self.ldc + j, value, v, cols)
 
         with self.b.loop(self.m, "zi") as i:
             self.b.split(self.n, v, lambda j, cols: row(i, j, cols), "zj")
@@ -202,7 +235,7 @@ class MatmulEmitter:
             with b.loop(kcur, "pbk") as kk:
                 for c in range(s.nv):
                     cols = min(max(ncols - c * s.lanes, 0), s.lanes)
-                    src = self.b_at + (k0 + kk) * self.n + n0 + js + c * s.lanes
+                    src = self.b_at + (k0 + kk) * self.ldb + n0 + js + c * s.lanes
                     value: Value = (
                         Load(self.o.b, src, s.lanes, cols % s.lanes) if cols else Const(0.0, s.lanes)
                     )
@@ -235,7 +268,8 @@ class MatmulEmitter:
         def panel(io: Affine, rows: int) -> None:
             with b.loop(kcur, "pak") as kk:
                 for r in range(s.mr if pad else rows):
-                    src: Value = Load(self.o.a, (m0 + io + r) * self.k + k0 + kk) if r < rows else Const(0.0)
+                    index = self.a_at + (m0 + io + r) * self.lda + k0 + kk
+                    src: Value = Load(self.o.a, index) if r < rows else Const(0.0)
                     b.store(dst, at(io, kk, rows) + r, src)
 
         b.split(mcur, s.mr, panel, "pai")
@@ -244,19 +278,23 @@ class MatmulEmitter:
         """Where row `kk` of the prepacked operand's panel starting at row (A) or column (B) `start` is:
         whole-k panels of `width` = mr rows (A) or nr columns (B), each k x width (`prepack`)."""
         width = self.s.mr if self.s.passed_packed == "A" else self.s.nr
-        return div(Affine.of(start), width) * (self.k * width) + Affine.of(kk) * width
+        return self.packed_at + div(Affine.of(start), width) * (self.k * width) + Affine.of(kk) * width
 
     def pack_kernel(self, name: str, plain: Buffer, packed: Buffer) -> Kernel:
         """The nest that writes `packed` (the prepacked operand as the kernel reads it) from `plain` (the
         operand in the workload's layout): through `panel_index`, the index the kernel reads by."""
         s, b = self.s, self.b
         zero = Affine()
-        if s.passed_packed == "B":
-            self.copy_strips(zero, self.n, zero, self.k, packed.name, self.panel_index)
-        elif s.passed_packed == "A":
-            self.copy_panels(
-                zero, self.m, zero, self.k, packed.name, lambda io, kk, _: self.panel_index(io, kk), True
-            )
+        if s.passed_packed:
+            with b.loop(self.o.groups, "gr") as group:  # each group's panels from its own slice
+                self.locate(zero, group)
+                if s.passed_packed == "B":
+                    self.copy_strips(zero, self.n, zero, self.k, packed.name, self.panel_index)
+                else:
+                    at = self.panel_index
+                    self.copy_panels(
+                        zero, self.m, zero, self.k, packed.name, lambda io, kk, _: at(io, kk), True
+                    )
         else:  # the config reads the operand as it is: the packed form is a copy
             b.split(
                 plain.size,
@@ -313,7 +351,7 @@ class MatmulEmitter:
             return Load("Bp", div(jo, s.nr) * (kcur * s.nr) + kk * s.nr + c * lanes, lanes)
         if s.passed_packed == "B":  # whole-k strips of the whole B (`prepack`)
             return Load(self.o.b, self.panel_index(n0 + jo, k0 + kk) + c * lanes, lanes)
-        return Load(self.o.b, self.b_at + (k0 + kk) * self.n + n0 + jo + c * lanes, lanes, count)
+        return Load(self.o.b, self.b_at + (k0 + kk) * self.ldb + n0 + jo + c * lanes, lanes, count)
 
     def a_value(
         self, ctx: dict[str, tuple[Affine, int]], io: Affine, rows: int, r: int, kk: Affine
@@ -326,7 +364,7 @@ class MatmulEmitter:
             return Broadcast(Load("Ap", div(io, s.mr) * (kcur * s.mr) + kk * rows + r), lanes)
         if s.passed_packed == "A":  # whole-k panels of the whole A, mr rows each (`prepack`)
             return Broadcast(Load(self.o.a, self.panel_index(m0 + io, k0 + kk) + r), lanes)
-        row = (m0 + io + r) * self.k + k0
+        row = self.a_at + (m0 + io + r) * self.lda + k0
         group = lane_group(kk, kcur, lanes) if s.lane_fma else None
         if group is None:
             return Broadcast(Load(self.o.a, row + kk), lanes)
@@ -345,7 +383,7 @@ class MatmulEmitter:
         breg = [b.register(f"b{c}", lanes) for c in range(nvec)]
 
         def c_index(r: int, c: int) -> Affine:
-            return self.c_at + (m0 + io + r) * self.n + n0 + jo + c * lanes
+            return self.c_at + (m0 + io + r) * self.ldc + n0 + jo + c * lanes
 
         for r in range(rows):
             for c in range(nvec):

@@ -190,10 +190,15 @@ class MatmulTemplate:
         return emitter.pack_kernel(name, plain, packed)
 
     def prepack_operand(self, s: MatmulSchedule, matrix: np.ndarray) -> np.ndarray:
-        m, n, k = self.workload["m"], self.workload["n"], self.workload["k"]
-        if self.operands.prepacked == "A":
-            return prepack("A", matrix, m, k, s.mr)
-        return prepack("B", matrix, k, n, s.nr)
+        """The prepacked operand in its panels, each group's (`Operands.groups`) after the one before."""
+        m, n, k, o = self.workload["m"], self.workload["n"], self.workload["k"], self.operands
+        rows, cols, width = (m, k, s.mr) if o.prepacked == "A" else (k, n, s.nr)
+        plain = np.asarray(matrix, np.float32)
+        if o.interleaved:  # each row holds every group's columns
+            groups = plain.reshape(rows, o.groups, cols).transpose(1, 0, 2)
+        else:
+            groups = plain.reshape(o.groups, rows, cols)
+        return np.concatenate([prepack(o.prepacked, g, rows, cols, width) for g in groups])
 
     def params(self) -> tuple[Buffer, ...]:
         """The kernel's parameters in order, each as the workload's layout sizes it."""
