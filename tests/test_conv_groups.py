@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 
 import numpy as np
 import onnx
@@ -20,6 +21,8 @@ from xtune.boards.board import get_board
 from xtune.errors import InputError
 from xtune.firmware.network_bench import bench_model
 from xtune.frontend.tasks import extract_tasks
+from xtune.ops.conv import conv_shape
+from xtune.ops.conv2d import direct
 from xtune.ops.conv2d.direct import Conv2dTemplate
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import RTOL, compare_output, random_inputs
@@ -29,8 +32,8 @@ from xtune.tuning.peers import onnx_model, ort_available, ort_session
 
 # Odd group counts (2, 3, 4, 8), channels per group not a multiple of any vector width (15, 3, 5, 7),
 # ShuffleNet's pointwise group convs, ResNeXt's 3x3 with 4 channels per group, stride 2, both layouts,
-# the epilogue, prepacked weights and asymmetric pads; pointwise ones whose groups are whole vectors of
-# every target (16 and 32 channels: one group's matmul per group in NHWC too).
+# the epilogue, prepacked weights and asymmetric pads; pointwise ones (one group's matmul per group) whose
+# groups are whole vectors of every target (16, 32 and 48 channels), and a batch of two in NCHW.
 SHAPES = (
     "conv2d:n=1,c=60,h=7,w=9,k=60,r=1,s=1,stride=1,pad=0,groups=4,bias=1,relu=1",
     "conv2d:n=1,c=9,h=8,w=7,k=15,r=3,s=3,stride=1,pad=1,groups=3",
@@ -70,22 +73,15 @@ def per_group(key: str, target: str) -> bool:
     return template.as_matmul is not None
 
 
-def test_a_grouped_pointwise_conv_runs_one_groups_matmul_where_its_groups_are_whole_vectors() -> None:
-    """NHWC: where c/G and k/G are multiples of the target's lanes (4 on NEON, 8 on AVX2 and RVV, 16 on
-    AVX-512, 1 on scalar RISC-V), else the grouped kernel; NCHW: always; never for a window."""
-    nhwc = "conv2d:n=1,h=5,w=6,r=1,s=1,layout=nhwc,"
-    cases = {
-        "c=64,k=32,groups=2": {"arm-a72-neon", "x86-avx2", "riscv64-gcv", "x86-avx512", "riscv64-gc"},
-        "c=272,k=272,groups=4": {"arm-a72-neon", "riscv64-gc"},  # 68 channels a group
-        "c=64,k=24,groups=2": {"arm-a72-neon", "riscv64-gc"},  # 32 in, 12 out
-        "c=24,k=64,groups=2": {"arm-a72-neon", "riscv64-gc"},  # 12 in, 32 out
-        "c=60,k=60,groups=4": {"riscv64-gc"},  # 15
-    }
+def test_a_grouped_pointwise_conv_runs_one_groups_matmul_whatever_its_group_width() -> None:
+    """Groups of whole vectors of every target (32, 16 channels), of none (15, 3, 5), of some (68: whole
+    on 4-lane NEON only; 32 in and 12 out), in both layouts, on every target: one group's matmul per
+    group. A window, a stride or a pad keeps the grouped direct kernel."""
     targets = ("arm-a72-neon", "x86-avx2", "riscv64-gcv", "x86-avx512", "riscv64-gc")
-    for channels, whole in cases.items():
-        assert {t for t in targets if per_group(nhwc + channels, t)} == whole, channels
-        nchw = f"conv2d:n=1,h=5,w=6,r=1,s=1,{channels}"
-        assert all(per_group(nchw, t) for t in targets), channels
+    widths = ("c=64,k=32,groups=2", "c=272,k=272,groups=4", "c=64,k=24,groups=2", "c=60,k=60,groups=4")
+    for channels, layout in ((c, lay) for c in (*widths, "c=24,k=40,groups=8") for lay in ("nchw", "nhwc")):
+        key = f"conv2d:n=1,h=5,w=6,r=1,s=1,{channels},layout={layout}"
+        assert all(per_group(key, t) for t in targets), key
     windows = ("r=3,s=3,pad=1", "r=1,s=1,stride=2", "r=1,s=1,pad=1")
     for window, layout in ((w, lay) for w in windows for lay in ("nchw", "nhwc")):
         key = f"conv2d:n=1,h=5,w=6,{window},c=64,k=32,groups=2,layout={layout}"
@@ -149,8 +145,8 @@ def test_kernels_correct_under_qemu(board: str, key: str) -> None:
 def grouped_network(seed: int = 0) -> onnx.ModelProto:
     """A ShuffleNet-style stem: a 3x3 conv, a group-3 pointwise conv, a group-4 3x3 conv with
     BatchNormalization and Relu, a depthwise conv (group = channels), a group-8 pointwise conv and a
-    group-2 one of 16 channels per group (whole vectors on every target: one group's matmul per group in
-    both layouts, where the group-8 one of 3 input channels per group is the grouped kernel in NHWC)."""
+    group-2 one of 16 channels per group (whole vectors on every target, where the group-8 one has 3 and 4
+    channels per group)."""
     rng = np.random.default_rng(seed)
     inits: list[onnx.TensorProto] = []
 
@@ -187,12 +183,33 @@ def test_grouped_conv_nodes_are_conv2d_tasks_with_their_groups() -> None:
     keys = [t.workload.key for t in extract_tasks(grouped_network(), "x86-avx2", "nchw").tasks]
     assert [k.split(":")[0] for k in keys] == ["conv2d", "conv2d", "conv2d", "depthwise", "conv2d", "conv2d"]
     assert [k.split("groups=")[1].split(",")[0] for k in keys if "groups=" in k] == ["3", "4", "8", "2"]
-    # The forms the network builds below take on AVX-512: both, in NHWC.
-    pointwise = {"nchw": [True, True, True], "nhwc": [False, False, True]}
-    for layout, forms in pointwise.items():
+    # The pointwise ones run one group's matmul per group, the 3x3 one the grouped kernel.
+    for layout in ("nchw", "nhwc"):
         tasks = extract_tasks(grouped_network(), "x86-avx512", layout).tasks
-        keys = [t.workload.key for t in tasks if "groups=" in t.workload.key and "r=1," in t.workload.key]
-        assert [per_group(k, "x86-avx512") for k in keys] == forms, layout
+        keys = [t.workload.key for t in tasks if "groups=" in t.workload.key]
+        assert [per_group(k, "x86-avx512") for k in keys] == [True, False, True, True], layout
+
+
+@pytest.fixture
+def grouped_kernel_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The rule as it was before grouped pointwise convs ran their matmul per group: only an ungrouped
+    pointwise conv2d is a matmul (templates are cached per workload: emptied before and after)."""
+    monkeypatch.setattr(
+        direct, "matmul_per_group", lambda wl: wl["groups"] == 1 and direct.is_pointwise(conv_shape(wl))
+    )
+    template_for.cache_clear()
+    yield
+    template_for.cache_clear()
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_the_network_built_with_the_grouped_kernel_everywhere_matches_onnx_runtime_too(
+    layout: str, grouped_kernel_only: None
+) -> None:
+    tasks = extract_tasks(grouped_network(), "x86-avx512", layout).tasks
+    assert not any(per_group(t.workload.key, "x86-avx512") for t in tasks if "groups=" in t.workload.key)
+    report = bench_model(grouped_network(), get_board("local"), repeat=0, layout=layout)
+    assert report.correct, report.error
 
 
 @pytest.mark.parametrize(
@@ -205,30 +222,31 @@ def test_a_network_of_grouped_convs_builds_and_matches_onnx_runtime(board: str, 
     assert report.correct, report.error
 
 
-def test_xtune_tasks_lists_shufflenets_grouped_convs_once_per_shape_each_in_the_form_it_takes(
+def test_xtune_tasks_lists_shufflenets_grouped_convs_once_per_shape_as_one_groups_matmul(
     xtune_cli: CliRunner,
 ) -> None:
-    """The zoo's ShuffleNet (group 4: 6, 28, 34, 68 and 136 channels per group) on NEON: one task per
-    distinct grouped shape, covering every grouped Conv node; in NHWC one group's matmul per group where
-    the group is whole 4-lane vectors, the grouped kernel for 6 and 34 channels; in NCHW the matmul."""
+    """The zoo's ShuffleNet (group 4: 6 -> 28, 28, 34, 68 and 136 channels per group): one task per
+    distinct grouped shape, covering every grouped Conv node, each tuned once for its 4 groups as one
+    group's matmul (m, n, k: NHWC pixels, k/4, c/4; NCHW k/4, pixels, c/4), in both layouts."""
     path = exported.light_models()["shufflenet"]
-    graph = onnx.load(str(path)).graph
     grouped = [
-        n
-        for n in graph.node
-        if n.op_type == "Conv" and any(a.name == "group" and a.i == 4 for a in n.attribute)
+        n for n in onnx.load(str(path)).graph.node if any(a.name == "group" and a.i == 4 for a in n.attribute)
     ]
+    target = get_target("x86-avx512")
     for layout in ("nhwc", "nchw"):
-        run = xtune_cli("tasks", str(path), "--target", "arm-a72-neon", "--layout", layout, "--json")
+        run = xtune_cli("tasks", str(path), "--target", target.name, "--layout", layout, "--json")
         assert run.returncode == 0, run.stderr
         tasks = [t for t in json.loads(run.stdout)["tasks"] if "groups=4" in t["workload"]]
         assert len({t["workload"] for t in tasks}) == len(tasks) == 10
         assert sum(t["count"] for t in tasks) == len(grouped)
-        forms = {
-            (parse_workload(t["workload"])["c"] // 4, parse_workload(t["workload"])["k"] // 4): per_group(
-                t["workload"], "arm-a72-neon"
-            )
-            for t in tasks
-        }
-        whole = {form: layout == "nchw" or (form[0] % 4 == 0 and form[1] % 4 == 0) for form in forms}
-        assert forms == whole and set(forms.values()) == ({True, False} if layout == "nhwc" else {True})
+        widths = set()
+        for task in tasks:
+            wl = parse_workload(task["workload"])
+            template = template_for(wl, target)
+            assert isinstance(template, Conv2dTemplate) and template.as_matmul is not None
+            gemm = template.as_matmul.workload
+            pixels, one = wl["h"] * wl["w"], (wl["k"] // 4, wl["c"] // 4)
+            want = (pixels, *one) if layout == "nhwc" else (one[0], pixels, one[1])
+            assert (gemm["m"], gemm["n"], gemm["k"]) == want, task["workload"]
+            widths.add(one)
+        assert widths == {(28, 6), (28, 28), (34, 34), (68, 68), (136, 136)}

@@ -87,21 +87,16 @@ def is_pointwise(sh: ConvShape) -> bool:
     return sh.r == 1 and sh.s == 1 and sh.stride == 1 and sh.padded == (sh.h, sh.w)
 
 
-def matmul_per_group(workload: Workload, target: Target) -> bool:
+def matmul_per_group(workload: Workload) -> bool:
     """Whether a conv2d lowers through the matmul template, one group's product after another (one
-    kernel, one task, whose space is one group's matmul), rather than through the direct template. The
-    one home of the rule, for every target: a pointwise conv2d (`is_pointwise`), ungrouped; or grouped,
-    in NCHW, where the product's vectors run along the pixels, so the group width does not matter; or in
-    NHWC where each group's input and output channels are whole vectors of the target (c/G and k/G
-    multiples of `fp32_lanes`), the widths the matmul's columns and lane-FMA k steps fill
-    (docs/design.md, "Grouped convolution"; docs/benchmarks.md, "Issue 28: grouped convolution")."""
-    full = conv_shape(workload)
-    one = full.per_group
-    if not is_pointwise(one):
-        return False
-    if full.groups == 1:
-        return True
-    return not full.nhwc or (one.c % target.fp32_lanes == 0 and one.k % target.fp32_lanes == 0)
+    kernel, one task, whose space is one group's matmul), rather than through the direct template: the
+    one home of the rule. A pointwise conv2d (`is_pointwise`) does, of any group count, in both layouts,
+    on every target: counted under qemu, one group's matmul per group executes fewer instructions than
+    the grouped direct kernel on every ShuffleNet-style layer measured, on NEON, AVX2 and RVV, in both
+    layouts, whether a group is a whole number of vectors or not (in NHWC both forms vectorize the output
+    channels and share the same tails); docs/benchmarks.md, "Issue 28: grouped convolution". A window
+    (3x3, a stride, a pad) keeps the direct template's grouped kernel."""
+    return is_pointwise(conv_shape(workload).per_group)
 
 
 def pointwise_matmul(workload: Workload) -> tuple[Workload, Operands]:
@@ -166,7 +161,7 @@ class Conv2dTemplate:
         # where `matmul_per_group` says): its space, default, features and cost models are the matmul's
         # (the register tiles and blocking that make a matmul fast).
         self.as_matmul: MatmulTemplate | None = None
-        if matmul_per_group(workload, target) if matmul is None else matmul and is_pointwise(sh):
+        if matmul_per_group(workload) if matmul is None else matmul and is_pointwise(sh):
             gemm, operands = pointwise_matmul(workload)
             self.as_matmul = MatmulTemplate(gemm, target, operands)
             self.space = self.as_matmul.space
