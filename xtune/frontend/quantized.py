@@ -296,7 +296,9 @@ def _qlinear_pointwise(
             return
         inputs += [dq.inputs[0], dq.inputs[1], zero_name(edit, dq, graph.dtype(dq.inputs[0]))]
     inputs += [q.inputs[1], zero_name(edit, q, graph.dtype(q.outputs[0]))]
-    attrs = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    attrs: dict[str, AttrValue] = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    if edit.requant == "tflite" and node.op == "GlobalAveragePool":  # TFLite's integer MEAN: qpool.py
+        attrs["requant"] = edit.requant
     edit.nodes[index] = Node(name=node.name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
     drop_fused(edit, writers, q)
 

@@ -193,6 +193,8 @@ def _qparams(graph: Graph, node: Node, tensor: str, scale: str, zero: str) -> QP
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     op, count = FLOAT_FORMS[node.op]
+    if op == "GlobalAveragePool" and node.attr("requant", "onnx") == "tflite":
+        return pool2d.integer_mean(graph, node)  # TFLite's MEAN: an integer kernel, not this float form
     if op == "GlobalAveragePool" and node.int_attr("channels_last", 0):
         raise refuse(graph, node, "channels_last=1 is not supported (an NCHW tensor is)")
     ins = [(*node.inputs[3 * i : 3 * i + 3], "")[:3] for i in range(count)]
