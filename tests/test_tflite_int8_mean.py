@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.board_run import run_entry
+from tests.board_run import run_cases
 from tests.nest_interp import run_kernel
-from tests.test_ops import image
 from tests.tflite_nets import SAME, Net
 from tests.tflite_run import feeds, litert, litert_ranges
 from xtune.boards.board import get_board
@@ -134,15 +133,7 @@ def test_the_integer_mean_is_tflites_transcribed(name: str, layout: Layout) -> N
 
 @pytest.mark.parametrize("board", ["local", "qemu-aarch64"])
 def test_the_integer_mean_runs_exactly_on_the_boards(board: str) -> None:
-    target = get_board(board).target
-    if target.qemu_binary and shutil.which(target.qemu_binary) is None:
-        pytest.skip(f"needs {target.qemu_binary}")
-    for name in MEANS:
-        for layout in Layout:
-            pool, x, want = _case(name, layout)
-            kernel = pool.kernel_nest("mean", target.fp32_lanes)
-            got = run_entry(board, image(kernel, target), "mean", [x, np.zeros_like(want)])
-            np.testing.assert_array_equal(got[-1], want, err_msg=f"{name} {layout.value}")
+    run_cases(board, "mean", ((f"{n} {lay.value}", *_case(n, lay)) for n in MEANS for lay in Layout))
 
 
 def _head(net: Net) -> list[int]:
