@@ -17,7 +17,7 @@ import onnx
 import pytest
 
 from tests.board_run import run_cases
-from tests.nest_interp import run_kernel
+from tests.nest_interp import check_one_input_op
 from tests.tflite_nets import SAME, VALID, Net
 from tests.tflite_run import feeds, litert, litert_ranges, ort
 from xtune.boards.board import get_board
@@ -128,12 +128,7 @@ def _case(name: str, layout: Layout) -> tuple[Pool2d, np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("layout", list(Layout))
 @pytest.mark.parametrize("name", POOLS)
 def test_the_8bit_means_are_the_references_transcribed(name: str, layout: Layout) -> None:
-    op, x, want = _case(name, layout)
-    np.testing.assert_array_equal(op.reference(x), want)
-    for lanes in (1, 3):
-        out = np.zeros_like(want)
-        run_kernel(op.kernel_nest("pool", lanes), [x, out])
-        np.testing.assert_array_equal(out, want)
+    check_one_input_op(*_case(name, layout), lanes=(1, 3))
 
 
 @pytest.mark.parametrize("board", ["local", "qemu-aarch64"])
