@@ -11,8 +11,9 @@ time (their clipped extent is a constant), so the interior has no bounds checks.
 ONNX Runtime's QLinearAveragePool (com.microsoft; the quantized rewrite makes one of a QDQ AveragePool
 and of a TFLite model's int8 AVERAGE_POOL_2D: xtune/frontend/quantized.py) is the same window over 8-bit
 tensors, each window's mean computed as the model's reference computes it (xtune/ops/qpool.py); a TFLite
-model's int8/uint8 MEAN over H and W (a QLinearGlobalAveragePool marked `requant="tflite"`) is the global
-pool over 8-bit tensors, its int32 sums rescaled as TFLite's MEAN does (qpool.py's ScaledMean)."""
+model's int8/uint8 MEAN over H and W (a QLinearGlobalAveragePool marked `requant="tflite"`, which
+xtune/ops/qpointwise.py maps) is the global pool over 8-bit tensors, its int32 sums rescaled as TFLite's
+MEAN does (qpool.py's ScaledMean)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from xtune.ops.opkit import (
     positive,
     refusing,
 )
-from xtune.ops.qpool import QuantizedMean, ScaledMean, quantized_mean, scaled_mean
+from xtune.ops.qpool import QuantizedMean, ScaledMean, quantized_mean
 from xtune.ops.quantize import QDTYPES
 from xtune.schedule.loopnest import (
     Affine,
@@ -349,18 +350,6 @@ class GlobalAveragePool(ChannelsOp):
                     channels(img, ch, 1)
         buffers = params([("x", self.n * c * plane)], self.n * c)
         return b.kernel(name, tuple(replace(buf, dtype=QDTYPES[mean.qtype]) for buf in buffers))
-
-
-def integer_mean(graph: Graph, node: Node) -> Mapped:
-    """A TFLite model's QLinearGlobalAveragePool (`requant="tflite"`): TFLite's MEAN over the plane, run in
-    the layout its 8-bit input is in."""
-    shape = graph.shape(node.inputs[0])
-    if len(shape) != 4 or node.int_attr("channels_last", 0):
-        raise refuse(graph, node, "only the mean of NCHW planes (a 4-D input, channels_last=0) is supported")
-    n, c, h, w = shape
-    mean = scaled_mean(graph, node, h * w)
-    pool = GlobalAveragePool(n=n, c=c, h=h, w=w, quantized=mean)
-    return Mapped(kernel=pool, inputs=(node.inputs[0],), follows_input=True)
 
 
 def _pool(graph: Graph, node: Node, shape: tuple[int, ...], quantized: QuantizedMean | None) -> Pool2d:
