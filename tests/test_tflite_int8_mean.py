@@ -4,8 +4,8 @@ folded with 1/n, gemmlowp's two roundings, plus the output's zero point; a float
 QuantizeLinear rounds elsewhere). The arithmetic (qpool.ScaledMean.reference) against LiteRT's reference
 kernels on models written here, every case of scales, zero points and kept dimensions; the kernel against
 it on the host, under qemu-aarch64 and through the loop-nest interpreter, in both layouts; whole models (a
-MEAN alone, and a Keras-style CONV -> MEAN -> FULLY_CONNECTED head) built and compared with LiteRT's
-reference kernels, on the host and on qemu-aarch64."""
+MEAN alone, keep_dims true and false, and a Keras-style CONV -> MEAN -> FULLY_CONNECTED head) built and
+compared with LiteRT's reference kernels, on the host and on qemu-aarch64."""
 
 from __future__ import annotations
 
@@ -144,7 +144,12 @@ def _kept(net: Net) -> list[int]:
     return [net.mean(net.input(SHAPE), (1, 2), keep_dims=True, same_quantization=True)]
 
 
-NETS = {"head": (_head, (1, 6, 6, 5)), "kept": (_kept, SHAPE)}
+def _flat(net: Net) -> list[int]:
+    """MEAN over H and W, keep_dims false, its own scale and zero point, the model's output."""
+    return [net.mean(net.input(SHAPE), (1, 2), keep_dims=False)]
+
+
+NETS = {"head": (_head, (1, 6, 6, 5)), "kept": (_kept, SHAPE), "flat": (_flat, SHAPE)}
 
 
 @pytest.fixture(scope="module", params=[(n, k) for n in NETS for k in ("int8", "uint8")], ids=str)
