@@ -7,11 +7,20 @@ pmovzx/sxbd + vpmaddwd (vpdpwssd with AVX512-VNNI), on AArch64 smull + saddw (s8
 vwmacc.vv / vwmaccsu.vv; exact on every one (an i16 product multiply written as such kept an extra
 widening step on x86 and RVV).
 
+`route=dot` (filter rows of at most 4 taps) groups the taps per channel for the 4-way dot instead
+(`DotPlan`: vpdpbusd, sdot, smull + sadalp, ...), as XNNPACK and MLAS group channel-major taps: a pass
+over the padded image writes each output column's 4 tap bytes of every channel side by side (`groups`:
+for pixel p of row rho, bytes 4c..4c+3 are image[rho][p*stride + t*dilation][c] for t < s, 0 past s), the
+weights come prepacked the same way (r, c, 4), and each tap row of 16 channels is one dot of one loaded
+vector against one weight vector. The interleave is paid once per image pixel and tap, not once per
+output pixel and filter row; stride 2 builds only the columns it reads.
+
 The input is read from its padded image (xtune/ops/qconv.py, `PaddedImage`: za around it, never
 flipped), and the bias slot carries bias - za * (each channel's weight sum), so the kernel adds plain
 x * w and the sum equals sum (x - za) * w exactly. Knobs: the register tile (mr output pixels x nv
 vectors of channels), `order` (channel vectors outside the pixel tiles of a row, or inside), `taps`
-(the s loop kept or unrolled) and `product` (the i32 multiply above, or one in i16 extended after).
+(the s loop kept or unrolled), `product` (the i32 multiply above, or one in i16 extended after) and
+`route` (the widening multiplies, or the grouped dots: `taps` and `product` are then unused).
 """
 
 from __future__ import annotations
@@ -24,11 +33,29 @@ import numpy as np
 from xtune.errors import InputError
 from xtune.ops.qconv import PaddedImage, each_tap, qconv_shape
 from xtune.ops.qmatmul.epilogue import Requantizer
-from xtune.ops.qmatmul.micro import ACT_DTYPE, kernel_params
+from xtune.ops.qmatmul.micro import ACT_DTYPE, DotPlan, kernel_params
 from xtune.ops.qmatmul.reference import wrap32
 from xtune.ops.tiles import parse_tile
 from xtune.ops.workload import Workload
-from xtune.schedule.loopnest import Affine, Binary, BinaryOp, Cast, Const, DType, Kernel, Load, NestBuilder
+from xtune.schedule.loopnest import (
+    Affine,
+    Binary,
+    BinaryOp,
+    Bitcast,
+    Buffer,
+    BufferKind,
+    Cast,
+    Const,
+    Dot,
+    DotInsn,
+    DType,
+    Kernel,
+    Load,
+    NestBuilder,
+    PairSum,
+    Shuffle,
+    Value,
+)
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 
@@ -40,6 +67,7 @@ class QDepthwiseSchedule:
     order: str  # "cp": channel vectors outside the pixel tiles of a row; "pc": inside
     taps: str  # "loop" or "unroll": the s loop of each filter row
     product: str  # "i32": bytes extended to i32 and multiplied; "i16": multiplied in i16, then extended
+    route: str = "widen"  # "widen": the multiplies above; "dot": the taps grouped per channel (`groups`)
 
 
 class QDepthwiseTemplate:
@@ -48,12 +76,15 @@ class QDepthwiseTemplate:
         self.sh = qconv_shape(workload)
         self.act = ACT_DTYPE[str(workload.value("a"))]
         self.lanes = target.fp32_lanes
+        self.plan = DotPlan.of(target, self.act)
         self.space = ConfigSpace(
             (
                 Knob("tile", KnobKind.CHOICE, self.tiles()),
                 Knob("order", KnobKind.CHOICE, ("cp", "pc")),
                 Knob("taps", KnobKind.CHOICE, ("loop", "unroll")),
                 Knob("product", KnobKind.CHOICE, ("i32", "i16")),
+                # Last, its first option the widening route: older logs keep their configs.
+                Knob("route", KnobKind.CHOICE, ("widen", "dot") if self.sh.s <= 4 else ("widen",)),
             )
         )
 
@@ -71,7 +102,12 @@ class QDepthwiseTemplate:
     def schedule(self, config: Config) -> QDepthwiseSchedule:
         mr, nv = parse_tile(str(config["tile"]))
         return QDepthwiseSchedule(
-            mr, nv * self.lanes, str(config["order"]), str(config["taps"]), str(config["product"])
+            mr,
+            nv * self.lanes,
+            str(config["order"]),
+            str(config["taps"]),
+            str(config["product"]),
+            str(config["route"]),
         )
 
     def default_config(self) -> Config:
@@ -86,20 +122,32 @@ class QDepthwiseTemplate:
             "taps": "unroll" if self.sh.s <= 3 else "loop",
             # x86 makes vpmaddwd of u8 * s8 extended to i32, but vpmulld of s8 * s8: vpmullw is cheaper.
             "product": "i16" if self.target.arch == "x86_64" and self.act is DType.I8 else "i32",
+            # The grouped taps where one instruction takes a whole group (docs/benchmarks.md: qemu A76 and
+            # llvm-mca on Sapphire Rapids); the widening multiplies where a group costs several.
+            "route": "dot"
+            if self.sh.s <= 4 and self.plan.insn in (DotInsn.VPDPBUSD, DotInsn.SDOT)
+            else "widen",
         }
         return self.space.config(self.space.index_of(values))
 
-    def image(self) -> PaddedImage:
-        return PaddedImage(sh=self.sh, act=self.act, dtype=self.act, depth=self.sh.c, vector=4 * self.lanes)
+    def image(self, route: str = "widen") -> PaddedImage:
+        """The padded image, of the dot's activation type on the dot route (flipped where it differs)."""
+        dtype = self.plan.act if route == "dot" else self.act
+        return PaddedImage(sh=self.sh, act=self.act, dtype=dtype, depth=self.sh.c, vector=4 * self.lanes)
 
     def kernel(self, config: Config, name: str) -> Kernel:
         s, sh, b = self.schedule(config), self.sh, NestBuilder()
-        image = self.image()
+        image = self.image(s.route)
         image.emit(b)
+        if s.route == "dot":
+            self.group_taps(b, image)
         with b.loop(sh.n, "n") as n, b.loop(sh.oh, "y") as y:
 
             def tile(x: Affine, mr: int, ch: Affine, width: int) -> None:
-                self.micro(b, s, image, (n, y, x, mr), (ch, width))
+                if s.route == "dot":
+                    self.micro_dot(b, (n, y, x, mr), (ch, width))
+                else:
+                    self.micro(b, s, image, (n, y, x, mr), (ch, width))
 
             if s.order == "cp":
                 b.split(
@@ -109,7 +157,89 @@ class QDepthwiseTemplate:
                 b.split(
                     sh.ow, s.mr, lambda x, m: b.split(sh.c, s.width, lambda ch, w: tile(x, m, ch, w)), "px"
                 )
+        if s.route == "dot":
+            params = kernel_params(self.workload, "weights", sh.r * sh.c * 4)
+            groups = Buffer("groups", self.groups_size(), BufferKind.LOCAL, self.plan.act)
+            return b.kernel(name, (*params, *image.buffers, groups))
         return b.kernel(name, (*kernel_params(self.workload, "", 0), *image.buffers))
+
+    def groups_size(self) -> int:
+        """Bytes of the `groups` buffer: 4 per channel of every output column of every padded image row."""
+        sh = self.sh
+        return sh.n * sh.padded[0] * sh.ow * sh.c * 4
+
+    def group_at(self, n: Affine, row: Affine, col: Affine) -> Affine:
+        """The first byte of output column `col`'s tap groups on padded image row `row` of image `n`."""
+        return ((n * self.sh.padded[0] + row) * self.sh.ow + col) * (self.sh.c * 4)
+
+    def group_taps(self, b: NestBuilder, image: PaddedImage) -> None:
+        """groups[n][rho][p][4c + t] = image[n][rho][p*stride + t*dilation][c] (t < s; 0 after), 16 channels
+        of the 4 columns at a time (`tap_group`)."""
+        sh, v = self.sh, 16
+        with b.loop(sh.n, "gn") as n, b.loop(sh.padded[0], "gy") as row, b.loop(sh.ow, "gx") as col:
+
+            def chunk(ch: Affine, size: int) -> None:
+                taps = [
+                    Load(image.name, image.at(n, row, col * sh.stride + t * sh.dilation) + ch, v, size % v)
+                    for t in range(sh.s)
+                ]
+                at = self.group_at(n, row, col) + ch * 4
+                b.store("groups", at, self.tap_group(taps), 4 * v, 4 * (size % v))
+
+            b.split(sh.c, v, chunk, "gc")
+
+    def tap_group(self, taps: list[Load]) -> Value:
+        """The 4 * 16 bytes of 16 channels' tap groups from the s <= 4 tap columns' 16 bytes each. x86: each
+        column zero-extended to i32 lanes and shifted to its byte (vpmovzxbd, vpslld; the xors one
+        vpternlogd), 6 instructions where LLVM's byte interleave took 11 shuffles; elsewhere the columns
+        concatenated and interleaved byte by byte, the canonical form of a 4-way interleaved store, which
+        LLVM's InterleavedAccess pass makes one st4 on AArch64."""
+        act, v = self.plan.act, 16
+        if self.target.arch == "x86_64":
+            words: Value = Cast(Bitcast(taps[0], DType.U8), DType.I32)
+            for t, tap in enumerate(taps[1:], 1):
+                byte = Cast(Bitcast(tap, DType.U8), DType.I32)
+                words = Binary(BinaryOp.XOR, words, Binary(BinaryOp.SHL, byte, Const(8 * t, v, DType.I32)))
+            return Bitcast(words, act)
+        columns: list[Value] = [*taps, *[Const(0, v, act)] * (4 - len(taps))]
+        low = Shuffle(columns[0], columns[1], tuple(range(2 * v)))
+        high = Shuffle(columns[2], columns[3], tuple(range(2 * v)))
+        every = Shuffle(low, high, tuple(range(4 * v)))
+        return Shuffle(every, every, tuple(v * (i % 4) + i // 4 for i in range(4 * v)))  # a0 b0 c0 d0 a1 ...
+
+    def micro_dot(
+        self, b: NestBuilder, pixels: tuple[Affine, Affine, Affine, int], channels: tuple[Affine, int]
+    ) -> None:
+        """Pixels x0.. of output row y, channels ch0..ch0+count: a dot per filter row, pixel and vector of
+        `lanes` channels, of its tap groups against the row's prepacked weights."""
+        sh, lanes, plan = self.sh, self.lanes, self.plan
+        n, y, x0, rows = pixels
+        ch0, count = channels
+        nvec = -(-count // lanes)
+        valid = [min(count - c * lanes, lanes) % lanes for c in range(nvec)]
+        acc = [
+            [b.register(f"dot_{r}_{c}", lanes * plan.acc_width, DType.I32) for c in range(nvec)]
+            for r in range(rows)
+        ]
+        for line in acc:
+            for reg in line:
+                b.assign(reg, Const(0, lanes * plan.acc_width, DType.I32))
+        with b.loop(sh.r, "ti") as i:
+            row = y * sh.stride + i * sh.dilation
+            for c in range(nvec):
+                first = ch0 + c * lanes
+                w = Load("weights", (i * sh.c + first) * 4, 4 * lanes, 4 * valid[c])
+                for r in range(rows):
+                    a = Load("groups", self.group_at(n, row, x0 + r) + first * 4, 4 * lanes, 4 * valid[c])
+                    b.assign(acc[r][c], Dot(acc[r][c], a, w, plan.insn))
+        requant = Requantizer.of(self.workload, lanes)
+        for r in range(rows):
+            for c in range(nvec):
+                first = ch0 + c * lanes
+                total: Value = PairSum(acc[r][c]) if plan.acc_width == 2 else acc[r][c]
+                total = Binary(BinaryOp.ADD, total, Load("bias", first, lanes, valid[c]))
+                out = ((n * sh.oh + y) * sh.ow + x0 + r) * sh.c + first
+                b.store("output", out, requant.apply(total, first, valid[c]), lanes, valid[c])
 
     def micro(
         self,
@@ -151,15 +281,24 @@ class QDepthwiseTemplate:
             b.store("output", out, requant.apply(total, ch0, valid), width, valid)
 
     def kernel_inputs(self, config: Config, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """The bias slot bias - za * each channel's weight sum; the weights as they are."""
-        out = list(inputs)
+        """The bias slot bias - za * each channel's weight sum (za the image's: flipped on the dot route);
+        the weights as they are, or on the dot route each filter row's taps side by side per channel
+        (r, c, 4), 0 past s."""
+        out, sh = list(inputs), self.sh
         za = int(out[-1][0])  # qparams = [za, zy, lo, hi], the last input
-        sums = np.asarray(out[1], np.int64).reshape(-1, self.sh.c).sum(axis=0)
+        weights = np.asarray(out[1], np.int8).reshape(sh.r, sh.s, sh.c)
+        sums = weights.astype(np.int64).sum(axis=(0, 1))
+        if self.schedule(config).route == "dot":
+            za = self.plan.zero_point(self.act, za)
+            grouped = np.zeros((sh.r, 4, sh.c), np.int8)
+            grouped[:, : sh.s] = weights
+            out[1] = np.ascontiguousarray(grouped.transpose(0, 2, 1)).ravel()
         out[2] = wrap32(out[2].astype(np.int64) - za * sums)
         return out
 
     def packed_layout(self, config: Config) -> Hashable:
-        return ("bias",)  # every config reads the same corrected bias
+        """The corrected bias, and on the dot route the grouped weights (one layout per target)."""
+        return ("bias", self.schedule(config).route)
 
     def pack_kernel(self, config: Config, name: str) -> Kernel:
         raise InputError(f"{self.workload.key}: depthwise weights are read as they are, never packed")
