@@ -2,7 +2,8 @@
 (llvmlite, as the boards build it) and, for each innermost loop, its instructions, the cycles llvm-mca
 puts on one iteration in steady state, and its commonest opcodes out. Deterministic, no timing: the
 per-loop figures docs/benchmarks.md turns into cycles per output (the int8 depthwise routes against the
-float32 depthwise) come from here.
+float32 depthwise) come from here. The straight-line code after a loop up to the next label (a register
+tile's epilogue: requantization and stores) is costed the same way, as one more "after" row.
 
 Usage: python benchmarks/mca_loops.py KEY [--target x86-avx512-vnni] [--mcpu sapphirerapids]
        [--set knob=value ...] [--asm FILE]
@@ -45,8 +46,13 @@ def configured(template: object, settings: list[str]) -> Config:
     return space.config(space.index_of(values))
 
 
+def instructions(lines: list[str]) -> list[str]:
+    return [x for x in lines if x.startswith("\t") and not x.startswith("\t.")]
+
+
 def innermost_loops(asm: str) -> list[tuple[str, list[str]]]:
-    """(label, instructions) of each loop whose body holds no other label: a backward branch to a label."""
+    """(label, instructions) of each loop whose body holds no other label (a backward branch to a label),
+    then ("after label", instructions) of the code after it up to the next label or branch."""
     lines = asm.split("\n")
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := LABEL.match(line))}
     loops = []
@@ -55,8 +61,14 @@ def innermost_loops(asm: str) -> list[tuple[str, list[str]]]:
         start = labels.get(m.group(1), i + 1) if m else i + 1
         if start > i or any(LABEL.match(x) for x in lines[start + 1 : i]):
             continue
-        body = [x for x in lines[start + 1 : i + 1] if x.startswith("\t") and not x.startswith("\t.")]
-        loops.append((lines[start].rstrip(":"), body))
+        label = lines[start].rstrip(":")
+        loops.append((label, instructions(lines[start + 1 : i + 1])))
+        end = next(
+            (j for j in range(i + 1, len(lines)) if LABEL.match(lines[j]) or BRANCH.match(lines[j])), i
+        )
+        after = instructions(lines[i + 1 : end])
+        if len(after) > 8:
+            loops.append((f"after {label}", after))
     return loops
 
 
@@ -90,7 +102,7 @@ def main() -> int:
     iterations = 200
     for label, body in innermost_loops(asm):
         run = subprocess.run(
-            [tools.mca, f"-mcpu={mcpu}", f"-iterations={iterations}"],
+            [tools.mca, f"-mtriple={target.triple}", f"-mcpu={mcpu}", f"-iterations={iterations}"],
             input="\n".join(body),
             capture_output=True,
             text=True,
@@ -99,7 +111,7 @@ def main() -> int:
         found = re.search(r"Total Cycles:\s+(\d+)", run.stdout)
         cycles = int(found.group(1)) / iterations if found else float("nan")
         top = Counter(x.split()[0] for x in body).most_common(6)
-        print(f"  {label}: {len(body)} instructions, {cycles:.1f} cycles/iteration  {top}")
+        print(f"  {label}: {len(body)} instructions, {cycles:.1f} cycles/iteration  {top}", flush=True)
     return 0
 
 

@@ -122,13 +122,17 @@ class QDepthwiseTemplate:
             "taps": "unroll" if self.sh.s <= 3 else "loop",
             # x86 makes vpmaddwd of u8 * s8 extended to i32, but vpmulld of s8 * s8: vpmullw is cheaper.
             "product": "i16" if self.target.arch == "x86_64" and self.act is DType.I8 else "i32",
-            # The grouped taps where one instruction takes a whole group (docs/benchmarks.md: qemu A76 and
-            # llvm-mca on Sapphire Rapids); the widening multiplies where a group costs several.
-            "route": "dot"
-            if self.sh.s <= 4 and self.plan.insn in (DotInsn.VPDPBUSD, DotInsn.SDOT)
-            else "widen",
+            "route": "dot" if self.grouped_by_default() else "widen",
         }
         return self.space.config(self.space.index_of(values))
+
+    def grouped_by_default(self) -> bool:
+        """Whether the default takes the grouped taps: where one instruction takes a whole group (VNNI's
+        vpdpbusd; the A76's sdot at stride 1, where each group built serves r output rows: at stride 2 the
+        build per output doubles and the qemu cycle model puts the two routes within 3 %, the widening one
+        ahead), the filter rows fitting a group (docs/benchmarks.md, the int8 depthwise routes)."""
+        insn, sh = self.plan.insn, self.sh
+        return sh.s <= 4 and (insn is DotInsn.VPDPBUSD or (insn is DotInsn.SDOT and sh.stride == 1))
 
     def image(self, route: str = "widen") -> PaddedImage:
         """The padded image, of the dot's activation type on the dot route (flipped where it differs)."""
