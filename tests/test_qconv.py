@@ -5,6 +5,7 @@ A76 sdot) and qemu-riscv64-v equal it exactly; the instruction each route promis
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import shutil
@@ -22,6 +23,8 @@ from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.layout import Layout
 from xtune.ops.qconv2d.template import QConv2dTemplate
+from xtune.ops.qdepthwise.grouped import block_rows
+from xtune.ops.qdepthwise.template import QDepthwiseTemplate
 from xtune.ops.qmatmul import reference as ref
 from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
@@ -298,6 +301,25 @@ def test_the_grouped_taps_equal_the_reference_in_the_interpreter(key: str, targe
         out = np.zeros(expected.shape, expected.dtype)
         run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
         assert np.array_equal(out, expected), (target, config.values)
+
+
+@pytest.mark.parametrize(
+    "key", [DEPTHWISE[0], DEPTHWISE[1], "qdepthwise:n=1,c=8,h=9,w=4,r=3,s=3,pad=2,dilation=2"]
+)
+@pytest.mark.parametrize("l2", [1024, 2048])
+def test_grouped_taps_in_row_blocks_equal_the_reference(key: str, l2: int) -> None:
+    """A small L2 cuts the output rows into blocks (`block_rows`: 1 to 3 rows here, a tail block), each
+    building the groups of its window rows again: equal to the reference."""
+    wl = parse_workload(key)
+    target = dataclasses.replace(get_target("x86-avx512-vnni"), l2_bytes=l2)
+    template = QDepthwiseTemplate(wl, target)
+    assert block_rows(template.sh, target) < template.sh.oh
+    inputs = random_inputs(wl, seed=4)
+    expected = wl.reference(inputs)
+    config = template.default_config()
+    out = np.zeros(expected.shape, expected.dtype)
+    run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
+    assert config["route"] == "dot" and np.array_equal(out, expected)
 
 
 def test_wide_filter_rows_keep_the_widening_route() -> None:

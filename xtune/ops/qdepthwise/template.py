@@ -8,12 +8,7 @@ vwmacc.vv / vwmaccsu.vv; exact on every one (an i16 product multiply written as 
 widening step on x86 and RVV).
 
 `route=dot` (filter rows of at most 4 taps) groups the taps per channel for the 4-way dot instead
-(`DotPlan`: vpdpbusd, sdot, smull + sadalp, ...), as XNNPACK and MLAS group channel-major taps: a pass
-over the padded image writes each output column's 4 tap bytes of every channel side by side (`groups`:
-for pixel p of row rho, bytes 4c..4c+3 are image[rho][p*stride + t*dilation][c] for t < s, 0 past s), the
-weights come prepacked the same way (r, c, 4), and each tap row of 16 channels is one dot of one loaded
-vector against one weight vector. The interleave is paid once per image pixel and tap, not once per
-output pixel and filter row; stride 2 builds only the columns it reads.
+(xtune/ops/qdepthwise/grouped.py: vpdpbusd, sdot, smull + sadalp, as `DotPlan` picks).
 
 The input is read from its padded image (xtune/ops/qconv.py, `PaddedImage`: za around it, never
 flipped), and the bias slot carries bias - za * (each channel's weight sum), so the kernel adds plain
@@ -25,13 +20,14 @@ vectors of channels), `order` (channel vectors outside the pixel tiles of a row,
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from xtune.errors import InputError
 from xtune.ops.qconv import PaddedImage, each_tap, qconv_shape
+from xtune.ops.qdepthwise.grouped import GroupedTaps, group_weights
 from xtune.ops.qmatmul.epilogue import Requantizer
 from xtune.ops.qmatmul.micro import ACT_DTYPE, DotPlan, kernel_params
 from xtune.ops.qmatmul.reference import wrap32
@@ -41,20 +37,13 @@ from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
-    Bitcast,
-    Buffer,
-    BufferKind,
     Cast,
     Const,
-    Dot,
     DotInsn,
     DType,
     Kernel,
     Load,
     NestBuilder,
-    PairSum,
-    Shuffle,
-    Value,
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
@@ -144,106 +133,41 @@ class QDepthwiseTemplate:
         image = self.image(s.route)
         image.emit(b)
         if s.route == "dot":
-            self.group_taps(b, image)
-        with b.loop(sh.n, "n") as n, b.loop(sh.oh, "y") as y:
+            grouped = self.grouped()
+            with b.loop(sh.n, "n") as n:
 
-            def tile(x: Affine, mr: int, ch: Affine, width: int) -> None:
-                if s.route == "dot":
-                    self.micro_dot(b, (n, y, x, mr), (ch, width))
-                else:
-                    self.micro(b, s, image, (n, y, x, mr), (ch, width))
+                def block(y0: Affine, count: int) -> None:
+                    grouped.block(b, image, n, y0, count)
+                    with b.loop(count, "y") as y:
+                        self.each_tile(
+                            b,
+                            s,
+                            lambda x, mr, ch, w: grouped.micro(
+                                b, (n * sh.oh + y0 + y, y * sh.stride, x, mr), (ch, w)
+                            ),
+                        )
 
-            if s.order == "cp":
-                b.split(
-                    sh.c, s.width, lambda ch, w: b.split(sh.ow, s.mr, lambda x, m: tile(x, m, ch, w), "px")
-                )
-            else:
-                b.split(
-                    sh.ow, s.mr, lambda x, m: b.split(sh.c, s.width, lambda ch, w: tile(x, m, ch, w)), "px"
-                )
-        if s.route == "dot":
+                b.split(sh.oh, grouped.rows, block, "yb")
             params = kernel_params(self.workload, "weights", sh.r * sh.c * 4)
-            groups = Buffer("groups", self.groups_size(), BufferKind.LOCAL, self.plan.act)
-            return b.kernel(name, (*params, *image.buffers, groups))
+            return b.kernel(name, (*params, *image.buffers, grouped.buffer()))
+        with b.loop(sh.n, "n") as n, b.loop(sh.oh, "y") as y:
+            self.each_tile(b, s, lambda x, mr, ch, w: self.micro(b, s, image, (n, y, x, mr), (ch, w)))
         return b.kernel(name, (*kernel_params(self.workload, "", 0), *image.buffers))
 
-    def groups_size(self) -> int:
-        """Bytes of the `groups` buffer: 4 per channel of every output column of every padded image row."""
-        sh = self.sh
-        return sh.n * sh.padded[0] * sh.ow * sh.c * 4
+    def grouped(self) -> GroupedTaps:
+        return GroupedTaps(
+            workload=self.workload, sh=self.sh, target=self.target, plan=self.plan, lanes=self.lanes
+        )
 
-    def group_at(self, n: Affine, row: Affine, col: Affine) -> Affine:
-        """The first byte of output column `col`'s tap groups on padded image row `row` of image `n`."""
-        return ((n * self.sh.padded[0] + row) * self.sh.ow + col) * (self.sh.c * 4)
-
-    def group_taps(self, b: NestBuilder, image: PaddedImage) -> None:
-        """groups[n][rho][p][4c + t] = image[n][rho][p*stride + t*dilation][c] (t < s; 0 after), 16 channels
-        of the 4 columns at a time (`tap_group`)."""
-        sh, v = self.sh, 16
-        with b.loop(sh.n, "gn") as n, b.loop(sh.padded[0], "gy") as row, b.loop(sh.ow, "gx") as col:
-
-            def chunk(ch: Affine, size: int) -> None:
-                taps = [
-                    Load(image.name, image.at(n, row, col * sh.stride + t * sh.dilation) + ch, v, size % v)
-                    for t in range(sh.s)
-                ]
-                at = self.group_at(n, row, col) + ch * 4
-                b.store("groups", at, self.tap_group(taps), 4 * v, 4 * (size % v))
-
-            b.split(sh.c, v, chunk, "gc")
-
-    def tap_group(self, taps: list[Load]) -> Value:
-        """The 4 * 16 bytes of 16 channels' tap groups from the s <= 4 tap columns' 16 bytes each. x86: each
-        column zero-extended to i32 lanes and shifted to its byte (vpmovzxbd, vpslld; the xors one
-        vpternlogd), 6 instructions where LLVM's byte interleave took 11 shuffles; elsewhere the columns
-        concatenated and interleaved byte by byte, the canonical form of a 4-way interleaved store, which
-        LLVM's InterleavedAccess pass makes one st4 on AArch64."""
-        act, v = self.plan.act, 16
-        if self.target.arch == "x86_64":
-            words: Value = Cast(Bitcast(taps[0], DType.U8), DType.I32)
-            for t, tap in enumerate(taps[1:], 1):
-                byte = Cast(Bitcast(tap, DType.U8), DType.I32)
-                words = Binary(BinaryOp.XOR, words, Binary(BinaryOp.SHL, byte, Const(8 * t, v, DType.I32)))
-            return Bitcast(words, act)
-        columns: list[Value] = [*taps, *[Const(0, v, act)] * (4 - len(taps))]
-        low = Shuffle(columns[0], columns[1], tuple(range(2 * v)))
-        high = Shuffle(columns[2], columns[3], tuple(range(2 * v)))
-        every = Shuffle(low, high, tuple(range(4 * v)))
-        return Shuffle(every, every, tuple(v * (i % 4) + i // 4 for i in range(4 * v)))  # a0 b0 c0 d0 a1 ...
-
-    def micro_dot(
-        self, b: NestBuilder, pixels: tuple[Affine, Affine, Affine, int], channels: tuple[Affine, int]
+    def each_tile(
+        self, b: NestBuilder, s: QDepthwiseSchedule, tile: Callable[[Affine, int, Affine, int], None]
     ) -> None:
-        """Pixels x0.. of output row y, channels ch0..ch0+count: a dot per filter row, pixel and vector of
-        `lanes` channels, of its tap groups against the row's prepacked weights."""
-        sh, lanes, plan = self.sh, self.lanes, self.plan
-        n, y, x0, rows = pixels
-        ch0, count = channels
-        nvec = -(-count // lanes)
-        valid = [min(count - c * lanes, lanes) % lanes for c in range(nvec)]
-        acc = [
-            [b.register(f"dot_{r}_{c}", lanes * plan.acc_width, DType.I32) for c in range(nvec)]
-            for r in range(rows)
-        ]
-        for line in acc:
-            for reg in line:
-                b.assign(reg, Const(0, lanes * plan.acc_width, DType.I32))
-        with b.loop(sh.r, "ti") as i:
-            row = y * sh.stride + i * sh.dilation
-            for c in range(nvec):
-                first = ch0 + c * lanes
-                w = Load("weights", (i * sh.c + first) * 4, 4 * lanes, 4 * valid[c])
-                for r in range(rows):
-                    a = Load("groups", self.group_at(n, row, x0 + r) + first * 4, 4 * lanes, 4 * valid[c])
-                    b.assign(acc[r][c], Dot(acc[r][c], a, w, plan.insn))
-        requant = Requantizer.of(self.workload, lanes)
-        for r in range(rows):
-            for c in range(nvec):
-                first = ch0 + c * lanes
-                total: Value = PairSum(acc[r][c]) if plan.acc_width == 2 else acc[r][c]
-                total = Binary(BinaryOp.ADD, total, Load("bias", first, lanes, valid[c]))
-                out = ((n * sh.oh + y) * sh.ow + x0 + r) * sh.c + first
-                b.store("output", out, requant.apply(total, first, valid[c]), lanes, valid[c])
+        """tile(x, mr, ch, width) over an output row's pixel and channel tiles, in the config's order."""
+        sh = self.sh
+        if s.order == "cp":
+            b.split(sh.c, s.width, lambda ch, w: b.split(sh.ow, s.mr, lambda x, m: tile(x, m, ch, w), "px"))
+        else:
+            b.split(sh.ow, s.mr, lambda x, m: b.split(sh.c, s.width, lambda ch, w: tile(x, m, ch, w)), "px")
 
     def micro(
         self,
@@ -294,9 +218,7 @@ class QDepthwiseTemplate:
         sums = weights.astype(np.int64).sum(axis=(0, 1))
         if self.schedule(config).route == "dot":
             za = self.plan.zero_point(self.act, za)
-            grouped = np.zeros((sh.r, 4, sh.c), np.int8)
-            grouped[:, : sh.s] = weights
-            out[1] = np.ascontiguousarray(grouped.transpose(0, 2, 1)).ravel()
+            out[1] = group_weights(weights, sh)
         out[2] = wrap32(out[2].astype(np.int64) - za * sums)
         return out
 
