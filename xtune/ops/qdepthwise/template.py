@@ -102,8 +102,10 @@ class QDepthwiseTemplate:
     def default_config(self) -> Config:
         tiles = [parse_tile(t) for t in self.tiles()]
         vectors = -(-self.sh.c // self.lanes)
-        # The widest channel tile that covers the channels in equal tiles, then the most pixels.
-        nv = max(v for _, v in tiles if vectors % v == 0 or v == vectors)
+        # The widest channel tile that covers the channels in equal tiles, then the most pixels; a power of
+        # two of vectors: the widening route's tile is one vector of nv * lanes, and LLVM scalarizes one of
+        # 3 x 8 or 3 x 16 i32 lanes on x86 (vpinsrd/vpextrd: 1.9 MACs/cycle in llvm-mca, docs/benchmarks.md).
+        nv = max(v for _, v in tiles if (vectors % v == 0 or v == vectors) and v & (v - 1) == 0)
         mr = max(m for m, v in tiles if v == nv)
         values: dict[str, KnobValue] = {
             "tile": f"{mr}x{nv}",
