@@ -297,6 +297,8 @@ def _qlinear_pointwise(
         inputs += [dq.inputs[0], dq.inputs[1], zero_name(edit, dq, graph.dtype(dq.inputs[0]))]
     inputs += [q.inputs[1], zero_name(edit, q, graph.dtype(q.outputs[0]))]
     attrs = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    if edit.requant != "onnx":  # whose arithmetic the kernel keeps (xtune/ops/qpointwise.py)
+        attrs["requant"] = edit.requant
     edit.nodes[index] = Node(name=node.name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
     drop_fused(edit, writers, q)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
-from xtune.ops.affine import batchnorm
+from xtune.ops.affine import batchnorm_float32
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, differs, physical
 from xtune.ops.opkit import (
@@ -160,8 +160,8 @@ class Arith(GeneratedOp):
                     else:  # constant along the innermost axis: one element broadcast
                         operands.append(Broadcast(Load(n, base), width) if width > 1 else Load(n, base))
                 value: Value
-                if self.op is ArithOp.SCALE_SHIFT:
-                    value = MulAdd(*operands)
+                if self.op is ArithOp.SCALE_SHIFT:  # rounded twice, as ONNX Runtime's kernel (affine.py)
+                    value = Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, operands[0], operands[1]), operands[2])
                 elif self.op is ArithOp.PRELU:
                     a, slope = operands
                     zero = Const(0.0, width)
@@ -185,7 +185,7 @@ def _aligned(shape: Shape, rank: int) -> Shape:
 def _batchnorm(graph: Graph, node: Node, consts: Consts, out: Shape) -> Mapped:
     """x * scale + shift per channel (axis 1), the inference form (xtune/ops/affine.py) computed at build
     time."""
-    form = batchnorm(graph, node)
+    form = batchnorm_float32(graph, node)
     if form is None:
         raise refuse(
             graph,
@@ -193,7 +193,7 @@ def _batchnorm(graph: Graph, node: Node, consts: Consts, out: Shape) -> Mapped:
             "a BatchNormalization whose scale, bias, mean and variance are not all "
             "constants (or with training outputs) is not supported",
         )
-    scale, shift = form.scale, form.shift
+    scale, shift = form
     channels = out[1] if len(out) > 1 else 1
     if scale.size != channels:
         raise refuse(graph, node, f"{scale.size} normalization parameters for {channels} channels")
