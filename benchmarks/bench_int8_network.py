@@ -18,7 +18,6 @@ extra (onnxruntime).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +35,7 @@ from xtune.tuning.peers import ort_network
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/networks.py: the networks
 
-from tests.networks import NETWORKS
+from tests.networks import NETWORKS, quantize_qdq
 
 CNNS = ("resnet18", "mobilenet_v2")
 
@@ -67,31 +66,13 @@ def float_mlp(batch: int, width: int, layers: int) -> onnx.ModelProto:
 
 
 def quantize(source: Path, out: Path, activations: str) -> None:
-    """`source` by quantize_static: QDQ, int8 weights per channel, activations of type `activations`,
-    calibrated on four random inputs of its input's shape."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
+    """`source` by quantize_static (tests/networks.py): QDQ, int8 weights per channel, activations of type
+    `activations`, calibrated on four random inputs of its input's shape."""
     first = onnx.load(str(source)).graph.input[0]
     shape = [d.dim_value for d in first.type.tensor_type.shape.dim]
-
-    class Calibration(CalibrationDataReader):
-        def __init__(self) -> None:
-            rng = np.random.default_rng(1)
-            self.data = iter([{first.name: rng.uniform(-1, 1, shape).astype(np.float32)} for _ in range(4)])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.data, None)
-
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_static(
-        str(source),
-        str(out),
-        Calibration(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8 if activations == "u8" else QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-    )
+    rng = np.random.default_rng(1)
+    batches = [rng.uniform(-1, 1, shape).astype(np.float32) for _ in range(4)]
+    quantize_qdq(source, out, batches, uint8=activations == "u8")
 
 
 def check(path: Path, board: Board) -> str:

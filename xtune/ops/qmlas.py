@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
 
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import ChannelsOp, PointwiseOp, Shape, params, positive, positive_dims
@@ -48,7 +49,7 @@ from xtune.schedule.loopnest import (
 )
 
 
-def fma32(a: np.ndarray, b: np.ndarray | np.float32, c: np.ndarray | np.float32) -> np.ndarray:
+def fma32(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
     """a * b + c for float32 operands, rounded once to float32 (IEEE 754 fusedMultiplyAdd): the product
     is exact in float64, the sum's rounding error is recovered (TwoSum) and breaks the one case where
     rounding float64 to float32 rounds twice, a float64 sum exactly halfway between two float32s."""
@@ -62,7 +63,7 @@ def fma32(a: np.ndarray, b: np.ndarray | np.float32, c: np.ndarray | np.float32)
     for toward in (-np.inf, np.inf):
         neighbour = np.nextafter(r, np.float32(toward)).astype(np.float64)
         halfway |= s == (r.astype(np.float64) + neighbour) / 2
-    nudged = np.where(halfway & (err != 0), np.nextafter(s, s + err), s)
+    nudged = np.where(halfway & (err != 0), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
     return np.asarray(nudged.astype(np.float32))
 
 

@@ -220,9 +220,11 @@ def _onnx_runtime_form(
     node: Node, inner: GeneratedOp, reads: tuple[QParams, ...], writes: QParams
 ) -> QAdd | QGlobalAveragePool | None:
     """The kernel with ONNX Runtime's own arithmetic (xtune/ops/qmlas.py) for a node of an ONNX model
-    (TFLite's, `requant="tflite"`, keep the float form: LiteRT's ADD and MEAN are not MLAS's) that ONNX
-    Runtime runs with MLAS: a QLinearAdd of two same-shape tensors (Elementwise; a broadcasting one is
-    arith's kernel, its float form kept) and a QLinearGlobalAveragePool; None for the others."""
+    that ONNX Runtime runs with MLAS: a QLinearAdd of two same-shape tensors (Elementwise; a broadcasting
+    one is arith's kernel, its float form kept) and a QLinearGlobalAveragePool; None for the others, and
+    where the node keeps the float form: a TFLite model's (`requant="tflite"`: LiteRT's ADD and MEAN are
+    not MLAS's) or an int8 QDQ Add ONNX Runtime does not fuse (`requant="float"`,
+    xtune/frontend/quantized.py)."""
     if node.attr("requant", "onnx") != "onnx":
         return None
     if isinstance(inner, elementwise.Elementwise) and len(reads) == 2:
