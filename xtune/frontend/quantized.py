@@ -283,7 +283,9 @@ def _qlinear_pointwise(
 ) -> None:
     """DequantizeLinear of each activation -> Add, Mul, GlobalAveragePool, Sigmoid or LeakyRelu ->
     QuantizeLinear, per tensor: ONNX Runtime's QOperator node of it (QLinearAdd, ...), which
-    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors."""
+    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors. A TFLite model's
+    nodes are marked `requant="tflite"` (its GlobalAveragePool, a MEAN over H and W: TFLite's integer
+    MEAN; the others keep the float form), an int8 Add or Mul of an ONNX model `requant="float"`."""
     graph = edit.graph
     node = graph.nodes[index]
     op = QLINEAR_OF[node.op]
