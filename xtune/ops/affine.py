@@ -4,7 +4,8 @@ whether it folds into that call's weights and bias and what they become out (`is
 `fold_affine`). The scales are BatchNormalization and a Mul or Div (the kernel's output first) by a
 constant that varies along the output channels only: (conv(x, w) + b) * s = conv(x, w * s) + b * s,
 one output channel at a time; the shift is an Add of such a constant, which joins the bias. The arith
-family (xtune/ops/arith.py) runs a BatchNormalization with no kernel call before it."""
+family (xtune/ops/arith.py) runs a BatchNormalization with no kernel call before it, with the scale and
+shift ONNX Runtime computes (`batchnorm_float32`)."""
 
 from __future__ import annotations
 

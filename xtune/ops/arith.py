@@ -2,7 +2,8 @@
 (its slope per channel or of any broadcastable shape), and an Add whose operands differ in shape, of two
 tensors of any broadcastable shapes — activations or constants, e.g. squeeze-and-excite's [n,c,1,1] gate
 times its [n,c,h,w] activation — and a BatchNormalization with no convolution before it to fold into
-(DenseNet's pre-activation) as the per-channel x * scale + shift, as one `Arith` kernel.
+(DenseNet's pre-activation) as the per-channel x * scale + shift, as one `Arith` kernel (ONNX Runtime's
+float32 scale and shift, multiplied and added unfused as its kernel does: xtune/ops/affine.py).
 
 Broadcasting is numpy's, as the ONNX operators define it (https://onnx.ai/onnx/operators/, "Broadcasting
 in ONNX"): shapes aligned on their last axis, a size-1 axis repeated. The kernel walks the output in
