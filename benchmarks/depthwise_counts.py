@@ -1,8 +1,9 @@
-"""Instructions per FMA of depthwise configs under qemu-aarch64: workloads (default: MobileNetV2's
-depthwise layers) and a target in; per workload, the config's instructions for one call (the TCG plugin's
-count, deterministic), its FMA bound (flops / 2 / fp32 lanes) and their ratio out, as a markdown table.
+"""Instructions (or llvm-mca cycles) per FMA of depthwise configs under qemu-aarch64: workloads (default:
+MobileNetV2's depthwise layers) and a target in; per workload, the config's instructions for one call (the
+TCG plugin's count, deterministic) or, with --cycles, its cycle estimate (docs/emulated-costs.md), its FMA
+bound (flops / 2 / fp32 lanes) and their ratio out, as a markdown table.
 
-Usage: python3 benchmarks/depthwise_counts.py [--target arm-a72-neon] [--layout nhwc|nchw]
+Usage: python3 benchmarks/depthwise_counts.py [--target arm-a72-neon] [--layout nhwc|nchw] [--cycles]
                                               [--set KNOB=VALUE ...] [--workload WL ...]
 
 `--set` overrides knobs of each workload's default config (e.g. `--set rows=1` for the one-row tile).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from xtune.boards.board import QemuBoard
+from xtune.boards.cost import CostUnit
 from xtune.ops.registry import parse_workload, template_for
 from xtune.schedule.space import KnobValue
 from xtune.target import get_target
@@ -54,10 +56,12 @@ def main() -> None:
     ap.add_argument("--layout", choices=("nhwc", "nchw"), default="nhwc")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
     ap.add_argument("--workload", action="append", default=[])
+    ap.add_argument("--cycles", action="store_true", help="llvm-mca cycles instead of instructions")
     args = ap.parse_args()
     target = get_target(args.target)
     overrides = {k: parse_value(v) for k, v in (s.split("=", 1) for s in args.set)}
-    print("| workload | config | instructions | FMA bound | per FMA |")
+    unit = CostUnit.CYCLES if args.cycles else CostUnit.INSTRUCTIONS
+    print(f"| workload | config | {'cycles' if args.cycles else 'instructions'} | FMA bound | per FMA |")
     print("|---|---|---|---|---|")
     for key in args.workload or workloads(args.layout):
         wl = parse_workload(key)
@@ -65,7 +69,7 @@ def main() -> None:
         values = template_for(wl, target).default_config().as_dict()
         values.update(overrides)
         index = space.index_of(values)
-        measurer = Measurer(QemuBoard("q", target), wl, MeasureOptions(timeout_ms=300_000))
+        measurer = Measurer(QemuBoard("q", target, unit), wl, MeasureOptions(timeout_ms=300_000))
         (result,) = measurer.measure([index])
         bound = wl.flops() / 2 / target.fp32_lanes
         config = " ".join(f"{k}={v}" for k, v in space.config(index).values)
