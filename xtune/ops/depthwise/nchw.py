@@ -93,7 +93,7 @@ def ext_registers(sh: ConvShape, p: Real, nv: Real, lanes: int) -> Real:
 
 # Bounds on an "ext" tile beyond its live registers: LLVM's scheduler issues the loads and shifts of the
 # next input rows ahead of their FMAs, and taller or wider tiles spilled in their loop (Cortex-A72: 8x2 30
-# stack accesses, 6x2 2; the Cortex-A53, whose in-order model hoists more: 4x3 54, 8x1 45; 4x2 none on
+# stack accesses, 6x2 2; the Cortex-A53, whose in-order model hoists more: 4x3 54, 8x1 40; 4x2 none on
 # either), docs/benchmarks.md.
 EXT_ACCUMULATORS = 8
 EXT_ROWS = 6  # input rows a tile reads
