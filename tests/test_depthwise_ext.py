@@ -15,14 +15,15 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.schedule.loopnest import For, Load, Shuffle, walk
 from xtune.target import get_target
 
-# Widths that leave a partial vector and a tail tile, pads 0/1/2, stride 2 with odd sizes, dilation 2,
-# multiplier 2, bias + relu6, residual + relu, a batch, a 5x5 window.
+# Widths that leave a partial vector and a tail tile, pads 0/1/2, stride 2 with odd sizes (pad 2: both
+# phases shifted by a lead), dilation 2, multiplier 2, bias + relu6, residual + relu, a batch, a 5x5 window.
 SHAPES = (
     "depthwise:n=1,c=3,h=11,w=13,r=3,s=3,pad=1,bias=1,relu6=1",
     "depthwise:n=2,c=2,h=9,w=10,r=3,s=3,stride=2,pad=1,residual=1,relu=1",
     "depthwise:n=1,c=2,h=8,w=7,r=3,s=3,stride=2,pad=0",
     "depthwise:n=1,c=2,h=9,w=18,r=5,s=5,pad=2,dilation=2,multiplier=2,bias=1",
     "depthwise:n=1,c=3,h=10,w=9,r=3,s=3,stride=2,pad=1,multiplier=2,residual=1",
+    "depthwise:n=1,c=2,h=11,w=21,r=3,s=3,stride=2,pad=2,relu=1",
 )
 
 

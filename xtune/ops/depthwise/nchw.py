@@ -70,12 +70,20 @@ class DepthwiseSchedule:
     )
 
 
-def phase_width(sh: ConvShape, lanes: int, aligned: bool = False) -> int:
-    """Columns per phase of a packed row: whole vectors of outputs plus the kernel's reach; `aligned`
-    rounds it up to whole vectors, so that every phase of every packed row starts on a vector boundary
-    (the "ext" taps' loads are then all aligned)."""
-    width = -(-sh.ow // lanes) * lanes + (sh.s - 1) * sh.dilation // sh.stride + 1
+def phase_width(sh: ConvShape, lanes: int, aligned: bool = False, lead: int = 0) -> int:
+    """Columns per phase of a packed row: `lead` columns (`phase_leads`), whole vectors of outputs plus the
+    kernel's reach; `aligned` rounds it up to whole vectors, so that every phase of every packed row starts
+    on a vector boundary (the "ext" taps' loads are then all aligned)."""
+    width = lead + -(-sh.ow // lanes) * lanes + (sh.s - 1) * sh.dilation // sh.stride + 1
     return -(-width // lanes) * lanes if aligned else width
+
+
+def phase_leads(sh: ConvShape, lanes: int) -> tuple[int, ...]:
+    """Columns each phase of a packed row is shifted right so that its first input column lands on a
+    vector boundary: the stride-2 copy's stores of both phases are then aligned (an immediate offset, no
+    address add each), and the taps read that much further on, which at stride 2 costs no extra load."""
+    firsts = [max(0, -(-(sh.left - phase) // sh.stride)) for phase in range(sh.stride)]
+    return tuple(-q % lanes for q in firsts)
 
 
 def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
@@ -217,7 +225,8 @@ class _DepthwiseEmitter:
         self.s = s
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
-        self.wq = phase_width(sh, s.lanes, s.taps == "ext")
+        self.leads = phase_leads(sh, s.lanes) if s.taps == "ext" and sh.stride > 1 else (0,) * sh.stride
+        self.wq = phase_width(sh, s.lanes, s.taps == "ext", max(self.leads))
         self.row = sh.stride * self.wq  # packed floats per padded input row
 
     def kernel(self, name: str) -> Kernel:
@@ -307,7 +316,7 @@ class _DepthwiseEmitter:
                 continue
             with b.loop(q1 - q0 + 1, "pq") as q:
                 x = (q + q0) * sh.stride + (phase - sh.left)
-                b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
+                b.store("Ip", dst + phase * self.wq + self.leads[phase] + q + q0, Load("input", src + x))
 
     def deinterleave(self, src: Affine, dst: Affine, lanes: int) -> int:
         """Stride 2: each 2V input columns are two vector loads and two shuffles into V even and V odd
@@ -324,7 +333,7 @@ class _DepthwiseEmitter:
             for first in (0, 1):  # input columns x0 + first + 2i, padded x0 + first + left + 2i
                 phase, q = (first + sh.left) % 2, (first + sh.left) // 2
                 picked = Shuffle(both, both, tuple(range(first, width, 2)))
-                b.store("Ip", dst + phase * self.wq + div(x0, 2) + q, picked, lanes)
+                b.store("Ip", dst + phase * self.wq + self.leads[phase] + div(x0, 2) + q, picked, lanes)
 
         chunks = sh.w // width
         with b.loop(chunks, "pv", pack_loop_kind(chunks)) as t:
@@ -431,7 +440,7 @@ class _DepthwiseEmitter:
         phases: dict[int, list[tuple[int, int]]] = {}  # phase -> its (kw, shift) taps
         for j in range(sh.s):
             shift, phase = divmod(j * sh.dilation, sh.stride)
-            phases.setdefault(phase, []).append((j, shift))
+            phases.setdefault(phase, []).append((j, shift + self.leads[phase]))
         tap = b.register("tap", lanes)
         for q in sorted(readers):
             for phase, taps in phases.items():
