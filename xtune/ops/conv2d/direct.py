@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.conv2d.direct_nest import ConvEmitter, ConvSchedule, padded
+from xtune.ops.conv2d.direct_nest import ConvEmitter, ConvSchedule, padded, subsamples
 from xtune.ops.epilogue import ACTIVATION, EPILOGUE
 from xtune.ops.matmul import Matmul
 from xtune.ops.matmul.nest import Operands
@@ -152,6 +152,9 @@ class Conv2dTemplate:
                 Knob("pack_layout", KnobKind.CHOICE, ("hwc", "chw")),
                 Knob("unroll_kw", KnobKind.CHOICE, (1, 0)),
                 Knob("unroll", KnobKind.UNROLL, (1, 2, 4)),
+                # Appended last, its first option the old nest (ConfigSpace.matches): a strided 1x1
+                # window packs the subsampled image (ConvSchedule.subsample); one option elsewhere.
+                Knob("subsample", KnobKind.CHOICE, (0, 1) if subsamples(sh) else (0,)),
             )
         )
 
@@ -179,6 +182,7 @@ class Conv2dTemplate:
             config.int("unroll"),
             # A tile whose input vectors would not fit beside its accumulators broadcasts a channel at a time.
             self.target.lane_fma and tile_registers(p, nv, True) <= register_budget(self.target),
+            bool(config["subsample"]),
         )
 
     def default_config(self) -> Config:
@@ -210,6 +214,9 @@ class Conv2dTemplate:
             "unroll_kw": int(sh.s <= 3),
             # On a lane-FMA target the channel loop runs a vector of channels per unrolled group (`lane_fma`).
             "unroll": t.fp32_lanes if t.lane_fma else 1,
+            # The full copy of a stride-2 1x1 layer moves 4 floats per one read: ResNet-18's 64->128
+            # downsample at 56x56 copies as many floats as its FMAs are vectors (docs/benchmarks.md).
+            "subsample": max(knobs["subsample"], key=int),
         }
         return self.space.config(self.space.index_of(values))
 

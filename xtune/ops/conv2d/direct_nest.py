@@ -55,6 +55,9 @@ class ConvSchedule:
     # input of `lanes` consecutive channels (contiguous in the hwc copy) is loaded as one vector and each
     # lane feeds the FMAs of its channel, as matmul's `a_value` reads A.
     lane_fma: bool = False
+    # A 1x1 window at a stride (`subsamples`): the packed input holds only the pixels the outputs read,
+    # (y*stride, x*stride), so the copy moves stride^2 times fewer floats and the tile reads it at stride 1.
+    subsample: bool = False
 
     @property
     def nr(self) -> int:
@@ -63,6 +66,12 @@ class ConvSchedule:
 
 def padded(sh: ConvShape) -> tuple[int, int]:
     return sh.padded
+
+
+def subsamples(sh: ConvShape) -> bool:
+    """A strided 1x1 window without padding: each output pixel reads one input pixel, and only one in
+    stride^2 of them is read at all; on the subsampled image the convolution is pointwise (a matmul)."""
+    return sh.r == 1 and sh.s == 1 and sh.stride > 1 and sh.padded == (sh.h, sh.w)
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,9 @@ class ConvEmitter:
         self.prepacked = bool(workload["prepacked"])
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
-        self.hp, self.wp = padded(self.sh)
+        # The packed image: the padded input, or the output's own grid when it is subsampled.
+        self.hp, self.wp = (self.sh.oh, self.sh.ow) if s.subsample else padded(self.sh)
+        self.step = 1 if s.subsample else self.sh.stride  # the tile's stride through the packed image
 
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
@@ -176,19 +187,26 @@ class ConvEmitter:
                 return ((ctx.n * sh.h + y) * sh.w + x) * channels + c0 + c
             return ((ctx.n * channels + c0 + c) * sh.h + y) * sh.w + x
 
+        # Subsampled, Ip's pixel (y, x) is the input's (y*stride, x*stride), and Ip has no border.
+        scale = sh.stride if s.subsample else 1
+        rows, cols = (sh.oh, sh.ow) if s.subsample else (sh.h, sh.w)
+
         def copy(c: Affine, y: Affine, x: Affine, n: int) -> None:  # n: floats of a vector, 0: a scalar
             width = lanes if n else 1
-            value = Load("input", src(c, y, x), width, n % width)
+            value = Load("input", src(c, y * scale, x * scale), width, n % width)
             b.store("Ip", self.ip_index(c, y + sh.top, x + sh.left), value, width, n)
 
         if sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
-            with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x:
+            with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
                 b.split(ctx.ccur, lanes, lambda c, n: copy(c, y, x, n), "pc")
-        elif sh.nhwc == s.hwc:
-            with b.loop(ctx.ccur, "pc") as c, b.loop(sh.h, "pi") as y:
-                b.split(sh.w, lanes, lambda x, n: copy(c, y, x, n), "pj")
+        elif sh.nhwc == s.hwc and not s.subsample:
+            with b.loop(ctx.ccur, "pc") as c, b.loop(rows, "pi") as y:
+                b.split(cols, lanes, lambda x, n: copy(c, y, x, n), "pj")
+        elif sh.nhwc == s.hwc:  # planes, every stride-th column: scalar copies along the row
+            with b.loop(ctx.ccur, "pc") as c, b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
+                copy(c, y, x, 0)
         else:  # a transposition: scalar copies
-            with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x, b.loop(ctx.ccur, "pc") as c:
+            with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x, b.loop(ctx.ccur, "pc") as c:
                 copy(c, y, x, 0)
 
     def wp_index(self, strip: Affine | int, cc: Affine | int, i: Affine | int, j: Affine | int) -> Affine:
@@ -332,9 +350,9 @@ class ConvEmitter:
             weights = [
                 Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes) for v in range(nvec)
             ]
-            row = y * sh.stride + i * sh.dilation
+            row = y * self.step + i * sh.dilation
             inputs = self.input_lanes(
-                ctx, row, [(x + p) * sh.stride + j * sh.dilation for p in range(np_)], cc
+                ctx, row, [(x + p) * self.step + j * sh.dilation for p in range(np_)], cc
             )
             if inputs is not None:
                 # Weight vectors outermost: one is live beside the accumulators and the pixels' inputs.
@@ -343,7 +361,7 @@ class ConvEmitter:
             for v in range(nvec):
                 b.assign(wreg[v], weights[v])
             for p in range(np_):
-                a = Load("Ip", self.ip_index(cc, row, (x + p) * sh.stride + j * sh.dilation))
+                a = Load("Ip", self.ip_index(cc, row, (x + p) * self.step + j * sh.dilation))
                 b.assign(bcast, Broadcast(a, lanes))  # once into a register, not once per FMA
                 for v in range(nvec):
                     b.assign(acc[p][v], MulAdd(bcast, wreg[v], acc[p][v]))

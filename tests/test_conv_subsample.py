@@ -1,0 +1,82 @@
+"""Strided 1x1 convolutions that pack the subsampled image: workloads and configs in, the packing's
+executed copies and checked kernel outputs on the local board and under qemu-aarch64 out."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+
+from tests.test_conv import check
+from xtune.boards.board import get_board
+from xtune.ops.conv2d import Conv2dTemplate
+from xtune.ops.registry import parse_workload, template_for
+from xtune.schedule.loopnest import Store, walk
+from xtune.target import get_target
+
+# Odd sizes (9x11 at stride 2: 5x6 outputs, the last input row and column unread; 10x8 at stride 3),
+# channels no multiple of any vector width (19 in blocks of 16 and 4 with a tail; 21 out), both layouts,
+# prepacked and not, bias and ReLU.
+SHAPES = (
+    "conv2d:n=1,c=19,h=9,w=11,k=21,r=1,s=1,stride=2,pad=0,bias=1,relu=1",
+    "conv2d:n=2,c=19,h=10,w=8,k=21,r=1,s=1,stride=3,pad=0,layout=nhwc,bias=1",
+    "conv2d:n=1,c=19,h=9,w=11,k=21,r=1,s=1,stride=2,pad=0,prepacked=1,relu=1",
+    "conv2d:n=1,c=19,h=9,w=11,k=21,r=1,s=1,stride=2,pad=0,layout=nhwc,prepacked=1,bias=1",
+)
+
+
+def subsampled_configs(key: str, target: str) -> list[int]:
+    """Subsampled configs over both packed layouts, two channel blocks and both ends of the tile list."""
+    template = template_for(parse_workload(key), get_target(target))
+    base = template.default_config().as_dict()
+    assert base["subsample"] == 1
+    tiles = [str(t) for t in template.space.knobs[0].options]
+    return [
+        template.space.index_of({**base, "tile": tile, "tile_ic": ic, "pack_layout": pack})
+        for tile, ic, pack in ((tiles[0], 16, "hwc"), (tiles[-1], 4, "chw"), (base["tile"], 19, "chw"))
+    ]
+
+
+def input_copies(template: Conv2dTemplate, index: int) -> int:
+    """Floats the kernel stores into its packed input per call."""
+    kernel = template.kernel(template.space.config(index), "k")
+    return sum(
+        math.prod(loop.extent for loop in loops) * stmt.lanes
+        for stmt, loops in walk(kernel.body)
+        if isinstance(stmt, Store) and stmt.buffer == "Ip"
+    )
+
+
+@pytest.mark.parametrize("key", SHAPES)
+def test_subsampled_kernels_correct_on_host(key: str) -> None:
+    check("local", key, subsampled_configs(key, get_board("local").target.name))
+
+
+@pytest.mark.parametrize("key", SHAPES[::3])
+def test_subsampled_kernels_correct_under_qemu_aarch64(key: str) -> None:
+    board = get_board("qemu-aarch64")
+    if shutil.which(board.target.qemu_binary) is None:
+        pytest.skip(f"needs {board.target.qemu_binary} (qemu-user)")
+    check("qemu-aarch64", key, subsampled_configs(key, board.target.name))
+
+
+def test_subsampling_copies_only_the_pixels_read_and_keeps_old_indices() -> None:
+    """The subsampled copy is oh*ow pixels, stride^2 fewer than the whole image; a config logged before
+    the knob existed (no `subsample`) is the same index with the old copy; elsewhere the knob has one
+    option, so those spaces and their indices are unchanged."""
+    key = "conv2d:n=1,c=8,h=12,w=12,k=16,r=1,s=1,stride=2,pad=0"
+    template = template_for(parse_workload(key), get_target("x86-avx512"))
+    assert isinstance(template, Conv2dTemplate)
+    new = template.default_config()
+    old_values = {**new.as_dict(), "subsample": 0}
+    old = template.space.index_of(old_values)
+    assert input_copies(template, old) == 8 * 12 * 12
+    assert input_copies(template, new.index) == 8 * 6 * 6
+    logged = tuple((k, v) for k, v in template.space.config(old).values if k != "subsample")
+    assert template.space.matches(old, logged) and not template.space.matches(new.index, logged)
+    for other in ("r=3,s=3,stride=2,pad=1", "r=1,s=1,stride=2,pad=1"):
+        spatial = template_for(
+            parse_workload(f"conv2d:n=1,c=8,h=12,w=12,k=16,{other}"), get_target("x86-avx2")
+        )
+        assert spatial.space.knobs[-1].options == (0,)
