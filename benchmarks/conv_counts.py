@@ -90,17 +90,17 @@ def innermost_loops(text: str) -> list[list[str]]:
         if jump and int(jump.group(1), 16) <= at:
             spans.append((int(jump.group(1), 16), at))
     inner = [s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
-    # the branch itself is left out: llvm-mca cannot read objdump's label operand, and it costs a port-6 uop
     return [[insn for at, insn in insns if lo <= at < hi] for lo, hi in inner]
 
 
 def mca_cycles(body: list[str], cpu: str) -> float:
-    """llvm-mca's steady-state cycles per iteration of a loop body (the marginal cost of 100 over 1)."""
+    """llvm-mca's steady-state cycles per iteration of a loop body (the marginal cost of 100 over 1); its
+    branches left out (llvm-mca cannot read objdump's label operands; each is one port-6 uop)."""
 
     def total(iterations: int) -> float:
         out = subprocess.run(
             ["llvm-mca-22", f"-mcpu={cpu}", f"-iterations={iterations}"],
-            input="\n".join(body) + "\n",
+            input="\n".join(i for i in body if not i.startswith("j")) + "\n",
             capture_output=True,
             text=True,
             check=True,

@@ -69,14 +69,69 @@ def test_subsampling_copies_only_the_pixels_read_and_keeps_old_indices() -> None
     template = template_for(parse_workload(key), get_target("x86-avx512"))
     assert isinstance(template, Conv2dTemplate)
     new = template.default_config()
-    old_values = {**new.as_dict(), "subsample": 0}
+    old_values = {**new.as_dict(), "subsample": 0, "transpose_out": 0}
     old = template.space.index_of(old_values)
     assert input_copies(template, old) == 8 * 12 * 12
     assert input_copies(template, new.index) == 8 * 6 * 6
-    logged = tuple((k, v) for k, v in template.space.config(old).values if k != "subsample")
+    values = template.space.config(old).values
+    logged = values[: [k for k, _ in values].index("subsample")]  # a record from before the knobs
     assert template.space.matches(old, logged) and not template.space.matches(new.index, logged)
     for other in ("r=3,s=3,stride=2,pad=1", "r=1,s=1,stride=2,pad=1"):
         spatial = template_for(
             parse_workload(f"conv2d:n=1,c=8,h=12,w=12,k=16,{other}"), get_target("x86-avx2")
         )
-        assert spatial.space.knobs[-1].options == (0,)
+        assert {k.name: k.options for k in spatial.space.knobs}["subsample"] == (0,)
+
+
+# NCHW tiles stored by transposes: a partial strip (21 channels), partial pixel tiles (odd widths), two
+# channel blocks (the second starts from the output through Ot, then stores transposed), a residual, a
+# grouped conv2d, the stride-2 stem's 7x7 window and a subsampled 1x1.
+TRANSPOSED = (
+    "conv2d:n=1,c=5,h=9,w=11,k=21,r=3,s=3,stride=2,pad=1,bias=1,relu=1",
+    "conv2d:n=2,c=3,h=17,w=15,k=9,r=7,s=7,stride=2,pad=3,residual=1",
+    "conv2d:n=1,c=12,h=7,w=9,k=18,r=3,s=3,stride=1,pad=1,groups=3,algo=direct,prepacked=1,bias=1",
+    "conv2d:n=1,c=19,h=9,w=11,k=21,r=1,s=1,stride=2,pad=0,relu=1",
+)
+
+
+def transposed_configs(key: str, target: str) -> list[int]:
+    """transpose_out=1 over both ends of the tile list and two channel blockings (one block; two or more)."""
+    template = template_for(parse_workload(key), get_target(target))
+    base = {**template.default_config().as_dict(), "transpose_out": 1}
+    tiles = [str(t) for t in template.space.knobs[0].options]
+    blocks = sorted(int(o) for o in template.space.knobs[1].options)
+    whole, split = blocks[-1], blocks[-2]
+    return [
+        template.space.index_of({**base, "tile": tile, "tile_ic": ic})
+        for tile, ic in ((tiles[0], split), (tiles[-1], whole), (base["tile"], split))
+    ]
+
+
+@pytest.mark.parametrize("key", TRANSPOSED)
+def test_transposed_output_tiles_correct_on_host(key: str) -> None:
+    check("local", key, transposed_configs(key, get_board("local").target.name))
+
+
+@pytest.mark.parametrize("key", TRANSPOSED[:2])
+def test_transposed_output_tiles_correct_under_qemu_aarch64(key: str) -> None:
+    board = get_board("qemu-aarch64")
+    if shutil.which(board.target.qemu_binary) is None:
+        pytest.skip(f"needs {board.target.qemu_binary} (qemu-user)")
+    check("qemu-aarch64", key, transposed_configs(key, board.target.name))
+
+
+def test_transposed_tiles_store_no_output_through_ot() -> None:
+    """With transpose_out=1 and one channel block, every output is a vector store and Ot is unused."""
+    key = "conv2d:n=1,c=8,h=12,w=12,k=16,r=3,s=3,stride=2,pad=1"
+    template = template_for(parse_workload(key), get_target("x86-avx512"))
+    for value, scalar in ((0, 16 * 6 * 6), (1, 0)):
+        config = template.space.config(
+            template.space.index_of({**template.default_config().as_dict(), "transpose_out": value})
+        )
+        kernel = template.kernel(config, "k")
+        stores = [
+            math.prod(loop.extent for loop in loops)
+            for stmt, loops in walk(kernel.body)
+            if isinstance(stmt, Store) and stmt.buffer == "output" and stmt.lanes == 1
+        ]
+        assert sum(stores) == scalar

@@ -155,6 +155,8 @@ class Conv2dTemplate:
                 # Appended last, its first option the old nest (ConfigSpace.matches): a strided 1x1
                 # window packs the subsampled image (ConvSchedule.subsample); one option elsewhere.
                 Knob("subsample", KnobKind.CHOICE, (0, 1) if subsamples(sh) else (0,)),
+                # NCHW: the output tile stored through Ot (0, the old nest) or transposed (1).
+                Knob("transpose_out", KnobKind.CHOICE, (0,) if sh.nhwc else (0, 1)),
             )
         )
 
@@ -183,6 +185,7 @@ class Conv2dTemplate:
             # A tile whose input vectors would not fit beside its accumulators broadcasts a channel at a time.
             self.target.lane_fma and tile_registers(p, nv, True) <= register_budget(self.target),
             bool(config["subsample"]),
+            bool(config["transpose_out"]),
         )
 
     def default_config(self) -> Config:
@@ -217,6 +220,9 @@ class Conv2dTemplate:
             # The full copy of a stride-2 1x1 layer moves 4 floats per one read: ResNet-18's 64->128
             # downsample at 56x56 copies as many floats as its FMAs are vectors (docs/benchmarks.md).
             "subsample": max(knobs["subsample"], key=int),
+            # Fewer instructions wherever a tile's pixels fit a vector (llvm-mca on x86, qemu-aarch64's
+            # counts: docs/benchmarks.md); wider tiles keep the Ot path whatever the knob says.
+            "transpose_out": max(knobs["transpose_out"], key=int),
         }
         return self.space.config(self.space.index_of(values))
 

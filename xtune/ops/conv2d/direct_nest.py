@@ -15,6 +15,7 @@ from xtune.ops.tiles import (
     fma_columns_outer,
     lane_group,
     split_edges,
+    transpose,
     transposed_copy,
     unrolled,
 )
@@ -58,6 +59,9 @@ class ConvSchedule:
     # A 1x1 window at a stride (`subsamples`): the packed input holds only the pixels the outputs read,
     # (y*stride, x*stride), so the copy moves stride^2 times fewer floats and the tile reads it at stride 1.
     subsample: bool = False
+    # NCHW: store a tile by transposing each channel vector's pixels (`transposed_tile`) instead of a
+    # scalar load and store per output through Ot.
+    transpose_out: bool = False
 
     @property
     def nr(self) -> int:
@@ -382,12 +386,31 @@ class ConvEmitter:
                     idx = self.out_index(ctx, y, x + p, js + v * lanes)
                     b.store("output", idx, epi.apply(acc[p][v], lanes, ctx.last), lanes, counts[v])
             return
+        if s.transpose_out and 2 <= np_ <= lanes:
+            self.transposed_tile(
+                ctx, y, x, js, [[epi.apply(r, lanes, ctx.last) for r in row] for row in acc], nc
+            )
+            return
         for p in range(np_):  # NCHW: channels are far apart in the output, so go through Ot
             for v in range(nvec):
                 b.store("Ot", Affine.of(p * s.nr + v * lanes), epi.apply(acc[p][v], lanes, ctx.last), lanes)
         with b.loop(nc, "oc") as ch:
             for p in range(np_):
                 b.store("output", self.out_index(ctx, y, x + p, js + ch), Load("Ot", ch + p * s.nr))
+
+    def transposed_tile(
+        self, ctx: _Block, y: Affine, x: Affine, js: Affine, tile: list[list[Value]], nc: int
+    ) -> None:
+        """NCHW output of a tile (tile[p][v]: pixel p's channels v*lanes..): per channel vector, the
+        pixels' vectors (zeros past the tile's) transposed by shuffles, so that register u holds channel
+        u's pixels x..x+p in its first lanes, stored as one partial vector. Per vector of channels that is
+        lanes stores and at most lanes*log2(lanes) shuffles (fewer: LLVM folds those of zero rows), where
+        the scalar path stores and reloads every output through Ot (2 * lanes * p accesses)."""
+        lanes, np_ = self.s.lanes, len(tile)
+        for v in range(len(tile[0])):
+            rows = [tile[p][v] if p < np_ else Const(0.0, lanes) for p in range(lanes)]
+            for u, column in enumerate(transpose(self.b, rows, "ot")[: min(nc - v * lanes, lanes)]):
+                self.b.store("output", self.out_index(ctx, y, x, js + v * lanes + u), column, lanes, np_)
 
     def input_lanes(self, ctx: _Block, row: Affine, cols: list[Affine], cc: Affine) -> list[Broadcast] | None:
         """The input of channel cc at (row, col) for each col of a tile, as a lane of a vector of `lanes`
