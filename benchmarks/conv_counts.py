@@ -3,10 +3,11 @@
 Walks the nest the template builds (every statement times the trip counts of the loops around it) and
 sorts what it executes by the buffer it writes: the packed input (Ip), the packed weights (Wp), the
 FMA tile (registers), the output (Ot/output). For each phase: vector FMAs, vector and scalar loads,
-broadcasts, stores; and a port-bound cycle floor for one AVX-512 core of two FMA units, two loads and
-one store a cycle (Intel Optimization Reference Manual, Golden Cove: ports 0/5 FMA, 2-3 load, 2 store
-ports of which one 512-bit store a cycle). With --mca, llvm-mca's cycles per iteration of the object's
-innermost loops richest in FMAs (-mcpu=sapphirerapids unless --cpu).
+broadcasts, stores, shuffles; and a port-bound cycle floor for one AVX-512 core of two FMA units, two
+loads, one store and one 512-bit shuffle a cycle (Intel Optimization Reference Manual, Golden Cove:
+ports 0/5 FMA, 2-3 load ports, one 512-bit store a cycle, 512-bit shuffles on port 5 only). With --mca,
+llvm-mca's cycles per iteration of the object's innermost loops richest in FMAs (-mcpu=sapphirerapids
+unless --cpu).
 
 Usage: python benchmarks/conv_counts.py [--target x86-avx512] [--config N] [--mca] [--cpu CPU] WORKLOAD ...
 """
@@ -24,10 +25,10 @@ from pathlib import Path
 from xtune.codegen.compile import compile_object
 from xtune.codegen.lower import lower
 from xtune.ops.registry import parse_workload, template_for
-from xtune.schedule.loopnest import Assign, Broadcast, Kernel, Load, MulAdd, Store, walk
+from xtune.schedule.loopnest import Assign, Broadcast, Kernel, Load, MulAdd, Shuffle, Store, walk
 from xtune.target import get_target
 
-FMA_PORTS, LOAD_PORTS, STORE_PORTS = 2.0, 2.0, 1.0
+FMA_PORTS, LOAD_PORTS, STORE_PORTS, SHUFFLE_PORTS = 2.0, 2.0, 1.0, 1.0
 
 
 def loads(value: object) -> list[Load]:
@@ -40,39 +41,50 @@ def loads(value: object) -> list[Load]:
     return [found for name in fields for found in loads(getattr(value, name))]
 
 
-def phase(stmt: Assign | Store) -> str:
-    """Which part of the kernel a statement belongs to, by what it writes."""
-    if isinstance(stmt, Assign):  # the tile's FMAs and operand loads, or a packing's shuffles
-        return "shuffles" if type(stmt.value).__name__ == "Shuffle" else "fma tile"
+def phase(stmt: Store) -> str:
+    """Which part of the kernel a store belongs to, by the buffer it writes."""
     return {"Ip": "pack input", "Wp": "pack weights", "packed": "pack weights"}.get(stmt.buffer, "output")
 
 
 def counts(kernel: Kernel) -> dict[str, Counter[str]]:
-    """Per phase: executed FMAs, loads (vector/scalar), broadcasts and stores (vector/scalar)."""
+    """Per phase: executed FMAs, loads (vector/scalar), broadcasts, shuffles and stores (vector/scalar).
+    Register work is the FMA tile's, except a transpose's shuffles and loads: those are the phase of the
+    store that follows them (a transposed copy or output tile writes its registers right away)."""
     table: dict[str, Counter[str]] = {}
+    pending: Counter[str] = Counter()
     for stmt, loops in walk(kernel.body):
         if not isinstance(stmt, Assign | Store):
             continue
         times = math.prod(loop.extent for loop in loops)
-        row = table.setdefault(phase(stmt), Counter())
         value = stmt.value
+        row: Counter[str] = Counter()
         if isinstance(value, MulAdd):
             row["fma"] += times
         if isinstance(value, Broadcast):
             row["broadcast"] += times
+        if isinstance(value, Shuffle):
+            row["shuffle"] += times
         for load in loads(value):
             row["vload" if load.lanes > 1 else "sload"] += times
         if isinstance(stmt, Store):
             row["vstore" if stmt.lanes > 1 else "sstore"] += times
+            table.setdefault(phase(stmt), Counter()).update(row + pending)
+            pending = Counter()
+        elif isinstance(value, Shuffle) or pending:
+            pending.update(row)
+        else:
+            table.setdefault("fma tile", Counter()).update(row)
     return table
 
 
 def floor_cycles(row: Counter[str]) -> float:
-    """The port-bound cycles of a phase: whichever of FMAs, loads and stores is the bottleneck."""
+    """The port-bound cycles of a phase: whichever of FMAs, loads, stores and shuffles is the bottleneck
+    (shuffles as the nest has them: LLVM folds those of zero rows, so this over-counts a transpose)."""
     return max(
         row["fma"] / FMA_PORTS,
         (row["vload"] + row["sload"]) / LOAD_PORTS,
         (row["vstore"] + row["sstore"]) / STORE_PORTS,
+        row["shuffle"] / SHUFFLE_PORTS,
     )
 
 

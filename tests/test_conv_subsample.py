@@ -69,7 +69,7 @@ def test_subsampling_copies_only_the_pixels_read_and_keeps_old_indices() -> None
     template = template_for(parse_workload(key), get_target("x86-avx512"))
     assert isinstance(template, Conv2dTemplate)
     new = template.default_config()
-    old_values = {**new.as_dict(), "subsample": 0, "transpose_out": 0}
+    old_values = {**new.as_dict(), "subsample": 0, "transpose_out": 0, "transpose_in": 0}
     old = template.space.index_of(old_values)
     assert input_copies(template, old) == 8 * 12 * 12
     assert input_copies(template, new.index) == 8 * 6 * 6
@@ -133,5 +133,49 @@ def test_transposed_tiles_store_no_output_through_ot() -> None:
             math.prod(loop.extent for loop in loops)
             for stmt, loops in walk(kernel.body)
             if isinstance(stmt, Store) and stmt.buffer == "output" and stmt.lanes == 1
+        ]
+        assert sum(stores) == scalar
+
+
+# NCHW input copied into the hwc block by transposes: blocks of 4, 8 and 16 of 20 channels (whole vectors
+# on every board, then a tail block: zeros past its channels), rows of 21 and 13 columns (a partial chunk
+# after whole ones, or only partial ones), a batch, padding on both sides.
+TRANSPOSED_IN = (
+    "conv2d:n=2,c=20,h=7,w=21,k=13,r=3,s=3,stride=2,pad=1,bias=1",
+    "conv2d:n=1,c=20,h=9,w=13,k=8,r=3,s=3,stride=1,pad=2,algo=direct,prepacked=1,relu=1",
+)
+
+
+def transposed_in_configs(key: str, target: str) -> list[int]:
+    template = template_for(parse_workload(key), get_target(target))
+    base = {**template.default_config().as_dict(), "transpose_in": 1, "pack_layout": "hwc"}
+    return [template.space.index_of({**base, "tile_ic": ic}) for ic in (4, 8, 16)]
+
+
+@pytest.mark.parametrize("key", TRANSPOSED_IN)
+def test_transposed_input_copies_correct_on_host(key: str) -> None:
+    check("local", key, transposed_in_configs(key, get_board("local").target.name))
+
+
+def test_transposed_input_copies_correct_under_qemu_aarch64() -> None:
+    board = get_board("qemu-aarch64")
+    if shutil.which(board.target.qemu_binary) is None:
+        pytest.skip(f"needs {board.target.qemu_binary} (qemu-user)")
+    check("qemu-aarch64", TRANSPOSED_IN[0], transposed_in_configs(TRANSPOSED_IN[0], board.target.name))
+
+
+def test_transposed_input_copy_has_no_scalar_store() -> None:
+    """A block of whole vectors of channels is copied by vector stores only, the old copy by scalars."""
+    key = TRANSPOSED_IN[0]
+    template = template_for(parse_workload(key), get_target("x86-avx512"))
+    base = {**template.default_config().as_dict(), "tile_ic": 16, "pack_layout": "hwc"}
+    for value, scalar in ((0, 2 * 20 * 7 * 21), (1, 0)):
+        kernel = template.kernel(
+            template.space.config(template.space.index_of({**base, "transpose_in": value})), "k"
+        )
+        stores = [
+            math.prod(loop.extent for loop in loops)
+            for stmt, loops in walk(kernel.body)
+            if isinstance(stmt, Store) and stmt.buffer == "Ip" and stmt.lanes == 1
         ]
         assert sum(stores) == scalar

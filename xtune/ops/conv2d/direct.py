@@ -157,6 +157,8 @@ class Conv2dTemplate:
                 Knob("subsample", KnobKind.CHOICE, (0, 1) if subsamples(sh) else (0,)),
                 # NCHW: the output tile stored through Ot (0, the old nest) or transposed (1).
                 Knob("transpose_out", KnobKind.CHOICE, (0,) if sh.nhwc else (0, 1)),
+                # NCHW: the input copied into the hwc layout a float at a time (0) or by transposes (1).
+                Knob("transpose_in", KnobKind.CHOICE, (0,) if sh.nhwc else (0, 1)),
             )
         )
 
@@ -186,6 +188,7 @@ class Conv2dTemplate:
             self.target.lane_fma and tile_registers(p, nv, True) <= register_budget(self.target),
             bool(config["subsample"]),
             bool(config["transpose_out"]),
+            bool(config["transpose_in"]),
         )
 
     def default_config(self) -> Config:
@@ -223,6 +226,8 @@ class Conv2dTemplate:
             # Fewer instructions wherever a tile's pixels fit a vector (llvm-mca on x86, qemu-aarch64's
             # counts: docs/benchmarks.md); wider tiles keep the Ot path whatever the knob says.
             "transpose_out": max(knobs["transpose_out"], key=int),
+            # (2 + log2 lanes) / lanes instructions a float where the scalar copy takes 2 (`transposed_copy`).
+            "transpose_in": max(knobs["transpose_in"], key=int),
         }
         return self.space.config(self.space.index_of(values))
 

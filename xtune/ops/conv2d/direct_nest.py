@@ -62,6 +62,9 @@ class ConvSchedule:
     # NCHW: store a tile by transposing each channel vector's pixels (`transposed_tile`) instead of a
     # scalar load and store per output through Ot.
     transpose_out: bool = False
+    # NCHW into the hwc copy: whole vectors of the block's channels transposed by shuffles
+    # (`transposed_copy`, where the block is whole vectors of channels) instead of a float at a time.
+    transpose_in: bool = False
 
     @property
     def nr(self) -> int:
@@ -209,6 +212,17 @@ class ConvEmitter:
         elif sh.nhwc == s.hwc:  # planes, every stride-th column: scalar copies along the row
             with b.loop(ctx.ccur, "pc") as c, b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
                 copy(c, y, x, 0)
+        elif s.transpose_in and s.hwc and not s.subsample and lanes > 1 and s.cb % lanes == 0:
+            # Each input row of the block's channels is cb rows of floats: their transpose is the row's
+            # pixels in Ip, cb channels each (zeros past ccur in a tail block, never read).
+            with b.loop(sh.h, "pi") as y:
+                plane = Rows(
+                    buffer="input",
+                    start=lambda u: src(Affine.of(u), y, Affine()),
+                    count=ctx.ccur,
+                    length=sh.w,
+                )
+                transposed_copy(b, lanes, plane, "Ip", self.ip_index(0, y + sh.top, sh.left), s.cb)
         else:  # a transposition: scalar copies
             with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x, b.loop(ctx.ccur, "pc") as c:
                 copy(c, y, x, 0)
