@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.tiles import (
@@ -73,6 +74,18 @@ class ConvSchedule:
 
 def padded(sh: ConvShape) -> tuple[int, int]:
     return sh.padded
+
+
+def transposes_input(on: Any, hwc: Any, subsample: Any, cb: Any, lanes: int) -> Any:
+    """Whether the NCHW input is copied into the hwc block by transposes (`transpose_in`): whole vectors of
+    channels, the whole image. Scalars or numpy arrays of configs (the features' columns) alike."""
+    return (on != 0) & (hwc != 0) & (subsample == 0) & (cb % lanes == 0) & (lanes > 1)
+
+
+def transposes_output(on: Any, pixels: Any, lanes: int) -> Any:
+    """Whether an NCHW tile of `pixels` pixels is stored by transposes (`transpose_out`): its pixels fit a
+    vector (a tile of one pixel has nothing to transpose). Scalars or numpy arrays alike."""
+    return (on != 0) & (pixels >= 2) & (pixels <= lanes)
 
 
 def subsamples(sh: ConvShape) -> bool:
@@ -212,7 +225,7 @@ class ConvEmitter:
         elif sh.nhwc == s.hwc:  # planes, every stride-th column: scalar copies along the row
             with b.loop(ctx.ccur, "pc") as c, b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
                 copy(c, y, x, 0)
-        elif s.transpose_in and s.hwc and not s.subsample and lanes > 1 and s.cb % lanes == 0:
+        elif transposes_input(s.transpose_in, s.hwc, s.subsample, s.cb, lanes):
             # Each input row of the block's channels is cb rows of floats: their transpose is the row's
             # pixels in Ip, cb channels each (zeros past ccur in a tail block, never read).
             with b.loop(sh.h, "pi") as y:
@@ -400,7 +413,7 @@ class ConvEmitter:
                     idx = self.out_index(ctx, y, x + p, js + v * lanes)
                     b.store("output", idx, epi.apply(acc[p][v], lanes, ctx.last), lanes, counts[v])
             return
-        if s.transpose_out and 2 <= np_ <= lanes:
+        if transposes_output(s.transpose_out, np_, lanes):
             self.transposed_tile(
                 ctx, y, x, js, [[epi.apply(r, lanes, ctx.last) for r in row] for row in acc], nc
             )
