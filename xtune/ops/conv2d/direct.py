@@ -8,7 +8,9 @@ at every call; or, for prepacked=1, the weights parameter already holds every bl
 a row x V channel vectors, updated by broadcast(input) x weight-vector FMAs over the (c, kh, kw)
 reduction in a tunable order, kw optionally unrolled (`unroll_kw`). Accumulators start from the bias
 plus the residual (first channel block) or the output (later blocks); ReLU/ReLU6 run on registers in the
-last block; tails are constant-size tiles.
+last block; tails are constant-size tiles. A strided 1x1 window packs only the pixels it reads
+(`subsample`); NCHW tiles are stored, and NCHW input copied, by shuffle transposes (`transpose_out`,
+`transpose_in`).
 """
 
 from __future__ import annotations
