@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from xtune.ops.opkit import GeneratedOp
 from xtune.ops.qmatmul import reference as qref
 from xtune.schedule.loopnest import (
     Affine,
@@ -186,3 +187,12 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
                 buffers[s.buffer][i : i + s.valid] = value(s.value, env)[: s.valid]
 
     run(kernel.body, {})
+
+
+def check_one_input_op(op: GeneratedOp, x: np.ndarray, want: np.ndarray, lanes: tuple[int, ...]) -> None:
+    """A one-input operator's numpy reference, and its nest interpreted at each lane count, give `want`."""
+    np.testing.assert_array_equal(op.reference(x), want)
+    for width in lanes:
+        out = np.zeros_like(want)
+        run_kernel(op.kernel_nest("op", width), [x, out])
+        np.testing.assert_array_equal(out, want, err_msg=f"{width} lanes")

@@ -282,7 +282,8 @@ def _qlinear_pointwise(
 ) -> None:
     """DequantizeLinear of each activation -> Add, Mul, GlobalAveragePool, Sigmoid or LeakyRelu ->
     QuantizeLinear, per tensor: ONNX Runtime's QOperator node of it (QLinearAdd, ...), which
-    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors."""
+    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors. A TFLite model's
+    GlobalAveragePool (its MEAN over H and W) is marked `requant="tflite"`: TFLite's integer MEAN."""
     graph = edit.graph
     node = graph.nodes[index]
     op = QLINEAR_OF[node.op]
@@ -296,7 +297,9 @@ def _qlinear_pointwise(
             return
         inputs += [dq.inputs[0], dq.inputs[1], zero_name(edit, dq, graph.dtype(dq.inputs[0]))]
     inputs += [q.inputs[1], zero_name(edit, q, graph.dtype(q.outputs[0]))]
-    attrs = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    attrs: dict[str, AttrValue] = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    if edit.requant == "tflite" and node.op == "GlobalAveragePool":
+        attrs["requant"] = edit.requant
     edit.nodes[index] = Node(name=node.name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
     drop_fused(edit, writers, q)
 

@@ -28,6 +28,7 @@ from xtune.ops import activation, arith, elementwise, pool2d
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, GeneratedOp, Mapped, NodeFamily, Shape
+from xtune.ops.qpool import scaled_mean
 from xtune.ops.quantize import RANGES, QParams, dequantized, node_qparams, quantized
 from xtune.schedule.loopnest import Assign, BufferKind, For, Kernel, Load, Stmt, Store, Value, walk
 
@@ -191,8 +192,22 @@ def _qparams(graph: Graph, node: Node, tensor: str, scale: str, zero: str) -> QP
     return QParams(scale=float(s.reshape(-1)[0]), zero=int(z.reshape(-1)[0]), qtype=qtype)
 
 
+def _tflite_mean(graph: Graph, node: Node) -> Mapped:
+    """A TFLite model's QLinearGlobalAveragePool (`requant="tflite"`, its MEAN over H and W): not the float
+    form but TFLite's integer MEAN over each plane (xtune/ops/qpool.py's ScaledMean), run in the layout
+    its 8-bit input is in."""
+    shape = graph.shape(node.inputs[0])
+    if len(shape) != 4 or node.int_attr("channels_last", 0):
+        raise refuse(graph, node, "only the mean of NCHW planes (a 4-D input, channels_last=0) is supported")
+    n, c, h, w = shape
+    pool = pool2d.GlobalAveragePool(n=n, c=c, h=h, w=w, quantized=scaled_mean(graph, node, h * w))
+    return Mapped(kernel=pool, inputs=(node.inputs[0],), follows_input=True)
+
+
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     op, count = FLOAT_FORMS[node.op]
+    if op == "GlobalAveragePool" and node.attr("requant", "onnx") == "tflite":
+        return _tflite_mean(graph, node)
     if op == "GlobalAveragePool" and node.int_attr("channels_last", 0):
         raise refuse(graph, node, "channels_last=1 is not supported (an NCHW tensor is)")
     ins = [(*node.inputs[3 * i : 3 * i + 3], "")[:3] for i in range(count)]
