@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Callable
 
 import pytest
 
@@ -12,7 +13,9 @@ from tests.test_conv import check
 from xtune.boards.board import get_board
 from xtune.ops.conv2d import Conv2dTemplate
 from xtune.ops.registry import parse_workload, template_for
+from xtune.ops.template import ScheduleTemplate
 from xtune.schedule.loopnest import Store, walk
+from xtune.schedule.space import KnobValue
 from xtune.target import get_target
 
 # Odd sizes (9x11 at stride 2: 5x6 outputs, the last input row and column unread; 10x8 at stride 3),
@@ -25,40 +28,44 @@ SHAPES = (
     "conv2d:n=1,c=19,h=9,w=11,k=21,r=1,s=1,stride=2,pad=0,layout=nhwc,prepacked=1,bias=1",
 )
 
+# Which configs a test checks: knob overrides from the space's tiles and channel blocks (ascending).
+Pick = Callable[[list[str], list[int]], list[dict[str, KnobValue]]]
+
+
+def variants(key: str, target: str, fixed: dict[str, KnobValue], pick: Pick) -> list[int]:
+    """Indices of the default config with `fixed` set, then each of pick(tiles, channel blocks)'s knobs."""
+    template = template_for(parse_workload(key), get_target(target))
+    base = {**template.default_config().as_dict(), **fixed}
+    tiles = [str(t) for t in template.space.knobs[0].options]
+    blocks = sorted(int(o) for o in template.space.knobs[1].options)
+    return [template.space.index_of({**base, **knobs}) for knobs in pick(tiles, blocks)]
+
 
 def subsampled_configs(key: str, target: str) -> list[int]:
     """Subsampled configs over both packed layouts, two channel blocks and both ends of the tile list."""
-    template = template_for(parse_workload(key), get_target(target))
-    base = template.default_config().as_dict()
-    assert base["subsample"] == 1
-    tiles = [str(t) for t in template.space.knobs[0].options]
-    return [
-        template.space.index_of({**base, "tile": tile, "tile_ic": ic, "pack_layout": pack})
-        for tile, ic, pack in ((tiles[0], 16, "hwc"), (tiles[-1], 4, "chw"), (base["tile"], 19, "chw"))
-    ]
-
-
-def input_copies(template: Conv2dTemplate, index: int) -> int:
-    """Floats the kernel stores into its packed input per call."""
-    kernel = template.kernel(template.space.config(index), "k")
-    return sum(
-        math.prod(loop.extent for loop in loops) * stmt.lanes
-        for stmt, loops in walk(kernel.body)
-        if isinstance(stmt, Store) and stmt.buffer == "Ip"
+    return variants(
+        key,
+        target,
+        {"subsample": 1},
+        lambda tiles, _: [
+            {"tile": tiles[0], "tile_ic": 16, "pack_layout": "hwc"},
+            {"tile": tiles[-1], "tile_ic": 4, "pack_layout": "chw"},
+            {"tile_ic": 19, "pack_layout": "chw"},
+        ],
     )
 
 
-@pytest.mark.parametrize("key", SHAPES)
-def test_subsampled_kernels_correct_on_host(key: str) -> None:
-    check("local", key, subsampled_configs(key, get_board("local").target.name))
-
-
-@pytest.mark.parametrize("key", SHAPES[::3])
-def test_subsampled_kernels_correct_under_qemu_aarch64(key: str) -> None:
-    board = get_board("qemu-aarch64")
-    if shutil.which(board.target.qemu_binary) is None:
-        pytest.skip(f"needs {board.target.qemu_binary} (qemu-user)")
-    check("qemu-aarch64", key, subsampled_configs(key, board.target.name))
+def stored(
+    template: ScheduleTemplate, knobs: dict[str, KnobValue], buffer: str, scalars: bool = False
+) -> int:
+    """Floats (or, with `scalars`, scalar stores) one call of the default config with `knobs` writes into
+    `buffer`."""
+    config = template.space.config(template.space.index_of({**template.default_config().as_dict(), **knobs}))
+    return sum(
+        math.prod(loop.extent for loop in loops) * stmt.lanes
+        for stmt, loops in walk(template.kernel(config, "k").body)
+        if isinstance(stmt, Store) and stmt.buffer == buffer and (stmt.lanes == 1 or not scalars)
+    )
 
 
 def test_subsampling_copies_only_the_pixels_read_and_keeps_old_indices() -> None:
@@ -69,10 +76,10 @@ def test_subsampling_copies_only_the_pixels_read_and_keeps_old_indices() -> None
     template = template_for(parse_workload(key), get_target("x86-avx512"))
     assert isinstance(template, Conv2dTemplate)
     new = template.default_config()
-    old_values = {**new.as_dict(), "subsample": 0, "transpose_out": 0, "transpose_in": 0}
-    old = template.space.index_of(old_values)
-    assert input_copies(template, old) == 8 * 12 * 12
-    assert input_copies(template, new.index) == 8 * 6 * 6
+    before: dict[str, KnobValue] = {"subsample": 0, "transpose_out": 0, "transpose_in": 0}
+    old = template.space.index_of({**new.as_dict(), **before})
+    assert stored(template, before, "Ip") == 8 * 12 * 12
+    assert stored(template, {}, "Ip") == 8 * 6 * 6
     values = template.space.config(old).values
     logged = values[: [k for k, _ in values].index("subsample")]  # a record from before the knobs
     assert template.space.matches(old, logged) and not template.space.matches(new.index, logged)
@@ -96,45 +103,25 @@ TRANSPOSED = (
 
 def transposed_configs(key: str, target: str) -> list[int]:
     """transpose_out=1 over both ends of the tile list and two channel blockings (one block; two or more)."""
-    template = template_for(parse_workload(key), get_target(target))
-    base = {**template.default_config().as_dict(), "transpose_out": 1}
-    tiles = [str(t) for t in template.space.knobs[0].options]
-    blocks = sorted(int(o) for o in template.space.knobs[1].options)
-    whole, split = blocks[-1], blocks[-2]
-    return [
-        template.space.index_of({**base, "tile": tile, "tile_ic": ic})
-        for tile, ic in ((tiles[0], split), (tiles[-1], whole), (base["tile"], split))
-    ]
-
-
-@pytest.mark.parametrize("key", TRANSPOSED)
-def test_transposed_output_tiles_correct_on_host(key: str) -> None:
-    check("local", key, transposed_configs(key, get_board("local").target.name))
-
-
-@pytest.mark.parametrize("key", TRANSPOSED[:2])
-def test_transposed_output_tiles_correct_under_qemu_aarch64(key: str) -> None:
-    board = get_board("qemu-aarch64")
-    if shutil.which(board.target.qemu_binary) is None:
-        pytest.skip(f"needs {board.target.qemu_binary} (qemu-user)")
-    check("qemu-aarch64", key, transposed_configs(key, board.target.name))
+    return variants(
+        key,
+        target,
+        {"transpose_out": 1},
+        lambda tiles, blocks: [
+            {"tile": tiles[0], "tile_ic": blocks[-2]},
+            {"tile": tiles[-1], "tile_ic": blocks[-1]},
+            {"tile_ic": blocks[-2]},
+        ],
+    )
 
 
 def test_transposed_tiles_store_no_output_through_ot() -> None:
     """With transpose_out=1 and one channel block, every output is a vector store and Ot is unused."""
     key = "conv2d:n=1,c=8,h=12,w=12,k=16,r=3,s=3,stride=2,pad=1"
     template = template_for(parse_workload(key), get_target("x86-avx512"))
-    for value, scalar in ((0, 16 * 6 * 6), (1, 0)):
-        config = template.space.config(
-            template.space.index_of({**template.default_config().as_dict(), "transpose_out": value})
-        )
-        kernel = template.kernel(config, "k")
-        stores = [
-            math.prod(loop.extent for loop in loops)
-            for stmt, loops in walk(kernel.body)
-            if isinstance(stmt, Store) and stmt.buffer == "output" and stmt.lanes == 1
-        ]
-        assert sum(stores) == scalar
+    assert stored(template, {"transpose_out": 0}, "output", scalars=True) == 16 * 6 * 6
+    assert stored(template, {"transpose_out": 1}, "output", scalars=True) == 0
+    assert stored(template, {"transpose_out": 1}, "Ot") == 0
 
 
 # NCHW input copied into the hwc block by transposes: blocks of 4, 8 and 16 of 20 channels (whole vectors
@@ -147,35 +134,35 @@ TRANSPOSED_IN = (
 
 
 def transposed_in_configs(key: str, target: str) -> list[int]:
-    template = template_for(parse_workload(key), get_target(target))
-    base = {**template.default_config().as_dict(), "transpose_in": 1, "pack_layout": "hwc"}
-    return [template.space.index_of({**base, "tile_ic": ic}) for ic in (4, 8, 16)]
-
-
-@pytest.mark.parametrize("key", TRANSPOSED_IN)
-def test_transposed_input_copies_correct_on_host(key: str) -> None:
-    check("local", key, transposed_in_configs(key, get_board("local").target.name))
-
-
-def test_transposed_input_copies_correct_under_qemu_aarch64() -> None:
-    board = get_board("qemu-aarch64")
-    if shutil.which(board.target.qemu_binary) is None:
-        pytest.skip(f"needs {board.target.qemu_binary} (qemu-user)")
-    check("qemu-aarch64", TRANSPOSED_IN[0], transposed_in_configs(TRANSPOSED_IN[0], board.target.name))
+    fixed: dict[str, KnobValue] = {"transpose_in": 1, "pack_layout": "hwc"}
+    return variants(key, target, fixed, lambda *_: [{"tile_ic": ic} for ic in (4, 8, 16)])
 
 
 def test_transposed_input_copy_has_no_scalar_store() -> None:
     """A block of whole vectors of channels is copied by vector stores only, the old copy by scalars."""
-    key = TRANSPOSED_IN[0]
-    template = template_for(parse_workload(key), get_target("x86-avx512"))
-    base = {**template.default_config().as_dict(), "tile_ic": 16, "pack_layout": "hwc"}
-    for value, scalar in ((0, 2 * 20 * 7 * 21), (1, 0)):
-        kernel = template.kernel(
-            template.space.config(template.space.index_of({**base, "transpose_in": value})), "k"
-        )
-        stores = [
-            math.prod(loop.extent for loop in loops)
-            for stmt, loops in walk(kernel.body)
-            if isinstance(stmt, Store) and stmt.buffer == "Ip" and stmt.lanes == 1
-        ]
-        assert sum(stores) == scalar
+    template = template_for(parse_workload(TRANSPOSED_IN[0]), get_target("x86-avx512"))
+    knobs: dict[str, KnobValue] = {"tile_ic": 16, "pack_layout": "hwc"}
+    assert stored(template, {**knobs, "transpose_in": 0}, "Ip", scalars=True) == 2 * 20 * 7 * 21
+    assert stored(template, {**knobs, "transpose_in": 1}, "Ip", scalars=True) == 0
+
+
+# (workload, its configs): every case on the host, one of each kind under qemu-aarch64 (4 lanes).
+CASES = (
+    *((key, subsampled_configs) for key in SHAPES),
+    *((key, transposed_configs) for key in TRANSPOSED),
+    *((key, transposed_in_configs) for key in TRANSPOSED_IN),
+)
+QEMU_CASES = (CASES[0], CASES[3], CASES[len(SHAPES)], CASES[len(SHAPES) + 1], CASES[-2])
+
+
+@pytest.mark.parametrize(("key", "configs"), CASES)
+def test_kernels_correct_on_host(key: str, configs: Callable[[str, str], list[int]]) -> None:
+    check("local", key, configs(key, get_board("local").target.name))
+
+
+@pytest.mark.parametrize(("key", "configs"), QEMU_CASES)
+def test_kernels_correct_under_qemu_aarch64(key: str, configs: Callable[[str, str], list[int]]) -> None:
+    board = get_board("qemu-aarch64")
+    if shutil.which(board.target.qemu_binary) is None:
+        pytest.skip(f"needs {board.target.qemu_binary} (qemu-user)")
+    check("qemu-aarch64", key, configs(key, board.target.name))
