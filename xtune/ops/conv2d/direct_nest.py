@@ -76,10 +76,11 @@ def padded(sh: ConvShape) -> tuple[int, int]:
     return sh.padded
 
 
-def transposes_input(on: Any, hwc: Any, subsample: Any, cb: Any, lanes: int) -> Any:
+def transposes_input(on: Any, hwc: Any, subsample: Any, cb: Any, lanes: int, stride: int) -> Any:
     """Whether the NCHW input is copied into the hwc block by transposes (`transpose_in`): whole vectors of
-    channels, the whole image. Scalars or numpy arrays of configs (the features' columns) alike."""
-    return (on != 0) & (hwc != 0) & (subsample == 0) & (cb % lanes == 0) & (lanes > 1)
+    channels, the whole image or (stride 2) its even pixels. Scalars or numpy arrays of configs (the
+    features' columns) alike."""
+    return (on != 0) & (hwc != 0) & ((subsample == 0) | (stride == 2)) & (cb % lanes == 0) & (lanes > 1)
 
 
 def transposes_output(on: Any, pixels: Any, lanes: int) -> Any:
@@ -225,15 +226,18 @@ class ConvEmitter:
         elif sh.nhwc == s.hwc:  # planes, every stride-th column: scalar copies along the row
             with b.loop(ctx.ccur, "pc") as c, b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
                 copy(c, y, x, 0)
-        elif transposes_input(s.transpose_in, s.hwc, s.subsample, s.cb, lanes):
-            # Each input row of the block's channels is cb rows of floats: their transpose is the row's
-            # pixels in Ip, cb channels each (zeros past ccur in a tail block, never read).
-            with b.loop(sh.h, "pi") as y:
+        elif transposes_input(s.transpose_in, s.hwc, s.subsample, s.cb, lanes, sh.stride):
+            # Each input row of the block's channels is cb rows of floats (subsampled: their even
+            # floats): their transpose is the row's pixels in Ip, cb channels each (zeros past ccur in a
+            # tail block, never read).
+            with b.loop(rows, "pi") as y:
                 plane = Rows(
                     buffer="input",
-                    start=lambda u: src(Affine.of(u), y, Affine()),
+                    start=lambda u: src(Affine.of(u), y * scale, Affine()),
                     count=ctx.ccur,
-                    length=sh.w,
+                    length=cols,
+                    step=scale,
+                    span=sh.w,
                 )
                 transposed_copy(b, lanes, plane, "Ip", self.ip_index(0, y + sh.top, sh.left), s.cb)
         else:  # a transposition: scalar copies

@@ -79,7 +79,7 @@ def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     hwc = flag("pack_layout", "hwc")
     sub = ints("subsample")
     copied = np.where(sub > 0, sh.oh * sh.ow, hp * wp)  # pixels of the packed input
-    transposed = conv2d_nest.transposes_input(ints("transpose_in"), hwc, sub, cb, int(lanes))
+    transposed = conv2d_nest.transposes_input(ints("transpose_in"), hwc, sub, cb, int(lanes), sh.stride)
     # The transposed NCHW tile store: about half the cycles of the scalar one per output (llvm-mca,
     # docs/benchmarks.md); old configs keep their features, so models trained before the knob still hold.
     scatter = np.where(conv2d_nest.transposes_output(ints("transpose_out"), p, int(lanes)), 0.5, 1.0)
@@ -248,7 +248,7 @@ def direct_estimate(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     calls = tiles_at * np.ceil(sh.c / cb)
     gemm = tiles_at * sh.c * rs * step + calls * (2.0 * p * nv / LOADS_PER_CYCLE + 8.0)
     hwc, sub = cfg.flag("pack_layout", "hwc"), cfg.ints("subsample")
-    transposed = conv2d_nest.transposes_input(cfg.ints("transpose_in"), hwc, sub, cb, int(lanes))
+    transposed = conv2d_nest.transposes_input(cfg.ints("transpose_in"), hwc, sub, cb, int(lanes), sh.stride)
     scalar_copy = (hwc != sh.nhwc) & ~transposed
     pixels = np.where(sub > 0, sh.oh * sh.ow, hp * wp)
     copy = sh.n * sh.c * pixels / STORES_PER_CYCLE * np.where(scalar_copy, 1.0, 1.0 / lanes)
