@@ -14,6 +14,7 @@ from xtune.schedule.loopnest import (
     Assign,
     Binary,
     BinaryOp,
+    Bitcast,
     Broadcast,
     BufferKind,
     Cast,
@@ -86,6 +87,8 @@ def integer(v: Value, args: list[np.ndarray]) -> np.ndarray:
     if isinstance(v, Cast):
         x = np.trunc(args[0]) if args[0].dtype.kind == "f" and v.dtype is not DType.F32 else args[0]
         return x.astype(NUMPY[v.dtype])
+    if isinstance(v, Bitcast):  # numpy views bytes little-endian on every host this runs on
+        return np.ascontiguousarray(args[0]).view(NUMPY[v.dtype])
     if isinstance(v, PairSum):
         return (args[0][0::2] + args[0][1::2]).astype(args[0].dtype)
     if isinstance(v, RoundEven):
@@ -109,7 +112,7 @@ def operands(v: Value) -> list[Value]:
         return [v.a, v.b]
     if isinstance(v, RoundShift):
         return [v.a, v.shift]
-    assert isinstance(v, Cast | PairSum | RoundEven)
+    assert isinstance(v, Cast | Bitcast | PairSum | RoundEven)
     return [v.a]
 
 
