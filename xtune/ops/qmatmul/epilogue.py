@@ -40,9 +40,11 @@ class Requantizer:
     per_channel: bool
     out: DType
     dequant: bool = False
+    fcvtns: bool = False  # round to int32 by AArch64's FCVTNS (`RoundEven`)
 
     @staticmethod
-    def of(workload: Workload, lanes: int) -> Requantizer:
+    def of(workload: Workload, lanes: int, arch: str) -> Requantizer:
+        """`arch`: the target's (Target.arch), which picks the rounding conversion."""
         out = {"u8": DType.U8, "s8": DType.I8}[str(workload.value("a"))]
         kind = cast(Requant, workload.value("requant"))
         return Requantizer(
@@ -51,6 +53,7 @@ class Requantizer:
             per_channel=bool(workload["perchannel"]),
             out=out,
             dequant=bool(workload["dequant"]),
+            fcvtns=arch == "aarch64",
         )
 
     def channel(self, buffer: str, col: Affine, count: int) -> Value:
@@ -75,7 +78,7 @@ class Requantizer:
                 Broadcast(Cast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), DType.F32), lanes)
                 for i in (2, 3)
             )
-            rounded = RoundEven(Clamp(f, lo, hi))
+            rounded = RoundEven(Clamp(f, lo, hi), fcvtns=self.fcvtns)
             if self.dequant:  # (int32(rounded) + zy - zy) in float32 is `rounded` itself, an integer
                 return Binary(BinaryOp.MUL, rounded, self._out_scale())
             y: Value = Cast(rounded, i32)
