@@ -162,22 +162,36 @@ def _round_to_int(fl: Emitter, v: RoundEven, env: Env) -> Operand:
     there `fcvtns` takes FCVTNS itself (Arm ARM: round to nearest with ties to even, whatever FPCR
     says). Callers clamp first: no lane is NaN or outside the int32 range, where the instructions differ."""
     text, lanes, _ = fl.value(v.a, env)
-    ty, ity = vtype(lanes, DType.F32), vtype(lanes, DType.I32)
     if v.fcvtns and lanes > 4:  # NEON registers hold 4 lanes: convert quarter by quarter, then rejoin
         assert lanes % 4 == 0, f"{lanes} lanes are no whole NEON registers"
-        parts = [shuffle(fl, ty, text, "poison", range(i, i + 4)) for i in range(0, lanes, 4)]
+        parts = [shuffle(fl, vtype(lanes), text, "poison", range(i, i + 4)) for i in range(0, lanes, 4)]
         words = [_convert(fl, part, 4, "llvm.aarch64.neon.fcvtns.v4i32.v4f32") for part in parts]
-        while len(words) > 1:  # lanes / 4 is a power of two: vector widths are
-            width = lanes // len(words)
-            wty = vtype(width, DType.I32)
-            pairs = zip(words[::2], words[1::2], strict=True)
-            words = [shuffle(fl, wty, a, b, range(2 * width)) for a, b in pairs]
-        return words[0], lanes, DType.I32
+        return _concat(fl, words, 4), lanes, DType.I32
     if v.fcvtns:
         name = "llvm.aarch64.neon.fcvtns." + ("i32.f32" if lanes == 1 else f"v{lanes}i32.v{lanes}f32")
     else:
         name = "llvm.lrint." + ("i32.f32" if lanes == 1 else f"v{lanes}i32.v{lanes}f32")
     return _convert(fl, text, lanes, name), lanes, DType.I32
+
+
+def _concat(fl: Emitter, parts: list[str], width: int) -> str:
+    """One <len(parts) * width x i32> of the parts (each <width x i32>) in order: pairs joined by
+    shufflevector, whose operands share one type, so an odd last part is first padded with poison."""
+    widths = [width] * len(parts)
+    while len(parts) > 1:
+        joined, sizes = [], []
+        for i in range(0, len(parts), 2):
+            if i + 1 == len(parts):
+                joined.append(parts[i])
+                sizes.append(widths[i])
+                continue
+            a, b, wa, wb = parts[i], parts[i + 1], widths[i], widths[i + 1]
+            if wb < wa:  # lanes wb.. of the padded b are the poison operand's
+                b = shuffle(fl, vtype(wb, DType.I32), b, "poison", [*range(wb), *[wb] * (wa - wb)])
+            joined.append(shuffle(fl, vtype(wa, DType.I32), a, b, [*range(wa), *range(wa, wa + wb)]))
+            sizes.append(wa + wb)
+        parts, widths = joined, sizes
+    return parts[0]
 
 
 def _convert(fl: Emitter, text: str, lanes: int, name: str) -> str:
