@@ -52,17 +52,23 @@ def instructions(lines: list[str]) -> list[str]:
 
 def innermost_loops(asm: str) -> list[tuple[str, list[str]]]:
     """(label, instructions) of each loop whose body holds no other label (a backward branch to a label),
-    then ("after label", instructions) of the code after it up to the next label or branch."""
+    then ("after label", instructions) of the code after it up to the next label or branch. An outer
+    loop's own row is not printed (its body spans blocks), but the code after it is, as "after outer
+    label": a register tile whose epilogue follows the loop over taps (qconv2d's) is costed too."""
     lines = asm.split("\n")
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := LABEL.match(line))}
     loops = []
     for i, line in enumerate(lines):
         m = BRANCH.match(line)
         start = labels.get(m.group(1), i + 1) if m else i + 1
-        if start > i or any(LABEL.match(x) for x in lines[start + 1 : i]):
+        if start > i:
             continue
         label = lines[start].rstrip(":")
-        loops.append((label, instructions(lines[start + 1 : i + 1])))
+        inner = not any(LABEL.match(x) for x in lines[start + 1 : i])
+        if inner:
+            loops.append((label, instructions(lines[start + 1 : i + 1])))
+        else:
+            label = f"outer {label}"
         end = next(
             (j for j in range(i + 1, len(lines)) if LABEL.match(lines[j]) or BRANCH.match(lines[j])), i
         )

@@ -78,6 +78,8 @@ def lower_integer(
         return _dot(fl, v, env)
     if isinstance(v, DotDiff):
         return _dot_diff(fl, v, env)
+    if isinstance(v, Cast) and isinstance(v.a, RoundEven) and v.dtype is DType.I32:
+        return _round_to_int(fl, v.a, env)
     if isinstance(v, Cast):
         return cast(fl, fl.value(v.a, env), v.dtype), fl.value(v.a, env)[1], v.dtype
     if isinstance(v, Bitcast):
@@ -147,6 +149,55 @@ def cast(fl: Emitter, operand: Operand, to: DType) -> str:
     else:
         op = "trunc"
     return fl.define(f"{op} {vtype(lanes, src)} {text} to {vtype(lanes, to)}")
+
+
+def _round_to_int(fl: Emitter, v: RoundEven, env: Env) -> Operand:
+    """int32 of float lanes rounded half to even, in one conversion instead of a round and a truncation.
+
+    llvm.lrint rounds in the current rounding mode, which LLVM takes to be the default one outside
+    strictfp functions (LangRef "Floating-Point Environment"): round to nearest, ties to even, as every
+    ABI here starts a process with (x86-64 psABI 3.2.1: MXCSR RC = 00; the RISC-V ISA manual's frm RNE
+    = 000, which Linux sets at exec) and xtune never changes. It is cvtps2dq on x86 and vfcvt.x.f.v on
+    RVV without the fsrmi/fsrm pair llvm.roundeven needs there; AArch64 lowers it to frintx + fcvtzs, so
+    there `fcvtns` takes FCVTNS itself (Arm ARM: round to nearest with ties to even, whatever FPCR
+    says). Callers clamp first: no lane is NaN or outside the int32 range, where the instructions differ."""
+    text, lanes, _ = fl.value(v.a, env)
+    if v.fcvtns and lanes > 4:  # NEON registers hold 4 lanes: convert quarter by quarter, then rejoin
+        assert lanes % 4 == 0, f"{lanes} lanes are no whole NEON registers"
+        parts = [shuffle(fl, vtype(lanes), text, "poison", range(i, i + 4)) for i in range(0, lanes, 4)]
+        words = [_convert(fl, part, 4, "llvm.aarch64.neon.fcvtns.v4i32.v4f32") for part in parts]
+        return _concat(fl, words, 4), lanes, DType.I32
+    if v.fcvtns:
+        name = "llvm.aarch64.neon.fcvtns." + ("i32.f32" if lanes == 1 else f"v{lanes}i32.v{lanes}f32")
+    else:
+        name = "llvm.lrint." + ("i32.f32" if lanes == 1 else f"v{lanes}i32.v{lanes}f32")
+    return _convert(fl, text, lanes, name), lanes, DType.I32
+
+
+def _concat(fl: Emitter, parts: list[str], width: int) -> str:
+    """One <len(parts) * width x i32> of the parts (each <width x i32>) in order: pairs joined by
+    shufflevector, whose operands share one type, so an odd last part is first padded with poison."""
+    widths = [width] * len(parts)
+    while len(parts) > 1:
+        joined, sizes = [], []
+        for i in range(0, len(parts), 2):
+            if i + 1 == len(parts):
+                joined.append(parts[i])
+                sizes.append(widths[i])
+                continue
+            a, b, wa, wb = parts[i], parts[i + 1], widths[i], widths[i + 1]
+            if wb < wa:  # lanes wb.. of the padded b are the poison operand's
+                b = shuffle(fl, vtype(wb, DType.I32), b, "poison", [*range(wb), *[wb] * (wa - wb)])
+            joined.append(shuffle(fl, vtype(wa, DType.I32), a, b, [*range(wa), *range(wa, wa + wb)]))
+            sizes.append(wa + wb)
+        parts, widths = joined, sizes
+    return parts[0]
+
+
+def _convert(fl: Emitter, text: str, lanes: int, name: str) -> str:
+    ty, ity = vtype(lanes, DType.F32), vtype(lanes, DType.I32)
+    fl.declarations.add(f"declare {ity} @{name}({ty})")
+    return fl.define(f"call {ity} @{name}({ty} {text})")
 
 
 def _clamp(fl: Emitter, v: Clamp, env: Env) -> Operand:

@@ -264,9 +264,12 @@ class Bitcast:
 @dataclass(frozen=True)
 class RoundEven:
     """Float lanes rounded to the nearest integer, ties to even (llvm.roundeven: roundps/vrndscaleps,
-    frintn, RVV vfcvt with the RNE rounding mode), still float."""
+    frintn, RVV vfcvt with the RNE rounding mode), still float. Cast to int32 it is one conversion
+    (xtune/codegen/intlower.py): `fcvtns` asks for AArch64's FCVTNS, which the template sets on that
+    architecture only (the instruction exists nowhere else)."""
 
     a: Value
+    fcvtns: bool = False
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ class _Emitter:
         self.t, self.s, self.sh = template, s, template.sh
         self.b = NestBuilder()
         self.image = template.image(s.lanes)
-        self.requant = Requantizer.of(template.workload, s.lanes)
+        self.requant = Requantizer.of(template.workload, s.lanes, template.target.arch)
         self.shape = TileShape(
             lanes=s.lanes,
             nv=s.nv,

@@ -158,7 +158,7 @@ class GroupedTaps:
                     b.assign(
                         acc[r][c], Dot(acc[r][c], Load("groups", at, 4 * lanes, 4 * valid[c]), w, plan.insn)
                     )
-        requant = Requantizer.of(self.workload, lanes)
+        requant = Requantizer.of(self.workload, lanes, self.target.arch)
         for r in range(pixels_n):
             for c in range(nvec):
                 first = ch0 + c * lanes

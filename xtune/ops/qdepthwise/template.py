@@ -204,7 +204,7 @@ class QDepthwiseTemplate:
                 b.assign(acc[r], Binary(BinaryOp.ADD, acc[r], product))
 
         each_tap(b, (sh.r, sh.s), s.taps == "unroll", tap)
-        requant = Requantizer.of(self.workload, width)
+        requant = Requantizer.of(self.workload, width, self.target.arch)
         for r in range(rows):
             total = Binary(BinaryOp.ADD, acc[r], Load("bias", ch0, width, valid))
             out = ((n * sh.oh + y) * sh.ow + x0 + r) * sh.c + ch0

@@ -40,9 +40,11 @@ class Requantizer:
     per_channel: bool
     out: DType
     dequant: bool = False
+    fcvtns: bool = False  # round to int32 by AArch64's FCVTNS (`RoundEven`)
 
     @staticmethod
-    def of(workload: Workload, lanes: int) -> Requantizer:
+    def of(workload: Workload, lanes: int, arch: str) -> Requantizer:
+        """`arch`: the target's (Target.arch), which picks the rounding conversion."""
         out = {"u8": DType.U8, "s8": DType.I8}[str(workload.value("a"))]
         kind = cast(Requant, workload.value("requant"))
         return Requantizer(
@@ -51,6 +53,7 @@ class Requantizer:
             per_channel=bool(workload["perchannel"]),
             out=out,
             dequant=bool(workload["dequant"]),
+            fcvtns=arch == "aarch64",
         )
 
     def channel(self, buffer: str, col: Affine, count: int) -> Value:
@@ -75,10 +78,9 @@ class Requantizer:
                 Broadcast(Cast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), DType.F32), lanes)
                 for i in (2, 3)
             )
-            rounded = RoundEven(Clamp(f, lo, hi))
             if self.dequant:  # (int32(rounded) + zy - zy) in float32 is `rounded` itself, an integer
-                return Binary(BinaryOp.MUL, rounded, self._out_scale())
-            y: Value = Cast(rounded, i32)
+                return Binary(BinaryOp.MUL, RoundEven(Clamp(f, lo, hi)), self._out_scale())
+            y: Value = Cast(RoundEven(Clamp(f, lo, hi)), i32) if not self.fcvtns else self._fcvtns(f, hi)
             return Cast(Binary(BinaryOp.ADD, y, zy), self.out)
         shift = self.channel("shift", col, count)
         zero = Const(0, lanes, i32)
@@ -91,6 +93,18 @@ class Requantizer:
         if self.dequant:
             return Binary(BinaryOp.MUL, Cast(Binary(BinaryOp.SUB, y, zy), DType.F32), self._out_scale())
         return Cast(y, self.out)
+
+    def _fcvtns(self, f: Value, hi: Value) -> Value:
+        """AArch64: only the upper bound clamped in float, FCVTNS, then the lower bound as an integer
+        max (SMAX runs on the A76's integer pipes while fmaxnm, fminnm, scvtf, fmul and fcvtns share
+        its two FP ones: Arm Cortex-A76 Software Optimization Guide, 3.14). The same bits: rounding is
+        monotonic and lo - zy an integer, so max(round(f), lo - zy) = round(max(f, lo - zy)), and a
+        large negative f saturates to INT32_MIN (Arm ARM, FCVTNS), still below lo - zy."""
+        lanes = self.lanes
+        below = Const(float("-inf"), lanes)  # no lower float bound: maxnum(x, -inf) folds away
+        rounded = Cast(RoundEven(Clamp(f, below, hi), fcvtns=True), DType.I32)
+        low = Broadcast(Binary(BinaryOp.SUB, self.param(2), self.param(1)), lanes)
+        return Binary(BinaryOp.MAX, rounded, low)
 
     def _out_scale(self) -> Value:
         return Broadcast(Load("out_scale", Affine()), self.lanes)

@@ -197,7 +197,7 @@ class _Emitter:
         self.flip = self.plan.act is not self.act
         self.block_m0 = Affine()  # the m block whose rows `flip_rows` copied last
         self.b = NestBuilder()
-        self.requant = Requantizer.of(wl, s.lanes)
+        self.requant = Requantizer.of(wl, s.lanes, template.target.arch)
 
     def kernel(self, name: str, params: tuple[Buffer, ...]) -> Kernel:
         s, b = self.s, self.b
