@@ -1,6 +1,6 @@
-"""Winograd F(2x2, 3x3) conv2d (algo=winograd): the workload key in, kernels checked against the plain numpy
-reference on the local board and under QEMU out (U computed by the kernel from the plain weights, or
-prepacked on the host), plus features and a short tuning run."""
+"""Winograd conv2d (algo=winograd; F(4x4)'s own checks: test_winograd_f4.py): the workload key in,
+kernels checked against the plain numpy reference on the local board and under QEMU out (U computed by
+the kernel from the plain weights, or prepacked on the host), plus features and a short tuning run."""
 
 from __future__ import annotations
 
@@ -159,8 +159,8 @@ def test_prepacked_weights_on_a_board(board: str, shape: str) -> None:
         config = template.space.config(index)
         assert "Ub" not in {b.name for b in template.kernel(config, "k").buffers}
         weights = template.kernel_inputs(config, random_inputs(template.workload))[1]
-        nr, sh = template.schedule(config).nr, template.shape
-        assert weights.size == 16 * sh.c * -(-sh.k // nr) * nr  # U[e][strip][c][nr]
+        s, sh = template.schedule(config), template.shape
+        assert weights.size == (s.m + 2) ** 2 * sh.c * -(-sh.k // s.nr) * s.nr  # U[e][strip][c][nr]
     check(board, key, indices)
 
 
