@@ -25,7 +25,7 @@ import numpy as np
 
 from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.conv2d.winograd_nest import WinogradEmitter, image_copy_floats, round_up, stack_floats, tiles
-from xtune.ops.conv2d.winograd_transforms import elements, filter_transform4
+from xtune.ops.conv2d.winograd_transforms import MS, elements, filter_transform4
 from xtune.ops.conv2d.winograd_weights import WinogradSchedule
 from xtune.ops.tiles import clipped, fmas_per_load, parse_tile, register_tiles, roomy_tiles
 from xtune.ops.workload import Workload
@@ -54,7 +54,7 @@ def fits_stack(sh: ConvShape) -> bool:
 def m_options(sh: ConvShape) -> tuple[int, ...]:
     """The output tile sides of the `m` knob: 2 (the knob's first option: what configs logged before the
     knob meant), and 4 where its padded image copy (up to 3 more rows and columns) fits the budget too."""
-    return (2, 4) if 4 * image_copy_floats(sh, WIDEST_LANES, 4) <= STACK_BUDGET else (2,)
+    return MS if 4 * image_copy_floats(sh, WIDEST_LANES, 4) <= STACK_BUDGET else MS[:1]
 
 
 # F(2x2, 3x3) (Lavin & Gray, section 4.1): d is a 4x4 input patch, g the 3x3 filter, Y the 2x2 output.
@@ -144,8 +144,17 @@ class WinogradTemplate:
         return self.space.config(self.space.index_of(values))
 
     def default_m(self) -> int:
-        """F(2x2, 3x3) everywhere for now."""
-        return 2
+        """F(4x4, 3x3) where its GEMMs do fewer multiplies than F(2x2, 3x3)'s, partial tiles counted
+        ((m + 2)^2 per m x m tile: all but outputs of 1, 2, 5 or 6 pixels a side; a tie keeps 2). In
+        llvm-mca's Cortex-A72 cycles the F(4x4) default over the F(2x2) one tracks that ratio within
+        0.05 at ResNet-18's 3x3 layers (docs/benchmarks.md, "Winograd F(4x4, 3x3)"): the transforms
+        cost about as much per output, the GEMMs are the rest. With prepacked U only (a network's constant
+        weights): a per-call U is 2.25x F(2x2)'s work and stack, and its transform's 18 + 36 values spill
+        on 16-register targets, so without prepacking the default stays F(2x2) (the tuner may pick 4)."""
+        if not self.prepacked:
+            return 2
+        sh = self.shape
+        return min(m_options(sh), key=lambda m: (elements(m) * tiles(sh, m)[0] * tiles(sh, m)[1], m))
 
     def default_blocks(self, ty_options: list[int], tx_options: list[int], m: int) -> tuple[int, int]:
         """Tiles per block (rows x along a row). A U that fits half of L2 is read from there by every

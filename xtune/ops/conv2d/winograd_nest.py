@@ -5,11 +5,17 @@ transform, the (m + 2)^2 GEMMs and the output transform with the fused epilogue.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.conv2d.winograd_transforms import NestArith, alpha, elements, input_rows4, output_rows4
+from xtune.ops.conv2d.winograd_transforms import (
+    NestArith,
+    alpha,
+    elements,
+    input_rows4,
+    output_rows4,
+)
 from xtune.ops.conv2d.winograd_weights import WeightTransform, WinogradSchedule, add, sub
 from xtune.ops.tiles import Epilogue, split_edges, unrolled
 from xtune.ops.workload import Workload
@@ -212,19 +218,27 @@ class WinogradEmitter:
         sh, b, lanes = self.sh, self.b, self.s.lanes
         with b.loop(blk.nty, "iy") as i, b.loop(blk.ntx, "ix") as j:
             b.split(sh.c, lanes, lambda c, n: self.input_tile(blk, i, j, c, n % lanes), "ic")
+            if self.s.m == 4:  # the second pass, over the channels again (`input_columns4`)
+                with b.loop(self.cp // lanes, "ir") as v:
+                    self.input_rows_pass4(Affine.of(i) * blk.ntx + j, blk.nt, v * lanes)
 
     def input_tile(self, blk: _Block, i: Affine, j: Affine, c: Affine, count: int) -> None:
         """One tile's e V vectors for channels c..c+lanes (`count` of them, 0: all)."""
         sh, b, lanes, a = self.sh, self.b, self.s.lanes, alpha(self.s.m)
         y, x = (blk.ty0 + i) * self.s.m, (blk.tx0 + j) * self.s.m
+
+        def load(p: Affine | int, q: Affine | int) -> Load:
+            if self.copy:  # whole vectors: the copy's tail lanes are zero
+                return Load("Ip", ((y + p) * self.wrow + x + q) * self.cp + c, lanes)
+            return Load("input", ((blk.n * sh.h + y + p) * sh.w + x + q) * sh.c + c, lanes, count)
+
+        if self.s.m == 4:
+            self.input_columns4(Affine.of(i) * blk.ntx + j, blk.nt, c, load)
+            return
         d = [[b.register(f"d{p}{q}", lanes) for q in range(a)] for p in range(a)]
         for p in range(a):
             for q in range(a):
-                if self.copy:  # whole vectors: the copy's tail lanes are zero
-                    src = Load("Ip", ((y + p) * self.wrow + x + q) * self.cp + c, lanes)
-                else:
-                    src = Load("input", ((blk.n * sh.h + y + p) * sh.w + x + q) * sh.c + c, lanes, count)
-                b.assign(d[p][q], src)
+                b.assign(d[p][q], load(p, q))
         # B^T d, column by column.
         t = [[b.register(f"t{p}{q}", lanes) for q in range(a)] for p in range(a)]
         for q in range(a):
@@ -235,6 +249,30 @@ class WinogradEmitter:
             for q, value in enumerate(self.input_rows(t[p], f"r{p}")):
                 b.store("V", ((t_index + (p * a + q) * blk.nt) * self.cp) + c, value, lanes)
 
+    def input_columns4(
+        self, t_index: Affine, nt: int, c: Affine, load: Callable[[Affine | int, Affine | int], Load]
+    ) -> None:
+        """F(4x4)'s first pass, B^T d into the tile's V slots. Its 36 values do not fit the registers
+        (all spilled, even on AArch64's 32), so the transform takes two passes over the channels, V the
+        store between them: a loop apart, LLVM keeps them in memory, 12 values live at a time."""
+        b, lanes = self.b, self.s.lanes
+        with b.loop(6, "iq") as q:  # a loop: unrolled, LLVM would interleave the columns and spill
+            d = [b.register(f"d{p}", lanes) for p in range(6)]
+            for p in range(6):
+                b.assign(d[p], load(p, q))
+            for p, value in enumerate(input_rows4(NestArith(b, lanes, "bc"), d)):
+                b.store("V", ((t_index + (p * 6 + q) * nt) * self.cp) + c, value, lanes)
+
+    def input_rows_pass4(self, t_index: Affine, nt: int, c: Affine) -> None:
+        """F(4x4)'s second pass: (B^T d) B, row by row of the tile's V slots, in place."""
+        b, lanes = self.b, self.s.lanes
+        with b.loop(6, "ip") as p:
+            t = [b.register(f"t{q}", lanes) for q in range(6)]
+            for q in range(6):  # the whole row first: it is overwritten
+                b.assign(t[q], Load("V", ((t_index + (p * 6 + q) * nt) * self.cp) + c, lanes))
+            for q, value in enumerate(input_rows4(NestArith(b, lanes, "br"), t)):
+                b.store("V", ((t_index + (p * 6 + q) * nt) * self.cp) + c, value, lanes)
+
     def input_rows(self, col: list[Reg], name: str) -> list[Value]:
         """B^T of a column: F(2x2)'s rows d0-d2, d1+d2, d2-d1, d1-d3, or F(4x4)'s (`input_rows4`)."""
         if self.s.m == 4:
@@ -242,7 +280,7 @@ class WinogradEmitter:
         d0, d1, d2, d3 = col
         return [sub(d0, d2), add(d1, d2), sub(d2, d1), sub(d1, d3)]
 
-    def output_rows(self, col: list[Value], name: str) -> list[Value]:
+    def output_rows(self, col: Sequence[Value], name: str) -> list[Value]:
         """A^T of a column: F(2x2)'s rows m0+m1+m2, m1-m2-m3, or F(4x4)'s (`output_rows4`)."""
         if self.s.m == 4:
             return output_rows4(NestArith(self.b, self.s.lanes, "a" + name), col)
@@ -341,29 +379,59 @@ class WinogradEmitter:
         sh, s, b, lanes, al = self.sh, self.s, self.b, self.s.lanes, alpha(self.s.m)
         t_index = Affine.of(i) * blk.ntx + j
 
+        def m_at(e: Affine | int, kv: Affine) -> Affine:
+            return (t_index + e * blk.nt) * s.kb + kv
+
         def channels(kv: Affine, count: int) -> None:
-            m = [Load("M", (t_index + e * blk.nt) * s.kb + kv, lanes) for e in range(s.e)]
-            # A^T m, column by column.
-            srow = [[b.register(f"s{a}{q}", lanes) for q in range(al)] for a in range(s.m)]
-            for q in range(al):
-                for a, value in enumerate(self.output_rows([m[p * al + q] for p in range(al)], f"c{q}")):
-                    b.assign(srow[a][q], value)
             k = blk.k0 + kv
             bias = Load("bias", k, lanes, count)
-            for a in range(vy):
-                for col, value in enumerate(self.output_rows(list(srow[a]), f"r{a}")[:vx]):
-                    y, x = (blk.ty0 + i) * s.m + a, (blk.tx0 + j) * s.m + col
-                    if not sh.nhwc:  # channels are planes apart: through Ot, then one float at a time
-                        b.store("Ot", Affine.of((a * s.m + col) * lanes), value, lanes)
-                        continue
-                    at = ((blk.n * sh.oh + y) * sh.ow + x) * sh.k + k
-                    init = self.epi.initial(lanes, bias, Load("residual", at, lanes, count))
-                    out = value if init == Const(0.0, lanes) else add(value, init)
-                    b.store("output", at, self.epi.apply(out, lanes, True), lanes, count)
+            if s.m == 4:  # the second pass: rows of A^T M from M's slots, then A
+                for a in range(vy):
+                    row = [Load("M", m_at(a * 6 + q, kv), lanes) for q in range(6)]
+                    self.output_row(blk, i, j, a, vx, self.output_rows(row, f"r{a}"), (k, bias, count))
+            else:
+                m = [Load("M", m_at(e, kv), lanes) for e in range(s.e)]
+                # A^T m, column by column.
+                srow = [[b.register(f"s{a}{q}", lanes) for q in range(al)] for a in range(s.m)]
+                for q in range(al):
+                    for a, value in enumerate(self.output_rows([m[p * al + q] for p in range(al)], f"c{q}")):
+                        b.assign(srow[a][q], value)
+                for a in range(vy):
+                    self.output_row(blk, i, j, a, vx, self.output_rows(srow[a], f"r{a}"), (k, bias, count))
             if not sh.nhwc:
                 self.scatter_nchw(blk, i, j, vy, vx, k, count or lanes)
 
+        if s.m == 4:  # F(4x4)'s first pass (as `input_columns4`): A^T M into M's first 4 rows, in place
+            with b.loop(-(-blk.kcur // lanes), "oq") as kq, b.loop(6, "ow") as q:
+                col = [b.register(f"o{p}", lanes) for p in range(6)]
+                for p in range(6):
+                    b.assign(col[p], Load("M", m_at(q + p * 6, kq * lanes), lanes))
+                for a, value in enumerate(self.output_rows(col, "c")):
+                    b.store("M", m_at(q + a * 6, kq * lanes), value, lanes)
         b.split(blk.kcur, lanes, lambda kv, n: channels(kv, n % lanes), "ok")
+
+    def output_row(
+        self,
+        blk: _Block,
+        i: Affine,
+        j: Affine,
+        a: int,
+        vx: int,
+        values: list[Value],
+        at_k: tuple[Affine, Load, int],
+    ) -> None:
+        """Row a of a tile's A^T M A, its `vx` valid pixels, to the output with the epilogue (NCHW: to Ot)."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        k, bias, count = at_k
+        for col, value in enumerate(values[:vx]):
+            y, x = (blk.ty0 + i) * s.m + a, (blk.tx0 + j) * s.m + col
+            if not sh.nhwc:  # channels are planes apart: through Ot, then one float at a time
+                b.store("Ot", Affine.of((a * s.m + col) * lanes), value, lanes)
+                continue
+            at = ((blk.n * sh.oh + y) * sh.ow + x) * sh.k + k
+            init = self.epi.initial(lanes, bias, Load("residual", at, lanes, count))
+            out = value if init == Const(0.0, lanes) else add(value, init)
+            b.store("output", at, self.epi.apply(out, lanes, True), lanes, count)
 
     def scatter_nchw(self, blk: _Block, i: Affine, j: Affine, vy: int, vx: int, k: Affine, nch: int) -> None:
         """NCHW: the tile's pixels of `nch` channels from Ot to their planes, with the epilogue per float."""
