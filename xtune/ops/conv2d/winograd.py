@@ -1,20 +1,26 @@
-"""The Winograd template: a conv2d workload with algo=winograd (3x3, stride 1) + target in, an F(2x2, 3x3)
-nest out (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
+"""The Winograd template: a conv2d workload with algo=winograd (3x3, stride 1) + target in, an F(m x m, 3x3)
+nest out, m = 2 or 4 (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
 
-Each 2x2 output tile of a channel pair is Y = A^T [(G g G^T) * (B^T d B)] A: 16 multiplies instead of 36.
-Vectors along channels. Per image the input is copied once into a zero-padded local buffer of channel
-vectors (when padding or an odd output size needs one, and always for NCHW: a transposition). Per block
-of tiles (tile rows x tiles along a row):
-(a) the input transform V = B^T d B of every 4x4 patch, a channel vector at a time, into V[e][tile][c];
-(b) 16 GEMMs M[e] (tiles x K) = V[e] (tiles x C) . U[e] (C x K), a register tile of tiles x output-channel
-vectors updated by broadcast(V) x U-vector FMAs (the matmul template's micro kernel), C in blocks of cb;
+Each m x m output tile of a channel pair is Y = A^T [(G g G^T) * (B^T d B)] A on an (m+2) x (m+2) input
+patch d: F(2x2) does 16 multiplies instead of 36, F(4x4) 36 instead of 144 (winograd_transforms.py holds
+its matrices, formulas and error analysis). The tile side is the knob `m`, appended last with 2 first so
+that every config logged before it keeps its index. Vectors along channels. Per image the input is copied
+once into a zero-padded local buffer of channel vectors (when padding or an output size no multiple of m
+needs one, and always for NCHW: a transposition). Per block of tiles (tile rows x tiles along a row):
+(a) the input transform V = B^T d B of every patch, a channel vector at a time, into V[e][tile][c]
+(F(4x4): two passes over the channels, columns then rows in place, so that its 36 values never need
+the registers at once);
+(b) e = (m+2)^2 GEMMs M[e] (tiles x K) = V[e] (tiles x C) . U[e] (C x K), a register tile of tiles x
+output-channel vectors updated by broadcast(V) x U-vector FMAs (the matmul template's micro kernel), C in
+blocks of cb;
 (c) the output transform Y = A^T M A per tile and channel vector, plus the fused epilogue, stored for the
-valid pixels only (the last tile row and column of an odd output size are half tiles); NCHW stores them
-float by float through a small transposing buffer (Ot).
-U = G g G^T (16 x C x K floats) is the transformed weights: `prepack` computes it on the host (a
+valid pixels only (the last tile row and column of a size no multiple of m are partial); NCHW stores
+them float by float through a small transposing buffer (Ot).
+U = G g G^T (e x C x K floats) is the transformed weights: `prepack` computes it on the host (a
 network's constant weights, prepacked=1, through `kernel_inputs`), or the kernel computes the U of each
-output-channel block from the plain weights into a local buffer. This module holds the space, the default
-config and U; ops/conv2d/winograd_nest.py the loop nest.
+output-channel block from the plain weights into a local buffer. The default m is 4 with prepacked U
+where its GEMMs do fewer multiplies (`default_m`). This module holds the space, the default config and
+U; ops/conv2d/winograd_nest.py the loop nest.
 """
 
 from __future__ import annotations
@@ -149,8 +155,9 @@ class WinogradTemplate:
         llvm-mca's Cortex-A72 cycles the F(4x4) default over the F(2x2) one tracks that ratio within
         0.05 at ResNet-18's 3x3 layers (docs/benchmarks.md, "Winograd F(4x4, 3x3)"): the transforms
         cost about as much per output, the GEMMs are the rest. With prepacked U only (a network's constant
-        weights): a per-call U is 2.25x F(2x2)'s work and stack, and its transform's 18 + 36 values spill
-        on 16-register targets, so without prepacking the default stays F(2x2) (the tuner may pick 4)."""
+        weights): a per-call U is 2.25x F(2x2)'s work and stack, and the F(4x4) defaults of
+        tests/test_spills.py's per-call layers spilled in hot loops on AVX2, the A53 and RVV, so without
+        prepacking the default stays F(2x2) (the tuner may pick 4)."""
         if not self.prepacked:
             return 2
         sh = self.shape
