@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -116,13 +117,18 @@ def test_the_cli_refuses_an_ineligible_winograd_in_one_line() -> None:
 def test_plain_and_prepacked_weights_give_the_reference_in_the_interpreter(key: str) -> None:
     """Random configs of both kernels (U computed per output-channel block, or `prepack`'s U read as it is)
     on the vector width of SSE: block tails, channel blocks, half tiles and both orders."""
+    check_in_interpreter(key, lambda template: configs(template, 3))
+
+
+def check_in_interpreter(key: str, pick: Callable[[WinogradTemplate], list[int]]) -> None:
+    """The configs `pick` gives, of plain and prepacked weights, against the reference in the interpreter."""
     wl = parse_workload(key)
     inputs = random_inputs(wl)
     expected = wl.reference(inputs)
     for packed in (key, key + ",prepacked=1"):
         template = template_for(parse_workload(packed), get_target("x86-sse42"))
         assert isinstance(template, WinogradTemplate)
-        for index in configs(template, 3):
+        for index in pick(template):
             config = template.space.config(index)
             out = np.full(expected.shape, np.nan, dtype=np.float32)
             run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])

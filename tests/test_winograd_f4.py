@@ -13,6 +13,8 @@ import pytest
 from tests.board_run import run_entry
 from tests.nest_interp import run_kernel
 from tests.test_conv import check
+from tests.test_winograd import SHAPES as WINOGRAD_SHAPES
+from tests.test_winograd import check_in_interpreter
 from xtune.boards.board import get_board
 from xtune.codegen.compile import compile_object
 from xtune.codegen.link import link_flat
@@ -29,20 +31,14 @@ from xtune.ops.conv2d.winograd_transforms import (
     output_rows4,
 )
 from xtune.ops.registry import parse_workload, template_for
-from xtune.ops.workload import RTOL, compare_output, random_inputs
+from xtune.ops.workload import RTOL, random_inputs
 from xtune.schedule.space import Config
 from xtune.target import get_target
 
-# Output sizes no multiple of 4 (7: a last tile of 3 pixels, 13: of 1, 8 x 6: of 2 across), pad 0 to 2,
-# channels no multiple of any vector width, the epilogue, a batch of 2; NHWC and NCHW.
-SHAPES = (
-    "conv2d:n=1,c=5,h=7,w=7,k=6,r=3,s=3,pad=1,layout=nhwc,algo=winograd,bias=1,relu=1",
-    "conv2d:n=1,c=20,h=13,w=13,k=9,r=3,s=3,pad=1,layout=nhwc,algo=winograd,bias=1,residual=1",
-    "conv2d:n=2,c=11,h=10,w=8,k=19,r=3,s=3,pad=0,layout=nhwc,algo=winograd,residual=1,relu6=1",
-    "conv2d:n=1,c=33,h=9,w=6,k=35,r=3,s=3,pad=2,layout=nhwc,algo=winograd,bias=1",
-    "conv2d:n=2,c=11,h=10,w=8,k=19,r=3,s=3,pad=0,algo=winograd,residual=1,relu6=1",
-    "conv2d:n=1,c=20,h=7,w=9,k=9,r=3,s=3,pad=1,algo=winograd,bias=1,residual=1,relu=1",
-)
+# test_winograd.py's shapes: output sizes no multiple of 4 too (7: a last tile of 3 pixels, 13: of 1,
+# 8 x 6: of 2 across), pad 0 to 2, channels no multiple of any vector width, the epilogue, a batch of 2;
+# NHWC and NCHW (its 17-channel 13x11 one left out: the same cases, for time).
+SHAPES = tuple(key for key in WINOGRAD_SHAPES if ",c=17," not in key)
 
 
 def f4_configs(template: WinogradTemplate, extra: int) -> list[int]:
@@ -106,18 +102,13 @@ def test_the_pack_kernel_writes_the_hosts_u_to_the_bit(key: str) -> None:
 @pytest.mark.parametrize("key", SHAPES)
 def test_f4_gives_the_reference_in_the_interpreter(key: str) -> None:
     """Both weight paths on SSE's width: block tails, channel blocks, partial tiles, both orders."""
-    wl = parse_workload(key)
-    inputs = random_inputs(wl)
-    expected = wl.reference(inputs)
-    for packed in (key, key + ",prepacked=1"):
-        template = template_for(parse_workload(packed), get_target("x86-sse42"))
-        assert isinstance(template, WinogradTemplate)
-        for index in f4_configs(template, 2):
-            config = template.space.config(index)
-            assert side(template, index) == 4
-            out = np.full(expected.shape, np.nan, dtype=np.float32)
-            run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
-            assert compare_output(out, expected, RTOL) == "", (config, packed)
+
+    def pick(template: WinogradTemplate) -> list[int]:
+        indices = f4_configs(template, 2)
+        assert {side(template, i) for i in indices} == {4}
+        return indices
+
+    check_in_interpreter(key, pick)
 
 
 @pytest.mark.parametrize("packed", ["", ",prepacked=1"])
