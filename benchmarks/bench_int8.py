@@ -14,7 +14,8 @@ stack-1 3x3, r8s2 and r8s3 the stride-2 3x3s opening stacks 2 and 3 with TensorF
 (the odd pixel at the bottom and right), r8l3 a stack-3 3x3) and the DS-CNN keyword spotter on 49x10
 MFCCs (kws1 its 10x4 stride-2 stem, kwsdw a 3x3 depthwise, kwspw a 1x1 pointwise), per-channel scales
 as their int8 TFLite files have; ONNX Runtime runs each as a one-node QLinearConv (NCHW) and the float32
-peer is xtune's conv2d or depthwise with layout=nhwc.
+peer is xtune's conv2d or depthwise with layout=nhwc. `--layers depthwise` runs the int8 depthwise layers
+alone: kwsdw and MobileNetV2's (`MOBILENET_DW`, which the default list leaves out).
 
 Usage: python benchmarks/bench_int8.py [--shapes fc,pw,mid] [--layers r8c1,...|none] [--trials 64]
        [--rounds 3] [--insn-trials 0] [--a u8|s8] [--target x86-avx512-vnni] [--float-target x86-avx512]
@@ -60,6 +61,16 @@ LAYERS = {
     "kwsdw": "qdepthwise:n=1,c=64,h=25,w=5,r=3,s=3,pad=1",
     "kwspw": "qconv2d:n=1,c=64,h=25,w=5,k=64,r=1,s=1",
 }
+# MobileNetV2's 3x3 depthwise layers (224x224 input), not run unless named: --layers depthwise runs these
+# and DS-CNN's kwsdw, every int8 depthwise layer the goals depend on.
+MOBILENET_DW = {
+    "mbdw32": "qdepthwise:n=1,c=32,h=112,w=112,r=3,s=3,pad=1",
+    "mbdw96": "qdepthwise:n=1,c=96,h=112,w=112,r=3,s=3,stride=2,pad=1",
+    "mbdw144": "qdepthwise:n=1,c=144,h=56,w=56,r=3,s=3,pad=1",
+    "mbdw384": "qdepthwise:n=1,c=384,h=14,w=14,r=3,s=3,pad=1",
+    "mbdw960": "qdepthwise:n=1,c=960,h=7,w=7,r=3,s=3,pad=1",
+}
+DEPTHWISE_LAYERS = ("kwsdw", *MOBILENET_DW)
 
 
 def qmodel(wl: Workload, inputs: list[np.ndarray]) -> tuple[bytes, np.ndarray, np.ndarray]:
@@ -225,8 +236,8 @@ def main() -> None:
         if name in args.shapes.split(",")
     ] + [
         (name, f"{key},a={args.a},perchannel=1", "")
-        for name, key in LAYERS.items()
-        if name in args.layers.split(",")
+        for name, key in (LAYERS | MOBILENET_DW).items()
+        if name in args.layers.replace("depthwise", ",".join(DEPTHWISE_LAYERS)).split(",")
     ]
     for name, key, size in rows:
         wl = parse_workload(key)

@@ -7,6 +7,9 @@ weights; --trials per task, the issue's "64 trials per task").
 
 Usage: python benchmarks/bench_int8_network.py [--model mlp|resnet18|mobilenet_v2] [--trials 64]
        [--activations s8|u8] [--batch 64] [--width 512] [--layers 3] [--repeat 20] [--target x86-avx512-vnni]
+       [--check]
+--check builds the int8 network with default configs (no tuning, no timing), runs it once on the local board
+and says how many of its outputs differ from ONNX Runtime's and by how many quantization steps.
 --activations u8 quantizes activations to uint8 (ONNX Runtime's fastest form on x86: U8S8); s8 is
 quantize_static's default. The machine should be otherwise idle: every time is a timing. Needs the `bench`
 extra (onnxruntime).
@@ -15,7 +18,6 @@ extra (onnxruntime).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -24,15 +26,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from xtune.boards.board import get_board
+from xtune.boards.board import Board, get_board
 from xtune.firmware.build import build_model
-from xtune.firmware.network_bench import bench_model
+from xtune.firmware.network_bench import bench_model, network_input, run_network
 from xtune.frontend.tasks import extract_tasks
 from xtune.frontend.tune import tune_model
+from xtune.tuning.peers import ort_network
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/networks.py: the networks
 
-from tests.networks import NETWORKS
+from tests.networks import NETWORKS, quantize_qdq
 
 CNNS = ("resnet18", "mobilenet_v2")
 
@@ -63,31 +66,27 @@ def float_mlp(batch: int, width: int, layers: int) -> onnx.ModelProto:
 
 
 def quantize(source: Path, out: Path, activations: str) -> None:
-    """`source` by quantize_static: QDQ, int8 weights per channel, activations of type `activations`,
-    calibrated on four random inputs of its input's shape."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
+    """`source` by quantize_static (tests/networks.py): QDQ, int8 weights per channel, activations of type
+    `activations`, calibrated on four random inputs of its input's shape."""
     first = onnx.load(str(source)).graph.input[0]
     shape = [d.dim_value for d in first.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(1)
+    batches = [rng.uniform(-1, 1, shape).astype(np.float32) for _ in range(4)]
+    quantize_qdq(source, out, batches, uint8=activations == "u8")
 
-    class Calibration(CalibrationDataReader):
-        def __init__(self) -> None:
-            rng = np.random.default_rng(1)
-            self.data = iter([{first.name: rng.uniform(-1, 1, shape).astype(np.float32)} for _ in range(4)])
 
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.data, None)
-
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_static(
-        str(source),
-        str(out),
-        Calibration(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8 if activations == "u8" else QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-    )
+def check(path: Path, board: Board) -> str:
+    """How the default int8 build's output differs from ONNX Runtime's on the seeded random input: the
+    count of differing values, and the largest difference in steps of the smallest one (the logits'
+    DequantizeLinear makes every difference a multiple of the output's scale)."""
+    built = build_model(path, board.target)
+    x = network_input(built)
+    got, _ = run_network(board, built, x)
+    ort = ort_network(path.read_bytes(), x)[0]
+    diff = np.abs(got.astype(np.float64) - ort.astype(np.float64)).reshape(-1)
+    off = diff[diff > 0]
+    steps = f", up to {off.max() / off.min():.0f} steps of {off.min():.4g}" if off.size else ""
+    return f"{off.size} of {diff.size} outputs differ from ONNX Runtime's{steps}"
 
 
 def main() -> None:
@@ -100,6 +99,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--target", default=None, help="the local board's target (default: the host's)")
+    parser.add_argument("--check", action="store_true", help="only compare the default int8 build with ORT")
     args = parser.parse_args()
     board = get_board("local", target=args.target)
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,6 +111,9 @@ def main() -> None:
             onnx.save(NETWORKS[args.model](), fp32)
             shape = f"{args.model}, {args.trials} trials per task"
         quantize(fp32, int8, args.activations)
+        if args.check:
+            print(f"{shape}, {args.activations} activations, {board.target.name}: {check(int8, board)}")
+            return
         rows = []
         for name, path in (("int8", int8), ("float32", fp32)):
             log = Path(tmp) / f"{name}.jsonl"

@@ -3,7 +3,7 @@ build time, whether the built network matches ONNX Runtime, and xtune's latency 
 log's bests) against ONNX Runtime's, one thread each, in the same run; or the one-line refusal.
 
 Usage: python benchmarks/bench_real_models.py [DIR] [--models resnet50,squeezenet] [--repeat 5]
-       [--layout nhwc] [--log L.jsonl] [--random-weights] [--json OUT]
+       [--rounds 3] [--layout nhwc] [--log L.jsonl] [--random-weights] [--json OUT]
 DIR holds .onnx files; the default is the light copies of the ONNX Model Zoo graphs inside the onnx
 package (every weight a ConstantOfShape of 0.02: `--random-weights` gives them seeded random weights, as
 tests/test_real_models.py does, so that the match with ONNX Runtime means something). The goals
@@ -55,9 +55,18 @@ def bench_one(path: Path, args: argparse.Namespace) -> tuple[dict[str, object], 
         return {"model": name, "refused": str(err)}, f"{name:<24} refused: {err}"
     built = time.perf_counter() - start
     x = random_input(artifact.program.input_shape)
-    got, seconds = run_network(board, artifact, x, args.repeat)
-    ref, ort_times = ort_network(load_model(source).SerializeToString(), x, args.repeat)
-    mismatch, ort_s = compare_output(got, ref, RTOL), statistics.median(ort_times)
+    model = load_model(source).SerializeToString()
+    # Rounds of xtune then ORT, the ratio taken round by round: this host's speed drifts by tens of per
+    # cent over seconds, which two back-to-back medians would read as a difference between the two.
+    times, ort_times, ratios = [], [], []
+    for _ in range(args.rounds):
+        got, seconds = run_network(board, artifact, x, args.repeat)
+        ref, ort_repeats = ort_network(model, x, args.repeat)
+        times.append(seconds)
+        ort_times.append(statistics.median(ort_repeats))
+        ratios.append(ort_times[-1] / seconds)
+    mismatch = compare_output(got, ref, RTOL)
+    seconds, ort_s, ratio = (statistics.median(v) for v in (times, ort_times, ratios))
     row = {
         "model": name,
         "import_s": imported,
@@ -67,12 +76,15 @@ def bench_one(path: Path, args: argparse.Namespace) -> tuple[dict[str, object], 
         "mismatch": mismatch,
         "xtune_s": seconds,
         "ort_s": ort_s,
+        "x_ort": ratio,
+        "x_ort_rounds": ratios,
     }
     line = f"{name:<24} import+tasks {imported:.2f} s, build {built:.2f} s, "
     if mismatch:
         return row, line + f"WRONG: {mismatch}"
     return row, line + (
-        f"matches ORT, xtune {1e3 * seconds:.2f} ms, ORT {1e3 * ort_s:.2f} ms, {ort_s / seconds:.2f}x ORT"
+        f"matches ORT, xtune {1e3 * seconds:.2f} ms, ORT {1e3 * ort_s:.2f} ms, {ratio:.2f}x ORT "
+        f"(rounds {min(ratios):.2f}-{max(ratios):.2f})"
     )
 
 
@@ -80,7 +92,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", nargs="?", type=Path, default=LIGHT, help="folder of .onnx files")
     parser.add_argument("--models", default="", help="comma-separated file stems to run (default: all)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed repeats of each network (median)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed repeats per round (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of xtune, then ORT (ratio: median)")
     parser.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"))
     parser.add_argument("--log", action="append", help="tuning log whose bests the build takes")
     parser.add_argument("--random-weights", action="store_true", help="seeded random weights (light models)")

@@ -3,7 +3,8 @@ docs/benchmarks.md says how to get them) in; per model, how many of xtune's outp
 (and by how many quantization steps at most), against its reference kernels (BUILTIN_REF), its optimized
 builtin kernels and its default (XNNPACK), over seeded random inputs, on one board.
 
-Usage: python benchmarks/tflite_exact.py DIR [--board local] [--seeds 10]
+Usage: python benchmarks/tflite_exact.py DIR [--board local] [--target x86-avx512-vnni] [--seeds 10]
+(--target: the code the local board runs, e.g. the VNNI target whose int8 kernels differ from x86-avx512's.)
 
 Deterministic (no timing): the figures docs/int8.md's TFLite table quotes come from here.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xtune.boards.board import get_board
+from xtune.boards.board import Board, get_board
 from xtune.errors import XtuneError
 from xtune.firmware.build import build_model
 from xtune.firmware.network_bench import random_input, run_network
@@ -38,16 +39,16 @@ def litert(data: bytes, x: np.ndarray, resolver: str) -> np.ndarray:
     return np.array(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
 
 
-def compare(path: Path, board: str, seeds: int) -> str:
+def compare(path: Path, board: Board, seeds: int) -> str:
     """ "d of n (max s)" against each resolver: outputs that differ, of all, and the largest difference."""
     data = path.read_bytes()
     model = read_tflite(data, str(path))
     source = model.tensors[model.inputs[0]]
-    artifact = build_model(path, get_board(board).target)
+    artifact = build_model(path, board.target)
     off, worst, total = [0] * len(RESOLVERS), [0] * len(RESOLVERS), 0
     for seed in range(seeds):
         x = random_input(source.shape, seed, str(source.dtype))
-        got, _ = run_network(get_board(board), artifact, x)
+        got, _ = run_network(board, artifact, x)
         total += got.size
         for i, resolver in enumerate(RESOLVERS):
             diff = np.abs(got.astype(np.int64) - litert(data, x, resolver).astype(np.int64))
@@ -60,6 +61,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path, help="where the .tflite files are (searched recursively)")
     parser.add_argument("--board", default="local")
+    parser.add_argument("--target", default=None, help="the local board's target")
     parser.add_argument("--seeds", type=int, default=10)
     args = parser.parse_args()
     paths = []
@@ -70,10 +72,15 @@ def main() -> int:
     if not paths:
         print(f"{args.directory}: no integer-input .tflite files", file=sys.stderr)
         return 2
+    try:
+        board = get_board(args.board, target=args.target)
+    except XtuneError as err:
+        print(err, file=sys.stderr)
+        return 2
     print(f"{'model':32} " + "  ".join(f"{'vs ' + label:24}" for label in LABELS))
     for path in paths:
         try:
-            print(f"{path.name:32} {compare(path, args.board, args.seeds)}", flush=True)
+            print(f"{path.name:32} {compare(path, board, args.seeds)}", flush=True)
         except XtuneError as err:
             print(f"{path.name:32} {err}", flush=True)
     return 0

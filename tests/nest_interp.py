@@ -7,12 +7,14 @@ import math
 
 import numpy as np
 
+from xtune.ops.opkit import GeneratedOp
 from xtune.ops.qmatmul import reference as qref
 from xtune.schedule.loopnest import (
     Affine,
     Assign,
     Binary,
     BinaryOp,
+    Bitcast,
     Broadcast,
     BufferKind,
     Cast,
@@ -85,6 +87,8 @@ def integer(v: Value, args: list[np.ndarray]) -> np.ndarray:
     if isinstance(v, Cast):
         x = np.trunc(args[0]) if args[0].dtype.kind == "f" and v.dtype is not DType.F32 else args[0]
         return x.astype(NUMPY[v.dtype])
+    if isinstance(v, Bitcast):  # numpy views bytes little-endian on every host this runs on
+        return np.ascontiguousarray(args[0]).view(NUMPY[v.dtype])
     if isinstance(v, PairSum):
         return (args[0][0::2] + args[0][1::2]).astype(args[0].dtype)
     if isinstance(v, RoundEven):
@@ -108,7 +112,7 @@ def operands(v: Value) -> list[Value]:
         return [v.a, v.b]
     if isinstance(v, RoundShift):
         return [v.a, v.shift]
-    assert isinstance(v, Cast | PairSum | RoundEven)
+    assert isinstance(v, Cast | Bitcast | PairSum | RoundEven)
     return [v.a]
 
 
@@ -186,3 +190,12 @@ def run_kernel(kernel: Kernel, params: list[np.ndarray]) -> None:
                 buffers[s.buffer][i : i + s.valid] = value(s.value, env)[: s.valid]
 
     run(kernel.body, {})
+
+
+def check_one_input_op(op: GeneratedOp, x: np.ndarray, want: np.ndarray, lanes: tuple[int, ...]) -> None:
+    """A one-input operator's numpy reference, and its nest interpreted at each lane count, give `want`."""
+    np.testing.assert_array_equal(op.reference(x), want)
+    for width in lanes:
+        out = np.zeros_like(want)
+        run_kernel(op.kernel_nest("op", width), [x, out])
+        np.testing.assert_array_equal(out, want, err_msg=f"{width} lanes")

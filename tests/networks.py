@@ -193,10 +193,15 @@ NETWORKS: dict[str, Callable[[], onnx.ModelProto]] = {
 
 
 def quantize_qdq(
-    source: Path, out: Path, batches: list[np.ndarray], op_types: list[str] | None = None
+    source: Path,
+    out: Path,
+    batches: list[np.ndarray],
+    op_types: list[str] | None = None,
+    uint8: bool = False,
 ) -> Path:
     """`source` (a model of one input) quantized by ONNX Runtime's `quantize_static` into `out`: QDQ, int8
-    activations, int8 weights per channel, calibrated on `batches` of its input; only `op_types` if given."""
+    activations (`uint8`: uint8 ones), int8 weights per channel, calibrated on `batches` of its input; only
+    `op_types` if given."""
     import logging
 
     from onnxruntime import quantization as ort_quant
@@ -217,7 +222,7 @@ def quantize_qdq(
         Calibration(),
         quant_format=ort_quant.QuantFormat.QDQ,
         per_channel=True,
-        activation_type=ort_quant.QuantType.QInt8,
+        activation_type=ort_quant.QuantType.QUInt8 if uint8 else ort_quant.QuantType.QInt8,
         weight_type=ort_quant.QuantType.QInt8,
         op_types_to_quantize=op_types,
     )

@@ -22,11 +22,12 @@ from xtune.tuning.database import TuningLog, make_record
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 
 ROOT = Path(__file__).resolve().parent.parent
-# Small shapes with tails on every axis; k=150 exceeds the default kc, so C is accumulated over k blocks.
+# Small shapes with tails on every axis; k=2100 exceeds the default kc on every target, so C is accumulated
+# over k blocks.
 WORKLOADS = (
     "matmul:m=8,n=16,k=4",
     "matmul:m=13,n=19,k=7",
-    "matmul:m=5,n=33,k=150",
+    "matmul:m=5,n=33,k=2100",
     "matmul:m=1,n=7,k=3",
     "matmul:m=6,n=10,k=5,bias=1,relu=1",
 )
@@ -35,7 +36,7 @@ PREPACKED = (
     "conv2d:n=1,c=13,h=9,w=9,k=21,r=3,s=3,stride=1,pad=1,bias=1,relu=1,prepacked=1",
     "conv2d:n=1,c=11,h=10,w=8,k=19,r=3,s=3,pad=1,algo=winograd,prepacked=1",
     "conv2d:n=2,c=13,h=5,w=7,k=21,r=1,s=1,stride=1,pad=0,prepacked=1",
-    "matmul:m=5,n=33,k=150,prepacked=1",
+    "matmul:m=5,n=33,k=2100,prepacked=1",
 )
 Capture = pytest.CaptureFixture[str]
 CROSS = {"aarch64": "aarch64-linux-gnu-gcc", "riscv64": "riscv64-linux-gnu-gcc"}
@@ -153,7 +154,7 @@ def test_prepacked_kernels_link_with_their_pack_functions_and_are_right(tmp_path
         )
     # The header names the layout the pack function takes: the workload's tensors().
     assert "weights: float[21][13][3][3] (k, c, r, s: OIHW), row-major" in artifact.header
-    assert "B: float[150][33] (k, n), row-major" in artifact.header
+    assert "B: float[2100][33] (k, n), row-major" in artifact.header
 
 
 @pytest.mark.board

@@ -347,3 +347,23 @@ def test_a_disk_full_while_writing_leaves_the_old_files(
     assert refused(status, err, "cannot write the header", "No space left on device"), err
     assert obj.read_text() == "old object" and hdr.read_text() == "old header"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.h", "k.o"]  # no partial file left behind
+
+
+@pytest.mark.host_runs("x86-avx512-vnni")
+def test_tuning_on_a_vnni_target_logs_float_tasks_as_its_base_and_int8_ones_as_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A float task tuned on x86-avx512-vnni resumes from (and adds to) x86-avx512's records; an int8 task's
+    records are the VNNI target's own."""
+    log = tmp_path / "log.jsonl"
+    budget = ["--trials", "2", "--batch-size", "2", "--confirm", "0", "--log", str(log), "--json"]
+    for target in ("x86-avx512", "x86-avx512-vnni"):
+        status, out, err = run_main(["tune", "--workload", WL, "--target", target, *budget], capsys)
+        assert status == 0, err
+    assert json.loads(out)["resumed"] == 2  # the first run's records, logged as x86-avx512
+    status, _, err = run_main(
+        ["tune", "--workload", "qmatmul:m=4,n=32,k=16", "--target", "x86-avx512-vnni", *budget], capsys
+    )
+    assert status == 0, err
+    targets = [json.loads(line)["target"] for line in log.read_text().splitlines()]
+    assert targets == ["x86-avx512"] * 4 + ["x86-avx512-vnni"] * 2

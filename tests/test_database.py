@@ -17,7 +17,7 @@ import xtune
 from tests.conftest import CliRunner
 from xtune.boards.cost import CostUnit
 from xtune.errors import InputError
-from xtune.firmware.kernels import build
+from xtune.firmware.kernels import build, choose
 from xtune.ops.registry import parse_workload, template_for
 from xtune.schedule.space import Config
 from xtune.target import get_target
@@ -26,6 +26,8 @@ from xtune.tuning.database import (
     LogWarning,
     Record,
     TuningLog,
+    config_of,
+    log_target,
     make_record,
     read_logs,
     record_from_json,
@@ -433,3 +435,24 @@ def test_a_correctness_only_result_round_trips_as_none_and_has_no_figure() -> No
     back = record_from_json(line)
     assert back.result == result and back.result.ok and back.cost == float("inf")
     assert ranking_unit([back]) is None and best([back], ARM_WL, ARM) == []
+
+
+def test_a_vnni_target_shares_its_float_records_with_its_base_and_keeps_its_int8_ones() -> None:
+    """A VNNI target runs its base target's float code: a float task's records are the base's, written
+    and read (so a VNNI host resumes and builds from logs tuned as x86-avx512); an int8 task's are its own."""
+    vnni, base = get_target("x86-avx512-vnni"), get_target("x86-avx512")
+    matmul, qmatmul = parse_workload(WL), parse_workload("qmatmul:m=4,n=32,k=16")
+    assert log_target(matmul, vnni) == log_target(matmul, base) == "x86-avx512"
+    assert log_target(qmatmul, vnni) == "x86-avx512-vnni" and log_target(qmatmul, base) == "x86-avx512"
+    template = template_for(matmul, vnni)
+    logged = rec(3, (1e-3,), target="x86-avx512")
+    logged = replace(logged, knobs=template.space.config(3).values)
+    assert config_of(template, logged) is not None
+    assert choose(matmul, vnni, template, [logged]).config.index == 3
+    assert choose(
+        matmul, get_target("x86-avx2"), template_for(matmul, get_target("x86-avx2")), [logged]
+    ).source == ("default")
+    int8 = template_for(qmatmul, vnni)
+    as_base = replace(logged, workload=qmatmul.key, index=0, knobs=int8.space.config(0).values)
+    assert config_of(int8, as_base) is None  # vpmaddwd code's record is not a vpdpbusd kernel's
+    assert config_of(int8, replace(as_base, target="x86-avx512-vnni")) is not None

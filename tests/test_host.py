@@ -16,6 +16,8 @@ from xtune.target import get_target, host_cannot_run, host_cpu, host_target
 
 PI4 = "processor\t: 0\nFeatures\t: fp asimd evtstrm crc32 cpuid\nCPU implementer\t: 0x41\nCPU part\t: 0xd08\n"
 ZEN3_NO_AVX512 = "processor\t: 0\nflags\t\t: fpu sse sse2 sse4_1 sse4_2 popcnt avx avx2 fma f16c bmi1 bmi2\n"
+AVX2_FLAGS = "fpu sse sse2 sse4_1 sse4_2 popcnt avx avx2 fma f16c bmi1 bmi2"
+AVX512_FLAGS = f"{AVX2_FLAGS} avx512f avx512vl avx512bw avx512dq avx512cd"
 K1 = "processor\t: 0\nisa\t\t: rv64imafdcv_zicsr_zifencei\n"
 
 
@@ -51,6 +53,22 @@ def test_an_x86_host_runs_the_targets_its_flags_cover(monkeypatch: pytest.Monkey
     assert "aarch64" in str(host_cannot_run(get_target("arm-a72-neon")))
     with pytest.raises(InputError, match="lacks avx512f"):
         local_target("x86-avx512")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (f"{AVX512_FLAGS} avx512_vnni", "x86-avx512-vnni"),  # Ice Lake-SP and later, Zen 4 and 5
+        (AVX512_FLAGS, "x86-avx512"),  # Skylake-SP
+        (f"{AVX2_FLAGS} avx_vnni", "x86-avx2-vnni"),  # Alder Lake
+        (AVX2_FLAGS, "x86-avx2"),
+    ],
+)
+def test_an_x86_host_with_vnni_gets_the_vnni_target(
+    monkeypatch: pytest.MonkeyPatch, flags: str, expected: str
+) -> None:
+    _pretend(monkeypatch, "x86_64", f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert host_target().name == expected
 
 
 def test_a_riscv_host_reads_its_isa_letters(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,11 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tests.board_run import run_entry
+from tests.board_run import image, run_entry
 from tests.nest_interp import run_kernel
 from xtune.boards.board import get_board
-from xtune.codegen.compile import compile_object
-from xtune.codegen.link import FlatImage, link_flat
 from xtune.codegen.lower import lower
 from xtune.errors import InputError
 from xtune.ops.bmm import BatchedMatmul
@@ -30,14 +28,12 @@ from xtune.schedule.loopnest import (
     Buffer,
     BufferKind,
     Exp,
-    Kernel,
     Load,
     Log,
     NestBuilder,
     Shuffle,
     walk,
 )
-from xtune.target import Target
 
 MAX, AVG = PoolKind.MAX, PoolKind.AVERAGE
 NHWC = Layout.NHWC
@@ -118,10 +114,6 @@ BOARD_CASES = (
     "to-nchw-blocks",
     "to-nhwc-rgb",
 )
-
-
-def image(kernel: Kernel, target: Target) -> FlatImage:
-    return link_flat(compile_object(lower([kernel]), target, (kernel.name,)))
 
 
 def check(board: str, op: Operator) -> None:

@@ -5,6 +5,7 @@ A76 sdot) and qemu-riscv64-v equal it exactly; the instruction each route promis
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import shutil
@@ -22,6 +23,8 @@ from xtune.errors import InputError, UnsupportedNode
 from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.layout import Layout
 from xtune.ops.qconv2d.template import QConv2dTemplate
+from xtune.ops.qdepthwise.grouped import block_rows
+from xtune.ops.qdepthwise.template import QDepthwiseTemplate
 from xtune.ops.qmatmul import reference as ref
 from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.workload import Workload, random_inputs
@@ -271,6 +274,61 @@ def test_the_nests_equal_the_reference_in_the_interpreter(key: str, target: str)
         assert np.array_equal(out, expected), (target, config.values)
 
 
+@pytest.mark.parametrize(
+    "target", ["x86-avx512-vnni", "x86-avx2", "arm-a76-dotprod", "arm-a72-neon", "riscv64-gcv"]
+)
+@pytest.mark.parametrize(
+    "key",
+    [
+        DEPTHWISE[0],
+        DEPTHWISE[1],
+        DEPTHWISE[3],
+        "qdepthwise:n=1,c=20,h=6,w=7,r=3,s=2,pad=1,dilation=2,a=u8,perchannel=1",
+        "qdepthwise:n=1,c=20,h=6,w=7,r=2,s=4,pad=1,perchannel=1",
+    ],
+)
+def test_the_grouped_taps_equal_the_reference_in_the_interpreter(key: str, target: str) -> None:
+    """route=dot: the groups built from the padded image (tails, stride 2, dilation, s < 4 and s = 4, u8
+    and s8 flipped to the dot's type), the prepacked weights and the corrected bias, random tiles."""
+    wl = parse_workload(key)
+    template = template_for(wl, get_target(target))
+    inputs = random_inputs(wl, seed=1)
+    expected = wl.reference(inputs)
+    rng = random.Random(key + target)
+    for _ in range(2):
+        values = {k.name: rng.choice(k.options) for k in template.space.knobs} | {"route": "dot"}
+        config = template.space.config(template.space.index_of(values))
+        out = np.zeros(expected.shape, expected.dtype)
+        run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
+        assert np.array_equal(out, expected), (target, config.values)
+
+
+@pytest.mark.parametrize(
+    "key", [DEPTHWISE[0], DEPTHWISE[1], "qdepthwise:n=1,c=8,h=9,w=4,r=3,s=3,pad=2,dilation=2"]
+)
+@pytest.mark.parametrize("l2", [1024, 2048])
+def test_grouped_taps_in_row_blocks_equal_the_reference(key: str, l2: int) -> None:
+    """A small L2 cuts the output rows into blocks (`block_rows`: 1 to 3 rows here, a tail block), each
+    building the groups of its window rows again: equal to the reference."""
+    wl = parse_workload(key)
+    target = dataclasses.replace(get_target("x86-avx512-vnni"), l2_bytes=l2)
+    template = QDepthwiseTemplate(wl, target)
+    assert block_rows(template.sh, target) < template.sh.oh
+    inputs = random_inputs(wl, seed=4)
+    expected = wl.reference(inputs)
+    config = template.default_config()
+    out = np.zeros(expected.shape, expected.dtype)
+    run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
+    assert config["route"] == "dot" and np.array_equal(out, expected)
+
+
+def test_wide_filter_rows_keep_the_widening_route() -> None:
+    """A 5-tap filter row does not fit one 4-byte group: no dot route is offered."""
+    template = template_for(parse_workload(DEPTHWISE[2]), get_target("arm-a76-dotprod"))
+    (route,) = [k for k in template.space.knobs if k.name == "route"]
+    assert route.options == ("widen",) and template.default_config()["route"] == "widen"
+
+
 @pytest.mark.parametrize("key", [CONV[1], DEPTHWISE[0]])
 def test_features_describe_every_config(key: str) -> None:
     template = template_for(parse_workload(key), get_target("riscv64-gcv"))
@@ -297,6 +355,47 @@ def test_kernels_are_exact_under_qemu(board: str, key: str, compile_pool: Compil
     if shutil.which(get_board(board).target.qemu_binary) is None:
         pytest.skip("needs qemu-user")
     measure_some(board, key, compile_pool, extra=1)
+
+
+# The grouped taps compiled: a channel tail (c=20: 16 + 4), stride 1 and 2, s8 and u8 (flipped to the dot's
+# type on x86 and AArch64), per-channel scales; every board's build of the groups (vpmovzxbd words on x86,
+# st4 on AArch64) and dot (vpdpbusd, vpmaddwd, sdot, smull + sadalp).
+GROUPED = (
+    "qdepthwise:n=1,c=20,h=7,w=9,r=3,s=3,pad=1,perchannel=1",
+    "qdepthwise:n=1,c=36,h=9,w=8,r=3,s=3,stride=2,pad=1,pad_bottom=0,a=u8,requant=tflite,perchannel=1",
+)
+
+
+@pytest.mark.parametrize(
+    ("board", "target"),
+    [
+        ("local", "x86-avx512-vnni"),
+        ("local", "x86-avx2"),
+        ("qemu-aarch64", None),
+        ("qemu-aarch64-dotprod", None),
+    ],
+)
+@pytest.mark.parametrize("key", GROUPED)
+def test_grouped_tap_kernels_are_exact(
+    key: str, board: str, target: str | None, compile_pool: CompilePool
+) -> None:
+    if target is not None and host_cannot_run(get_target(target)) is not None:
+        pytest.skip(str(host_cannot_run(get_target(target))))
+    b = get_board(board, target=target) if board == "local" else get_board(board)
+    if board != "local" and shutil.which(b.target.qemu_binary) is None:
+        pytest.skip("needs qemu-user")
+    measurer = Measurer(b, parse_workload(key), FAST, compile_pool)
+    template, rng = measurer.template, random.Random(key + board)
+    values = [
+        {k.name: rng.choice(k.options) for k in template.space.knobs} | {"route": "dot"} for _ in range(2)
+    ]
+    indices = [template.space.index_of(v) for v in values]
+    try:
+        results = measurer.measure(indices)
+    finally:
+        measurer.close()
+    for v, result in zip(values, results, strict=True):
+        assert result.status is MeasureStatus.OK, (board, key, v, result.error)
 
 
 def extreme_inputs(wl: Workload, rng: np.random.Generator, everywhere: bool) -> list[np.ndarray]:
@@ -401,8 +500,10 @@ INSTRUCTIONS = {
     (CONV[2], "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s, v\d+\.16b, v\d+\.4b\[\d\]",  # by element
     (S8_DW, "arm-a72-neon"): r"\bsmull\s+v\d+\.8h",
     (U8_DW, "arm-a72-neon"): r"\bsmlal\s+v\d+\.4s",
-    (S8_DW, "x86-avx512-vnni"): r"vpmullw",
-    (U8_DW, "x86-avx512-vnni"): r"vpdpwssd",
+    (S8_DW, "x86-avx512"): r"vpmullw",  # no VNNI: the widening multiplies
+    (U8_DW, "x86-avx512-vnni"): r"vpdpbusd\s+%zmm",  # the taps grouped per channel (route=dot)
+    (U8_DW, "arm-a76-dotprod"): r"\bsdot\s+v\d+\.4s, v\d+\.16b, v\d+\.16b",
+    (S8_DW, "arm-a76-dotprod"): r"\bst4\s+\{\s*v\d+\.16b",  # the groups built by one interleaved store
     (U8_DW, "x86-avx2"): r"vpmaddwd",
     (S8_DW, "riscv64-gcv"): r"\bvwmacc\.vv",
     (U8_DW, "riscv64-gcv"): r"\bvwmaccsu\.vv",

@@ -8,7 +8,6 @@ Runtime's float form."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,8 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.board_run import run_entry
-from tests.nest_interp import run_kernel
-from tests.test_ops import image
+from tests.board_run import run_cases
+from tests.nest_interp import check_one_input_op
 from tests.tflite_nets import SAME, VALID, Net
 from tests.tflite_run import feeds, litert, litert_ranges, ort
 from xtune.boards.board import get_board
@@ -130,25 +128,12 @@ def _case(name: str, layout: Layout) -> tuple[Pool2d, np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("layout", list(Layout))
 @pytest.mark.parametrize("name", POOLS)
 def test_the_8bit_means_are_the_references_transcribed(name: str, layout: Layout) -> None:
-    op, x, want = _case(name, layout)
-    np.testing.assert_array_equal(op.reference(x), want)
-    for lanes in (1, 3):
-        out = np.zeros_like(want)
-        run_kernel(op.kernel_nest("pool", lanes), [x, out])
-        np.testing.assert_array_equal(out, want)
+    check_one_input_op(*_case(name, layout), lanes=(1, 3))
 
 
 @pytest.mark.parametrize("board", ["local", "qemu-aarch64"])
 def test_the_integer_pool_runs_exactly_on_the_boards(board: str) -> None:
-    target = get_board(board).target
-    if target.qemu_binary and shutil.which(target.qemu_binary) is None:
-        pytest.skip(f"needs {target.qemu_binary}")
-    for name in POOLS:
-        for layout in Layout:
-            op, x, want = _case(name, layout)
-            kernel = op.kernel_nest("pool", target.fp32_lanes)
-            got = run_entry(board, image(kernel, target), "pool", [x, np.zeros_like(want)])
-            np.testing.assert_array_equal(got[-1], want, err_msg=f"{name} {layout.value}")
+    run_cases(board, "pool", ((f"{n} {lay.value}", *_case(n, lay)) for n in POOLS for lay in Layout))
 
 
 def _pools(net: Net) -> list[int]:

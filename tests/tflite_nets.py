@@ -273,12 +273,16 @@ class Net:
         self.ops.append(Op("QUANTIZE", [x], [len(self.tensors) - 1], {}))
         return len(self.tensors) - 1
 
-    def mean(self, x: int, axes: Sequence[int], keep_dims: bool) -> int:
+    def mean(self, x: int, axes: Sequence[int], keep_dims: bool, same_quantization: bool = False) -> int:
+        """MEAN; quantized from its calibrated range, or (`same_quantization`) with its input's scale and
+        zero point."""
         shape = [1 if i in axes else d for i, d in enumerate(self.shape(x))]
         out = tuple(shape) if keep_dims else tuple(d for i, d in enumerate(shape) if i not in axes)
-        return self._op(
-            "MEAN", [x, self.constant("axes", np.asarray(axes, np.int32))], out, KeepDims=keep_dims
-        )
+        y = self._op("MEAN", [x, self.constant("axes", np.asarray(axes, np.int32))], out, KeepDims=keep_dims)
+        src, dst = self.tensors[x], self.tensors[y]
+        if same_quantization and src.scale is not None and src.zero_point is not None:
+            dst.scale, dst.zero_point = src.scale.copy(), src.zero_point.copy()
+        return y
 
     def pad(self, x: int, paddings: Sequence[tuple[int, int]], value: float | None = None) -> int:
         """PAD, or PADV2 filling with `value` (a float net's)."""

@@ -39,6 +39,15 @@ class Target:
     # The core llvm-mca models for the cycle cost of emulated boards (its -mcpu; docs/emulated-costs.md);
     # "" for a target with no scheduling model, which then has no cycle cost.
     mca_cpu: str = ""
+    # A target that extends another with integer instructions only (x86-avx512-vnni: VNNI for the int8
+    # kernels) runs that one's float code, so its float tasks' tuning records are that target's: one log
+    # serves both (xtune/tuning/database.py, `log_target`). "" for a target whose records are its own.
+    float_records_of: str = ""
+
+    @property
+    def record_targets(self) -> tuple[str, ...]:
+        """The target names this target's tuning records may carry: its own, and its float base's."""
+        return (self.name, self.float_records_of) if self.float_records_of else (self.name,)
 
     @property
     def has_fma(self) -> bool:
@@ -105,8 +114,9 @@ _MACHINE_ARCH = {
     "arm64": "aarch64",
     "riscv64": "riscv64",
 }
-# x86 targets from the widest vectors down: the host's target is the first whose features its CPU has.
-_X86_PREFERENCE = ("x86-avx512", "x86-avx2", "x86-sse42")
+# x86 targets from the widest vectors down, each with VNNI first (the int8 kernels' vpdpbusd; float code and
+# float records are the base target's): the host's target is the first whose features its CPU has.
+_X86_PREFERENCE = ("x86-avx512-vnni", "x86-avx512", "x86-avx2-vnni", "x86-avx2", "x86-sse42")
 # LLVM feature name -> the /proc/cpuinfo flag that says the CPU has it, where the two spellings differ.
 _CPUINFO_FLAG = {
     "sse4.1": "sse4_1",

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from xtune.schedule.loopnest import (
     BinaryOp,
+    Bitcast,
     Broadcast,
     Cast,
     Clamp,
@@ -69,7 +70,9 @@ class Emitter(Protocol):
 
 
 def lower_integer(
-    fl: Emitter, v: Dot | DotDiff | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
+    fl: Emitter,
+    v: Dot | DotDiff | Cast | Bitcast | PairSum | RoundEven | Clamp | HighMul | RoundShift,
+    env: Env,
 ) -> Operand:
     if isinstance(v, Dot):
         return _dot(fl, v, env)
@@ -77,6 +80,10 @@ def lower_integer(
         return _dot_diff(fl, v, env)
     if isinstance(v, Cast):
         return cast(fl, fl.value(v.a, env), v.dtype), fl.value(v.a, env)[1], v.dtype
+    if isinstance(v, Bitcast):
+        text, lanes, dtype = fl.value(v.a, env)
+        n = lanes * _BITS[dtype] // _BITS[v.dtype]
+        return fl.define(f"bitcast {vtype(lanes, dtype)} {text} to {vtype(n, v.dtype)}"), n, v.dtype
     if isinstance(v, RoundEven):
         text, lanes, _ = fl.value(v.a, env)
         ty = vtype(lanes, DType.F32)

@@ -23,6 +23,7 @@ from xtune.schedule.loopnest import (
     Assign,
     Binary,
     BinaryOp,
+    Bitcast,
     Broadcast,
     BufferKind,
     Cast,
@@ -249,7 +250,7 @@ class _FunctionLowering:
         return self.integer(v, env)
 
     def integer(
-        self, v: Dot | DotDiff | Cast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
+        self, v: Dot | DotDiff | Cast | Bitcast | PairSum | RoundEven | Clamp | HighMul | RoundShift, env: Env
     ) -> Operand:
         """The integer operations of quantized kernels (xtune/codegen/intlower.py)."""
         return lower_integer(self, v, env)

@@ -143,8 +143,8 @@ def _read_logs(logs: Sequence[PathLike], target: Target) -> tuple[list[Record] |
     for log in logs:
         mine, noted = read_noted([log])
         assert mine is not None
-        others = sorted({r.target for r in mine if r.target != target.name})
-        if others and not any(r.target == target.name for r in mine):
+        others = sorted({r.target for r in mine if r.target not in target.record_targets})
+        if others and not any(r.target in target.record_targets for r in mine):
             raise InputError(f"{log}: a log for {', '.join(others)}, not for {target.name}")
         records += mine
         notes += noted

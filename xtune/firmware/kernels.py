@@ -25,7 +25,7 @@ from xtune.ops.workload import TensorSpec, Workload
 from xtune.schedule.loopnest import Kernel
 from xtune.schedule.space import Config, KnobValue
 from xtune.target import Target, get_target
-from xtune.tuning.database import Record, config_of, read_logs
+from xtune.tuning.database import Record, config_of, log_target, read_logs
 from xtune.tuning.ranking import build_choice
 from xtune.version import __version__
 
@@ -276,12 +276,13 @@ def choose(wl: Workload, target: Target, template: ScheduleTemplate, records: li
     default = template.default_config()
     if records is None:
         return Choice(default, "default", "no log given", None)
-    mine = [r for r in records if r.workload == wl.key and r.target == target.name]
+    logged_as = log_target(wl, target)
+    mine = [r for r in records if r.workload == wl.key and r.target == logged_as]
     if not mine:
         others = sorted({r.target for r in records if r.workload == wl.key})
         elsewhere = f"; logged only for {', '.join(others)}" if others else ""
-        return Choice(default, "default", f"never tuned on {target.name}{elsewhere}", None)
-    record = build_choice(mine, wl.key, target.name)  # what `xtune best` shows, by construction
+        return Choice(default, "default", f"never tuned on {logged_as}{elsewhere}", None)
+    record = build_choice(mine, wl.key, logged_as)  # what `xtune best` shows, by construction
     config = config_of(template, record) if record else None  # read_logs left out stale records
     if record and config:
         return Choice(config, "log", "", gflops(wl.flops(), record.cost, record.result.cost_unit))

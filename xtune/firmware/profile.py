@@ -27,7 +27,7 @@ from xtune.firmware.network_bench import TIMEOUT_MS, check_finished, load_networ
 from xtune.frontend.load import Source
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
 from xtune.ops.workload import Workload
-from xtune.tuning.database import read_logs
+from xtune.tuning.database import log_target, read_logs
 from xtune.tuning.ranking import build_choice
 
 PathLike = str | os.PathLike[str]
@@ -177,10 +177,12 @@ def _standalone(artifact: NetArtifact, logs: Sequence[PathLike]) -> dict[str, fl
     if not logs:
         return {}
     records = read_logs(logs)
-    keys = {call.kernel.key for call in artifact.program.calls if isinstance(call.kernel, Workload)}
+    kernels = {
+        call.kernel.key: call.kernel for call in artifact.program.calls if isinstance(call.kernel, Workload)
+    }
     best: dict[str, float] = {}
-    for key in keys:  # a network calls many kernels more than once: each looked up once
-        record = build_choice(records, key, artifact.target.name)
+    for key, wl in kernels.items():  # a network calls many kernels more than once: each looked up once
+        record = build_choice(records, key, log_target(wl, artifact.target))
         if record is not None and record.result.cost_unit is CostUnit.SECONDS:
             best[key] = record.cost
     return best

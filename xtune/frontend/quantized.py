@@ -59,6 +59,7 @@ from xtune.ops.reshape import VIEWS
 # tflite.py), absent for an ONNX model (ONNX Runtime's).
 REQUANT_PROP = "xtune.requant"
 
+_FLOAT_ON_X86 = ("com.microsoft.QLinearAdd", "com.microsoft.QLinearMul")
 _QOPS = frozenset(("QuantizeLinear", "DequantizeLinear", "com.microsoft.QGemm", *FLOAT_FORMS))
 
 
@@ -282,7 +283,9 @@ def _qlinear_pointwise(
 ) -> None:
     """DequantizeLinear of each activation -> Add, Mul, GlobalAveragePool, Sigmoid or LeakyRelu ->
     QuantizeLinear, per tensor: ONNX Runtime's QOperator node of it (QLinearAdd, ...), which
-    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors."""
+    xtune/ops/qpointwise.py runs as one kernel reading and writing the 8-bit tensors. A TFLite model's
+    nodes are marked `requant="tflite"` (its GlobalAveragePool, a MEAN over H and W: TFLite's integer
+    MEAN; the others keep the float form), an int8 Add or Mul of an ONNX model `requant="float"`."""
     graph = edit.graph
     node = graph.nodes[index]
     op = QLINEAR_OF[node.op]
@@ -296,7 +299,15 @@ def _qlinear_pointwise(
             return
         inputs += [dq.inputs[0], dq.inputs[1], zero_name(edit, dq, graph.dtype(dq.inputs[0]))]
     inputs += [q.inputs[1], zero_name(edit, q, graph.dtype(q.outputs[0]))]
-    attrs = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    attrs: dict[str, AttrValue] = {k: v for k, v in node.attrs.items() if k == "alpha"}
+    if edit.requant != "onnx":  # whose arithmetic the kernel keeps (xtune/ops/qpointwise.py)
+        attrs["requant"] = edit.requant
+    elif op in _FLOAT_ON_X86 and graph.dtype(q.outputs[0]) == "int8":
+        # ONNX Runtime's x86-64 build fuses int8 QDQ groups only where its selector allows int8
+        # (onnxruntime/core/optimizer/qdq_transformer/selectors_actions/qdq_selector_action_transformer.h,
+        # QDQIsInt8Allowed: ARM only); measured, an int8 Add or Mul stays DequantizeLinear, the float
+        # operator, QuantizeLinear there: the float form's arithmetic, not QLinearAdd's.
+        attrs["requant"] = "float"
     edit.nodes[index] = Node(name=node.name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
     drop_fused(edit, writers, q)
 

@@ -34,7 +34,7 @@ from xtune.ops.registry import anchor_of, family, parse_workload, template_for
 from xtune.ops.template import MAX_STACK_BYTES
 from xtune.ops.workload import ParamValue, Workload
 from xtune.target import Target, get_target, host_target
-from xtune.tuning.database import Record
+from xtune.tuning.database import Record, log_target
 from xtune.tuning.ranking import build_choice
 
 # Epilogue stages in the order they apply; a chain only moves forward (ops/epilogue.py, EPILOGUE). The
@@ -171,7 +171,7 @@ def _stack_failure(graph: Graph, task: Task, target: Target) -> UnsupportedNode 
 
 def logged_best(tasks: Iterable[Task], target: Target, records: Sequence[Record]) -> list[Record | None]:
     """Per task, the record `xtune build` would take from `records` on `target`, or None."""
-    return [build_choice(records, task.workload.key, target.name) for task in tasks]
+    return [build_choice(records, task.workload.key, log_target(task.workload, target)) for task in tasks]
 
 
 def fuse(

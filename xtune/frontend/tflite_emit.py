@@ -171,6 +171,20 @@ class Emitter:
             raise self.fail(f"activation '{t.label}' is {t.dtype} without quantization parameters")
         self.values[index] = name
 
+    def store_viewed(self, index: int, name: str) -> None:
+        """`name` is the float result of tensor `index` with the same bytes in another shape (a pooled
+        pixel per channel, NCHW, for an (n, c) tensor): quantized, if the tensor is, before the view, so
+        that the operator's QuantizeLinear is its only reader (the pattern the quantized rewrite matches:
+        xtune/frontend/quantized.py), the view then one of integers."""
+        t = self.tensor(index)
+        if t.quant is None:
+            self.store(index, self.reshape(name, t.shape))
+            return
+        s, z = self._activation_quantization(t)
+        quantized = self.node("QuantizeLinear", [name, s, z], f"{t.name}/quantized")
+        self.integers[index] = self.reshape(quantized, t.shape)
+        self.values[index] = self.node("DequantizeLinear", [self.integers[index], s, z], t.name)
+
     def dequantize_input(self, name: str, t: TflTensor) -> str:
         """The float value of a quantized graph input `name` (tensor `t`)."""
         s, z = self._activation_quantization(t)

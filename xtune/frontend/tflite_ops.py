@@ -314,6 +314,9 @@ def mean(em: Emitter, op: TflOp) -> None:
         return
     if axes == [1, 2]:  # over the pixels: a global average pool, as classifier heads write it
         y = em.node("GlobalAveragePool", [em.value(x)], name)
+        if not keep:  # (n, c, 1, 1) and (n, c) are the same bytes
+            em.store_viewed(op.outputs[0], y)
+            return
     else:
         y = em.node(
             "ReduceMean", [em.value(x)], name, axes=sorted(NHWC_TO_NCHW_AXIS[i] for i in axes), keepdims=1

@@ -4,7 +4,8 @@ whether it folds into that call's weights and bias and what they become out (`is
 `fold_affine`). The scales are BatchNormalization and a Mul or Div (the kernel's output first) by a
 constant that varies along the output channels only: (conv(x, w) + b) * s = conv(x, w * s) + b * s,
 one output channel at a time; the shift is an Add of such a constant, which joins the bias. The arith
-family (xtune/ops/arith.py) runs a BatchNormalization with no kernel call before it."""
+family (xtune/ops/arith.py) runs a BatchNormalization with no kernel call before it, with the scale and
+shift ONNX Runtime computes (`batchnorm_float32`)."""
 
 from __future__ import annotations
 
@@ -33,16 +34,40 @@ class BatchNorm:
         return self.beta - self.mean * self.scale
 
 
+def _parameters(graph: Graph, node: Node) -> list[np.ndarray] | None:
+    """A BatchNormalization's gamma, beta, mean and variance, flat; None unless all are constants and
+    it has no training outputs."""
+    params = [graph.constant(t) for t in node.inputs[1:5]]
+    if len(params) != 4 or any(p is None for p in params) or any(node.outputs[1:]):
+        return None
+    return [np.asarray(p).reshape(-1) for p in params]
+
+
 def batchnorm(graph: Graph, node: Node) -> BatchNorm | None:
     """`node`'s inference form; None if its scale, bias, mean and variance are not all constants or it
     has training outputs. A zero (with epsilon 0), negative or NaN variance gives a non-finite scale,
     as numpy computes it (the caller chooses whether numpy warns)."""
-    params = [graph.constant(t) for t in node.inputs[1:5]]
-    if len(params) != 4 or any(p is None for p in params) or any(node.outputs[1:]):
+    params = _parameters(graph, node)
+    if params is None:
         return None
-    gamma, beta, mean, var = (np.asarray(p, np.float64).reshape(-1) for p in params)
+    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
     eps = float(node.attr("epsilon", 1e-5))  # type: ignore[arg-type]
     return BatchNorm(scale=gamma / np.sqrt(var + eps), beta=beta, mean=mean)
+
+
+def batchnorm_float32(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """`node`'s scale and shift as ONNX Runtime's CPU kernel computes them before its per-element
+    x * scale + shift (onnxruntime/core/providers/cpu/nn/batch_norm.h, inference): in float32,
+    inv_std = 1 / sqrt(var + eps), scale = inv_std * gamma, shift = beta - mean * scale, each operation
+    rounded (measured: not contracted into FMAs). A BatchNormalization between 8-bit tensors (a QDQ
+    model's, which ONNX Runtime runs in float) is then bit for bit ONNX Runtime's. None as `batchnorm`."""
+    params = _parameters(graph, node)
+    if params is None:
+        return None
+    gamma, beta, mean, var = (p.astype(np.float32) for p in params)
+    eps = np.float32(node.attr("epsilon", 1e-5))  # type: ignore[arg-type]
+    scale = (np.float32(1) / np.sqrt(var + eps)) * gamma
+    return scale, beta - mean * scale
 
 
 def _operand(node: Node, out: str) -> str:

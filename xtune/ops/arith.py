@@ -2,7 +2,8 @@
 (its slope per channel or of any broadcastable shape), and an Add whose operands differ in shape, of two
 tensors of any broadcastable shapes — activations or constants, e.g. squeeze-and-excite's [n,c,1,1] gate
 times its [n,c,h,w] activation — and a BatchNormalization with no convolution before it to fold into
-(DenseNet's pre-activation) as the per-channel x * scale + shift, as one `Arith` kernel.
+(DenseNet's pre-activation) as the per-channel x * scale + shift, as one `Arith` kernel (ONNX Runtime's
+float32 scale and shift, multiplied and added unfused as its kernel does: xtune/ops/affine.py).
 
 Broadcasting is numpy's, as the ONNX operators define it (https://onnx.ai/onnx/operators/, "Broadcasting
 in ONNX"): shapes aligned on their last axis, a size-1 axis repeated. The kernel walks the output in
@@ -22,7 +23,7 @@ import numpy as np
 
 from xtune.errors import InputError
 from xtune.graph import Graph, Node
-from xtune.ops.affine import batchnorm
+from xtune.ops.affine import batchnorm_float32
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout, differs, physical
 from xtune.ops.opkit import (
@@ -160,8 +161,8 @@ class Arith(GeneratedOp):
                     else:  # constant along the innermost axis: one element broadcast
                         operands.append(Broadcast(Load(n, base), width) if width > 1 else Load(n, base))
                 value: Value
-                if self.op is ArithOp.SCALE_SHIFT:
-                    value = MulAdd(*operands)
+                if self.op is ArithOp.SCALE_SHIFT:  # rounded twice, as ONNX Runtime's kernel (affine.py)
+                    value = Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, operands[0], operands[1]), operands[2])
                 elif self.op is ArithOp.PRELU:
                     a, slope = operands
                     zero = Const(0.0, width)
@@ -185,7 +186,7 @@ def _aligned(shape: Shape, rank: int) -> Shape:
 def _batchnorm(graph: Graph, node: Node, consts: Consts, out: Shape) -> Mapped:
     """x * scale + shift per channel (axis 1), the inference form (xtune/ops/affine.py) computed at build
     time."""
-    form = batchnorm(graph, node)
+    form = batchnorm_float32(graph, node)
     if form is None:
         raise refuse(
             graph,
@@ -193,7 +194,7 @@ def _batchnorm(graph: Graph, node: Node, consts: Consts, out: Shape) -> Mapped:
             "a BatchNormalization whose scale, bias, mean and variance are not all "
             "constants (or with training outputs) is not supported",
         )
-    scale, shift = form.scale, form.shift
+    scale, shift = form
     channels = out[1] if len(out) > 1 else 1
     if scale.size != channels:
         raise refuse(graph, node, f"{scale.size} normalization parameters for {channels} channels")

@@ -10,7 +10,10 @@ time (their clipped extent is a constant), so the interior has no bounds checks.
 
 ONNX Runtime's QLinearAveragePool (com.microsoft; the quantized rewrite makes one of a QDQ AveragePool
 and of a TFLite model's int8 AVERAGE_POOL_2D: xtune/frontend/quantized.py) is the same window over 8-bit
-tensors, each window's mean computed as the model's reference computes it (xtune/ops/qpool.py)."""
+tensors, each window's mean computed as the model's reference computes it (xtune/ops/qpool.py); a TFLite
+model's int8/uint8 MEAN over H and W (a QLinearGlobalAveragePool marked `requant="tflite"`, which
+xtune/ops/qpointwise.py maps) is the global pool over 8-bit tensors, its int32 sums rescaled as TFLite's
+MEAN does (qpool.py's ScaledMean)."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from xtune.ops.opkit import (
     positive,
     refusing,
 )
-from xtune.ops.qpool import QuantizedMean, quantized_mean
+from xtune.ops.qpool import QuantizedMean, ScaledMean, quantized_mean
 from xtune.ops.quantize import QDTYPES
 from xtune.schedule.loopnest import (
     Affine,
@@ -46,7 +49,9 @@ from xtune.schedule.loopnest import (
     BinaryOp,
     Buffer,
     BufferKind,
+    Cast,
     Const,
+    DType,
     Kernel,
     Load,
     NestBuilder,
@@ -270,6 +275,7 @@ class GlobalAveragePool(ChannelsOp):
     h: int
     w: int
     layout: Layout = Layout.NCHW
+    quantized: ScaledMean | None = None  # TFLite's 8-bit MEAN over the plane; float32 when None
 
     def __post_init__(self) -> None:
         positive("global average pool", n=self.n, c=self.c, h=self.h, w=self.w)
@@ -280,9 +286,13 @@ class GlobalAveragePool(ChannelsOp):
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         axes = (1, 2) if self.layout is Layout.NHWC else (2, 3)
+        if self.quantized is not None:
+            return self.quantized.reference(x.astype(np.int64).sum(axis=axes)).reshape(self.output_shape)
         return x.astype(np.float64).mean(axis=axes).reshape(self.output_shape).astype(np.float32)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        if self.quantized is not None:
+            return self._integer_nest(name, lanes, self.quantized)
         if self.layout is Layout.NHWC:
             return self._nhwc_nest(name, lanes)
         b, plane = NestBuilder(), self.h * self.w
@@ -316,6 +326,30 @@ class GlobalAveragePool(ChannelsOp):
         with b.loop(self.n, "n") as img:
             b.split(c, lanes, lambda ch, count: channels(img, ch, count), "c")
         return b.kernel(name, params([("x", self.n * c * plane)], self.n * c))
+
+    def _integer_nest(self, name: str, lanes: int, mean: ScaledMean) -> Kernel:
+        """The 8-bit pixels summed in int32 (in the order of TFLite's loops; an integer sum is the same in
+        any), then rescaled: NHWC a vector of channels at a time, NCHW one channel at a time."""
+        b, plane, c = NestBuilder(), self.h * self.w, self.c
+        nhwc = self.layout is Layout.NHWC
+        width = lanes if nhwc else 1
+        acc = b.register("acc", width, DType.I32)
+
+        def channels(img: Affine, ch: Affine, count: int) -> None:
+            b.assign(acc, Const(0, width, DType.I32))
+            with b.loop(plane, "p") as p:
+                at = img * (plane * c) + (p * c + ch if nhwc else ch * plane + p)
+                b.assign(acc, Binary(BinaryOp.ADD, acc, Cast(Load("x", at, width, count), DType.I32)))
+            b.store("out", img * c + ch, mean.value(acc, width), width, count)
+
+        with b.loop(self.n, "n") as img:
+            if nhwc:
+                b.split(c, lanes, lambda ch, count: channels(img, ch, count), "c")
+            else:
+                with b.loop(c, "c") as ch:
+                    channels(img, ch, 1)
+        buffers = params([("x", self.n * c * plane)], self.n * c)
+        return b.kernel(name, tuple(replace(buf, dtype=QDTYPES[mean.qtype]) for buf in buffers))
 
 
 def _pool(graph: Graph, node: Node, shape: tuple[int, ...], quantized: QuantizedMean | None) -> Pool2d:

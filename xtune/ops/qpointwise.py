@@ -28,6 +28,8 @@ from xtune.ops import activation, arith, elementwise, pool2d
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, GeneratedOp, Mapped, NodeFamily, Shape
+from xtune.ops.qmlas import QAdd, QGlobalAveragePool
+from xtune.ops.qpool import scaled_mean
 from xtune.ops.quantize import RANGES, QParams, dequantized, node_qparams, quantized
 from xtune.schedule.loopnest import Assign, BufferKind, For, Kernel, Load, Stmt, Store, Value, walk
 
@@ -153,7 +155,7 @@ def fused_boundary(
     params = node_qparams(graph, nxt)
     if kernel is None or params is None or mapped.fused is not None or mapped.more or mapped.output:
         return mapped
-    if isinstance(kernel, Quantized):
+    if isinstance(kernel, Quantized | QAdd | QGlobalAveragePool):
         if nxt.op != "DequantizeLinear" or kernel.dequantizes or params != kernel.writes:
             return mapped
         return replace(mapped, kernel=replace(kernel, dequantizes=True), in_place=False, fused=nxt)
@@ -191,8 +193,22 @@ def _qparams(graph: Graph, node: Node, tensor: str, scale: str, zero: str) -> QP
     return QParams(scale=float(s.reshape(-1)[0]), zero=int(z.reshape(-1)[0]), qtype=qtype)
 
 
+def _tflite_mean(graph: Graph, node: Node) -> Mapped:
+    """A TFLite model's QLinearGlobalAveragePool (`requant="tflite"`, its MEAN over H and W): not the float
+    form but TFLite's integer MEAN over each plane (xtune/ops/qpool.py's ScaledMean), run in the layout
+    its 8-bit input is in."""
+    shape = graph.shape(node.inputs[0])
+    if len(shape) != 4 or node.int_attr("channels_last", 0):
+        raise refuse(graph, node, "only the mean of NCHW planes (a 4-D input, channels_last=0) is supported")
+    n, c, h, w = shape
+    pool = pool2d.GlobalAveragePool(n=n, c=c, h=h, w=w, quantized=scaled_mean(graph, node, h * w))
+    return Mapped(kernel=pool, inputs=(node.inputs[0],), follows_input=True)
+
+
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     op, count = FLOAT_FORMS[node.op]
+    if op == "GlobalAveragePool" and node.attr("requant", "onnx") == "tflite":
+        return _tflite_mean(graph, node)
     if op == "GlobalAveragePool" and node.int_attr("channels_last", 0):
         raise refuse(graph, node, "channels_last=1 is not supported (an NCHW tensor is)")
     ins = [(*node.inputs[3 * i : 3 * i + 3], "")[:3] for i in range(count)]
@@ -209,8 +225,29 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
     same = all(q.qtype == writes.qtype for q in reads)  # in place: the same bytes per element
     # Pooled in NHWC only: NCHW sums a plane's partial vector across lanes (`Quantized.kernel_nest`).
     layouts = frozenset((Layout.NHWC,)) if op == "GlobalAveragePool" else inner.layouts
-    kernel = Quantized(inner=inner.kernel, reads=reads, writes=writes)
+    kernel = _onnx_runtime_form(node, inner.kernel, reads, writes) or Quantized(
+        inner=inner.kernel, reads=reads, writes=writes
+    )
     return Mapped(kernel=kernel, inputs=inner.inputs, in_place=inner.in_place and same, layouts=layouts)
+
+
+def _onnx_runtime_form(
+    node: Node, inner: GeneratedOp, reads: tuple[QParams, ...], writes: QParams
+) -> QAdd | QGlobalAveragePool | None:
+    """The kernel with ONNX Runtime's own arithmetic (xtune/ops/qmlas.py) for a node of an ONNX model
+    that ONNX Runtime runs with MLAS: a QLinearAdd of two same-shape tensors (Elementwise; a broadcasting
+    one is arith's kernel, its float form kept) and a QLinearGlobalAveragePool; None for the others, and
+    where the node keeps TFLite's arithmetic (`requant="tflite"`: its ADD the float form, its MEAN
+    `_tflite_mean`) or the float form of an int8 QDQ Add ONNX Runtime does not fuse (`requant="float"`,
+    xtune/frontend/quantized.py)."""
+    if node.attr("requant", "onnx") != "onnx":
+        return None
+    if isinstance(inner, elementwise.Elementwise) and len(reads) == 2:
+        return QAdd(shape=inner.shape, reads=(reads[0], reads[1]), writes=writes)
+    if isinstance(inner, pool2d.GlobalAveragePool):
+        n, c, h, w = inner.n, inner.c, inner.h, inner.w
+        return QGlobalAveragePool(n=n, c=c, h=h, w=w, reads=reads[0], writes=writes, layout=inner.layout)
+    return None
 
 
 FAMILY = NodeFamily(

@@ -14,7 +14,16 @@ it — a numpy `reference` over the window's pixels and the loop-nest `value` of
   (or by the whole window, count_include_pad=1); nearbyintf(mean / y_scale + y_zero), the zero point added
   before rounding half to even (QuantizeLinear adds it after), clamped to the type.
 
-Both differ from a float average rounded by QuantizeLinear at ties, which these kernels do not."""
+Both differ from a float average rounded by QuantizeLinear at ties, which these kernels do not.
+
+And the mean of a whole plane, a global average pool (xtune/ops/pool2d.py's GlobalAveragePool) as TFLite's
+int8/uint8 MEAN over H and W computes it (`ScaledMean`): reference_ops::QuantizedMeanOrSum
+(tensorflow/lite/kernels/internal/reference/reduce.h, the path LiteRT's reference kernels take for every
+int8 and uint8 MEAN, any scales): the int32 sum of the stored values minus n times the input's zero point,
+times the multiplier QuantizeMultiplier makes of input scale / output scale (as doubles) folded with 1/n
+(the multiplier shifted up by floor(log2 n), at most 32 and at most 31 + its shift, then divided by n in
+int64), by MultiplyByQuantizedMultiplier (gemmlowp's two roundings); plus the output's zero point, clamped
+to the type. Equal scales and zero points take the same arithmetic (a multiplier of 2^30, shift 1)."""
 
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ import numpy as np
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.qlinear import float_scale, zero_point
+from xtune.ops.qmatmul.reference import multiply_by_quantized_multiplier, quantize_multiplier, wrap32
 from xtune.ops.quantize import QDTYPES, RANGES, QType
 from xtune.schedule.loopnest import (
     Binary,
@@ -35,8 +45,10 @@ from xtune.schedule.loopnest import (
     Clamp,
     Const,
     DType,
+    HighMul,
     NestBuilder,
     RoundEven,
+    RoundShift,
     Value,
 )
 
@@ -132,15 +144,80 @@ def quantized_mean(graph: Graph, node: Node) -> QuantizedMean:
     if node.attr("requant", "onnx") == "tflite":
         lo, hi = max(lo, node.int_attr("out_lo", lo)), min(hi, node.int_attr("out_hi", hi))
         return RoundedMean(qtype=cast(QType, qtype), lo=lo, hi=hi)
+    x_scale, x_zero, y_scale, y_zero = _per_tensor(graph, node)
+    return QLinearMean(
+        qtype=cast(QType, qtype), x_scale=x_scale, x_zero=x_zero, y_scale=y_scale, y_zero=y_zero
+    )
+
+
+def _per_tensor(graph: Graph, node: Node) -> tuple[float, int, float, int]:
+    """(x_scale, x_zero, y_scale, y_zero) of a QLinear node whose inputs are x, x_scale, x_zero_point,
+    y_scale, y_zero_point, each one constant."""
     names = (*node.inputs[1:5], "", "", "", "")[:4]
     sx, sy = (float_scale(graph, node, names[i]) for i in (0, 2))
     zx, zy = (zero_point(graph, node, names[i]) for i in (1, 3))
     if sx.size != 1 or sy.size != 1 or zx.size != 1 or zy.size != 1:
         raise refuse(graph, node, "scales and zero points must be per tensor")
-    return QLinearMean(
-        qtype=cast(QType, qtype),
-        x_scale=float(sx.reshape(-1)[0]),
-        x_zero=int(zx.reshape(-1)[0]),
-        y_scale=float(sy.reshape(-1)[0]),
-        y_zero=int(zy.reshape(-1)[0]),
-    )
+    return float(sx.reshape(-1)[0]), int(zx.reshape(-1)[0]), float(sy.reshape(-1)[0]), int(zy.reshape(-1)[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaledMean:
+    """TFLite's integer MEAN of `count` `qtype` values, the multiplier and shift folded with 1/count."""
+
+    qtype: QType
+    count: int
+    x_zero: int
+    y_zero: int
+    multiplier: int
+    shift: int
+
+    @staticmethod
+    def of(qtype: QType, count: int, x_scale: float, x_zero: int, y_scale: float, y_zero: int) -> ScaledMean:
+        """As QuantizedMeanOrSum readapts the multiplier of PrepareMeanOrSum (tensorflow/lite/kernels/
+        reduce.cc) to the count."""
+        multiplier, shift = quantize_multiplier(float(np.float32(x_scale)) / float(np.float32(y_scale)))
+        up = min(count.bit_length() - 1, 32, 31 + shift)
+        return ScaledMean(
+            qtype=qtype,
+            count=count,
+            x_zero=x_zero,
+            y_zero=y_zero,
+            multiplier=(multiplier << up) // count,
+            shift=shift - up,
+        )
+
+    def reference(self, total: np.ndarray) -> np.ndarray:
+        """The means of the int32 sums `total` of `count` stored values each, as C computes them."""
+        centred = wrap32(np.asarray(total, np.int64) - self.x_zero * self.count)
+        scaled = multiply_by_quantized_multiplier(
+            centred, np.asarray(self.multiplier, np.int64), np.asarray(self.shift, np.int64)
+        )
+        lo, hi = RANGES[self.qtype]
+        return np.clip(scaled.astype(np.int64) + self.y_zero, lo, hi).astype(self.qtype)
+
+    def value(self, total: Value, width: int) -> Value:
+        """The mean of the int32 sums `total` (a register of `width` lanes), in the 8-bit type."""
+
+        def i32(v: int) -> Const:
+            return Const(v, width, DType.I32)
+
+        centred = Binary(BinaryOp.SUB, total, i32(int(wrap32(np.asarray(self.x_zero * self.count)))))
+        if self.shift > 0:
+            centred = Binary(BinaryOp.SHL, centred, i32(self.shift))
+        scaled = RoundShift(HighMul(centred, i32(self.multiplier)), i32(max(-self.shift, 0)))
+        lo, hi = RANGES[self.qtype]
+        y = Binary(BinaryOp.ADD, scaled, i32(self.y_zero))
+        return Cast(Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, y, i32(lo)), i32(hi)), QDTYPES[self.qtype])
+
+
+def scaled_mean(graph: Graph, node: Node, count: int) -> ScaledMean:
+    """TFLite's MEAN of a QLinearGlobalAveragePool node (inputs x, x_scale, x_zero_point, y_scale,
+    y_zero_point) over planes of `count` pixels."""
+    qtype = graph.dtype(node.inputs[0])
+    if qtype not in RANGES or graph.dtype(node.outputs[0]) != qtype:
+        raise refuse(
+            graph, node, f"averages {qtype} into {graph.dtype(node.outputs[0])}; xtune: int8 or uint8"
+        )
+    x_scale, x_zero, y_scale, y_zero = _per_tensor(graph, node)
+    return ScaledMean.of(cast(QType, qtype), count, x_scale, x_zero, y_scale, y_zero)

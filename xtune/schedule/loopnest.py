@@ -253,6 +253,15 @@ class Cast:
 
 
 @dataclass(frozen=True)
+class Bitcast:
+    """The bits of the lanes as lanes of integer type `dtype` (LLVM bitcast): i32 lanes as 4 times as many
+    bytes, byte t of lane i at lane 4i + t (every target here is little-endian), or bytes as i32 lanes."""
+
+    a: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
 class RoundEven:
     """Float lanes rounded to the nearest integer, ties to even (llvm.roundeven: roundps/vrndscaleps,
     frintn, RVV vfcvt with the RNE rounding mode), still float."""
@@ -303,6 +312,7 @@ Value = (
     | Dot
     | DotDiff
     | Cast
+    | Bitcast
     | PairSum
     | RoundEven
     | Clamp

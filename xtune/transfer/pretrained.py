@@ -274,7 +274,7 @@ def builtin_model_path(
             continue
         stale = 2 * (manifest.features_version != FEATURES_VERSION)
         other_cpu = cpu_distance(cpu, {g.cpu for g in manifest.groups})
-        if target.name in manifest.targets:
+        if set(target.record_targets) & set(manifest.targets):  # its logs, or its float base's
             ranked.append((stale, other_cpu, path))
         elif any(_arch(t) == target.arch for t in manifest.targets):
             ranked.append((stale + 1, other_cpu, path))
@@ -319,7 +319,7 @@ class TransferSource:
 
     def saw(self, target: Target) -> bool:
         """Whether the model was trained on logs of `target` (else it is another hardware's model)."""
-        return target.name in self.model.manifest.targets
+        return bool(set(target.record_targets) & set(self.model.manifest.targets))
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "paths": list(self.paths), "manifest": self.model.manifest.summary()}

@@ -20,8 +20,9 @@ from xtune.errors import InputError, XtuneWarning
 from xtune.files import PathLike, check_input, check_paths
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.template import SUM_TAG, ScheduleTemplate, SumTemplate
+from xtune.ops.workload import Workload
 from xtune.schedule.space import Config, KnobValue
-from xtune.target import get_target
+from xtune.target import Target, get_target
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.options import MeasureOptions
 from xtune.version import __version__
@@ -395,9 +396,20 @@ def config_of(template: ScheduleTemplate, record: Record) -> Config | None:
     return None if _mismatch(template, record) else template.space.config(record.index)
 
 
+def log_target(workload: Workload, target: Target) -> str:
+    """The target name the tuning records of `workload` on `target` carry, written and read: a float
+    task's on a target that only adds integer instructions to another (`Target.float_records_of`) are
+    that target's, whose float code it runs, so one log serves both; an integer task's are its own
+    (vpdpbusd kernels are other code than vpmaddwd ones)."""
+    integer = any(t.dtype != "float32" for t in workload.tensors() if not t.is_output)
+    return target.float_records_of if target.float_records_of and not integer else target.name
+
+
 def _mismatch(template: ScheduleTemplate, record: Record) -> str:
     space = template.space
-    if record.workload != template.workload.key or record.target != template.target.name:
+    if record.workload != template.workload.key or record.target != log_target(
+        template.workload, template.target
+    ):
         return f"the record is of {record.workload} on {record.target}"
     if not 0 <= record.index < space.size:
         return f"config index {record.index} is outside the space of {space.size} configs"

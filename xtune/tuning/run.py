@@ -16,7 +16,7 @@ from xtune.files import PathLike
 from xtune.ops.template import ScheduleTemplate
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog
+from xtune.tuning.database import Record, TuningLog, log_target
 from xtune.tuning.loop import StopReason, StopTuning, TuneProgress, TuneSummary
 from xtune.tuning.options import CONFIRM_TIMINGS, TuneOptions
 from xtune.tuning.peers import numpy_seconds
@@ -163,7 +163,7 @@ def _report(
 ) -> TuningReport:
     """The run's report; its best is over the log's whole history and this run (`records`)."""
     unit, wl, target = boards[0].cost_unit, workload.key, template.target.name
-    top = leaders(records, wl, target, 1, unit)
+    top = leaders(records, wl, log_target(workload, template.target), 1, unit)
     best_cost, best_index, best_timings = math.inf, None, 0
     if top:
         best_cost, best_index, best_timings = top[0].cost, top[0].index, top[0].timings

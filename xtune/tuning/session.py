@@ -17,7 +17,7 @@ from xtune.ops.registry import template_for
 from xtune.ops.template import ScheduleTemplate, seed_configs
 from xtune.ops.workload import Workload
 from xtune.tuning.costmodel import CostModel
-from xtune.tuning.database import Record, TuningLog, config_of, make_record, with_sum_copies
+from xtune.tuning.database import Record, TuningLog, config_of, log_target, make_record, with_sum_copies
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.loop import StopReason, StopTuning, TuneLoop, TuneProgress, TuneSummary, run_loop
 from xtune.tuning.measure import CompilePool, Measurer, MeasureResult
@@ -74,7 +74,11 @@ def past_records(
     without a fingerprint count as any cpu's), whose knobs still mean the same config."""
     return [
         r
-        for r in of_machine(with_sum_copies(list(logged)), template.workload.key, template.target.name)
+        for r in of_machine(
+            with_sum_copies(list(logged)),
+            template.workload.key,
+            log_target(template.workload, template.target),
+        )
         if (cpus is None or cpu_of(r) in (None, *cpus)) and config_of(template, r) is not None
     ]
 
@@ -149,13 +153,14 @@ class TuningSession:
         self.workload, self.boards, self.options, self.log = workload, tuple(boards), options, log
         self.target, self.cost_unit = boards[0].target, boards[0].cost_unit
         self.template = template = template_for(workload, self.target)
+        self.log_target = log_target(workload, self.target)  # the target name its records carry
         self.fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
         cpus = {cpu for fp in self.fingerprints if (cpu := dict(fp).get("cpu"))}
         # `logged`: the log's records, read once by a caller that opens many sessions on it (the scheduler).
         if logged is None:
             logged = log.read() if log is not None else []
         self.past = past_records(logged, template, cpus)
-        history = measured(self.past, workload.key, self.target.name)
+        history = measured(self.past, workload.key, self.log_target)
         self.resumed = len(history)  # configs already in the log, learned from and not measured again
         # The operator whose features and models apply (a pointwise conv2d is tuned as its matmul).
         estimate = estimate_prior(features_op(template))
@@ -179,7 +184,7 @@ class TuningSession:
         if options.start_from_default:
             tuner.propose_first([template.default_config().index])
         # Configs an earlier run chose but lost to a board error: measured first (docs/boards.md, "Faults").
-        tuner.propose_first(unmeasured(self.past, workload.key, self.target.name))
+        tuner.propose_first(unmeasured(self.past, workload.key, self.log_target))
         self.this_run: list[Record] = []
         self._own_pool = pool is None
         self.pool = pool or CompilePool()
@@ -196,7 +201,7 @@ class TuningSession:
         records = [
             make_record(
                 wl,
-                self.target.name,
+                self.log_target,
                 boards[b].name,
                 space.config(i),
                 r,
@@ -258,7 +263,7 @@ class TuningSession:
     def leader(self) -> Leader | None:
         """The best config so far (over the log's history and this session) with its count of timings:
         the one `xtune build` would ship (ranking.leaders)."""
-        top = leaders(self.records(), self.workload.key, self.target.name, 1, self.cost_unit)
+        top = leaders(self.records(), self.workload.key, self.log_target, 1, self.cost_unit)
         return top[0] if top else None
 
     def confirm(self, count: int) -> None:
@@ -294,7 +299,7 @@ def _confirm(
     others' medians rose would otherwise be the run's best, timed once, which is what `confirm` promises
     against. No config is tried more than twice the timings it needs, so one whose timings keep failing
     (timeouts, board errors) cannot hold the run. Each round's results go to `keep` as they arrive."""
-    wl, target = template.workload.key, template.target.name
+    wl, target = template.workload.key, log_target(template.workload, template.target)
     budget = 2 * count * (CONFIRM_TIMINGS - 1)
     tries: Counter[int] = Counter()
     while True:

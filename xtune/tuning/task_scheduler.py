@@ -70,7 +70,7 @@ class _Task:
 
 def _resumed_history(session: TuningSession, batch: int) -> list[float]:
     """A resumed task's best latency after each `batch` of its logged records, as if tuned here."""
-    wl, target, unit = session.workload.key, session.target.name, session.cost_unit
+    wl, target, unit = session.workload.key, session.log_target, session.cost_unit
     done = [r for r in session.past if r.result.status is not MeasureStatus.BOARD_ERROR]
     history: list[float] = []
     for end in range(batch, len(done) + batch, batch):
@@ -323,7 +323,7 @@ def _task_result(state: _Task) -> TaskResult:
 def _config_cost(session: TuningSession, index: int) -> float:
     """One config's cost by the rule of the best (ranking.leaders: median, never a disqualified one)."""
     records: list[Record] = [r for r in session.records() if r.index == index]
-    top = leaders(records, session.workload.key, session.target.name, 1, session.cost_unit)
+    top = leaders(records, session.workload.key, session.log_target, 1, session.cost_unit)
     return top[0].cost if top else math.inf
 
 

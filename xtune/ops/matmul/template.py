@@ -135,9 +135,13 @@ class MatmulTemplate:
         # Most FMAs per loaded value, then the larger tile.
         mr, nv = max(tiles, key=lambda p: (fmas_per_load(p[0], p[1]), p[0] * p[1]))
         nr = nv * int(group_lanes(t, mr, nv, lmul))
-        # kc: the B strip and A panel of one k block share half of L1; mc: the A block half of L2;
-        # nc: the packed B panel fits in L2 (BLIS' analytical model, Low et al., TOMS 2016).
-        kc = _largest(knobs["kc"], lambda v: 4 * v * (nr + mr) <= t.l1d_bytes // 2)
+        # kc: the whole reduction where its B strip (kc x nr) takes at most an eighth of L2, else the
+        # largest block that does. One k block loads, finishes (epilogue) and stores each C tile once, and
+        # a B strip streams from L2 fast enough for the tile's FMAs; BLIS' rule (B strip and A panel in
+        # half of L1) gave kc = 64 on AVX-512 and lost 1.1-1.5x wherever k > 64 (docs/benchmarks.md,
+        # "Issue 28: the pointwise default"). mc: the A block half of L2; nc: the packed B panel fits in
+        # L2 (BLIS' analytical model, Low et al., TOMS 2016).
+        kc = _largest(knobs["kc"], lambda v: 4 * v * nr <= t.l2_bytes // 8)
         mc = _largest(knobs["mc"], lambda v: 4 * v * kc <= t.l2_bytes // 2)
         nc = _largest(knobs["nc"], lambda v: 4 * v * kc <= t.l2_bytes)
         values: dict[str, KnobValue] = {

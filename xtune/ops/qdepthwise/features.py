@@ -24,6 +24,7 @@ QDEPTHWISE_FEATURES = (
     "x_waste",
     "c_waste",
     "image_l1",
+    "route_dot",
 )
 
 
@@ -48,6 +49,7 @@ def qdepthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndar
         np.ceil(sh.ow / mr) * mr / sh.ow - 1,
         np.ceil(sh.c / width) * width / sh.c - 1,
         ones * (sh.r * sh.padded[1] * sh.c / t.l1d_bytes),  # the image rows one output row reads
+        configs.flag("route", "dot"),
     ]
     return np.stack(cols, axis=1)
 
