@@ -25,6 +25,7 @@ from xtune.errors import InputError
 from xtune.firmware.kernels import MAX_STACK_BYTES
 from xtune.ops.conv2d import winograd_eligible
 from xtune.ops.conv2d.winograd import WinogradTemplate
+from xtune.ops.conv2d.winograd_nest import tiles
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.target import get_target
@@ -238,14 +239,16 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
 @pytest.mark.parametrize("packed", ["", ",prepacked=1"])
 def test_a_per_call_u_keeps_whole_blocks_within_the_stack_limit(packed: str) -> None:
     """512 channels at 7x7 (ResNet-18's layer4): one output-channel block's U (2 MiB) beside the padded
-    image, V and M still leaves blocks of all 16 tiles (not one tile per block, 10x slower), and the
+    image, V and M still leaves blocks of all 16 tiles (not one tile per block, 10x slower; prepacked, the
+    default F(4x4)'s 4 tiles), and the
     kernel's local buffers stay within what `xtune build` allows."""
     key = f"conv2d:n=1,c=512,h=7,w=7,k=512,r=3,s=3,stride=1,pad=1,layout=nhwc,algo=winograd{packed}"
     template = template_for(parse_workload(key), get_target("x86-avx512"))
     assert isinstance(template, WinogradTemplate)
     config = template.default_config()
     s = template.schedule(config)
-    assert s.ty * s.tx == 16
+    th, tw = tiles(template.shape, s.m)
+    assert (s.m, s.ty * s.tx) == ((4, th * tw) if packed else (2, 16))  # prepacked: F(4x4)'s 2 x 2 tiles
     assert template.kernel(config, "k").stack_bytes <= MAX_STACK_BYTES
 
 
