@@ -240,8 +240,7 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
 def test_a_per_call_u_keeps_whole_blocks_within_the_stack_limit(packed: str) -> None:
     """512 channels at 7x7 (ResNet-18's layer4): one output-channel block's U (2 MiB) beside the padded
     image, V and M still leaves blocks of all 16 tiles (not one tile per block, 10x slower; prepacked, the
-    default F(4x4)'s 4 tiles), and the
-    kernel's local buffers stay within what `xtune build` allows."""
+    default F(4x4)'s 4 tiles), and the kernel's local buffers stay within what `xtune build` allows."""
     key = f"conv2d:n=1,c=512,h=7,w=7,k=512,r=3,s=3,stride=1,pad=1,layout=nhwc,algo=winograd{packed}"
     template = template_for(parse_workload(key), get_target("x86-avx512"))
     assert isinstance(template, WinogradTemplate)
