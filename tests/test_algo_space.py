@@ -28,7 +28,7 @@ from xtune.ops.workload import RTOL, compare_output
 from xtune.schedule.space import ConfigSpace, Knob, KnobKind, sum_space
 from xtune.target import Target, get_target
 from xtune.transfer.pretrained import builtin_model_path, read_model, train
-from xtune.tuning.database import TuningLog, make_record, read_logs
+from xtune.tuning.database import TuningLog, log_target, make_record, read_logs
 from xtune.tuning.features import EstimatePrior, PartsModel, estimate_prior, features_op, featurize
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.peers import ort_network
@@ -259,7 +259,7 @@ def test_a_networks_3x3_task_explores_both_and_its_build_follows_the_winner(
     (task,) = {r.workload for r in records if "stride=1" in r.workload}
     assert isinstance(template_for(parse_workload(task), target), SumTemplate)
     assert {dict(r.knobs)["algo"] for r in records if r.workload == task} == {"direct", "winograd"}
-    winner = build_choice(read_logs([log]), task, target.name)
+    winner = build_choice(read_logs([log]), task, log_target(parse_workload(task), target))
     assert winner is not None
     row = next(k for k in _check_against_ort(model, log).kernels if k.what == task)
     assert (row.source, row.config_index) == ("log", winner.index)

@@ -456,3 +456,20 @@ def test_a_vnni_target_shares_its_float_records_with_its_base_and_keeps_its_int8
     as_base = replace(logged, workload=qmatmul.key, index=0, knobs=int8.space.config(0).values)
     assert config_of(int8, as_base) is None  # vpmaddwd code's record is not a vpdpbusd kernel's
     assert config_of(int8, replace(as_base, target="x86-avx512-vnni")) is not None
+
+
+def test_a_float_record_logged_under_a_vnni_target_reads_as_its_base(tmp_path: Path) -> None:
+    """Float tasks tuned with --target x86-avx512-vnni before their records were the base target's: their
+    log still resumes and builds on both targets; an int8 record keeps its VNNI name."""
+    vnni = get_target("x86-avx512-vnni")
+    float_template = template_for(parse_workload(WL), vnni)
+    int8_template = template_for(parse_workload("qmatmul:m=4,n=32,k=16"), vnni)
+    ok = MeasureResult(MeasureStatus.OK, (1e-3,))
+    log = TuningLog(tmp_path / "log.jsonl")
+    log.append(
+        [
+            make_record(t.workload.key, vnni.name, "local", t.default_config(), ok)
+            for t in (float_template, int8_template)
+        ]
+    )
+    assert [r.target for r in read_logs([log.path])] == ["x86-avx512", "x86-avx512-vnni"]

@@ -22,7 +22,7 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import compare_output, random_inputs
 from xtune.schedule.loopnest import Binary, Const, For, Load, walk
 from xtune.target import get_target
-from xtune.tuning.database import TuningLog, read_logs
+from xtune.tuning.database import TuningLog, log_target, read_logs
 from xtune.tuning.features import estimate_prior, feature_names, features_op, featurize
 from xtune.tuning.options import MeasureOptions, TuneOptions
 from xtune.tuning.ranking import best
@@ -273,7 +273,7 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
     options = TuneOptions(tuner="xgb", trials=12, batch_size=4, seed=1, measure=quick, confirm=0)
     report = run_tuning(wl, [board], options, log)
     assert {k: v for k, v in report.counts if v} == {"ok": 12}
-    (record,) = best(read_logs([tmp_path / "log.jsonl"]), wl.key, board.target.name)
+    (record,) = best(read_logs([tmp_path / "log.jsonl"]), wl.key, log_target(wl, board.target))
     assert record.index == report.best_index
     check("local", key, [record.index])  # the best config, built again, matches numpy
     # and so does its nest, run by the IR interpreter on other inputs

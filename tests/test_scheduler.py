@@ -24,7 +24,7 @@ from xtune.frontend.tasks import Task
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.template import seed_configs
 from xtune.tuning.allocation import SchedulerOptions, Strategy, expected_gain, similarity_key
-from xtune.tuning.database import Record, TuningLog, read_logs
+from xtune.tuning.database import Record, TuningLog, log_target, read_logs
 from xtune.tuning.features import estimate_prior, features_op, featurize
 from xtune.tuning.measure import MeasureResult, MeasureStatus
 from xtune.tuning.options import MeasureOptions, TuneOptions, TunerName
@@ -111,8 +111,10 @@ def test_the_budget_is_spent_and_the_first_round_measures_only_every_tasks_seeds
 
 def test_the_estimate_is_count_times_best_latency(first_run: tuple[Path, ModelTuningResult]) -> None:
     log, result = first_run
-    records, target = read_logs([log]), get_board("local").target.name
-    shipped = [best(records, t.workload.key, target)[0] for t in SMALL]  # what `xtune build` would take
+    records, target = read_logs([log]), get_board("local").target
+    shipped = [
+        best(records, t.workload.key, log_target(t.workload, target))[0] for t in SMALL
+    ]  # what `xtune build` would take
     assert [t.best_cost for t in result.tasks] == [r.cost for r in shipped]
     assert [t.best_index for t in result.tasks] == [r.index for r in shipped]
     assert result.estimate == pytest.approx(

@@ -19,7 +19,7 @@ from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.template import ScheduleTemplate
 from xtune.target import get_target
 from xtune.transfer.modelfile import Manifest
-from xtune.tuning.database import Record, TuningLog, make_record, read_logs
+from xtune.tuning.database import Record, TuningLog, log_target, make_record, read_logs
 from xtune.tuning.kernel_bench import BenchReport
 from xtune.tuning.loop import TuneProgress
 from xtune.tuning.measure import MeasureResult, MeasureStatus
@@ -65,7 +65,7 @@ def test_every_trial_is_in_the_log_and_best_is_the_fastest_correct(tuned_log: Pa
     records = read_logs([tuned_log])
     report = json.loads(tuned_log.with_name("report.json").read_text())
     assert len(records) == 12 + report["confirm_timings"] and len({r.index for r in records}) == 12
-    assert {r.target for r in records} == {get_board("local").target.name}
+    assert {r.target for r in records} == {log_target(parse_workload(WORKLOAD), get_board("local").target)}
     assert all(dict(r.fingerprint) for r in records)  # the board fingerprint travels with every record
     # Each config's speed is the median of its timings; the leaders were timed again to settle it.
     timings: dict[int, list[float]] = {}
@@ -205,10 +205,15 @@ def test_an_instruction_counting_run_says_its_best_is_an_exact_count(tmp_path: P
     assert report.timings_text() == "an exact count" and "timed once" not in report.timings_text()
 
 
+def _logged_as(template: ScheduleTemplate) -> str:
+    """The target name the template's records carry in a log."""
+    return log_target(template.workload, template.target)
+
+
 def _local_record(template: ScheduleTemplate, index: int, result: MeasureResult) -> Record:
     """The log record of `template`'s config `index` measured on the local board."""
     return make_record(
-        template.workload.key, template.target.name, "local", template.space.config(index), result
+        template.workload.key, _logged_as(template), "local", template.space.config(index), result
     )
 
 
@@ -230,7 +235,7 @@ def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
     _confirm(lambda: records, template, 2, measure, keep)
     # 0 and 1 lead; after two rounds 0's median is its typical 3.0, so 2 moves up and is timed twice.
     assert rounds == [[0, 1], [0, 1], [2], [2]]
-    top = best(records, template.workload.key, template.target.name, k=2)
+    top = best(records, template.workload.key, _logged_as(template), k=2)
     assert [(r.index, r.cost) for r in top] == [(1, 2.0), (2, 2.5)]
 
 
@@ -249,7 +254,7 @@ def test_confirm_keeps_its_promise_when_leaders_keep_changing() -> None:
         records.extend(_local_record(template, i, r) for i, r in zip(batch, results, strict=True))
 
     _confirm(lambda: records, template, 1, measure, keep)
-    (leader,) = leaders(records, template.workload.key, template.target.name)
+    (leader,) = leaders(records, template.workload.key, _logged_as(template))
     top, timings = leader.record, leader.timings
     assert timings == 3 and top.cost == typical[top.index]
 

@@ -253,12 +253,27 @@ def transpose(b: NestBuilder, rows: Sequence[Value], prefix: str = "tp") -> list
 
 @dataclass(frozen=True, kw_only=True)
 class Rows:
-    """`count` rows of a buffer, row u starting at `start(u)`, each `length` contiguous floats."""
+    """`count` rows of a buffer, row u starting at `start(u)`, each `length` floats: contiguous, or (step 2)
+    every other float of a row of `span` readable floats."""
 
     buffer: str
     start: Callable[[int], Affine]
     count: int
     length: int
+    step: int = 1
+    span: int = 0
+
+    def load(self, u: int, at: Affine, lanes: int, n: int) -> Value:
+        """Row u's floats at..at+n (n <= lanes) as a vector. Step 2: one load of 2*lanes floats and its even
+        lanes by a shuffle (AArch64 LD2, RISC-V VLSEG2 after LLVM's InterleavedAccess pass; two loads and a
+        permute on x86), reading 2n - 1 floats where the row ends before a whole 2*lanes."""
+        if self.step == 1:
+            return Load(self.buffer, self.start(u) + at, lanes, n % lanes)
+        assert self.step == 2, "contiguous rows or every other float"
+        whole = 2 * (self.length // lanes) * lanes <= self.span  # every full chunk's 2*lanes are readable
+        count = 0 if n == lanes and whole else 2 * n - 1
+        both = Load(self.buffer, self.start(u) + at * 2, 2 * lanes, count)
+        return Shuffle(both, both, tuple(range(0, 2 * lanes, 2)))
 
 
 def transposed_copy(b: NestBuilder, lanes: int, rows: Rows, dst: str, at: Affine, width: int) -> None:
@@ -270,9 +285,7 @@ def transposed_copy(b: NestBuilder, lanes: int, rows: Rows, dst: str, at: Affine
     def chunk(l0: Affine, n: int) -> None:  # n < lanes: the last columns
         for g in range(width // lanes):
             loads: list[Value] = [
-                Load(rows.buffer, rows.start(u) + l0, lanes, n % lanes)
-                if u < rows.count
-                else Const(0.0, lanes)
+                rows.load(u, l0, lanes, n) if u < rows.count else Const(0.0, lanes)
                 for u in range(g * lanes, (g + 1) * lanes)
             ]
             for v, column in enumerate(transpose(b, loads)[:n]):

@@ -3,6 +3,7 @@ templates (ranking them is tuning/ranking.py)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -152,7 +153,7 @@ def _record_from_dict(data: dict[str, Any]) -> Record:
     options = MeasureOptions(**{k: v for k, v in data.get("options", {}).items() if k in known})
     return Record(
         workload=str(data["workload"]),
-        target=str(data["target"]),
+        target=_logged_as(str(data["workload"]), str(data["target"])),
         board=str(data["board"]),
         index=_integer(data["index"]),
         knobs=tuple((str(k), _knob_value(v)) for k, v in data["knobs"]),
@@ -403,6 +404,18 @@ def log_target(workload: Workload, target: Target) -> str:
     (vpdpbusd kernels are other code than vpmaddwd ones)."""
     integer = any(t.dtype != "float32" for t in workload.tensors() if not t.is_output)
     return target.float_records_of if target.float_records_of and not integer else target.name
+
+
+@functools.cache
+def _logged_as(workload: str, target: str) -> str:
+    """The name a logged record's target is read as: `log_target`'s, so a float task's record written
+    under a VNNI target's own name (before its float records were its base's) is its base's like the
+    rest; an unknown workload or target stays as written (read_logs says why it cannot be used)."""
+    try:
+        known = get_target(target)
+        return log_target(parse_workload(workload), known) if known.float_records_of else target
+    except InputError:
+        return target
 
 
 def _mismatch(template: ScheduleTemplate, record: Record) -> str:

@@ -8,7 +8,9 @@ at every call; or, for prepacked=1, the weights parameter already holds every bl
 a row x V channel vectors, updated by broadcast(input) x weight-vector FMAs over the (c, kh, kw)
 reduction in a tunable order, kw optionally unrolled (`unroll_kw`). Accumulators start from the bias
 plus the residual (first channel block) or the output (later blocks); ReLU/ReLU6 run on registers in the
-last block; tails are constant-size tiles.
+last block; tails are constant-size tiles. A strided 1x1 window packs only the pixels it reads
+(`subsample`); NCHW tiles are stored, and NCHW input copied, by shuffle transposes (`transpose_out`,
+`transpose_in`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.conv2d.direct_nest import ConvEmitter, ConvSchedule, padded
+from xtune.ops.conv2d.direct_nest import ConvEmitter, ConvSchedule, padded, subsamples
 from xtune.ops.epilogue import ACTIVATION, EPILOGUE
 from xtune.ops.matmul import Matmul
 from xtune.ops.matmul.nest import Operands
@@ -152,6 +154,13 @@ class Conv2dTemplate:
                 Knob("pack_layout", KnobKind.CHOICE, ("hwc", "chw")),
                 Knob("unroll_kw", KnobKind.CHOICE, (1, 0)),
                 Knob("unroll", KnobKind.UNROLL, (1, 2, 4)),
+                # Appended last, its first option the old nest (ConfigSpace.matches): a strided 1x1
+                # window packs the subsampled image (ConvSchedule.subsample); one option elsewhere.
+                Knob("subsample", KnobKind.CHOICE, (0, 1) if subsamples(sh) else (0,)),
+                # NCHW: the output tile stored through Ot (0, the old nest) or transposed (1).
+                Knob("transpose_out", KnobKind.CHOICE, (0,) if sh.nhwc else (0, 1)),
+                # NCHW: the input copied into the hwc layout a float at a time (0) or by transposes (1).
+                Knob("transpose_in", KnobKind.CHOICE, (0,) if sh.nhwc else (0, 1)),
             )
         )
 
@@ -179,6 +188,9 @@ class Conv2dTemplate:
             config.int("unroll"),
             # A tile whose input vectors would not fit beside its accumulators broadcasts a channel at a time.
             self.target.lane_fma and tile_registers(p, nv, True) <= register_budget(self.target),
+            bool(config["subsample"]),
+            bool(config["transpose_out"]),
+            bool(config["transpose_in"]),
         )
 
     def default_config(self) -> Config:
@@ -210,6 +222,14 @@ class Conv2dTemplate:
             "unroll_kw": int(sh.s <= 3),
             # On a lane-FMA target the channel loop runs a vector of channels per unrolled group (`lane_fma`).
             "unroll": t.fp32_lanes if t.lane_fma else 1,
+            # The full copy of a stride-2 1x1 layer moves 4 floats per one read: ResNet-18's 64->128
+            # downsample at 56x56 copies as many floats as its FMAs are vectors (docs/benchmarks.md).
+            "subsample": max(knobs["subsample"], key=int),
+            # Fewer instructions wherever a tile's pixels fit a vector (llvm-mca on x86, qemu-aarch64's
+            # counts: docs/benchmarks.md); wider tiles keep the Ot path whatever the knob says.
+            "transpose_out": max(knobs["transpose_out"], key=int),
+            # (2 + log2 lanes) / lanes instructions a float where the scalar copy takes 2 (`transposed_copy`).
+            "transpose_in": max(knobs["transpose_in"], key=int),
         }
         return self.space.config(self.space.index_of(values))
 

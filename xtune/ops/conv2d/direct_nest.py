@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.tiles import (
@@ -15,6 +16,7 @@ from xtune.ops.tiles import (
     fma_columns_outer,
     lane_group,
     split_edges,
+    transpose,
     transposed_copy,
     unrolled,
 )
@@ -55,6 +57,15 @@ class ConvSchedule:
     # input of `lanes` consecutive channels (contiguous in the hwc copy) is loaded as one vector and each
     # lane feeds the FMAs of its channel, as matmul's `a_value` reads A.
     lane_fma: bool = False
+    # A 1x1 window at a stride (`subsamples`): the packed input holds only the pixels the outputs read,
+    # (y*stride, x*stride), so the copy moves stride^2 times fewer floats and the tile reads it at stride 1.
+    subsample: bool = False
+    # NCHW: store a tile by transposing each channel vector's pixels (`transposed_tile`) instead of a
+    # scalar load and store per output through Ot.
+    transpose_out: bool = False
+    # NCHW into the hwc copy: whole vectors of the block's channels transposed by shuffles
+    # (`transposed_copy`, where the block is whole vectors of channels) instead of a float at a time.
+    transpose_in: bool = False
 
     @property
     def nr(self) -> int:
@@ -63,6 +74,25 @@ class ConvSchedule:
 
 def padded(sh: ConvShape) -> tuple[int, int]:
     return sh.padded
+
+
+def transposes_input(on: Any, hwc: Any, subsample: Any, cb: Any, lanes: int, stride: int) -> Any:
+    """Whether the NCHW input is copied into the hwc block by transposes (`transpose_in`): whole vectors of
+    channels, the whole image or (stride 2) its even pixels. Scalars or numpy arrays of configs (the
+    features' columns) alike."""
+    return (on != 0) & (hwc != 0) & ((subsample == 0) | (stride == 2)) & (cb % lanes == 0) & (lanes > 1)
+
+
+def transposes_output(on: Any, pixels: Any, lanes: int) -> Any:
+    """Whether an NCHW tile of `pixels` pixels is stored by transposes (`transpose_out`): its pixels fit a
+    vector (a tile of one pixel has nothing to transpose). Scalars or numpy arrays alike."""
+    return (on != 0) & (pixels >= 2) & (pixels <= lanes)
+
+
+def subsamples(sh: ConvShape) -> bool:
+    """A strided 1x1 window without padding: each output pixel reads one input pixel, and only one in
+    stride^2 of them is read at all; on the subsampled image the convolution is pointwise (a matmul)."""
+    return sh.r == 1 and sh.s == 1 and sh.stride > 1 and sh.padded == (sh.h, sh.w)
 
 
 @dataclass(frozen=True)
@@ -90,7 +120,9 @@ class ConvEmitter:
         self.prepacked = bool(workload["prepacked"])
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
-        self.hp, self.wp = padded(self.sh)
+        # The packed image: the padded input, or the output's own grid when it is subsampled.
+        self.hp, self.wp = (self.sh.oh, self.sh.ow) if s.subsample else padded(self.sh)
+        self.step = 1 if s.subsample else self.sh.stride  # the tile's stride through the packed image
 
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
@@ -176,19 +208,40 @@ class ConvEmitter:
                 return ((ctx.n * sh.h + y) * sh.w + x) * channels + c0 + c
             return ((ctx.n * channels + c0 + c) * sh.h + y) * sh.w + x
 
+        # Subsampled, Ip's pixel (y, x) is the input's (y*stride, x*stride), and Ip has no border.
+        scale = sh.stride if s.subsample else 1
+        rows, cols = (sh.oh, sh.ow) if s.subsample else (sh.h, sh.w)
+
         def copy(c: Affine, y: Affine, x: Affine, n: int) -> None:  # n: floats of a vector, 0: a scalar
             width = lanes if n else 1
-            value = Load("input", src(c, y, x), width, n % width)
+            value = Load("input", src(c, y * scale, x * scale), width, n % width)
             b.store("Ip", self.ip_index(c, y + sh.top, x + sh.left), value, width, n)
 
         if sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
-            with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x:
+            with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
                 b.split(ctx.ccur, lanes, lambda c, n: copy(c, y, x, n), "pc")
-        elif sh.nhwc == s.hwc:
-            with b.loop(ctx.ccur, "pc") as c, b.loop(sh.h, "pi") as y:
-                b.split(sh.w, lanes, lambda x, n: copy(c, y, x, n), "pj")
+        elif sh.nhwc == s.hwc and not s.subsample:
+            with b.loop(ctx.ccur, "pc") as c, b.loop(rows, "pi") as y:
+                b.split(cols, lanes, lambda x, n: copy(c, y, x, n), "pj")
+        elif sh.nhwc == s.hwc:  # planes, every stride-th column: scalar copies along the row
+            with b.loop(ctx.ccur, "pc") as c, b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
+                copy(c, y, x, 0)
+        elif transposes_input(s.transpose_in, s.hwc, s.subsample, s.cb, lanes, sh.stride):
+            # Each input row of the block's channels is cb rows of floats (subsampled: their even
+            # floats): their transpose is the row's pixels in Ip, cb channels each (zeros past ccur in a
+            # tail block, never read).
+            with b.loop(rows, "pi") as y:
+                plane = Rows(
+                    buffer="input",
+                    start=lambda u: src(Affine.of(u), y * scale, Affine()),
+                    count=ctx.ccur,
+                    length=cols,
+                    step=scale,
+                    span=sh.w,
+                )
+                transposed_copy(b, lanes, plane, "Ip", self.ip_index(0, y + sh.top, sh.left), s.cb)
         else:  # a transposition: scalar copies
-            with b.loop(sh.h, "pi") as y, b.loop(sh.w, "pj") as x, b.loop(ctx.ccur, "pc") as c:
+            with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x, b.loop(ctx.ccur, "pc") as c:
                 copy(c, y, x, 0)
 
     def wp_index(self, strip: Affine | int, cc: Affine | int, i: Affine | int, j: Affine | int) -> Affine:
@@ -332,9 +385,9 @@ class ConvEmitter:
             weights = [
                 Load(packed, base + self.wp_index(strip, cc, i, j) + v * lanes, lanes) for v in range(nvec)
             ]
-            row = y * sh.stride + i * sh.dilation
+            row = y * self.step + i * sh.dilation
             inputs = self.input_lanes(
-                ctx, row, [(x + p) * sh.stride + j * sh.dilation for p in range(np_)], cc
+                ctx, row, [(x + p) * self.step + j * sh.dilation for p in range(np_)], cc
             )
             if inputs is not None:
                 # Weight vectors outermost: one is live beside the accumulators and the pixels' inputs.
@@ -343,7 +396,7 @@ class ConvEmitter:
             for v in range(nvec):
                 b.assign(wreg[v], weights[v])
             for p in range(np_):
-                a = Load("Ip", self.ip_index(cc, row, (x + p) * sh.stride + j * sh.dilation))
+                a = Load("Ip", self.ip_index(cc, row, (x + p) * self.step + j * sh.dilation))
                 b.assign(bcast, Broadcast(a, lanes))  # once into a register, not once per FMA
                 for v in range(nvec):
                     b.assign(acc[p][v], MulAdd(bcast, wreg[v], acc[p][v]))
@@ -364,12 +417,31 @@ class ConvEmitter:
                     idx = self.out_index(ctx, y, x + p, js + v * lanes)
                     b.store("output", idx, epi.apply(acc[p][v], lanes, ctx.last), lanes, counts[v])
             return
+        if transposes_output(s.transpose_out, np_, lanes):
+            self.transposed_tile(
+                ctx, y, x, js, [[epi.apply(r, lanes, ctx.last) for r in row] for row in acc], nc
+            )
+            return
         for p in range(np_):  # NCHW: channels are far apart in the output, so go through Ot
             for v in range(nvec):
                 b.store("Ot", Affine.of(p * s.nr + v * lanes), epi.apply(acc[p][v], lanes, ctx.last), lanes)
         with b.loop(nc, "oc") as ch:
             for p in range(np_):
                 b.store("output", self.out_index(ctx, y, x + p, js + ch), Load("Ot", ch + p * s.nr))
+
+    def transposed_tile(
+        self, ctx: _Block, y: Affine, x: Affine, js: Affine, tile: list[list[Value]], nc: int
+    ) -> None:
+        """NCHW output of a tile (tile[p][v]: pixel p's channels v*lanes..): per channel vector, the
+        pixels' vectors (zeros past the tile's) transposed by shuffles, so that register u holds channel
+        u's pixels x..x+p in its first lanes, stored as one partial vector. Per vector of channels that is
+        lanes stores and at most lanes*log2(lanes) shuffles (fewer: LLVM folds those of zero rows), where
+        the scalar path stores and reloads every output through Ot (2 * lanes * p accesses)."""
+        lanes, np_ = self.s.lanes, len(tile)
+        for v in range(len(tile[0])):
+            rows = [tile[p][v] if p < np_ else Const(0.0, lanes) for p in range(lanes)]
+            for u, column in enumerate(transpose(self.b, rows, "ot")[: min(nc - v * lanes, lanes)]):
+                self.b.store("output", self.out_index(ctx, y, x, js + v * lanes + u), column, lanes, np_)
 
     def input_lanes(self, ctx: _Block, row: Affine, cols: list[Affine], cc: Affine) -> list[Broadcast] | None:
         """The input of channel cc at (row, col) for each col of a tile, as a lane of a vector of `lanes`

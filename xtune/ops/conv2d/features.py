@@ -77,6 +77,12 @@ def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     cb, kb, ohb = conv2d.channel_blocks(sh, nr, ints("tile_ic"), ints("tile_oc"), ints("tile_oh"))
     unroll_kw, unroll = ints("unroll_kw"), ints("unroll")
     hwc = flag("pack_layout", "hwc")
+    sub = ints("subsample")
+    copied = np.where(sub > 0, sh.oh * sh.ow, hp * wp)  # pixels of the packed input
+    transposed = conv2d_nest.transposes_input(ints("transpose_in"), hwc, sub, cb, int(lanes), sh.stride)
+    # The transposed NCHW tile store: about half the cycles of the scalar one per output (llvm-mca,
+    # docs/benchmarks.md); old configs keep their features, so models trained before the knob still hold.
+    scatter = np.where(conv2d_nest.transposes_output(ints("transpose_out"), p, int(lanes)), 0.5, 1.0)
     rows = (ohb - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
     fmas = float(sh.k * sh.oh * sh.ow * sh.c * sh.r * sh.s)
     one = np.ones_like(p)
@@ -101,9 +107,9 @@ def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
         flag("order", "pk"),
         flag("reduction", "rsc"),
         hwc,
-        (hwc != sh.nhwc).astype(np.float64),
-        one * (0.0 if sh.nhwc else 1.0 / (sh.c * sh.r * sh.s)),
-        one * sh.c * hp * wp / fmas,
+        ((hwc != sh.nhwc) & ~transposed).astype(np.float64),
+        scatter * (0.0 if sh.nhwc else 1.0 / (sh.c * sh.r * sh.s)),
+        sh.c * copied / fmas,
     ]
     return np.stack(cols, axis=1)
 
@@ -257,8 +263,11 @@ def direct_estimate(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     step = tile_cycles(p, nv, fma_rate, cb * rs)
     calls = tiles_at * np.ceil(sh.c / cb)
     gemm = tiles_at * sh.c * rs * step + calls * (2.0 * p * nv / LOADS_PER_CYCLE + 8.0)
-    scalar_copy = cfg.flag("pack_layout", "hwc") != sh.nhwc
-    copy = sh.n * sh.c * hp * wp / STORES_PER_CYCLE * np.where(scalar_copy, 1.0, 1.0 / lanes)
+    hwc, sub = cfg.flag("pack_layout", "hwc"), cfg.ints("subsample")
+    transposed = conv2d_nest.transposes_input(cfg.ints("transpose_in"), hwc, sub, cb, int(lanes), sh.stride)
+    scalar_copy = (hwc != sh.nhwc) & ~transposed
+    pixels = np.where(sub > 0, sh.oh * sh.ow, hp * wp)
+    copy = sh.n * sh.c * pixels / STORES_PER_CYCLE * np.where(scalar_copy, 1.0, 1.0 / lanes)
     scalar_pack = (not sh.nhwc) & (cfg.flag("reduction", "rsc") > 0)
     weights = strips * nr * sh.c * rs
     pack = (

@@ -52,6 +52,7 @@ DEPTHWISE_FEATURES = (
     "order_yx",
     "unroll_kh",
     "unrolled_fmas_log2",
+    "ext_taps",
 )
 
 
@@ -82,6 +83,7 @@ def depthwise_features(template: ScheduleTemplate, indices: Indices) -> np.ndarr
         cfg.flag("order", "yx"),
         unroll_kh,
         log2(p * nv * sh.s * np.where(unroll_kh > 0, sh.r, 1)),
+        cfg.flag("taps", "ext"),
     ]
     return np.stack(cols, axis=1)
 

@@ -22,6 +22,8 @@ from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, r
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
+    Binary,
+    BinaryOp,
     Broadcast,
     Buffer,
     BufferKind,
@@ -31,6 +33,7 @@ from xtune.schedule.loopnest import (
     LoopKind,
     MulAdd,
     NestBuilder,
+    Reg,
     Shuffle,
 )
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
@@ -62,11 +65,25 @@ class DepthwiseSchedule:
     owb: int  # output columns per block, a multiple of nv * lanes unless it covers the row
     order: str  # "yx": rows outside column blocks, "xy": column blocks outside rows
     unroll_kh: bool
+    taps: str = (
+        "load"  # "load": a load per (row, kw) tap; "ext": aligned loads shifted by shuffles (`ext_micro`)
+    )
 
 
-def phase_width(sh: ConvShape, lanes: int) -> int:
-    """Columns per phase of a packed row: whole vectors of outputs plus the kernel's reach."""
-    return -(-sh.ow // lanes) * lanes + (sh.s - 1) * sh.dilation // sh.stride + 1
+def phase_width(sh: ConvShape, lanes: int, aligned: bool = False, lead: int = 0) -> int:
+    """Columns per phase of a packed row: `lead` columns (`phase_leads`), whole vectors of outputs plus the
+    kernel's reach; `aligned` rounds it up to whole vectors, so that every phase of every packed row starts
+    on a vector boundary (the "ext" taps' loads are then all aligned)."""
+    width = lead + -(-sh.ow // lanes) * lanes + (sh.s - 1) * sh.dilation // sh.stride + 1
+    return -(-width // lanes) * lanes if aligned else width
+
+
+def phase_leads(sh: ConvShape, lanes: int) -> tuple[int, ...]:
+    """Columns each phase of a packed row is shifted right so that its first input column lands on a
+    vector boundary: the stride-2 copy's stores of both phases are then aligned (an immediate offset, no
+    address add each), and the taps read that much further on, which at stride 2 costs no extra load."""
+    firsts = [max(0, -(-(sh.left - phase) // sh.stride)) for phase in range(sh.stride)]
+    return tuple(-q % lanes for q in firsts)
 
 
 def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
@@ -74,6 +91,37 @@ def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
     input rows they read (s kw positions, V vectors each), plus the r*s weight broadcasts."""
     loads = ((p - 1) * sh.stride + sh.r) * sh.s * nv + sh.r * sh.s
     return p * nv * sh.r * sh.s / loads
+
+
+def ext_registers(sh: ConvShape, p: Real, nv: Real, lanes: int) -> Real:
+    """Vector registers an "ext" P x V tile holds live: its accumulators, the r*s weights (whole vectors of
+    them, a tap's a lane), the V + 1 aligned vectors of one input row and phase, and one shifted tap."""
+    return p * nv + -(-sh.r * sh.s // lanes) + nv + 2
+
+
+# Bounds on an "ext" tile beyond its live registers: LLVM's scheduler issues the loads and shifts of the
+# next input rows ahead of their FMAs, and taller or wider tiles spilled in their loop (Cortex-A72: 8x2 30
+# stack accesses, 6x2 2; the Cortex-A53, whose in-order model hoists more: 4x3 54, 8x1 40; 4x2 none on
+# either), docs/benchmarks.md.
+EXT_ACCUMULATORS = 8
+EXT_ROWS = 6  # input rows a tile reads
+
+
+def ext_spills_not(sh: ConvShape, p: int, nv: int) -> bool:
+    """Whether an "ext" P x V tile stays within the bounds that kept its loop free of spills."""
+    rows = (p - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
+    return p * nv <= EXT_ACCUMULATORS and rows <= max(EXT_ROWS, sh.r)
+
+
+def ext_fmas_per_instruction(sh: ConvShape, p: Real, nv: Real) -> Real:
+    """FMAs per instruction of an "ext" P x V tile: P*V*r*s FMAs, and per input row of the
+    (P-1)*stride + r the tile reads, V + 1 aligned loads per phase and V shuffles per shifted tap, then the
+    P*V stores."""
+    rows = (p - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
+    shifted = sum(1 for j in range(sh.s) if j * sh.dilation >= sh.stride)
+    per_row = min(sh.stride, sh.s) * (nv + 1) + shifted * nv
+    fmas = p * nv * sh.r * sh.s
+    return fmas / (fmas + rows * per_row + p * nv)
 
 
 # A packed row of up to this many vector copies or deinterleave chunks is unrolled: each is 2-3
@@ -111,6 +159,8 @@ class DepthwiseTemplate(ReadsWeightsAsGiven):
                 Knob("tile_ow", KnobKind.TILE, clipped(OW_OPTIONS, sh.ow)),
                 Knob("order", KnobKind.CHOICE, ("yx", "xy")),
                 Knob("unroll_kh", KnobKind.CHOICE, (1, 0)),
+                # Last, its first option today's taps: older logs keep their configs.
+                Knob("taps", KnobKind.CHOICE, ("load", "ext")),
             )
         )
 
@@ -119,7 +169,13 @@ class DepthwiseTemplate(ReadsWeightsAsGiven):
         w = nv * self.target.fp32_lanes
         owb = int(column_block(self.shape, w, config.int("tile_ow")))
         return DepthwiseSchedule(
-            p, nv, self.target.fp32_lanes, owb, str(config["order"]), bool(config["unroll_kh"])
+            p,
+            nv,
+            self.target.fp32_lanes,
+            owb,
+            str(config["order"]),
+            bool(config["unroll_kh"]),
+            str(config["taps"]),
         )
 
     def default_config(self) -> Config:
@@ -133,11 +189,29 @@ class DepthwiseTemplate(ReadsWeightsAsGiven):
             waste = (sh.ow / (-(-sh.ow // cols) * cols)) * (sh.oh / (-(-sh.oh // p) * p))
             return fmas_per_load(sh, p, nv) * waste + 1e-3 * p * nv
 
+        def ext_score(tile: str) -> float:
+            # The last rows and columns run as a shorter or narrower tile, not in wasted lanes: a tile
+            # counts only the rows and vectors the plane has.
+            p, nv = parse_tile(tile)
+            p, nv = min(p, sh.oh), min(nv, -(-sh.ow // lanes))
+            return ext_fmas_per_instruction(sh, p, nv) + 1e-3 * p * nv
+
+        # AArch64 takes "ext" taps: aligned loads (scaled offsets, no address add per misaligned tap) and
+        # rows shared in registers execute fewer instructions per FMA on the A72 (docs/benchmarks.md); the
+        # other targets keep their taps and objects.
+        if self.target.arch == "aarch64":
+            live = lambda p, v: int(ext_registers(sh, p, v, lanes))  # noqa: E731
+            roomy = roomy_tiles(knobs["tile"], self.target, live)
+            short = [t for t in roomy if ext_spills_not(sh, *parse_tile(t))]
+            tile, taps = max(short or roomy, key=ext_score), "ext"
+        else:
+            tile, taps = max(roomy_tiles(knobs["tile"], self.target, _tile_registers), key=score), "load"
         values = {
-            "tile": max(roomy_tiles(knobs["tile"], self.target, _tile_registers), key=score),
+            "tile": tile,
             "tile_ow": max(knobs["tile_ow"]),
             "order": "yx",
             "unroll_kh": 1,
+            "taps": taps,
         }
         return self.space.config(self.space.index_of(values))
 
@@ -151,7 +225,8 @@ class _DepthwiseEmitter:
         self.s = s
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
-        self.wq = phase_width(sh, s.lanes)
+        self.leads = phase_leads(sh, s.lanes) if s.taps == "ext" and sh.stride > 1 else (0,) * sh.stride
+        self.wq = phase_width(sh, s.lanes, s.taps == "ext", max(self.leads))
         self.row = sh.stride * self.wq  # packed floats per padded input row
 
     def kernel(self, name: str) -> Kernel:
@@ -220,7 +295,8 @@ class _DepthwiseEmitter:
         src = (plane * sh.h + y) * sh.w
         dst = (y + sh.top) * self.row
         if sh.stride == 1:
-            v = row_lanes(sh.w, lanes)
+            # "ext" copies two vectors a step: LLVM pairs their halves into one LDP and one STP.
+            v = row_lanes(sh.w, lanes * (2 if self.s.taps == "ext" else 1))
 
             def copy(x: Affine) -> None:
                 b.store("Ip", dst + sh.left + x, Load("input", src + x, v), v)
@@ -240,7 +316,7 @@ class _DepthwiseEmitter:
                 continue
             with b.loop(q1 - q0 + 1, "pq") as q:
                 x = (q + q0) * sh.stride + (phase - sh.left)
-                b.store("Ip", dst + phase * self.wq + q + q0, Load("input", src + x))
+                b.store("Ip", dst + phase * self.wq + self.leads[phase] + q + q0, Load("input", src + x))
 
     def deinterleave(self, src: Affine, dst: Affine, lanes: int) -> int:
         """Stride 2: each 2V input columns are two vector loads and two shuffles into V even and V odd
@@ -257,7 +333,7 @@ class _DepthwiseEmitter:
             for first in (0, 1):  # input columns x0 + first + 2i, padded x0 + first + left + 2i
                 phase, q = (first + sh.left) % 2, (first + sh.left) // 2
                 picked = Shuffle(both, both, tuple(range(first, width, 2)))
-                b.store("Ip", dst + phase * self.wq + div(x0, 2) + q, picked, lanes)
+                b.store("Ip", dst + phase * self.wq + self.leads[phase] + div(x0, 2) + q, picked, lanes)
 
         chunks = sh.w // width
         with b.loop(chunks, "pv", pack_loop_kind(chunks)) as t:
@@ -300,6 +376,12 @@ class _DepthwiseEmitter:
         )
 
     def micro(self, ni: Affine, oc: Affine, y: Affine, nrows: int, x: Affine, ncols: int) -> None:
+        if self.s.taps == "ext":
+            self.ext_micro(ni, oc, y, nrows, x, ncols)
+        else:
+            self.load_micro(ni, oc, y, nrows, x, ncols)
+
+    def load_micro(self, ni: Affine, oc: Affine, y: Affine, nrows: int, x: Affine, ncols: int) -> None:
         """acc[p][v] = bias + sum over (kh, kw) of broadcast(weight) * Ip row vector; epilogue; store."""
         sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
         nvec = -(-ncols // lanes)
@@ -327,3 +409,79 @@ class _DepthwiseEmitter:
         for p in range(nrows):
             for v in range(nvec):
                 b.store("output", out_index(p, v), self.epi.apply(acc[p][v], lanes, True), lanes, counts[v])
+
+    def ext_micro(self, ni: Affine, oc: Affine, y: Affine, nrows: int, x: Affine, ncols: int) -> None:
+        """The "ext" taps: input row by input row of the tile, phase by phase, its V + 1 aligned vectors
+        loaded once, each kw's tap shifted out of two neighbours by a shuffle (AArch64 EXT; XNNPACK's CHW
+        depthwise kernels shift the same way) and multiplied into every (output row, kernel row) that reads
+        it, with the r*s weights held in registers; an accumulator starts as its first product (FMUL), or
+        as bias plus residual; then the epilogue and the store. kh is always unrolled (rows are constants)."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        nvec = -(-ncols // lanes)
+        counts = [min(ncols - v * lanes, lanes) % lanes for v in range(nvec)]
+        acc = [[b.register(f"acc{p}_{v}", lanes) for v in range(nvec)] for p in range(nrows)]
+
+        def out_index(p: int, v: int) -> Affine:
+            return ((ni * sh.k + oc) * sh.oh + y + p) * sh.ow + x + v * lanes
+
+        started = set()
+        if self.epi.bias or self.epi.residual:
+            for p in range(nrows):
+                for v in range(nvec):
+                    residual = Load("residual", out_index(p, v), lanes, counts[v])
+                    bias = Broadcast(Load("bias", oc), lanes)
+                    b.assign(acc[p][v], self.epi.initial(lanes, bias, residual))
+                    started.add((p, v))
+        w = self.lane_weights(oc)
+        readers: dict[int, list[tuple[int, int]]] = {}
+        for p in range(nrows):
+            for i in range(sh.r):
+                readers.setdefault(p * sh.stride + i * sh.dilation, []).append((p, i))
+        phases: dict[int, list[tuple[int, int]]] = {}  # phase -> its (kw, shift) taps
+        for j in range(sh.s):
+            shift, phase = divmod(j * sh.dilation, sh.stride)
+            phases.setdefault(phase, []).append((j, shift + self.leads[phase]))
+        tap = b.register("tap", lanes)
+        for q in sorted(readers):
+            for phase, taps in phases.items():
+                row = (y * sh.stride + q) * self.row + phase * self.wq + x
+                extra = -(-max(shift for _, shift in taps) // lanes)
+                vecs = [b.register(f"t{u}", lanes) for u in range(nvec + extra)]
+                for u, reg in enumerate(vecs):
+                    b.assign(reg, Load("Ip", row + u * lanes, lanes))
+                for j, shift in taps:
+                    for v in range(nvec):
+                        b.assign(tap, _shifted(vecs, v, shift, lanes))
+                        for p, i in readers[q]:
+                            a = acc[p][v]
+                            if (p, v) in started:
+                                b.assign(a, MulAdd(w[i][j], tap, a))
+                            else:
+                                b.assign(a, Binary(BinaryOp.MUL, w[i][j], tap))
+                                started.add((p, v))
+        for p in range(nrows):
+            for v in range(nvec):
+                value = acc[p][v] if (p, v) in started else Const(0.0, lanes)
+                b.store("output", out_index(p, v), self.epi.apply(value, lanes, True), lanes, counts[v])
+
+    def lane_weights(self, oc: Affine) -> list[list[Broadcast]]:
+        """The r*s weights of output channel `oc` loaded as ceil(r*s / lanes) vectors, w[i][j] a lane of
+        one (FMLA by element, Arm ARM C7.2 "FMLA (by element)"): a taller tile fits than beside r*s
+        broadcast registers."""
+        sh, b, lanes = self.sh, self.b, self.s.lanes
+        n = sh.r * sh.s
+        wv = [b.register(f"wv{c}", lanes) for c in range(-(-n // lanes))]
+        for c, reg in enumerate(wv):
+            b.assign(reg, Load("weights", oc * n + c * lanes, lanes, min(n - c * lanes, lanes) % lanes))
+        return [
+            [Broadcast(wv[t // lanes], lanes, t % lanes) for t in range(i * sh.s, (i + 1) * sh.s)]
+            for i in range(sh.r)
+        ]
+
+
+def _shifted(vecs: list[Reg], v: int, shift: int, lanes: int) -> Reg | Shuffle:
+    """The vector `shift` columns past vecs[v]: a register itself, or lanes of two neighbours."""
+    whole, part = divmod(shift, lanes)
+    if not part:
+        return vecs[v + whole]
+    return Shuffle(vecs[v + whole], vecs[v + whole + 1], tuple(range(part, part + lanes)))
