@@ -7,8 +7,9 @@ Usage: python3 benchmarks/arm_layers.py MODEL --log LOG [--log LOG ...] [--targe
 
 The bound is MACs / macs-per-cycle: llvm-mca 22's Cortex-A72 model (the A57's) issues one `fmla v.4s` per
 cycle (12 independent FMLAs, by element or by vector, take 12 cycles an iteration), so 4 fp32
-multiply-adds per cycle. Where the best config is Winograd F(2x2, 3x3) (xtune/ops/conv2d/winograd.py),
-the bound counts its 16 multiplies per 2x2 output tile instead of the direct 36.
+multiply-adds per cycle. Where the best config is Winograd (xtune/ops/conv2d/winograd.py), the bound
+counts its multiplies instead of the direct ones: F(2x2, 3x3)'s 16 per 2x2 output tile (direct: 36),
+F(4x4, 3x3)'s 36 per 4x4 tile (direct: 144), partial tiles not counted.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from xtune.frontend.load import load_graph
 from xtune.frontend.tasks import Task, extract_tasks, logged_best
 from xtune.tuning.database import read_logs
 
-WINOGRAD_MULTIPLIES = 16 / 36  # F(2x2, 3x3): a 4x4 elementwise product per 2x2 outputs, against 4 x 9
+# Winograd's multiplies per direct multiply, by tile side m (a config's `m` knob; logged before it: 2):
+# an (m + 2)^2 elementwise product per m x m outputs, against m^2 x 9.
+WINOGRAD_MULTIPLIES = {2: 16 / 36, 4: 36 / 144}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,12 +54,14 @@ def layers(model: Path, logs: list[Path], target: str, macs_per_cycle: float) ->
     for task, record in zip(taskset.tasks, bests, strict=True):
         if record is None:
             continue
-        algo = str(dict(record.knobs).get("algo", "direct"))
+        knobs = dict(record.knobs)
+        algo = str(knobs.get("algo", "direct"))
         macs = task.flops / 2
-        multiplies = macs * (WINOGRAD_MULTIPLIES if algo == "winograd" else 1.0)
+        m = int(knobs.get("m", 2))
+        multiplies = macs * (WINOGRAD_MULTIPLIES[m] if algo == "winograd" else 1.0)
         found.append(
             Layer(
-                kind=kind_of(task, algo),
+                kind=kind_of(task, f"{algo} F(4x4)" if algo == "winograd" and m == 4 else algo),
                 workload=task.workload.key,
                 calls=task.count,
                 cycles=record.cost,

@@ -48,6 +48,8 @@ WORKLOADS = {
     "depthwise_nhwc": "depthwise:n=1,c=32,h=28,w=28,r=3,s=3,pad=1,layout=nhwc",
     "winograd_nhwc": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,pad=1,layout=nhwc,algo=winograd",
     "winograd_nchw": "conv2d:n=1,c=16,h=14,w=14,k=32,r=3,s=3,pad=1,algo=winograd",
+    # Prepacked U (a network's layer): the default is F(4x4, 3x3), its transforms multiply too.
+    "winograd4": "conv2d:n=1,c=64,h=28,w=28,k=64,r=3,s=3,pad=1,layout=nhwc,algo=winograd,relu=1,prepacked=1",
 }
 AARCH64 = tuple(name for name, target in load_targets().items() if target.arch == "aarch64")
 # Hot loops that still spill, each for the reason found in its disassembly. strict: one that stops
@@ -61,7 +63,10 @@ SPILLING = {
         if w not in ("conv_nhwc", "conv_stride2")
     },
     # Without FMA the products need registers of their own beyond the budget's one.
-    **{("x86-sse42", w): "MULPS + ADDPS" for w in ("matmul", "pointwise", "conv_nchw", "depthwise_nchw")},
+    **{
+        ("x86-sse42", w): "MULPS + ADDPS"
+        for w in ("matmul", "pointwise", "conv_nchw", "depthwise_nchw", "winograd4")
+    },
     # Its s * V weight vectors, V input vectors and the accumulators: a pointer or vector too many.
     **{
         (t, "depthwise_nhwc"): "weights of a kernel row"
@@ -73,6 +78,7 @@ SPILLING = {
         )
     },
     ("riscv64-gcv", "winograd_nhwc"): "a GPR (a row pointer) reloaded in the tile loop",
+    ("riscv64-gcv", "winograd4"): "GPRs (row pointers) reloaded in the tile loops",
     # Its rows of input vectors and weight broadcasts beside the P x V accumulators: more than the
     # p * v + 2 its register rule counts (AArch64's "ext" taps keep within their bounds).
     **{

@@ -1,12 +1,13 @@
-"""Winograd F(2x2, 3x3) conv2d (algo=winograd): the workload key in, kernels checked against the plain numpy
-reference on the local board and under QEMU out (U computed by the kernel from the plain weights, or
-prepacked on the host), plus features and a short tuning run."""
+"""Winograd conv2d (algo=winograd; F(4x4)'s own checks: test_winograd_f4.py): the workload key in,
+kernels checked against the plain numpy reference on the local board and under QEMU out (U computed by
+the kernel from the plain weights, or prepacked on the host), plus features and a short tuning run."""
 
 from __future__ import annotations
 
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from xtune.errors import InputError
 from xtune.firmware.kernels import MAX_STACK_BYTES
 from xtune.ops.conv2d import winograd_eligible
 from xtune.ops.conv2d.winograd import WinogradTemplate
+from xtune.ops.conv2d.winograd_nest import tiles
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.target import get_target
@@ -116,13 +118,18 @@ def test_the_cli_refuses_an_ineligible_winograd_in_one_line() -> None:
 def test_plain_and_prepacked_weights_give_the_reference_in_the_interpreter(key: str) -> None:
     """Random configs of both kernels (U computed per output-channel block, or `prepack`'s U read as it is)
     on the vector width of SSE: block tails, channel blocks, half tiles and both orders."""
+    check_in_interpreter(key, lambda template: configs(template, 3))
+
+
+def check_in_interpreter(key: str, pick: Callable[[WinogradTemplate], list[int]]) -> None:
+    """The configs `pick` gives, of plain and prepacked weights, against the reference in the interpreter."""
     wl = parse_workload(key)
     inputs = random_inputs(wl)
     expected = wl.reference(inputs)
     for packed in (key, key + ",prepacked=1"):
         template = template_for(parse_workload(packed), get_target("x86-sse42"))
         assert isinstance(template, WinogradTemplate)
-        for index in configs(template, 3):
+        for index in pick(template):
             config = template.space.config(index)
             out = np.full(expected.shape, np.nan, dtype=np.float32)
             run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
@@ -159,8 +166,8 @@ def test_prepacked_weights_on_a_board(board: str, shape: str) -> None:
         config = template.space.config(index)
         assert "Ub" not in {b.name for b in template.kernel(config, "k").buffers}
         weights = template.kernel_inputs(config, random_inputs(template.workload))[1]
-        nr, sh = template.schedule(config).nr, template.shape
-        assert weights.size == 16 * sh.c * -(-sh.k // nr) * nr  # U[e][strip][c][nr]
+        s, sh = template.schedule(config), template.shape
+        assert weights.size == (s.m + 2) ** 2 * sh.c * -(-sh.k // s.nr) * s.nr  # U[e][strip][c][nr]
     check(board, key, indices)
 
 
@@ -232,14 +239,15 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
 @pytest.mark.parametrize("packed", ["", ",prepacked=1"])
 def test_a_per_call_u_keeps_whole_blocks_within_the_stack_limit(packed: str) -> None:
     """512 channels at 7x7 (ResNet-18's layer4): one output-channel block's U (2 MiB) beside the padded
-    image, V and M still leaves blocks of all 16 tiles (not one tile per block, 10x slower), and the
-    kernel's local buffers stay within what `xtune build` allows."""
+    image, V and M still leaves blocks of all 16 tiles (not one tile per block, 10x slower; prepacked, the
+    default F(4x4)'s 4 tiles), and the kernel's local buffers stay within what `xtune build` allows."""
     key = f"conv2d:n=1,c=512,h=7,w=7,k=512,r=3,s=3,stride=1,pad=1,layout=nhwc,algo=winograd{packed}"
     template = template_for(parse_workload(key), get_target("x86-avx512"))
     assert isinstance(template, WinogradTemplate)
     config = template.default_config()
     s = template.schedule(config)
-    assert s.ty * s.tx == 16
+    th, tw = tiles(template.shape, s.m)
+    assert (s.m, s.ty * s.tx) == ((4, th * tw) if packed else (2, 16))  # prepacked: F(4x4)'s 2 x 2 tiles
     assert template.kernel(config, "k").stack_bytes <= MAX_STACK_BYTES
 
 

@@ -1,10 +1,10 @@
 """The conv2d family: 2-D convolution with the fused epilogue, direct (direct.py) or by Winograd's
-F(2x2, 3x3) (winograd.py), forced by the workload's `algo` key or, where Winograd applies and `algo` is
-not given, both in one space (the tuner's choice: a SumTemplate); a pointwise one lowers through the
-matmul template and is featured as a matmul (a grouped one too, one group's matmul for each group, where
-`direct.matmul_per_group` says). Its workload keys, validation, tensors, numpy reference and
-flops; the ONNX Conv nodes of group 1 it runs (2-D, NCHW, OIHW weights, one stride, dilation and pad
-for both axes); its weights in the layout its workload takes; its features (features.py)."""
+F(2x2, 3x3) or F(4x4, 3x3) (winograd.py), forced by the workload's `algo` key or, where Winograd applies
+and `algo` is not given, both in one space (the tuner's choice: a SumTemplate); a pointwise one lowers
+through the matmul template and is featured as a matmul (a grouped one too, one group's matmul for each
+group, where `direct.matmul_per_group` says). Its workload keys, validation, tensors, numpy reference
+and flops; the ONNX Conv nodes of group 1 it runs (2-D, NCHW, OIHW weights, one stride, dilation and
+pad for both axes); its weights in the layout its workload takes; its features (features.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 
 def winograd_eligible(params: dict[str, ParamValue] | Workload) -> bool:
-    """Whether a conv2d may take algo=winograd (F(2x2, 3x3), ops/conv2d/winograd.py): a 3x3 window at
+    """Whether a conv2d may take algo=winograd (F(m x m, 3x3), ops/conv2d/winograd.py): a 3x3 window at
     stride 1 without dilation, ungrouped, the same padding on every side (its buffers assume the
     symmetric border). The one home of the rule: validation and task extraction call it."""
     window = (("r", 3), ("s", 3), ("stride", 1), ("dilation", 1))

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from xtune.ops import tiles
-from xtune.ops.conv import conv_shape
+from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.conv2d import direct as conv2d
 from xtune.ops.conv2d import direct_nest as conv2d_nest
-from xtune.ops.conv2d import winograd_nest, winograd_weights
+from xtune.ops.conv2d.winograd_transforms import MS
 from xtune.ops.estimate import (
     L2_BW,
     L3_BW,
@@ -133,6 +133,7 @@ WINOGRAD_FEATURES = (
     "weight_transform_per_fma",
     "input_transforms_per_fma",
     "nhwc",
+    "tile_side",  # m of F(m x m, 3x3)
     "est_gemm_eff",
     "est_transforms_per_gemm",
     "est_eff",
@@ -140,14 +141,14 @@ WINOGRAD_FEATURES = (
 
 
 def winograd_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
-    """The generic register-tile and blocking columns of the 16 GEMMs (tiles x C x K) of a Winograd conv2d."""
+    """The generic register-tile and blocking columns of the e GEMMs (tiles x C x K) of a Winograd conv2d
+    (e = (m + 2)^2: 16 for F(2x2, 3x3), 36 for F(4x4, 3x3))."""
     t, sh = template.target, conv_shape(template.workload)
     cfg = Configs(template, indices)
     mr, nv = cfg.tiles()
     lanes, regs, l1, l2 = target_sizes(t)
     nr = nv * lanes
-    th, tw = winograd_nest.tiles(sh)
-    e = winograd_weights.E  # floats per transformed tile
+    m, th, tw, e = tile_sizes(sh, cfg)
     nt = np.minimum(cfg.ints("tile_ty"), th) * np.minimum(cfg.ints("tile_tx"), tw)
     cb, kb = np.minimum(cfg.ints("tile_ic"), sh.c), np.ceil(np.minimum(cfg.ints("tile_oc"), sh.k) / nr) * nr
     one = np.ones_like(mr)
@@ -172,22 +173,36 @@ def winograd_features(template: ScheduleTemplate, indices: Indices) -> np.ndarra
         one * (0.0 if template.workload["prepacked"] else 1.0 / (th * tw)),
         np.ceil(sh.k / kb) / sh.k,
         one * sh.nhwc,
+        m,
         *winograd_estimate(
             t,
-            (float(th * tw * sh.n), float(sh.c), float(sh.k)),
+            (th * tw * sh.n, float(sh.c), float(sh.k)),
             (mr, nv),
             (nt, cb, kb),
             cfg.ints("unroll"),
             e,
+            float(sh.n * least_gemm_tiles(sh) * sh.c * sh.k),
         ),
     ]
     return np.stack(cols, axis=1)
 
 
-# Vector instructions per 4x4 tile and channel vector of the transforms (ops/conv2d/winograd_nest.py):
-# the input's B^T d B is 16 loads, 32 adds and 16 stores, bound by its stores; the output's A^T M A is 16
-# loads, 24 adds and 4 stores, bound by its loads (LOADS_PER_CYCLE). Per channel vector, in cycles.
-INPUT_TRANSFORM, OUTPUT_TRANSFORM = 16.0 / STORES_PER_CYCLE, 16.0 / LOADS_PER_CYCLE
+def least_gemm_tiles(sh: ConvShape) -> float:
+    """The fewer GEMM multiplies per channel pair and image of F(2x2) and F(4x4): (m + 2)^2 per tile."""
+    return float(min((m + 2) ** 2 * np.ceil(sh.oh / m) * np.ceil(sh.ow / m) for m in MS))
+
+
+def tile_sizes(sh: ConvShape, cfg: Configs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per config: the tile side m, the tiles down and across, and the floats of a transformed tile."""
+    m = cfg.ints("m")
+    return m, np.ceil(sh.oh / m), np.ceil(sh.ow / m), (m + 2) ** 2
+
+
+# Vector instructions per tile and channel vector of the transforms (ops/conv2d/winograd_nest.py), per
+# transformed float: F(2x2)'s input B^T d B is 16 loads, 32 adds and 16 stores, bound by its stores; the
+# output's A^T M A is 16 loads, 24 adds and 4 stores, bound by its loads (LOADS_PER_CYCLE); F(4x4)'s
+# (36 loads, 144 operations, 36 stores; 36 loads, 60 operations, 16 stores) are bound alike. In cycles.
+INPUT_TRANSFORM, OUTPUT_TRANSFORM = 1.0 / STORES_PER_CYCLE, 1.0 / LOADS_PER_CYCLE
 
 
 def winograd_estimate(
@@ -196,15 +211,17 @@ def winograd_estimate(
     tile: tuple[np.ndarray, np.ndarray],
     blocks: tuple[np.ndarray, np.ndarray, np.ndarray],
     unroll: np.ndarray,
-    e: int,
+    e: np.ndarray,
+    base_fmas: float,
 ) -> list[np.ndarray]:
     """The Winograd kernel's share of the FMA peak of its e GEMMs (tiles x C x K): the register tiles of
     each GEMM (the rows of a block's last tile group, per-call accumulator traffic, its channel loop's
     steps), the input transform (again for every output-channel block) and the output transform, and U
     streaming from L2 or beyond once per block of tiles. `sizes` is (tiles, c, k); `blocks` the tiles,
     input and output channels per block. Returns (GEMM share, transform cycles / GEMM cycles, the
-    estimate)."""
-    n_tiles, c, k = sizes
+    estimate: the share of the peak of `base_fmas`, the fewer GEMM multiplies of F(2x2) and F(4x4), so
+    that both compare and the estimate stays within (0, 1])."""
+    n_tiles, c, k = sizes  # tiles per config
     mr, nv = tile
     nt, cb, kb = blocks
     lanes, fma_rate = float(t.fp32_lanes), vector_fma_rate(t)
@@ -216,14 +233,13 @@ def winograd_estimate(
     calls = e * tile_blocks * c_blocks * strips * np.ceil(nt / mr)
     overhead = calls * (2.0 * mr * nv / LOADS_PER_CYCLE + 8.0 + 0.5 * np.ceil(cb / unroll))
     gemm = e * tile_blocks * strips * c * step + overhead
-    transforms = n_tiles * (
-        np.ceil(c / lanes) * k_blocks * INPUT_TRANSFORM + np.ceil(k / lanes) * OUTPUT_TRANSFORM
-    )
+    per_tile = np.ceil(c / lanes) * k_blocks * INPUT_TRANSFORM + np.ceil(k / lanes) * OUTPUT_TRANSFORM
+    transforms = n_tiles * e * per_tile
     u_bytes = 4.0 * e * c * k
-    u_bw = L2_BW if u_bytes <= t.l2_bytes / 2 else L3_BW
+    u_bw = np.where(u_bytes <= t.l2_bytes / 2, L2_BW, L3_BW)
     ideal = e * n_tiles * c * k / (lanes * fma_rate)
     total = overlapped(gemm + transforms, tile_blocks * u_bytes / u_bw)
-    return [ideal / gemm, transforms / gemm, ideal / total]
+    return [ideal / gemm, transforms / gemm, base_fmas / (lanes * fma_rate) / total]
 
 
 DIRECT = FeatureSet(name="conv2d", columns=CONV2D_FEATURES, compute=conv2d_features)
@@ -265,11 +281,11 @@ def direct_estimate(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
 
 
 def winograd_gain(template: ScheduleTemplate) -> float:
-    """The direct convolution's multiplies per Winograd GEMM multiply (2.25 for even outputs, less where
-    half tiles waste some): what turns Winograd's share of its own peak into the direct's units."""
+    """The direct convolution's multiplies per Winograd GEMM multiply of the tile side with fewer (F(4x4):
+    4 for outputs a multiple of 4, less where partial tiles waste some): what turns Winograd's estimate (a
+    share of that peak, whatever m) into the direct's units."""
     sh = conv_shape(template.workload)
-    th, tw = winograd_nest.tiles(sh)
-    return sh.oh * sh.ow * sh.r * sh.s / (winograd_weights.E * th * tw)
+    return sh.oh * sh.ow * sh.r * sh.s / least_gemm_tiles(sh)
 
 
 AUTO_FEATURES = (

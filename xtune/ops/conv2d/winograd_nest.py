@@ -1,14 +1,22 @@
-"""The loop nest of the Winograd template (ops/conv2d/winograd.py): a resolved schedule in, the F(2x2, 3x3)
-kernel out: the padded copy, the weight transform of a call without prepacked U (winograd_weights.py), and
-per block of tiles the input transform, the 16 GEMMs and the output transform with the fused epilogue."""
+"""The loop nest of the Winograd template (ops/conv2d/winograd.py): a resolved schedule in, the
+F(m x m, 3x3) kernel out (m = 2, or 4 by winograd_transforms.py's formulas): the padded copy, the weight
+transform of a call without prepacked U (winograd_weights.py), and per block of tiles the input
+transform, the (m + 2)^2 GEMMs and the output transform with the fused epilogue."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.conv2d.winograd_weights import E, WeightTransform, WinogradSchedule, add, sub
+from xtune.ops.conv2d.winograd_transforms import (
+    NestArith,
+    alpha,
+    elements,
+    input_rows4,
+    output_rows4,
+)
+from xtune.ops.conv2d.winograd_weights import WeightTransform, WinogradSchedule, add, sub
 from xtune.ops.tiles import Epilogue, split_edges, unrolled
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
@@ -21,45 +29,43 @@ from xtune.schedule.loopnest import (
     Load,
     MulAdd,
     NestBuilder,
+    Reg,
     Value,
 )
 
 
-def tiles(sh: ConvShape) -> tuple[int, int]:
-    """2x2 output tiles down and across (the last of an odd size is half empty)."""
-    return -(-sh.oh // 2), -(-sh.ow // 2)
+def tiles(sh: ConvShape, m: int) -> tuple[int, int]:
+    """m x m output tiles down and across (the last of a size no multiple of m is partial)."""
+    return -(-sh.oh // m), -(-sh.ow // m)
 
 
-def needs_copy(sh: ConvShape) -> bool:
+def needs_copy(sh: ConvShape, m: int) -> bool:
     """Whether the tiles read a copy of the image: NCHW (transposed to channel vectors), padding, or the
-    half tile of an odd output size (reads past the input)."""
-    return not sh.nhwc or sh.pad > 0 or sh.oh % 2 == 1 or sh.ow % 2 == 1
+    partial tile of an output size no multiple of m (reads past the input)."""
+    return not sh.nhwc or sh.pad > 0 or sh.oh % m != 0 or sh.ow % m != 0
 
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def stack_floats(sh: ConvShape, lanes: int, nt: int, kb: int, prepacked: bool) -> int:
-    """Floats of the local buffers: padded input copy, V (16 x nt x C), M (16 x nt x kb), and U of one
-    output-channel block unless the weights come prepacked."""
-    cp = round_up(sh.c, lanes)
-    return image_copy_floats(sh, lanes) + E * nt * cp + E * nt * kb + (0 if prepacked else E * sh.c * kb)
+def stack_floats(sh: ConvShape, lanes: int, nt: int, kb: int, prepacked: bool, m: int) -> int:
+    """Floats of the local buffers: padded input copy, V (e x nt x C), M (e x nt x kb), and U of one
+    output-channel block unless the weights come prepacked (e = (m + 2)^2 floats per transformed tile)."""
+    cp, e = round_up(sh.c, lanes), elements(m)
+    return image_copy_floats(sh, lanes, m) + e * nt * cp + e * nt * kb + (0 if prepacked else e * sh.c * kb)
 
 
-def image_copy_floats(sh: ConvShape, lanes: int) -> int:
-    """Floats of the padded copy of the whole image the tiles read (`needs_copy`), whatever the config."""
-    th, tw = tiles(sh)
-    return (2 * th + 2) * (2 * tw + 2) * round_up(sh.c, lanes) if needs_copy(sh) else 0
-
-
-_BlockBody = Callable[[Affine, int, bool], None]  # (offset, extent, holds the half tiles)
+def image_copy_floats(sh: ConvShape, lanes: int, m: int) -> int:
+    """Floats of the padded copy of the whole image the tiles of side m read (`needs_copy`)."""
+    th, tw = tiles(sh, m)
+    return (m * th + 2) * (m * tw + 2) * round_up(sh.c, lanes) if needs_copy(sh, m) else 0
 
 
 @dataclass(frozen=True)
 class _Block:
     """Where the nest is: image, output-channel block, block of tiles (and whether its last tile row and
-    column are the half tiles of an odd output size)."""
+    column are the partial tiles of an output size no multiple of m)."""
 
     n: Affine
     k0: Affine
@@ -84,33 +90,33 @@ class WinogradEmitter:
         self.s, self.prepacked, self.u_buffer = s, prepacked, u_buffer
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
-        self.th, self.tw = tiles(sh)
-        self.copy = needs_copy(sh)
+        self.th, self.tw = tiles(sh, s.m)
+        self.copy = needs_copy(sh, s.m)
         self.cp = round_up(sh.c, s.lanes)
         self.u = WeightTransform(self.b, sh, s, prepacked, u_buffer)
-        self.wrow = 2 * self.tw + 2  # columns of the padded copy
+        self.wrow = s.m * self.tw + 2  # columns of the padded copy
 
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
         nt = s.ty * s.tx
-        weights = E * self.u.strips * sh.c * s.nr if self.prepacked else 9 * sh.c * sh.k
-        ip_size = (2 * self.th + 2) * self.wrow * self.cp
+        weights = s.e * self.u.strips * sh.c * s.nr if self.prepacked else 9 * sh.c * sh.k
+        ip_size = (s.m * self.th + 2) * self.wrow * self.cp
         buffers = [
             Buffer("input", sh.n * sh.h * sh.w * sh.c, BufferKind.INPUT),
             Buffer("weights", weights, BufferKind.INPUT),
             *self.epi.buffers(sh.k, sh.n * sh.oh * sh.ow * sh.k),
             Buffer("output", sh.n * sh.oh * sh.ow * sh.k, BufferKind.OUTPUT),
-            Buffer("V", E * nt * self.cp, BufferKind.LOCAL),
-            Buffer("M", E * nt * s.kb, BufferKind.LOCAL),
+            Buffer("V", s.e * nt * self.cp, BufferKind.LOCAL),
+            Buffer("M", s.e * nt * s.kb, BufferKind.LOCAL),
         ]
         if self.copy:
             buffers.append(Buffer("Ip", ip_size, BufferKind.LOCAL))
             self.zero_border(ip_size)
         if not self.prepacked:
-            buffers.append(Buffer("Ub", E * sh.c * s.kb, BufferKind.LOCAL))
+            buffers.append(Buffer("Ub", s.e * sh.c * s.kb, BufferKind.LOCAL))
         buffers += self.u.staging()
         if not sh.nhwc:
-            buffers.append(Buffer("Ot", 4 * s.lanes, BufferKind.LOCAL))
+            buffers.append(Buffer("Ot", s.m * s.m * s.lanes, BufferKind.LOCAL))
         with b.loop(sh.n, "n") as ni:
             if self.copy:
                 self.copy_input(ni)
@@ -174,7 +180,7 @@ class WinogradEmitter:
         self.u.transform(Affine(), sh.k)
         buffers = (
             Buffer("weights", 9 * sh.c * sh.k, BufferKind.INPUT),
-            Buffer("packed", E * self.u.strips * sh.c * s.nr, BufferKind.OUTPUT),
+            Buffer("packed", s.e * self.u.strips * sh.c * s.nr, BufferKind.OUTPUT),
             *self.u.staging(),
         )
         return self.b.kernel(name, buffers)
@@ -182,7 +188,8 @@ class WinogradEmitter:
     # --- blocks of tiles ----------------------------------------------------------------------------
 
     def tile_blocks(self, ni: Affine, k0: Affine, kcur: int) -> None:
-        """Blocks of tile rows x tiles; the last block along an odd output axis is peeled (half tiles)."""
+        """Blocks of tile rows x tiles; the last block along an output axis no multiple of m is peeled
+        (partial tiles)."""
         sh, s, b = self.sh, self.s, self.b
 
         def along(
@@ -197,9 +204,9 @@ class WinogradEmitter:
             def cols(tx0: Affine, ntx: int, half_x: bool) -> None:
                 self.block(_Block(ni, k0, kcur, ty0, nty, tx0, ntx, half_y, half_x))
 
-            along(self.tw, s.tx, sh.ow % 2 == 1, cols, "bx")
+            along(self.tw, s.tx, sh.ow % s.m != 0, cols, "bx")
 
-        along(self.th, s.ty, sh.oh % 2 == 1, rows, "by")
+        along(self.th, s.ty, sh.oh % s.m != 0, rows, "by")
 
     def block(self, blk: _Block) -> None:
         self.transform_input(blk)
@@ -211,37 +218,81 @@ class WinogradEmitter:
         sh, b, lanes = self.sh, self.b, self.s.lanes
         with b.loop(blk.nty, "iy") as i, b.loop(blk.ntx, "ix") as j:
             b.split(sh.c, lanes, lambda c, n: self.input_tile(blk, i, j, c, n % lanes), "ic")
+            if self.s.m == 4:  # the second pass, over the channels again (`input_columns4`)
+                with b.loop(self.cp // lanes, "ir") as v:
+                    self.input_rows_pass4(Affine.of(i) * blk.ntx + j, blk.nt, v * lanes)
 
     def input_tile(self, blk: _Block, i: Affine, j: Affine, c: Affine, count: int) -> None:
-        """One tile's 16 V vectors for channels c..c+lanes (`count` of them, 0: all)."""
-        sh, b, lanes = self.sh, self.b, self.s.lanes
-        y, x = (blk.ty0 + i) * 2, (blk.tx0 + j) * 2
-        d = [[b.register(f"d{p}{q}", lanes) for q in range(4)] for p in range(4)]
-        for p in range(4):
-            for q in range(4):
-                if self.copy:  # whole vectors: the copy's tail lanes are zero
-                    src = Load("Ip", ((y + p) * self.wrow + x + q) * self.cp + c, lanes)
-                else:
-                    src = Load("input", ((blk.n * sh.h + y + p) * sh.w + x + q) * sh.c + c, lanes, count)
-                b.assign(d[p][q], src)
-        # B^T d, column by column: rows d0-d2, d1+d2, d2-d1, d1-d3.
-        t = [[b.register(f"t{p}{q}", lanes) for q in range(4)] for p in range(4)]
-        for q in range(4):
-            d0, d1, d2, d3 = (d[p][q] for p in range(4))
-            for p, value in enumerate((sub(d0, d2), add(d1, d2), sub(d2, d1), sub(d1, d3))):
+        """One tile's e V vectors for channels c..c+lanes (`count` of them, 0: all)."""
+        sh, b, lanes, a = self.sh, self.b, self.s.lanes, alpha(self.s.m)
+        y, x = (blk.ty0 + i) * self.s.m, (blk.tx0 + j) * self.s.m
+
+        def load(p: Affine | int, q: Affine | int) -> Load:
+            if self.copy:  # whole vectors: the copy's tail lanes are zero
+                return Load("Ip", ((y + p) * self.wrow + x + q) * self.cp + c, lanes)
+            return Load("input", ((blk.n * sh.h + y + p) * sh.w + x + q) * sh.c + c, lanes, count)
+
+        if self.s.m == 4:
+            self.input_columns4(Affine.of(i) * blk.ntx + j, blk.nt, c, load)
+            return
+        d = [[b.register(f"d{p}{q}", lanes) for q in range(a)] for p in range(a)]
+        for p in range(a):
+            for q in range(a):
+                b.assign(d[p][q], load(p, q))
+        # B^T d, column by column.
+        t = [[b.register(f"t{p}{q}", lanes) for q in range(a)] for p in range(a)]
+        for q in range(a):
+            for p, value in enumerate(self.input_rows([d[p][q] for p in range(a)], f"c{q}")):
                 b.assign(t[p][q], value)
         t_index = Affine.of(i) * blk.ntx + j
-        for p in range(4):  # (B^T d) B, row by row
-            t0, t1, t2, t3 = t[p]
-            for q, value in enumerate((sub(t0, t2), add(t1, t2), sub(t2, t1), sub(t1, t3))):
-                b.store("V", ((t_index + (p * 4 + q) * blk.nt) * self.cp) + c, value, lanes)
+        for p in range(a):  # (B^T d) B, row by row
+            for q, value in enumerate(self.input_rows(t[p], f"r{p}")):
+                b.store("V", ((t_index + (p * a + q) * blk.nt) * self.cp) + c, value, lanes)
+
+    def input_columns4(
+        self, t_index: Affine, nt: int, c: Affine, load: Callable[[Affine | int, Affine | int], Load]
+    ) -> None:
+        """F(4x4)'s first pass, B^T d into the tile's V slots. Its 36 values do not fit the registers
+        (all spilled, even on AArch64's 32), so the transform takes two passes over the channels, V the
+        store between them: a loop apart, LLVM keeps them in memory, 12 values live at a time."""
+        b, lanes = self.b, self.s.lanes
+        with b.loop(6, "iq") as q:  # a loop: unrolled, LLVM would interleave the columns and spill
+            d = [b.register(f"d{p}", lanes) for p in range(6)]
+            for p in range(6):
+                b.assign(d[p], load(p, q))
+            for p, value in enumerate(input_rows4(NestArith(b, lanes, "bc"), d)):
+                b.store("V", ((t_index + (p * 6 + q) * nt) * self.cp) + c, value, lanes)
+
+    def input_rows_pass4(self, t_index: Affine, nt: int, c: Affine) -> None:
+        """F(4x4)'s second pass: (B^T d) B, row by row of the tile's V slots, in place."""
+        b, lanes = self.b, self.s.lanes
+        with b.loop(6, "ip") as p:
+            t = [b.register(f"t{q}", lanes) for q in range(6)]
+            for q in range(6):  # the whole row first: it is overwritten
+                b.assign(t[q], Load("V", ((t_index + (p * 6 + q) * nt) * self.cp) + c, lanes))
+            for q, value in enumerate(input_rows4(NestArith(b, lanes, "br"), t)):
+                b.store("V", ((t_index + (p * 6 + q) * nt) * self.cp) + c, value, lanes)
+
+    def input_rows(self, col: list[Reg], name: str) -> list[Value]:
+        """B^T of a column: F(2x2)'s rows d0-d2, d1+d2, d2-d1, d1-d3, or F(4x4)'s (`input_rows4`)."""
+        if self.s.m == 4:
+            return input_rows4(NestArith(self.b, self.s.lanes, "b" + name), col)
+        d0, d1, d2, d3 = col
+        return [sub(d0, d2), add(d1, d2), sub(d2, d1), sub(d1, d3)]
+
+    def output_rows(self, col: Sequence[Value], name: str) -> list[Value]:
+        """A^T of a column: F(2x2)'s rows m0+m1+m2, m1-m2-m3, or F(4x4)'s (`output_rows4`)."""
+        if self.s.m == 4:
+            return output_rows4(NestArith(self.b, self.s.lanes, "a" + name), col)
+        m0, m1, m2, m3 = col
+        return [add(add(m0, m1), m2), sub(sub(m1, m2), m3)]
 
     def gemms(self, blk: _Block) -> None:
         """M[e] (nt x kcur) = V[e] (nt x C) . U[e] (C x kcur) for each e, C in blocks of cb."""
         sh, s, b = self.sh, self.s, self.b
 
         def cblock(c0: Affine, ccur: int, first: bool, _last: bool) -> None:
-            with b.loop(E, "e") as e:
+            with b.loop(s.e, "e") as e:
 
                 def tile(js: Affine, ncols: int, group: Affine, rows: int) -> None:
                     self.micro(blk, e, c0, ccur, first, js, ncols, group, rows)
@@ -305,63 +356,92 @@ class WinogradEmitter:
                 b.store("M", m_index(r, v), acc[r][v], lanes)
 
     def transform_output(self, blk: _Block) -> None:
-        """output <- A^T M A of every tile (plus the epilogue), the half tiles' valid pixels only."""
+        """output <- A^T M A of every tile (plus the epilogue), the partial tiles' valid pixels only."""
+        m = self.s.m
 
         def rows(i: Affine, vy: int) -> None:
             def cols(j: Affine, vx: int) -> None:
                 self.output_tile(blk, i, j, vy, vx)
 
-            self._halves(blk.ntx, blk.half_x, cols, "ox")
+            self._halves(blk.ntx, self.sh.ow - m * (self.tw - 1) if blk.half_x else 0, cols, "ox")
 
-        self._halves(blk.nty, blk.half_y, rows, "oy")
+        self._halves(blk.nty, self.sh.oh - m * (self.th - 1) if blk.half_y else 0, rows, "oy")
 
-    def _halves(self, extent: int, half: bool, body: Callable[[Affine, int], None], prefix: str) -> None:
-        """Tiles 0..extent-1 with 2 valid pixels each, except a last half tile (1 valid pixel)."""
-        full = extent - 1 if half else extent
+    def _halves(self, extent: int, last: int, body: Callable[[Affine, int], None], prefix: str) -> None:
+        """Tiles 0..extent-1 with m valid pixels each, except a last partial tile of `last` (0: none)."""
+        full = extent - 1 if last else extent
         with self.b.loop(full, prefix) as i:
-            body(i, 2)
-        if half:
-            body(Affine.of(full), 1)
+            body(i, self.s.m)
+        if last:
+            body(Affine.of(full), last)
 
     def output_tile(self, blk: _Block, i: Affine, j: Affine, vy: int, vx: int) -> None:
-        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        sh, s, b, lanes, al = self.sh, self.s, self.b, self.s.lanes, alpha(self.s.m)
         t_index = Affine.of(i) * blk.ntx + j
 
+        def m_at(e: Affine | int, kv: Affine) -> Affine:
+            return (t_index + e * blk.nt) * s.kb + kv
+
         def channels(kv: Affine, count: int) -> None:
-            m = [Load("M", (t_index + e * blk.nt) * s.kb + kv, lanes) for e in range(E)]
-            # A^T m, column by column: rows m0+m1+m2, m1-m2-m3.
-            srow = [[b.register(f"s{a}{q}", lanes) for q in range(4)] for a in range(2)]
-            for q in range(4):
-                m0, m1, m2, m3 = (m[p * 4 + q] for p in range(4))
-                b.assign(srow[0][q], add(add(m0, m1), m2))
-                b.assign(srow[1][q], sub(sub(m1, m2), m3))
             k = blk.k0 + kv
             bias = Load("bias", k, lanes, count)
-            for a in range(vy):
-                s0, s1, s2, s3 = srow[a]
-                for col, value in enumerate((add(add(s0, s1), s2), sub(sub(s1, s2), s3))[:vx]):
-                    y, x = (blk.ty0 + i) * 2 + a, (blk.tx0 + j) * 2 + col
-                    if not sh.nhwc:  # channels are planes apart: through Ot, then one float at a time
-                        b.store("Ot", Affine.of((a * 2 + col) * lanes), value, lanes)
-                        continue
-                    at = ((blk.n * sh.oh + y) * sh.ow + x) * sh.k + k
-                    init = self.epi.initial(lanes, bias, Load("residual", at, lanes, count))
-                    out = value if init == Const(0.0, lanes) else add(value, init)
-                    b.store("output", at, self.epi.apply(out, lanes, True), lanes, count)
+            if s.m == 4:  # the second pass: rows of A^T M from M's slots, then A
+                for a in range(vy):
+                    row = [Load("M", m_at(a * 6 + q, kv), lanes) for q in range(6)]
+                    self.output_row(blk, i, j, a, vx, self.output_rows(row, f"r{a}"), (k, bias, count))
+            else:
+                m = [Load("M", m_at(e, kv), lanes) for e in range(s.e)]
+                # A^T m, column by column.
+                srow = [[b.register(f"s{a}{q}", lanes) for q in range(al)] for a in range(s.m)]
+                for q in range(al):
+                    for a, value in enumerate(self.output_rows([m[p * al + q] for p in range(al)], f"c{q}")):
+                        b.assign(srow[a][q], value)
+                for a in range(vy):
+                    self.output_row(blk, i, j, a, vx, self.output_rows(srow[a], f"r{a}"), (k, bias, count))
             if not sh.nhwc:
                 self.scatter_nchw(blk, i, j, vy, vx, k, count or lanes)
 
+        if s.m == 4:  # F(4x4)'s first pass (as `input_columns4`): A^T M into M's first 4 rows, in place
+            with b.loop(-(-blk.kcur // lanes), "oq") as kq, b.loop(6, "ow") as q:
+                col = [b.register(f"o{p}", lanes) for p in range(6)]
+                for p in range(6):
+                    b.assign(col[p], Load("M", m_at(q + p * 6, kq * lanes), lanes))
+                for a, value in enumerate(self.output_rows(col, "c")):
+                    b.store("M", m_at(q + a * 6, kq * lanes), value, lanes)
         b.split(blk.kcur, lanes, lambda kv, n: channels(kv, n % lanes), "ok")
+
+    def output_row(
+        self,
+        blk: _Block,
+        i: Affine,
+        j: Affine,
+        a: int,
+        vx: int,
+        values: list[Value],
+        at_k: tuple[Affine, Load, int],
+    ) -> None:
+        """Row a of a tile's A^T M A, its `vx` valid pixels, to the output with the epilogue (NCHW: to Ot)."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        k, bias, count = at_k
+        for col, value in enumerate(values[:vx]):
+            y, x = (blk.ty0 + i) * s.m + a, (blk.tx0 + j) * s.m + col
+            if not sh.nhwc:  # channels are planes apart: through Ot, then one float at a time
+                b.store("Ot", Affine.of((a * s.m + col) * lanes), value, lanes)
+                continue
+            at = ((blk.n * sh.oh + y) * sh.ow + x) * sh.k + k
+            init = self.epi.initial(lanes, bias, Load("residual", at, lanes, count))
+            out = value if init == Const(0.0, lanes) else add(value, init)
+            b.store("output", at, self.epi.apply(out, lanes, True), lanes, count)
 
     def scatter_nchw(self, blk: _Block, i: Affine, j: Affine, vy: int, vx: int, k: Affine, nch: int) -> None:
         """NCHW: the tile's pixels of `nch` channels from Ot to their planes, with the epilogue per float."""
-        sh, b, lanes = self.sh, self.b, self.s.lanes
+        sh, b, lanes, m = self.sh, self.b, self.s.lanes, self.s.m
         with b.loop(nch, "oc") as ch:
             for a in range(vy):
                 for col in range(vx):
-                    y, x = (blk.ty0 + i) * 2 + a, (blk.tx0 + j) * 2 + col
+                    y, x = (blk.ty0 + i) * m + a, (blk.tx0 + j) * m + col
                     at = ((blk.n * sh.k + k + ch) * sh.oh + y) * sh.ow + x
                     init = self.epi.initial(1, Load("bias", k + ch), Load("residual", at))
-                    value: Value = Load("Ot", ch + (a * 2 + col) * lanes)
+                    value: Value = Load("Ot", ch + (a * m + col) * lanes)
                     value = value if init == Const(0.0, 1) else add(value, init)
                     b.store("output", at, self.epi.apply(value, 1, True))

@@ -1,13 +1,15 @@
 """Winograd's weight transform: a `WinogradSchedule` and conv shape in, U = G g G^T as nest code out.
 
-F(2x2, 3x3): the schedule is a config the template (winograd.py) resolves; `WeightTransform` writes U
-and says where U[e][strip][c] lives; ops/conv2d/winograd_nest.py emits the rest of the kernel around it."""
+F(2x2, 3x3) written out here, F(4x4, 3x3) by winograd_transforms.py's formulas: the schedule is a config
+the template (winograd.py) resolves; `WeightTransform` writes U and says where U[e][strip][c] lives;
+ops/conv2d/winograd_nest.py emits the rest of the kernel around it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from xtune.ops.conv import ConvShape
+from xtune.ops.conv2d.winograd_transforms import NestArith, elements, filter_rows4
 from xtune.ops.tiles import Rows, transposed_copy
 from xtune.schedule.loopnest import (
     Affine,
@@ -23,7 +25,7 @@ from xtune.schedule.loopnest import (
     Value,
 )
 
-E = 16  # elements of a transformed 4x4 tile
+E = 16  # elements of a transformed F(2x2, 3x3) tile (4x4)
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,16 @@ class WinogradSchedule:
     kb: int  # output channels per block, a multiple of nr
     order: str  # "kt": channel strips outside tile groups, "tk": inside
     unroll: int
+    m: int  # output tile side: F(m x m, 3x3)
 
     @property
     def nr(self) -> int:
         return self.nv * self.lanes
+
+    @property
+    def e(self) -> int:
+        """Floats of a transformed tile: the GEMMs per block."""
+        return elements(self.m)
 
 
 def add(a: Value, b: Value) -> Value:
@@ -100,7 +108,7 @@ class WeightTransform:
                         [self._weight(i, j, c, k0 + js + v * lanes, cols) for j in range(3)] for i in range(3)
                     ]
                     u = self._filter_transform(g)
-                    for e in range(E):
+                    for e in range(s.e):
                         buf, at = self.u_index(e, st, c)
                         b.store(buf, at + v * lanes, u[e], lanes)
 
@@ -125,7 +133,7 @@ class WeightTransform:
                         for i in range(3)
                     ]
                     u = self._filter_transform(g)
-                    for e in range(E):
+                    for e in range(s.e):
                         buf, at = self.u_index(e, st, c0 + c)
                         b.store(buf, at + v * lanes, u[e], lanes)
 
@@ -139,12 +147,12 @@ class WeightTransform:
             base = ((k + kk) * sh.c + c) * 9
             g: list[list[Value]] = [[Load("weights", base + i * 3 + j) for j in range(3)] for i in range(3)]
             u = self._filter_transform(g, 1)
-            for e in range(E):
+            for e in range(s.e):
                 buf, at = self.u_index(e, st, c)
                 b.store(buf, at + kk, u[e])
         if ncols < s.nr:
             with b.loop(sh.c, "wc") as c:
-                for e in range(E):
+                for e in range(s.e):
                     buf, at = self.u_index(e, st, c)
                     for lane in range(ncols, s.nr):
                         b.store(buf, at + lane, Const(0.0))
@@ -160,6 +168,8 @@ class WeightTransform:
         or single floats for lanes=1)."""
         b, lanes = self.b, lanes or self.s.lanes
         tag = "s" if lanes == 1 else ""
+        if self.s.m == 4:
+            return self._filter_transform4(g, lanes, tag)
         half = Const(0.5, lanes)
         rows: list[list[Reg]] = []
         for i, (g0, g1, g2) in enumerate(zip(*g, strict=True)):  # column i of g: G g
@@ -176,4 +186,19 @@ class WeightTransform:
             t0, t1, t2 = rows[0][a], rows[1][a], rows[2][a]
             mid = Binary(BinaryOp.MUL, add(t0, t2), half)
             out += [t0, MulAdd(t1, half, mid), MulAdd(t1, Const(-0.5, lanes), mid), t2]
+        return out
+
+    def _filter_transform4(self, g: list[list[Value]], lanes: int, tag: str) -> list[Value]:
+        """F(4x4)'s G g G^T (winograd_transforms.filter_rows4), in `filter_transform4`'s order: each
+        column of g, then each row of G g; the 36 values, row-major."""
+        b = self.b
+        rows: list[list[Value]] = []
+        for i, col in enumerate(zip(*g, strict=True)):  # column i of g: G g
+            regs = [b.register(f"gt{tag}{a}_{i}", lanes) for a in range(6)]
+            for reg, value in zip(regs, filter_rows4(NestArith(b, lanes, f"g{tag}{i}"), col), strict=True):
+                b.assign(reg, value)
+            rows.append(list(regs))
+        out: list[Value] = []
+        for a in range(6):  # (G g) G^T: the same on each row of G g
+            out += filter_rows4(NestArith(b, lanes, f"h{tag}{a}"), [rows[i][a] for i in range(3)])
         return out
