@@ -25,7 +25,6 @@ from xtune.errors import InputError
 from xtune.firmware.kernels import MAX_STACK_BYTES
 from xtune.ops.conv2d import winograd_eligible
 from xtune.ops.conv2d.winograd import WinogradTemplate
-from xtune.ops.conv2d.winograd_nest import tiles
 from xtune.ops.registry import parse_workload, template_for
 from xtune.ops.workload import RTOL, compare_output, random_inputs
 from xtune.target import get_target
@@ -239,15 +238,15 @@ def test_a_short_xgb_tuning_run_finds_a_correct_best(tmp_path: Path) -> None:
 @pytest.mark.parametrize("packed", ["", ",prepacked=1"])
 def test_a_per_call_u_keeps_whole_blocks_within_the_stack_limit(packed: str) -> None:
     """512 channels at 7x7 (ResNet-18's layer4): one output-channel block's U (2 MiB) beside the padded
-    image, V and M still leaves blocks of all 16 tiles (not one tile per block, 10x slower; prepacked, the
-    default F(4x4)'s 4 tiles), and the kernel's local buffers stay within what `xtune build` allows."""
+    image, V and M still leaves blocks of all 16 tiles (not one tile per block, 10x slower; prepacked too:
+    F(4x4) has only 4 tiles there, too few for its default), and the kernel's local buffers stay within
+    what `xtune build` allows."""
     key = f"conv2d:n=1,c=512,h=7,w=7,k=512,r=3,s=3,stride=1,pad=1,layout=nhwc,algo=winograd{packed}"
     template = template_for(parse_workload(key), get_target("x86-avx512"))
     assert isinstance(template, WinogradTemplate)
     config = template.default_config()
     s = template.schedule(config)
-    th, tw = tiles(template.shape, s.m)
-    assert (s.m, s.ty * s.tx) == ((4, th * tw) if packed else (2, 16))  # prepacked: F(4x4)'s 2 x 2 tiles
+    assert (s.m, s.ty * s.tx) == (2, 16)
     assert template.kernel(config, "k").stack_bytes <= MAX_STACK_BYTES
 
 
@@ -276,3 +275,14 @@ def test_the_estimates_pick_gives_the_reference_in_the_interpreter(key: str) -> 
         out = np.full(expected.shape, np.nan, dtype=np.float32)
         run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
         assert compare_output(out, expected, RTOL) == "", (config, packed)
+
+
+def test_the_default_takes_f4x4_on_images_with_enough_of_its_tiles() -> None:
+    """Prepacked, F(4x4) where the image has at least MIN_TILES_F4 of its tiles (ResNet's 56x56 and 28x28
+    3x3 layers), F(2x2) below (14x14, 7x7: its 2.25x larger U read for too few tiles); per call, F(2x2)."""
+    for side, m in ((56, 4), (28, 4), (14, 2), (7, 2)):
+        key = f"conv2d:n=1,c=64,h={side},w={side},k=64,r=3,s=3,stride=1,pad=1,layout=nhwc,algo=winograd"
+        for packed, expected in ((",prepacked=1", m), ("", 2)):
+            template = template_for(parse_workload(key + packed), get_target("x86-avx512"))
+            assert isinstance(template, WinogradTemplate)
+            assert template.schedule(template.default_config()).m == expected, (side, packed)

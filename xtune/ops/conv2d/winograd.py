@@ -25,6 +25,7 @@ U; ops/conv2d/winograd_nest.py the loop nest.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -48,6 +49,8 @@ KB_OPTIONS = (16, 32, 64, 128, 256, 512)
 # conv2d's 2 MiB a per-call U of 512 channels (16 x 512 x 64 floats, 2 MiB) left room for blocks of one
 # tile only, 10x slower.
 STACK_BUDGET = 4 << 20
+# F(4x4) by default only on images of at least this many of its tiles (`default_m` says why).
+MIN_TILES_F4 = 32
 WIDEST_LANES = 16  # float32 lanes of the widest target (AVX-512): the largest channel padding of any
 
 
@@ -151,17 +154,20 @@ class WinogradTemplate:
 
     def default_m(self) -> int:
         """F(4x4, 3x3) where its GEMMs do fewer multiplies than F(2x2, 3x3)'s, partial tiles counted
-        ((m + 2)^2 per m x m tile: all but outputs of 1, 2, 5 or 6 pixels a side; a tie keeps 2). In
-        llvm-mca's Cortex-A72 cycles the F(4x4) default over the F(2x2) one tracks that ratio within
-        0.05 at ResNet-18's 3x3 layers (docs/benchmarks.md, "Winograd F(4x4, 3x3)"): the transforms
-        cost about as much per output, the GEMMs are the rest. With prepacked U only (a network's constant
-        weights): a per-call U is 2.25x F(2x2)'s work and stack, and the F(4x4) defaults of
-        tests/test_spills.py's per-call layers spilled in hot loops on AVX2, the A53 and RVV, so without
-        prepacking the default stays F(2x2) (the tuner may pick 4)."""
+        ((m + 2)^2 per m x m tile: all but outputs of 1, 2, 5 or 6 pixels a side; a tie keeps 2), and the
+        image has at least MIN_TILES_F4 of its tiles. Each value of U feeds one multiply-add per tile, and
+        F(4x4)'s U is 2.25x F(2x2)'s: on a small image its traffic costs more than the multiplies saved
+        (x86-avx512, native, ResNet's 3x3 layers: F(4x4) 1.58x F(2x2)'s speed at 56x56 (196 tiles),
+        1.09x at 28x28 (49), 0.73x at 14x14 (16), 0.79x at 7x7 (4); docs/benchmarks.md, "Winograd
+        F(4x4, 3x3)"). llvm-mca's cycles, which see no caches, follow the multiply ratio alone. With
+        prepacked U only (a network's constant weights): a per-call U is 2.25x F(2x2)'s work and stack,
+        and the F(4x4) defaults of tests/test_spills.py's per-call layers spilled in hot loops on AVX2,
+        the A53 and RVV, so without prepacking the default stays F(2x2) (the tuner may pick 4)."""
         if not self.prepacked:
             return 2
         sh = self.shape
-        return min(m_options(sh), key=lambda m: (elements(m) * tiles(sh, m)[0] * tiles(sh, m)[1], m))
+        options = [m for m in m_options(sh) if m == 2 or math.prod(tiles(sh, m)) >= MIN_TILES_F4]
+        return min(options, key=lambda m: (elements(m) * tiles(sh, m)[0] * tiles(sh, m)[1], m))
 
     def default_blocks(self, ty_options: list[int], tx_options: list[int], m: int) -> tuple[int, int]:
         """Tiles per block (rows x along a row). A U that fits half of L2 is read from there by every
