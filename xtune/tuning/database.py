@@ -402,8 +402,10 @@ def log_target(workload: Workload, target: Target) -> str:
     task's on a target that only adds integer instructions to another (`Target.float_records_of`) are
     that target's, whose float code it runs, so one log serves both; an integer task's are its own
     (vpdpbusd kernels are other code than vpmaddwd ones)."""
+    if not target.float_records_of:
+        return target.name  # every record check asks: most targets answer without the tensors
     integer = any(t.dtype != "float32" for t in workload.tensors() if not t.is_output)
-    return target.float_records_of if target.float_records_of and not integer else target.name
+    return target.name if integer else target.float_records_of
 
 
 @functools.cache
@@ -412,8 +414,7 @@ def _logged_as(workload: str, target: str) -> str:
     under a VNNI target's own name (before its float records were its base's) is its base's like the
     rest; an unknown workload or target stays as written (read_logs says why it cannot be used)."""
     try:
-        known = get_target(target)
-        return log_target(parse_workload(workload), known) if known.float_records_of else target
+        return log_target(parse_workload(workload), get_target(target))
     except InputError:
         return target
 
