@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.conv2d.direct_nest import ConvEmitter, ConvSchedule, padded, subsamples
+from xtune.ops.conv2d.direct_nest import ConvEmitter
+from xtune.ops.conv2d.direct_schedule import ConvSchedule, padded, subsamples
 from xtune.ops.epilogue import ACTIVATION, EPILOGUE
 from xtune.ops.matmul import Matmul
 from xtune.ops.matmul.nest import Operands

@@ -11,7 +11,7 @@ import numpy as np
 from xtune.ops import tiles
 from xtune.ops.conv import ConvShape, conv_shape
 from xtune.ops.conv2d import direct as conv2d
-from xtune.ops.conv2d import direct_nest as conv2d_nest
+from xtune.ops.conv2d.direct_schedule import padded, transposes_input, transposes_output
 from xtune.ops.conv2d.winograd_transforms import MS
 from xtune.ops.estimate import (
     L2_BW,
@@ -73,16 +73,16 @@ def conv2d_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     p, nv = cfg.tiles()
     lanes, regs, l1, l2 = target_sizes(t)
     nr = nv * lanes
-    hp, wp = (float(v) for v in conv2d_nest.padded(sh))
+    hp, wp = (float(v) for v in padded(sh))
     cb, kb, ohb = conv2d.channel_blocks(sh, nr, ints("tile_ic"), ints("tile_oc"), ints("tile_oh"))
     unroll_kw, unroll = ints("unroll_kw"), ints("unroll")
     hwc = flag("pack_layout", "hwc")
     sub = ints("subsample")
     copied = np.where(sub > 0, sh.oh * sh.ow, hp * wp)  # pixels of the packed input
-    transposed = conv2d_nest.transposes_input(ints("transpose_in"), hwc, sub, cb, int(lanes), sh.stride)
+    transposed = transposes_input(ints("transpose_in"), hwc, sub, cb, int(lanes), sh.stride)
     # The transposed NCHW tile store: about half the cycles of the scalar one per output (llvm-mca,
     # docs/benchmarks.md); old configs keep their features, so models trained before the knob still hold.
-    scatter = np.where(conv2d_nest.transposes_output(ints("transpose_out"), p, int(lanes)), 0.5, 1.0)
+    scatter = np.where(transposes_output(ints("transpose_out"), p, int(lanes)), 0.5, 1.0)
     rows = (ohb - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
     fmas = float(sh.k * sh.oh * sh.ow * sh.c * sh.r * sh.s)
     one = np.ones_like(p)
@@ -257,14 +257,14 @@ def direct_estimate(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     lanes, fma_rate = float(t.fp32_lanes), vector_fma_rate(t)
     nr = nv * lanes
     cb, kb, _ = conv2d.channel_blocks(sh, nr, cfg.ints("tile_ic"), cfg.ints("tile_oc"), cfg.ints("tile_oh"))
-    hp, wp = (float(v) for v in conv2d_nest.padded(sh))
+    hp, wp = (float(v) for v in padded(sh))
     rs, strips = float(sh.r * sh.s), np.ceil(sh.k / nr)
     tiles_at = sh.n * sh.oh * np.ceil(sh.ow / p) * strips  # register tiles per channel block
     step = tile_cycles(p, nv, fma_rate, cb * rs)
     calls = tiles_at * np.ceil(sh.c / cb)
     gemm = tiles_at * sh.c * rs * step + calls * (2.0 * p * nv / LOADS_PER_CYCLE + 8.0)
     hwc, sub = cfg.flag("pack_layout", "hwc"), cfg.ints("subsample")
-    transposed = conv2d_nest.transposes_input(cfg.ints("transpose_in"), hwc, sub, cb, int(lanes), sh.stride)
+    transposed = transposes_input(cfg.ints("transpose_in"), hwc, sub, cb, int(lanes), sh.stride)
     scalar_copy = (hwc != sh.nhwc) & ~transposed
     pixels = np.where(sub > 0, sh.oh * sh.ow, hp * wp)
     copy = sh.n * sh.c * pixels / STORES_PER_CYCLE * np.where(scalar_copy, 1.0, 1.0 / lanes)
