@@ -16,6 +16,7 @@ import numpy as np
 from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.qmatmul.reference import RANGES, quantize_multiplier
+from xtune.ops.quantize import node_arithmetic
 
 WORDS = {"int8": "s8", "uint8": "u8"}  # an 8-bit activation's element type -> the workloads' `a` word
 
@@ -37,7 +38,7 @@ def requantization(
     lo = max(lo, node.int_attr("out_lo", lo))
     hi = min(hi, node.int_attr("out_hi", hi))
     qparams = np.array([za.reshape(-1)[0], zy.reshape(-1)[0], lo, hi], np.int32)
-    if node.attr("requant", "onnx") == "tflite" and node.op == "QLinearConv":
+    if node_arithmetic(node) == "tflite" and node.op == "QLinearConv":
         return tflite_multipliers(sa, sb, sy) | {"qparams": qparams}
     # A TFLite FULLY_CONNECTED takes the float32 epilogue as well: LiteRT's FULLY_CONNECTED kernels
     # (reference, optimized and XNNPACK alike) round the product once, not gemmlowp's twice, which the

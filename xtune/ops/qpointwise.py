@@ -30,7 +30,7 @@ from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, GeneratedOp, Mapped, NodeFamily, Shape
 from xtune.ops.qmlas import QAdd, QGlobalAveragePool
 from xtune.ops.qpool import scaled_mean
-from xtune.ops.quantize import RANGES, QParams, dequantized, node_qparams, quantized
+from xtune.ops.quantize import RANGES, QParams, dequantized, node_arithmetic, node_qparams, quantized
 from xtune.schedule.loopnest import Assign, BufferKind, For, Kernel, Load, Stmt, Store, Value, walk
 
 # op -> (the float op, how many 8-bit inputs, each followed by its scale and zero point; then the
@@ -207,7 +207,7 @@ def _tflite_mean(graph: Graph, node: Node) -> Mapped:
 
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     op, count = FLOAT_FORMS[node.op]
-    if op == "GlobalAveragePool" and node.attr("requant", "onnx") == "tflite":
+    if op == "GlobalAveragePool" and node_arithmetic(node) == "tflite":
         return _tflite_mean(graph, node)
     if op == "GlobalAveragePool" and node.int_attr("channels_last", 0):
         raise refuse(graph, node, "channels_last=1 is not supported (an NCHW tensor is)")
@@ -240,7 +240,7 @@ def _onnx_runtime_form(
     where the node keeps TFLite's arithmetic (`requant="tflite"`: its ADD the float form, its MEAN
     `_tflite_mean`) or the float form of an int8 QDQ Add ONNX Runtime does not fuse (`requant="float"`,
     xtune/frontend/quantized.py)."""
-    if node.attr("requant", "onnx") != "onnx":
+    if node_arithmetic(node) != "onnx":
         return None
     if isinstance(inner, elementwise.Elementwise) and len(reads) == 2:
         return QAdd(shape=inner.shape, reads=(reads[0], reads[1]), writes=writes)

@@ -37,7 +37,7 @@ from xtune.graph import Graph, Node
 from xtune.ops.anchor import refuse
 from xtune.ops.qlinear import float_scale, zero_point
 from xtune.ops.qmatmul.reference import multiply_by_quantized_multiplier, quantize_multiplier, wrap32
-from xtune.ops.quantize import QDTYPES, RANGES, QType
+from xtune.ops.quantize import QDTYPES, RANGES, QType, node_arithmetic
 from xtune.schedule.loopnest import (
     Binary,
     BinaryOp,
@@ -141,7 +141,7 @@ def quantized_mean(graph: Graph, node: Node) -> QuantizedMean:
     if node.int_attr("channels_last", 0):
         raise refuse(graph, node, "channels_last=1 is not supported")
     lo, hi = RANGES[qtype]
-    if node.attr("requant", "onnx") == "tflite":
+    if node_arithmetic(node) == "tflite":
         lo, hi = max(lo, node.int_attr("out_lo", lo)), min(hi, node.int_attr("out_hi", hi))
         return RoundedMean(qtype=cast(QType, qtype), lo=lo, hi=hi)
     x_scale, x_zero, y_scale, y_zero = _per_tensor(graph, node)

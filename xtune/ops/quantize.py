@@ -16,7 +16,7 @@ input, which the reference (`reference`) computes in numpy with the same operati
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast, get_args
 
 import numpy as np
 
@@ -42,6 +42,10 @@ from xtune.schedule.loopnest import (
 )
 
 QType = Literal["int8", "uint8"]
+# Whose integer arithmetic a quantized node of the network IR follows, as its `requant` attribute says
+# (set by the import, xtune/frontend/quantized.py): ONNX Runtime's (the default), TFLite's, or the float
+# form between its Dequantize and Quantize (an int8 Add or Mul ONNX Runtime does not fuse on x86).
+NodeArithmetic = Literal["onnx", "tflite", "float"]
 QDTYPES = {"int8": DType.I8, "uint8": DType.U8}  # an 8-bit tensor's element type in loop nests
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}  # by element type (qmatmul/reference.py: by `a` word)
 
@@ -171,3 +175,10 @@ FAMILY = NodeFamily(
     layouts=frozenset(Layout),
     from_node=from_node,
 )
+
+
+def node_arithmetic(node: Node) -> NodeArithmetic:
+    """The arithmetic a quantized node follows (`NodeArithmetic`): its `requant` attribute, "onnx" without."""
+    value = str(node.attr("requant", "onnx"))
+    assert value in get_args(NodeArithmetic), f"{node.name}: requant={value!r}"
+    return cast(NodeArithmetic, value)
