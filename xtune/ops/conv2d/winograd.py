@@ -166,8 +166,9 @@ class WinogradTemplate:
         if not self.prepacked:
             return 2
         sh = self.shape
-        options = [m for m in m_options(sh) if m == 2 or math.prod(tiles(sh, m)) >= MIN_TILES_F4]
-        return min(options, key=lambda m: (elements(m) * tiles(sh, m)[0] * tiles(sh, m)[1], m))
+        count = {m: math.prod(tiles(sh, m)) for m in m_options(sh)}  # tiles of the image
+        options = [m for m in count if m == 2 or count[m] >= MIN_TILES_F4]
+        return min(options, key=lambda m: (elements(m) * count[m], m))
 
     def default_blocks(self, ty_options: list[int], tx_options: list[int], m: int) -> tuple[int, int]:
         """Tiles per block (rows x along a row). A U that fits half of L2 is read from there by every
