@@ -12,7 +12,7 @@ from xtune.ops.conv import conv_shape
 from xtune.ops.conv2d import direct as conv2d_template
 from xtune.ops.conv2d.direct import stack_clamped
 from xtune.ops.conv2d.direct_schedule import padded
-from xtune.ops.depthwise import nchw as depthwise_template
+from xtune.ops.depthwise import nchw_tiles as depthwise_template
 from xtune.ops.depthwise import nhwc_tiles as nhwc_template
 from xtune.ops.matmul import template as matmul_template
 from xtune.ops.matmul.features import MATMUL_FEATURES

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from xtune.ops.conv import ConvShape, conv_shape
-from xtune.ops.depthwise import nchw as depthwise
+from xtune.ops.depthwise import nchw_tiles as depthwise
 from xtune.ops.depthwise import nhwc_tiles as depthwise_nhwc
 from xtune.ops.estimate import (
     FMA_LATENCY,

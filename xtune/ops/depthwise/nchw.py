@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from xtune.ops.conv import ConvShape, conv_shape
+from xtune.ops.conv import conv_shape
+from xtune.ops.depthwise import nchw_tiles as rules
 from xtune.ops.template import ReadsWeightsAsGiven
-from xtune.ops.tiles import Epilogue, Real, Scalars, clipped, div, parse_tile, roomy_tiles, whole_tiles
+from xtune.ops.tiles import Epilogue, clipped, div, parse_tile, roomy_tiles
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -39,23 +38,6 @@ from xtune.schedule.loopnest import (
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind
 from xtune.target import Target
 
-OW_OPTIONS = (8, 16, 32, 64, 128, 256)
-
-
-def register_tiles(target: Target) -> tuple[str, ...]:
-    """Tiles "PxV" whose accumulators, one input vector and one weight broadcast fit in registers."""
-    return tuple(
-        f"{p}x{v}"
-        for p in range(1, 9)
-        for v in range(1, 7)
-        if _tile_registers(p, v) <= target.vector_registers and v * target.fp32_lanes <= 64
-    )
-
-
-def _tile_registers(p: int, v: int) -> int:
-    """Vector registers a P x V tile holds live: its accumulators, one input vector, one weight broadcast."""
-    return p * v + 2
-
 
 @dataclass(frozen=True)
 class DepthwiseSchedule:
@@ -70,84 +52,6 @@ class DepthwiseSchedule:
     )
 
 
-def phase_width(sh: ConvShape, lanes: int, aligned: bool = False, lead: int = 0) -> int:
-    """Columns per phase of a packed row: `lead` columns (`phase_leads`), whole vectors of outputs plus the
-    kernel's reach; `aligned` rounds it up to whole vectors, so that every phase of every packed row starts
-    on a vector boundary (the "ext" taps' loads are then all aligned)."""
-    width = lead + -(-sh.ow // lanes) * lanes + (sh.s - 1) * sh.dilation // sh.stride + 1
-    return -(-width // lanes) * lanes if aligned else width
-
-
-def phase_leads(sh: ConvShape, lanes: int) -> tuple[int, ...]:
-    """Columns each phase of a packed row is shifted right so that its first input column lands on a
-    vector boundary: the stride-2 copy's stores of both phases are then aligned (an immediate offset, no
-    address add each), and the taps read that much further on, which at stride 2 costs no extra load."""
-    firsts = [max(0, -(-(sh.left - phase) // sh.stride)) for phase in range(sh.stride)]
-    return tuple(-q % lanes for q in firsts)
-
-
-def fmas_per_load(sh: ConvShape, p: Real, nv: Real) -> Real:
-    """FMAs per loaded vector of a P rows x V vectors tile: the tile's rows share the (P-1)*stride + r
-    input rows they read (s kw positions, V vectors each), plus the r*s weight broadcasts."""
-    loads = ((p - 1) * sh.stride + sh.r) * sh.s * nv + sh.r * sh.s
-    return p * nv * sh.r * sh.s / loads
-
-
-def ext_registers(sh: ConvShape, p: Real, nv: Real, lanes: int) -> Real:
-    """Vector registers an "ext" P x V tile holds live: its accumulators, the r*s weights (whole vectors of
-    them, a tap's a lane), the V + 1 aligned vectors of one input row and phase, and one shifted tap."""
-    return p * nv + -(-sh.r * sh.s // lanes) + nv + 2
-
-
-# Bounds on an "ext" tile beyond its live registers: LLVM's scheduler issues the loads and shifts of the
-# next input rows ahead of their FMAs, and taller or wider tiles spilled in their loop (Cortex-A72: 8x2 30
-# stack accesses, 6x2 2; the Cortex-A53, whose in-order model hoists more: 4x3 54, 8x1 40; 4x2 none on
-# either), docs/benchmarks.md.
-EXT_ACCUMULATORS = 8
-EXT_ROWS = 6  # input rows a tile reads
-
-
-def ext_spills_not(sh: ConvShape, p: int, nv: int) -> bool:
-    """Whether an "ext" P x V tile stays within the bounds that kept its loop free of spills."""
-    rows = (p - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
-    return p * nv <= EXT_ACCUMULATORS and rows <= max(EXT_ROWS, sh.r)
-
-
-def ext_fmas_per_instruction(sh: ConvShape, p: Real, nv: Real) -> Real:
-    """FMAs per instruction of an "ext" P x V tile: P*V*r*s FMAs, and per input row of the
-    (P-1)*stride + r the tile reads, V + 1 aligned loads per phase and V shuffles per shifted tap, then the
-    P*V stores."""
-    rows = (p - 1) * sh.stride + (sh.r - 1) * sh.dilation + 1
-    shifted = sum(1 for j in range(sh.s) if j * sh.dilation >= sh.stride)
-    per_row = min(sh.stride, sh.s) * (nv + 1) + shifted * nv
-    fmas = p * nv * sh.r * sh.s
-    return fmas / (fmas + rows * per_row + p * nv)
-
-
-# A packed row of up to this many vector copies or deinterleave chunks is unrolled: each is 2-3
-# instructions, which the loop's counter, compare and branch would otherwise nearly double.
-PACK_UNROLL = 16
-
-
-def row_lanes(extent: int, lanes: int) -> int:
-    """The vectors that pack a row of `extent` floats: the target's, or for a narrower row the widest
-    power of two that fits it (a 14-wide row is packed in 8-float pieces, not copied float by float)."""
-    v = lanes
-    while v > max(extent, 1):
-        v //= 2
-    return v
-
-
-def pack_loop_kind(steps: int) -> LoopKind:
-    return LoopKind.UNROLLED if steps <= PACK_UNROLL else LoopKind.SERIAL
-
-
-def column_block(sh: ConvShape, width: Scalars, tile_ow: Scalars) -> np.ndarray:
-    """The output columns per block a `tile_ow` knob resolves to for tiles `width` columns wide: whole
-    tile widths, except a block that covers the row."""
-    return whole_tiles(tile_ow, sh.ow, width)
-
-
 class DepthwiseTemplate(ReadsWeightsAsGiven):
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
@@ -155,8 +59,8 @@ class DepthwiseTemplate(ReadsWeightsAsGiven):
         self.shape = sh = conv_shape(workload)
         self.space = ConfigSpace(
             (
-                Knob("tile", KnobKind.CHOICE, register_tiles(target)),
-                Knob("tile_ow", KnobKind.TILE, clipped(OW_OPTIONS, sh.ow)),
+                Knob("tile", KnobKind.CHOICE, rules.register_tiles(target)),
+                Knob("tile_ow", KnobKind.TILE, clipped(rules.OW_OPTIONS, sh.ow)),
                 Knob("order", KnobKind.CHOICE, ("yx", "xy")),
                 Knob("unroll_kh", KnobKind.CHOICE, (1, 0)),
                 # Last, its first option today's taps: older logs keep their configs.
@@ -167,7 +71,7 @@ class DepthwiseTemplate(ReadsWeightsAsGiven):
     def schedule(self, config: Config) -> DepthwiseSchedule:
         p, nv = parse_tile(str(config["tile"]))
         w = nv * self.target.fp32_lanes
-        owb = int(column_block(self.shape, w, config.int("tile_ow")))
+        owb = int(rules.column_block(self.shape, w, config.int("tile_ow")))
         return DepthwiseSchedule(
             p,
             nv,
@@ -187,25 +91,25 @@ class DepthwiseTemplate(ReadsWeightsAsGiven):
             p, nv = parse_tile(tile)
             cols = nv * lanes
             waste = (sh.ow / (-(-sh.ow // cols) * cols)) * (sh.oh / (-(-sh.oh // p) * p))
-            return fmas_per_load(sh, p, nv) * waste + 1e-3 * p * nv
+            return rules.fmas_per_load(sh, p, nv) * waste + 1e-3 * p * nv
 
         def ext_score(tile: str) -> float:
             # The last rows and columns run as a shorter or narrower tile, not in wasted lanes: a tile
             # counts only the rows and vectors the plane has.
             p, nv = parse_tile(tile)
             p, nv = min(p, sh.oh), min(nv, -(-sh.ow // lanes))
-            return ext_fmas_per_instruction(sh, p, nv) + 1e-3 * p * nv
+            return rules.ext_fmas_per_instruction(sh, p, nv) + 1e-3 * p * nv
 
         # AArch64 takes "ext" taps: aligned loads (scaled offsets, no address add per misaligned tap) and
         # rows shared in registers execute fewer instructions per FMA on the A72 (docs/benchmarks.md); the
         # other targets keep their taps and objects.
         if self.target.arch == "aarch64":
-            live = lambda p, v: int(ext_registers(sh, p, v, lanes))  # noqa: E731
+            live = lambda p, v: int(rules.ext_registers(sh, p, v, lanes))  # noqa: E731
             roomy = roomy_tiles(knobs["tile"], self.target, live)
-            short = [t for t in roomy if ext_spills_not(sh, *parse_tile(t))]
+            short = [t for t in roomy if rules.ext_spills_not(sh, *parse_tile(t))]
             tile, taps = max(short or roomy, key=ext_score), "ext"
         else:
-            tile, taps = max(roomy_tiles(knobs["tile"], self.target, _tile_registers), key=score), "load"
+            tile, taps = max(roomy_tiles(knobs["tile"], self.target, rules.tile_registers), key=score), "load"
         values = {
             "tile": tile,
             "tile_ow": max(knobs["tile_ow"]),
@@ -225,8 +129,8 @@ class _DepthwiseEmitter:
         self.s = s
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload)
-        self.leads = phase_leads(sh, s.lanes) if s.taps == "ext" and sh.stride > 1 else (0,) * sh.stride
-        self.wq = phase_width(sh, s.lanes, s.taps == "ext", max(self.leads))
+        self.leads = rules.phase_leads(sh, s.lanes) if s.taps == "ext" and sh.stride > 1 else (0,) * sh.stride
+        self.wq = rules.phase_width(sh, s.lanes, s.taps == "ext", max(self.leads))
         self.row = sh.stride * self.wq  # packed floats per padded input row
 
     def kernel(self, name: str) -> Kernel:
@@ -296,18 +200,18 @@ class _DepthwiseEmitter:
         dst = (y + sh.top) * self.row
         if sh.stride == 1:
             # "ext" copies two vectors a step: LLVM pairs their halves into one LDP and one STP.
-            v = row_lanes(sh.w, lanes * (2 if self.s.taps == "ext" else 1))
+            v = rules.row_lanes(sh.w, lanes * (2 if self.s.taps == "ext" else 1))
 
             def copy(x: Affine) -> None:
                 b.store("Ip", dst + sh.left + x, Load("input", src + x, v), v)
 
             full, tail = divmod(sh.w, v)
-            with b.loop(full, "px", pack_loop_kind(full)) as t:
+            with b.loop(full, "px", rules.pack_loop_kind(full)) as t:
                 copy(t * v)
             if tail:  # a whole vector ending at the row's end (overlapping) beats a partial one
                 copy(Affine.of(sh.w - v))
             return
-        v = row_lanes(sh.w // 2, lanes)
+        v = rules.row_lanes(sh.w // 2, lanes)
         done = self.deinterleave(src, dst, v) if sh.stride == 2 and v > 1 else 0
         for phase in range(sh.stride):  # the columns left, one by one
             q0 = max(0, -(-(done + sh.left - phase) // sh.stride))  # first q with x >= done
@@ -336,7 +240,7 @@ class _DepthwiseEmitter:
                 b.store("Ip", dst + phase * self.wq + self.leads[phase] + div(x0, 2) + q, picked, lanes)
 
         chunks = sh.w // width
-        with b.loop(chunks, "pv", pack_loop_kind(chunks)) as t:
+        with b.loop(chunks, "pv", rules.pack_loop_kind(chunks)) as t:
             chunk(t * width)
         if not chunks or sh.w % width < 2:
             return chunks * width
