@@ -95,3 +95,41 @@ def test_residual_is_added_once_across_channel_blocks(layout: str) -> None:
 @pytest.mark.parametrize("key", BOARD_SHAPES)
 def test_epilogue_kernels_correct_under_qemu(board: str, key: str) -> None:
     check(board, key, configs(key, get_board(board).target.name, 1))
+
+
+def test_integer_clamp_is_the_float_clamp_on_every_non_nan_float() -> None:
+    """`Epilogue.bits`: max(bits, 0) and min(., bits of 6) as int32 give ReLU and ReLU6 of the floats,
+    edges included (-0, denormals, the neighbours of 0 and 6, the infinities)."""
+    from xtune.ops.tiles import SIX_BITS
+
+    six = np.float32(6)
+    edges = [0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, np.nextafter(six, 0), six, np.nextafter(six, 7)]
+    x = np.concatenate(
+        [np.array([*edges, np.inf, -np.inf], np.float32), np.random.default_rng(0).normal(0, 8, 4096)]
+    ).astype(np.float32)
+    relu = np.maximum(x.view(np.int32), 0)
+    relu6 = np.minimum(relu, SIX_BITS)
+    np.testing.assert_array_equal(relu.view(np.float32), np.maximum(x, 0) + 0)  # + 0: -0 as +0
+    np.testing.assert_array_equal(relu6.view(np.float32), np.clip(x, 0, 6) + 0)
+    assert np.float32(6).view(np.int32) == SIX_BITS
+
+
+@pytest.mark.parametrize(
+    ("target", "clamp", "absent"), [("arm-a72-neon", "smin", "fminnm"), ("x86-avx2", "vminps", "")]
+)
+def test_aarch64_clamps_relu6_on_integer_lanes(target: str, clamp: str, absent: str) -> None:
+    """On AArch64 (`Target.integer_clamp`) the ReLU6 of a kernel's epilogue is SMAX/SMIN on the bits, not
+    FMAXNM/FMINNM (one 128-bit FP max a cycle on a Cortex-A72, two integer ones); x86 keeps VMAXPS/VMINPS."""
+    from xtune.codegen.compile import optimize, parse_verified, target_machine
+    from xtune.codegen.lower import lower
+    from xtune.ops.registry import template_for
+    from xtune.target import get_target
+
+    t = get_target(target)
+    for key in ("matmul:m=9,n=19,k=30,bias=1,relu6=1", HOST_SHAPES[6]):
+        template = template_for(parse_workload(key), t)
+        module = parse_verified(lower([template.kernel(template.default_config(), "kernel")]), t)
+        tm = target_machine(t)
+        optimize(module, tm)
+        words = {line.split()[0] for line in tm.emit_assembly(module).splitlines() if line.startswith("\t")}
+        assert clamp in words and absent not in words, (key, sorted(words))

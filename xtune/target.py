@@ -65,6 +65,15 @@ class Target:
         return self.arch == "aarch64" and self.fp32_lanes == 4
 
     @property
+    def integer_clamp(self) -> bool:
+        """Whether a fused ReLU/ReLU6 clamps the float lanes' bits with integer max/min (SMAX, SMIN) rather
+        than FMAXNM/FMINNM: on AArch64 a 128-bit FP max/min takes both FP pipes of a Cortex-A57/A72 (one
+        per cycle, Cortex-A72 Software Optimization Guide, "ASIMD FP max/min"), an integer max/min either
+        pipe (two per cycle), and no AArch64 core here does the integer form slower. Elsewhere the float
+        form stays (x86 runs both as fast; RVV's vfmax/vmax likewise)."""
+        return self.arch == "aarch64"
+
+    @property
     def peak_gflops(self) -> float:
         """Nominal single-core fp32 peak, the denominator of "% of peak"."""
         return self.clock_ghz * self.fp32_flops_per_cycle

@@ -40,7 +40,7 @@ SCALAR = {
     DType.I32: "i32",
     DType.I64: "i64",
 }
-_BITS = {DType.I8: 8, DType.U8: 8, DType.I16: 16, DType.I32: 32, DType.I64: 64}
+_BITS = {DType.I8: 8, DType.U8: 8, DType.I16: 16, DType.I32: 32, DType.I64: 64, DType.F32: 32}
 
 
 @cache

@@ -19,9 +19,11 @@ from xtune.schedule.loopnest import (
     Affine,
     Binary,
     BinaryOp,
+    Bitcast,
     Buffer,
     BufferKind,
     Const,
+    DType,
     Load,
     MulAdd,
     NestBuilder,
@@ -149,6 +151,9 @@ def split_edges(
         body(Affine.of((full - 1) * tile), tile, False, True)
 
 
+SIX_BITS = 0x40C00000  # 6.0f as an int32 (IEEE 754 binary32: exponent 129, fraction 0.5)
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """A workload's fused epilogue (operators.EPILOGUE) as every template emits it: the bias and the
@@ -160,12 +165,13 @@ class Epilogue:
     relu: bool
     relu6: bool
     act: Activation | None = None  # the fused activation (`act`), applied where the clamp is
+    bits: bool = False  # ReLU and ReLU6 clamp the lanes' bits as int32 (the target's `integer_clamp`)
 
     @staticmethod
-    def of(workload: Workload) -> Epilogue:
+    def of(workload: Workload, bits: bool = False) -> Epilogue:
         w = workload
         return Epilogue(
-            bool(w["bias"]), bool(w["residual"]), bool(w["relu"]), bool(w["relu6"]), activation(w)
+            bool(w["bias"]), bool(w["residual"]), bool(w["relu"]), bool(w["relu6"]), activation(w), bits
         )
 
     @property
@@ -193,6 +199,14 @@ class Epilogue:
             return acc
         if self.act is not None:
             return self.act.expr(acc, lanes)
+        if self.bits:
+            # On the raw bits: every negative float (-0 too) is a negative int32, and non-negative floats
+            # order as their bits do (IEEE 754-2019, 3.4), so max(bits, 0) is ReLU and min(., bits of 6)
+            # ReLU6, for every input but NaN (which the fused epilogue never promises to keep).
+            bits: Value = Binary(BinaryOp.MAX, Bitcast(acc, DType.I32), Const(0, lanes, DType.I32))
+            if self.relu6:
+                bits = Binary(BinaryOp.MIN, bits, Const(SIX_BITS, lanes, DType.I32))
+            return Bitcast(bits, DType.F32)
         out: Value = Binary(BinaryOp.MAX, acc, Const(0.0, lanes))
         return Binary(BinaryOp.MIN, out, Const(6.0, lanes)) if self.relu6 else out
 

@@ -218,6 +218,7 @@ class Conv2dTemplate:
             bool(config["subsample"]),
             bool(config["transpose_out"]),
             bool(config["transpose_in"]),
+            self.target.integer_clamp,
         )
 
     def default_config(self) -> Config:

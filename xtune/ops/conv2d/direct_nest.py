@@ -61,7 +61,7 @@ class ConvEmitter:
         self.s = s
         self.prepacked = bool(workload["prepacked"])
         self.b = NestBuilder()
-        self.epi = Epilogue.of(workload)
+        self.epi = Epilogue.of(workload, s.integer_clamp)
         # The packed image: the padded input, or the output's own grid when it is subsampled.
         self.hp, self.wp = (self.sh.oh, self.sh.ow) if s.subsample else padded(self.sh)
         self.step = 1 if s.subsample else self.sh.stride  # the tile's stride through the packed image

@@ -39,6 +39,7 @@ class ConvSchedule:
     # NCHW into the hwc copy: whole vectors of the block's channels transposed by shuffles
     # (`transposed_copy`, where the block is whole vectors of channels) instead of a float at a time.
     transpose_in: bool = False
+    integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the accumulators' bits (`Epilogue.bits`)
 
     @property
     def nr(self) -> int:

@@ -118,6 +118,7 @@ class WinogradTemplate:
             str(config["order"]),
             config.int("unroll"),
             m,
+            self.target.integer_clamp,
         )
 
     def default_config(self, m: int | None = None) -> Config:

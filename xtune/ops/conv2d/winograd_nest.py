@@ -89,7 +89,7 @@ class WinogradEmitter:
         self.sh = sh = conv_shape(workload)
         self.s, self.prepacked, self.u_buffer = s, prepacked, u_buffer
         self.b = NestBuilder()
-        self.epi = Epilogue.of(workload)
+        self.epi = Epilogue.of(workload, s.integer_clamp)
         self.th, self.tw = tiles(sh, s.m)
         self.copy = needs_copy(sh, s.m)
         self.cp = round_up(sh.c, s.lanes)

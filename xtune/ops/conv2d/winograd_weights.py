@@ -42,6 +42,7 @@ class WinogradSchedule:
     order: str  # "kt": channel strips outside tile groups, "tk": inside
     unroll: int
     m: int  # output tile side: F(m x m, 3x3)
+    integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the outputs' bits (`Epilogue.bits`)
 
     @property
     def nr(self) -> int:

@@ -50,6 +50,7 @@ class DepthwiseSchedule:
     taps: str = (
         "load"  # "load": a load per (row, kw) tap; "ext": aligned loads shifted by shuffles (`ext_micro`)
     )
+    integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the accumulators' bits (`Epilogue.bits`)
 
 
 class DepthwiseTemplate(ReadsWeightsAsGiven):
@@ -80,6 +81,7 @@ class DepthwiseTemplate(ReadsWeightsAsGiven):
             str(config["order"]),
             bool(config["unroll_kh"]),
             str(config["taps"]),
+            self.target.integer_clamp,
         )
 
     def default_config(self) -> Config:
@@ -128,7 +130,7 @@ class _DepthwiseEmitter:
         self.sh = sh = conv_shape(workload)
         self.s = s
         self.b = NestBuilder()
-        self.epi = Epilogue.of(workload)
+        self.epi = Epilogue.of(workload, s.integer_clamp)
         self.leads = rules.phase_leads(sh, s.lanes) if s.taps == "ext" and sh.stride > 1 else (0,) * sh.stride
         self.wq = rules.phase_width(sh, s.lanes, s.taps == "ext", max(self.leads))
         self.row = sh.stride * self.wq  # packed floats per padded input row

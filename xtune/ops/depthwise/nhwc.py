@@ -71,6 +71,7 @@ class NhwcSchedule:
     ohb: int  # interior output rows per block (the channel blocks run inside a row block)
     unroll_kh: bool
     rows: int = 1  # output rows per register tile: 2 shares their input rows (`pair_tiles`)
+    integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the accumulators' bits (`Epilogue.bits`)
 
     @property
     def nr(self) -> int:
@@ -100,7 +101,7 @@ class DepthwiseNhwcTemplate(ReadsWeightsAsGiven):
         kb = int(rules.channel_block(sh, nv * lanes, config.int("tile_k")))
         ohb = int(rules.row_block(sh, config.int("tile_oh")))
         rows = config.int("rows") if sh.multiplier == 1 else 1  # the expanded buffer holds r rows
-        return NhwcSchedule(p, nv, lanes, kb, ohb, bool(config["unroll_kh"]), rows)
+        return NhwcSchedule(p, nv, lanes, kb, ohb, bool(config["unroll_kh"]), rows, self.target.integer_clamp)
 
     def default_config(self) -> Config:
         sh, t = self.shape, self.target
@@ -169,7 +170,7 @@ class _NhwcEmitter:
         self.sh = conv_shape(workload)
         self.s = s
         self.b = NestBuilder()
-        self.epi = Epilogue.of(workload)
+        self.epi = Epilogue.of(workload, s.integer_clamp)
         (self.ylo, self.yhi), (self.xlo, self.xhi) = rules.interiors(self.sh)
 
     def kernel(self, name: str) -> Kernel:

@@ -69,6 +69,7 @@ class MatmulSchedule:
     prepacked: str  # the operand passed already in panels (when its pack knob is on), or ""
     prefetch_bytes: int = 0  # the target's weight_prefetch_bytes (`MatmulEmitter.prefetch_strip`)
     lane_fma: bool = False  # the target's: A read in place is loaded a vector of k steps at a time
+    integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the accumulators' bits (`Epilogue.bits`)
 
     @property
     def nr(self) -> int:
@@ -128,7 +129,7 @@ class MatmulEmitter:
         self.a_at, self.b_at, self.c_at, self.bias_at, self.packed_at = (Affine(),) * 5
         self.b = NestBuilder()
         self.multi_k = self.k > s.kc
-        self.epi = Epilogue.of(workload)
+        self.epi = Epilogue.of(workload, s.integer_clamp)
 
     def kernel(self, name: str, params: tuple[Buffer, ...]) -> Kernel:
         s, b = self.s, self.b
