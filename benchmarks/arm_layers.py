@@ -1,9 +1,12 @@
-"""Where a tuned network's cycles go: a model and its tuning log(s) in; per task, the best logged cost per
-call, its calls, its share of the tasks' sum, multiply-adds per cycle, and how close it runs to the FMA
-bound of the cycle model out (a markdown table, then the sums per kind of layer).
+"""Where a network's cycles go: a model and its tuning log(s) in (or none: each task's default config,
+measured here on the cycle board); per task, the best logged cost per call, its calls, its share of the
+tasks' sum, multiply-adds per cycle, and how close it runs to the FMA bound of the cycle model out (a
+markdown table, then the sums per kind of layer).
 
-Usage: python3 benchmarks/arm_layers.py MODEL --log LOG [--log LOG ...] [--target arm-a72-neon]
-                                        [--macs-per-cycle 4]
+Usage: python3 benchmarks/arm_layers.py MODEL [--log LOG ...] [--target arm-a72-neon]
+                                        [--board qemu-aarch64-cycles] [--macs-per-cycle 4]
+Without --log every task's default config (what an untuned `xtune build` runs) is measured on --board,
+one task at a time (minutes under qemu: each candidate runs under the counting plugin, then llvm-mca).
 
 The bound is MACs / macs-per-cycle: llvm-mca 22's Cortex-A72 model (the A57's) issues one `fmla v.4s` per
 cycle (12 independent FMLAs, by element or by vector, take 12 cycles an iteration), so 4 fp32
@@ -15,12 +18,19 @@ F(4x4, 3x3)'s 36 per 4x4 tile (direct: 144), partial tiles not counted.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from xtune.boards.board import get_board
 from xtune.frontend.load import load_graph
 from xtune.frontend.tasks import Task, extract_tasks, logged_best
+from xtune.ops.registry import template_for
+from xtune.schedule.space import KnobValue
+from xtune.target import Target
 from xtune.tuning.database import read_logs
+from xtune.tuning.measure import Candidate, Measurer, MeasureStatus, build_image
+from xtune.tuning.options import MeasureOptions
 
 # Winograd's multiplies per direct multiply, by tile side m (a config's `m` knob; logged before it: 2):
 # an (m + 2)^2 elementwise product per m x m outputs, against m^2 x 9.
@@ -47,14 +57,45 @@ def kind_of(task: Task, algo: str) -> str:
     return ("stem " if c == 3 else "") + f"{name} {algo}"
 
 
-def layers(model: Path, logs: list[Path], target: str, macs_per_cycle: float) -> list[Layer]:
+Measured = tuple[dict[str, KnobValue], float]  # a task's config (its knobs) and cost per call
+
+
+def logged(tasks: list[Task], target: Target, logs: list[Path]) -> list[Measured | None]:
+    """Each task's best logged config and cost, None for a task the logs do not have."""
+    bests = logged_best(tasks, target, read_logs(logs))
+    return [None if r is None else (dict(r.knobs), r.cost) for r in bests]
+
+
+def defaults(tasks: list[Task], board_name: str) -> list[Measured | None]:
+    """Each task's default config measured on the board (None where the measurement failed: said why)."""
+    board = get_board(board_name)
+    options = MeasureOptions(timeout_ms=600_000)  # a large layer runs minutes under the counting plugin
+    found: list[Measured | None] = []
+    for task in tasks:
+        config = template_for(task.workload, board.target).default_config()
+        measurer = Measurer(board, task.workload, options)
+        try:
+            candidate = Candidate(workload=task.workload, target=board.target, index=config.index)
+            result = measurer.run(build_image(candidate))
+        finally:
+            measurer.close()
+        ok = result.status is MeasureStatus.OK
+        if not ok:
+            print(f"{task.workload.key}: {result.status.value} {result.error}", file=sys.stderr)
+        found.append((dict(config.values), result.cost) if ok else None)
+        print(f"measured {len(found)}/{len(tasks)}", file=sys.stderr, flush=True)
+    return found
+
+
+def layers(model: Path, logs: list[Path], target: str, board: str, macs_per_cycle: float) -> list[Layer]:
     taskset = extract_tasks(load_graph(model), target, partial=True)
-    bests = logged_best(taskset.tasks, taskset.target, read_logs(logs))
+    tasks = list(taskset.tasks)
+    costs = logged(tasks, taskset.target, logs) if logs else defaults(tasks, board)
     found = []
-    for task, record in zip(taskset.tasks, bests, strict=True):
-        if record is None:
+    for task, measured in zip(tasks, costs, strict=True):
+        if measured is None:
             continue
-        knobs = dict(record.knobs)
+        knobs, cost = measured
         algo = str(knobs.get("algo", "direct"))
         macs = task.flops / 2
         m = int(knobs.get("m", 2))
@@ -64,7 +105,7 @@ def layers(model: Path, logs: list[Path], target: str, macs_per_cycle: float) ->
                 kind=kind_of(task, f"{algo} F(4x4)" if algo == "winograd" and m == 4 else algo),
                 workload=task.workload.key,
                 calls=task.count,
-                cycles=record.cost,
+                cycles=cost,
                 macs=macs,
                 bound=multiplies / macs_per_cycle,
             )
@@ -103,11 +144,12 @@ def report(found: list[Layer]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
-    parser.add_argument("--log", type=Path, action="append", required=True, help="tuning log(s)")
+    parser.add_argument("--log", type=Path, action="append", default=[], help="tuning log(s)")
     parser.add_argument("--target", default="arm-a72-neon")
+    parser.add_argument("--board", default="qemu-aarch64-cycles", help="measures the defaults (no --log)")
     parser.add_argument("--macs-per-cycle", type=float, default=4.0, help="the cycle model's FMA bound")
     args = parser.parse_args()
-    print(report(layers(args.model, args.log, args.target, args.macs_per_cycle)))
+    print(report(layers(args.model, args.log, args.target, args.board, args.macs_per_cycle)))
 
 
 if __name__ == "__main__":
