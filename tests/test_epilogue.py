@@ -133,3 +133,21 @@ def test_aarch64_clamps_relu6_on_integer_lanes(target: str, clamp: str, absent: 
         optimize(module, tm)
         words = {line.split()[0] for line in tm.emit_assembly(module).splitlines() if line.startswith("\t")}
         assert clamp in words and absent not in words, (key, sorted(words))
+
+
+@pytest.mark.board
+def test_peeled_k_groups_correct_under_qemu_aarch64() -> None:
+    """`Target.peel_reduction`: the last unrolled group of each k block runs after its loop, beside the
+    stores (a loop of one group vanishes); every unroll and block size, with and without lane FMAs."""
+    from xtune.ops.registry import template_for
+
+    board = get_board("qemu-aarch64")
+    assert board.target.peel_reduction
+    for key in ("matmul:m=7,n=21,k=40,bias=1,relu6=1", "matmul:m=5,n=8,k=64,residual=1,relu=1"):
+        template = template_for(parse_workload(key), board.target)
+        base = template.default_config().as_dict()
+        values = [
+            {**base, "unroll_k": u, "kc": kc, "pack_a": pa}
+            for u, kc, pa in ((1, 8, 0), (2, 16, 1), (4, 16, 0), (8, 32, 0), (8, 8, 1), (4, 32, 1))
+        ]
+        check("qemu-aarch64", key, [template.space.index_of(v) for v in values])

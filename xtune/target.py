@@ -74,6 +74,16 @@ class Target:
         return self.arch == "aarch64"
 
     @property
+    def peel_reduction(self) -> bool:
+        """Whether a register tile's reduction loop runs its last unrolled group of steps after the loop
+        (`ops/tiles.py`, `unrolled`), so that the tile's clamp and stores share a basic block with FMAs
+        instead of following them alone. An in-order core (the Cortex-A53) can only overlap what is
+        interleaved in one block, and the cycle board prices a block at its own throughput: 25 128-bit
+        stores alone take 50 cycles of the A72's one store pipe (two each), beside 100 FMAs none. AArch64
+        only: the x86 and RISC-V objects stay as they were measured."""
+        return self.arch == "aarch64"
+
+    @property
     def peak_gflops(self) -> float:
         """Nominal single-core fp32 peak, the denominator of "% of peak"."""
         return self.clock_ghz * self.fp32_flops_per_cycle

@@ -217,12 +217,18 @@ def div(index: Affine, d: int) -> Affine:
     return Affine(tuple((v, c // d) for v, c in index.terms), index.const // d)
 
 
-def unrolled(b: NestBuilder, extent: int, unroll: int, body: Callable[[Affine], None], prefix: str) -> None:
+def unrolled(
+    b: NestBuilder, extent: int, unroll: int, body: Callable[[Affine], None], prefix: str, peel: bool = False
+) -> None:
     """`extent` steps of `body(index)`: a loop whose body is `unroll` steps unrolled, then the remainder
     unrolled after it (the reduction loops of the register tiles: LLVM then schedules whole steps). The
-    steps are unrolled here, each index's constant part known to the body (`lane_group` reads it)."""
+    steps are unrolled here, each index's constant part known to the body (`lane_group` reads it). With
+    `peel` and no remainder, the loop's last group runs after it as the remainder would: the code after
+    the loop (a tile's clamp and stores) then shares a basic block with FMAs (`Target.peel_reduction`)."""
     unroll = max(1, min(unroll, extent))
     full, rest = divmod(extent, unroll)
+    if peel and full and not rest:
+        full, rest = full - 1, unroll
     if full:
         with b.loop(full, f"{prefix}o") as outer:
             for inner in range(unroll):

@@ -70,6 +70,7 @@ class MatmulSchedule:
     prefetch_bytes: int = 0  # the target's weight_prefetch_bytes (`MatmulEmitter.prefetch_strip`)
     lane_fma: bool = False  # the target's: A read in place is loaded a vector of k steps at a time
     integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the accumulators' bits (`Epilogue.bits`)
+    peel_k: bool = False  # the target's `peel_reduction`: the last k group runs beside the tile's stores
 
     @property
     def nr(self) -> int:
@@ -414,7 +415,7 @@ class MatmulEmitter:
                 for c in range(nvec):
                     b.assign(acc[r][c], MulAdd(a[r], breg[c], acc[r][c]))
 
-        unrolled(b, kcur, s.unroll_k, step, "k")
+        unrolled(b, kcur, s.unroll_k, step, "k", s.peel_k)
         last = "not_last_k" not in ctx
         for r in range(rows):
             for c in range(nvec):

@@ -120,6 +120,7 @@ class MatmulTemplate:
             # A tile whose A vectors would not fit beside its accumulators broadcasts A one step at a time.
             self.target.lane_fma and tile_registers(mr, nv, True) <= register_budget(self.target),
             self.target.integer_clamp,
+            self.target.peel_reduction,
         )
 
     def default_config(self) -> Config:
