@@ -136,18 +136,27 @@ def test_aarch64_clamps_relu6_on_integer_lanes(target: str, clamp: str, absent: 
 
 
 @pytest.mark.board
-def test_peeled_k_groups_correct_under_qemu_aarch64() -> None:
+def test_peeled_k_groups_and_bias_copies_correct_under_qemu_aarch64() -> None:
     """`Target.peel_reduction`: the last unrolled group of each k block runs after its loop, beside the
-    stores (a loop of one group vanishes); every unroll and block size, with and without lane FMAs."""
+    stores (a loop of one group vanishes); every unroll and block size, with and without lane FMAs.
+    `Target.load_initial`: each tile row's bias from its own copy, per n block, in every loop order."""
     from xtune.ops.registry import template_for
 
     board = get_board("qemu-aarch64")
-    assert board.target.peel_reduction
-    for key in ("matmul:m=7,n=21,k=40,bias=1,relu6=1", "matmul:m=5,n=8,k=64,residual=1,relu=1"):
+    assert board.target.peel_reduction and board.target.load_initial
+    for key in ("matmul:m=7,n=21,k=32,bias=1,relu6=1", "matmul:m=5,n=8,k=32,bias=1,residual=1,relu=1"):
         template = template_for(parse_workload(key), board.target)
         base = template.default_config().as_dict()
+        nc = min(next(k.options for k in template.space.knobs if k.name == "nc"))  # several n blocks
         values = [
-            {**base, "unroll_k": u, "kc": kc, "pack_a": pa}
-            for u, kc, pa in ((1, 8, 0), (2, 16, 1), (4, 16, 0), (8, 32, 0), (8, 8, 1), (4, 32, 1))
+            {**base, "unroll_k": u, "kc": kc, "pack_a": pa, "order": order, "nc": nc}
+            for u, kc, pa, order in (
+                (1, 8, 0, "nkm"),
+                (2, 16, 1, "mkn"),
+                (4, 16, 0, "kmn"),
+                (8, 32, 0, "mnk"),
+                (8, 8, 1, "knm"),
+                (4, 32, 1, "nmk"),
+            )
         ]
         check("qemu-aarch64", key, [template.space.index_of(v) for v in values])

@@ -84,6 +84,15 @@ class Target:
         return self.arch == "aarch64"
 
     @property
+    def load_initial(self) -> bool:
+        """Whether a register tile's accumulators start from loads of their own (a copy of the bias per
+        tile row, `ops/matmul/nest.py`) rather than from copies of one register: a 128-bit register copy
+        (MOV Vd.16B, an ORR) takes an FP pipe of a Cortex-A72 beside the FMAs (half a cycle each,
+        Cortex-A72 Software Optimization Guide, "ASIMD logical"), a load the load pipe, which a lane-FMA
+        tile leaves idle most of the time. AArch64 only, as `peel_reduction`."""
+        return self.arch == "aarch64"
+
+    @property
     def peak_gflops(self) -> float:
         """Nominal single-core fp32 peak, the denominator of "% of peak"."""
         return self.clock_ghz * self.fp32_flops_per_cycle

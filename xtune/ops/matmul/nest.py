@@ -71,6 +71,7 @@ class MatmulSchedule:
     lane_fma: bool = False  # the target's: A read in place is loaded a vector of k steps at a time
     integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the accumulators' bits (`Epilogue.bits`)
     peel_k: bool = False  # the target's `peel_reduction`: the last k group runs beside the tile's stores
+    bias_copy: bool = False  # the target's `load_initial`: each tile row loads its bias from its own copy
 
     @property
     def nr(self) -> int:
@@ -131,6 +132,13 @@ class MatmulEmitter:
         self.b = NestBuilder()
         self.multi_k = self.k > s.kc
         self.epi = Epilogue.of(workload, s.integer_clamp)
+        # The bias of each tile row from its own copy (`Target.load_initial`), one n block's columns each:
+        # distinct addresses, so that every accumulator starts from a load (the load pipe) and not from a
+        # register copy of one shared bias load (an FP pipe); a stack copy per n block, not per tile.
+        self.bias_width = -(-min(s.nc, self.n) // s.lanes) * s.lanes
+        self.bias_copy = (
+            s.bias_copy and self.epi.bias and not operands.bias_rows and not self.multi_k and s.mr > 1
+        )
 
     def kernel(self, name: str, params: tuple[Buffer, ...]) -> Kernel:
         s, b = self.s, self.b
@@ -143,6 +151,8 @@ class MatmulEmitter:
             buffers.append(
                 Buffer("Ap", min(s.kc, self.k) * -(-min(s.mc, self.m) // s.mr) * s.mr, BufferKind.LOCAL)
             )
+        if self.bias_copy:
+            buffers.append(Buffer("Biasr", s.mr * self.bias_width, BufferKind.LOCAL))
         with b.loop(self.o.batch, "bn") as product, b.loop(self.o.groups, "gr") as group:
             self.locate(product, group)
             if self.multi_k:
@@ -214,12 +224,25 @@ class MatmulEmitter:
                 self.pack_b(inner)
             if self.s.copy_a and axis == packed_at(self.s.order, "A"):
                 self.pack_a(inner)
+            if self.bias_copy and axis == "n":
+                self.copy_bias(inner)
             self.blocks(rest, inner)
 
         if axis == "k" and self.epi.clamps and self.multi_k:
             split_edges(self.b, extent, tile, lambda o, size, _first, last: body(o, size, last), "kc")
         else:
             self.b.split(extent, tile, body, f"{axis}c")
+
+    def copy_bias(self, ctx: dict[str, tuple[Affine, int]]) -> None:
+        """Biasr[r][j] = bias[n0 + j] for every tile row r: the n block's bias once per row, zero past n."""
+        s, (n0, ncur) = self.s, ctx["n"]
+
+        def vector(j: Affine, cols: int) -> None:
+            value = Load("bias", self.bias_at + n0 + j, s.lanes, cols % s.lanes)
+            for r in range(s.mr):
+                self.b.store("Biasr", j + r * self.bias_width, value, s.lanes)
+
+        self.b.split(ncur, s.lanes, vector, "bsj")
 
     def pack_b(self, ctx: dict[str, tuple[Affine, int]]) -> None:
         """Bp[strip][kk][nr] = B[k0+kk, n0+strip*nr : +nr], zero-padded past the last column."""
@@ -392,9 +415,14 @@ class MatmulEmitter:
                 if self.multi_k:
                     init: Value = Load(self.o.c, c_index(r, c), lanes, counts[c])
                 else:
+                    bias = (
+                        Load("Biasr", jo + c * lanes + r * self.bias_width, lanes)
+                        if self.bias_copy
+                        else self.bias_vector(m0 + io + r, n0 + jo + c * lanes, counts[c])
+                    )
                     init = self.epi.initial(
                         lanes,
-                        self.bias_vector(m0 + io + r, n0 + jo + c * lanes, counts[c]),
+                        bias,
                         Load("residual", c_index(r, c), lanes, counts[c]),
                     )
                 b.assign(acc[r][c], init)

@@ -121,6 +121,7 @@ class MatmulTemplate:
             self.target.lane_fma and tile_registers(mr, nv, True) <= register_budget(self.target),
             self.target.integer_clamp,
             self.target.peel_reduction,
+            self.target.load_initial,
         )
 
     def default_config(self) -> Config:
