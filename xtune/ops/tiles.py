@@ -211,6 +211,27 @@ class Epilogue:
         return Binary(BinaryOp.MIN, out, Const(6.0, lanes)) if self.relu6 else out
 
 
+def whole_vectors(extent: int, lanes: int) -> int:
+    """`extent` rounded up to whole vectors: the row width of a `replicate` copy."""
+    return -(-extent // lanes) * lanes
+
+
+def replicate(
+    b: NestBuilder, src: str, at: Affine, extent: int, lanes: int, shape: tuple[int, int], dst: str
+) -> None:
+    """dst[i * width + j] = src[at + j] for each of (copies, width) = `shape` and j < extent, zero up to
+    whole vectors: a register tile's bias once per accumulator row (`Target.load_initial`), so that each
+    accumulator starts from a load of its own address rather than from a register copy of one load."""
+    copies, width = shape
+
+    def vector(j: Affine, cols: int) -> None:
+        value = Load(src, at + j, lanes, cols % lanes)
+        for i in range(copies):
+            b.store(dst, j + i * width, value, lanes)
+
+    b.split(extent, lanes, vector, "rep")
+
+
 def div(index: Affine, d: int) -> Affine:
     """index / d for an index that is a multiple of d (tile offsets are)."""
     assert index.const % d == 0 and all(c % d == 0 for _, c in index.terms), (index, d)

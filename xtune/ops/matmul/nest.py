@@ -11,7 +11,17 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal
 
-from xtune.ops.tiles import Epilogue, Num, div, fma_columns_outer, lane_group, split_edges, unrolled
+from xtune.ops.tiles import (
+    Epilogue,
+    Num,
+    div,
+    fma_columns_outer,
+    lane_group,
+    replicate,
+    split_edges,
+    unrolled,
+    whole_vectors,
+)
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
     Affine,
@@ -135,10 +145,10 @@ class MatmulEmitter:
         # The bias of each tile row from its own copy (`Target.load_initial`), one n block's columns each:
         # distinct addresses, so that every accumulator starts from a load (the load pipe) and not from a
         # register copy of one shared bias load (an FP pipe); a stack copy per n block, not per tile.
-        self.bias_width = -(-min(s.nc, self.n) // s.lanes) * s.lanes
-        self.bias_copy = (
-            s.bias_copy and self.epi.bias and not operands.bias_rows and not self.multi_k and s.mr > 1
-        )
+        self.bias_width = whole_vectors(min(s.nc, self.n), s.lanes)
+        # Bias plus residual is an add (no register copy): the copies pay for a bias alone.
+        alone = self.epi.bias and not self.epi.residual
+        self.bias_copy = s.bias_copy and alone and not operands.bias_rows and not self.multi_k and s.mr > 1
 
     def kernel(self, name: str, params: tuple[Buffer, ...]) -> Kernel:
         s, b = self.s, self.b
@@ -224,25 +234,15 @@ class MatmulEmitter:
                 self.pack_b(inner)
             if self.s.copy_a and axis == packed_at(self.s.order, "A"):
                 self.pack_a(inner)
-            if self.bias_copy and axis == "n":
-                self.copy_bias(inner)
+            if self.bias_copy and axis == "n":  # the n block's bias once per tile row
+                copies = (self.s.mr, self.bias_width)
+                replicate(self.b, "bias", self.bias_at + offset, size, self.s.lanes, copies, "Biasr")
             self.blocks(rest, inner)
 
         if axis == "k" and self.epi.clamps and self.multi_k:
             split_edges(self.b, extent, tile, lambda o, size, _first, last: body(o, size, last), "kc")
         else:
             self.b.split(extent, tile, body, f"{axis}c")
-
-    def copy_bias(self, ctx: dict[str, tuple[Affine, int]]) -> None:
-        """Biasr[r][j] = bias[n0 + j] for every tile row r: the n block's bias once per row, zero past n."""
-        s, (n0, ncur) = self.s, ctx["n"]
-
-        def vector(j: Affine, cols: int) -> None:
-            value = Load("bias", self.bias_at + n0 + j, s.lanes, cols % s.lanes)
-            for r in range(s.mr):
-                self.b.store("Biasr", j + r * self.bias_width, value, s.lanes)
-
-        self.b.split(ncur, s.lanes, vector, "bsj")
 
     def pack_b(self, ctx: dict[str, tuple[Affine, int]]) -> None:
         """Bp[strip][kk][nr] = B[k0+kk, n0+strip*nr : +nr], zero-padded past the last column."""
