@@ -160,29 +160,3 @@ def test_peeled_k_groups_and_bias_copies_correct_under_qemu_aarch64() -> None:
             )
         ]
         check("qemu-aarch64", key, [template.space.index_of(v) for v in values])
-
-
-@pytest.mark.board
-@pytest.mark.parametrize(
-    "key",
-    [
-        "depthwise:n=1,c=37,h=12,w=13,r=3,s=3,stride=1,pad=1,layout=nhwc,bias=1,relu6=1",
-        "depthwise:n=2,c=6,h=11,w=14,r=3,s=3,stride=2,pad=1,multiplier=2,layout=nhwc,bias=1,relu=1",
-    ],
-)
-def test_depthwise_bias_copies_correct_under_qemu_aarch64(key: str) -> None:
-    """`Target.load_initial` in the NHWC depthwise: each (row, pixel) slot of a tile starts from its own
-    copy of the bias, in one- and two-row tiles, border and interior pixels, channel tails."""
-    from xtune.ops.depthwise.nhwc import DepthwiseNhwcTemplate, _NhwcEmitter
-    from xtune.ops.registry import template_for
-
-    board = get_board("qemu-aarch64")
-    template = template_for(parse_workload(key), board.target)
-    assert isinstance(template, DepthwiseNhwcTemplate)
-    base = template.default_config().as_dict()
-    rows = next(k.options for k in template.space.knobs if k.name == "rows")
-    values = [{**base, "rows": r, "tile": t} for r in rows for t in ("3x1", "2x2")]
-    indices = [template.space.index_of(v) for v in values]
-    emitters = [_NhwcEmitter(template.workload, template.schedule(template.space.config(i))) for i in indices]
-    assert all(e.bias_copy for e in emitters)
-    check("qemu-aarch64", key, indices)

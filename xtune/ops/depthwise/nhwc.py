@@ -38,9 +38,7 @@ from xtune.ops.tiles import (
     div,
     parse_tile,
     register_budget,
-    replicate,
     roomy_tiles,
-    whole_vectors,
 )
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
@@ -74,7 +72,6 @@ class NhwcSchedule:
     unroll_kh: bool
     rows: int = 1  # output rows per register tile: 2 shares their input rows (`pair_tiles`)
     integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the accumulators' bits (`Epilogue.bits`)
-    bias_copy: bool = False  # the target's `load_initial`: each tile slot loads its bias from its own copy
 
     @property
     def nr(self) -> int:
@@ -104,10 +101,7 @@ class DepthwiseNhwcTemplate(ReadsWeightsAsGiven):
         kb = int(rules.channel_block(sh, nv * lanes, config.int("tile_k")))
         ohb = int(rules.row_block(sh, config.int("tile_oh")))
         rows = config.int("rows") if sh.multiplier == 1 else 1  # the expanded buffer holds r rows
-        t = self.target
-        return NhwcSchedule(
-            p, nv, lanes, kb, ohb, bool(config["unroll_kh"]), rows, t.integer_clamp, t.load_initial
-        )
+        return NhwcSchedule(p, nv, lanes, kb, ohb, bool(config["unroll_kh"]), rows, self.target.integer_clamp)
 
     def default_config(self) -> Config:
         sh, t = self.shape, self.target
@@ -178,11 +172,6 @@ class _NhwcEmitter:
         self.b = NestBuilder()
         self.epi = Epilogue.of(workload, s.integer_clamp)
         (self.ylo, self.yhi), (self.xlo, self.xhi) = rules.interiors(self.sh)
-        # Bias plus residual is an add (no register copy): the copies pay for a bias alone.
-        slots = s.p * s.rows
-        self.bias_copy = s.bias_copy and self.epi.bias and not self.epi.residual
-        self.bias_copy = self.bias_copy and rules.copies_bias(self.sh, slots)
-        self.bias_shape = (slots, whole_vectors(self.sh.k, s.lanes))
 
     def kernel(self, name: str) -> Kernel:
         sh, s, b = self.sh, self.s, self.b
@@ -195,9 +184,6 @@ class _NhwcEmitter:
         ]
         if sh.multiplier > 1:  # the input rows of one output row, channels repeated per multiplier
             buffers.append(Buffer("E", sh.r * sh.w * min(s.kb, sh.k), BufferKind.LOCAL))
-        if self.bias_copy:  # the bias once per tile slot (row, pixel)
-            buffers.append(Buffer("Biasr", self.bias_shape[0] * self.bias_shape[1], BufferKind.LOCAL))
-            replicate(b, "bias", Affine(), sh.k, s.lanes, self.bias_shape, "Biasr")
         # Two-row tiles take the border rows in pairs too (a pair's constant rows may reach the padding):
         # the rows before `top` and from `bottom` on, an even number of each unless the image runs out.
         top = min(sh.oh, self.ylo + self.ylo % 2) if s.rows == 2 else self.ylo
@@ -303,7 +289,7 @@ class _NhwcEmitter:
 
         for p, (x, _) in enumerate(xs):
             for v in range(nvec):
-                bias = self.bias(0, p, ch + v * lanes, counts[v])
+                bias = Load("bias", ch + v * lanes, lanes, counts[v])
                 residual = Load("residual", out_index(x, v), lanes, counts[v])
                 b.assign(acc[p][v], self.epi.initial(lanes, bias, residual))
 
@@ -390,7 +376,7 @@ class _NhwcEmitter:
 
         started = set(tiles) if self.epi.bias or self.epi.residual else set()
         for t, p, v in started:
-            bias = self.bias(t, p, ch + v * lanes, counts[v])
+            bias = Load("bias", ch + v * lanes, lanes, counts[v])
             residual = Load("residual", out_index(t, p, v), lanes, counts[v])
             b.assign(acc[t, p, v], self.epi.initial(lanes, bias, residual))
         readers: dict[int, list[tuple[int, int]]] = {}
@@ -416,12 +402,6 @@ class _NhwcEmitter:
         for t, p, v in tiles:
             value = self.epi.apply(acc[t, p, v] if (t, p, v) in started else Const(0.0, lanes), lanes, True)
             b.store("output", out_index(t, p, v), value, lanes, counts[v])
-
-    def bias(self, t: int, p: int, at: Affine, count: int) -> Load:
-        """The bias vector at channel `at` for the accumulator of tile row t, pixel p: its own copy's."""
-        if not self.bias_copy:
-            return Load("bias", at, self.s.lanes, count)
-        return Load("Biasr", at + (t * self.s.p + p) * self.bias_shape[1], self.s.lanes)
 
     def columns(self, xs: list[tuple[Affine, bool]]) -> dict[int, list[tuple[int, int]]]:
         """The (pixel, kw) taps of pixels `xs` by the input column they read (relative to the first

@@ -89,11 +89,3 @@ def reuses_rows(sh: ConvShape, kb: Scalars, target: Target) -> np.ndarray:
     """Whether the input rows one output row reads for a block of kb channels stay in L1 for the next
     output row (half of it: the weights and the output lines share it)."""
     return np.asarray(rows_bytes(sh, kb)) <= target.l1d_bytes / 2
-
-
-def copies_bias(sh: ConvShape, slots: int) -> bool:
-    """Whether a tile of `slots` accumulators per channel vector starts each from its own copy of the bias
-    (`Target.load_initial`): the copy stores `slots` vectors per channel vector once per call (two cycles
-    of the A72's store pipe each), each output vector then saves a register copy (half an FP-pipe cycle):
-    worth it where the output has more than 4 pixels per slot."""
-    return sh.oh * sh.ow > 4 * slots
