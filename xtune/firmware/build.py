@@ -189,7 +189,7 @@ def _kernels(
                 stack_bytes=kernel.stack_bytes,
             )
         else:
-            kernel = call.kernel.kernel_nest(name, target.fp32_lanes)
+            kernel = call.kernel.for_target(target).kernel_nest(name, target.fp32_lanes)
             row = NetKernel(
                 symbol=name,
                 what=key,
