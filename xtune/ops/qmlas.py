@@ -2,7 +2,8 @@
 QLinearGlobalAveragePool nodes (ONNX Runtime's com.microsoft operators, or the DequantizeLinear -> Add /
 GlobalAveragePool -> QuantizeLinear of a QDQ model, which ONNX Runtime fuses into them and
 xtune/frontend/quantized.py turns into them) in, one kernel reading the 8-bit inputs and writing the
-8-bit output with MLAS's x86 formulas out (`QAdd`, `QGlobalAveragePool`), and their numpy references.
+8-bit output with MLAS's x86 formulas (and on AArch64 its NEON QLinearAdd) out (`QAdd`,
+`QGlobalAveragePool`), and their numpy references.
 
 Which MLAS kernel ONNX Runtime's CPU provider runs on x86-64 (onnxruntime/core/mlas/lib/platform.cpp): the
 AVX2 QLinearAdd (onnxruntime/core/mlas/lib/intrinsics/avx2/qladd_avx2.cpp) wherever AVX2 and FMA3 are,
