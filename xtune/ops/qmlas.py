@@ -180,10 +180,8 @@ class QAdd(PointwiseOp):
 
     def ratios(self) -> tuple[np.float32, np.float32]:
         """sA / sC and sB / sC in float32, as both MLAS kernels divide them."""
-        sc = np.float32(self.writes.scale)
-        return np.float32(np.float32(self.reads[0].scale) / sc), np.float32(
-            np.float32(self.reads[1].scale) / sc
-        )
+        sa, sb, sc = (np.float32(q.scale) for q in (*self.reads, self.writes))
+        return np.float32(sa / sc), np.float32(sb / sc)
 
     def _constants(self) -> tuple[np.float32, np.float32, np.float32]:
         """rA, rB and the fixed part, as qladd_avx2.cpp computes them once."""
