@@ -7,6 +7,7 @@ and run under qemu-aarch64, equal to the reference bit for bit and to ONNX Runti
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -179,10 +180,34 @@ def test_a_qdq_add_built_for_arm_runs_the_reference_under_qemu(
     path, x = _qdq_add(tmp_path / f"{case}.onnx", qtype, adds)
     got, _ = run_network(board, build_model(path, board.target), x)
     op = _qadd(case)
+    assert np.array_equal(got, op.reference(*_levels(op, x)))
+
+
+def _levels(op: QAdd, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8-bit a and b the QDQ Add network of tests/test_qmlas.py adds for input `x`."""
     qa, qb = op.reads
     k = np.float32(qb.scale / qa.scale)
-    a, b = qa.quantize(x), qb.quantize(np.ascontiguousarray(x.transpose(0, 1, 3, 2)) * k)
-    assert np.array_equal(got, op.reference(a, b))
+    return qa.quantize(x), qb.quantize(np.ascontiguousarray(x.transpose(0, 1, 3, 2)) * k)
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("case", ["uint8", "fallback"])
+def test_a_qdq_add_dequantized_after_runs_the_reference_under_qemu(
+    tmp_path: Path, arm_board: Board, case: str
+) -> None:
+    """The same network with a DequantizeLinear of the sum as its output: folded into the Add's kernel,
+    fixed point and fallback."""
+    qtype, adds = CASES[case]
+    path, x = _qdq_add(tmp_path / f"{case}.onnx", qtype, adds)
+    model = onnx.load(path)
+    model.graph.node.append(helper.make_node("DequantizeLinear", ["y", "c.s", "c.z"], ["yd"]))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("yd", TensorProto.FLOAT, [1, 1, 256, 256]))
+    onnx.save(model, path)
+    artifact = build_model(path, arm_board.target)
+    assert sum(k.what.startswith("qadd:") and "dequantizes=True" in k.what for k in artifact.kernels) == 1
+    got, _ = run_network(arm_board, artifact, x)
+    op = replace(_qadd(case), dequantizes=True)
+    assert np.array_equal(got, op.reference(*_levels(op, x)))
 
 
 @pytest.mark.board
