@@ -44,6 +44,10 @@ from xtune.schedule.loopnest import Affine, Buffer, DotInsn, Kernel, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 
+# Bytes per step of the padded image's fill and row copy on AArch64 (`PaddedImage.block`): four LDP/STP
+# of q registers a step.
+COPY_BLOCK = 128
+
 
 @dataclass(frozen=True)
 class QConvSchedule:
@@ -104,6 +108,7 @@ class QConv2dTemplate:
             vector=4 * lanes,
             folded=self.folded,
             complement=self.pairs,
+            block=COPY_BLOCK if self.target.arch == "aarch64" else 0,
         )
 
     def schedule(self, config: Config) -> QConvSchedule:
@@ -231,7 +236,7 @@ class _Emitter:
     def micro(self, image: Affine, y: Affine, x0: Affine, rows: int, col0: Affine, ncols: int) -> None:
         """Pixels x0..x0+rows of output row y against one strip: every tap's channel groups, the store."""
         b, sh, s = self.b, self.sh, self.s
-        tile = DotTile(self.b, self.t.plan, self.shape, rows, col0, ncols, weights="weights")
+        tile = DotTile(b, self.t.plan, self.shape, rows, col0, ncols, "weights", self.requant.narrows_rows)
         per_tap = self.t.depth // 4
         name = self.image.name
 

@@ -34,6 +34,7 @@ from xtune.schedule.loopnest import (
     Load,
     NestBuilder,
     PairSum,
+    Shuffle,
     Value,
 )
 from xtune.target import Target
@@ -137,7 +138,9 @@ class TileShape:
 
 class DotTile:
     """One register tile: `rows` rows against the weight columns col0..col0+ncols (col0 a multiple of nr)
-    of the packed buffer `weights`."""
+    of the packed buffer `weights`. With `bias_first` the first partial set starts from the bias instead
+    of zero (AArch64, where `Requantizer.narrows_rows`: a load or move per accumulator either way, and no
+    add per vector after the reduction); elsewhere the bias is added before the requantization."""
 
     def __init__(
         self,
@@ -148,20 +151,39 @@ class DotTile:
         col0: Affine,
         ncols: int,
         weights: str = "B",
+        bias_first: bool = False,
     ) -> None:
         self.b, self.plan, self.shape = b, plan, shape
         self.rows, self.col0, self.ncols, self.weights = rows, col0, ncols, weights
+        self.bias_first = bias_first
         self.nvec = -(-ncols // shape.lanes)
         width = shape.lanes * plan.acc_width
         self.acc = [
             [[b.register(f"acc{p}_{r}_{c}", width, DType.I32) for c in range(self.nvec)] for r in range(rows)]
             for p in range(shape.ksplit)
         ]
-        for sets in self.acc:
+        zero: Value = Const(0, width, DType.I32)
+        for p, sets in enumerate(self.acc):
             for row in sets:
-                for reg in row:
-                    b.assign(reg, Const(0, width, DType.I32))
+                for c, reg in enumerate(row):
+                    b.assign(reg, self._bias(c) if bias_first and p == 0 else zero)
         self.strip = Affine.of(col0) * (shape.groups * 4)
+
+    def _bias(self, c: int) -> Value:
+        """Vector c's bias as its accumulator's start; where the accumulator holds a pair per lane
+        (`PairSum` after), each bias in the first of its pair and 0 in the second (ZIP1, ZIP2)."""
+        lanes = self.shape.lanes
+        bias = self.bias_at(c)
+        if self.plan.acc_width == 1:
+            return bias
+        return Shuffle(
+            bias, Const(0, lanes, DType.I32), tuple(i // 2 if i % 2 == 0 else lanes for i in range(2 * lanes))
+        )
+
+    def bias_at(self, c: int) -> Load:
+        lanes = self.shape.lanes
+        col = self.col0 + c * lanes
+        return Load("bias", col, lanes, min(self.ncols - c * lanes, lanes) % lanes)
 
     def operand(self, at: tuple[str, Affine], g: Affine | int, count: int, size: int) -> Value:
         """A row's group g (local, of `count`) at `at`: by element from a vector of 4 groups where the plan
@@ -236,13 +258,20 @@ class DotTile:
                 yield r, c, total
 
     def store(self, requant: Requantizer, out: str, row_at: Callable[[int], Affine]) -> None:
-        """Each sum plus its column's bias, requantized, stored at out[row_at(row) + column]."""
+        """Each sum plus its column's bias, requantized, stored at out[row_at(row) + column]: a row of whole
+        vectors as one store where the requantizer narrows rows together (`Requantizer.apply_row`)."""
         lanes = self.shape.lanes
+        rows: dict[int, list[tuple[Value, Affine]]] = {}
         for r, c, total in self.totals():
             col = self.col0 + c * lanes
             count = min(self.ncols - c * lanes, lanes) % lanes
-            value = requant.apply(Binary(BinaryOp.ADD, total, Load("bias", col, lanes, count)), col, count)
-            self.b.store(out, row_at(r) + col, value, lanes, count)
+            summed = total if self.bias_first else Binary(BinaryOp.ADD, total, self.bias_at(c))
+            if requant.narrows_rows and self.ncols % lanes == 0:
+                rows.setdefault(r, []).append((summed, col))
+            else:
+                self.b.store(out, row_at(r) + col, requant.apply(summed, col, count), lanes, count)
+        for r, words in rows.items():
+            self.b.store(out, row_at(r) + self.col0, requant.apply_row(words), len(words) * lanes)
 
 
 def kernel_params(wl: Workload, packed: str, size: int) -> tuple[Buffer, ...]:
