@@ -29,6 +29,7 @@ from xtune.ops.qmatmul.micro import (
     ACT_DTYPE,
     DotPlan,
     DotTile,
+    GroupAt,
     TileShape,
     fit_registers,
     kernel_params,
@@ -240,15 +241,23 @@ class _Emitter:
         per_tap = self.t.depth // 4
         name = self.image.name
 
-        def tap(i: Affine, j: Affine | int) -> None:
-            first = (i * self.t.columns + j) * per_tap
+        def run(i: Affine, j: Affine | int) -> tuple[Affine, GroupAt]:
+            """Tap (i, j)'s first weight group and where each row's groups are."""
             row = y * sh.stride + i * sh.dilation
 
             def group(r: int, g: Affine | int) -> tuple[str, Affine]:
                 col = (x0 + r) * sh.stride + Affine.of(j) * sh.dilation
                 return name, self.image.at(image, row, col) + Affine.of(g) * 4
 
-            tile.reduce(per_tap, first, group)
+            return (i * self.t.columns + j) * per_tap, group
 
-        each_tap(b, (sh.r, self.t.columns), s.taps == "unroll", tap)
+        if s.taps == "unroll" and self.t.plan.lane_groups:
+            # A filter row's taps in one loop over channel groups (`DotTile.reduce_parts`): at stride 1 the
+            # vectors of a row's neighbouring taps are the same loads.
+            with b.loop(sh.r, "ti") as i:
+                tile.reduce_parts(per_tap, [run(i, j) for j in range(self.t.columns)])
+        else:
+            each_tap(
+                b, (sh.r, self.t.columns), s.taps == "unroll", lambda i, j: tile.reduce(per_tap, *run(i, j))
+            )
         tile.store(self.requant, "output", lambda r: ((image * sh.oh + y) * sh.ow + x0 + r) * sh.k)

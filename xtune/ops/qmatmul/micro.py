@@ -11,7 +11,7 @@ past k: the operand layout of vpdpbusd and sdot, which multiply 4 bytes per 32-b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,29 +222,41 @@ class DotTile:
         """Groups first..first+count-1 (local index g given to `group`), `unroll` steps per loop step spread
         over the `ksplit` partial sets, a step one group or (`pairs`) two, an odd group's step last; then
         one group of `tail` bytes (a k % 4 rest) if any."""
+        self.reduce_parts(count, ((first, group),), tail)
+
+    def reduce_parts(self, count: int, parts: Sequence[tuple[Affine | int, GroupAt]], tail: int = 0) -> None:
+        """`reduce` of several runs of `count` groups (each its first group and `GroupAt`) in one loop: a
+        loop step takes its `unroll` steps of every run in turn (a convolution's tap columns: the rows'
+        vectors of 4 groups that neighbouring taps share are loaded once, and the loop's counters are
+        paid once for all of them)."""
         s, b = self.shape, self.b
         width = 2 if s.pairs else 1
         per = s.unroll * s.ksplit
         full, rest = divmod(count // width, per)
 
-        def one(g: Affine | int, part: int, size: int = 4, width: int = width) -> None:
+        def one(
+            part: tuple[Affine | int, GroupAt], g: Affine | int, acc: int, size: int = 4, width: int = width
+        ) -> None:
+            first, group = part
             local = Affine.of(g)
             at = Affine.of(first) + local
             if width == 2:
-                self.step_pair(at, part, lambda r, i: self.operand(group(r, local + i), local + i, count, 4))
+                self.step_pair(at, acc, lambda r, i: self.operand(group(r, local + i), local + i, count, 4))
             else:
-                self.step(at, part, lambda r: self.operand(group(r, local), local, count, size))
+                self.step(at, acc, lambda r: self.operand(group(r, local), local, count, size))
 
         if full:
             with b.loop(full, "kg") as o:
-                for u in range(per):
-                    one((o * per + u) * width, u % s.ksplit)
-        for u in range(rest):
-            one((full * per + u) * width, u % s.ksplit)
-        if count % width:
-            one(count - 1, rest % s.ksplit, 4, 1)
-        if tail:
-            one(count, (rest + count % width) % s.ksplit, tail, 1)
+                for part in parts:
+                    for u in range(per):
+                        one(part, (o * per + u) * width, u % s.ksplit)
+        for part in parts:
+            for u in range(rest):
+                one(part, (full * per + u) * width, u % s.ksplit)
+            if count % width:
+                one(part, count - 1, rest % s.ksplit, 4, 1)
+            if tail:
+                one(part, count, (rest + count % width) % s.ksplit, tail, 1)
 
     def totals(self) -> Iterator[tuple[int, int, Value]]:
         """(row, vector, its int32 sums over every partial set) of the tile."""
