@@ -30,6 +30,7 @@ from xtune.ops.qmatmul.micro import (
     DotPlan,
     DotTile,
     GroupAt,
+    RowSpan,
     TileShape,
     fit_registers,
     kernel_params,
@@ -131,18 +132,34 @@ class QConv2dTemplate:
 
     def default_config(self) -> Config:
         knobs = {knob.name: knob.options for knob in self.space.knobs}
+        sh = self.sh
         # A block of weight strips within half of L2 (every output row reads it again).
         panel = self.groups * 4
         fits = [int(v) for v in knobs["nc"] if int(v) * panel <= self.target.l2_bytes // 2]
+        # Pairs unrolled over 3 taps spilled on qemu-aarch64 at stride 2 (LLVM hoists their products and
+        # the dups of 5 pixels), and at 64 channels with 4 pairs a step: 2 pairs (one vector of 4 groups).
+        taps = sh.s <= 3 and (not self.pairs or sh.stride == 1)
+        span = RowSpan(
+            taps=self.columns if taps and self.plan.lane_groups else 1,
+            stride=sh.stride,
+            dilation=sh.dilation,
+            width=sh.ow if self.plan.lane_groups else 0,
+        )
+        unroll = 4 if self.depth >= 16 else 1
+        if self.pairs and taps and self.columns > 1:
+            unroll = 2
+        elif self.plan.lane_groups and taps and self.depth == 32:
+            unroll = 8  # a tap's 8 groups in one step, no loop over them (16 groups in one spilled)
         values: dict[str, KnobValue] = {
-            "tile": tile_default(self.plan, register_tiles(self.plan, self.target), self.target, self.pairs),
+            "tile": tile_default(
+                self.plan, register_tiles(self.plan, self.target), self.target, self.pairs, span
+            ),
             "nc": max(fits or [int(knobs["nc"][0])]),
             "order": "pk",
             "inner": "nm",
-            "unroll": 4 if self.depth >= 16 else 1,
+            "unroll": unroll,
             "ksplit": 1,
-            # Pairs unrolled over 3 taps spilled on qemu-aarch64 (LLVM hoists their products).
-            "taps": "unroll" if self.sh.s <= 3 and not self.pairs else "loop",
+            "taps": "unroll" if taps else "loop",
             **({"lmul": 1} if "lmul" in knobs else {}),
         }
         return self.space.config(self.space.index_of(values))

@@ -328,31 +328,63 @@ def fit_registers(
     return ksplit, target.fp32_lanes * lmul
 
 
-def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool) -> tuple[float, int]:
+@dataclass(frozen=True, kw_only=True)
+class RowSpan:
+    """What a convolution's tile rows read (qconv2d, its taps unrolled): `taps` tap columns in one loop
+    step (`DotTile.reduce_parts`), whose vectors overlap (tap j of row r reads pixel column
+    r * stride + j * dilation); `width` pixels per output row, cut into tiles of mr and
+    one narrower tail tile. The default for qmatmul: one column, rows without a tail."""
+
+    taps: int = 1
+    stride: int = 1
+    dilation: int = 1
+    width: int = 0
+
+    def vectors(self, mr: int) -> int:
+        """Distinct row vectors of 4 groups an mr-row tile reads over its taps (pixel columns)."""
+        return len({r * self.stride + j * self.dilation for r in range(mr) for j in range(self.taps)})
+
+
+def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool, span: RowSpan = RowSpan()) -> tuple[float, int]:
     """(instructions per multiply-add group, live registers) of an mr x nv tile reading its rows' groups
     by element (`DotPlan.lane_groups`), by what the AArch64 code holds: per group, the dots, B's vectors
     in ldp pairs and a quarter load of each row's vector (SADALP: a dup of each row's group, and a
     smull, smull2 and two sadalps per dot; `DotDiff` pairs: 6 instructions per two groups); live, the
     accumulators, B's vectors of one step (two groups for pairs), each row's vector, and the next step's
-    operands in flight (2)."""
+    operands in flight (2). Over `span.taps` unrolled sdot taps the rows' vectors are `span.vectors`,
+    loaded once for all of them (the SADALP count stays per tap: 3x3 pair tiles, cheaper by the shared
+    count, spilled on qemu-aarch64)."""
+    rows = span.vectors(mr)
     if plan.insn is DotInsn.SDOT:
-        return (mr * nv + nv / 2 + mr / 4) / (mr * nv), mr * nv + nv + mr + 2
+        return (mr * nv + nv / 2 + rows / 4 / span.taps) / (mr * nv), mr * nv + nv + rows + 2
     per_dot = 3.0 if pairs else 4.0
     steps = 2 if pairs else 1
     cost = (per_dot * mr * nv + nv / 2 + mr * 1.25) / (mr * nv)
     return cost, 2 * mr * nv + steps * nv + mr + 2 + 2
 
 
-def tile_default(plan: DotPlan, tiles: tuple[str, ...], target: Target, pairs: bool = False) -> str:
+def tile_default(
+    plan: DotPlan, tiles: tuple[str, ...], target: Target, pairs: bool = False, span: RowSpan = RowSpan()
+) -> str:
     """The tile of the fewest instructions per dot (`DotPlan.instructions`), then the larger one; on
     AArch64's by-element route (`lane_groups`), by `lane_cost` among the tiles whose live registers fit
     the `register_budget` (a fuller tile spills: 6x4 sdot and 4x2 smull tiles measured more instructions
-    on qemu-aarch64 for it). The other routes' defaults are the ones timed in docs/benchmarks.md."""
+    on qemu-aarch64 for it), averaged over a row of `span.width` pixels, its tail tile included (ResNet-8's
+    8-pixel rows: 5x4 leaves a 3x4 tail, 8x2 none). The other routes' defaults are the ones timed in
+    docs/benchmarks.md."""
     shapes = [parse_tile(t) for t in tiles]
     if plan.lane_groups:
-        costs = {(m, v): lane_cost(plan, m, v, pairs) for m, v in shapes}
-        fits = [p for p in shapes if costs[p][1] <= register_budget(target)] or shapes
-        mr, nv = min(fits, key=lambda p: (costs[p][0], -p[0] * p[1]))
+        width = span.width
+
+        def cost(m: int, v: int) -> float:
+            if not width:
+                return lane_cost(plan, m, v, pairs, span)[0]
+            full, rest = divmod(width, min(m, width))
+            tail = lane_cost(plan, rest, v, pairs, span)[0] * rest if rest else 0.0
+            return (lane_cost(plan, min(m, width), v, pairs, span)[0] * full * min(m, width) + tail) / width
+
+        fits = [p for p in shapes if lane_cost(plan, *p, pairs, span)[1] <= register_budget(target)] or shapes
+        mr, nv = min(fits, key=lambda p: (cost(*p), -min(p[0], width or p[0]) * p[1], -p[0] * p[1]))
     else:
         mr, nv = min(shapes, key=lambda p: (plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1]))
     return f"{mr}x{nv}"
