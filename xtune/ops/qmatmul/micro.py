@@ -340,9 +340,26 @@ class RowSpan:
     dilation: int = 1
     width: int = 0
 
+    def columns(self, mr: int, taps: tuple[int, ...]) -> int:
+        """Distinct pixel columns (row vectors of 4 groups) an mr-row tile reads over `taps`."""
+        return len({r * self.stride + j * self.dilation for r in range(mr) for j in taps})
+
     def vectors(self, mr: int) -> int:
-        """Distinct row vectors of 4 groups an mr-row tile reads over its taps (pixel columns)."""
-        return len({r * self.stride + j * self.dilation for r in range(mr) for j in range(self.taps)})
+        """Row vectors an mr-row tile loads over its taps."""
+        return self.columns(mr, tuple(range(self.taps)))
+
+    def live(self, mr: int) -> int:
+        """Row vectors an mr-row tile holds at once: those of the largest class of `tap_classes`."""
+        return max(self.columns(mr, c) for c in tap_classes(self.taps, self.stride, self.dilation))
+
+
+def tap_classes(taps: int, stride: int, dilation: int) -> list[tuple[int, ...]]:
+    """The tap columns 0..taps-1 in classes whose pixel columns coincide between rows (j * dilation equal
+    modulo the stride): one class at stride 1, the even and the odd taps at stride 2 (dilation 1)."""
+    classes: dict[int, list[int]] = {}
+    for j in range(taps):
+        classes.setdefault(j * dilation % stride, []).append(j)
+    return [tuple(c) for c in classes.values()]
 
 
 def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool, span: RowSpan = RowSpan()) -> tuple[float, int]:
@@ -356,7 +373,7 @@ def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool, span: RowSpan = RowS
     count, spilled on qemu-aarch64)."""
     rows = span.vectors(mr)
     if plan.insn is DotInsn.SDOT:
-        return (mr * nv + nv / 2 + rows / 4 / span.taps) / (mr * nv), mr * nv + nv + rows + 2
+        return (mr * nv + nv / 2 + rows / 4 / span.taps) / (mr * nv), mr * nv + nv + span.live(mr) + 2
     per_dot = 3.0 if pairs else 4.0
     steps = 2 if pairs else 1
     cost = (per_dot * mr * nv + nv / 2 + mr * 1.25) / (mr * nv)
