@@ -151,8 +151,8 @@ class QConv2dTemplate:
         unroll = 4 if self.depth >= 16 else 1
         if self.pairs and taps and self.columns > 1:
             unroll = 2
-        elif self.plan.lane_groups and taps and self.depth == 32:
-            unroll = 8  # a tap's 8 groups in one step, no loop over them (16 groups in one spilled)
+        elif self.plan.insn is DotInsn.SDOT and taps and self.depth >= 32:
+            unroll = 8  # 8 groups a step (a tap's all at 32 channels); 16 in one step spilled
         values: dict[str, KnobValue] = {
             "tile": tile_default(
                 self.plan, register_tiles(self.plan, self.target), self.target, self.pairs, span

@@ -245,11 +245,13 @@ class DotTile:
             else:
                 self.step(at, acc, lambda r: self.operand(group(r, local), local, count, size))
 
+        quad = max(1, 4 // width)  # steps per vector of 4 groups
         if full:
             with b.loop(full, "kg") as o:
-                for part in parts:
-                    for u in range(per):
-                        one(part, (o * per + u) * width, u % s.ksplit)
+                for q in range(0, per, quad):  # each vector of 4 groups through every run, then the next
+                    for part in parts:
+                        for u in range(q, min(q + quad, per)):
+                            one(part, (o * per + u) * width, u % s.ksplit)
         for part in parts:
             for u in range(rest):
                 one(part, (full * per + u) * width, u % s.ksplit)
