@@ -238,14 +238,23 @@ class PaddedImage:
             inverse = Binary(BinaryOp.XOR, za, Const(-1, 1, DType.I32))
             fill = self.alternate(fill, Broadcast(Cast(inverse, self.dtype), v), v)
         rows, cols = sh.padded
-        b.split(
-            sh.n * rows * cols * self.depth, v, lambda i, size: b.store("image", i, fill, v, size % v), "zf"
-        )
+
+        def pad(at: Affine, extent: int) -> None:
+            b.split(extent, v, lambda i, size: b.store("image", at + i, fill, v, size % v), "zf")
+
         if self.block and not self.folded and self.depth == sh.c:
-            with b.loop(sh.n, "zn") as image, b.loop(sh.h, "zy") as y:
-                place = self.at(image, y + sh.top, Affine.of(sh.left))
-                self.copy(b, (image * sh.h + y) * (sh.w * sh.c), place, sh.w * sh.c, self.block)
+            # Whole rows copied: only the padding is filled, the rows above and below the image and each
+            # row's sides, beside the row's copy.
+            with b.loop(sh.n, "zn") as image:
+                pad(self.at(image, Affine(), Affine()), sh.top * cols * self.depth)
+                pad(self.at(image, Affine.of(sh.top + sh.h), Affine()), sh.bottom * cols * self.depth)
+                with b.loop(sh.h, "zy") as y:
+                    pad(self.at(image, y + sh.top, Affine()), sh.left * self.depth)
+                    pad(self.at(image, y + sh.top, Affine.of(sh.left + sh.w)), sh.right * self.depth)
+                    place = self.at(image, y + sh.top, Affine.of(sh.left))
+                    self.copy(b, (image * sh.h + y) * (sh.w * sh.c), place, sh.w * sh.c, self.block)
             return
+        pad(Affine(), sh.n * rows * cols * self.depth)
         for tap in range(sh.s if self.folded else 1):
             # Input column x lands at padded column x + left - tap*dilation of the tap's slot: the columns
             # from `first` on, where that is not left of the image.
