@@ -1,8 +1,9 @@
 """Runs inside the emulated arm64 Python (numpy and one runtime, no xtune): a model, a seed and run counts in;
 on stdout one JSON line (the runtime's version, the input names, the pids of the counting children in the
 order of the run counts), in the work directory the seeded inputs and the outputs of one inference.
-`hwcaps` instead prints the emulated core's AT_HWCAP words. benchmarks/arm_peers.py starts it under
-qemu-aarch64 (docs/arm-peers.md).
+`hwcaps` instead prints the emulated core's AT_HWCAP words; `outputs` runs one inference on the inputs
+saved in the work directory (inputs.npz, in the model's input order) and saves its outputs there, nothing
+counted. benchmarks/arm_peers.py starts it under qemu-aarch64 (docs/arm-peers.md).
 
 After one warm-up inference, which also gives the outputs, the loaded model is forked once per run count
 and each child runs that many inferences and exits: qemu-user runs a guest fork() as a host fork(), so the
@@ -12,6 +13,7 @@ the first inference's one-off work cancel).
 
 Usage: python3.11 arm_guest.py hwcaps
        python3.11 arm_guest.py RUNTIME MODEL WORKDIR SEED RUNS,RUNS,...
+       python3.11 arm_guest.py outputs RUNTIME MODEL WORKDIR
 """
 
 from __future__ import annotations
@@ -129,6 +131,13 @@ def count_children(run: Callable[[Feeds], list[np.ndarray]], feeds: Feeds, count
 def main(argv: list[str]) -> None:
     if argv[1:] == ["hwcaps"]:
         print(json.dumps(hwcaps()))
+        return
+    if argv[1] == "outputs":
+        runtime, model, workdir = argv[2:]
+        _, inputs, run = LOADERS[runtime](model)
+        with np.load(Path(workdir, "inputs.npz")) as saved:
+            feeds = {name: saved[f"arr_{i}"] for i, (name, _, _) in enumerate(inputs)}
+        np.savez(Path(workdir, "outputs.npz"), *run(feeds))
         return
     runtime, model, workdir, seed, runs = argv[1:]
     version, inputs, run = LOADERS[runtime](model)

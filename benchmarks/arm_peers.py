@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -179,6 +181,29 @@ def _env(root: Path) -> dict[str, str]:
     }
 
 
+@contextmanager
+def _guest_dir(model: Path, core: str, cache: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """For a run of `model` on the emulated `core`: the arm64 root, a temporary work directory and in it
+    the root's view for qemu-aarch64 -L (`core_view`)."""
+    if not model.is_file():
+        raise InputError(f"{model}: no such model file")
+    root = arm64_root(cache)
+    with tempfile.TemporaryDirectory(prefix="xtune-arm-peer-") as tmp:
+        work = Path(tmp)
+        yield root, work, core_view(work / "root", core, cache)
+
+
+def _guest(argv: list[str], root: Path, what: str, model: Path) -> subprocess.CompletedProcess[str]:
+    """The emulated arm_guest.py run `argv`; XtuneError saying why where it fails or hangs."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=_env(root), timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise XtuneError(f"{what}: {model.name} took over {TIMEOUT_S:.0f} s") from None
+    if proc.returncode != 0:
+        raise XtuneError(f"{what} failed on {model.name} ({proc.returncode}): {_last_line(proc.stderr)}")
+    return proc
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "no message"
@@ -224,28 +249,17 @@ def run_peer(
     runtime = runtime_for(model)
     if pairs < 1:
         raise InputError(f"pairs must be at least 1, not {pairs}")
-    if not model.is_file():
-        raise InputError(f"{model}: no such model file")
-    root = arm64_root(cache)
-    with tempfile.TemporaryDirectory(prefix="xtune-arm-peer-") as tmp:
-        work = Path(tmp)
-        view = core_view(work / "root", core, cache)
+    with _guest_dir(model, core, cache) as (root, work, view):
         counts = work / "counts.txt"
         if "," in str(counts):  # -plugin splits its argument at commas
-            raise XtuneError(f"the temporary folder {tmp} has a comma in its path: set TMPDIR elsewhere")
+            raise XtuneError(f"the temporary folder {work} has a comma in its path: set TMPDIR elsewhere")
         plugin = f"{build_insn_plugin()},min=0,out={counts}"  # min=0: the runtimes' libraries lie anywhere
         plugin += ",blocks=1" if cycles is not None else ""
         argv = [qemu_aarch64(), "-cpu", core, "-L", str(view), "-plugin", plugin, *_python(root)]
         argv += [runtime.value, str(model.resolve()), str(work), str(seed), ",".join(map(str, RUNS * pairs))]
         start = time.perf_counter()
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, env=_env(root), timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise XtuneError(f"{runtime.value} on {core}: {model.name} took over {TIMEOUT_S:.0f} s") from None
+        proc = _guest(argv, root, f"{runtime.value} on {core}", model)
         seconds = time.perf_counter() - start
-        if proc.returncode != 0:
-            why = _last_line(proc.stderr)
-            raise XtuneError(f"{runtime.value} on {core} failed on {model.name} ({proc.returncode}): {why}")
         reply = json.loads(proc.stdout.splitlines()[-1])
         instructions, estimate, why = per_inference(counts, reply["children"], work / "maps.txt", cycles)
         return PeerRun(
@@ -260,6 +274,20 @@ def run_peer(
             cycles_error=why,
             seconds=seconds,
         )
+
+
+def peer_outputs(
+    model: Path, inputs: tuple[np.ndarray, ...], core: str = "cortex-a72", *, cache: Path = CACHE
+) -> tuple[np.ndarray, ...]:
+    """The outputs of one inference of `model` in its peer on the emulated `core` for the given inputs
+    (in the model's input order), nothing counted: for checking an arithmetic against the ARM build."""
+    runtime = runtime_for(model)
+    with _guest_dir(model, core, cache) as (root, work, view):
+        np.savez(work / "inputs.npz", *inputs)
+        argv = [qemu_aarch64(), "-cpu", core, "-L", str(view), *_python(root)]
+        argv += ["outputs", runtime.value, str(model.resolve()), str(work)]
+        _guest(argv, root, f"{runtime.value} on {core}", model)
+        return _arrays(work / "outputs.npz")
 
 
 def host_outputs(model: Path, inputs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:

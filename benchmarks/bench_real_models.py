@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/exported.py: the zoo's light graphs
@@ -51,41 +52,54 @@ def bench_one(path: Path, args: argparse.Namespace) -> tuple[dict[str, object], 
         imported = time.perf_counter() - start
         start = time.perf_counter()
         artifact = build_model(source, board.target, args.log or (), layout=args.layout)
+        built = time.perf_counter() - start
+        # With a log, the default build (no log) too, timed in the same rounds: the table's two columns.
+        default = build_model(source, board.target, (), layout=args.layout) if args.log else None
     except InputError as err:  # the build also refuses what extraction accepts (a kernel's stack)
         return {"model": name, "refused": str(err)}, f"{name:<24} refused: {err}"
-    built = time.perf_counter() - start
     x = random_input(artifact.program.input_shape)
     model = load_model(source).SerializeToString()
-    # Rounds of xtune then ORT, the ratio taken round by round: this host's speed drifts by tens of per
-    # cent over seconds, which two back-to-back medians would read as a difference between the two.
-    times, ort_times, ratios = [], [], []
+    builds = [artifact] if default is None else [artifact, default]
+    # Rounds of xtune (the tuned build, then the default one) then ORT, the ratios taken round by round:
+    # this host's speed drifts by tens of per cent over seconds, which back-to-back medians would read as
+    # a difference between them.
+    times: list[list[float]] = [[] for _ in builds]
+    ort_times: list[float] = []
+    outputs: list[np.ndarray] = []
     for _ in range(args.rounds):
-        got, seconds = run_network(board, artifact, x, args.repeat)
+        timed = [run_network(board, build, x, args.repeat) for build in builds]
         ref, ort_repeats = ort_network(model, x, args.repeat)
-        times.append(seconds)
         ort_times.append(statistics.median(ort_repeats))
-        ratios.append(ort_times[-1] / seconds)
-    mismatch = compare_output(got, ref, RTOL)
-    seconds, ort_s, ratio = (statistics.median(v) for v in (times, ort_times, ratios))
-    row = {
+        for column, (_, seconds) in zip(times, timed, strict=True):
+            column.append(seconds)
+        outputs = [got for got, _ in timed]
+    mismatch = next((m for m in (compare_output(got, ref, RTOL) for got in outputs) if m), "")
+    ratios = [[ort / t for ort, t in zip(ort_times, column, strict=True)] for column in times]
+    row: dict[str, object] = {
         "model": name,
         "import_s": imported,
         "tasks": len(taskset.tasks),
         "build_s": built,
         "matches_ort": not mismatch,
         "mismatch": mismatch,
-        "xtune_s": seconds,
-        "ort_s": ort_s,
-        "x_ort": ratio,
-        "x_ort_rounds": ratios,
+        "ort_s": statistics.median(ort_times),
     }
+    parts = []
+    columns = (("xtune", "xtune_s", "x_ort"), ("default", "default_s", "default_x_ort"))
+    for (label, time_key, ratio_key), column, column_ratios in zip(
+        columns[: len(times)], times, ratios, strict=True
+    ):
+        ratio = statistics.median(column_ratios)
+        row |= {time_key: statistics.median(column), ratio_key: ratio, f"{ratio_key}_rounds": column_ratios}
+        parts.append(
+            f"{label} {1e3 * statistics.median(column):.2f} ms, {ratio:.2f}x ORT "
+            f"(rounds {min(column_ratios):.2f}-{max(column_ratios):.2f})"
+        )
     line = f"{name:<24} import+tasks {imported:.2f} s, build {built:.2f} s, "
     if mismatch:
         return row, line + f"WRONG: {mismatch}"
-    return row, line + (
-        f"matches ORT, xtune {1e3 * seconds:.2f} ms, ORT {1e3 * ort_s:.2f} ms, {ratio:.2f}x ORT "
-        f"(rounds {min(ratios):.2f}-{max(ratios):.2f})"
-    )
+    line += f"matches ORT, ORT {1e3 * statistics.median(ort_times):.2f} ms, " + "; ".join(parts)
+    return row, line
 
 
 def main() -> int:
@@ -95,7 +109,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed repeats per round (median)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of xtune, then ORT (ratio: median)")
     parser.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"))
-    parser.add_argument("--log", action="append", help="tuning log whose bests the build takes")
+    parser.add_argument(
+        "--log",
+        action="append",
+        help="tuning log whose bests the build takes (the default build timed beside it)",
+    )
     parser.add_argument("--random-weights", action="store_true", help="seeded random weights (light models)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()

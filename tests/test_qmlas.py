@@ -150,11 +150,13 @@ def _q(name: str, q: QParams, inits: dict[str, np.ndarray]) -> list[str]:
     return [f"{name}.s", f"{name}.z"]
 
 
-def _qdq_add(path: Path, qtype: QType) -> tuple[Path, np.ndarray]:
+def _qdq_add(
+    path: Path, qtype: QType, adds: tuple[tuple[float, int], ...] | None = None
+) -> tuple[Path, np.ndarray]:
     """x[1,1,256,256] -> Q(a) -> DQ, and x transposed, times sb/sa -> Q(b) -> DQ; their Add -> Q(c): the
-    network's 8-bit output. Row i of x is every level of a (x[i, j] = sa·(lo + j - za)), so the Add sees
-    every level of a against the ~256 levels of b."""
-    qa, qb, qc = _params(qtype, ADDS[qtype])
+    network's 8-bit output, quantized as `adds` (ADDS[qtype] by default). Row i of x is every level of a
+    (x[i, j] = sa·(lo + j - za)), so the Add sees every level of a against the ~256 levels of b."""
+    qa, qb, qc = _params(qtype, adds or ADDS[qtype])
     inits: dict[str, np.ndarray] = {"k": np.array(qb.scale / qa.scale, np.float32)}
     nodes = [
         helper.make_node("QuantizeLinear", ["x", *_q("a", qa, inits)], ["aq"]),

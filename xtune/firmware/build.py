@@ -189,10 +189,11 @@ def _kernels(
                 stack_bytes=kernel.stack_bytes,
             )
         else:
-            kernel = call.kernel.kernel_nest(name, target.fp32_lanes)
+            op = call.kernel.for_target(target)  # its arithmetic on this target (ops/opkit.py)
+            kernel = op.kernel_nest(name, target.fp32_lanes)
             row = NetKernel(
                 symbol=name,
-                what=key,
+                what=kernel_key(op),
                 calls=0,
                 source="generated",
                 config_index=None,

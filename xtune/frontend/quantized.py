@@ -306,7 +306,8 @@ def _qlinear_pointwise(
         # ONNX Runtime's x86-64 build fuses int8 QDQ groups only where its selector allows int8
         # (onnxruntime/core/optimizer/qdq_transformer/selectors_actions/qdq_selector_action_transformer.h,
         # QDQIsInt8Allowed: ARM only); measured, an int8 Add or Mul stays DequantizeLinear, the float
-        # operator, QuantizeLinear there: the float form's arithmetic, not QLinearAdd's.
+        # operator, QuantizeLinear there: the float form's arithmetic, not QLinearAdd's. A build for a
+        # target whose ONNX Runtime fuses it (ARM) runs the QLinearAdd (xtune/ops/qmlas.py, fuses_int8_qdq).
         attrs["requant"] = "float"
     edit.nodes[index] = Node(name=node.name, op=op, inputs=tuple(inputs), outputs=q.outputs, attrs=attrs)
     drop_fused(edit, writers, q)

@@ -43,6 +43,7 @@ from xtune.schedule.loopnest import (
     Reg,
     Value,
 )
+from xtune.target import Target
 
 Shape = tuple[int, ...]
 UNROLL = 4  # vectors per iteration of an elementwise loop: enough independent work to hide latency
@@ -81,6 +82,11 @@ class GeneratedOp(ABC):
         return type(self).__name__.lower()
 
     def in_layout(self, layout: Layout, out_shape: Shape) -> GeneratedOp:
+        return self
+
+    def for_target(self, target: Target) -> GeneratedOp:
+        """The operator as a build for `target` computes it: here the operator itself; an operator whose
+        reference runtime computes it otherwise on another architecture (xtune/ops/qmlas.py) says how."""
         return self
 
 

@@ -28,10 +28,11 @@ from xtune.ops import activation, arith, elementwise, pool2d
 from xtune.ops.anchor import refuse
 from xtune.ops.layout import Layout
 from xtune.ops.opkit import Consts, GeneratedOp, Mapped, NodeFamily, Shape
-from xtune.ops.qmlas import QAdd, QGlobalAveragePool
+from xtune.ops.qmlas import QAdd, QGlobalAveragePool, fuses_int8_qdq
 from xtune.ops.qpool import scaled_mean
 from xtune.ops.quantize import RANGES, QParams, dequantized, node_arithmetic, node_qparams, quantized
 from xtune.schedule.loopnest import Assign, BufferKind, For, Kernel, Load, Stmt, Store, Value, walk
+from xtune.target import Target
 
 # op -> (the float op, how many 8-bit inputs, each followed by its scale and zero point; then the
 # output's scale and zero point), as ONNX Runtime's contrib operators define them.
@@ -58,12 +59,15 @@ _BOUNDARIES = ("QuantizeLinear", "DequantizeLinear")
 class Quantized(GeneratedOp):
     """A float operator (`inner`) between 8-bit tensors: input i read as `reads[i]` dequantizes it (None:
     a float32 input, read as it is), the output written as `writes` quantizes it (and, `dequantizes`,
-    dequantizes that 8-bit value again: a float32 output, as a DequantizeLinear after it computes it)."""
+    dequantizes that 8-bit value again: a float32 output, as a DequantizeLinear after it computes it).
+    `fused`: for an int8 QDQ Add, the QLinearAdd ONNX Runtime fuses it into where its build fuses int8
+    QDQ groups (`fuses_int8_qdq`), which a build for such a target computes instead (`for_target`)."""
 
     inner: GeneratedOp
     reads: tuple[QParams | None, ...]
     writes: QParams
     dequantizes: bool = False
+    fused: QAdd | None = None
 
     @property
     def input_shapes(self) -> tuple[Shape, ...]:
@@ -84,6 +88,11 @@ class Quantized(GeneratedOp):
 
     def in_layout(self, layout: Layout, out_shape: Shape) -> Quantized:
         return replace(self, inner=self.inner.in_layout(layout, out_shape))
+
+    def for_target(self, target: Target) -> GeneratedOp:
+        if self.fused is None or not fuses_int8_qdq(target):
+            return self
+        return replace(self.fused, dequantizes=self.dequantizes).for_target(target)
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
         kernel = self.inner.kernel_nest(name, lanes)
@@ -233,18 +242,22 @@ def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Map
 
 def _onnx_runtime_form(
     node: Node, inner: GeneratedOp, reads: tuple[QParams, ...], writes: QParams
-) -> QAdd | QGlobalAveragePool | None:
+) -> GeneratedOp | None:
     """The kernel with ONNX Runtime's own arithmetic (xtune/ops/qmlas.py) for a node of an ONNX model
     that ONNX Runtime runs with MLAS: a QLinearAdd of two same-shape tensors (Elementwise; a broadcasting
     one is arith's kernel, its float form kept) and a QLinearGlobalAveragePool; None for the others, and
     where the node keeps TFLite's arithmetic (`requant="tflite"`: its ADD the float form, its MEAN
-    `_tflite_mean`) or the float form of an int8 QDQ Add ONNX Runtime does not fuse (`requant="float"`,
-    xtune/frontend/quantized.py)."""
-    if node_arithmetic(node) != "onnx":
+    `_tflite_mean`). An int8 QDQ Add (`requant="float"`, xtune/frontend/quantized.py) is the float form
+    where ONNX Runtime's build leaves it unfused, its QLinearAdd where it fuses it (`Quantized.fused`)."""
+    arithmetic = node_arithmetic(node)
+    if arithmetic == "tflite":
         return None
     if isinstance(inner, elementwise.Elementwise) and len(reads) == 2:
-        return QAdd(shape=inner.shape, reads=(reads[0], reads[1]), writes=writes)
-    if isinstance(inner, pool2d.GlobalAveragePool):
+        qadd = QAdd(shape=inner.shape, reads=(reads[0], reads[1]), writes=writes)
+        return (
+            qadd if arithmetic == "onnx" else Quantized(inner=inner, reads=reads, writes=writes, fused=qadd)
+        )
+    if isinstance(inner, pool2d.GlobalAveragePool) and arithmetic == "onnx":
         n, c, h, w = inner.n, inner.c, inner.h, inner.w
         return QGlobalAveragePool(n=n, c=c, h=h, w=w, reads=reads[0], writes=writes, layout=inner.layout)
     return None

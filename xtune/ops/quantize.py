@@ -44,7 +44,8 @@ from xtune.schedule.loopnest import (
 QType = Literal["int8", "uint8"]
 # Whose integer arithmetic a quantized node of the network IR follows, as its `requant` attribute says
 # (set by the import, xtune/frontend/quantized.py): ONNX Runtime's (the default), TFLite's, or the float
-# form between its Dequantize and Quantize (an int8 Add or Mul ONNX Runtime does not fuse on x86).
+# form between its Dequantize and Quantize (an int8 Add or Mul ONNX Runtime does not fuse on x86; on ARM
+# it fuses the Add, which a build for ARM then runs as its QLinearAdd: xtune/ops/qmlas.py, fuses_int8_qdq).
 NodeArithmetic = Literal["onnx", "tflite", "float"]
 QDTYPES = {"int8": DType.I8, "uint8": DType.U8}  # an 8-bit tensor's element type in loop nests
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}  # by element type (qmatmul/reference.py: by `a` word)
