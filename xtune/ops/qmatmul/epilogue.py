@@ -102,18 +102,18 @@ class Requantizer:
 
     def apply_row(self, totals: list[tuple[Value, Affine]]) -> Value:
         """The bytes of a row of whole vectors (accumulators with their bias, and each one's first column)
-        as one vector, for one store. Each vector is scaled and rounded by FCVTNS (which saturates), then
-        the row is narrowed to i16 saturating (SQXTN, SQXTN2: 2 per 8 lanes), clamped to [lo - zy, hi - zy]
-        in i16 lanes (SMAX, SMIN: one each per 8), truncated to bytes (UZP1, one per 16) and zy added to
-        the bytes (one ADD per 16, wrapping: the result lies in [lo, hi], one byte). The same bits as
-        `apply`: rounding is monotonic and both bounds are integers within i16, so clamping the rounded,
-        saturated value equals rounding the clamped one; `apply` narrows and adds per 4 lanes instead
-        (about 12 instructions per 4 outputs against 6 here, Arm ARM SQXTN, UZP1)."""
+        as one vector of `joined_lanes` lanes, for one store. Each vector is scaled and rounded by FCVTNS
+        (which saturates), then the row is narrowed to i16 saturating (SQXTN, SQXTN2: 2 per 8 lanes),
+        clamped to [lo - zy, hi - zy] in i16 lanes (SMAX, SMIN: one each per 8), truncated to bytes (UZP1,
+        one per 16) and zy added to the bytes (one ADD per 16, wrapping: the result lies in [lo, hi], one
+        byte). The same bits as `apply`: rounding is monotonic and both bounds are integers within i16, so
+        clamping the rounded, saturated value equals rounding the clamped one; `apply` narrows and adds
+        per 4 lanes instead (about 12 instructions per 4 outputs against 6 here, Arm ARM SQXTN, UZP1)."""
         words: list[Value] = [
             Cast(RoundEven(self._scaled(t, col, 0), fcvtns=True), DType.I32) for t, col in totals
         ]
         row = _join(words, self.lanes)
-        n, i16 = len(words) * self.lanes, DType.I16
+        n, i16 = joined_lanes(len(words), self.lanes), DType.I16
         saturated = Binary(
             BinaryOp.MIN,
             Binary(BinaryOp.MAX, row, Const(-(1 << 15), n, DType.I32)),
@@ -143,21 +143,17 @@ class Requantizer:
         return Broadcast(Load("out_scale", Affine()), self.lanes)
 
 
+def joined_lanes(parts: int, width: int) -> int:
+    """Lanes of `parts` vectors of `width` lanes joined by `_join`: their count rounded up to a power of 2."""
+    return width << (parts - 1).bit_length()
+
+
 def _join(parts: list[Value], width: int) -> Value:
-    """The parts (each `width` lanes) concatenated in order, pairwise by `Shuffle` (an odd last part joined
-    with itself, its second copy dropped by the next join's mask)."""
-    widths = [width] * len(parts)
+    """The parts (each `width` lanes) side by side, in `joined_lanes` lanes: pairs joined by `Shuffle`
+    (an odd count padded with its last part, lanes no store keeps) until one is left."""
     while len(parts) > 1:
-        joined, sizes = [], []
-        for i in range(0, len(parts), 2):
-            if i + 1 == len(parts):
-                joined.append(parts[i])
-                sizes.append(widths[i])
-                continue
-            a, b, wa, wb = parts[i], parts[i + 1], widths[i], widths[i + 1]
-            if wb < wa:  # b widened to a's width by repeating its lanes (the extra ones are not picked)
-                b = Shuffle(b, b, tuple(j % wb for j in range(wa)))
-            joined.append(Shuffle(a, b, (*range(wa), *range(wa, wa + wb))))
-            sizes.append(wa + wb)
-        parts, widths = joined, sizes
+        if len(parts) % 2:
+            parts = [*parts, parts[-1]]
+        parts = [Shuffle(a, b, tuple(range(2 * width))) for a, b in zip(parts[::2], parts[1::2], strict=True)]
+        width *= 2
     return parts[0]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xtune.ops.qmatmul.epilogue import Requantizer
+from xtune.ops.qmatmul.epilogue import Requantizer, joined_lanes
 from xtune.ops.tiles import lane_group, parse_tile, register_budget
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
@@ -285,7 +285,8 @@ class DotTile:
             else:
                 self.b.store(out, row_at(r) + col, requant.apply(summed, col, count), lanes, count)
         for r, words in rows.items():
-            self.b.store(out, row_at(r) + self.col0, requant.apply_row(words), len(words) * lanes)
+            row, valid = requant.apply_row(words), len(words) * lanes
+            self.b.store(out, row_at(r) + self.col0, row, joined_lanes(len(words), lanes), valid)
 
 
 def kernel_params(wl: Workload, packed: str, size: int) -> tuple[Buffer, ...]:
