@@ -448,7 +448,7 @@ def test_kernels_are_exact_at_the_extremes_under_qemu(board: str, a: str, compil
 
 
 # qemu-aarch64 instructions per multiply-add of the default config of ResNet-8's stack-3 3x3 (MLPerf Tiny,
-# docs/benchmarks.md "Issue 29"): the goals, A72 0.25 (0.236 measured) and A76 sdot 0.08 (0.077).
+# docs/benchmarks.md "Issue 29"): the goals, A72 0.25 (0.236 measured) and A76 sdot 0.08 (0.076).
 INSN_PER_MAC = {"qemu-aarch64": 0.25, "qemu-aarch64-dotprod": 0.08}
 
 

@@ -183,8 +183,9 @@ class PaddedImage:
     # image too: the second group of each pair the A72 route multiplies with smlsl (`DotDiff`).
     complement: bool = False
     # Bytes per step of the fill and, where an input row lands contiguous in the copy (depth == c, not
-    # folded), of a whole row's copy, instead of `vector` per pixel: AArch64's LDP/STP move 32 bytes an
-    # instruction, and a step of its loops costs three more (add, cmp, b.ne). 0: by `vector` and pixel.
+    # folded), of a whole row's copy (`row_block`), instead of `vector` per pixel: AArch64's LDP/STP move
+    # 32 bytes an instruction, and a step of its loops costs three more (add, cmp, b.ne). 0: by `vector`
+    # and pixel.
     block: int = 0
 
     @property
@@ -202,6 +203,13 @@ class PaddedImage:
         """`even` in the bytes of even channel groups, `odd` in the odd ones, of `lanes` bytes starting at a
         multiple of 8 channels (pixels and stores start at one: `complement` needs c % 8 == 0)."""
         return Shuffle(even, odd, tuple(i + lanes * (i // 4 % 2) for i in range(lanes)))
+
+    @property
+    def row_block(self) -> int:
+        """Bytes per step of a row's copy: the largest power of two up to `block` that divides the row (a
+        partial vector would be loaded in pieces)."""
+        row = self.sh.w * self.sh.c
+        return next(p for p in (self.block >> i for i in range(self.block.bit_length())) if row % p == 0)
 
     @property
     def name(self) -> str:
@@ -252,7 +260,7 @@ class PaddedImage:
                     pad(self.at(image, y + sh.top, Affine()), sh.left * self.depth)
                     pad(self.at(image, y + sh.top, Affine.of(sh.left + sh.w)), sh.right * self.depth)
                     place = self.at(image, y + sh.top, Affine.of(sh.left))
-                    self.copy(b, (image * sh.h + y) * (sh.w * sh.c), place, sh.w * sh.c, self.block)
+                    self.copy(b, (image * sh.h + y) * (sh.w * sh.c), place, sh.w * sh.c, self.row_block)
             return
         pad(Affine(), sh.n * rows * cols * self.depth)
         for tap in range(sh.s if self.folded else 1):

@@ -47,9 +47,9 @@ from xtune.schedule.loopnest import Affine, Buffer, DotInsn, Kernel, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
 
-# Bytes per step of the padded image's fill and row copy on AArch64 (`PaddedImage.block`): four LDP/STP
-# of q registers a step.
-COPY_BLOCK = 128
+# Bytes per step of the padded image's fill and row copy on AArch64 (`PaddedImage.block`): up to 16
+# LDP/STP of q registers a step (ResNet-8's rows are 512 bytes: one step each).
+COPY_BLOCK = 512
 
 
 @dataclass(frozen=True)
