@@ -22,11 +22,13 @@ FAST = MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, warmup=0, timeout_m
 M, N, K = 10, 64, 4
 
 
-def edge_inputs(a_type: str, clamp: str) -> list[np.ndarray]:
+def edge_inputs(a_type: str, clamp: str, scale: float = 0.5) -> list[np.ndarray]:
     """A row r holds (r, 0, 0, 0) and only the first row of B is non-zero (ones), so the sum of output
     (r, c) is r + bias[c]: with bias -300 + 10c every integer from -300 to 339 once. The scale 0.5 makes
     each odd sum an exact tie, and [-150, 170) passes both bounds of every clamp below: the full type
-    range, or a fused ReLU6's (zy .. zy + 12, 6 / 0.5 steps), with an odd zero point."""
+    range, or a fused ReLU6's (zy .. zy + 12, 6 / 0.5 steps), with an odd zero point. A larger `scale`
+    puts the scaled sums beyond the int16 range (AArch64 narrows with saturation before it clamps) or,
+    at 1e8, beyond the int32 range (FCVTNS saturates)."""
     lo, hi = RANGES[a_type]
     zy = {"s8": 3, "u8": 131}[a_type]
     bounds = (lo, hi) if clamp == "full" else (zy, zy + 12)
@@ -36,7 +38,7 @@ def edge_inputs(a_type: str, clamp: str) -> list[np.ndarray]:
     b[0] = 1
     bias = (-300 + 10 * np.arange(N)).astype(np.int32)
     qparams = np.array([0, zy, *bounds], np.int32)
-    return [a, b, bias, np.array([0.5], np.float32), qparams]
+    return [a, b, bias, np.array([scale], np.float32), qparams]
 
 
 def test_the_inputs_hit_every_edge() -> None:
@@ -50,9 +52,17 @@ def test_the_inputs_hit_every_edge() -> None:
     assert (f < lo - zy).any() and (f > hi - zy).any()
 
 
-def check(board: str, key: str, a_type: str, clamp: str, pool: CompilePool, mp: pytest.MonkeyPatch) -> None:
+def check(
+    board: str,
+    key: str,
+    a_type: str,
+    clamp: str,
+    pool: CompilePool,
+    mp: pytest.MonkeyPatch,
+    scale: float = 0.5,
+) -> None:
     """The default config and two random ones, on the edge inputs: every output must equal the reference."""
-    mp.setattr(measure, "random_inputs", lambda wl: edge_inputs(a_type, clamp))
+    mp.setattr(measure, "random_inputs", lambda wl: edge_inputs(a_type, clamp, scale))
     measurer = Measurer(get_board(board), parse_workload(key), FAST, pool)
     space = measurer.template.space
     rng = random.Random(key)
@@ -87,3 +97,15 @@ def test_ties_and_bounds_under_qemu_aarch64(
     if shutil.which(get_board(board).target.qemu_binary) is None:
         pytest.skip("needs qemu-user")
     check(board, f"qmatmul:m={M},n={N},k={K},a=s8", "s8", clamp, compile_pool, monkeypatch)
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("scale", [1000.0, 1e8])
+def test_sums_far_beyond_the_bounds_under_qemu_aarch64(
+    scale: float, compile_pool: CompilePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scaled sums past the int16 range and past the int32 range still clamp to the bounds."""
+    board = "qemu-aarch64-dotprod"
+    if shutil.which(get_board(board).target.qemu_binary) is None:
+        pytest.skip("needs qemu-user")
+    check(board, f"qmatmul:m={M},n={N},k={K},a=u8", "u8", "relu6", compile_pool, monkeypatch, scale)

@@ -182,6 +182,11 @@ class PaddedImage:
     # Every odd channel group (channels 4-7 of each 8) stored complemented (~x = -x - 1), za' around the
     # image too: the second group of each pair the A72 route multiplies with smlsl (`DotDiff`).
     complement: bool = False
+    # Bytes per step of the fill and, where an input row lands contiguous in the copy (depth == c, not
+    # folded), of a whole row's copy (`row_block`), instead of `vector` per pixel: AArch64's LDP/STP move
+    # 32 bytes an instruction, and a step of its loops costs three more (add, cmp, b.ne). 0: by `vector`
+    # and pixel.
+    block: int = 0
 
     @property
     def copied(self) -> bool:
@@ -198,6 +203,13 @@ class PaddedImage:
         """`even` in the bytes of even channel groups, `odd` in the odd ones, of `lanes` bytes starting at a
         multiple of 8 channels (pixels and stores start at one: `complement` needs c % 8 == 0)."""
         return Shuffle(even, odd, tuple(i + lanes * (i // 4 % 2) for i in range(lanes)))
+
+    @property
+    def row_block(self) -> int:
+        """Bytes per step of a row's copy: the largest power of two up to `block` that divides the row (a
+        partial vector would be loaded in pieces)."""
+        row = self.sh.w * self.sh.c
+        return next(p for p in (self.block >> i for i in range(self.block.bit_length())) if row % p == 0)
 
     @property
     def name(self) -> str:
@@ -225,7 +237,7 @@ class PaddedImage:
         """The copy: every byte za', then each input pixel's c bytes (flipped) at its padded place."""
         if not self.copied:
             return
-        sh, v = self.sh, self.vector
+        sh, v = self.sh, self.block or self.vector
         za: Value = Load("qparams", Affine())
         if self.act is not self.dtype:  # xor 0x80 moves za by 128 in the flipped type, as `DotPlan` says
             za = Binary(BinaryOp.XOR, za, Const(128, 1, DType.I32))
@@ -234,9 +246,23 @@ class PaddedImage:
             inverse = Binary(BinaryOp.XOR, za, Const(-1, 1, DType.I32))
             fill = self.alternate(fill, Broadcast(Cast(inverse, self.dtype), v), v)
         rows, cols = sh.padded
-        b.split(
-            sh.n * rows * cols * self.depth, v, lambda i, size: b.store("image", i, fill, v, size % v), "zf"
-        )
+
+        def pad(at: Affine, extent: int) -> None:
+            b.split(extent, v, lambda i, size: b.store("image", at + i, fill, v, size % v), "zf")
+
+        if self.block and not self.folded and self.depth == sh.c:
+            # Whole rows copied: only the padding is filled, the rows above and below the image and each
+            # row's sides, beside the row's copy.
+            with b.loop(sh.n, "zn") as image:
+                pad(self.at(image, Affine(), Affine()), sh.top * cols * self.depth)
+                pad(self.at(image, Affine.of(sh.top + sh.h), Affine()), sh.bottom * cols * self.depth)
+                with b.loop(sh.h, "zy") as y:
+                    pad(self.at(image, y + sh.top, Affine()), sh.left * self.depth)
+                    pad(self.at(image, y + sh.top, Affine.of(sh.left + sh.w)), sh.right * self.depth)
+                    place = self.at(image, y + sh.top, Affine.of(sh.left))
+                    self.copy(b, (image * sh.h + y) * (sh.w * sh.c), place, sh.w * sh.c, self.row_block)
+            return
+        pad(Affine(), sh.n * rows * cols * self.depth)
         for tap in range(sh.s if self.folded else 1):
             # Input column x lands at padded column x + left - tap*dilation of the tap's slot: the columns
             # from `first` on, where that is not left of the image.
@@ -248,9 +274,13 @@ class PaddedImage:
 
     def copy_pixel(self, b: NestBuilder, source: Affine, place: Affine) -> None:
         """An input pixel's c bytes (flipped to the image's type) from input[source] to image[place]."""
+        self.copy(b, source, place, self.sh.c, self.pixel_vector)
+
+    def copy(self, b: NestBuilder, source: Affine, place: Affine, extent: int, p: int) -> None:
+        """`extent` bytes of whole pixels from input[source] to image[place], flipped to the image's type,
+        `p` bytes (a multiple of 8 where `complement`) at a time."""
 
         def chunk(j: Affine, size: int) -> None:
-            p = self.pixel_vector
             value: Value = Load("input", source + j, p, size % p)
             flip = -128 if self.act is not self.dtype else 0
             if self.complement:
@@ -260,7 +290,7 @@ class PaddedImage:
                 value = Cast(Binary(BinaryOp.XOR, value, Const(flip, p, DType.I8)), self.dtype)
             b.store("image", place + j, value, p, size % p)
 
-        b.split(self.sh.c, self.pixel_vector, chunk, "zc")
+        b.split(extent, p, chunk, "zc")
 
 
 def each_tap(

@@ -29,11 +29,14 @@ from xtune.ops.qmatmul.micro import (
     ACT_DTYPE,
     DotPlan,
     DotTile,
+    GroupAt,
+    RowSpan,
     TileShape,
     fit_registers,
     kernel_params,
     pack_weights,
     register_tiles,
+    tap_classes,
     tile_default,
 )
 from xtune.ops.qmatmul.reference import wrap32
@@ -43,6 +46,10 @@ from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import Affine, Buffer, DotInsn, Kernel, NestBuilder
 from xtune.schedule.space import Config, ConfigSpace, Knob, KnobKind, KnobValue
 from xtune.target import Target
+
+# Bytes per step of the padded image's fill and row copy on AArch64 (`PaddedImage.block`): up to 16
+# LDP/STP of q registers a step (ResNet-8's rows are 512 bytes: one step each).
+COPY_BLOCK = 512
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class QConv2dTemplate:
             vector=4 * lanes,
             folded=self.folded,
             complement=self.pairs,
+            block=COPY_BLOCK if self.target.arch == "aarch64" else 0,
         )
 
     def schedule(self, config: Config) -> QConvSchedule:
@@ -125,18 +133,36 @@ class QConv2dTemplate:
 
     def default_config(self) -> Config:
         knobs = {knob.name: knob.options for knob in self.space.knobs}
+        sh = self.sh
         # A block of weight strips within half of L2 (every output row reads it again).
         panel = self.groups * 4
         fits = [int(v) for v in knobs["nc"] if int(v) * panel <= self.target.l2_bytes // 2]
+        # Pairs take 2 a step (one vector of 4 groups: 4 spilled at 64 channels, LLVM hoisting their
+        # products), and keep their taps in a loop at stride 2 where a tap is more than one step: the even
+        # and the odd taps are two loops over its groups there (`tap_classes`; ResNet-8's 32-channel
+        # stride-2 layer counted 0.2445 instructions per MAC on qemu-aarch64 against 0.2387 looped).
+        taps = sh.s <= 3 and (not self.pairs or sh.stride == 1 or self.depth <= 16)
+        span = RowSpan(
+            taps=self.columns if taps and self.plan.lane_groups else 1,
+            stride=sh.stride,
+            dilation=sh.dilation,
+            width=sh.ow if self.plan.lane_groups else 0,
+        )
+        unroll = 4 if self.depth >= 16 else 1
+        if self.pairs and taps and self.columns > 1:
+            unroll = 2
+        elif self.plan.insn is DotInsn.SDOT and taps and self.depth >= 32:
+            unroll = 8  # 8 groups a step (a tap's all at 32 channels); 16 in one step spilled
         values: dict[str, KnobValue] = {
-            "tile": tile_default(self.plan, register_tiles(self.plan, self.target), self.target, self.pairs),
+            "tile": tile_default(
+                self.plan, register_tiles(self.plan, self.target), self.target, self.pairs, span
+            ),
             "nc": max(fits or [int(knobs["nc"][0])]),
             "order": "pk",
             "inner": "nm",
-            "unroll": 4 if self.depth >= 16 else 1,
+            "unroll": unroll,
             "ksplit": 1,
-            # Pairs unrolled over 3 taps spilled on qemu-aarch64 (LLVM hoists their products).
-            "taps": "unroll" if self.sh.s <= 3 and not self.pairs else "loop",
+            "taps": "unroll" if taps else "loop",
             **({"lmul": 1} if "lmul" in knobs else {}),
         }
         return self.space.config(self.space.index_of(values))
@@ -231,19 +257,29 @@ class _Emitter:
     def micro(self, image: Affine, y: Affine, x0: Affine, rows: int, col0: Affine, ncols: int) -> None:
         """Pixels x0..x0+rows of output row y against one strip: every tap's channel groups, the store."""
         b, sh, s = self.b, self.sh, self.s
-        tile = DotTile(self.b, self.t.plan, self.shape, rows, col0, ncols, weights="weights")
+        tile = DotTile(b, self.t.plan, self.shape, rows, col0, ncols, "weights", self.requant.narrows_rows)
         per_tap = self.t.depth // 4
         name = self.image.name
 
-        def tap(i: Affine, j: Affine | int) -> None:
-            first = (i * self.t.columns + j) * per_tap
+        def run(i: Affine, j: Affine | int) -> tuple[Affine, GroupAt]:
+            """Tap (i, j)'s first weight group and where each row's groups are."""
             row = y * sh.stride + i * sh.dilation
 
             def group(r: int, g: Affine | int) -> tuple[str, Affine]:
                 col = (x0 + r) * sh.stride + Affine.of(j) * sh.dilation
                 return name, self.image.at(image, row, col) + Affine.of(g) * 4
 
-            tile.reduce(per_tap, first, group)
+            return (i * self.t.columns + j) * per_tap, group
 
-        each_tap(b, (sh.r, self.t.columns), s.taps == "unroll", tap)
+        if s.taps == "unroll" and self.t.plan.lane_groups:
+            # A filter row's taps whose columns meet modulo the stride in one loop over channel groups
+            # (`DotTile.reduce_parts`): the vectors they share are loaded once (at stride 1 every tap's
+            # are its neighbours'; at stride 2 the even taps' are, and the odd ones' apart keep fewer live).
+            with b.loop(sh.r, "ti") as i:
+                for columns in tap_classes(self.t.columns, sh.stride, sh.dilation):
+                    tile.reduce_parts(per_tap, [run(i, j) for j in columns])
+        else:
+            each_tap(
+                b, (sh.r, self.t.columns), s.taps == "unroll", lambda i, j: tile.reduce(per_tap, *run(i, j))
+            )
         tile.store(self.requant, "output", lambda r: ((image * sh.oh + y) * sh.ow + x0 + r) * sh.k)

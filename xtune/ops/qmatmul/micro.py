@@ -11,12 +11,12 @@ past k: the operand layout of vpdpbusd and sdot, which multiply 4 bytes per 32-b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from xtune.ops.qmatmul.epilogue import Requantizer
+from xtune.ops.qmatmul.epilogue import Requantizer, joined_lanes
 from xtune.ops.tiles import lane_group, parse_tile, register_budget
 from xtune.ops.workload import Workload
 from xtune.schedule.loopnest import (
@@ -34,6 +34,7 @@ from xtune.schedule.loopnest import (
     Load,
     NestBuilder,
     PairSum,
+    Shuffle,
     Value,
 )
 from xtune.target import Target
@@ -137,7 +138,9 @@ class TileShape:
 
 class DotTile:
     """One register tile: `rows` rows against the weight columns col0..col0+ncols (col0 a multiple of nr)
-    of the packed buffer `weights`."""
+    of the packed buffer `weights`. With `bias_first` the first partial set starts from the bias instead
+    of zero (AArch64, where `Requantizer.narrows_rows`: a load or move per accumulator either way, and no
+    add per vector after the reduction); elsewhere the bias is added before the requantization."""
 
     def __init__(
         self,
@@ -148,20 +151,39 @@ class DotTile:
         col0: Affine,
         ncols: int,
         weights: str = "B",
+        bias_first: bool = False,
     ) -> None:
         self.b, self.plan, self.shape = b, plan, shape
         self.rows, self.col0, self.ncols, self.weights = rows, col0, ncols, weights
+        self.bias_first = bias_first
         self.nvec = -(-ncols // shape.lanes)
         width = shape.lanes * plan.acc_width
         self.acc = [
             [[b.register(f"acc{p}_{r}_{c}", width, DType.I32) for c in range(self.nvec)] for r in range(rows)]
             for p in range(shape.ksplit)
         ]
-        for sets in self.acc:
+        zero: Value = Const(0, width, DType.I32)
+        for p, sets in enumerate(self.acc):
             for row in sets:
-                for reg in row:
-                    b.assign(reg, Const(0, width, DType.I32))
+                for c, reg in enumerate(row):
+                    b.assign(reg, self._bias(c) if bias_first and p == 0 else zero)
         self.strip = Affine.of(col0) * (shape.groups * 4)
+
+    def _bias(self, c: int) -> Value:
+        """Vector c's bias as its accumulator's start; where the accumulator holds a pair per lane
+        (`PairSum` after), each bias in the first of its pair and 0 in the second (ZIP1, ZIP2)."""
+        lanes = self.shape.lanes
+        bias = self.bias_at(c)
+        if self.plan.acc_width == 1:
+            return bias
+        return Shuffle(
+            bias, Const(0, lanes, DType.I32), tuple(i // 2 if i % 2 == 0 else lanes for i in range(2 * lanes))
+        )
+
+    def bias_at(self, c: int) -> Load:
+        lanes = self.shape.lanes
+        col = self.col0 + c * lanes
+        return Load("bias", col, lanes, min(self.ncols - c * lanes, lanes) % lanes)
 
     def operand(self, at: tuple[str, Affine], g: Affine | int, count: int, size: int) -> Value:
         """A row's group g (local, of `count`) at `at`: by element from a vector of 4 groups where the plan
@@ -200,29 +222,43 @@ class DotTile:
         """Groups first..first+count-1 (local index g given to `group`), `unroll` steps per loop step spread
         over the `ksplit` partial sets, a step one group or (`pairs`) two, an odd group's step last; then
         one group of `tail` bytes (a k % 4 rest) if any."""
+        self.reduce_parts(count, ((first, group),), tail)
+
+    def reduce_parts(self, count: int, parts: Sequence[tuple[Affine | int, GroupAt]], tail: int = 0) -> None:
+        """`reduce` of several runs of `count` groups (each its first group and `GroupAt`) in one loop: a
+        loop step takes its `unroll` steps of every run in turn (a convolution's tap columns: the rows'
+        vectors of 4 groups that neighbouring taps share are loaded once, and the loop's counters are
+        paid once for all of them)."""
         s, b = self.shape, self.b
         width = 2 if s.pairs else 1
         per = s.unroll * s.ksplit
         full, rest = divmod(count // width, per)
 
-        def one(g: Affine | int, part: int, size: int = 4, width: int = width) -> None:
+        def one(
+            part: tuple[Affine | int, GroupAt], g: Affine | int, acc: int, size: int = 4, width: int = width
+        ) -> None:
+            first, group = part
             local = Affine.of(g)
             at = Affine.of(first) + local
             if width == 2:
-                self.step_pair(at, part, lambda r, i: self.operand(group(r, local + i), local + i, count, 4))
+                self.step_pair(at, acc, lambda r, i: self.operand(group(r, local + i), local + i, count, 4))
             else:
-                self.step(at, part, lambda r: self.operand(group(r, local), local, count, size))
+                self.step(at, acc, lambda r: self.operand(group(r, local), local, count, size))
 
+        quad = max(1, 4 // width)  # steps per vector of 4 groups
         if full:
             with b.loop(full, "kg") as o:
-                for u in range(per):
-                    one((o * per + u) * width, u % s.ksplit)
-        for u in range(rest):
-            one((full * per + u) * width, u % s.ksplit)
-        if count % width:
-            one(count - 1, rest % s.ksplit, 4, 1)
-        if tail:
-            one(count, (rest + count % width) % s.ksplit, tail, 1)
+                for q in range(0, per, quad):  # each vector of 4 groups through every run, then the next
+                    for part in parts:
+                        for u in range(q, min(q + quad, per)):
+                            one(part, (o * per + u) * width, u % s.ksplit)
+        for part in parts:
+            for u in range(rest):
+                one(part, (full * per + u) * width, u % s.ksplit)
+            if count % width:
+                one(part, count - 1, rest % s.ksplit, 4, 1)
+            if tail:
+                one(part, count, (rest + count % width) % s.ksplit, tail, 1)
 
     def totals(self) -> Iterator[tuple[int, int, Value]]:
         """(row, vector, its int32 sums over every partial set) of the tile."""
@@ -236,13 +272,21 @@ class DotTile:
                 yield r, c, total
 
     def store(self, requant: Requantizer, out: str, row_at: Callable[[int], Affine]) -> None:
-        """Each sum plus its column's bias, requantized, stored at out[row_at(row) + column]."""
+        """Each sum plus its column's bias, requantized, stored at out[row_at(row) + column]: a row of whole
+        vectors as one store where the requantizer narrows rows together (`Requantizer.apply_row`)."""
         lanes = self.shape.lanes
+        rows: dict[int, list[tuple[Value, Affine]]] = {}
         for r, c, total in self.totals():
             col = self.col0 + c * lanes
             count = min(self.ncols - c * lanes, lanes) % lanes
-            value = requant.apply(Binary(BinaryOp.ADD, total, Load("bias", col, lanes, count)), col, count)
-            self.b.store(out, row_at(r) + col, value, lanes, count)
+            summed = total if self.bias_first else Binary(BinaryOp.ADD, total, self.bias_at(c))
+            if requant.narrows_rows and self.ncols % lanes == 0:
+                rows.setdefault(r, []).append((summed, col))
+            else:
+                self.b.store(out, row_at(r) + col, requant.apply(summed, col, count), lanes, count)
+        for r, words in rows.items():
+            row, valid = requant.apply_row(words), len(words) * lanes
+            self.b.store(out, row_at(r) + self.col0, row, joined_lanes(len(words), lanes), valid)
 
 
 def kernel_params(wl: Workload, packed: str, size: int) -> tuple[Buffer, ...]:
@@ -287,31 +331,80 @@ def fit_registers(
     return ksplit, target.fp32_lanes * lmul
 
 
-def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool) -> tuple[float, int]:
+@dataclass(frozen=True, kw_only=True)
+class RowSpan:
+    """What a convolution's tile rows read (qconv2d, its taps unrolled): `taps` tap columns in one loop
+    step (`DotTile.reduce_parts`), whose vectors overlap (tap j of row r reads pixel column
+    r * stride + j * dilation); `width` pixels per output row, cut into tiles of mr and
+    one narrower tail tile. The default for qmatmul: one column, rows without a tail."""
+
+    taps: int = 1
+    stride: int = 1
+    dilation: int = 1
+    width: int = 0
+
+    def columns(self, mr: int, taps: tuple[int, ...]) -> int:
+        """Distinct pixel columns (row vectors of 4 groups) an mr-row tile reads over `taps`."""
+        return len({r * self.stride + j * self.dilation for r in range(mr) for j in taps})
+
+    def vectors(self, mr: int) -> int:
+        """Row vectors an mr-row tile loads over its taps."""
+        return self.columns(mr, tuple(range(self.taps)))
+
+    def live(self, mr: int) -> int:
+        """Row vectors an mr-row tile holds at once: those of the largest class of `tap_classes`."""
+        return max(self.columns(mr, c) for c in tap_classes(self.taps, self.stride, self.dilation))
+
+
+def tap_classes(taps: int, stride: int, dilation: int) -> list[tuple[int, ...]]:
+    """The tap columns 0..taps-1 in classes whose pixel columns coincide between rows (j * dilation equal
+    modulo the stride): one class at stride 1, the even and the odd taps at stride 2 (dilation 1)."""
+    classes: dict[int, list[int]] = {}
+    for j in range(taps):
+        classes.setdefault(j * dilation % stride, []).append(j)
+    return [tuple(c) for c in classes.values()]
+
+
+def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool, span: RowSpan = RowSpan()) -> tuple[float, int]:
     """(instructions per multiply-add group, live registers) of an mr x nv tile reading its rows' groups
     by element (`DotPlan.lane_groups`), by what the AArch64 code holds: per group, the dots, B's vectors
     in ldp pairs and a quarter load of each row's vector (SADALP: a dup of each row's group, and a
     smull, smull2 and two sadalps per dot; `DotDiff` pairs: 6 instructions per two groups); live, the
     accumulators, B's vectors of one step (two groups for pairs), each row's vector, and the next step's
-    operands in flight (2)."""
+    operands in flight (2). Over `span.taps` unrolled sdot taps the rows' vectors are `span.vectors`,
+    loaded once for all of them (the SADALP count stays per tap: 3x3 pair tiles, cheaper by the shared
+    count, spilled on qemu-aarch64)."""
+    rows = span.vectors(mr)
     if plan.insn is DotInsn.SDOT:
-        return (mr * nv + nv / 2 + mr / 4) / (mr * nv), mr * nv + nv + mr + 2
+        return (mr * nv + nv / 2 + rows / 4 / span.taps) / (mr * nv), mr * nv + nv + span.live(mr) + 2
     per_dot = 3.0 if pairs else 4.0
     steps = 2 if pairs else 1
     cost = (per_dot * mr * nv + nv / 2 + mr * 1.25) / (mr * nv)
     return cost, 2 * mr * nv + steps * nv + mr + 2 + 2
 
 
-def tile_default(plan: DotPlan, tiles: tuple[str, ...], target: Target, pairs: bool = False) -> str:
+def tile_default(
+    plan: DotPlan, tiles: tuple[str, ...], target: Target, pairs: bool = False, span: RowSpan = RowSpan()
+) -> str:
     """The tile of the fewest instructions per dot (`DotPlan.instructions`), then the larger one; on
     AArch64's by-element route (`lane_groups`), by `lane_cost` among the tiles whose live registers fit
     the `register_budget` (a fuller tile spills: 6x4 sdot and 4x2 smull tiles measured more instructions
-    on qemu-aarch64 for it). The other routes' defaults are the ones timed in docs/benchmarks.md."""
+    on qemu-aarch64 for it), averaged over a row of `span.width` pixels, its tail tile included (ResNet-8's
+    8-pixel rows: 5x4 leaves a 3x4 tail, 8x2 none). The other routes' defaults are the ones timed in
+    docs/benchmarks.md."""
     shapes = [parse_tile(t) for t in tiles]
     if plan.lane_groups:
-        costs = {(m, v): lane_cost(plan, m, v, pairs) for m, v in shapes}
-        fits = [p for p in shapes if costs[p][1] <= register_budget(target)] or shapes
-        mr, nv = min(fits, key=lambda p: (costs[p][0], -p[0] * p[1]))
+        width = span.width
+
+        def cost(m: int, v: int) -> float:
+            if not width:
+                return lane_cost(plan, m, v, pairs, span)[0]
+            full, rest = divmod(width, min(m, width))
+            tail = lane_cost(plan, rest, v, pairs, span)[0] * rest if rest else 0.0
+            return (lane_cost(plan, min(m, width), v, pairs, span)[0] * full * min(m, width) + tail) / width
+
+        fits = [p for p in shapes if lane_cost(plan, *p, pairs, span)[1] <= register_budget(target)] or shapes
+        mr, nv = min(fits, key=lambda p: (cost(*p), -min(p[0], width or p[0]) * p[1], -p[0] * p[1]))
     else:
         mr, nv = min(shapes, key=lambda p: (plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1]))
     return f"{mr}x{nv}"

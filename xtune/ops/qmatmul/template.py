@@ -270,6 +270,6 @@ class _Emitter:
         """acc[set][r][c] += dot(A[row0+r, group], B strip vector c), then the epilogue and the store."""
         s = self.s
         shape = TileShape(lanes=s.lanes, nv=s.nv, ksplit=s.ksplit, unroll=s.unroll, groups=self.groups)
-        tile = DotTile(self.b, self.plan, shape, rows, col0, ncols)
+        tile = DotTile(self.b, self.plan, shape, rows, col0, ncols, bias_first=self.requant.narrows_rows)
         tile.reduce(self.k // 4, 0, lambda r, g: self.a_group(row0 + r, g), self.k % 4)
         tile.store(self.requant, "C", lambda r: (row0 + r) * self.n)
