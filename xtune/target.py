@@ -43,6 +43,9 @@ class Target:
     # kernels) runs that one's float code, so its float tasks' tuning records are that target's: one log
     # serves both (xtune/tuning/database.py, `log_target`). "" for a target whose records are its own.
     float_records_of: str = ""
+    # An in-order core (LLVM's Cortex-A53 model: in-order, dual issue), where the AArch64 rules that move
+    # work between blocks (`peel_reduction`) were measured to cost cycles instead of saving them.
+    in_order: bool = False
 
     @property
     def record_targets(self) -> tuple[str, ...]:
@@ -77,11 +80,11 @@ class Target:
     def peel_reduction(self) -> bool:
         """Whether a register tile's reduction loop runs its last unrolled group of steps after the loop
         (`ops/tiles.py`, `unrolled`), so that the tile's clamp and stores share a basic block with FMAs
-        instead of following them alone. An in-order core (the Cortex-A53) can only overlap what is
-        interleaved in one block, and the cycle board prices a block at its own throughput: 25 128-bit
-        stores alone take 50 cycles of the A72's one store pipe (two each), beside 100 FMAs none. AArch64
-        only: the x86 and RISC-V objects stay as they were measured."""
-        return self.arch == "aarch64"
+        instead of following them alone: the cycle board prices a block at its own throughput, and 25
+        128-bit stores alone take 50 cycles of the A72's one store pipe (two each), beside 100 FMAs none.
+        Out-of-order AArch64 cores only: on the in-order A53 model it cost MobileNetV2 5 % (175.4 ->
+        184.3 M cycles, docs/benchmarks.md); the x86 and RISC-V objects stay as they were measured."""
+        return self.arch == "aarch64" and not self.in_order
 
     @property
     def load_initial(self) -> bool:
