@@ -276,13 +276,13 @@ def choose(wl: Workload, target: Target, template: ScheduleTemplate, records: li
     default = template.default_config()
     if records is None:
         return Choice(default, "default", "no log given", None)
-    logged_as = log_target(wl, target)
-    mine = [r for r in records if r.workload == wl.key and r.target == logged_as]
+    logged_as, key = log_target(wl, target), wl.key  # the key once: a log holds thousands of records
+    mine = [r for r in records if r.workload == key and r.target == logged_as]
     if not mine:
-        others = sorted({r.target for r in records if r.workload == wl.key})
+        others = sorted({r.target for r in records if r.workload == key})
         elsewhere = f"; logged only for {', '.join(others)}" if others else ""
         return Choice(default, "default", f"never tuned on {logged_as}{elsewhere}", None)
-    record = build_choice(mine, wl.key, logged_as)  # what `xtune best` shows, by construction
+    record = build_choice(mine, key, logged_as)  # what `xtune best` shows, by construction
     config = config_of(template, record) if record else None  # read_logs left out stale records
     if record and config:
         return Choice(config, "log", "", gflops(wl.flops(), record.cost, record.result.cost_unit))
