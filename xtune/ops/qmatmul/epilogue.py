@@ -75,10 +75,7 @@ class Requantizer:
         if self.kind == "onnx":
             # MLAS's order: the float clamped to [lo - zy, hi - zy], rounded half to even, plus zy.
             f = self._scaled(total, col, count)
-            lo, hi = (
-                Broadcast(Cast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), DType.F32), lanes)
-                for i in (2, 3)
-            )
+            lo, hi = self._bounds_from_zero(DType.F32, lanes)
             if self.dequant:  # (int32(rounded) + zy - zy) in float32 is `rounded` itself, an integer
                 return Binary(BinaryOp.MUL, RoundEven(Clamp(f, lo, hi)), self._out_scale())
             y: Value = Cast(RoundEven(Clamp(f, lo, hi)), i32) if not self.fcvtns else self._fcvtns(f, hi)
@@ -119,9 +116,15 @@ class Requantizer:
             Binary(BinaryOp.MAX, row, Const(-(1 << 15), n, DType.I32)),
             Const((1 << 15) - 1, n, DType.I32),
         )
-        lo, hi = (Broadcast(Cast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), i16), n) for i in (2, 3))
+        lo, hi = self._bounds_from_zero(i16, n)
         clamped = Binary(BinaryOp.MIN, Binary(BinaryOp.MAX, Cast(saturated, i16), lo), hi)
         return Binary(BinaryOp.ADD, Cast(clamped, self.out), Broadcast(Cast(self.param(1), self.out), n))
+
+    def _bounds_from_zero(self, dtype: DType, lanes: int) -> tuple[Value, Value]:
+        """The output type's bounds less the zero point, [lo - zy, hi - zy], in `dtype` lanes: where both
+        requantizations clamp, before zy is added."""
+        lo, hi = (Cast(Binary(BinaryOp.SUB, self.param(i), self.param(1)), dtype) for i in (2, 3))
+        return Broadcast(lo, lanes), Broadcast(hi, lanes)
 
     def _scaled(self, total: Value, col: Affine, count: int) -> Value:
         """float32(total) times its column's scale (MLAS's first step)."""
