@@ -1,0 +1,167 @@
+"""Which int8 QDQ Conv units ONNX Runtime's x86-64 build runs in float, and how it computes them: a residual
+block (conv -> relu -> conv, plus the block's input) quantized by quant_pre_process and quantize_static
+with int8 activations, its ONNX Runtime optimized graph (ORT_ENABLE_ALL, one thread) against
+xtune/frontend/qdqunits.py's rule (which Convs stay float, which tensors become uint8), and ONNX Runtime's
+float Conv output, every bit, against xtune/ops/mlasconv.py's MLAS order (and not another order's)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.networks import quantize_qdq
+from xtune.frontend import load
+from xtune.frontend.qdqunits import u8_on_x86, x86_float_convs
+from xtune.graph import Graph
+from xtune.ops.mlasconv import mlas_conv, sgemm_slices
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime.quantization")
+X86 = platform.machine() in ("x86_64", "AMD64")
+C, HW = 32, 10  # K = 32 * 3 * 3 = 288: three SGEMM slices of K
+
+
+def _block() -> onnx.ModelProto:
+    """x[1, 32, 10, 10] -> conv1 -> relu -> conv2 -> add(x) -> y: the first Conv's input DequantizeLinear
+    is the Add's too."""
+    rng = np.random.default_rng(5)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.1, (C, C, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.1, C).astype(np.float32), "b1"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (C, C, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.normal(0, 0.1, C).astype(np.float32), "b2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["y"], name="add"),
+    ]
+    shape = [1, C, HW, HW]
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    tmp = tmp_path_factory.mktemp("block")
+    onnx.save(_block(), tmp / "block.onnx")
+    quant_pre_process(str(tmp / "block.onnx"), str(tmp / "pre.onnx"))
+    rng = np.random.default_rng(2)
+    batches = [rng.uniform(-1, 1, (1, C, HW, HW)).astype(np.float32) for _ in range(4)]
+    return {
+        kind: quantize_qdq(tmp / "pre.onnx", tmp / f"{kind}.onnx", batches, uint8=kind == "u8")
+        for kind in ("s8", "u8")
+    }
+
+
+def _qdq_graph(path: Path, monkeypatch: pytest.MonkeyPatch) -> Graph:
+    """The imported graph before the quantized rewrite: the QDQ units as quantize_static wrote them."""
+    with monkeypatch.context() as m:
+        m.setattr(load, "qoperators", lambda graph, requant: graph)
+        return load.load_graph(path)
+
+
+def _optimized(path: Path, tmp: Path) -> onnx.ModelProto:
+    """ONNX Runtime's optimized graph of `path` on this host (ORT_ENABLE_ALL, one thread)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp / f"{path.stem}.opt.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return onnx.load(options.optimized_model_filepath)
+
+
+@pytest.mark.skipif(not X86, reason="the rule is ONNX Runtime's x86-64 build's")
+@pytest.mark.parametrize("kind", ["s8", "u8"])
+def test_the_rule_names_the_convs_onnx_runtime_keeps_in_float(
+    kind: str, models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int8: conv1 (its input shared with the Add, so never made uint8) stays a float Conv, conv2 (both
+    its activations made uint8) becomes a QLinearConv; uint8 needs no conversion and both fuse."""
+    graph = _qdq_graph(models[kind], monkeypatch)
+    optimized = _optimized(models[kind], tmp_path)
+    floats = {n.name for n in optimized.graph.node if n.op_type == "Conv" and n.domain in ("", "ai.onnx")}
+    fused = [n for n in optimized.graph.node if n.op_type == "QLinearConv"]
+    assert x86_float_convs(graph) == floats == ({"conv1"} if kind == "s8" else set())
+    assert len(fused) == (1 if kind == "s8" else 2)
+    if kind == "s8":  # the tensors the rule makes uint8 are those ONNX Runtime's graph quantizes to uint8
+        u8 = u8_on_x86(graph)
+        writers = {t: n for n in graph.nodes for t in n.outputs}
+        assert "x" not in {writers[t].inputs[0] for t in u8}  # the shared input stays int8
+        zeros = {i.name: numpy_helper.to_array(i) for i in optimized.graph.initializer}
+        kinds = {
+            str(zeros[n.input[2]].dtype)
+            for n in optimized.graph.node
+            if n.op_type == "QuantizeLinear" and n.input[2] in zeros
+        }
+        assert kinds == {"int8", "uint8"} and len(u8) == 2  # conv1's output, conv2's output
+
+
+def _tensors(graph: Graph, path: Path, names: list[str], x: np.ndarray) -> list[np.ndarray]:
+    model = onnx.load(str(path))
+    for name in names:
+        elem = TensorProto.FLOAT if graph.dtype(name) == "float32" else TensorProto.INT8
+        model.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return list(session.run(names, {"x": x}))
+
+
+def test_mlas_order_is_onnx_runtimes_float_conv_bit_for_bit(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conv1's float output as ONNX Runtime computes it (float32, every bit) is mlas_conv's of the
+    dequantized input, weights and bias; the exact sum rounded once differs from it in the last bits."""
+    graph = _qdq_graph(models["s8"], monkeypatch)
+    (conv,) = [n for n in graph.nodes if n.name == "conv1"]
+    writers = {t: n for n in graph.nodes for t in n.outputs}
+    x = np.random.default_rng(9).uniform(-1, 1, (1, C, HW, HW)).astype(np.float32)
+    dq_x = writers[conv.inputs[0]]
+    xq, out = _tensors(graph, models["s8"], [dq_x.inputs[0], conv.outputs[0]], x)
+
+    def dequantized(node_input: str, q: np.ndarray, axis_shape: tuple[int, ...]) -> np.ndarray:
+        dq = writers[node_input]
+        scale = graph.constants[dq.inputs[1]].reshape(axis_shape).astype(np.float32)
+        zero = graph.constants[dq.inputs[2]].reshape(axis_shape).astype(np.int32)
+        return ((q.astype(np.int32) - zero).astype(np.float32) * scale).astype(np.float32)
+
+    xf = dequantized(conv.inputs[0], xq, (1, 1, 1, 1))
+    w = dequantized(conv.inputs[1], graph.constants[writers[conv.inputs[1]].inputs[0]], (-1, 1, 1, 1))
+    b = dequantized(conv.inputs[2], graph.constants[writers[conv.inputs[2]].inputs[0]], (-1,))
+    assert sgemm_slices(HW * HW, C * 9) == (0, 128, 256)
+    got = mlas_conv(xf, w, b, pads=(1, 1, 1, 1))
+    assert got.tobytes() == np.asarray(out, np.float32).tobytes()
+    k = C * 9
+    flat = (w.reshape(C, k).astype(np.float64) @ _cols(xf).astype(np.float64)).astype(np.float32)
+    assert not np.array_equal(flat.reshape(got.shape) + b.reshape(1, -1, 1, 1), got)
+
+
+def _cols(xf: np.ndarray) -> np.ndarray:
+    from xtune.ops.mlasconv import patches
+
+    return patches(xf[0], (3, 3), (1, 1), (1, 1, 1, 1))
+
+
+def test_sgemm_slices_follow_mlas_strides() -> None:
+    """MlasSgemmOperation's K strides: 128; halved while the whole K fits in half (N >= K); doubled
+    while N fits in half of a StrideN above 16 (N < K)."""
+    assert sgemm_slices(3136, 576) == (0, 128, 256, 384, 512)
+    assert sgemm_slices(784, 64) == (0,)
+    assert sgemm_slices(49, 2304) == tuple(range(0, 2304, 256))
+    assert sgemm_slices(10, 2304) == tuple(range(0, 2304, 1024))
+    assert sgemm_slices(196, 1152) == tuple(range(0, 1152, 128))
