@@ -183,6 +183,10 @@ class Pool2d(ChannelsOp):
         return out
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        if isinstance(self.quantized, ClampedMax):
+            # `lanes` counts float32 values: a vector register holds four times as many 8-bit ones, which
+            # a maximum compares as they are (a mean widens them to int32 or float32 first).
+            lanes *= 4
         if self.layout is Layout.NHWC:
             return self._nhwc_nest(name, lanes)
         (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
