@@ -97,8 +97,7 @@ def integer_max(edit: Rewrite, index: int, writers: Writers, readers: Readers) -
     elif edit.requant == "onnx" and only_reader(graph, readers, dq.outputs[0]) is node:
         # TFLite's int8 MAX_POOL_2D of another output scale runs its integer kernel all the same, which
         # is neither form: that (invalid: Prepare's check) model keeps its float form.
-        pooled = f"{node.outputs[0]}.q"
-        edit.shapes[pooled], edit.dtypes[pooled] = graph.shape(node.outputs[0]), x[2]
+        pooled = edit.tensor(f"{node.outputs[0]}.q", graph.shape(node.outputs[0]), x[2])
         edit.nodes[writers[dq.outputs[0]]] = replace(node, inputs=(dq.inputs[0],), outputs=(pooled,))
         edit.nodes[index] = replace(dq, inputs=(pooled, *dq.inputs[1:]), outputs=node.outputs)
 
