@@ -70,9 +70,10 @@ def integer_max(edit: Rewrite, index: int, writers: Writers, readers: Readers) -
     A maximum commutes with a dequantization, (q - zero) * scale being non-decreasing in q for a positive
     scale (float32 multiplication by a positive number is monotonic too): the float maximum of the
     dequantized pixels is the dequantized maximum of the stored ones. So where the QuantizeLinear has the
-    DequantizeLinear's scale and zero point (ONNX Runtime's quantizer writes it so, and runs the 8-bit
-    MaxPool: its QDQ transformer's DropQDQNodesRules; TFLite's pooling Prepare asks it of an int8
-    MAX_POOL_2D, within 1e-6 of scale), the pair is the identity on the maximum and the pool is one over
+    DequantizeLinear's scale and zero point (ONNX Runtime's quantizer writes it so, and runs a uint8 one
+    as an 8-bit MaxPool: its QDQ transformer's DropQDQNodesRules; an int8 one in float on x86-64, the
+    same values; TFLite's pooling Prepare asks it of an int8 MAX_POOL_2D, within 1e-6 of scale), the
+    pair is the identity on the maximum and the pool is one over
     the stored values; a fused Relu or Clip is the clamp `out_lo`/`out_hi` (each reference's rounding of
     its bounds, xtune/frontend/qpattern.py), TFLite's reference_integer_ops::MaxPool clamps alike.
     Otherwise (an ONNX model whose QuantizeLinear differs, or whose pooled tensor is read as float) the
