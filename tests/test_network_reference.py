@@ -10,14 +10,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import NO_ARM_PEERS, run_cli
 from tests.networks import resnet_small
-from tests.test_qmlas import _qdq_add
+from tests.test_qmlas import ADDS, _qdq_add
 from xtune.boards.board import get_board
 from xtune.firmware import network_bench
-from xtune.firmware.network_bench import bench_model, network_peer
+from xtune.firmware.build import build_model
+from xtune.firmware.network_bench import bench_model, network_peer, tolerance
 from xtune.target import get_target, host_cpu
 from xtune.tuning.arm_peers import SETUP_HINT, peers_built
 
@@ -71,3 +73,14 @@ def test_float_networks_and_other_targets_keep_the_host_reference(tmp_path: Path
     assert network_peer(path, get_target("x86-avx2")).reference == here
     assert network_peer(path, get_target("riscv64-gcv")).reference == here
     assert network_peer(resnet_small(), get_target("arm-a72-neon")).reference == here
+
+
+def test_an_output_a_qoperator_node_writes_has_its_quantization(tmp_path: Path) -> None:
+    """The QLinearAdd ONNX Runtime and xtune make of the QDQ Add writes the 8-bit output: its scale and zero
+    point are the header's and the program's, and the output is checked by the one-step rule."""
+    path, _ = _qdq_add(tmp_path / "uint8_add.onnx", "uint8")
+    artifact = build_model(path, get_target("arm-a72-neon"))
+    scale, zero = ADDS["uint8"][2]
+    assert artifact.program.output_quant == (float(np.float32(scale)), zero)
+    assert f"#define NET_OUTPUT_ZERO_POINT {zero}\n" in artifact.header
+    assert tolerance(artifact) == STEP_RULE
