@@ -329,13 +329,15 @@ def _fold_constant_dequantize(edit: Rewrite) -> None:
         edit.nodes[i] = None
 
 
-# Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes.
+# Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes;
+# ONNX Runtime's QOperator element-wise nodes hold each 8-bit input's, then the output's.
 _READ_QUANT = {
     "QuantizeLinear": 1,
     "DequantizeLinear": 1,
     "QLinearMatMul": 1,
     "QLinearConv": 1,
     QLINEAR_POOL: 1,
+    **{op: 1 for op in FLOAT_FORMS},
 }
 _WRITE_QUANT = {
     "QuantizeLinear": 1,
@@ -343,6 +345,7 @@ _WRITE_QUANT = {
     "QLinearMatMul": 6,
     "QLinearConv": 6,
     QLINEAR_POOL: 3,
+    **{op: 3 * inputs for op, (_, inputs) in FLOAT_FORMS.items()},
 }
 
 
