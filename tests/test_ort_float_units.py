@@ -98,17 +98,77 @@ def test_the_rule_names_the_convs_onnx_runtime_keeps_in_float(
     fused = [n for n in optimized.graph.node if n.op_type == "QLinearConv"]
     assert x86_float_convs(graph) == floats == ({"conv1"} if kind == "s8" else set())
     assert len(fused) == (1 if kind == "s8" else 2)
-    if kind == "s8":  # the tensors the rule makes uint8 are those ONNX Runtime's graph quantizes to uint8
-        u8 = u8_on_x86(graph)
-        writers = {t: n for n in graph.nodes for t in n.outputs}
-        assert "x" not in {writers[t].inputs[0] for t in u8}  # the shared input stays int8
-        zeros = {i.name: numpy_helper.to_array(i) for i in optimized.graph.initializer}
-        kinds = {
-            str(zeros[n.input[2]].dtype)
-            for n in optimized.graph.node
-            if n.op_type == "QuantizeLinear" and n.input[2] in zeros
-        }
-        assert kinds == {"int8", "uint8"} and len(u8) == 2  # conv1's output, conv2's output
+    u8 = u8_on_x86(graph) if kind == "s8" else None  # a uint8 model's quantizers are all uint8
+    assert _uint8_quantizers(optimized) == _quantizers(graph, u8, optimized)
+
+
+def _uint8_quantizers(optimized: onnx.ModelProto) -> set[str]:
+    """The QuantizeLinear nodes of ONNX Runtime's optimized graph that write uint8."""
+    zeros = {i.name: numpy_helper.to_array(i) for i in optimized.graph.initializer}
+    return {
+        n.name
+        for n in optimized.graph.node
+        if n.op_type == "QuantizeLinear" and str(zeros[n.input[2]].dtype) == "uint8"
+    }
+
+
+def _quantizers(graph: Graph, tensors: frozenset[str] | None, optimized: onnx.ModelProto) -> set[str]:
+    """The QuantizeLinear nodes of `graph` writing `tensors` (None: all of them, a uint8 model's) that are
+    still nodes of ONNX Runtime's `optimized` graph (a fused unit's are inside its QLinear node)."""
+    kept = {n.name for n in optimized.graph.node}
+    return {
+        n.name
+        for n in graph.nodes
+        if n.op == "QuantizeLinear" and n.name in kept and (tensors is None or n.outputs[0] in tensors)
+    }
+
+
+def _sum_of_two(shared: bool) -> onnx.ModelProto:
+    """Two 1x1 convs of x added; `shared`: both conv outputs and the sum read twice (a Mul, two outputs)."""
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 1, 1)).astype(np.float32), w) for w in "ab"]
+    nodes = [
+        helper.make_node("Conv", ["x", "a"], ["ya"], name="conv_a"),
+        helper.make_node("Conv", ["x", "b"], ["yb"], name="conv_b"),
+        helper.make_node("Add", ["ya", "yb"], ["s"], name="add"),
+    ]
+    outs = ["s"]
+    if shared:
+        nodes += [
+            helper.make_node("Mul", ["ya", "yb"], ["m"], name="mul"),
+            helper.make_node("Sigmoid", ["s"], ["z"], name="sigmoid"),
+        ]
+        outs = ["s", "z", "m"]
+    shape = [1, 8, 6, 6]
+    graph = helper.make_graph(
+        nodes,
+        "sum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape) for o in outs],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.skipif(not X86, reason="the rule is ONNX Runtime's x86-64 build's")
+@pytest.mark.parametrize("shared", [False, True])
+def test_an_int8_add_fuses_on_x86_where_its_activations_end_one_type(
+    shared: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not every int8 Add stays float on x86: read once, its three activations become uint8 and ONNX
+    Runtime fuses a uint8 QLinearAdd; all read twice, they stay int8 and it fuses an int8 QLinearAdd;
+    the Mul of two int8 inputs into a uint8 output (its own read once) stays float."""
+    onnx.save(_sum_of_two(shared), tmp_path / "sum.onnx")
+    rng = np.random.default_rng(3)
+    batches = [rng.uniform(-1, 1, (1, 8, 6, 6)).astype(np.float32) for _ in range(3)]
+    path = quantize_qdq(tmp_path / "sum.onnx", tmp_path / "sum_s8.onnx", batches)
+    graph = _qdq_graph(path, monkeypatch)
+    optimized = _optimized(path, tmp_path)
+    assert _uint8_quantizers(optimized) == _quantizers(graph, u8_on_x86(graph), optimized)
+    ops = {n.name: n.op_type for n in optimized.graph.node}
+    assert ops["add"] == "QLinearAdd" and ops["conv_a"] == ops["conv_b"] == "Conv"
+    assert x86_float_convs(graph) == {"conv_a", "conv_b"}
+    assert ops.get("mul", "Mul") == "Mul"
 
 
 def _tensors(graph: Graph, path: Path, names: list[str], x: np.ndarray) -> list[np.ndarray]:

@@ -19,6 +19,9 @@ qdq_transformer/), in the order it runs:
    and output types are the same and, where they are int8, only if int8 is allowed
    (qdq_selectors.cc). An int8 Conv unit either of whose activations stayed int8 in step 2 is therefore
    left as DequantizeLinear, a float Conv (MLAS's im2col and SGEMM: xtune/ops/mlasconv.py), QuantizeLinear.
+   Its BinaryNodeGroupSelector (Add, Mul) only wants the three types equal, int8 included: an int8 Add
+   whose activations all became uint8 is a uint8 QLinearAdd, one whose activations all stayed int8 an
+   int8 QLinearAdd, a mixed one three float nodes (tests/test_ort_float_units.py measures all three).
 
 Measured on ONNX Runtime 1.32 (x86-64): a ResNet-18 quantized with int8 activations after
 quant_pre_process runs the first Conv of each residual block (whose input DequantizeLinear the residual
@@ -45,9 +48,9 @@ def _int8_zero(graph: Graph, node: Node) -> int | None:
 
 def u8_on_x86(graph: Graph) -> frozenset[str]:
     """The int8 tensors written by a QuantizeLinear that ONNX Runtime's x86-64 build turns into uint8
-    (module docstring, steps 1 and 2): the QuantizeLinear's output is no graph output and is read once, by
-    a DequantizeLinear of the same zero point that itself has exactly one reader edge and is no graph
-    output (so that no duplicate is made of it)."""
+    (module docstring, steps 1 and 2): the QuantizeLinear's output is no graph output and is read once,
+    by a DequantizeLinear of the same zero point that EnsureUniqueDQForNodeUnit leaves alone: one read
+    and no graph output, or no read at all (a graph output only)."""
     readers = graph.consumers()
     edges = {  # one per input slot read, as ONNX Runtime counts a node's edges
         t: [graph.nodes[i] for i in at for s in graph.nodes[i].inputs if s == t] for t, at in readers.items()
@@ -63,9 +66,9 @@ def u8_on_x86(graph: Graph) -> frozenset[str]:
         zero = _int8_zero(graph, q)
         if zero is None or zero != _int8_zero(graph, dq):
             continue
-        if dq.outputs[0] in graph.outputs or len(edges.get(dq.outputs[0], [])) != 1:
-            continue
-        converted.add(q.outputs[0])
+        uses = len(edges.get(dq.outputs[0], []))
+        if uses == 0 or (uses == 1 and dq.outputs[0] not in graph.outputs):
+            converted.add(q.outputs[0])
     return frozenset(converted)
 
 
