@@ -15,10 +15,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.networks import quantize_qdq
-from xtune.frontend import load
+from xtune.frontend.load import load_graph
 from xtune.frontend.qdqunits import u8_on_x86, x86_float_convs
 from xtune.graph import Graph
-from xtune.ops.mlasconv import mlas_conv, sgemm_slices
+from xtune.ops.mlasconv import dequantize_node, float_unit, mlas_conv, patches, sgemm_slices
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
@@ -68,13 +68,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _qdq_graph(path: Path, monkeypatch: pytest.MonkeyPatch) -> Graph:
-    """The imported graph before the quantized rewrite: the QDQ units as quantize_static wrote them."""
-    with monkeypatch.context() as m:
-        m.setattr(load, "qoperators", lambda graph, requant: graph)
-        return load.load_graph(path)
-
-
 def _optimized(path: Path, tmp: Path) -> onnx.ModelProto:
     """ONNX Runtime's optimized graph of `path` on this host (ORT_ENABLE_ALL, one thread)."""
     options = ort.SessionOptions()
@@ -88,11 +81,11 @@ def _optimized(path: Path, tmp: Path) -> onnx.ModelProto:
 @pytest.mark.skipif(not X86, reason="the rule is ONNX Runtime's x86-64 build's")
 @pytest.mark.parametrize("kind", ["s8", "u8"])
 def test_the_rule_names_the_convs_onnx_runtime_keeps_in_float(
-    kind: str, models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, models: dict[str, Path], tmp_path: Path
 ) -> None:
     """int8: conv1 (its input shared with the Add, so never made uint8) stays a float Conv, conv2 (both
     its activations made uint8) becomes a QLinearConv; uint8 needs no conversion and both fuse."""
-    graph = _qdq_graph(models[kind], monkeypatch)
+    graph = load_graph(models[kind], qdq=True)
     optimized = _optimized(models[kind], tmp_path)
     floats = {n.name for n in optimized.graph.node if n.op_type == "Conv" and n.domain in ("", "ai.onnx")}
     fused = [n for n in optimized.graph.node if n.op_type == "QLinearConv"]
@@ -152,9 +145,7 @@ def _sum_of_two(shared: bool) -> onnx.ModelProto:
 
 @pytest.mark.skipif(not X86, reason="the rule is ONNX Runtime's x86-64 build's")
 @pytest.mark.parametrize("shared", [False, True])
-def test_an_int8_add_fuses_on_x86_where_its_activations_end_one_type(
-    shared: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_int8_add_fuses_on_x86_where_its_activations_end_one_type(shared: bool, tmp_path: Path) -> None:
     """Not every int8 Add stays float on x86: read once, its three activations become uint8 and ONNX
     Runtime fuses a uint8 QLinearAdd; all read twice, they stay int8 and it fuses an int8 QLinearAdd;
     the Mul of two int8 inputs into a uint8 output (its own read once) stays float."""
@@ -162,7 +153,7 @@ def test_an_int8_add_fuses_on_x86_where_its_activations_end_one_type(
     rng = np.random.default_rng(3)
     batches = [rng.uniform(-1, 1, (1, 8, 6, 6)).astype(np.float32) for _ in range(3)]
     path = quantize_qdq(tmp_path / "sum.onnx", tmp_path / "sum_s8.onnx", batches)
-    graph = _qdq_graph(path, monkeypatch)
+    graph = load_graph(path, qdq=True)
     optimized = _optimized(path, tmp_path)
     assert _uint8_quantizers(optimized) == _quantizers(graph, u8_on_x86(graph), optimized)
     ops = {n.name: n.op_type for n in optimized.graph.node}
@@ -182,39 +173,31 @@ def _tensors(graph: Graph, path: Path, names: list[str], x: np.ndarray) -> list[
     return list(session.run(names, {"x": x}))
 
 
-def test_mlas_order_is_onnx_runtimes_float_conv_bit_for_bit(
-    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_mlas_order_is_onnx_runtimes_float_conv_bit_for_bit(models: dict[str, Path]) -> None:
     """conv1's float output as ONNX Runtime computes it (float32, every bit) is mlas_conv's of the
     dequantized input, weights and bias; the exact sum rounded once differs from it in the last bits."""
-    graph = _qdq_graph(models["s8"], monkeypatch)
+    graph = load_graph(models["s8"], qdq=True)
     (conv,) = [n for n in graph.nodes if n.name == "conv1"]
     writers = {t: n for n in graph.nodes for t in n.outputs}
     x = np.random.default_rng(9).uniform(-1, 1, (1, C, HW, HW)).astype(np.float32)
     dq_x = writers[conv.inputs[0]]
     xq, out = _tensors(graph, models["s8"], [dq_x.inputs[0], conv.outputs[0]], x)
 
-    def dequantized(node_input: str, q: np.ndarray, axis_shape: tuple[int, ...]) -> np.ndarray:
-        dq = writers[node_input]
-        scale = graph.constants[dq.inputs[1]].reshape(axis_shape).astype(np.float32)
-        zero = graph.constants[dq.inputs[2]].reshape(axis_shape).astype(np.int32)
-        return ((q.astype(np.int32) - zero).astype(np.float32) * scale).astype(np.float32)
-
-    xf = dequantized(conv.inputs[0], xq, (1, 1, 1, 1))
-    w = dequantized(conv.inputs[1], graph.constants[writers[conv.inputs[1]].inputs[0]], (-1, 1, 1, 1))
-    b = dequantized(conv.inputs[2], graph.constants[writers[conv.inputs[2]].inputs[0]], (-1,))
+    w_dq, b_dq = (writers[t] for t in conv.inputs[1:])
+    xf = dequantize_node(graph, dq_x, xq, 1)
+    w = dequantize_node(graph, w_dq, graph.constants[w_dq.inputs[0]], 0)
+    b = dequantize_node(graph, b_dq, graph.constants[b_dq.inputs[0]], 0)
     assert sgemm_slices(HW * HW, C * 9) == (0, 128, 256)
     got = mlas_conv(xf, w, b, pads=(1, 1, 1, 1))
     assert got.tobytes() == np.asarray(out, np.float32).tobytes()
+    (q,) = [n for n in graph.nodes if n.op == "QuantizeLinear" and n.inputs[0] == conv.outputs[0]]
+    (yq,) = _tensors(graph, models["s8"], [q.outputs[0]], x)
+    assert np.array_equal(float_unit(graph, conv, xq), yq)
     k = C * 9
-    flat = (w.reshape(C, k).astype(np.float64) @ _cols(xf).astype(np.float64)).astype(np.float32)
+    flat = (
+        w.reshape(C, k).astype(np.float64) @ patches(xf[0], (3, 3), (1, 1), (1, 1, 1, 1)).astype(np.float64)
+    ).astype(np.float32)
     assert not np.array_equal(flat.reshape(got.shape) + b.reshape(1, -1, 1, 1), got)
-
-
-def _cols(xf: np.ndarray) -> np.ndarray:
-    from xtune.ops.mlasconv import patches
-
-    return patches(xf[0], (3, 3), (1, 1), (1, 1, 1, 1))
 
 
 def test_sgemm_slices_follow_mlas_strides() -> None:

@@ -57,8 +57,10 @@ def load_model(source: Source) -> onnx.ModelProto:
     return load_external_data(model, path)
 
 
-def load_graph(source: Source) -> Graph:
-    """Import `source` (a path or a ModelProto); InputError in one line for anything xtune cannot take."""
+def load_graph(source: Source, qdq: bool = False) -> Graph:
+    """Import `source` (a path or a ModelProto); InputError in one line for anything xtune cannot take.
+    `qdq`: a quantized model's QDQ units as the model has them (for the rules about them, such as
+    xtune/frontend/qdqunits.py's), not yet rewritten into QOperator nodes."""
     loaded = load_model(source)
     where = str(source) if not isinstance(source, onnx.ModelProto) else (loaded.graph.name or "model")
     model = normalize(validate(loaded, where), where)  # nodes in topological order from here on
@@ -91,6 +93,8 @@ def load_graph(source: Source) -> Graph:
         shapes=shapes,
         dtypes=dtypes,
     )
+    if qdq:
+        return graph
     graph = qoperators(graph, _requant(loaded))  # a quantized model's QDQ patterns as QOperator nodes
     _check_tensors(graph, types, where)
     check_weights(g.node, shapes, where)

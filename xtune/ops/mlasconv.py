@@ -26,10 +26,13 @@ the same order. Depthwise and NCHWc convolutions are other kernels, not this one
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import numpy as np
 
+from xtune.graph import Graph, Node
 from xtune.ops.qmlas import fma32
+from xtune.ops.quantize import QParams, QType
 
 SGEMM_STRIDE = 128  # MLAS_SGEMM_STRIDEN and MLAS_SGEMM_STRIDEK (onnxruntime/core/mlas/lib/mlasi.h)
 
@@ -92,3 +95,36 @@ def mlas_conv(
             total = (total + bias.astype(np.float32).reshape(-1, 1)).astype(np.float32)
         outs.append(total.reshape(m, (image.shape[1] + pads[0] + pads[2] - kh) // strides[0] + 1, -1))
     return np.stack(outs)
+
+
+def dequantize_node(graph: Graph, dq: Node, q: np.ndarray, axis: int) -> np.ndarray:
+    """DequantizeLinear `dq` of `q` as ONNX Runtime computes it, its scale and zero point along `axis`."""
+    shape = [1] * q.ndim
+    scale, zero = graph.constants[dq.inputs[1]], graph.constants[dq.inputs[2]]
+    shape[axis] = scale.size
+    diff = (q.astype(np.int32) - zero.reshape(shape).astype(np.int32)).astype(np.float32)
+    return (diff * scale.reshape(shape).astype(np.float32)).astype(np.float32)
+
+
+def float_unit(graph: Graph, conv: Node, x_q: np.ndarray) -> np.ndarray:
+    """What ONNX Runtime computes for the QDQ unit of `conv` (a Conv of `graph` as load_graph(qdq=True)
+    gives it: DequantizeLinear of the 8-bit input, of constant weights per output channel and of an int32
+    bias -> Conv -> QuantizeLinear) where it runs it in float: the float Conv `mlas_conv` of the
+    dequantized values, then QuantizeLinear; the 8-bit output for the 8-bit input `x_q` (NCHW)."""
+    writers, readers = graph.producers(), graph.consumers()
+    dq_x, dq_w, *dq_b = (graph.nodes[writers[t]] for t in conv.inputs)
+    weights = graph.constants[dq_w.inputs[0]]
+    bias = dequantize_node(graph, dq_b[0], graph.constants[dq_b[0].inputs[0]], 0) if dq_b else None
+    (q,) = (graph.nodes[i] for i in readers[conv.outputs[0]])
+    sh, sw = conv.ints("strides", (1, 1))
+    top, left, bottom, right = conv.ints("pads", (0, 0, 0, 0))
+    y = mlas_conv(
+        dequantize_node(graph, dq_x, x_q, 1),
+        dequantize_node(graph, dq_w, weights, 0),
+        bias,
+        (sh, sw),
+        (top, left, bottom, right),
+    )
+    scale, zero = graph.constants[q.inputs[1]], graph.constants[q.inputs[2]]
+    qtype = cast(QType, str(zero.dtype))
+    return QParams(scale=float(scale.reshape(-1)[0]), zero=int(zero.reshape(-1)[0]), qtype=qtype).quantize(y)
