@@ -7,6 +7,7 @@ float Conv output, every bit, against xtune/ops/mlasconv.py's MLAS order (and no
 from __future__ import annotations
 
 import platform
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import NO_ARM_PEERS
 from tests.networks import quantize_qdq
 from xtune.frontend.load import load_graph
 from xtune.frontend.qdqunits import u8_on_x86, x86_float_convs
 from xtune.graph import Graph
 from xtune.ops.mlasconv import dequantize_node, float_unit, mlas_conv, patches, sgemm_slices
+from xtune.ops.qmlas import fuses_int8_qdq
+from xtune.target import get_target
+from xtune.tuning.arm_peers import optimized_aarch64, peers_built
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
@@ -208,3 +213,17 @@ def test_sgemm_slices_follow_mlas_strides() -> None:
     assert sgemm_slices(49, 2304) == tuple(range(0, 2304, 256))
     assert sgemm_slices(10, 2304) == tuple(range(0, 2304, 1024))
     assert sgemm_slices(196, 1152) == tuple(range(0, 1152, 128))
+
+
+def test_onnx_runtimes_aarch64_build_fuses_the_int8_units(models: dict[str, Path]) -> None:
+    """ONNX Runtime's aarch64 build allows int8 (QDQIsInt8Allowed) and converts nothing: under
+    qemu-aarch64 both Convs of the int8 block are QLinearConv and its Add a QLinearAdd, as xtune's ARM
+    targets compute them (xtune/ops/qmlas.py, `fuses_int8_qdq`)."""
+    if not peers_built():
+        pytest.skip(NO_ARM_PEERS)
+    if shutil.which("qemu-aarch64") is None:
+        pytest.skip("needs qemu-aarch64")
+    optimized = onnx.load_from_string(optimized_aarch64(models["s8"]))
+    ops = sorted(n.op_type for n in optimized.graph.node if n.op_type not in ("Transpose", "QuantizeLinear"))
+    assert ops == ["DequantizeLinear", "QLinearAdd", "QLinearConv", "QLinearConv"]
+    assert fuses_int8_qdq(get_target("arm-a72-neon")) and not fuses_int8_qdq(get_target("x86-avx2"))

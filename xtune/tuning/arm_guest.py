@@ -3,7 +3,9 @@ on stdout one JSON line (the runtime's version, the input names, the pids of the
 order of the run counts), in the work directory the seeded inputs and the outputs of one inference.
 `hwcaps` instead prints the emulated core's AT_HWCAP words; `outputs` runs one inference on the inputs
 saved in the work directory (inputs.npz, in the model's input order) and saves its outputs there, nothing
-counted. benchmarks/arm_peers.py starts it under qemu-aarch64 (docs/arm-peers.md).
+counted. `optimized` saves ONNX Runtime's optimized graph of the model there (optimized.onnx:
+all graph optimizations, one thread), nothing run. benchmarks/arm_peers.py starts it under qemu-aarch64
+(docs/arm-peers.md).
 
 After one warm-up inference, which also gives the outputs, the loaded model is forked once per run count
 and each child runs that many inferences and exits: qemu-user runs a guest fork() as a host fork(), so the
@@ -138,6 +140,16 @@ def main(argv: list[str]) -> None:
         with np.load(Path(workdir, "inputs.npz")) as saved:
             feeds = {name: saved[f"arr_{i}"] for i, (name, _, _) in enumerate(inputs)}
         np.savez(Path(workdir, "outputs.npz"), *run(feeds))
+        return
+    if argv[1] == "optimized":  # ONNX Runtime's optimized graph of the model, as this build makes it
+        import onnxruntime as ort
+
+        model, workdir = argv[2:]
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(Path(workdir, "optimized.onnx"))
+        ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         return
     runtime, model, workdir, seed, runs = argv[1:]
     version, inputs, run = LOADERS[runtime](model)

@@ -216,6 +216,15 @@ def peer_outputs(
         return saved_arrays(where.work / "outputs.npz")
 
 
+def optimized_aarch64(model: Path, core: str = "cortex-a72", *, cache: Path = CACHE) -> bytes:
+    """ONNX Runtime's aarch64 build's optimized graph of `model` (ORT_ENABLE_ALL, one thread: which QDQ
+    units it fuses), serialized, from the emulated `core`."""
+    with guest_dir(model, core, cache) as where:
+        argv = [*guest_command(where, core), "optimized", str(model.resolve()), str(where.work)]
+        run_guest(argv, where.root, f"onnxruntime's graph optimizer on {core}", model)
+        return (where.work / "optimized.onnx").read_bytes()
+
+
 def onnx_aarch64(model: bytes, x: np.ndarray, core: str, *, cache: Path = CACHE) -> np.ndarray:
     """ONNX Runtime's aarch64 build's first output, as float32 (as `peers.ort_network` gives the host's),
     of a serialized one-input ONNX network on `x` on the emulated `core`."""
