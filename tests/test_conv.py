@@ -19,7 +19,7 @@ from xtune.ops.conv import conv_shape
 from xtune.ops.conv2d import Conv2dTemplate
 from xtune.ops.registry import features_of, parse_workload, template_for
 from xtune.ops.workload import random_inputs
-from xtune.schedule.loopnest import For, Stmt, Store
+from xtune.schedule.loopnest import Const, For, Stmt, Store, walk
 from xtune.target import get_target
 from xtune.tuning.features import feature_names, features_op, featurize
 from xtune.tuning.measure import Candidate, Measurer, MeasureStatus, build_image
@@ -309,6 +309,31 @@ def test_stride_2_depthwise_packs_rows_with_vectors(target_name: str) -> None:
     kernel = template.kernel(template.default_config(), "k")
     assert executed_scalar_stores(kernel.body, "Ip") == 3 * 10 * 1
     assert "shufflevector" in lower([kernel])
+
+
+STEM = "conv2d:n=2,c=3,h=11,w=10,k=8,r=3,s=3,stride=2,pad=1,layout=nhwc,bias=1,relu6=1,prepacked=1"
+
+
+@pytest.mark.parametrize("board", ["local", "qemu-aarch64"])
+def test_a_stem_copies_its_rows_by_whole_vectors(board: str) -> None:
+    """A pixel of 3 channels is no whole vector: an NHWC stem whose block holds every channel copies each
+    input row (30 floats here) as one contiguous run of vectors, the last one partial, and no float alone;
+    other channel blocks (tile_ic 1, 2) keep the copy per pixel. Each is checked against numpy."""
+    target = get_board(board).target
+    if board != "local" and shutil.which(target.qemu_binary) is None:
+        pytest.skip(f"needs {target.qemu_binary} (qemu-user)")
+    template = template_for(parse_workload(STEM), target)
+    default = template.default_config()
+    assert default["tile_ic"] == 3 and default["pack_layout"] == "hwc"
+    kernel = template.kernel(default, "k")
+    assert executed_scalar_stores(kernel.body, "Ip") == 0
+    runs = [s for s, _ in walk(kernel.body) if isinstance(s, Store) and s.buffer == "Ip" and s.lanes > 1]
+    assert len([s for s in runs if not isinstance(s.value, Const)]) == 2  # the whole vectors, the partial one
+    indices = [default.index] + [
+        template.space.index_of({**default.as_dict(), "tile_ic": ic, "reduction": red})
+        for ic, red in ((3, "crs"), (2, "rsc"), (1, "crs"))
+    ]
+    check(board, STEM, indices)
 
 
 def test_a_pointwise_kernel_is_its_matmuls_nest_over_the_conv_tensors() -> None:

@@ -159,7 +159,19 @@ class ConvEmitter:
             value = Load("input", src(c, y * scale, x * scale), width, n % width)
             b.store("Ip", self.ip_index(c, y + sh.top, x + sh.left), value, width, n)
 
-        if sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
+        if sh.nhwc == s.hwc and sh.nhwc and scale == 1 and ctx.ccur == channels == s.cb and channels % lanes:
+            # A pixel's channels are every channel of both rows yet no whole vector (a stem's 3): a row's
+            # pixels are one contiguous run in the input and in Ip, copied by whole vectors instead of a
+            # pixel at a time in partial ones (MobileNetV2's 224x224x3 stem: 0.75 vector copies a pixel
+            # where each pixel took three loads and two stores, docs/benchmarks.md).
+            with b.loop(rows, "pi") as y:
+                at, to = src(Affine(), y, Affine()), self.ip_index(0, y + sh.top, sh.left)
+
+                def run(t: Affine, n: int) -> None:
+                    b.store("Ip", to + t, Load("input", at + t, lanes, n % lanes), lanes, n)
+
+                b.split(cols * channels, lanes, run, "pr")
+        elif sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
             with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
                 b.split(ctx.ccur, lanes, lambda c, n: copy(c, y, x, n), "pc")
         elif sh.nhwc == s.hwc and not s.subsample:
