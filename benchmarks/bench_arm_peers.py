@@ -28,7 +28,7 @@ from pathlib import Path
 
 import onnx
 from arm_cycles import PEER_MCA_TIMEOUT_S
-from arm_peers import CORES, PAIRS, check_peer, run_peer
+from arm_peers import PAIRS, check_peer, run_peer
 
 from xtune.boards.board import QemuBoard
 from xtune.boards.cost import CostUnit
@@ -36,6 +36,7 @@ from xtune.boards.cycles import cycle_model
 from xtune.errors import XtuneError
 from xtune.firmware.network_bench import bench_model
 from xtune.target import Target, load_targets
+from xtune.tuning.arm_peers import CORES
 
 # tests/networks.py builds the networks (as benchmarks/make_networks.py does); the repository root holds
 # the `tests` package.

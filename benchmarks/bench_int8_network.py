@@ -10,7 +10,8 @@ Usage: python benchmarks/bench_int8_network.py [--model mlp|resnet18|mobilenet_v
        [--check] [--pre-process]
 --pre-process runs ONNX Runtime's quant_pre_process first (BatchNormalization folded into its convolution).
 --check builds the int8 network with default configs (no tuning, no timing), runs it once on the local board
-and says how many of its outputs differ from ONNX Runtime's and by how many quantization steps.
+and says how many of its outputs differ from ONNX Runtime's and by how many quantization steps, and the
+planned workspace (and its lower bound) of the int8 and the float32 builds: deterministic figures.
 --activations u8 quantizes activations to uint8 (ONNX Runtime's fastest form on x86: U8S8); s8 is
 quantize_static's default. The machine should be otherwise idle: every time is a timing. Needs the `bench`
 extra (onnxruntime).
@@ -84,18 +85,26 @@ def quantize(source: Path, out: Path, activations: str, pre_process: bool = Fals
     quantize_qdq(source, out, batches, uint8=activations == "u8")
 
 
-def check(path: Path, board: Board) -> str:
+def check(path: Path, fp32: Path, board: Board) -> str:
     """How the default int8 build's output differs from ONNX Runtime's on the seeded random input: the
     count of differing values, and the largest difference in steps of the smallest one (the logits'
-    DequantizeLinear makes every difference a multiple of the output's scale)."""
+    DequantizeLinear makes every difference a multiple of the output's scale); then the workspace of the
+    int8 build and of the float32 one (`fp32`), each with its lower bound."""
     built = build_model(path, board.target)
+    workspace = [
+        f"{name} workspace {m.workspace_bytes} B (lower bound {m.lower_bound})"
+        for name, m in (
+            ("int8", built.program.memory),
+            ("float32", build_model(fp32, board.target).program.memory),
+        )
+    ]
     x = network_input(built)
     got, _ = run_network(board, built, x)
     ort = ort_network(path.read_bytes(), x)[0]
     diff = np.abs(got.astype(np.float64) - ort.astype(np.float64)).reshape(-1)
     off = diff[diff > 0]
     steps = f", up to {off.max() / off.min():.0f} steps of {off.min():.4g}" if off.size else ""
-    return f"{off.size} of {diff.size} outputs differ from ONNX Runtime's{steps}"
+    return f"{off.size} of {diff.size} outputs differ from ONNX Runtime's{steps}; " + ", ".join(workspace)
 
 
 def main() -> None:
@@ -123,8 +132,10 @@ def main() -> None:
             onnx.save(NETWORKS[args.model](), fp32)
             shape = f"{args.model}, {args.trials} trials per task"
         quantize(fp32, int8, args.activations, args.pre_process)
+        pre = ", quant_pre_process" if args.pre_process else ""
         if args.check:
-            print(f"{shape}, {args.activations} activations, {board.target.name}: {check(int8, board)}")
+            found = check(int8, fp32, board)
+            print(f"{shape}, {args.activations} activations{pre}, {board.target.name}: {found}")
             return
         rows = []
         for name, path in (("int8", int8), ("float32", fp32)):
@@ -135,7 +146,6 @@ def main() -> None:
             built = build_model(path, board.target, logs=[log])
             memory = built.program.memory
             rows.append((name, report, built.weights_bytes, memory.workspace_bytes, memory.lower_bound))
-        pre = ", quant_pre_process" if args.pre_process else ""
         print(f"{shape}, {args.activations} activations{pre}, {board.target.name}")
         heads = (
             "build",

@@ -14,13 +14,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 1
+#define PROTOCOL_VERSION 2
 #define MAX_PAYLOAD (1u << 30)
 #define MAX_SLOTS 32
 #define MAX_ARGS 8
 #define MAX_REPEAT 1024
 #define MAX_NUMBER (1u << 26) /* cap of the adaptive doubling: ~2 s even for a 30 ns kernel */
-#define RUN_PAYLOAD 72
+#define RUN_PAYLOAD 80
 
 enum { OP_LOAD = 1, OP_SET_BUFFER = 2, OP_RUN = 3, OP_READ_BUFFER = 4 };
 enum { ST_OK = 0, ST_ERROR = 1 };
@@ -202,8 +202,8 @@ static void op_read_buffer(uint32_t len) {
     reply(ST_OK, slots[slot].ptr, (uint32_t)slots[slot].len);
 }
 
-struct run { uint64_t entry; uint32_t number, repeat, warmup, timeout_ms, min_repeat_us, nargs;
-             uint64_t flush_bytes; void *args[MAX_ARGS]; };
+struct run { uint64_t entry; uint32_t number, repeat, warmup, timeout_ms, min_repeat_us, nargs, evict;
+             uint64_t flush_bytes; void *args[MAX_ARGS]; size_t lens[MAX_ARGS]; };
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -216,6 +216,35 @@ static void flush_cache(volatile uint8_t *buf, uint64_t n) {
     for (uint64_t i = 0; i < n; i += 64) buf[i] = (uint8_t)i;
     for (uint64_t i = 0; i < n; i += 64) sum += buf[i];
     (void)sum;
+}
+
+/* The smallest data cache line, so that stepping by it touches every line of a buffer: x86-64 lines
+ * are 64 bytes (Intel SDM vol. 3A 11.5, AMD APM vol. 2 7.1); AArch64 reads CTR_EL0.DminLine, log2 of the
+ * line in 4-byte words (Arm ARM D23.2.34; Linux lets EL0 read it). */
+static size_t dcache_line(void) {
+#if defined(__aarch64__)
+    uint64_t ctr;
+    __asm__ volatile("mrs %0, ctr_el0" : "=r"(ctr));
+    return (size_t)4 << ((ctr >> 16) & 0xF);
+#else
+    return 64;
+#endif
+}
+
+/* Writes back and invalidates every line of [p, p+n) in every cache level, then waits for it to complete:
+ * CLFLUSH + MFENCE on x86-64 (Intel SDM vol. 2A, CLFLUSH: "invalidates from every level of the cache
+ * hierarchy"), DC CIVAC + DSB ISH on AArch64 (Arm ARM C5.3.7: clean and invalidate to the point of
+ * coherency). parse_run refuses eviction where neither exists (RISC-V's base ISA has no such instruction). */
+static void evict(const uint8_t *p, size_t n, size_t line) {
+#if defined(__x86_64__)
+    for (size_t i = 0; i < n; i += line) __asm__ volatile("clflush (%0)" ::"r"(p + i) : "memory");
+    __asm__ volatile("mfence" ::: "memory");
+#elif defined(__aarch64__)
+    for (size_t i = 0; i < n; i += line) __asm__ volatile("dc civac, %0" ::"r"(p + i) : "memory");
+    __asm__ volatile("dsb ish" ::: "memory");
+#else
+    (void)p, (void)n, (void)line;
+#endif
 }
 
 static uint64_t time_calls(kernel_fn k, void **a, uint32_t number) {
@@ -263,8 +292,11 @@ static void run_child(const struct run *r, pid_t parent) {
         number *= 2;
     }
     res->number = number;
+    size_t line = dcache_line();
     for (uint32_t i = 0; i < r->repeat; i++) {
         if (flush) flush_cache(flush, r->flush_bytes);
+        for (uint32_t j = 0; j < r->nargs; j++)
+            if (r->evict >> j & 1) evict(r->args[j], r->lens[j], line);
         res->ns[i] = time_calls(k, a, number);
         res->count = i + 1;
         res->progress++;
@@ -306,6 +338,8 @@ static const char *parse_run(const uint8_t *p, struct run *r) {
     r->min_repeat_us = get_u32(p + 24);
     r->nargs = get_u32(p + 28);
     r->flush_bytes = get_u64(p + 32);
+    r->evict = get_u32(p + 72);
+    if (get_u32(p + 76)) return "reserved field must be 0";
     if (!image_len) return "no image loaded";
     if (r->entry >= image_len) return "entry offset outside the image";
     if ((r->number == 0) != (r->repeat == 0)) return "number and repeat must both be 0 (check-only) or both >= 1";
@@ -313,12 +347,19 @@ static const char *parse_run(const uint8_t *p, struct run *r) {
     if (r->number > MAX_NUMBER) return "number above 2^26";
     if (r->nargs > MAX_ARGS) return "more than 8 args";
     if (r->timeout_ms == 0) return "timeout_ms must be >= 1";
+    if (r->evict >> r->nargs) return "evict names an arg beyond nargs";
+    if (r->evict && (r->number != 1 || r->min_repeat_us)) return "evicting args needs number 1 and min_repeat_us 0";
+#if !defined(__x86_64__) && !defined(__aarch64__)
+    if (r->evict) return "evicting args needs a cache-flush instruction (x86-64 CLFLUSH, AArch64 DC CIVAC)";
+#endif
     for (uint32_t i = 0; i < MAX_ARGS; i++) {
         uint32_t slot = get_u32(p + 40 + 4 * i);
         r->args[i] = NULL;
+        r->lens[i] = 0;
         if (i >= r->nargs) continue;
         if (slot >= MAX_SLOTS || !slots[slot].mapped) return "an arg names a slot that is not set";
         r->args[i] = slots[slot].ptr;
+        r->lens[i] = slots[slot].len;
     }
     return NULL;
 }

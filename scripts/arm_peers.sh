@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the arm64 Python that benchmarks/arm_peers.py runs under qemu-aarch64: Debian 12's python3.11
+# Builds the arm64 Python that xtune/tuning/arm_peers.py runs under qemu-aarch64: Debian 12's python3.11
 # for arm64 unpacked (dpkg -x) into .cache/arm64-peers/root, with the aarch64 wheels of ONNX Runtime,
 # LiteRT and numpy in root/opt/peers (docs/arm-peers.md says why each step exists).
 # Idempotent and quick when done (a stamp records what was installed); downloads only from Debian's
@@ -77,7 +77,7 @@ if "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
 fi
 
 # The interpreter starts and numpy imports: the runtimes themselves need the emulated CPU's
-# /proc/cpuinfo, which benchmarks/arm_peers.py provides.
+# /proc/cpuinfo, which xtune/tuning/arm_peers.py provides.
 QEMU="$(command -v qemu-aarch64 || true)"
 if [ -z "$QEMU" ]; then
   echo "arm_peers: qemu-aarch64 is missing: apt-get install qemu-user" >&2

@@ -21,6 +21,8 @@ CliRunner = Callable[..., subprocess.CompletedProcess[str]]
 
 QEMU_BOARDS = ("qemu-aarch64", "qemu-riscv64", "qemu-riscv64-v")
 CLI_TIMEOUT = 600.0  # a guard against a hung run, not a time limit: a loaded CI machine can be slow
+# Why a test of ONNX Runtime's aarch64 build skips (xtune/tuning/arm_peers.py, `peers_built`).
+NO_ARM_PEERS = "no arm64 Python with the ARM peers: bash scripts/arm_peers.sh (scripts/setup.sh runs it)"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -19,7 +19,14 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from xtune.boards.agent import MAX_TIMEOUT_MS, AgentSession, RunRequest, RunStatus, SubprocessTransport
+from xtune.boards.agent import (
+    MAX_TIMEOUT_MS,
+    PROTOCOL_VERSION,
+    AgentSession,
+    RunRequest,
+    RunStatus,
+    SubprocessTransport,
+)
 from xtune.boards.agent_build import agent_version, build_agent
 from xtune.boards.board import EMULATED_DEADLINE_FACTOR, LocalBoard, QemuBoard, get_board
 from xtune.errors import BoardError, InputError
@@ -138,7 +145,8 @@ def test_hello_skips_banner_and_partial_line(board: LocalBoard | QemuBoard) -> N
     transport = SubprocessTransport(["sh", "-c", script, "sh", *board.argv()])
     with AgentSession(transport, timeout=30.0) as s:
         assert s.hello.arch == board.target.arch
-        assert s.hello.version == 1 and s.hello.page_size >= 4096 and s.hello.exec_method == "mprotect"
+        assert s.hello.version == PROTOCOL_VERSION and s.hello.page_size >= 4096
+        assert s.hello.exec_method == "mprotect"
         s.set_buffer(0, b"ok")
         assert s.read_buffer(0) == b"ok"
     assert transport.returncode == 0  # stdin EOF ends the agent cleanly
@@ -187,6 +195,35 @@ def test_number_times_repeat_calls(session: tuple[AgentSession, dict[str, int]])
     # the agent inside a timed repeat costs a time slice of several ms on a loaded machine.
     assert all(t > 0 for t in reply.seconds) and statistics.median(reply.seconds) < 0.01
     assert int.from_bytes(s.read_buffer(3), "little") == 2 + 5 * 3
+
+
+def test_evicted_args_are_written_back_between_calls(
+    board: LocalBoard | QemuBoard, session: tuple[AgentSession, dict[str, int]]
+) -> None:
+    """A network's weights as its layer finds them: each timed call starts with the evicted args out of
+    every cache level (CLFLUSH / DC CIVAC). A dirty line is written back, not dropped: the counter the
+    kernel increments survives every eviction, and the evicted 1 MiB buffer keeps its bytes. RISC-V has
+    no user-mode cache flush, and its agent says so rather than time warm buffers as cold."""
+    s, offsets = session
+    s.set_buffer(3, bytes(4))
+    big = bytes(range(256)) * 4096
+    s.set_buffer(4, big)
+    request = RunRequest(offsets["count"], (3, 4), number=1, repeat=3, warmup=1, evict=frozenset({0, 1}))
+    if board.target.arch == "riscv64":
+        with pytest.raises(BoardError, match="refused RUN: evicting args needs a cache-flush instruction"):
+            s.run(request)
+        return
+    reply = s.run(request)
+    assert reply.status is RunStatus.OK and reply.number == 1 and len(reply.seconds) == 3
+    assert int.from_bytes(s.read_buffer(3), "little") == 1 + 3
+    assert s.read_buffer(4) == big
+
+
+def test_eviction_needs_one_call_per_repeat() -> None:
+    with pytest.raises(ValueError, match="number 1 and min_repeat_ms 0"):
+        RunRequest(0, (3,), number=4, repeat=2, evict=frozenset({0}))
+    with pytest.raises(ValueError, match="positions in args"):
+        RunRequest(0, (3,), number=1, repeat=2, evict=frozenset({1}))
 
 
 def test_min_repeat_grows_number(session: tuple[AgentSession, dict[str, int]]) -> None:
@@ -259,7 +296,7 @@ def test_refused_request_keeps_session(session: tuple[AgentSession, dict[str, in
 
 def test_protocol_violation_quotes_stderr() -> None:
     fake = (
-        "echo XTUNE-AGENT 1 arch=x86_64 pid=1 page=4096 exec=mprotect; echo oops >&2;"
+        "echo XTUNE-AGENT 2 arch=x86_64 pid=1 page=4096 exec=mprotect; echo oops >&2;"
         "head -c 12 >/dev/null; echo garbage-garbage; sleep 5"
     )
     with pytest.raises(BoardError, match=r"protocol violation.*oops"):

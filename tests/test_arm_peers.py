@@ -1,7 +1,7 @@
-"""The ARM peers' harness (benchmarks/arm_peers.py, arm_cycles.py): the emulated core's /proc/cpuinfo reads
-like a real one, the children's block records subtract, and ONNX Runtime's aarch64 build under
-qemu-aarch64 computes what ONNX Runtime computes on this host, with an instruction count per inference that
-repeats and grows with the work, and a cycle estimate beside it."""
+"""The ARM peers' harness (xtune/tuning/arm_peers.py, benchmarks/arm_peers.py, arm_cycles.py): the emulated
+core's /proc/cpuinfo reads like a real one, the children's block records subtract, and ONNX Runtime's
+aarch64 build under qemu-aarch64 computes what ONNX Runtime computes on this host, with an instruction
+count per inference that repeats and grows with the work, and a cycle estimate beside it."""
 
 from __future__ import annotations
 
@@ -10,21 +10,14 @@ from pathlib import Path
 import onnx
 import pytest
 from arm_cycles import executable_mappings, extra_runs, peer_model, records
-from arm_peers import (
-    CACHE,
-    CORES,
-    arm64_root,
-    check_peer,
-    cpuinfo_text,
-    per_inference,
-    run_peer,
-    runtime_for,
-)
+from arm_peers import check_peer, per_inference, run_peer
 
+from tests.conftest import NO_ARM_PEERS
 from xtune.boards.cycles import MCA_TIMEOUT_S, BlockRun, find_llvm_tools
 from xtune.errors import InputError, XtuneError
 from xtune.ops.registry import parse_workload
 from xtune.target import get_target
+from xtune.tuning.arm_peers import CORES, arm64_root, cpuinfo_text, peers_built, runtime_for
 from xtune.tuning.peers import onnx_model
 
 # A Raspberry Pi 4's first entry (Cortex-A72, Linux 6.1 arm64), but for BogoMIPS (its timer runs at 54 MHz).
@@ -141,10 +134,8 @@ def test_onnxruntime_aarch64_under_qemu_matches_x86_and_counts(tmp_path: Path) -
     block-recording plugin too, and four times the multiply-adds costing more than twice the instructions,
     never fewer than one NEON FMA per four of them; llvm-mca's Cortex-A72 model, which issues at most 3
     instructions a cycle, gives at least a cycle per 3 instructions."""
-    if not (CACHE / "root" / ".complete").is_file():
-        pytest.skip(
-            "no arm64 Python with the ARM peers: bash scripts/arm_peers.sh (scripts/setup.sh runs it)"
-        )
+    if not peers_built():
+        pytest.skip(NO_ARM_PEERS)
     small, large = _write(SMALL, tmp_path / "small.onnx"), _write(LARGE, tmp_path / "large.onnx")
     first = run_peer(small, "cortex-a72")
     assert first.runtime.value == "onnxruntime" and first.version

@@ -204,6 +204,26 @@ def test_a_flag_out_of_range_is_a_usage_error(argv: list[str], capsys: pytest.Ca
     assert refused(status, err, f"argument {argv[-2]}"), err
 
 
+def test_tuning_with_cold_weights_logs_its_own_unit_and_refuses_a_counting_board(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--cold-weights on the host: every timing is logged as "s-cold" with the option beside it, and
+    `best` ranks by it; on an instruction-counting board there is no cache to evict, one line, exit 2,
+    nothing logged."""
+    log = tmp_path / "log.jsonl"
+    argv = ["tune", "--workload", "conv2d:n=1,c=8,h=8,w=8,k=16,r=3,s=3,pad=1", "--log", str(log)]
+    status, _, err = run_main([*argv, "--trials", "3", "--repeat", "2", "--cold-weights"], capsys)
+    assert status == 0, err
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines and {line["result"]["cost_unit"] for line in lines} == {"s-cold"}
+    assert all(line["options"]["cold_weights"] for line in lines)
+    status, out, err = run_main(["best", "--log", str(log), "--json"], capsys)
+    assert status == 0 and json.loads(out)["best"][0]["best"]["cost_unit"] == "s-cold", err
+    status, _, err = run_main([*argv, "--trials", "2", "--board", "qemu-aarch64", "--cold-weights"], capsys)
+    assert refused(status, err, "--cold-weights", "timing board"), err
+    assert len(log.read_text().splitlines()) == len(lines)
+
+
 def test_records_a_build_cannot_use_are_skipped_with_a_warning_and_best_shows_what_build_takes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

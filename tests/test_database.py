@@ -156,6 +156,24 @@ def test_best_picks_lowest_median_of_ok_records_only(tmp_path: Path) -> None:
     assert best([rec(1, status=MeasureStatus.RUNTIME_ERROR)], WL, TARGET) == []
 
 
+def test_cold_weight_timings_lead_and_are_never_ranked_with_warm_ones(tmp_path: Path) -> None:
+    """A log tuned warm and then again with --cold-weights: its best is the best cold timing, though
+    warm timings are faster (weights in cache); and the unit survives the log round trip."""
+    records = [
+        rec(1, (1.0, 1.0, 1.0)),
+        rec(2, (0.5, 0.5, 0.5)),  # the fastest warm: not comparable with cold figures
+        rec(3, (3.0, 3.0, 3.0), unit=CostUnit.COLD_SECONDS),
+        rec(1, (2.0, 2.0, 2.0), unit=CostUnit.COLD_SECONDS),
+    ]
+    assert ranking_unit(records) is CostUnit.COLD_SECONDS
+    assert [(r.index, r.cost) for r in best(records, WL, TARGET, k=3)] == [(1, 2.0), (3, 3.0)]
+    assert [r.index for r in best(records, WL, TARGET, cost_unit=CostUnit.SECONDS)] == [2]
+    log = TuningLog(tmp_path / "log.jsonl")
+    log.append(records)
+    units = [r.result.cost_unit for r in read_logs([tmp_path / "log.jsonl"])]
+    assert units == [r.result.cost_unit for r in records]
+
+
 def test_a_config_timed_again_is_judged_by_its_median_not_its_luckiest_timing() -> None:
     lucky = [rec(1, (1.0,), when=1.0), rec(1, (4.0,), when=2.0), rec(1, (4.5,), when=3.0)]
     steady = [rec(2, (3.0,)), rec(2, (3.1,), when=2.0), rec(2, (2.9,), when=3.0)]

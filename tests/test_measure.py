@@ -75,6 +75,25 @@ def test_local_board_candidates_match_numpy(shape: str, compile_pool: CompilePoo
     assert all(len(r.costs) == 2 and all(c > 0 for c in r.costs) for r in results)
 
 
+def test_cold_weights_evict_the_constants_before_each_timed_call(compile_pool: CompilePool) -> None:
+    """MeasureOptions.cold_weights times a conv2d as a network layer finds it: its weights and bias (the
+    workload's constants) evicted before each of `repeat` single calls, its input and output left warm;
+    the candidate is still checked first and timed per call."""
+    board = get_board("local")
+    workload = parse_workload("conv2d:n=1,c=16,h=10,w=10,k=32,r=3,s=3,pad=1,bias=1")
+    options = MeasureOptions(repeat=3, min_repeat_ms=5.0, warmup=0, timeout_ms=2000, cold_weights=True)
+    measurer = Measurer(board, workload, options, compile_pool)
+    try:
+        request = measurer._timed_request(0)
+        names = [measurer.tensors[i].name for i in sorted(request.evict)]
+        assert names == ["weights", "bias"] and request.number == 1 and request.min_repeat_ms == 0
+        (result,) = measurer.measure(configs(workload.key, board.target.name, 0, seed=0))
+    finally:
+        measurer.close()
+    assert result.status is MeasureStatus.OK, result.error
+    assert len(result.costs) == 3 and all(c > 0 for c in result.costs)
+
+
 def test_emulated_boards_candidates_match_numpy(qemu_board: str, compile_pool: CompilePool) -> None:
     board = get_board(qemu_board)
     shape = "matmul:m=19,n=37,k=23"

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from arm_peers import CACHE, peer_outputs
 from onnx import TensorProto, helper
 
+from tests.conftest import NO_ARM_PEERS
 from tests.test_qmlas import ADDS, ONNX_TYPES, OPSETS, QType, _params, _qdq_add
 from xtune.boards.board import Board, get_board
 from xtune.firmware.build import build_model
@@ -25,10 +25,10 @@ from xtune.ops.qmlas import AddKernel, QAdd, add_kernel, fixed_point, fuses_int8
 from xtune.ops.qpointwise import Quantized
 from xtune.ops.quantize import RANGES
 from xtune.target import get_target
+from xtune.tuning.arm_peers import peer_outputs, peers_built
 
 pytest.importorskip("onnxruntime.quantization")
 BOARD = "qemu-aarch64"
-NO_PEERS = "no arm64 Python with the ARM peers: bash scripts/arm_peers.sh (scripts/setup.sh runs it)"
 # name -> (type, scales and zero points of a, b, c)
 CASES: dict[str, tuple[QType, tuple[tuple[float, int], ...]]] = {
     "int8": ("int8", ADDS["int8"]),
@@ -94,8 +94,8 @@ def _model(path: Path) -> tuple[Path, tuple[np.ndarray, ...]]:
 @pytest.fixture(scope="module")
 def aarch64_ort(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     """ONNX Runtime's aarch64 build under qemu-aarch64 (cortex-a72): every output of `_model`, by name."""
-    if not (CACHE / "root" / ".complete").is_file():
-        pytest.skip(NO_PEERS)
+    if not peers_built():
+        pytest.skip(NO_ARM_PEERS)
     path, feeds = _model(tmp_path_factory.mktemp("qladd") / "qladd.onnx")
     names = [o.name for o in onnx.load(path).graph.output]
     return dict(zip(names, peer_outputs(path, feeds), strict=True))
@@ -213,8 +213,8 @@ def test_a_qdq_add_dequantized_after_runs_the_reference_under_qemu(
 @pytest.mark.board
 def test_an_int8_qdq_add_built_for_arm_is_onnx_runtime_aarch64s(tmp_path: Path, arm_board: Board) -> None:
     """End to end, the same network: xtune under qemu-aarch64 and ONNX Runtime's aarch64 build."""
-    if not (CACHE / "root" / ".complete").is_file():
-        pytest.skip(NO_PEERS)
+    if not peers_built():
+        pytest.skip(NO_ARM_PEERS)
     board = arm_board
     path, x = _qdq_add(tmp_path / "int8.onnx", "int8")
     got, _ = run_network(board, build_model(path, board.target), x)

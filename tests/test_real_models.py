@@ -66,17 +66,20 @@ def test_normalization_keeps_the_output_of_every_zoo_graph(name: str) -> None:
     assert [(o.domain, o.version) for o in out.opset_import] == [("", 11)]
     left = {n.op_type for n in out.graph.node}
     assert not left & {"Constant", "ConstantOfShape", "Identity", "Dropout", "Sum", "Unsqueeze"}, left
+    if name in BUILDS:
+        return  # its build (the test below) runs the normalized graph against ONNX Runtime on the file
     x = random_input(input_shape(model))
     want, _ = ort_network(model.SerializeToString(), x)
     got, _ = ort_network(out.SerializeToString(), x)
     assert compare_output(got, want, RTOL) == "", name
 
 
-@pytest.mark.parametrize("name", list(NOT_YET))
+@pytest.mark.parametrize("name", [name for name, ops in NOT_YET.items() if ops or name not in BUILDS])
 def test_the_refusal_names_exactly_the_op_types_xtune_cannot_run_yet(name: str) -> None:
     """As shipped (the file itself): what the build refuses (task extraction's refusals and the generated
     operators' own, as `xtune tasks` lists them) by op type; without `partial`, one line names them. The
-    file is imported once and the graph given to both (importing normalizes it, most of the time taken)."""
+    file is imported once and the graph given to both (importing normalizes it, most of the time taken).
+    A graph the build test below builds and runs has nothing to refuse, and is not imported again here."""
     path = str(LIGHT[name])
     graph = load_graph(path)
     partial = extract_tasks(graph, "x86-avx2", partial=True)

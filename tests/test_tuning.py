@@ -232,7 +232,7 @@ def test_confirm_times_a_lucky_leader_again_until_medians_decide() -> None:
     def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
         records.extend(_local_record(template, i, r) for i, r in zip(batch, results, strict=True))
 
-    _confirm(lambda: records, template, 2, measure, keep)
+    _confirm(lambda: records, template, CostUnit.SECONDS, 2, measure, keep)
     # 0 and 1 lead; after two rounds 0's median is its typical 3.0, so 2 moves up and is timed twice.
     assert rounds == [[0, 1], [0, 1], [2], [2]]
     top = best(records, template.workload.key, _logged_as(template), k=2)
@@ -253,7 +253,7 @@ def test_confirm_keeps_its_promise_when_leaders_keep_changing() -> None:
     def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
         records.extend(_local_record(template, i, r) for i, r in zip(batch, results, strict=True))
 
-    _confirm(lambda: records, template, 1, measure, keep)
+    _confirm(lambda: records, template, CostUnit.SECONDS, 1, measure, keep)
     (leader,) = leaders(records, template.workload.key, _logged_as(template))
     top, timings = leader.record, leader.timings
     assert timings == 3 and top.cost == typical[top.index]
@@ -271,7 +271,7 @@ def test_confirm_gives_up_on_a_config_whose_timings_keep_failing() -> None:
     def keep(batch: Sequence[int], results: Sequence[MeasureResult]) -> None:
         records.extend(_local_record(template, i, r) for i, r in zip(batch, results, strict=True))
 
-    _confirm(lambda: records, template, 3, measure, keep)
+    _confirm(lambda: records, template, CostUnit.SECONDS, 3, measure, keep)
     assert tried == [0] * 4  # twice the two timings it needed, then the run goes on
 
 

@@ -34,7 +34,7 @@ class Target:
     agent_triple: str
     abi: str = ""  # LLVM abiname; "lp64d" for hard-float RISC-V (RISC-V ELF psABI)
     # How far ahead (bytes) a kernel prefetches the prepacked weights it streams; 0: never
-    # (ops/matmul/template.py, `_MatmulEmitter.prefetch_strip`, says why; set where it was measured to pay).
+    # (ops/matmul/nest.py, `MatmulEmitter.prefetch_strip`, says why; set where it was measured to pay).
     weight_prefetch_bytes: int = 0
     # The core llvm-mca models for the cycle cost of emulated boards (its -mcpu; docs/emulated-costs.md);
     # "" for a target with no scheduling model, which then has no cycle cost.

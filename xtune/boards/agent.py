@@ -16,7 +16,7 @@ from typing import Protocol
 
 from xtune.errors import BoardError, BoardFault
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 HELLO_PREFIX = b"XTUNE-AGENT "
 MAX_ARGS = 8
 MAX_SLOTS = 32
@@ -31,9 +31,8 @@ _HEADER = struct.Struct("<2sBxI")
 _OP_LOAD, _OP_SET_BUFFER, _OP_RUN, _OP_READ_BUFFER = 1, 2, 3, 4
 _OP_NAMES = {_OP_LOAD: "LOAD", _OP_SET_BUFFER: "SET_BUFFER", _OP_RUN: "RUN", _OP_READ_BUFFER: "READ_BUFFER"}
 _ST_OK, _ST_ERROR = 0, 1
-_RUN = struct.Struct(
-    "<QIIIIIIQ8i"
-)  # entry, number, repeat, warmup, timeout_ms, min_repeat_us, nargs, flush, args
+# entry, number, repeat, warmup, timeout_ms, min_repeat_us, nargs, flush, args, evict, reserved
+_RUN = struct.Struct("<QIIIIIIQ8iII")
 _RUN_REPLY = struct.Struct("<IiII")  # run status, signal, number used, count of u64 ns that follow
 
 
@@ -221,6 +220,9 @@ class RunRequest:
     warmup: int = 0
     timeout_ms: int = 10_000  # per step: one warm-up call, or one repeat
     flush_cache_bytes: int = 0  # bytes written and read before each repeat; 0 = no flush
+    # Positions in `args` whose buffers are evicted from every cache level before each timed repeat
+    # (a network's weights, as its layer finds them); needs number 1 and no min_repeat_ms.
+    evict: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if len(self.args) > MAX_ARGS or any(not 0 <= s < MAX_SLOTS for s in self.args):
@@ -229,6 +231,10 @@ class RunRequest:
             raise ValueError("number and repeat must both be 0 (check-only) or both >= 1 (repeat <= 1024)")
         if self.timeout_ms < 1 or self.warmup < 0 or self.min_repeat_ms < 0 or self.flush_cache_bytes < 0:
             raise ValueError("timeout_ms must be >= 1; warmup, min_repeat_ms, flush_cache_bytes >= 0")
+        if not self.evict <= set(range(len(self.args))):
+            raise ValueError("evict must name positions in args")
+        if self.evict and (self.number != 1 or self.min_repeat_ms):
+            raise ValueError("evicting args needs number 1 and min_repeat_ms 0: each timed call starts cold")
 
     @classmethod
     def check(cls, entry_offset: int, args: tuple[int, ...], timeout_ms: int = 10_000) -> RunRequest:
@@ -256,6 +262,8 @@ class RunRequest:
             len(self.args),
             self.flush_cache_bytes,
             *slots,
+            sum(1 << position for position in self.evict),
+            0,
         )
 
 
@@ -268,7 +276,7 @@ class RunReply:
 
 
 def parse_hello(line: bytes) -> AgentHello:
-    """`XTUNE-AGENT 1 arch=x86_64 pid=1234 page=4096 exec=mprotect` -> AgentHello."""
+    """`XTUNE-AGENT 2 arch=x86_64 pid=1234 page=4096 exec=mprotect` -> AgentHello."""
     words = line.decode(errors="replace").split()
     fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
     try:

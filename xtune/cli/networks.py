@@ -59,8 +59,10 @@ def _bench_model(args: argparse.Namespace) -> int:
     )
     if not report.correct:
         print(f"  xtune  WRONG against {report.peer}: {report.error}")
+        print(f"  check  {report.check}")
         return 1
     print(f"  xtune  matches {report.peer} (max abs error {report.max_abs_error:.3g})")
+    print(f"  check  {report.check}")
     if report.seconds is not None:
         print(f"  xtune  {report.seconds * 1e3:9.3f} ms per inference")
     elif report.instructions is not None:

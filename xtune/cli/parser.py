@@ -171,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--min-repeat-ms", type=_float_in(0, U32 / 1000), default=measure["min_repeat_ms"])
     p.add_argument(
+        "--cold-weights",
+        action="store_true",
+        help="time each call with the weights evicted from every cache level (one call per repeat), as a "
+        "layer of a network whose weights outgrow the caches finds them",
+    )
+    p.add_argument(
         "--timeout-ms",
         type=_int_in(1, U32),
         default=measure["timeout_ms"],

@@ -91,11 +91,11 @@ def _print_tuning(report: TuningReport, log: str) -> None:
 
 
 def _cost_text(cost: float, unit: CostUnit) -> str:
-    from xtune.boards.cost import CostUnit
+    from xtune.boards.cost import WALL_UNITS
 
     if not math.isfinite(cost):
         return "-"
-    if unit is not CostUnit.SECONDS:
+    if unit not in WALL_UNITS:
         return f"{cost:.0f} {unit.value}"
     return f"{cost * 1e3:.4g} ms" if cost >= 1e-4 else f"{cost * 1e6:.4g} us"
 

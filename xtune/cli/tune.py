@@ -45,13 +45,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         used.update(source.as_dict())
         return model, not source.saw(boards[0].target)
 
+    options = _tune_options(args)
     numpy_gflops = local_numpy_gflops(workload, boards)
-    bar = _ProgressBar(args.trials, workload.flops(), numpy_gflops, boards[0].cost_unit)
+    bar = _ProgressBar(
+        args.trials, workload.flops(), numpy_gflops, options.measure.unit_on(boards[0].cost_unit)
+    )
     try:
         report = run_tuning(
             workload,
             boards,
-            _tune_options(args),
+            options,
             log,
             bar.update,
             numpy_gflops,
@@ -87,7 +90,10 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
         early_stopping=args.early_stopping,
         seed=args.seed,
         measure=MeasureOptions(
-            repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_ms=args.timeout_ms
+            repeat=args.repeat,
+            min_repeat_ms=args.min_repeat_ms,
+            timeout_ms=args.timeout_ms,
+            cold_weights=args.cold_weights,
         ),
         confirm=args.confirm,
     )
@@ -121,12 +127,13 @@ def _tune_model(args: argparse.Namespace, boards: list[Board], log: TuningLog, l
                 used[op] = source.as_dict()
         return pretrained
 
-    bar = _ModelProgressBar(args.trials, taskset.tasks, boards[0].cost_unit)
+    options = _tune_options(args)
+    bar = _ModelProgressBar(args.trials, taskset.tasks, options.measure.unit_on(boards[0].cost_unit))
     try:
         result = tune_tasks(
             taskset.tasks,
             boards,
-            _tune_options(args),
+            options,
             log,
             model=taskset.model,
             scheduler=SchedulerOptions(strategy=parse_strategy(args.strategy)),

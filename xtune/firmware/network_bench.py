@@ -1,13 +1,16 @@
 """Whole networks on a board: an ONNX model, a board and tuning logs in; the network object built for the
 board's target, run through the agent on a seeded random input, checked against ONNX Runtime's output on
-the same input, and timed (`bench_model`, `xtune bench --model`): wall time on the local board, beside ONNX
-Runtime's on one thread in the same run; the instruction count of one inference on QEMU boards.
+the same input (a quantized network built for an aarch64 target: ONNX Runtime's aarch64 build under
+qemu-aarch64, `onnx_peer`), and timed (`bench_model`, `xtune bench --model`): wall time on the local
+board, beside ONNX Runtime's on one thread in the same run; the instruction count of one inference on
+QEMU boards.
 
 Correctness uses the rule every kernel check uses (xtune.ops.workload.compare_output): max |got - ref| <=
-RTOL * max(1, max |ref|), RTOL = 1e-4. Over a whole network the error of float32 accumulation in another
-order grows with depth, but stays far below that: 2e-7 to 1.2e-6 of the output's largest magnitude on the
-small and full ResNet-18 and MobileNetV2 (measured on x86-avx512), while a wrong weight, layout or
-workspace offset gives errors of the output's own size.
+RTOL * max(1, max |ref|), RTOL = 1e-4; a quantized output the one-step rule (`compare_network`). Over a
+whole network the error of float32 accumulation in another order grows with depth, but stays far below
+that: 2e-7 to 1.2e-6 of the output's largest magnitude on the small and full ResNet-18 and MobileNetV2
+(measured on x86-avx512), while a wrong weight, layout or workspace offset gives errors of the output's
+own size.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from xtune.frontend.formats import is_tflite_file
 from xtune.frontend.load import Source, load_model
 from xtune.ops.layout import DEFAULT, Layout, parse_layout
 from xtune.ops.workload import RTOL, compare_output, max_abs_error
-from xtune.target import Target
+from xtune.target import Target, host_cpu
+from xtune.tuning.arm_peers import emulation_missing, onnx_aarch64
 from xtune.tuning.peers import litert_available, litert_network, ort_available, ort_network
 
 PathLike = str | os.PathLike[str]
@@ -62,6 +66,8 @@ class NetBenchReport:
     kernels: int
     defaults: int  # tasks built from their template's default config
     peer: str = "ONNX Runtime"  # the reference and timing peer (`network_peer`): LiteRT for a TFLite model
+    # Which outputs the check compared with (`Peer.reference`) and by what rule (`tolerance`).
+    check: str = ""
 
     @property
     def ratio_vs_ort(self) -> float | None:
@@ -87,23 +93,26 @@ class NetBenchReport:
             "kernels": self.kernels,
             "default_configs": self.defaults,
             "peer": self.peer,
+            "check": self.check,
         }
 
 
 @dataclass(frozen=True, kw_only=True)
 class Peer:
     """What a user would run a model with instead: its output on an input and, with a repeat count, its
-    seconds per inference (one thread)."""
+    seconds per inference (one thread, on this host); `reference` says which build computed the output."""
 
     name: str
     run: Callable[[np.ndarray, int], tuple[np.ndarray, list[float]]]
+    reference: str
 
 
-def network_peer(model: Source) -> Peer:
+def network_peer(model: Source, target: Target | None = None) -> Peer:
     """The peer of `model`, by its format: the TFLite interpreter (LiteRT) for a TFLite file, whose
-    kernels define what the model computes; ONNX Runtime for ONNX. A TFLite model whose float kernels
-    read int8 weights is timed on LiteRT but checked against ONNX Runtime on its import: LiteRT rounds
-    its activations to int8 on the fly there, which the model's weights do not ask for."""
+    kernels define what the model computes; ONNX Runtime for ONNX (`onnx_peer`: for `target`'s
+    architecture). A TFLite model whose float kernels read int8 weights is timed on LiteRT but checked
+    against ONNX Runtime on its import: LiteRT rounds its activations to int8 on the fly there, which the
+    model's weights do not ask for."""
     tflite = not isinstance(model, onnx.ModelProto) and is_tflite_file(model)
     data = b""
     if tflite:
@@ -113,20 +122,70 @@ def network_peer(model: Source) -> Peer:
             raise InputError("checking a TFLite network needs LiteRT: pip install 'xtune[bench]'")
         data = Path(model).read_bytes()
         if not dynamic_range(data, str(model)):
-            return Peer(name="LiteRT", run=lambda x, repeat: litert_network(data, x, repeat))
+            return Peer(
+                name="LiteRT",
+                run=lambda x, repeat: litert_network(data, x, repeat),
+                reference="LiteRT on this host",
+            )
     if not ort_available():
         raise InputError("checking a network needs ONNX Runtime: pip install 'xtune[bench]'")
-    serialized = load_model(model).SerializeToString()
+    loaded = load_model(model)
     where = "the model" if isinstance(model, onnx.ModelProto) else str(model)
     if not tflite:
-        return Peer(
-            name="ONNX Runtime", run=lambda x, repeat: ort_network(serialized, x, repeat, where=where)
-        )
+        return onnx_peer(loaded, where, target)
+    serialized = loaded.SerializeToString()
 
     def checked_on_import(x: np.ndarray, repeat: int) -> tuple[np.ndarray, list[float]]:
         return ort_network(serialized, x, where=where)[0], litert_network(data, x, repeat)[1]
 
-    return Peer(name="LiteRT (outputs: ONNX Runtime on the import)", run=checked_on_import)
+    return Peer(
+        name="LiteRT (outputs: ONNX Runtime on the import)",
+        run=checked_on_import,
+        reference="ONNX Runtime on this host, on the import",
+    )
+
+
+def onnx_peer(model: onnx.ModelProto, where: str, target: Target | None) -> Peer:
+    """ONNX Runtime on this host, timed there; for a quantized network (`eight_bit`) built for an aarch64
+    target on another host, its outputs are those of ONNX Runtime's aarch64 build under qemu-aarch64 on
+    the target's core, the reference a user of that board compares with: the two builds round some
+    8-bit results differently (MLAS's QLinearAdd, docs/int8.md "Exactness"). Where that build cannot
+    run here, the host's with the same one-step rule, and the reference saying so."""
+    serialized = model.SerializeToString()
+    host = host_cpu()
+
+    def on_host(x: np.ndarray, repeat: int) -> tuple[np.ndarray, list[float]]:
+        return ort_network(serialized, x, repeat, where=where)
+
+    here = f"ONNX Runtime on this host ({host.machine})"
+    if target is None or target.arch != "aarch64" or host.arch == "aarch64" or not eight_bit(model):
+        return Peer(name="ONNX Runtime", run=on_host, reference=here)
+    core = target.qemu_cpu
+    missing = emulation_missing(core)
+    if missing:
+        return Peer(name="ONNX Runtime", run=on_host, reference=f"{here}, not its aarch64 build ({missing})")
+
+    def on_aarch64(x: np.ndarray, repeat: int) -> tuple[np.ndarray, list[float]]:
+        seconds = on_host(x, repeat)[1]  # first: a model ONNX Runtime refuses is one line, as on x86
+        return onnx_aarch64(serialized, x, core), seconds
+
+    reference = f"ONNX Runtime's aarch64 build under qemu-aarch64 -cpu {core}"
+    return Peer(name="ONNX Runtime", run=on_aarch64, reference=reference)
+
+
+_EIGHT_BIT = frozenset((onnx.TensorProto.INT8, onnx.TensorProto.UINT8))
+
+
+def eight_bit(model: onnx.ModelProto) -> bool:
+    """Whether a model computes on 8-bit tensors (QDQ, QOperator or integer nodes): 8-bit constants, input,
+    output or inferred tensors, or a node that quantizes."""
+    g = model.graph
+    typed = (*g.input, *g.output, *g.value_info)
+    return (
+        any(t.data_type in _EIGHT_BIT for t in g.initializer)
+        or any(v.type.tensor_type.elem_type in _EIGHT_BIT for v in typed)
+        or any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") for n in g.node)
+    )
 
 
 REFERENCE_MAGIC = b"XTNETREF"
@@ -144,7 +203,7 @@ def reference_file(artifact: NetArtifact, model: Source) -> bytes:
             f"{prog.input_type} and its output {prog.output_type}"
         )
     x = network_input(artifact)
-    ref, _ = network_peer(model).run(x, 0)
+    ref, _ = network_peer(model, artifact.target).run(x, 0)
     head = REFERENCE_MAGIC + struct.pack("<IIQQ", 1, artifact.build_id, x.size, ref.size)
     return head + x.astype("<f4").tobytes() + ref.astype("<f4").tobytes()
 
@@ -203,13 +262,28 @@ def network_input(artifact: NetArtifact) -> np.ndarray:
 ONE_STEP_SHARE = 0.001
 
 
+def output_step(artifact: NetArtifact) -> float | None:
+    """The quantization step of the network's output: 1 for an 8-bit output, the scale of the dequantized
+    8-bit tensor a float output is, None for any other output."""
+    prog = artifact.program
+    if prog.output_type in ("int8", "uint8"):
+        return 1.0
+    return prog.output_quant[0] if prog.output_quant is not None and prog.output_type == "float32" else None
+
+
+def tolerance(artifact: NetArtifact) -> str:
+    """The rule `compare_network` checks the network's output by, in words."""
+    if output_step(artifact) is None:
+        return f"max |error| <= {RTOL:g} x max(1, max |reference|)"
+    return f"quantized: equal, or one step off on at most {ONE_STEP_SHARE:.1%} of the outputs"
+
+
 def compare_network(artifact: NetArtifact, got: np.ndarray, ref: np.ndarray) -> str:
-    """Why `got` is not the network's output `ref` ("" when it is): a quantized output (int8, or the
-    dequantization of an int8 tensor) by the rule of ONE_STEP_SHARE, any other by compare_output's."""
-    quant = artifact.program.output_quant
-    if quant is None or got.shape != ref.shape:
+    """Why `got` is not the network's output `ref` ("" when it is): a quantized output (8-bit, or the
+    dequantization of an 8-bit tensor) by the rule of ONE_STEP_SHARE, any other by compare_output's."""
+    step = output_step(artifact)
+    if step is None or got.shape != ref.shape:
         return compare_output(got, ref, RTOL)
-    step = quant[0] if artifact.program.output_type == "float32" else 1.0  # a dequantized output's, or 1
     steps = np.abs(got.astype(np.float64) - ref.astype(np.float64)) / step
     off = int(np.count_nonzero(got != ref))
     allowed = int(ONE_STEP_SHARE * got.size)
@@ -281,7 +355,7 @@ def bench_model(
     xtune.ops.workload.compare_output), time both. A constant holding NaN or infinity is a warning, or with
     `refuse_nonfinite` an InputError."""
     where = parse_layout(layout)
-    peer = network_peer(model)
+    peer = network_peer(model, board.target)
     artifact = build_model(model, board.target, logs, layout=where, refuse_nonfinite=refuse_nonfinite)
     for note in nonfinite_notes(artifact.program, refuse_nonfinite):
         warnings.warn(note, XtuneWarning, stacklevel=2)
@@ -311,4 +385,5 @@ def bench_model(
         kernels=len(artifact.kernels),
         defaults=sum(k.source == "default" for k in artifact.kernels),
         peer=peer.name,
+        check=f"against {peer.reference}; {tolerance(artifact)}",
     )

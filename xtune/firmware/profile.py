@@ -19,7 +19,7 @@ import numpy as np
 
 from xtune.boards.agent import RunRequest
 from xtune.boards.board import Board
-from xtune.boards.cost import CostUnit
+from xtune.boards.cost import WALL_UNITS, CostUnit
 from xtune.errors import BoardError, InputError
 from xtune.firmware.build import build_model
 from xtune.firmware.entry import NetArtifact, check_profile, kernel_key, step_label
@@ -183,6 +183,6 @@ def _standalone(artifact: NetArtifact, logs: Sequence[PathLike]) -> dict[str, fl
     best: dict[str, float] = {}
     for key, wl in kernels.items():  # a network calls many kernels more than once: each looked up once
         record = build_choice(records, key, log_target(wl, artifact.target))
-        if record is not None and record.result.cost_unit is CostUnit.SECONDS:
+        if record is not None and record.result.cost_unit in WALL_UNITS:
             best[key] = record.cost
     return best

@@ -30,11 +30,21 @@ class Rewrite:
 
     def constant(self, name: str, value: np.ndarray) -> str:
         """`value` as a new constant named after `name` (made unique)."""
+        unique = self._unique(name)
+        self.constants[unique] = value
+        return unique
+
+    def tensor(self, name: str, shape: tuple[int, ...], dtype: str) -> str:
+        """A new activation of `shape` and `dtype`, named after `name` (made unique)."""
+        unique = self._unique(name)
+        self.shapes[unique], self.dtypes[unique] = shape, dtype
+        return unique
+
+    def _unique(self, name: str) -> str:
         unique, i = name, 0
-        while unique in self.constants or unique in self.graph.shapes:
+        while unique in self.constants or unique in self.shapes:  # the graph's own and the new ones
             i += 1
             unique = f"{name}.{i}"
-        self.constants[unique] = value
         return unique
 
 

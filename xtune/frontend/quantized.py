@@ -48,6 +48,7 @@ from xtune.frontend.qpattern import (
     zero_name,
     zero_point,
 )
+from xtune.frontend.qpools import integer_average, integer_max
 from xtune.graph import AttrValue, Graph, Node
 from xtune.ops.pool2d import QLINEAR_POOL
 from xtune.ops.qpointwise import FLOAT_FORMS, QLINEAR_OF
@@ -84,7 +85,9 @@ def qoperators(graph: Graph, requant: Requant = "onnx") -> Graph:
         if node.op in ("Conv", "MatMul", "Gemm"):
             _fuse_qdq(edit, i, writers, readers)
         elif node.op == "AveragePool":
-            _integer_average(edit, i, writers, readers)
+            integer_average(edit, i, writers, readers)
+        elif node.op == "MaxPool":
+            integer_max(edit, i, writers, readers)
         elif node.op == "com.microsoft.QGemm":
             _from_qgemm(edit, i)
         elif node.op in VIEWS:
@@ -219,47 +222,6 @@ def _fuse_qdq(edit: Rewrite, index: int, writers: dict[str, int], readers: dict[
     drop_fused(edit, writers, act, q)
 
 
-def _integer_average(
-    edit: Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
-) -> None:
-    """DequantizeLinear -> AveragePool [-> Relu/Clip] -> QuantizeLinear as one QLinearAveragePool of the
-    8-bit tensor (xtune/ops/qpool.py computes each reference's mean), where the reference runs it so:
-    TFLite's int8 AVERAGE_POOL_2D, its input's scale and zero point its output's (TFLite's pooling
-    Prepare wants the scales within 1e-6 and the zero points equal: tensorflow/lite/kernels/pooling.cc),
-    the fused activation the clamp `out_lo`/`out_hi`; and ONNX Runtime's fusion of the pattern with
-    nothing between the op and its QuantizeLinear, uint8 only (its UnaryNodeGroupSelector:
-    onnxruntime/core/optimizer/qdq_transformer/selectors_actions/qdq_selectors.h). The rest stays in
-    float form, as ONNX Runtime runs it too."""
-    graph = edit.graph
-    node = graph.nodes[index]
-    dq = dequantized(graph, writers, node.inputs[0])
-    after = quantized_after(graph, readers, node)
-    if dq is None or after is None or graph.constant(dq.inputs[0]) is not None:
-        return
-    act, q = after
-    x, y = scalar_q(graph, dq), scalar_q(graph, q)
-    if x is None or y is None or x[2] != y[2]:
-        return
-    if edit.requant == "tflite":
-        if x[1] != y[1] or abs(x[0] - y[0]) > 1e-6:
-            return
-        clamp = (
-            activation_clamp(graph, act, y[0], y[1], y[2], edit.requant) if act is not None else RANGES[y[2]]
-        )
-    else:
-        clamp = RANGES[y[2]] if act is None and y[2] == "uint8" else None
-    if clamp is None:
-        return
-    attrs: dict[str, AttrValue] = dict(node.attrs)
-    if edit.requant != "onnx":
-        attrs["requant"] = edit.requant
-    if clamp != RANGES[y[2]]:
-        attrs |= {"out_lo": clamp[0], "out_hi": clamp[1]}
-    inputs = (dq.inputs[0], dq.inputs[1], zero_name(edit, dq, x[2]), q.inputs[1], zero_name(edit, q, y[2]))
-    edit.nodes[index] = Node(name=node.name, op=QLINEAR_POOL, inputs=inputs, outputs=q.outputs, attrs=attrs)
-    drop_fused(edit, writers, act, q)
-
-
 def _view_of_integers(
     edit: Rewrite, index: int, writers: dict[str, int], readers: dict[str, list[int]]
 ) -> None:
@@ -367,13 +329,15 @@ def _fold_constant_dequantize(edit: Rewrite) -> None:
         edit.nodes[i] = None
 
 
-# Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes.
+# Where a node keeps the (scale, zero point) of the tensor it reads as input 0 and of the one it writes;
+# ONNX Runtime's QOperator element-wise nodes hold each 8-bit input's, then the output's.
 _READ_QUANT = {
     "QuantizeLinear": 1,
     "DequantizeLinear": 1,
     "QLinearMatMul": 1,
     "QLinearConv": 1,
     QLINEAR_POOL: 1,
+    **{op: 1 for op in FLOAT_FORMS},
 }
 _WRITE_QUANT = {
     "QuantizeLinear": 1,
@@ -381,6 +345,7 @@ _WRITE_QUANT = {
     "QLinearMatMul": 6,
     "QLinearConv": 6,
     QLINEAR_POOL: 3,
+    **{op: 3 * inputs for op, (_, inputs) in FLOAT_FORMS.items()},
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from xtune.errors import UnsupportedNode
 from xtune.frontend.refusal import hint
 from xtune.graph import Graph, Node
-from xtune.ops.pool2d import QLINEAR_POOL
+from xtune.ops.pool2d import pools_8bit
 from xtune.ops.registry import ANCHOR_OPS, node_family
 
 OtherKind = str  # the generated operator family that runs a node (NodeFamily.kind)
@@ -49,7 +49,7 @@ _INTEGER_KINDS = frozenset(("quantize", "qelementwise", "reshape", "transpose"))
 def integer_tensor(graph: Graph, node: Node, kind: str) -> UnsupportedNode | None:
     """The refusal of a generated operator that would read or write an integer tensor as float32 (a
     quantized model's op with no int8 kernel), naming the first such tensor; None if there is none."""
-    if kind in _INTEGER_KINDS or node.op == QLINEAR_POOL:  # the pooling family's 8-bit mean
+    if kind in _INTEGER_KINDS or pools_8bit(graph, node):  # the pooling family's 8-bit mean and max
         return None
     for tensor in (*node.inputs, *node.outputs):
         if tensor and tensor not in graph.constants and graph.dtype(tensor) != "float32":

@@ -35,7 +35,7 @@ PREPACKED = {"prepacked": 0}
 
 def epilogue_tensors(wl: Workload, channels: int, out_shape: tuple[int, ...]) -> tuple[TensorSpec, ...]:
     """The epilogue's extra inputs, between the operator's own inputs and its output: bias, residual."""
-    bias = (TensorSpec("bias", (channels,)),) if wl["bias"] else ()
+    bias = (TensorSpec("bias", (channels,), constant=True),) if wl["bias"] else ()
     residual = (TensorSpec("residual", out_shape),) if wl["residual"] else ()
     return (*bias, *residual)
 

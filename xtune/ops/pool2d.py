@@ -10,7 +10,9 @@ time (their clipped extent is a constant), so the interior has no bounds checks.
 
 ONNX Runtime's QLinearAveragePool (com.microsoft; the quantized rewrite makes one of a QDQ AveragePool
 and of a TFLite model's int8 AVERAGE_POOL_2D: xtune/frontend/quantized.py) is the same window over 8-bit
-tensors, each window's mean computed as the model's reference computes it (xtune/ops/qpool.py); a TFLite
+tensors, each window's mean computed as the model's reference computes it (xtune/ops/qpool.py); so is a
+MaxPool whose input is int8 or uint8 (a QOperator model's, or the rewrite's of a QDQ MaxPool and of a
+TFLite int8 MAX_POOL_2D), each window's maximum compared in the 8-bit type (qpool.py's ClampedMax); a TFLite
 model's int8/uint8 MEAN over H and W (a QLinearGlobalAveragePool marked `requant="tflite"`, which
 xtune/ops/qpointwise.py maps) is the global pool over 8-bit tensors, its int32 sums rescaled as TFLite's
 MEAN does (qpool.py's ScaledMean)."""
@@ -41,8 +43,8 @@ from xtune.ops.opkit import (
     positive,
     refusing,
 )
-from xtune.ops.qpool import QuantizedMean, ScaledMean, quantized_mean
-from xtune.ops.quantize import QDTYPES
+from xtune.ops.qpool import ClampedMax, QuantizedWindow, ScaledMean, clamped_max, quantized_mean
+from xtune.ops.quantize import QDTYPES, RANGES
 from xtune.schedule.loopnest import (
     Affine,
     Binary,
@@ -105,7 +107,7 @@ class Pool2d(ChannelsOp):
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     layout: Layout = Layout.NCHW
     count_pad: bool = False  # an average divides by the whole window (ONNX's count_include_pad=1)
-    quantized: QuantizedMean | None = None  # an 8-bit average (QLinearAveragePool); float32 when None
+    quantized: QuantizedWindow | None = None  # an 8-bit mean or maximum of each window; float32 when None
 
     def __post_init__(self) -> None:
         positive(
@@ -129,8 +131,10 @@ class Pool2d(ChannelsOp):
         oh, ow = self._nchw_output[2:]
         if oh < 1 or ow < 1:
             raise InputError(f"pool: a {self.kernel} window does not fit a padded {self.h}x{self.w} input")
-        if self.quantized is not None and self.kind is PoolKind.MAX:
-            raise InputError("pool: an 8-bit pool is an average")
+        maximum = isinstance(self.quantized, ClampedMax)
+        if self.quantized is not None and (self.kind is PoolKind.MAX) != maximum:
+            what = type(self.quantized).__name__
+            raise InputError(f"pool: an 8-bit {self.kind.value} pool cannot take {what}")
 
     @property
     def output_shape(self) -> Shape:
@@ -166,7 +170,7 @@ class Pool2d(ChannelsOp):
         return out.astype(np.float32)
 
     def _quantized_reference(self, x: np.ndarray) -> np.ndarray:
-        """NCHW 8-bit means, each from its window's pixels inside the input in window order."""
+        """NCHW 8-bit means or maxima, each from its window's pixels inside the input in window order."""
         assert self.quantized is not None
         (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
         out = np.empty(self._nchw_output, self.quantized.qtype)
@@ -179,6 +183,10 @@ class Pool2d(ChannelsOp):
         return out
 
     def kernel_nest(self, name: str, lanes: int) -> Kernel:
+        if isinstance(self.quantized, ClampedMax):
+            # `lanes` counts float32 values: a vector register holds four times as many 8-bit ones, which
+            # a maximum compares as they are (a mean widens them to int32 or float32 first).
+            lanes *= 4
         if self.layout is Layout.NHWC:
             return self._nhwc_nest(name, lanes)
         (kh, kw), (sh, sw), (pt, pl, _, _) = self.kernel, self.stride, self.pads
@@ -213,7 +221,7 @@ class Pool2d(ChannelsOp):
                 window(x + cols.start, 1, 1)
 
     def _params(self) -> tuple[Buffer, ...]:
-        """The input and output, float32 or the 8-bit type of a `quantized` average."""
+        """The input and output, float32 or the 8-bit type of a `quantized` pool."""
         size = self.n * self.c
         buffers = params([("x", size * self.h * self.w)], size * math.prod(self._nchw_output[2:]))
         if self.quantized is None:
@@ -352,7 +360,7 @@ class GlobalAveragePool(ChannelsOp):
         return b.kernel(name, tuple(replace(buf, dtype=QDTYPES[mean.qtype]) for buf in buffers))
 
 
-def _pool(graph: Graph, node: Node, shape: tuple[int, ...], quantized: QuantizedMean | None) -> Pool2d:
+def _pool(graph: Graph, node: Node, shape: tuple[int, ...], quantized: QuantizedWindow | None) -> Pool2d:
     if len(shape) != 4:
         raise refuse(graph, node, f"only 2-D pooling (4-D NCHW input) is supported, the input is {shape}")
     auto_pad = str(node.attr("auto_pad", "NOTSET"))
@@ -390,10 +398,24 @@ def _pool(graph: Graph, node: Node, shape: tuple[int, ...], quantized: Quantized
         )
 
 
+def pools_8bit(graph: Graph, node: Node) -> bool:
+    """Whether the pooling family runs `node` over 8-bit tensors: a QLinearAveragePool, a MaxPool of an int8
+    or uint8 input."""
+    return node.op == QLINEAR_POOL or (node.op == "MaxPool" and graph.dtype(node.inputs[0]) in RANGES)
+
+
+def _quantized_window(graph: Graph, node: Node) -> QuantizedWindow | None:
+    """How an 8-bit pool computes a window: a QLinearAveragePool's mean, the maximum of a MaxPool over an
+    int8 or uint8 tensor; None for a float32 pool."""
+    if not pools_8bit(graph, node):
+        return None
+    return quantized_mean(graph, node) if node.op == QLINEAR_POOL else clamped_max(graph, node)
+
+
 def from_node(graph: Graph, node: Node, consts: Consts, nxt: Node | None) -> Mapped:
     x = node.inputs[0]
     shape = graph.shape(x)
-    quantized = quantized_mean(graph, node) if node.op == QLINEAR_POOL else None
+    quantized = _quantized_window(graph, node)
     if node.op == "GlobalAveragePool":
         if len(shape) != 4:
             raise refuse(graph, node, UNSUPPORTED)

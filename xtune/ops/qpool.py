@@ -1,7 +1,15 @@
-"""The 8-bit averages of the pooling family (xtune/ops/pool2d.py): a QLinearAveragePool node (ONNX Runtime's
+"""The 8-bit windows of the pooling family (xtune/ops/pool2d.py): a QLinearAveragePool node (ONNX Runtime's
 com.microsoft operator, or the one the quantized rewrite makes of a QDQ AveragePool: xtune/frontend/
-quantized.py) in, how a window's 8-bit pixels become one 8-bit mean out, as the model's reference computes
-it — a numpy `reference` over the window's pixels and the loop-nest `value` of its loads:
+quantized.py), or a MaxPool over an 8-bit tensor, in; how a window's 8-bit pixels become one 8-bit mean
+or maximum out, as the model's reference computes it — a numpy `reference` over the window's pixels and
+the loop-nest `value` of its loads:
+
+- `ClampedMax`, the maximum: ONNX's MaxPool over int8/uint8 (what ONNX Runtime runs of a QDQ MaxPool: its
+  QDQ transformer drops a DequantizeLinear/QuantizeLinear pair of one scale and zero point around it),
+  TFLite's reference_integer_ops::MaxPool (the largest stored value of the pixels inside the input, then
+  clamped to the fused activation's range). Only pixels inside the input are candidates: ONNX pads a
+  MaxPool with -inf, which on 8-bit values is never larger than a pixel (the type's minimum, not the zero
+  point). The stored integers' order is the real values' (a positive scale), so no dequantization.
 
 - `RoundedMean`, TFLite's (a node of `requant="tflite"`): reference_integer_ops::AveragePool
   (tensorflow/lite/kernels/internal/reference/integer_ops/pooling.h; reference_ops' uint8 one alike)
@@ -127,7 +135,44 @@ class QLinearMean:
         return Cast(Cast(rounded, DType.I32), QDTYPES[self.qtype])
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClampedMax:
+    """The largest of a window's `qtype` values, clamped to [lo, hi] (a fused activation's range)."""
+
+    qtype: QType
+    lo: int
+    hi: int
+
+    def reference(self, taps: Sequence[np.ndarray], count: int) -> np.ndarray:
+        """The maximum of the window's pixels `taps` (`count`, the divisor of a mean, is not read)."""
+        return np.clip(np.max(taps, axis=0), self.lo, self.hi).astype(self.qtype)
+
+    def value(self, b: NestBuilder, taps: Sequence[Value], width: int, count: int) -> Value:
+        """The maximum of the taps (8-bit loads), compared in their own type (signed or not)."""
+        acc: Value = taps[0]
+        for tap in taps[1:]:
+            acc = Binary(BinaryOp.MAX, acc, tap)
+        dtype, (lo, hi) = QDTYPES[self.qtype], RANGES[self.qtype]
+        if self.lo > lo:
+            acc = Binary(BinaryOp.MAX, acc, Const(self.lo, width, dtype))
+        if self.hi < hi:
+            acc = Binary(BinaryOp.MIN, acc, Const(self.hi, width, dtype))
+        return acc
+
+
 QuantizedMean = RoundedMean | QLinearMean
+QuantizedWindow = QuantizedMean | ClampedMax  # what an 8-bit pool makes of each window
+
+
+def clamped_max(graph: Graph, node: Node) -> ClampedMax:
+    """The maximum of a MaxPool node over an 8-bit tensor, clamped to its `out_lo`/`out_hi` (xtune's
+    attributes for a fused activation, absent: the type's range)."""
+    qtype = graph.dtype(node.inputs[0])
+    if graph.dtype(node.outputs[0]) != qtype or any(node.outputs[1:]):
+        raise refuse(graph, node, "an 8-bit MaxPool has one output of its input's type (no Indices)")
+    lo, hi = RANGES[qtype]
+    lo, hi = max(lo, node.int_attr("out_lo", lo)), min(hi, node.int_attr("out_hi", hi))
+    return ClampedMax(qtype=cast(QType, qtype), lo=lo, hi=hi)
 
 
 def quantized_mean(graph: Graph, node: Node) -> QuantizedMean:

@@ -30,6 +30,9 @@ class TensorSpec:
     # An output whose reference is bit-exact (an int8 kernel's, its dequantized float32 one included):
     # a candidate's is checked with rtol 0, equal at every finite position.
     exact: bool = False
+    # A network's constant (weights, bias, quantization parameters): read-only data in the firmware, which
+    # a layer finds out of cache after the rest of the network ran (MeasureOptions.cold_weights evicts it).
+    constant: bool = False
 
     @property
     def size(self) -> int:

@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 
 from xtune.boards.board import Board
-from xtune.boards.cost import CostUnit, gflops
+from xtune.boards.cost import WALL_UNITS, CostUnit, gflops
 from xtune.errors import BoardError
 from xtune.ops.registry import template_for
 from xtune.ops.workload import Workload
@@ -65,7 +65,7 @@ class BenchReport:
             "correct": self.correct,
             "error": self.error,
             "cost_unit": self.cost_unit.value,
-            "seconds": figure if self.cost_unit is CostUnit.SECONDS else None,
+            "seconds": figure if self.cost_unit in WALL_UNITS else None,
             "instructions": figure if self.cost_unit is CostUnit.INSTRUCTIONS else None,
             "cycles": figure if self.cost_unit is CostUnit.CYCLES else None,
             "gflops": round(gf, 3) if gf is not None else None,
@@ -106,7 +106,7 @@ def bench(
     np_seconds = float(np.median(numpy_seconds(workload)))
     flops = workload.flops()
     # ONNX Runtime runs on this host: a peer of a wall time measured here, not of a count or a remote board.
-    ort = ort_gflops(workload) if result.cost_unit is CostUnit.SECONDS else None
+    ort = ort_gflops(workload) if result.cost_unit in WALL_UNITS else None
     return BenchReport(
         workload=workload.key,
         target=board.target.name,

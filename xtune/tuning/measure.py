@@ -268,6 +268,7 @@ class Measurer:
         self.board = board
         self.workload = workload
         self.options = options
+        self.cost_unit = options.unit_on(board.cost_unit)  # what every result is stamped with
         self.pool = pool or CompilePool()
         self._owns_pool = pool is None
         self.template = template or template_for(workload, board.target)
@@ -330,7 +331,7 @@ class Measurer:
         log reader never guesses a failure's unit, docs/design.md "Measurement"). A transient board fault
         is retried once with a fresh session and then recorded as board_error; raises the BoardError
         (naming the board) when the board failed for good."""
-        return replace(self._run(built), cost_unit=self.board.cost_unit)
+        return replace(self._run(built), cost_unit=self.cost_unit)
 
     def _run(self, built: BuiltImage) -> MeasureResult:
         if built.status is not MeasureStatus.OK:
@@ -387,21 +388,25 @@ class Measurer:
                     BoardFault.AGENT,
                 )
             return MeasureResult(MeasureStatus.OK, (cost,))
-        flush = 2 * self.board.target.l2_bytes if opts.flush_cache else 0
-        timed = RunRequest(
-            built.entry_offset,
-            args,
-            opts.number,
-            opts.repeat,
-            opts.min_repeat_ms,
-            opts.warmup,
-            opts.timeout_ms,
-            flush,
-        )
-        reply = session.run(timed)
+        reply = session.run(self._timed_request(built.entry_offset))
         if reply.status is not RunStatus.OK:
             return _failed(reply)
         return MeasureResult(MeasureStatus.OK, reply.seconds)
+
+    def _timed_request(self, entry_offset: int) -> RunRequest:
+        """The timed run `options` ask for; with cold weights, one call per repeat, the constants evicted."""
+        opts, cold = self.options, self.options.cold_weights
+        return RunRequest(
+            entry_offset,
+            self.args,
+            number=1 if cold else opts.number,
+            repeat=opts.repeat,
+            min_repeat_ms=0.0 if cold else opts.min_repeat_ms,
+            warmup=opts.warmup,
+            timeout_ms=opts.timeout_ms,
+            flush_cache_bytes=2 * self.board.target.l2_bytes if opts.flush_cache else 0,
+            evict=frozenset(i for i, t in enumerate(self.tensors) if t.constant and cold),
+        )
 
     def close_session(self) -> None:
         if self._session is not None:

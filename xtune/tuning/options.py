@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from xtune.boards.cost import CostUnit
+from xtune.errors import InputError
 from xtune.ops.workload import RTOL
 
 TunerName = Literal["xgb", "ga", "random", "grid"]
@@ -27,7 +29,25 @@ class MeasureOptions:
     warmup: int = 1
     timeout_ms: int = 10_000
     flush_cache: bool = False
+    # Each timed call with the kernel's constants (weights, bias: `TensorSpec.constant`) evicted from every
+    # cache level first, one call per repeat: how a layer of a network whose weights outgrow the caches
+    # finds them (docs/design.md, "Measurement"). Off, a kernel timed alone keeps its weights in L2/L3
+    # between calls, and the tuner ranks by a latency the network does not see.
+    cold_weights: bool = False
     rtol: float = RTOL
+
+    def unit_on(self, board_unit: CostUnit) -> CostUnit:
+        """What a board of `board_unit` measures under these options (the unit its results are stamped
+        with): cold weights make a wall time COLD_SECONDS; a board that counts or only checks has no
+        cache state to set up, and is refused rather than quietly measured warm."""
+        if not self.cold_weights:
+            return board_unit
+        if board_unit is not CostUnit.SECONDS:
+            raise InputError(
+                f"--cold-weights times calls with the weights out of the caches: it needs a timing board, "
+                f"not one that measures {board_unit.describe}"
+            )
+        return CostUnit.COLD_SECONDS
 
 
 @dataclass(frozen=True, kw_only=True)

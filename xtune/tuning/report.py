@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from xtune.boards.cost import CostUnit, gflops
+from xtune.boards.cost import WALL_UNITS, CostUnit, gflops
 from xtune.errors import InputError
 from xtune.files import write_atomic
 from xtune.ops.registry import parse_workload
@@ -149,7 +149,7 @@ def plot_convergence(records: Sequence[Record], path: str | Path) -> None:
         ax.plot(trials, running, "-", color="C0", label="best so far")
         ax.set_title(f"{wl} on {tg}", fontsize=9)
         ax.set_xlabel("trial")
-        ax.set_ylabel("GFLOP/s" if unit is None or unit is CostUnit.SECONDS else f"1 / {unit.noun}")
+        ax.set_ylabel("GFLOP/s" if unit is None or unit in WALL_UNITS else f"1 / {unit.noun}")
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     png = io.BytesIO()

@@ -162,7 +162,7 @@ def _report(
     numpy_gflops: float | None,
 ) -> TuningReport:
     """The run's report; its best is over the log's whole history and this run (`records`)."""
-    unit, wl, target = boards[0].cost_unit, workload.key, template.target.name
+    unit, wl, target = options.measure.unit_on(boards[0].cost_unit), workload.key, template.target.name
     top = leaders(records, wl, log_target(workload, template.target), 1, unit)
     best_cost, best_index, best_timings = math.inf, None, 0
     if top:

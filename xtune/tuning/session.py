@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from xtune.boards.board import Board
-from xtune.boards.cost import CostUnit
+from xtune.boards.cost import WALL_UNITS, CostUnit
 from xtune.errors import BoardError, InputError
 from xtune.files import PathLike
 from xtune.ops.registry import template_for
@@ -151,7 +151,7 @@ class TuningSession:
         logged: Sequence[Record] | None = None,
     ) -> None:
         self.workload, self.boards, self.options, self.log = workload, tuple(boards), options, log
-        self.target, self.cost_unit = boards[0].target, boards[0].cost_unit
+        self.target, self.cost_unit = boards[0].target, options.measure.unit_on(boards[0].cost_unit)
         self.template = template = template_for(workload, self.target)
         self.log_target = log_target(workload, self.target)  # the target name its records carry
         self.fingerprints = [tuple(sorted(b.fingerprint().items())) for b in boards]
@@ -270,8 +270,8 @@ class TuningSession:
         """Time the `count` leaders again (TuneOptions.confirm; `confirm_timings` counts them). Counts
         and cycle estimates (emulated boards) are exact: measuring them again would add nothing. Raises
         StopTuning (BOARD_FAILED) when a board fails for good; every timing taken is kept."""
-        if self.cost_unit is CostUnit.SECONDS and count > 0:
-            _confirm(self.records, self.template, count, self.measure, self._keep_or_stop)
+        if self.cost_unit in WALL_UNITS and count > 0:
+            _confirm(self.records, self.template, self.cost_unit, count, self.measure, self._keep_or_stop)
 
     def suspend(self) -> None:
         """Close the boards' agent sessions (reopened by the next step): a scheduler of many tasks keeps
@@ -287,6 +287,7 @@ class TuningSession:
 def _confirm(
     records: Callable[[], list[Record]],
     template: ScheduleTemplate,
+    unit: CostUnit,
     count: int,
     measure: Callable[[list[int]], list[MeasureResult]],
     keep: Callable[[Sequence[int], Sequence[MeasureResult]], None],
@@ -303,7 +304,7 @@ def _confirm(
     budget = 2 * count * (CONFIRM_TIMINGS - 1)
     tries: Counter[int] = Counter()
     while True:
-        top = leaders(records(), wl, target, count, CostUnit.SECONDS)
+        top = leaders(records(), wl, target, count, unit)
         short = [
             lead.index
             for lead in top

@@ -289,7 +289,7 @@ class TaskScheduler:
             budget=budget,
             trials=sum(t.trials for t in results),
             confirm_timings=self.confirm_timings,
-            cost_unit=board.cost_unit,
+            cost_unit=self.options.measure.unit_on(board.cost_unit),
             estimate=end_to_end(counts, [t.best_cost for t in results]),
             default_estimate=end_to_end(counts, [t.default_cost for t in results]),
             tasks=results,

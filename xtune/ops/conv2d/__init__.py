@@ -154,13 +154,13 @@ class Conv2d:
         if sh.nhwc:
             io = (
                 TensorSpec("input", (sh.n, sh.h, sh.w, sh.c)),
-                TensorSpec("weights", (sh.r, sh.s, cg, sh.k), axes=f"r, s, {per}, k: HWIO"),
+                TensorSpec("weights", (sh.r, sh.s, cg, sh.k), axes=f"r, s, {per}, k: HWIO", constant=True),
             )
             out = TensorSpec("output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True)
         else:
             io = (
                 TensorSpec("input", (sh.n, sh.c, sh.h, sh.w)),
-                TensorSpec("weights", (sh.k, cg, sh.r, sh.s), axes=f"k, {per}, r, s: OIHW"),
+                TensorSpec("weights", (sh.k, cg, sh.r, sh.s), axes=f"k, {per}, r, s: OIHW", constant=True),
             )
             out = TensorSpec("output", (sh.n, sh.k, sh.oh, sh.ow), is_output=True)
         return (*io, *epilogue_tensors(wl, sh.k, out.shape), out)

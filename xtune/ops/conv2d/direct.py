@@ -27,7 +27,7 @@ from xtune.ops.conv2d.direct_nest import ConvEmitter
 from xtune.ops.conv2d.direct_schedule import ConvSchedule, padded, subsamples
 from xtune.ops.epilogue import ACTIVATION, EPILOGUE
 from xtune.ops.matmul import Matmul
-from xtune.ops.matmul.nest import Operands
+from xtune.ops.matmul.schedule import Operands
 from xtune.ops.matmul.template import MatmulTemplate
 from xtune.ops.tiles import (
     Epilogue,

@@ -90,7 +90,7 @@ class Depthwise:
             x, wt, out = (sh.n, sh.c, sh.h, sh.w), (sh.k, 1, sh.r, sh.s), (sh.n, sh.k, sh.oh, sh.ow)
         return (
             TensorSpec("input", x),
-            TensorSpec("weights", wt),
+            TensorSpec("weights", wt, constant=True),
             *epilogue_tensors(wl, sh.k, out),
             TensorSpec("output", out, is_output=True),
         )

@@ -56,7 +56,7 @@ class Matmul:
         m, n, k = wl["m"], wl["n"], wl["k"]
         return (
             TensorSpec("A", (m, k)),
-            TensorSpec("B", (k, n), axes="k, n"),
+            TensorSpec("B", (k, n), axes="k, n", constant=True),
             *epilogue_tensors(wl, n, (m, n)),
             TensorSpec("C", (m, n), is_output=True),
         )

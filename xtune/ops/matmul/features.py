@@ -26,7 +26,7 @@ from xtune.ops.featurize import (
     tile_features,
     waste,
 )
-from xtune.ops.matmul import nest
+from xtune.ops.matmul import schedule
 from xtune.ops.matmul import template as matmul
 from xtune.ops.matmul.template import ORDERS
 from xtune.ops.template import ScheduleTemplate
@@ -83,11 +83,11 @@ def matmul_features(template: ScheduleTemplate, indices: Indices) -> np.ndarray:
     # Panels the kernel copies at every call: none of the operand passed prepacked (the weights).
     assert isinstance(template, matmul.MatmulTemplate)
     prepacked = template.operands.prepacked
-    copy_a, copy_b = (nest.packed_per_call(p, prepacked, o) for p, o in ((pack_a, "A"), (pack_b, "B")))
+    copy_a, copy_b = (schedule.packed_per_call(p, prepacked, o) for p, o in ((pack_a, "A"), (pack_b, "B")))
     regs, l1, l2 = float(t.vector_registers), float(t.l1d_bytes), float(t.l2_bytes)
     # How often a panel is packed again: once per block of every loop outside the pair that fixes it.
-    m_out = np.array([nest.repacked_per_block(o, "B") for o in order], dtype=np.float64)
-    n_out = np.array([nest.repacked_per_block(o, "A") for o in order], dtype=np.float64)
+    m_out = np.array([schedule.repacked_per_block(o, "B") for o in order], dtype=np.float64)
+    n_out = np.array([schedule.repacked_per_block(o, "A") for o in order], dtype=np.float64)
     cols = [
         np.full_like(mr, np.log2(m)),
         np.full_like(mr, np.log2(n)),

@@ -1,19 +1,15 @@
-"""The matmul nest: a resolved `MatmulSchedule` and its `Operands` in, the blocked, packed nest out.
-
-`MatmulSchedule` is a config resolved against the shape, `Operands` where the product's operands live;
-the emitter writes the register-tiled product and the nest that writes a prepacked operand's panels
-(ops/matmul/template.py has the space, default config and packed weights)."""
+"""A resolved `MatmulSchedule` and its `Operands` in, the blocked, packed, register-tiled product out:
+the block loops in the config's order, the register tile of broadcast(A) * B-vector FMAs and its fused
+epilogue, with the target's tile rules (lane-indexed FMAs, the peeled last k group, per-row bias copies).
+Where the operands and their panels lie, and the panel copies, are panels.py's; the space, default
+config and packed weights are template.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import cache
-from typing import Literal
-
+from xtune.ops.matmul.panels import PanelEmitter
+from xtune.ops.matmul.schedule import MatmulSchedule, Operands, packed_at
 from xtune.ops.tiles import (
     Epilogue,
-    Num,
     div,
     fma_columns_outer,
     lane_group,
@@ -23,123 +19,14 @@ from xtune.ops.tiles import (
     whole_vectors,
 )
 from xtune.ops.workload import Workload
-from xtune.schedule.loopnest import (
-    Affine,
-    Broadcast,
-    Buffer,
-    BufferKind,
-    Const,
-    Kernel,
-    Load,
-    MulAdd,
-    NestBuilder,
-    Value,
-)
-
-# The block loops that fix each packed panel: B's strips by (n, k), A's panels by (m, k).
-PANEL_AXES = {"B": ("n", "k"), "A": ("m", "k")}
+from xtune.schedule.loopnest import Affine, Broadcast, Buffer, BufferKind, Kernel, Load, MulAdd, Value
 
 
-def packed_per_call(pack: Num, prepacked: str, operand: str) -> Num:
-    """Whether (1/0) a config copies `operand` into panels at every call: it reads the operand in panels
-    (its pack knob) that the caller did not pass already packed (`prepacked` names that operand)."""
-    return pack * (prepacked != operand)
+class MatmulEmitter(PanelEmitter):
+    """The product's nest, over the operands and panels its `PanelEmitter` part places."""
 
-
-@cache
-def packed_at(order: str, operand: str) -> str:
-    """The block loop whose body packs `operand`'s panel: the inner of the two that fix it, as soon as both
-    are open (BLIS: B per (jc, pc), A per (ic, pc))."""
-    a, b = PANEL_AXES[operand]
-    return a if order.index(a) > order.index(b) else b
-
-
-@cache
-def repacked_per_block(order: str, operand: str) -> bool:
-    """Whether `operand`'s panel is packed again for every block of the third loop (outside the packer)."""
-    (third,) = set("mnk") - set(PANEL_AXES[operand])
-    return order.index(third) < order.index(packed_at(order, operand))
-
-
-@dataclass(frozen=True)
-class MatmulSchedule:
-    """A config resolved against the shape: effective block sizes and switches."""
-
-    mr: int
-    nv: int
-    lanes: int
-    mc: int
-    nc: int
-    kc: int
-    order: str
-    inner: str  # "nm": column strips outside row panels (B strip stays in L1), or "mn"
-    pack_a: bool  # A is read in panels ...
-    pack_b: bool  # ... B in strips
-    unroll_k: int
-    prepacked: str  # the operand passed already in panels (when its pack knob is on), or ""
-    prefetch_bytes: int = 0  # the target's weight_prefetch_bytes (`MatmulEmitter.prefetch_strip`)
-    lane_fma: bool = False  # the target's: A read in place is loaded a vector of k steps at a time
-    integer_clamp: bool = False  # the target's: ReLU/ReLU6 on the accumulators' bits (`Epilogue.bits`)
-    peel_k: bool = False  # the target's `peel_reduction`: the last k group runs beside the tile's stores
-    bias_copy: bool = False  # the target's `load_initial`: each tile row loads its bias from its own copy
-
-    @property
-    def nr(self) -> int:
-        return self.nv * self.lanes
-
-    @property
-    def copy_a(self) -> bool:
-        """A copied into panels at every call."""
-        return bool(packed_per_call(self.pack_a, self.prepacked, "A"))
-
-    @property
-    def copy_b(self) -> bool:
-        return bool(packed_per_call(self.pack_b, self.prepacked, "B"))
-
-    @property
-    def passed_packed(self) -> str:
-        """The operand the kernel reads from panels the caller passed (`prepack`): the prepacked one, if
-        its pack knob is on (else the kernel reads it as it is), or ""."""
-        reads_panels = self.pack_a if self.prepacked == "A" else self.pack_b
-        return self.prepacked if reads_panels else ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Operands:
-    """Where the product's operands live, for a template that lowers through this one (a pointwise
-    conv2d): buffer names, the kernel's parameters in order (None: A, B, bias, C), bias per row of C
-    instead of per column, `batch` products one after another that share A (B and C advance by one
-    whole matrix per product), and which operand holds weights passed prepacked ("" for none).
-
-    `groups` (a grouped pointwise conv2d): per batch product, that many independent products of the
-    workload's shape, each over its own slice of every operand and its own bias. Without `interleaved`
-    each group's A, B and C are whole matrices one after another (NCHW: a group's weights rows, input and
-    output planes are contiguous); `interleaved` (NHWC) puts the groups side by side in every row: a row
-    of A holds every group's k columns, of B and C every group's n. A prepacked operand holds each
-    group's panels one after another."""
-
-    a: str = "A"
-    b: str = "B"
-    c: str = "C"
-    params: tuple[Buffer, ...] | None = None
-    bias_rows: bool = False
-    batch: int = 1
-    prepacked: Literal["", "A", "B"] = ""
-    groups: int = 1
-    interleaved: bool = False
-
-
-class MatmulEmitter:
     def __init__(self, workload: Workload, s: MatmulSchedule, operands: Operands):
-        self.m, self.n, self.k = workload["m"], workload["n"], workload["k"]
-        self.s, self.o = s, operands
-        # Row strides: a group's rows are its slice of rows holding every group (`Operands.interleaved`).
-        width = operands.groups if operands.interleaved else 1
-        self.lda, self.ldb, self.ldc = self.k * width, self.n * width, self.n * width
-        # Where the current product's operands start (`locate`): plain A, B, C, its bias, and its panels
-        # of the operand passed prepacked.
-        self.a_at, self.b_at, self.c_at, self.bias_at, self.packed_at = (Affine(),) * 5
-        self.b = NestBuilder()
+        super().__init__(workload, s, operands)
         self.multi_k = self.k > s.kc
         self.epi = Epilogue.of(workload, s.integer_clamp)
         # The bias of each tile row from its own copy (`Target.load_initial`), one n block's columns each:
@@ -169,34 +56,6 @@ class MatmulEmitter:
                 self.zero_c()  # every k block then accumulates into C
             self.blocks(s.order, {})
         return b.kernel(name, tuple(buffers))
-
-    def locate(self, product: Affine, group: Affine) -> None:
-        """Point the operands at batch product `product`'s group `group` (`Operands.groups`)."""
-        m, n, k, o = self.m, self.n, self.k, self.o
-        if o.interleaved:  # the group's columns of every row
-            self.a_at, self.b_at, self.c_at, self.bias_at = group * k, group * n, group * n, group * n
-        else:  # whole matrices: A and the bias per group, B and C per (product, group)
-            at = product * o.groups + group
-            self.a_at, self.b_at, self.c_at = group * (m * k), at * (k * n), at * (m * n)
-            self.bias_at = group * (m if o.bias_rows else n)
-        self.packed_at = group * self.panels_size()
-
-    def panels_size(self) -> int:
-        """Floats of one group's panels of the operand passed prepacked (0 for none): whole k per panel,
-        rows (A) or columns (B) up to whole panels."""
-        s = self.s
-        if s.passed_packed == "A":
-            return -(-self.m // s.mr) * s.mr * self.k
-        if s.passed_packed == "B":
-            return -(-self.n // s.nr) * s.nr * self.k
-        return 0
-
-    def packed_param(self, param: Buffer) -> Buffer:
-        """`param`, sized as its panels when it is the operand passed prepacked and read in panels."""
-        packed = self.s.passed_packed
-        if param.name == {"A": self.o.a, "B": self.o.b}.get(packed):
-            return replace(param, size=self.panels_size() * self.o.groups)
-        return param
 
     def bias_vector(self, row: Affine, col: Affine, cols: int) -> Value:
         """The bias of C[row, col : col + lanes] (its first `cols`): one per column, or a row's broadcast."""
@@ -243,91 +102,6 @@ class MatmulEmitter:
             split_edges(self.b, extent, tile, lambda o, size, _first, last: body(o, size, last), "kc")
         else:
             self.b.split(extent, tile, body, f"{axis}c")
-
-    def pack_b(self, ctx: dict[str, tuple[Affine, int]]) -> None:
-        """Bp[strip][kk][nr] = B[k0+kk, n0+strip*nr : +nr], zero-padded past the last column."""
-        s = self.s
-        (n0, ncur), (k0, kcur) = ctx["n"], ctx["k"]
-        self.copy_strips(n0, ncur, k0, kcur, "Bp", lambda js, kk: div(js, s.nr) * (kcur * s.nr) + kk * s.nr)
-
-    def copy_strips(
-        self, n0: Affine, ncur: int, k0: Affine, kcur: int, dst: str, at: Callable[[Affine, Affine], Affine]
-    ) -> None:
-        """dst[at(js, kk) + 0:nr] = B[k0+kk, n0+js : +nr] for each strip js of the block, zero past n."""
-        s, b = self.s, self.b
-
-        def strip(js: Affine, ncols: int) -> None:
-            with b.loop(kcur, "pbk") as kk:
-                for c in range(s.nv):
-                    cols = min(max(ncols - c * s.lanes, 0), s.lanes)
-                    src = self.b_at + (k0 + kk) * self.ldb + n0 + js + c * s.lanes
-                    value: Value = (
-                        Load(self.o.b, src, s.lanes, cols % s.lanes) if cols else Const(0.0, s.lanes)
-                    )
-                    b.store(dst, at(js, kk) + c * s.lanes, value, s.lanes)
-
-        b.split(ncur, s.nr, strip, "pbj")
-
-    def pack_a(self, ctx: dict[str, tuple[Affine, int]]) -> None:
-        """Ap[panel][kk][rows] = A[m0+panel*mr+r, k0+kk]: the broadcasts then stream contiguously."""
-        s = self.s
-        (m0, mcur), (k0, kcur) = ctx["m"], ctx["k"]
-        self.copy_panels(
-            m0, mcur, k0, kcur, "Ap", lambda io, kk, rows: div(io, s.mr) * (kcur * s.mr) + kk * rows
-        )
-
-    def copy_panels(
-        self,
-        m0: Affine,
-        mcur: int,
-        k0: Affine,
-        kcur: int,
-        dst: str,
-        at: Callable[[Affine, Affine, int], Affine],
-        pad: bool = False,
-    ) -> None:
-        """dst[at(io, kk, rows) + r] = A[m0+io+r, k0+kk] for each panel io of `rows` rows of the block; with
-        `pad`, zeros in rows past m up to mr (the prepacked layout's whole panels)."""
-        s, b = self.s, self.b
-
-        def panel(io: Affine, rows: int) -> None:
-            with b.loop(kcur, "pak") as kk:
-                for r in range(s.mr if pad else rows):
-                    index = self.a_at + (m0 + io + r) * self.lda + k0 + kk
-                    src: Value = Load(self.o.a, index) if r < rows else Const(0.0)
-                    b.store(dst, at(io, kk, rows) + r, src)
-
-        b.split(mcur, s.mr, panel, "pai")
-
-    def panel_index(self, start: Affine | int, kk: Affine | int) -> Affine:
-        """Where row `kk` of the prepacked operand's panel starting at row (A) or column (B) `start` is:
-        whole-k panels of `width` = mr rows (A) or nr columns (B), each k x width (`prepack`)."""
-        width = self.s.mr if self.s.passed_packed == "A" else self.s.nr
-        return self.packed_at + div(Affine.of(start), width) * (self.k * width) + Affine.of(kk) * width
-
-    def pack_kernel(self, name: str, plain: Buffer, packed: Buffer) -> Kernel:
-        """The nest that writes `packed` (the prepacked operand as the kernel reads it) from `plain` (the
-        operand in the workload's layout): through `panel_index`, the index the kernel reads by."""
-        s, b = self.s, self.b
-        zero = Affine()
-        if s.passed_packed:
-            with b.loop(self.o.groups, "gr") as group:  # each group's panels from its own slice
-                self.locate(zero, group)
-                if s.passed_packed == "B":
-                    self.copy_strips(zero, self.n, zero, self.k, packed.name, self.panel_index)
-                else:
-                    at = self.panel_index
-                    self.copy_panels(
-                        zero, self.m, zero, self.k, packed.name, lambda io, kk, _: at(io, kk), True
-                    )
-        else:  # the config reads the operand as it is: the packed form is a copy
-            b.split(
-                plain.size,
-                s.lanes,
-                lambda i, n: b.store(packed.name, i, Load(plain.name, i, s.lanes, n % s.lanes), s.lanes, n),
-                "cp",
-            )
-        return b.kernel(name, (plain, packed))
 
     def macro(self, ctx: dict[str, tuple[Affine, int]]) -> None:
         s, b = self.s, self.b

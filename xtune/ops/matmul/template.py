@@ -7,7 +7,8 @@ the caller passes already in panels (`prepack`); an mr x (nv vectors) register t
 updated by broadcast(A) * B-vector FMAs, the k loop unrolled by `unroll_k`. Tails of every axis
 become constant-size tiles, so any shape is exact. bias=1 and residual=1 start C (or the accumulators)
 at the bias row plus the residual; relu=1 / relu6=1 clamp the accumulators of the last k block before
-their store. The space, default config and packed weights are here; the nest is ops/matmul/nest.py.
+their store. The space, default config and packed weights are here; the nest is ops/matmul/nest.py
+(the panels ops/matmul/panels.py, the resolved config ops/matmul/schedule.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from xtune.ops.matmul.nest import MatmulEmitter, MatmulSchedule, Operands
+from xtune.ops.matmul.nest import MatmulEmitter
+from xtune.ops.matmul.panels import PanelEmitter
+from xtune.ops.matmul.schedule import MatmulSchedule, Operands
 from xtune.ops.tiles import (
     Epilogue,
     Scalars,
@@ -191,7 +194,7 @@ class MatmulTemplate:
         reads them by, or a copy when the config reads the operand as it is."""
         s, o = self.schedule(config), self.operands
         assert o.prepacked, "only a prepacked operand has a packed form"
-        emitter = MatmulEmitter(self.workload, s, o)
+        emitter = PanelEmitter(self.workload, s, o)
         plain = next(p for p in self.params() if p.name == (o.a if o.prepacked == "A" else o.b))
         packed = replace(emitter.packed_param(plain), name="packed", kind=BufferKind.OUTPUT)
         return emitter.pack_kernel(name, plain, packed)

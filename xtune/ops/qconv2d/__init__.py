@@ -43,8 +43,8 @@ class QConv2d(QConvOperator):
         sh = qconv_shape(wl)
         return (
             TensorSpec("input", (sh.n, sh.h, sh.w, sh.c), dtype=QTYPES[str(wl.value("a"))]),
-            TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), dtype="int8", axes="HWIO"),
-            TensorSpec("bias", (sh.k,), dtype="int32"),
+            TensorSpec("weights", (sh.r, sh.s, sh.c, sh.k), dtype="int8", axes="HWIO", constant=True),
+            TensorSpec("bias", (sh.k,), dtype="int32", constant=True),
             *quant_tensors(wl, sh.k),
             TensorSpec(
                 "output", (sh.n, sh.oh, sh.ow, sh.k), is_output=True, dtype=output_dtype(wl), exact=True

@@ -134,9 +134,13 @@ class QConv2dTemplate:
     def default_config(self) -> Config:
         knobs = {knob.name: knob.options for knob in self.space.knobs}
         sh = self.sh
-        # A block of weight strips within half of L2 (every output row reads it again).
+        # A block of weight strips within half of L2 (every output row reads it again). When the whole
+        # filter does not fit there, the blocks go outside the rows (`kp`): each block comes from memory
+        # once and serves every row from L2, where inside the rows the whole filter would stream from
+        # memory once per row (ResNet-18's 512-channel 7x7 layers: 2.4 MB of int8 filter, 7 rows).
         panel = self.groups * 4
         fits = [int(v) for v in knobs["nc"] if int(v) * panel <= self.target.l2_bytes // 2]
+        outside = panel * sh.k > self.target.l2_bytes // 2 and sh.oh > 1
         # Pairs take 2 a step (one vector of 4 groups: 4 spilled at 64 channels, LLVM hoisting their
         # products), and keep their taps in a loop at stride 2 where a tap is more than one step: the even
         # and the odd taps are two loops over its groups there (`tap_classes`; ResNet-8's 32-channel
@@ -146,7 +150,7 @@ class QConv2dTemplate:
             taps=self.columns if taps and self.plan.lane_groups else 1,
             stride=sh.stride,
             dilation=sh.dilation,
-            width=sh.ow if self.plan.lane_groups else 0,
+            width=sh.ow,
         )
         unroll = 4 if self.depth >= 16 else 1
         if self.pairs and taps and self.columns > 1:
@@ -158,7 +162,7 @@ class QConv2dTemplate:
                 self.plan, register_tiles(self.plan, self.target), self.target, self.pairs, span
             ),
             "nc": max(fits or [int(knobs["nc"][0])]),
-            "order": "pk",
+            "order": "kp" if outside else "pk",
             "inner": "nm",
             "unroll": unroll,
             "ksplit": 1,

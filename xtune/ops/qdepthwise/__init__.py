@@ -40,8 +40,8 @@ class QDepthwise(QConvOperator):
         sh = qconv_shape(wl)
         return (
             TensorSpec("input", (sh.n, sh.h, sh.w, sh.c), dtype=QTYPES[str(wl.value("a"))]),
-            TensorSpec("weights", (sh.r, sh.s, sh.c), dtype="int8"),
-            TensorSpec("bias", (sh.c,), dtype="int32"),
+            TensorSpec("weights", (sh.r, sh.s, sh.c), dtype="int8", constant=True),
+            TensorSpec("bias", (sh.c,), dtype="int32", constant=True),
             *quant_tensors(wl, sh.c),
             TensorSpec(
                 "output", (sh.n, sh.oh, sh.ow, sh.c), is_output=True, dtype=output_dtype(wl), exact=True

@@ -386,25 +386,29 @@ def lane_cost(plan: DotPlan, mr: int, nv: int, pairs: bool, span: RowSpan = RowS
 def tile_default(
     plan: DotPlan, tiles: tuple[str, ...], target: Target, pairs: bool = False, span: RowSpan = RowSpan()
 ) -> str:
-    """The tile of the fewest instructions per dot (`DotPlan.instructions`), then the larger one; on
-    AArch64's by-element route (`lane_groups`), by `lane_cost` among the tiles whose live registers fit
-    the `register_budget` (a fuller tile spills: 6x4 sdot and 4x2 smull tiles measured more instructions
-    on qemu-aarch64 for it), averaged over a row of `span.width` pixels, its tail tile included (ResNet-8's
-    8-pixel rows: 5x4 leaves a 3x4 tail, 8x2 none). The other routes' defaults are the ones timed in
-    docs/benchmarks.md."""
+    """The tile of the fewest instructions per dot, averaged over a row of `span.width` pixels with its
+    tail tile (ResNet-8's 8-pixel rows: 5x4 leaves a 3x4 tail, 8x2 none; ResNet-18's 7-pixel rows: 6x4
+    leaves a 1x4 tail that streams a whole weight strip for one pixel, 7x3 none), then the larger tile.
+    Per dot: `DotPlan.instructions`; on AArch64's by-element route (`lane_groups`), `lane_cost` among the
+    tiles whose live registers fit the `register_budget` (a fuller tile spills: 6x4 sdot and 4x2 smull
+    tiles measured more instructions on qemu-aarch64 for it)."""
     shapes = [parse_tile(t) for t in tiles]
+    width = span.width
+
+    def per_dot(m: int, v: int) -> float:
+        if plan.lane_groups:
+            return lane_cost(plan, m, v, pairs, span)[0]
+        return plan.instructions(m, v) / (m * v)
+
+    def cost(m: int, v: int) -> float:
+        if not width:
+            return per_dot(m, v)
+        full, rest = divmod(width, min(m, width))
+        tail = per_dot(rest, v) * rest if rest else 0.0
+        return (per_dot(min(m, width), v) * full * min(m, width) + tail) / width
+
+    fits = shapes
     if plan.lane_groups:
-        width = span.width
-
-        def cost(m: int, v: int) -> float:
-            if not width:
-                return lane_cost(plan, m, v, pairs, span)[0]
-            full, rest = divmod(width, min(m, width))
-            tail = lane_cost(plan, rest, v, pairs, span)[0] * rest if rest else 0.0
-            return (lane_cost(plan, min(m, width), v, pairs, span)[0] * full * min(m, width) + tail) / width
-
         fits = [p for p in shapes if lane_cost(plan, *p, pairs, span)[1] <= register_budget(target)] or shapes
-        mr, nv = min(fits, key=lambda p: (cost(*p), -min(p[0], width or p[0]) * p[1], -p[0] * p[1]))
-    else:
-        mr, nv = min(shapes, key=lambda p: (plan.instructions(*p) / (p[0] * p[1]), -p[0] * p[1]))
+    mr, nv = min(fits, key=lambda p: (cost(*p), -min(p[0], width or p[0]) * p[1], -p[0] * p[1]))
     return f"{mr}x{nv}"

@@ -55,12 +55,15 @@ def quant_tensors(wl: Workload, channels: int) -> tuple[TensorSpec, ...]:
     kernel's bias and its output."""
     c = (channels if wl["perchannel"] else 1,)
     scales = {
-        "onnx": (TensorSpec("scale", c),),
-        "tflite": (TensorSpec("multiplier", c, dtype="int32"), TensorSpec("shift", c, dtype="int32")),
+        "onnx": (TensorSpec("scale", c, constant=True),),
+        "tflite": (
+            TensorSpec("multiplier", c, dtype="int32", constant=True),
+            TensorSpec("shift", c, dtype="int32", constant=True),
+        ),
         "none": (),
     }[str(wl.value("requant"))]
-    out_scale = (TensorSpec("out_scale", (1,)),) if wl["dequant"] else ()
-    return (*scales, *out_scale, TensorSpec("qparams", (4,), dtype="int32"))
+    out_scale = (TensorSpec("out_scale", (1,), constant=True),) if wl["dequant"] else ()
+    return (*scales, *out_scale, TensorSpec("qparams", (4,), dtype="int32", constant=True))
 
 
 def output_dtype(wl: Workload) -> DTypeName:
@@ -103,8 +106,8 @@ class QMatmul:
         m, n, k = wl["m"], wl["n"], wl["k"]
         return (
             TensorSpec("A", (m, k), dtype=QTYPES[str(wl.value("a"))]),
-            TensorSpec("B", (k, n), dtype="int8"),
-            TensorSpec("bias", (n,), dtype="int32"),
+            TensorSpec("B", (k, n), dtype="int8", constant=True),
+            TensorSpec("bias", (n,), dtype="int32", constant=True),
             *quant_tensors(wl, n),
             TensorSpec("C", (m, n), is_output=True, dtype=output_dtype(wl), exact=True),
         )
