@@ -100,7 +100,7 @@ class ConvEmitter:
         before its first copied row, between its rows and after its last, by whole vectors that may run
         into a copied row (written after this; the last gap's aligned to the plane's end), then the slack
         of whole vectors after the last plane. All of Ip by vectors where that is not fewer stores or a
-        vector would leave Ip: the stem's 226x226x3 buffer took 38,306 vector stores for 1,357 floats of
+        vector would leave Ip: the stem's 226x226x3 buffer took 38,307 vector stores for 1,357 floats of
         border (docs/benchmarks.md)."""
         sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
         per, planes = (s.cb, 1) if s.hwc else (1, s.cb)
@@ -119,7 +119,7 @@ class ConvEmitter:
         if stores >= ip_size // lanes or not inside:
             self.zeros(Affine(), ip_size // lanes, "z")
             return
-        with self.b.loop(planes, "zp") as plane:
+        with b.loop(planes, "zp") as plane:
             base = plane * size
             self.zeros(base, n_first, "zf")
             if sh.h > 1 and n_gap:
@@ -200,17 +200,10 @@ class ConvEmitter:
             b.store("Ip", self.ip_index(c, y + sh.top, x + sh.left), value, width, n)
 
         if sh.nhwc == s.hwc and sh.nhwc and scale == 1 and ctx.ccur == channels == s.cb and channels % lanes:
-            # A pixel's channels are every channel of both rows yet no whole vector (a stem's 3): a row's
-            # pixels are one contiguous run in the input and in Ip, copied by whole vectors instead of a
-            # pixel at a time in partial ones (MobileNetV2's 224x224x3 stem: 0.75 vector copies a pixel
-            # where each pixel took three loads and two stores, docs/benchmarks.md).
             with b.loop(rows, "pi") as y:
-                at, to = src(Affine(), y, Affine()), self.ip_index(0, y + sh.top, sh.left)
-
-                def run(t: Affine, n: int) -> None:
-                    b.store("Ip", to + t, Load("input", at + t, lanes, n % lanes), lanes, n)
-
-                b.split(cols * channels, lanes, run, "pr")
+                self.copy_row(
+                    src(Affine(), y, Affine()), self.ip_index(0, y + sh.top, sh.left), cols * channels
+                )
         elif sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
             with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
                 b.split(ctx.ccur, lanes, lambda c, n: copy(c, y, x, n), "pc")
@@ -237,6 +230,18 @@ class ConvEmitter:
         else:  # a transposition: scalar copies
             with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x, b.loop(ctx.ccur, "pc") as c:
                 copy(c, y, x, 0)
+
+    def copy_row(self, at: Affine, to: Affine, floats: int) -> None:
+        """Ip[to + i] = input[at + i] for i < floats, by whole vectors (the last one partial): an HWC row
+        whose pixels' channels are every channel yet no whole vector (a stem's 3) is one contiguous run in
+        the input and in Ip; a pixel at a time it took three loads and two stores for 3 floats
+        (MobileNetV2's 224x224x3 stem, docs/benchmarks.md), this way 0.75 vector copies."""
+        lanes = self.s.lanes
+
+        def run(t: Affine, n: int) -> None:
+            self.b.store("Ip", to + t, Load("input", at + t, lanes, n % lanes), lanes, n)
+
+        self.b.split(floats, lanes, run, "pr")
 
     def wp_index(self, strip: Affine | int, cc: Affine | int, i: Affine | int, j: Affine | int) -> Affine:
         sh, s = self.sh, self.s
