@@ -33,6 +33,7 @@ from xtune.firmware.build import build_model
 from xtune.firmware.network_bench import bench_model, network_input, run_network
 from xtune.frontend.tasks import extract_tasks
 from xtune.frontend.tune import tune_model
+from xtune.tuning.options import MeasureOptions, TuneOptions
 from xtune.tuning.peers import ort_network
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/networks.py: the networks
@@ -121,6 +122,11 @@ def main() -> None:
     parser.add_argument(
         "--pre-process", action="store_true", help="quant_pre_process before quantize_static (BN folded)"
     )
+    parser.add_argument(
+        "--cold-weights",
+        action="store_true",
+        help="tune with each candidate's weights evicted before each call (xtune tune --cold-weights)",
+    )
     args = parser.parse_args()
     board = get_board("local", target=args.target)
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,6 +139,7 @@ def main() -> None:
             shape = f"{args.model}, {args.trials} trials per task"
         quantize(fp32, int8, args.activations, args.pre_process)
         pre = ", quant_pre_process" if args.pre_process else ""
+        pre += ", tuned with cold weights" if args.cold_weights else ""
         if args.check:
             found = check(int8, fp32, board)
             print(f"{shape}, {args.activations} activations{pre}, {board.target.name}: {found}")
@@ -141,7 +148,8 @@ def main() -> None:
         for name, path in (("int8", int8), ("float32", fp32)):
             log = Path(tmp) / f"{name}.jsonl"
             tasks = len(extract_tasks(path, board.target).tasks) if args.model != "mlp" else 1
-            tune_model(path, board=board, trials=args.trials * tasks, log=log)
+            options = TuneOptions(measure=MeasureOptions(cold_weights=args.cold_weights))
+            tune_model(path, board=board, trials=args.trials * tasks, log=log, options=options)
             report = bench_model(path, board, logs=[log], repeat=args.repeat)
             built = build_model(path, board.target, logs=[log])
             memory = built.program.memory
