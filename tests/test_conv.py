@@ -19,7 +19,7 @@ from xtune.ops.conv import conv_shape
 from xtune.ops.conv2d import Conv2dTemplate
 from xtune.ops.registry import features_of, parse_workload, template_for
 from xtune.ops.workload import random_inputs
-from xtune.schedule.loopnest import For, Stmt, Store
+from xtune.schedule.loopnest import Const, For, Stmt, Store, walk
 from xtune.target import get_target
 from xtune.tuning.features import feature_names, features_op, featurize
 from xtune.tuning.measure import Candidate, Measurer, MeasureStatus, build_image
@@ -309,6 +309,79 @@ def test_stride_2_depthwise_packs_rows_with_vectors(target_name: str) -> None:
     kernel = template.kernel(template.default_config(), "k")
     assert executed_scalar_stores(kernel.body, "Ip") == 3 * 10 * 1
     assert "shufflevector" in lower([kernel])
+
+
+STEM = "conv2d:n=2,c=3,h=11,w=10,k=8,r=3,s=3,stride=2,pad=1,layout=nhwc,bias=1,relu6=1,prepacked=1"
+
+
+@pytest.mark.parametrize("board", ["local", "qemu-aarch64"])
+def test_a_stem_copies_its_rows_by_whole_vectors(board: str) -> None:
+    """A pixel of 3 channels is no whole vector: an NHWC stem whose block holds every channel copies each
+    input row (30 floats here) as one contiguous run of vectors, the last one partial, and no float alone;
+    other channel blocks (tile_ic 1, 2) keep the copy per pixel. Each is checked against numpy."""
+    target = get_board(board).target
+    if board != "local" and shutil.which(target.qemu_binary) is None:
+        pytest.skip(f"needs {target.qemu_binary} (qemu-user)")
+    template = template_for(parse_workload(STEM), target)
+    default = template.default_config()
+    assert default["tile_ic"] == 3 and default["pack_layout"] == "hwc"
+    kernel = template.kernel(default, "k")
+    assert executed_scalar_stores(kernel.body, "Ip") == 0
+    runs = [s for s, _ in walk(kernel.body) if isinstance(s, Store) and s.buffer == "Ip" and s.lanes > 1]
+    assert len([s for s in runs if not isinstance(s.value, Const)]) == 2  # the whole vectors, the partial one
+    indices = [default.index] + [
+        template.space.index_of({**default.as_dict(), "tile_ic": ic, "reduction": red})
+        for ic, red in ((3, "crs"), (2, "rsc"), (1, "crs"))
+    ]
+    check(board, STEM, indices)
+
+
+def test_the_stems_border_is_zeroed_by_a_few_vectors() -> None:
+    """MobileNetV2's stem (224x224x3, pad 1) on AArch64: 788 vector stores of zeros around the copied rows,
+    where zeroing all of its 226x226x3 Ip took 38,307."""
+    key = STEM.replace("n=2,c=3,h=11,w=10", "n=1,c=3,h=224,w=224")
+    template = template_for(parse_workload(key), get_target("arm-a72-neon"))
+    kernel = template.kernel(template.default_config(), "k")
+    assert executed_zero_stores(kernel.body) == 788
+    assert next(b.size for b in kernel.buffers if b.name == "Ip") == 38_307 * 4
+
+
+def executed_zero_stores(stmts: tuple[Stmt, ...], trips: int = 1) -> int:
+    """How many stores of zeros to Ip the nest executes (vectors or floats alike)."""
+    count = 0
+    for stmt in stmts:
+        if isinstance(stmt, For):
+            count += executed_zero_stores(stmt.body, trips * stmt.extent)
+        elif isinstance(stmt, Store) and stmt.buffer == "Ip" and isinstance(stmt.value, Const):
+            count += trips
+    return count
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        STEM,
+        "conv2d:n=1,c=6,h=5,w=9,k=4,r=3,s=3,stride=1,pad=2,dilation=2",
+        "conv2d:n=1,c=9,h=8,w=8,k=8,r=3,s=3,stride=2,pad=1,layout=nhwc,bias=1",
+        "conv2d:n=1,c=2,h=1,w=5,k=3,r=3,s=3,stride=1,pad=1",
+        "conv2d:n=1,c=3,h=9,w=7,k=5,r=7,s=7,stride=2,pad=3,layout=nhwc",
+    ],
+)
+@pytest.mark.parametrize("target_name", ["arm-a72-neon", "x86-avx2"])
+def test_only_the_border_of_the_packed_input_is_zeroed(key: str, target_name: str) -> None:
+    """Ip's padding is zeroed by the vectors around the rows the copies write, not all of Ip; in the
+    interpreter, which fills local buffers with NaN, every layout (hwc: one plane, chw: one a channel),
+    channel block and tile still gives the reference's output."""
+    wl = parse_workload(key)
+    template = template_for(wl, get_target(target_name))
+    inputs = random_inputs(wl)
+    expected = wl.reference(inputs)
+    rng = random.Random(key)
+    for index in [template.default_config().index] + [rng.randrange(template.space.size) for _ in range(8)]:
+        config = template.space.config(index)
+        out = np.full(expected.shape, np.nan, dtype=np.float32)
+        run_kernel(template.kernel(config, "k"), [*template.kernel_inputs(config, inputs), out])
+        np.testing.assert_allclose(out, expected, atol=1e-5, err_msg=str(config.as_dict()))
 
 
 def test_a_pointwise_kernel_is_its_matmuls_nest_over_the_conv_tensors() -> None:

@@ -191,6 +191,11 @@ class CycleCountingSession(InsnCountingSession):
         self._image = image
         return self._base
 
+    @property
+    def image_base(self) -> int:
+        """Where the agent loaded the image loaded last: a block's offset in it is its vaddr less this."""
+        return self._base
+
     def block_bytes(self, block: BlockRun) -> bytes:
         """The machine code of one of `last_blocks` (from the image loaded last)."""
         start = block.vaddr - self._base

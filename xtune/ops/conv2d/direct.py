@@ -1,16 +1,18 @@
 """The conv2d template: a conv2d workload + target in, a packed, channel-blocked, register-tiled nest out.
 
 Per image and block of `tile_ic` input channels, the input is copied once into a zero-padded local
-buffer (CHW or channel-blocked HWC, a knob), so padding costs no branch anywhere. Per block of `tile_oc`
-output channels the weights are packed into strips of nr = V vectors of output channels (zero past k),
-at every call; or, for prepacked=1, the weights parameter already holds every block's strips
-(`Conv2dTemplate.prepack`, the layout `kernel_inputs` gives). The register tile is P output pixels along
-a row x V channel vectors, updated by broadcast(input) x weight-vector FMAs over the (c, kh, kw)
-reduction in a tunable order, kw optionally unrolled (`unroll_kw`). Accumulators start from the bias
-plus the residual (first channel block) or the output (later blocks); ReLU/ReLU6 run on registers in the
-last block; tails are constant-size tiles. A strided 1x1 window packs only the pixels it reads
-(`subsample`); NCHW tiles are stored, and NCHW input copied, by shuffle transposes (`transpose_out`,
-`transpose_in`).
+buffer (CHW or channel-blocked HWC, a knob), so padding costs no branch anywhere; the border is zeroed
+once per call by the vectors around the rows the copies write (`ConvEmitter.zero_border`), and an HWC
+block holding all of a pixel's channels, no whole vector (a stem's 3), is copied a row at a time. Per
+block of `tile_oc` output channels the weights are packed into strips of nr = V vectors of output
+channels (zero past k), at every call; or, for prepacked=1, the weights parameter already holds every
+block's strips (`Conv2dTemplate.prepack`, the layout `kernel_inputs` gives). The register tile is P
+output pixels along a row x V channel vectors, updated by broadcast(input) x weight-vector FMAs over
+the (c, kh, kw) reduction in a tunable order, kw optionally unrolled (`unroll_kw`). Accumulators start
+from the bias plus the residual (first channel block) or the output (later blocks); ReLU/ReLU6 run on
+registers in the last block; tails are constant-size tiles. A strided 1x1 window packs only the pixels
+it reads (`subsample`); NCHW tiles are stored, and NCHW input copied, by shuffle transposes
+(`transpose_out`, `transpose_in`).
 """
 
 from __future__ import annotations

@@ -83,8 +83,7 @@ class ConvEmitter:
         if not sh.nhwc:
             buffers.append(Buffer("Ot", s.p * s.nr, BufferKind.LOCAL))  # transposes a tile for NCHW
         if sh.padded != (sh.h, sh.w):  # the border of the packed input is never written again: zero it once
-            with b.loop(ip_size // s.lanes, "z") as z:
-                b.store("Ip", z * s.lanes, Const(0.0, s.lanes), s.lanes)
+            self.zero_border(ip_size)
         with b.loop(sh.n, "n") as ni:
 
             def group(g: Affine) -> None:
@@ -95,6 +94,47 @@ class ConvEmitter:
 
             self.each_group(group)
         return b.kernel(name, tuple(buffers))
+
+    def zero_border(self, ip_size: int) -> None:
+        """Zero what of Ip no copy writes: per plane (hwc: one, of cb floats a pixel; chw: cb), the floats
+        before its first copied row, between its rows and after its last, by whole vectors that may run
+        into a copied row (written after this; the last gap's aligned to the plane's end), then the slack
+        of whole vectors after the last plane. All of Ip by vectors where that is not fewer stores or a
+        vector would leave Ip: the stem's 226x226x3 buffer took 38,307 vector stores for 1,357 floats of
+        border (docs/benchmarks.md)."""
+        sh, s, b, lanes = self.sh, self.s, self.b, self.s.lanes
+        per, planes = (s.cb, 1) if s.hwc else (1, s.cb)
+        size, row = self.hp * self.wp * per, self.wp * per
+        first = (sh.top * self.wp + sh.left) * per  # where the first copied row starts in a plane
+        gap, last = (self.wp - sh.w) * per, first + (sh.h - 1) * row + sh.w * per
+        n_first, n_gap, n_last = (-(-extent // lanes) for extent in (first, gap, size - last))
+        slack = ip_size > planes * size
+        stores = planes * (n_first + (sh.h - 1) * n_gap + n_last) + slack
+        top_plane = (planes - 1) * size
+        inside = (
+            top_plane + first + n_first * lanes <= ip_size
+            and top_plane + last - row + n_gap * lanes <= ip_size
+            and n_last * lanes <= size
+        )
+        if stores >= ip_size // lanes or not inside:
+            self.zeros(Affine(), ip_size // lanes, "z")
+            return
+        with b.loop(planes, "zp") as plane:
+            base = plane * size
+            self.zeros(base, n_first, "zf")
+            if sh.h > 1 and n_gap:
+                with b.loop(sh.h - 1, "zy") as y:
+                    self.zeros(base + y * row + (first + sh.w * per), n_gap, "zg")
+            self.zeros(base + (size - n_last * lanes), n_last, "zl")
+        if slack:
+            self.zeros(Affine.of(ip_size - lanes), 1, "zs")
+
+    def zeros(self, at: Affine, count: int, prefix: str) -> None:
+        """Ip[at + i] = 0 for i < count vectors."""
+        lanes = self.s.lanes
+        if count:
+            with self.b.loop(count, prefix) as z:
+                self.b.store("Ip", at + z * lanes, Const(0.0, lanes), lanes)
 
     def each_group(self, body: Callable[[Affine], None]) -> None:
         """`body(g)` for every group: a loop over the groups, or the constant 0 of an ungrouped conv2d
@@ -159,7 +199,12 @@ class ConvEmitter:
             value = Load("input", src(c, y * scale, x * scale), width, n % width)
             b.store("Ip", self.ip_index(c, y + sh.top, x + sh.left), value, width, n)
 
-        if sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
+        if sh.nhwc == s.hwc and sh.nhwc and scale == 1 and ctx.ccur == channels == s.cb and channels % lanes:
+            with b.loop(rows, "pi") as y:
+                self.copy_row(
+                    src(Affine(), y, Affine()), self.ip_index(0, y + sh.top, sh.left), cols * channels
+                )
+        elif sh.nhwc == s.hwc and sh.nhwc:  # same minor axis: vector copies
             with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x:
                 b.split(ctx.ccur, lanes, lambda c, n: copy(c, y, x, n), "pc")
         elif sh.nhwc == s.hwc and not s.subsample:
@@ -185,6 +230,18 @@ class ConvEmitter:
         else:  # a transposition: scalar copies
             with b.loop(rows, "pi") as y, b.loop(cols, "pj") as x, b.loop(ctx.ccur, "pc") as c:
                 copy(c, y, x, 0)
+
+    def copy_row(self, at: Affine, to: Affine, floats: int) -> None:
+        """Ip[to + i] = input[at + i] for i < floats, by whole vectors (the last one partial): an HWC row
+        whose pixels' channels are every channel yet no whole vector (a stem's 3) is one contiguous run in
+        the input and in Ip; a pixel at a time it took three loads and two stores for 3 floats
+        (MobileNetV2's 224x224x3 stem, docs/benchmarks.md), this way 0.75 vector copies."""
+        lanes = self.s.lanes
+
+        def run(t: Affine, n: int) -> None:
+            self.b.store("Ip", to + t, Load("input", at + t, lanes, n % lanes), lanes, n)
+
+        self.b.split(floats, lanes, run, "pr")
 
     def wp_index(self, strip: Affine | int, cc: Affine | int, i: Affine | int, j: Affine | int) -> Affine:
         sh, s = self.sh, self.s
