@@ -2,7 +2,7 @@
 
 Per image and block of `tile_ic` input channels, the input is copied once into a zero-padded local
 buffer (CHW or channel-blocked HWC, a knob), so padding costs no branch anywhere; the border is zeroed
-once per call by the vectors around the rows the copies write (`ConvEmitter.zero_border`), and an HWC
+once per call by the vectors around the rows the copies write (`PackEmitter.zero_border`), and an HWC
 block holding all of a pixel's channels, no whole vector (a stem's 3), is copied a row at a time. Per
 block of `tile_oc` output channels the weights are packed into strips of nr = V vectors of output
 channels (zero past k), at every call; or, for prepacked=1, the weights parameter already holds every
@@ -265,7 +265,7 @@ class Conv2dTemplate:
 
     def default_reduction(self) -> str:
         """crs where the kernel packs OIHW weights at every call (NCHW without prepacked=1): that order packs
-        by shuffle transposes (`ConvEmitter.transposed_strip`), the other a float at a time. On
+        by shuffle transposes (`PackEmitter.transposed_strip`), the other a float at a time. On
         qemu-aarch64 at the default blocking, 512->512 at 7x7 executes 41.6 M instructions per call in crs
         against 63.5 M in rsc (46.8 M when prepacked), 256->256 at 14x14 46.4 M against 47.7 M. rsc
         otherwise, as before: HWIO weights are packed by vectors, prepacked ones not at all."""
