@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xtune.frontend.qpattern import quantized_after
 from xtune.graph import Graph, Node
 
 
@@ -85,25 +86,10 @@ def x86_float_convs(graph: Graph) -> frozenset[str]:
         dq = graph.nodes[writers[node.inputs[0]]]
         if dq.op != "DequantizeLinear" or graph.dtype(dq.inputs[0]) != "int8":
             continue
-        q = _quantize_after(graph, readers, node)
-        if q is None or graph.dtype(q.outputs[0]) != "int8":
+        found = quantized_after(graph, readers, node)
+        if found is None or graph.dtype(found[1].outputs[0]) != "int8":
             continue
+        q = found[1]
         if dq.inputs[0] not in u8 or q.outputs[0] not in u8:
             kept.add(node.name)
     return frozenset(kept)
-
-
-def _quantize_after(graph: Graph, readers: dict[str, list[int]], node: Node) -> Node | None:
-    """The QuantizeLinear that alone reads `node`'s output, through a Relu or Clip that alone reads it."""
-    out = node.outputs[0]
-    for _ in range(2):
-        read = readers.get(out, [])
-        if len(read) != 1 or out in graph.outputs:
-            return None
-        after = graph.nodes[read[0]]
-        if after.op == "QuantizeLinear":
-            return after
-        if after.op not in ("Relu", "Clip"):
-            return None
-        out = after.outputs[0]
-    return None

@@ -26,13 +26,12 @@ the same order. Depthwise and NCHWc convolutions are other kernels, not this one
 from __future__ import annotations
 
 import itertools
-from typing import cast
 
 import numpy as np
 
 from xtune.graph import Graph, Node
 from xtune.ops.qmlas import fma32
-from xtune.ops.quantize import QParams, QType
+from xtune.ops.quantize import node_qparams
 
 SGEMM_STRIDE = 128  # MLAS_SGEMM_STRIDEN and MLAS_SGEMM_STRIDEK (onnxruntime/core/mlas/lib/mlasi.h)
 
@@ -125,6 +124,6 @@ def float_unit(graph: Graph, conv: Node, x_q: np.ndarray) -> np.ndarray:
         (sh, sw),
         (top, left, bottom, right),
     )
-    scale, zero = graph.constants[q.inputs[1]], graph.constants[q.inputs[2]]
-    qtype = cast(QType, str(zero.dtype))
-    return QParams(scale=float(scale.reshape(-1)[0]), zero=int(zero.reshape(-1)[0]), qtype=qtype).quantize(y)
+    out = node_qparams(graph, q)
+    assert out is not None, f"{q.name}: a per-tensor QuantizeLinear"
+    return out.quantize(y)

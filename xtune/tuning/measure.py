@@ -275,6 +275,8 @@ class Measurer:
         self.inputs = random_inputs(workload)
         self.tensors = workload.tensors()
         self.args = tuple(range(len(self.tensors)))  # buffer slot i is the kernel's i-th parameter
+        # The slots a cold-weights timing evicts before each call: the workload's constants.
+        self._evict = frozenset(i for i, t in enumerate(self.tensors) if t.constant and options.cold_weights)
         self.out_slot = next(i for i, t in enumerate(self.tensors) if t.is_output)
         self.out_shape = self.tensors[self.out_slot].shape
         self.out_dtype = np.dtype(self.tensors[self.out_slot].dtype)
@@ -405,7 +407,7 @@ class Measurer:
             warmup=opts.warmup,
             timeout_ms=opts.timeout_ms,
             flush_cache_bytes=2 * self.board.target.l2_bytes if opts.flush_cache else 0,
-            evict=frozenset(i for i, t in enumerate(self.tensors) if t.constant and cold),
+            evict=self._evict,
         )
 
     def close_session(self) -> None:
